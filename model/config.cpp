@@ -1,0 +1,213 @@
+#include "model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fm {
+namespace {
+
+using json = nlohmann::json;
+
+// Field readers: each names the file and the field in its error.
+class Fields {
+ public:
+  Fields(const json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
+
+  Status Int(const char* key, int64_t* out, bool required = true) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Missing(key, required);
+    if (!it->is_number_integer()) return Mistyped(key, "an integer", *it);
+    *out = it->get<int64_t>();
+    return Status::Ok();
+  }
+  Status Double(const char* key, double* out, bool required = true) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Missing(key, required);
+    if (!it->is_number()) return Mistyped(key, "a number", *it);
+    *out = it->get<double>();
+    return Status::Ok();
+  }
+  Status Bool(const char* key, bool* out, bool required = true) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Missing(key, required);
+    if (!it->is_boolean()) return Mistyped(key, "a boolean", *it);
+    *out = it->get<bool>();
+    return Status::Ok();
+  }
+  Status String(const char* key, std::string* out, bool required = true) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Missing(key, required);
+    if (!it->is_string()) return Mistyped(key, "a string", *it);
+    *out = it->get<std::string>();
+    return Status::Ok();
+  }
+  Status IntList(const char* key, std::vector<int64_t>* out, bool required = true) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Missing(key, required);
+    if (!it->is_array()) return Mistyped(key, "an array of integers", *it);
+    std::vector<int64_t> v;
+    for (size_t i = 0; i < it->size(); ++i) {
+      if (!(*it)[i].is_number_integer())
+        return InvalidArgument(origin_ + ": field '" + prefix_ + key + "[" + std::to_string(i) +
+                               "]' must be an integer, got " + (*it)[i].dump());
+      v.push_back((*it)[i].get<int64_t>());
+    }
+    *out = std::move(v);
+    return Status::Ok();
+  }
+  // Descends into an object field; returns null when it is absent and not required.
+  Result<const json*> Object(const char* key, bool required) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) {
+      Status s = Missing(key, required);
+      if (!s.ok()) return s;
+      return static_cast<const json*>(nullptr);
+    }
+    if (!it->is_object()) return Mistyped(key, "an object", *it);
+    return &*it;
+  }
+  void set_prefix(std::string p) { prefix_ = std::move(p); }
+  Status Error(const std::string& key, const std::string& what) const {
+    return InvalidArgument(origin_ + ": field '" + prefix_ + key + "' " + what);
+  }
+
+ private:
+  Status Missing(const char* key, bool required) const {
+    if (!required) return Status::Ok();
+    return InvalidArgument(origin_ + ": missing required field '" + prefix_ + key + "'");
+  }
+  Status Mistyped(const char* key, const char* want, const json& got) const {
+    std::string g = got.dump();
+    if (g.size() > 40) g = g.substr(0, 40) + "...";
+    return InvalidArgument(origin_ + ": field '" + prefix_ + key + "' must be " + want +
+                           ", got " + g);
+  }
+  const json& j_;
+  std::string origin_;
+  std::string prefix_;
+};
+
+Status Positive(Fields& f, const char* key, int64_t v) {
+  return v > 0 ? Status::Ok() : f.Error(key, "must be > 0, got " + std::to_string(v));
+}
+
+}  // namespace
+
+Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& origin) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument(origin + ": not valid JSON");
+  if (!j.is_object()) return InvalidArgument(origin + ": top level must be a JSON object");
+  ModelConfig c;
+  Fields f(j, origin);
+  FM_RETURN_IF_ERROR(f.Int("vocab_size", &c.vocab_size));
+  FM_RETURN_IF_ERROR(f.Int("hidden_size", &c.hidden_size));
+  FM_RETURN_IF_ERROR(f.Int("num_hidden_layers", &c.num_hidden_layers));
+  FM_RETURN_IF_ERROR(f.Int("num_attention_heads", &c.num_attention_heads));
+  FM_RETURN_IF_ERROR(f.Int("num_key_value_heads", &c.num_key_value_heads));
+  FM_RETURN_IF_ERROR(f.Int("head_dim", &c.head_dim));
+  FM_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", &c.qk_rope_head_dim));
+  FM_RETURN_IF_ERROR(f.Int("q_lora_rank", &c.q_lora_rank));
+  FM_RETURN_IF_ERROR(f.Int("o_lora_rank", &c.o_lora_rank));
+  FM_RETURN_IF_ERROR(f.Int("o_groups", &c.o_groups));
+  FM_RETURN_IF_ERROR(f.Int("n_routed_experts", &c.n_routed_experts));
+  FM_RETURN_IF_ERROR(f.Int("n_shared_experts", &c.n_shared_experts));
+  FM_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c.num_experts_per_tok));
+  FM_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c.moe_intermediate_size));
+  FM_RETURN_IF_ERROR(f.Double("routed_scaling_factor", &c.routed_scaling_factor));
+  FM_RETURN_IF_ERROR(f.String("scoring_func", &c.scoring_func));
+  FM_RETURN_IF_ERROR(f.String("topk_method", &c.topk_method));
+  FM_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &c.norm_topk_prob));
+  FM_RETURN_IF_ERROR(f.Double("swiglu_limit", &c.swiglu_limit));
+  FM_RETURN_IF_ERROR(f.Int("sliding_window", &c.sliding_window));
+  FM_RETURN_IF_ERROR(f.Int("num_hash_layers", &c.num_hash_layers));
+  FM_RETURN_IF_ERROR(f.Int("hc_mult", &c.hc_mult));
+  FM_RETURN_IF_ERROR(f.Int("hc_sinkhorn_iters", &c.hc_sinkhorn_iters));
+  FM_RETURN_IF_ERROR(f.Double("hc_eps", &c.hc_eps));
+  FM_RETURN_IF_ERROR(f.Int("index_n_heads", &c.index_n_heads));
+  FM_RETURN_IF_ERROR(f.Int("index_head_dim", &c.index_head_dim));
+  FM_RETURN_IF_ERROR(f.Int("index_topk", &c.index_topk));
+  FM_RETURN_IF_ERROR(f.Double("rope_theta", &c.rope_theta));
+  FM_RETURN_IF_ERROR(f.Double("compress_rope_theta", &c.compress_rope_theta));
+  FM_RETURN_IF_ERROR(f.Double("rms_norm_eps", &c.rms_norm_eps));
+  FM_RETURN_IF_ERROR(f.Int("num_nextn_predict_layers", &c.num_nextn_predict_layers));
+  FM_RETURN_IF_ERROR(f.Int("max_position_embeddings", &c.max_position_embeddings, false));
+  FM_RETURN_IF_ERROR(f.IntList("compress_ratios", &c.compress_ratios));
+
+  FM_ASSIGN_OR_RETURN(const json* rs, f.Object("rope_scaling", true));
+  {
+    Fields r(*rs, origin);
+    r.set_prefix("rope_scaling.");
+    std::string type;
+    if (rs->contains("type")) FM_RETURN_IF_ERROR(r.String("type", &type));
+    else FM_RETURN_IF_ERROR(r.String("rope_type", &type));
+    if (type != "yarn") return r.Error("type", "must be \"yarn\", got \"" + type + "\"");
+    c.rope_scaling.type = type;
+    FM_RETURN_IF_ERROR(r.Double("factor", &c.rope_scaling.factor));
+    FM_RETURN_IF_ERROR(r.Double("beta_fast", &c.rope_scaling.beta_fast, false));
+    FM_RETURN_IF_ERROR(r.Double("beta_slow", &c.rope_scaling.beta_slow, false));
+    FM_RETURN_IF_ERROR(r.Int("original_max_position_embeddings",
+                             &c.rope_scaling.original_max_position_embeddings));
+  }
+  FM_ASSIGN_OR_RETURN(const json* qc, f.Object("quantization_config", false));
+  if (qc) {
+    Fields q(*qc, origin);
+    q.set_prefix("quantization_config.");
+    FM_RETURN_IF_ERROR(q.String("quant_method", &c.quant_method, false));
+    FM_RETURN_IF_ERROR(q.String("fmt", &c.quant_fmt, false));
+    FM_RETURN_IF_ERROR(q.String("scale_fmt", &c.quant_scale_fmt, false));
+    FM_RETURN_IF_ERROR(q.IntList("weight_block_size", &c.weight_block_size, false));
+    if (c.weight_block_size != std::vector<int64_t>{128, 128})
+      return q.Error("weight_block_size", "must be [128, 128]");
+  }
+  FM_RETURN_IF_ERROR(f.String("expert_dtype", &c.expert_dtype, false));
+
+  // Semantic checks: every one names the field.
+  struct { const char* k; int64_t v; } pos[] = {
+      {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+      {"num_hidden_layers", c.num_hidden_layers}, {"num_attention_heads", c.num_attention_heads},
+      {"head_dim", c.head_dim}, {"qk_rope_head_dim", c.qk_rope_head_dim},
+      {"q_lora_rank", c.q_lora_rank}, {"o_lora_rank", c.o_lora_rank}, {"o_groups", c.o_groups},
+      {"n_routed_experts", c.n_routed_experts}, {"num_experts_per_tok", c.num_experts_per_tok},
+      {"moe_intermediate_size", c.moe_intermediate_size}, {"sliding_window", c.sliding_window},
+      {"hc_mult", c.hc_mult}, {"hc_sinkhorn_iters", c.hc_sinkhorn_iters},
+      {"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim},
+      {"index_topk", c.index_topk}};
+  for (auto& p : pos) FM_RETURN_IF_ERROR(Positive(f, p.k, p.v));
+  if (c.num_key_value_heads != 1)
+    return f.Error("num_key_value_heads", "must be 1 (one shared KV head)");
+  if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim > c.head_dim)
+    return f.Error("qk_rope_head_dim", "must be even and <= head_dim");
+  if (c.qk_rope_head_dim > c.index_head_dim)
+    return f.Error("qk_rope_head_dim", "must be <= index_head_dim");
+  if (c.num_attention_heads % c.o_groups != 0)
+    return f.Error("o_groups", "must divide num_attention_heads");
+  if (c.num_experts_per_tok > c.n_routed_experts)
+    return f.Error("num_experts_per_tok", "must be <= n_routed_experts");
+  if (c.num_hash_layers < 0 || c.num_hash_layers > c.num_hidden_layers)
+    return f.Error("num_hash_layers", "must be in [0, num_hidden_layers]");
+  if (c.num_nextn_predict_layers < 0) return f.Error("num_nextn_predict_layers", "must be >= 0");
+  if (c.scoring_func != "sqrtsoftplus")
+    return f.Error("scoring_func", "must be \"sqrtsoftplus\", got \"" + c.scoring_func + "\"");
+  const size_t want = static_cast<size_t>(c.num_hidden_layers + c.num_nextn_predict_layers);
+  if (c.compress_ratios.size() != want && c.compress_ratios.size() != static_cast<size_t>(c.num_hidden_layers))
+    return f.Error("compress_ratios", "has " + std::to_string(c.compress_ratios.size()) +
+                                          " entries, want num_hidden_layers + "
+                                          "num_nextn_predict_layers = " + std::to_string(want));
+  while (c.compress_ratios.size() < want) c.compress_ratios.push_back(0);  // MTP: window only
+  for (size_t i = 0; i < c.compress_ratios.size(); ++i)
+    if (c.compress_ratios[i] < 0 || c.compress_ratios[i] == 1)
+      return f.Error("compress_ratios[" + std::to_string(i) + "]",
+                     "must be 0 or >= 2, got " + std::to_string(c.compress_ratios[i]));
+  return c;
+}
+
+Result<ModelConfig> LoadModelConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": cannot open config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseModelConfig(ss.str(), path);
+}
+
+}  // namespace fm

@@ -1,0 +1,76 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "common/numfmt.h"
+#include "common/status.h"
+#include "common/thread_pool.h"
+
+namespace fm {
+namespace {
+
+TEST(NumFmt, E4m3KnownValues) {
+  EXPECT_EQ(E4m3ToF32(0x00), 0.0f);
+  EXPECT_EQ(E4m3ToF32(0x38), 1.0f);         // exp 7, man 0
+  EXPECT_EQ(E4m3ToF32(0x7E), 448.0f);       // max finite
+  EXPECT_EQ(E4m3ToF32(0xFE), -448.0f);
+  EXPECT_EQ(E4m3ToF32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_TRUE(std::isnan(E4m3ToF32(0x7F)));
+  EXPECT_TRUE(std::isnan(E4m3ToF32(0xFF)));
+}
+
+TEST(NumFmt, E4m3RoundTripAllCodes) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;
+    if (c == 0x80) continue;  // -0 encodes back as -0 (0x80); checked below
+    EXPECT_EQ(F32ToE4m3(E4m3ToF32(static_cast<uint8_t>(c))), c) << c;
+  }
+  EXPECT_EQ(F32ToE4m3(-0.0f), 0x80);
+  EXPECT_EQ(F32ToE4m3(1000.0f), 0x7E);  // saturates
+}
+
+TEST(NumFmt, E8m0AndFp4AndBf16) {
+  EXPECT_EQ(E8m0ToF32(127), 1.0f);
+  EXPECT_EQ(E8m0ToF32(130), 8.0f);
+  EXPECT_EQ(E8m0ToF32(120), std::ldexp(1.0f, -7));
+  EXPECT_TRUE(std::isnan(E8m0ToF32(255)));
+  EXPECT_EQ(F32ToE8m0Ceil(5.0f), 130);
+  const float mags[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(Fp4ToF32(static_cast<uint8_t>(i)), mags[i]);
+    EXPECT_EQ(Fp4ToF32(static_cast<uint8_t>(i | 8)), -mags[i]);
+    EXPECT_EQ(F32ToFp4(mags[i]), i);
+  }
+  EXPECT_EQ(Bf16ToF32(0x3F80), 1.0f);
+  EXPECT_EQ(F32ToBf16(1.0f), 0x3F80);
+  EXPECT_EQ(F32ToBf16(1.00390625f), 0x3F80);  // exact tie rounds to even
+}
+
+TEST(ThreadPool, CoversRangeOnceForAnySize) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    for (size_t n : {1u, 7u, 100u, 1001u}) {
+      std::vector<std::atomic<int>> hits(n);
+      for (int rep = 0; rep < 3; ++rep)
+        pool.ParallelFor(n, 1, [&](size_t b, size_t e) {
+          for (size_t i = b; i < e; ++i) hits[i]++;
+        });
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 3) << threads << " " << n;
+    }
+  }
+}
+
+TEST(Status, ResultCarriesValueOrError) {
+  Result<int> good(5);
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(*good, 5);
+  Result<int> bad(NotFound("tensor layers.0.attn.wq_a.weight"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kNotFound);
+  EXPECT_NE(bad.status().ToString().find("layers.0.attn.wq_a.weight"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fm
