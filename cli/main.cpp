@@ -1,0 +1,35 @@
+// flashmesh: one binary, subcommands (DESIGN.md §4).
+#include <cstdio>
+#include <cstring>
+
+#include "cli/commands.h"
+
+namespace fm::cli {
+namespace {
+
+const Command kCommands[] = {
+    {"mkmodel", "write a random test checkpoint in the official layout", CmdMkmodel},
+    {"inspect", "summarize a checkpoint directory", CmdInspect},
+};
+
+void Usage() {
+  std::fprintf(stderr, "usage: flashmesh <command> [options]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(stderr, "  %-12s %s\n", c.name, c.summary);
+  std::fprintf(stderr, "\nflashmesh <command> --help for the options of a command\n");
+}
+
+}  // namespace
+}  // namespace fm::cli
+
+int main(int argc, char** argv) {
+  using namespace fm::cli;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    Usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& c : kCommands)
+    if (!std::strcmp(argv[1], c.name)) return c.run(argc - 1, argv + 1);
+  std::fprintf(stderr, "flashmesh: unknown command '%s'\n", argv[1]);
+  Usage();
+  return 2;
+}

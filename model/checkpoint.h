@@ -1,0 +1,56 @@
+// Checkpoint: an official-layout DeepSeek-V4 checkpoint directory (config.json,
+// model.safetensors.index.json, *.safetensors shards, tokenizer.json), memory-mapped read-only.
+// Only the tensors of the selected shard (layer range, expert subset, embed/head/MTP) are
+// mapped and touched; weights stay quantized (QWeight views straight into the mapping).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "model/config.h"
+
+namespace fm {
+
+// Which part of the model a process loads. Default: everything.
+struct ShardSelection {
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;          // exclusive; -1 = num_hidden_layers
+  bool embed = true;               // embed.weight
+  bool head = true;                // norm, head, hc_head_* (last stage)
+  bool mtp = true;                 // mtp.* layers (last stage)
+  std::vector<int64_t> experts;    // routed experts to load; empty = all
+};
+
+class Checkpoint {
+ public:
+  // Opens dir, parses config.json and the index, validates every selected tensor's presence,
+  // dtype and shape against config.json (errors name the file and the tensor), maps the shards.
+  static Result<std::unique_ptr<Checkpoint>> Open(const std::string& dir,
+                                                  const ShardSelection& sel = {});
+  virtual ~Checkpoint() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const ShardSelection& selection() const = 0;
+  virtual const std::string& dir() const = 0;
+
+  virtual bool Has(const std::string& name) const = 0;
+  // A view of one tensor of the selection; NotFound naming the tensor otherwise.
+  virtual Result<TensorView> Get(const std::string& name) const = 0;
+  // The matvec weight `prefix`.weight (+ `prefix`.scale for FP8/FP4); format from the dtypes:
+  // F8_E4M3 + scale -> kFP8Block, I8/U8 packed + scale -> kFP4Block32, BF16, F32.
+  virtual Result<QWeight> Weight(const std::string& prefix) const = 0;
+  // Small tensors converted to f32 / int64 copies (norms, hc_*, sinks, ape, bias, tid2eid).
+  virtual Result<std::vector<float>> GetF32(const std::string& name) const = 0;
+  virtual Result<std::vector<int64_t>> GetI64(const std::string& name) const = 0;
+
+  // Bytes of the selected tensors (what this shard keeps resident) and of the whole model.
+  virtual size_t selected_bytes() const = 0;
+  virtual size_t total_bytes() const = 0;
+  // Names of every tensor of the selection, in index order.
+  virtual std::vector<std::string> tensor_names() const = 0;
+};
+
+}  // namespace fm

@@ -1,0 +1,64 @@
+// ShardModel: the DeepSeek-V4 forward over the part of the model one process holds
+// (a layer range, optionally the embedding and the head), on CPU, for a batch of sequences.
+// Single-process mode holds everything; a pipeline stage holds [layer_begin, layer_end).
+// The residual stream between layers (and between stages) is the manifold X [T, hc, H], f32.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+
+namespace fm {
+
+class SequenceCache;  // model/kv_cache.h: one sequence's per-layer decode state on this shard
+
+// One sequence's slice of a batch: its tokens are consecutive rows of X.
+struct BatchItem {
+  SequenceCache* cache = nullptr;     // advanced by tokens.size() on success
+  std::span<const int32_t> tokens;    // token ids of these rows (hash routing needs them)
+};
+
+// The routed-expert part of one MoE step, pluggable so expert parallelism can run experts on
+// other workers. Input: x [T, H] (the normed MoE input), for each row its top-k expert ids and
+// weights (row-major [T, k]). Output: routed [T, H] = sum over k, in k order, of
+// weight * expert(x). The shared expert is added by the caller.
+class ExpertExecutor {
+ public:
+  virtual ~ExpertExecutor() = default;
+  virtual Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                           const float* weights, float* routed) = 0;
+};
+
+class ShardModel {
+ public:
+  // Binds the checkpoint's selected tensors (no copies of big weights). pool: kernel threads.
+  static Result<std::unique_ptr<ShardModel>> Create(const Checkpoint& ckpt, ThreadPool* pool);
+  virtual ~ShardModel() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual int64_t layer_begin() const = 0;
+  virtual int64_t layer_end() const = 0;
+  virtual bool has_embed() const = 0;
+  virtual bool has_head() const = 0;
+
+  // Empty decode state for this shard's layers, able to hold max_context positions.
+  virtual std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const = 0;
+
+  // tokens [T] -> X [T, hc, H] (every stream = the embedding row). Needs has_embed().
+  virtual Status Embed(std::span<const int32_t> tokens, float* x) const = 0;
+  // X [T, hc, H] through layers [layer_begin, layer_end), T = sum of items' token counts.
+  // Rows of different items never mix (results are bit-identical to running each alone).
+  virtual Status ForwardLayers(std::span<const BatchItem> items, float* x) const = 0;
+  // X [rows, hc, H] (state after the last layer) -> logits [rows, vocab]. Needs has_head().
+  virtual Status Logits(const float* x, int64_t rows, float* logits) const = 0;
+
+  // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
+  virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;
+};
+
+}  // namespace fm
