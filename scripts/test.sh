@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds flashmesh (Release) and runs every test with ctest. GPU tests report as skipped
+# on machines without a CUDA device. Usage: scripts/test.sh [build-dir]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+JOBS=${JOBS:-$(nproc)}
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD" -j "$JOBS"
+# Unit tests in parallel; integration tests (multi-process clusters on loopback) one at a time.
+ctest --test-dir "$BUILD" -L unit -j "$JOBS" --output-on-failure --timeout 300
+ctest --test-dir "$BUILD" -LE unit --output-on-failure --timeout 600
