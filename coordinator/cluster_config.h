@@ -1,0 +1,100 @@
+// The cluster YAML (DESIGN.md §5, docs in configs/*.yaml): parsed with yaml-cpp and validated
+// completely before anything starts. Every error carries "file:line:col" of the offending node
+// and names the key, e.g. "gb10x2.yaml:7:5: nodes[1].memory_gib: expected a number, got 'lots'".
+//
+//   model: DIR                       required; relative paths resolve against the YAML's dir
+//   coordinator: { listen: H:P }     required
+//   parallel: auto | { pipeline_stages: S, expert_parallel: K }      default auto
+//   transport: tcp | nccl            default tcp
+//   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib }, ... ]  required
+//   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096 }
+//   security: { token_file, cluster_secret_file, tls: { cert, key, ca } }    all optional
+//   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace fm {
+
+struct HostPort {
+  std::string host;  // name, IPv4, or IPv6 without brackets
+  uint16_t port = 0;
+  std::string ToString() const;  // "host:port" ("[v6]:port" for IPv6)
+};
+// "host:port" / "[v6]:port"; port 1..65535 (0 only when allow_zero). Errors say what is wrong.
+Result<HostPort> ParseHostPort(const std::string& s, bool allow_zero = false);
+
+enum class TransportKind { kTcp, kNccl };
+const char* TransportKindName(TransportKind t);  // "tcp" / "nccl"
+
+struct NodeConfig {
+  std::string name;
+  HostPort control;       // worker control gRPC
+  HostPort data;          // data plane listen address
+  std::string device;     // "cpu" or "cuda:N" as written
+  int cuda_device = -1;   // N of cuda:N; -1 for cpu
+  double memory_gib = 0;  // memory the worker may use for weights + KV (GiB)
+  int line = 0;           // 1-based line of this node in the YAML (for later error messages)
+};
+
+struct ParallelConfig {
+  bool automatic = true;       // "auto": the planner chooses (see planner.h)
+  int pipeline_stages = 0;     // when !automatic: >= 1
+  int expert_parallel = 1;     // when !automatic: >= 1
+};
+
+struct LimitsConfig {
+  int64_t max_batch = 16;      // sequences decoded together (whole cluster)
+  int64_t max_context = 8192;  // tokens per sequence (prompt + generated)
+  double kv_cache_gib = 0;     // KV pool per worker; 0 = sized from max_batch * max_context
+  int64_t max_queue = 64;      // waiting requests before new ones are refused
+  int64_t max_tokens = 4096;   // max new tokens per request (<= max_context)
+};
+
+struct TlsConfig {
+  std::string cert, key, ca;   // resolved paths; all three set or none
+  bool enabled() const { return !cert.empty(); }
+};
+
+struct SecurityConfig {
+  std::string token_file;           // API bearer tokens; "" = no API auth
+  std::string cluster_secret_file;  // data-plane secret; "" = no data-plane auth (dev only)
+  TlsConfig tls;                    // gRPC TLS; disabled when absent
+};
+
+struct HeartbeatConfig {
+  int64_t interval_ms = 1000;
+  int64_t timeout_ms = 5000;   // a worker silent this long is marked dead (> interval_ms)
+};
+
+struct CoordinatorConfig {
+  HostPort listen;
+};
+
+struct ClusterConfig {
+  std::string path;            // the YAML file as given
+  std::string model;           // checkpoint directory, resolved
+  CoordinatorConfig coordinator;
+  ParallelConfig parallel;
+  TransportKind transport = TransportKind::kTcp;
+  std::vector<NodeConfig> nodes;
+  LimitsConfig limits;
+  SecurityConfig security;
+  HeartbeatConfig heartbeat;
+
+  const NodeConfig* FindNode(const std::string& name) const;  // nullptr if absent
+};
+
+// Reads and validates the YAML file.
+Result<ClusterConfig> LoadClusterConfig(const std::string& path);
+// Same from text; `origin` names the file in messages, relative paths resolve against base_dir.
+Result<ClusterConfig> ParseClusterConfig(const std::string& yaml_text, const std::string& origin,
+                                         const std::string& base_dir);
+// The data-plane secret from security.cluster_secret_file (trailing whitespace/newline
+// stripped); "" when no file is configured. An empty or unreadable file is an error.
+Result<std::string> ReadClusterSecret(const ClusterConfig& cfg);
+
+}  // namespace fm

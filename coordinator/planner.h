@@ -1,0 +1,70 @@
+// Placement planner (DESIGN.md §3): pipeline_stages x expert_parallel workers from the model's
+// config.json alone (model/tensor_schema.h byte math; no weights are read).
+//
+// - Worker w = stage * expert_parallel + ep_rank runs on nodes[w] (YAML order).
+// - Stage s owns main layers [layer_begin, layer_end): contiguous, never splitting a layer,
+//   non-empty. Stages are balanced by bytes (weights + KV for the stage's sequences): the
+//   partition minimises the largest need / memory_gib ratio over the stage's nodes (with
+//   equal nodes: the largest stage in bytes).
+// - Stage 0 also holds the embedding; the last stage the final norm/head/hc_head and the MTP
+//   layer(s).
+// - In an EP group of k, every member holds the dense part of each of its layers (attention,
+//   hc mixes, router, shared expert) and routed experts [r*E/k, (r+1)*E/k). Sequences are
+//   split over members (data-parallel attention): each holds KV for ceil(max_batch / k).
+// - parallel "auto": among (S, k) with S * k == number of nodes and k dividing E, the fewest
+//   stages whose plan fits every node's memory_gib.
+// - KV per worker = limits.kv_cache_gib when set, else the decode state (MODEL.md) of
+//   ceil(max_batch / k) sequences at max_context for the worker's layers, f32.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/cluster_config.h"
+#include "model/config.h"
+
+namespace fm {
+
+struct WorkerPlan {
+  std::string node;                    // nodes[].name
+  int node_index = 0;                  // index into ClusterConfig::nodes
+  int stage = 0;
+  int ep_rank = 0;                     // member index inside the stage's EP group
+  int64_t layer_begin = 0, layer_end = 0;    // main layers [begin, end)
+  int64_t expert_begin = 0, expert_end = 0;  // routed experts [begin, end) on every layer held
+  bool embed = false;                  // embed.weight (stage 0)
+  bool head = false;                   // norm, head, hc_head_* and MTP layers (last stage)
+  uint64_t weight_bytes = 0;
+  uint64_t kv_bytes = 0;
+  int64_t max_sequences = 0;           // sequences whose KV this worker holds
+  double memory_gib = 0;               // the node's memory_gib
+  double need_gib() const;             // (weight_bytes + kv_bytes) / 2^30
+  double free_gib() const { return memory_gib - need_gib(); }
+};
+
+struct Plan {
+  int pipeline_stages = 1;
+  int expert_parallel = 1;
+  std::vector<WorkerPlan> workers;     // stage-major: workers[stage * expert_parallel + ep_rank]
+  uint64_t total_weight_bytes = 0;     // the whole model once (ModelBytes::total)
+  const WorkerPlan& at(int stage, int ep_rank) const {
+    return workers.at(static_cast<size_t>(stage) * expert_parallel + ep_rank);
+  }
+};
+
+// Plans the cluster. Errors: stages * k != number of nodes, stages > num_hidden_layers, k not
+// dividing n_routed_experts, or a worker that does not fit: "node 'spark-a' (stage 0, ep 0):
+// needs 130.2 GiB (weights 120.1 + KV 10.1) but memory_gib is 121.0".
+Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster);
+
+// Decode-state bytes of one sequence at `context` tokens in `layer` (main or MTP index), f32:
+// the window ring, compressed entries, indexer entries (ratio 4) and pending compressor rows.
+uint64_t KvBytesPerSequence(const ModelConfig& model, int64_t layer, int64_t context);
+
+// The table `flashmesh plan` prints: node, stage, ep, layers, experts, weight/KV/free GiB.
+std::string FormatPlanTable(const Plan& plan);
+// The same as JSON text (one object: stages, expert_parallel, workers[...]).
+std::string PlanToJson(const Plan& plan);
+
+}  // namespace fm

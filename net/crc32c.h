@@ -1,0 +1,12 @@
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78): the payload checksum of data-plane frames.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace fm::net {
+
+// crc = CRC32C(data[0..n)), continuing from `crc` (pass the previous result to chain buffers;
+// 0 starts a new checksum). Crc32c("123456789") == 0xE3069283.
+uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+}  // namespace fm::net

@@ -1,0 +1,86 @@
+// The data-plane Transport (DESIGN.md §2, §3): frames between named peers over one persistent,
+// authenticated connection per peer pair. Backends: TCP (tcp_transport.h); NCCL later.
+//
+// Model: every process has a name (cluster YAML nodes[].name). A process listens on its data
+// address; for each peer pair ONE side dials (by convention the lower worker index dials the
+// higher), the other accepts; afterwards the connection is symmetric and both sides Send and
+// Recv by peer name. Frames from one peer arrive in order (per-peer FIFO). A bad frame or a
+// failed authentication closes only that connection (logged with the reason); the transport
+// keeps serving its other peers. Nothing blocks without a deadline: a dead or silent peer
+// becomes Unavailable / DeadlineExceeded naming the peer.
+//
+// A Communicator (all-to-all-v, send/recv, barrier for expert parallelism) is built on top: it
+// maps ranks to peer names, tags frames with (step id, micro-batch, tag) and checks them on
+// receipt; the per-peer FIFO plus non-blocking sends (the receiver drains every connection
+// into its queue continuously) make "send to all, then receive from all" deadlock-free.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "net/frame.h"
+
+namespace fm::net {
+
+using Millis = std::chrono::milliseconds;
+
+struct TransportOptions {
+  std::string self_name;  // this process's peer name (1..255 printable ASCII, no spaces)
+  // Cluster secret (security.cluster_secret_file). Both sides prove knowledge of it with
+  // HMAC-SHA256 over a fresh random nonce from each side before any frame is accepted.
+  // Empty = no authentication: any peer with an empty secret is accepted (development only).
+  std::string secret;
+  uint64_t max_payload = kDefaultMaxFramePayload;  // larger incoming frames close the connection
+  Millis handshake_timeout{5000};  // an accepted connection must authenticate within this
+};
+
+struct TransportStats {
+  uint64_t frames_sent = 0, frames_received = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;  // headers + payloads
+  uint64_t connections_rejected = 0;             // failed handshakes
+  uint64_t connections_dropped = 0;              // closed because of a bad frame
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Starts accepting peers on "host:port" (port 0 = ephemeral). At most once.
+  virtual Status Listen(const std::string& address) = 0;
+  // The bound "host:port" after Listen (the real port when 0 was asked); "" before.
+  virtual std::string listen_address() const = 0;
+
+  // Dials `address`, authenticates, and registers the connection under `peer`. The peer must
+  // present exactly that name. Returns when both sides accepted the handshake, or an error:
+  // Unavailable (refused, closed), Unauthenticated (wrong secret / name), DeadlineExceeded.
+  // Connecting to a peer that is already connected replaces the old connection.
+  virtual Status Connect(const std::string& peer, const std::string& address, Millis timeout) = 0;
+
+  // Sends one frame: the header is completed (payload length + CRC) and validated, then header
+  // and payload are written straight from `payload` (no copy); `payload` must stay valid until
+  // Send returns. Returns when the bytes are handed to the kernel. Unavailable if the peer is
+  // not connected or the connection broke; DeadlineExceeded (and the connection is closed) if
+  // the write did not finish within `timeout`.
+  virtual Status Send(const std::string& peer, const FrameHeader& header, const void* payload,
+                      size_t nbytes, Millis timeout) = 0;
+
+  // The next frame from `peer`, waiting at most `timeout`. Frames already received are
+  // returned even after the connection closed; then Unavailable naming the peer and the close
+  // reason. A peer that has not connected (yet) is waited for until the deadline.
+  virtual Result<Frame> Recv(const std::string& peer, Millis timeout) = 0;
+
+  // Whether `peer` currently has an open, authenticated connection.
+  virtual bool IsConnected(const std::string& peer) const = 0;
+  // Names of the peers with an open connection, sorted.
+  virtual std::vector<std::string> ConnectedPeers() const = 0;
+  // Closes the connection to `peer` (no-op if none); queued frames stay readable.
+  virtual void Disconnect(const std::string& peer) = 0;
+
+  virtual TransportStats stats() const = 0;
+};
+
+}  // namespace fm::net
