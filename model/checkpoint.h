@@ -49,8 +49,12 @@ class Checkpoint {
   // Bytes of the selected tensors (what this shard keeps resident) and of the whole model.
   virtual size_t selected_bytes() const = 0;
   virtual size_t total_bytes() const = 0;
-  // Names of every tensor of the selection, in index order.
+  // Names of every tensor of the selection, in ExpectedTensors (model/tensor_schema.h) order.
   virtual std::vector<std::string> tensor_names() const = 0;
+  // Bytes of the mapped shard files resident in the page cache (mincore): with a cold cache,
+  // this shows that only the selection was read. Only shards holding selected tensors are mapped.
+  virtual size_t resident_bytes() const = 0;
+  virtual size_t mapped_bytes() const = 0;
 };
 
 }  // namespace fm
