@@ -1,0 +1,23 @@
+// CUDA error -> fm::Status, for the .cu files of kernels/cuda (never abort on a CUDA error).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "common/status.h"
+
+namespace fm::cuda {
+
+// "cudaMalloc(&p, bytes): cudaErrorMemoryAllocation (out of memory)"
+inline Status CudaStatus(cudaError_t err, const char* call) {
+  if (err == cudaSuccess) return Status::Ok();
+  return Internal(std::string(call) + ": " + cudaGetErrorName(err) + " (" +
+                  cudaGetErrorString(err) + ")");
+}
+
+// After a kernel launch: a bad configuration shows up here, not at the launch.
+inline Status LaunchStatus(const char* kernel) { return CudaStatus(cudaGetLastError(), kernel); }
+
+}  // namespace fm::cuda
+
+#define FM_CUDA_RETURN_IF_ERROR(call) FM_RETURN_IF_ERROR(::fm::cuda::CudaStatus((call), #call))

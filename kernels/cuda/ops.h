@@ -1,0 +1,48 @@
+// CUDA twins of the CPU ops. Host launchers over device pointers, queued on the default stream
+// (asynchronous: DeviceBuffer::CopyToHost or Synchronize() waits). Launchers check their
+// arguments and return InvalidArgument naming the bad one before touching the device, and turn
+// launch errors into a Status. Every reduction runs in a fixed order, so results are
+// deterministic run to run; they match the CPU references within float rounding, not bit-exactly.
+// No CUDA types here, so plain C++ code can include it.
+#pragma once
+#include <cstdint>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "kernels/cuda/device.h"
+
+namespace fm::cuda {
+
+// A quantized weight copied to the device in its checkpoint layout (common/tensor.h QWeight).
+struct DeviceWeight {
+  WeightFormat format = WeightFormat::kF32;
+  int64_t rows = 0, cols = 0;
+  DeviceBuffer data, scale;
+  // A QWeight whose data/scale are device pointers, as Gemv takes it.
+  QWeight view() const;
+};
+// Checks the shape against the format (FP4: cols % 32 == 0) and copies weights and scales.
+Result<DeviceWeight> UploadWeight(const QWeight& host);
+
+// y[rows] = W[rows, cols] x[cols], W dequantized on the fly exactly as MatvecRef does (FP8 e4m3
+// with e8m0 128x128 block scales incl. partial edge blocks, FP4 e2m1 with e8m0 per-32 scales,
+// BF16, F32). w.data/w.scale, x and y are device pointers. One warp per output row.
+Status Gemv(const QWeight& w, const float* x, float* y);
+
+// y[r, :] = g * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows; g = weight[dim], or 1 when
+// weight is null. y may equal x. One block per row.
+Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim,
+               float eps);
+
+// out[i] = silu(min(gate[i], limit)) * clip(up[i], -limit, limit), i < n; NaN propagates.
+// out may equal gate or up. Pass limit = +inf for the unclamped SwiGLU.
+Status SwiGluClamped(const float* gate, const float* up, float* out, int64_t n, float limit);
+
+// In place on x[tokens, heads, head_dim]: for i < rd/2 the pair (D-rd+2i, D-rd+2i+1) of each
+// head rotates by angle pos[t] * freqs[i] (angle in f32, as the CPU computes it); inverse
+// rotates by -angle. pos[tokens] (int32) and freqs[rd/2] are device arrays; the frequencies
+// (YaRN included) are computed once on the host. The first D-rd channels are untouched.
+Status RopeInterleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rd,
+                       const int32_t* pos, const float* freqs, bool inverse);
+
+}  // namespace fm::cuda
