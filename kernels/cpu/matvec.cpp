@@ -1,0 +1,306 @@
+// Keep-quant Matmul (kernels/cpu/matvec.h). Weights are decoded 16 at a time into a vector
+// register and used there; nothing is expanded in memory.
+//
+// Reduction order (the determinism contract): output (t, r) keeps 16 lane partial sums.
+// Chunk j of a row (16 consecutive inputs; FP4: see below) is added lane-wise in increasing j,
+// acc[l] = acc[l] + W[r, c_j(l)] * x[t, c_j(l)], then the lanes are summed by a fixed tree
+// (l, l+8), (l, l+4), (l, l+2), (l, l+1). A partial last chunk adds +0 in its unused lanes.
+// The order depends only on cols: tiles over rows and batch rows, threads, and the position
+// of a row in the batch only change which independent accumulators run side by side.
+//
+// Decoding, exact (the decoded weight equals MatvecRef's float W_real bit for bit):
+//  F32  as is;  BF16  u16 << 16;
+//  FP8  e4m3 byte b -> f32 bits ((b & 0x80) << 24) | ((b & 0x7F) << 20) = e4m3(b) * 2^-120
+//       for normals and subnormals; one multiply by S * 2^120 (S = the block's e8m0 scale)
+//       gives e4m3(b) * S with a single rounding, as the reference. (When S * 2^120 would
+//       overflow, S >= 2^8, it multiplies by 2^120 and then by S: the same bits.)
+//       The NaN codes 0x7F/0xFF decode as +-480 * S instead of NaN.
+//  FP4  per 32-input block, a 16-entry table of e2m1 values times the block scale, indexed by
+//       the nibbles (a register permute). The low nibbles of the block's 16 bytes are chunk
+//       2k (inputs 32k + 2l), the high nibbles chunk 2k+1 (inputs 32k + 2l + 1); x is
+//       de-interleaved the same way once per call.
+#include "kernels/cpu/matvec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "common/log.h"
+#include "common/numfmt.h"
+
+namespace fm {
+namespace {
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
+constexpr int64_t kLanes = 16;
+
+// Reinterprets the bits of one vector type as another of the same size.
+template <class To, class From>
+inline To BitCast(From v) {
+  static_assert(sizeof(To) == sizeof(From));
+  To t;
+  std::memcpy(&t, &v, sizeof(t));
+  return t;
+}
+
+inline f32x16 LoadF32x16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// The first n floats of p, zero-padded to 16 lanes.
+inline f32x16 LoadF32Partial(const float* p, int64_t n) {
+  float tmp[kLanes] = {};
+  std::memcpy(tmp, p, static_cast<size_t>(n) * sizeof(float));
+  return LoadF32x16(tmp);
+}
+
+// Fixed tree over the 16 lanes.
+inline float SumLanes(f32x16 v) {
+  float s[kLanes];
+  std::memcpy(s, &v, sizeof(s));
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) s[l] = s[l] + s[l + w];
+  return s[0];
+}
+
+// ---- per-format row decoders -----------------------------------------------------------
+// Init(w, r) binds row r; SetBlock(b) prepares block b (kBlockChunks chunks); Chunk(j) is the
+// decoded chunk j (inside the current block); Tail(j, n) the partial chunk j of n < 16 inputs.
+
+struct RowF32 {
+  static constexpr int64_t kBlockChunks = 8;
+  const float* p;
+  void Init(const QWeight& w, int64_t r) { p = static_cast<const float*>(w.data) + r * w.cols; }
+  void SetBlock(int64_t) {}
+  f32x16 Chunk(int64_t j) const { return LoadF32x16(p + j * kLanes); }
+  f32x16 Tail(int64_t j, int64_t n) const { return LoadF32Partial(p + j * kLanes, n); }
+};
+
+struct RowBF16 {
+  static constexpr int64_t kBlockChunks = 8;
+  const uint16_t* p;
+  void Init(const QWeight& w, int64_t r) {
+    p = static_cast<const uint16_t*>(w.data) + r * w.cols;
+  }
+  void SetBlock(int64_t) {}
+  static f32x16 Widen(u16x16 h) {
+    return BitCast<f32x16>(__builtin_convertvector(h, u32x16) << 16);
+  }
+  f32x16 Chunk(int64_t j) const {
+    u16x16 h;
+    std::memcpy(&h, p + j * kLanes, sizeof(h));
+    return Widen(h);
+  }
+  f32x16 Tail(int64_t j, int64_t n) const {
+    u16x16 h = {};
+    std::memcpy(&h, p + j * kLanes, static_cast<size_t>(n) * sizeof(uint16_t));
+    return Widen(h);
+  }
+};
+
+struct RowFP8 {
+  static constexpr int64_t kBlockChunks = 128 / kLanes;
+  const uint8_t* p;
+  const uint8_t* scale_row;  // e8m0 scales of this row's 128-row block
+  float factor, late_scale;  // chunk = bits * factor [* late_scale when S >= 2^8]
+  bool big;
+  void Init(const QWeight& w, int64_t r) {
+    p = static_cast<const uint8_t*>(w.data) + r * w.cols;
+    scale_row = w.scale + (r / 128) * ((w.cols + 127) / 128);
+  }
+  void SetBlock(int64_t b) {
+    const uint8_t e = scale_row[b];
+    big = e >= 127 + 8;  // S * 2^120 is not a finite f32 (or S is NaN)
+    factor = big ? std::ldexp(1.0f, 120) : std::ldexp(1.0f, static_cast<int>(e) - 7);
+    late_scale = E8m0ToF32(e);
+  }
+  f32x16 Decode(i8x16 b) const {
+    // Sign-extended byte << 20 puts the sign in bits 31..27; keep bit 31 and bits 26..20.
+    const u32x16 bits = (BitCast<u32x16>(__builtin_convertvector(b, i32x16)) << 20) & 0x87F00000u;
+    f32x16 v = BitCast<f32x16>(bits) * factor;
+    if (__builtin_expect(big, 0)) v = v * late_scale;
+    return v;
+  }
+  f32x16 Chunk(int64_t j) const {
+    i8x16 b;
+    std::memcpy(&b, p + j * kLanes, sizeof(b));
+    return Decode(b);
+  }
+  f32x16 Tail(int64_t j, int64_t n) const {
+    i8x16 b = {};
+    std::memcpy(&b, p + j * kLanes, static_cast<size_t>(n));
+    return Decode(b);
+  }
+};
+
+struct RowFP4 {
+  static constexpr int64_t kBlockChunks = 2;
+  static constexpr f32x16 kTable = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const uint8_t* p;
+  const uint8_t* scales;
+  f32x16 table;  // e2m1 values times the current block's scale
+  u32x16 bytes;  // the current block's 16 packed bytes, one per lane
+  void Init(const QWeight& w, int64_t r) {
+    p = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);
+    scales = w.scale + r * (w.cols / 32);
+  }
+  void SetBlock(int64_t b) {
+    table = kTable * E8m0ToF32(scales[b]);
+    u8x16 raw;
+    std::memcpy(&raw, p + b * 16, sizeof(raw));
+    bytes = __builtin_convertvector(raw, u32x16);
+  }
+  f32x16 Chunk(int64_t j) const {
+    const u32x16 nib = (j & 1) ? (bytes >> 4) : (bytes & 15u);
+    return __builtin_shuffle(table, nib);
+  }
+  f32x16 Tail(int64_t, int64_t) const { return f32x16{}; }  // cols % 32 == 0: never called
+};
+
+// ---- tiles -----------------------------------------------------------------------------
+// RB consecutive weight rows x TB consecutive batch rows, one pass over cols; every decoded
+// chunk is used TB times from a register. x rows have stride cols; y is [T, rows].
+template <class Row, int RB, int TB>
+void Tile(const QWeight& w, int64_t r0, const float* x, int64_t t0, float* y) {
+  const int64_t cols = w.cols;
+  Row row[RB];
+  for (int i = 0; i < RB; ++i) row[i].Init(w, r0 + i);
+  const float* xt[TB];
+  for (int t = 0; t < TB; ++t) xt[t] = x + (t0 + t) * cols;
+  f32x16 acc[RB][TB] = {};
+  auto step = [&](int64_t j) {
+    f32x16 wv[RB];
+    for (int i = 0; i < RB; ++i) wv[i] = row[i].Chunk(j);
+    for (int t = 0; t < TB; ++t) {
+      const f32x16 xv = LoadF32x16(xt[t] + j * kLanes);
+      for (int i = 0; i < RB; ++i) acc[i][t] += wv[i] * xv;
+    }
+  };
+  constexpr int64_t kBC = Row::kBlockChunks;
+  const int64_t full_chunks = cols / kLanes, tail = cols % kLanes;
+  const int64_t full_blocks = full_chunks / kBC;
+  for (int64_t b = 0; b < full_blocks; ++b) {
+    for (int i = 0; i < RB; ++i) row[i].SetBlock(b);
+    for (int64_t jj = 0; jj < kBC; ++jj) step(b * kBC + jj);
+  }
+  if (full_blocks * kBC < full_chunks || tail) {
+    for (int i = 0; i < RB; ++i) row[i].SetBlock(full_blocks);
+    for (int64_t j = full_blocks * kBC; j < full_chunks; ++j) step(j);
+    if (tail) {
+      f32x16 wv[RB];
+      for (int i = 0; i < RB; ++i) wv[i] = row[i].Tail(full_chunks, tail);
+      for (int t = 0; t < TB; ++t) {
+        const f32x16 xv = LoadF32Partial(xt[t] + full_chunks * kLanes, tail);
+        for (int i = 0; i < RB; ++i) acc[i][t] += wv[i] * xv;
+      }
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int i = 0; i < RB; ++i) y[(t0 + t) * w.rows + r0 + i] = SumLanes(acc[i][t]);
+}
+
+constexpr int kDecodeRows = 4;   // T == 1: rows per tile (independent add chains)
+constexpr int kBatchRows = 2;    // T > 1: rows per tile ...
+constexpr int kBatchCols = 4;    // ... times batch rows per tile
+constexpr int64_t kMinWorkPerPart = 1 << 16;    // weight elements x T per thread chunk
+constexpr int64_t kBatchXBytes = 256 << 10;     // x rows kept hot while a row range streams
+
+template <class Row, int RB>
+void TileBatch(const QWeight& w, int64_t r0, const float* x, int64_t t0, int64_t tb, float* y) {
+  switch (tb) {
+    case 1: Tile<Row, RB, 1>(w, r0, x, t0, y); break;
+    case 2: Tile<Row, RB, 2>(w, r0, x, t0, y); break;
+    case 3: Tile<Row, RB, 3>(w, r0, x, t0, y); break;
+    default: Tile<Row, RB, kBatchCols>(w, r0, x, t0, y); break;
+  }
+}
+
+template <class Row>
+void Run(const QWeight& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  const int64_t rb = T == 1 ? kDecodeRows : kBatchRows;
+  const int64_t tiles = (w.rows + rb - 1) / rb;
+  const int64_t work_per_tile = rb * w.cols * T;
+  const size_t grain = static_cast<size_t>(std::max<int64_t>(1, kMinWorkPerPart / work_per_tile));
+  // x rows per pass over a thread's row range: enough to stay in L2 while its weights stream.
+  const int64_t t_group = std::max<int64_t>(
+      kBatchCols, kBatchXBytes / (w.cols * 4) / kBatchCols * kBatchCols);
+  auto decode = [&](size_t tile_begin, size_t tile_end) {
+    for (int64_t tile = static_cast<int64_t>(tile_begin); tile < static_cast<int64_t>(tile_end);
+         ++tile) {
+      const int64_t r0 = tile * rb;
+      if (r0 + rb <= w.rows) Tile<Row, kDecodeRows, 1>(w, r0, x, 0, y);
+      else for (int64_t r = r0; r < w.rows; ++r) Tile<Row, 1, 1>(w, r, x, 0, y);
+    }
+  };
+  auto batch = [&](size_t tile_begin, size_t tile_end) {
+    for (int64_t ts = 0; ts < T; ts += t_group) {
+      const int64_t te = std::min(T, ts + t_group);
+      for (int64_t tile = static_cast<int64_t>(tile_begin); tile < static_cast<int64_t>(tile_end);
+           ++tile) {
+        const int64_t r0 = tile * rb;
+        for (int64_t t0 = ts; t0 < te; t0 += kBatchCols) {
+          const int64_t tb = std::min<int64_t>(kBatchCols, te - t0);
+          if (r0 + rb <= w.rows) TileBatch<Row, kBatchRows>(w, r0, x, t0, tb, y);
+          else for (int64_t r = r0; r < w.rows; ++r) TileBatch<Row, 1>(w, r, x, t0, tb, y);
+        }
+      }
+    }
+  };
+  const std::function<void(size_t, size_t)> body =
+      T == 1 ? std::function<void(size_t, size_t)>(decode) : batch;
+  if (pool) pool->ParallelFor(static_cast<size_t>(tiles), grain, body);
+  else body(0, static_cast<size_t>(tiles));
+}
+
+// x [T, cols] with every 32-input block reordered as (even inputs, odd inputs), the order in
+// which RowFP4 yields its chunks.
+void DeinterleaveFp4Inputs(const float* x, int64_t T, int64_t cols, float* out) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < cols; b += 32)
+      for (int64_t l = 0; l < 16; ++l) {
+        out[t * cols + b + l] = x[t * cols + b + 2 * l];
+        out[t * cols + b + 16 + l] = x[t * cols + b + 2 * l + 1];
+      }
+}
+
+}  // namespace
+
+void Matmul(const QWeight& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
+  if (T <= 0 || w.rows <= 0) return;
+  if (w.cols <= 0) {
+    std::fill(y, y + T * w.rows, 0.0f);
+    return;
+  }
+  switch (w.format) {
+    case WeightFormat::kF32: Run<RowF32>(w, x, T, y, pool); return;
+    case WeightFormat::kBF16: Run<RowBF16>(w, x, T, y, pool); return;
+    case WeightFormat::kFP8Block: Run<RowFP8>(w, x, T, y, pool); return;
+    case WeightFormat::kFP4Block32: {
+      if (w.cols % 32 != 0) {
+        FM_LOG(kError, "matvec") << "FP4 weight with " << w.cols
+                                 << " inputs: not a multiple of 32; output set to NaN";
+        std::fill(y, y + T * w.rows, std::numeric_limits<float>::quiet_NaN());
+        return;
+      }
+      thread_local std::vector<float> xd;
+      xd.resize(static_cast<size_t>(T * w.cols));
+      DeinterleaveFp4Inputs(x, T, w.cols, xd.data());
+      Run<RowFP4>(w, xd.data(), T, y, pool);
+      return;
+    }
+  }
+}
+
+}  // namespace fm
