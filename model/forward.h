@@ -59,6 +59,16 @@ class ShardModel {
 
   // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
   virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;
+
+  // Whether this shard holds the MTP block (mtp.0, with the embedding and the head it needs).
+  virtual bool has_mtp() const { return false; }
+  // MTP draft logits (MODEL.md "MTP"). x [T, hc, H]: the main model's final state (after the last
+  // layer, before hc_head) of the items' rows; items[i].tokens: for each row t the token at t+1
+  // (for a sequence's last row, the main model's choice). Runs mtp.0 on each cache's own MTP
+  // cache (it advances by the row count) and writes logits [T, vocab] predicting token t+2.
+  virtual Status MtpLogits(std::span<const BatchItem> items, const float* x, float* logits) const {
+    return InvalidArgument("MtpLogits: this shard holds no MTP block");
+  }
 };
 
 }  // namespace fm

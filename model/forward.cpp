@@ -1,0 +1,222 @@
+// ShardModel on CPU (model/forward.h): embedding, the shard's layers over the hyper-connection
+// manifold, hc_head + norm + head, and the MTP draft block (HF DeepseekV4Model.forward).
+#include "model/forward.h"
+
+#include <cstring>
+#include <string>
+#include <unordered_set>
+
+#include "common/log.h"
+#include "common/numfmt.h"
+#include "model/kv_cache.h"
+#include "model/layer.h"
+#include "model/moe.h"
+#include "model/mtp.h"
+
+namespace fm {
+namespace {
+
+class ShardModelImpl : public ShardModel {
+ public:
+  ShardModelImpl(const ModelConfig& cfg, ThreadPool* pool) : cfg_(cfg), pool_(pool) {}
+
+  Status Bind(const Checkpoint& ckpt);
+
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t layer_begin() const override { return begin_; }
+  int64_t layer_end() const override { return end_; }
+  bool has_embed() const override { return has_embed_; }
+  bool has_head() const override { return has_head_; }
+  bool has_mtp() const override { return mtp_ != nullptr; }
+
+  std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const override;
+  Status Embed(std::span<const int32_t> tokens, float* x) const override;
+  Status ForwardLayers(std::span<const BatchItem> items, float* x) const override;
+  Status Logits(const float* x, int64_t rows, float* logits) const override;
+  Status MtpLogits(std::span<const BatchItem> items, const float* x,
+                   float* logits) const override;
+  void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec ? exec : local_.get(); }
+
+ private:
+  Status CheckTokens(std::span<const int32_t> tokens, const std::string& what) const;
+  // Validates a batch before anything runs; returns the concatenated tokens.
+  Result<std::vector<int32_t>> CheckBatch(std::span<const BatchItem> items, bool mtp) const;
+  void EmbedRow(int32_t token, float* row) const;
+
+  ModelConfig cfg_;
+  ThreadPool* pool_;
+  int64_t begin_ = 0, end_ = 0;
+  bool has_embed_ = false, has_head_ = false;
+  TensorView embed_;               // [V, H] BF16 or F32
+  QWeight head_;                   // [V, H]
+  std::vector<float> norm_;        // [H]
+  HcWeights hc_head_;
+  std::vector<std::unique_ptr<LayerWeights>> layers_;  // [begin_, end_)
+  std::unique_ptr<MtpWeights> mtp_;
+  std::unique_ptr<LocalExpertExecutor> local_;
+  ExpertExecutor* exec_ = nullptr;
+};
+
+Status ShardModelImpl::Bind(const Checkpoint& ckpt) {
+  const ShardSelection& sel = ckpt.selection();
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.hidden_size, V = cfg_.vocab_size;
+  begin_ = sel.layer_begin;
+  end_ = sel.layer_end < 0 ? L : sel.layer_end;
+  if (begin_ < 0 || begin_ > end_ || end_ > L)
+    return InvalidArgument("shard selection: layers [" + std::to_string(begin_) + ", " +
+                           std::to_string(end_) + ") outside [0, " + std::to_string(L) + "]");
+  const bool want_mtp = sel.mtp && sel.head && end_ == L && cfg_.num_nextn_predict_layers > 0 &&
+                        ckpt.Has("mtp.0.e_proj.weight");
+  if (sel.embed || want_mtp) {
+    FM_ASSIGN_OR_RETURN(embed_, ckpt.Get("embed.weight"));
+    if (embed_.shape != std::vector<int64_t>{V, H} ||
+        (embed_.dtype != DType::kBF16 && embed_.dtype != DType::kF32))
+      return InvalidArgument("embed.weight: expected BF16 or F32 [" + std::to_string(V) + "," +
+                             std::to_string(H) + "], got " + DTypeName(embed_.dtype));
+    has_embed_ = sel.embed;
+  }
+  if (sel.head) {
+    FM_ASSIGN_OR_RETURN(head_, ckpt.Weight("head"));
+    if (head_.rows != V || head_.cols != H)
+      return InvalidArgument("head.weight: shape [" + std::to_string(head_.rows) + "," +
+                             std::to_string(head_.cols) + "], expected [" + std::to_string(V) +
+                             "," + std::to_string(H) + "]");
+    FM_ASSIGN_OR_RETURN(norm_, GetVector(ckpt, "norm.weight", H));
+    FM_ASSIGN_OR_RETURN(hc_head_, BindHc(ckpt, "hc_head_", cfg_.hc_mult, 1));
+    has_head_ = true;
+  }
+  std::vector<const MoeWeights*> moe(L + cfg_.num_nextn_predict_layers, nullptr);
+  for (int64_t l = begin_; l < end_; ++l) {
+    FM_ASSIGN_OR_RETURN(auto lw, BindLayer(ckpt, "layers." + std::to_string(l) + ".", l));
+    moe[l] = &lw->moe;
+    layers_.push_back(std::move(lw));
+  }
+  if (want_mtp) {
+    FM_ASSIGN_OR_RETURN(mtp_, BindMtp(ckpt));
+    moe[L] = &mtp_->block->moe;
+  }
+  local_ = std::make_unique<LocalExpertExecutor>(cfg_, std::move(moe), pool_);
+  exec_ = local_.get();
+  FM_LOG(kInfo, "forward") << "shard: layers [" << begin_ << ", " << end_ << ")"
+                           << (has_embed_ ? " +embed" : "") << (has_head_ ? " +head" : "")
+                           << (mtp_ ? " +mtp" : "");
+  return Status::Ok();
+}
+
+std::unique_ptr<SequenceCache> ShardModelImpl::NewSequence(int64_t max_context) const {
+  std::vector<std::unique_ptr<AttentionCache>> caches;
+  for (int64_t l = begin_; l < end_; ++l)
+    caches.push_back(NewAttentionCache(cfg_, cfg_.compress_ratio(l), max_context));
+  std::unique_ptr<AttentionCache> mtp;
+  if (mtp_) mtp = NewAttentionCache(cfg_, mtp_->block->ratio, max_context);
+  return std::make_unique<SequenceCache>(begin_, std::move(caches), std::move(mtp), max_context);
+}
+
+Status ShardModelImpl::CheckTokens(std::span<const int32_t> tokens,
+                                   const std::string& what) const {
+  if (tokens.empty()) return InvalidArgument(what + ": empty token list");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
+      return InvalidArgument(what + ": token id " + std::to_string(tokens[i]) + " at position " +
+                             std::to_string(i) + " outside vocab [0, " +
+                             std::to_string(cfg_.vocab_size) + ")");
+  return Status::Ok();
+}
+
+Result<std::vector<int32_t>> ShardModelImpl::CheckBatch(std::span<const BatchItem> items,
+                                                        bool mtp) const {
+  if (items.empty()) return InvalidArgument("empty batch");
+  std::vector<int32_t> tokens;
+  std::unordered_set<const SequenceCache*> seen;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string what = "batch item " + std::to_string(i);
+    const SequenceCache* c = items[i].cache;
+    if (!c) return InvalidArgument(what + ": no sequence cache");
+    if (!seen.insert(c).second) return InvalidArgument(what + ": sequence appears twice");
+    if (c->layer_begin() != begin_ || c->num_layers() != end_ - begin_ || (mtp && !c->mtp()))
+      return InvalidArgument(what + ": sequence cache was made for another shard (layers [" +
+                             std::to_string(c->layer_begin()) + ", " +
+                             std::to_string(c->layer_begin() + c->num_layers()) + "))");
+    FM_RETURN_IF_ERROR(CheckTokens(items[i].tokens, what));
+    const int64_t T = static_cast<int64_t>(items[i].tokens.size());
+    const int64_t pos = mtp ? c->mtp_next_pos() : c->next_pos();
+    if (pos + T > c->max_context())
+      return OutOfRange(what + ": context " + std::to_string(pos) + " + " + std::to_string(T) +
+                        " tokens = " + std::to_string(pos + T) + " exceeds max_context " +
+                        std::to_string(c->max_context()));
+    tokens.insert(tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
+  }
+  return tokens;
+}
+
+void ShardModelImpl::EmbedRow(int32_t token, float* row) const {
+  const int64_t H = cfg_.hidden_size;
+  if (embed_.dtype == DType::kF32) {
+    std::memcpy(row, embed_.data + static_cast<size_t>(token) * H * 4, H * sizeof(float));
+    return;
+  }
+  const uint8_t* src = embed_.data + static_cast<size_t>(token) * H * 2;
+  for (int64_t h = 0; h < H; ++h) {
+    uint16_t b;
+    std::memcpy(&b, src + h * 2, 2);
+    row[h] = Bf16ToF32(b);
+  }
+}
+
+Status ShardModelImpl::Embed(std::span<const int32_t> tokens, float* x) const {
+  if (!has_embed_) return InvalidArgument("Embed: this shard does not hold embed.weight");
+  FM_RETURN_IF_ERROR(CheckTokens(tokens, "Embed"));
+  const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    float* xt = x + t * n * H;
+    EmbedRow(tokens[t], xt);
+    for (int64_t k = 1; k < n; ++k) std::memcpy(xt + k * H, xt, H * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+Status ShardModelImpl::ForwardLayers(std::span<const BatchItem> items, float* x) const {
+  FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatch(items, false));
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  std::vector<AttentionSeq> seqs(items.size());
+  for (const auto& lw : layers_) {
+    for (size_t i = 0; i < items.size(); ++i)
+      seqs[i] = {items[i].cache->layer(lw->layer), static_cast<int64_t>(items[i].tokens.size())};
+    Status st = RunLayer(cfg_, *lw, seqs, tokens.data(), T, exec_, x, pool_);
+    if (!st.ok()) return st.Wrap("layer " + std::to_string(lw->layer));
+  }
+  for (const auto& item : items) item.cache->Advance(static_cast<int64_t>(item.tokens.size()));
+  return Status::Ok();
+}
+
+Status ShardModelImpl::Logits(const float* x, int64_t rows, float* logits) const {
+  if (!has_head_) return InvalidArgument("Logits: this shard does not hold the head");
+  if (rows <= 0) return InvalidArgument("Logits: rows " + std::to_string(rows) + " must be > 0");
+  HeadLogits(cfg_, hc_head_, norm_, head_, x, rows, logits, pool_);
+  return Status::Ok();
+}
+
+Status ShardModelImpl::MtpLogits(std::span<const BatchItem> items, const float* x,
+                                 float* logits) const {
+  if (!mtp_) return InvalidArgument("MtpLogits: this shard holds no MTP block");
+  FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatch(items, true));
+  const int64_t T = static_cast<int64_t>(tokens.size()), H = cfg_.hidden_size;
+  std::vector<float> emb(T * H);
+  for (int64_t t = 0; t < T; ++t) EmbedRow(tokens[t], emb.data() + t * H);
+  std::vector<AttentionSeq> seqs(items.size());
+  for (size_t i = 0; i < items.size(); ++i)
+    seqs[i] = {items[i].cache->mtp(), static_cast<int64_t>(items[i].tokens.size())};
+  Status st = MtpForward(cfg_, *mtp_, seqs, emb.data(), x, tokens.data(), T, exec_, head_, logits,
+                         pool_);
+  return st.ok() ? st : st.Wrap("mtp.0");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShardModel>> ShardModel::Create(const Checkpoint& ckpt, ThreadPool* pool) {
+  auto m = std::make_unique<ShardModelImpl>(ckpt.config(), pool);
+  FM_RETURN_IF_ERROR(m->Bind(ckpt));
+  return std::unique_ptr<ShardModel>(std::move(m));
+}
+
+}  // namespace fm

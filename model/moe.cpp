@@ -1,0 +1,154 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kernels/cpu/matvec.h"
+#include "kernels/cpu/router.h"
+#include "kernels/cpu/swiglu.h"
+
+namespace fm {
+
+// Rows per pass of the local executor: bounds the [rows, k, H] contribution buffer.
+static constexpr int64_t kRoutedChunkRows = 256;
+
+static Result<ExpertWeights> BindExpert(const Checkpoint& ckpt, const std::string& prefix,
+                                        int64_t H) {
+  ExpertWeights e;
+  FM_ASSIGN_OR_RETURN(e.w1, ckpt.Weight(prefix + "w1"));
+  FM_ASSIGN_OR_RETURN(e.w2, ckpt.Weight(prefix + "w2"));
+  FM_ASSIGN_OR_RETURN(e.w3, ckpt.Weight(prefix + "w3"));
+  if (e.w1.cols != H || e.w3.cols != H || e.w3.rows != e.w1.rows || e.w2.rows != H ||
+      e.w2.cols != e.w1.rows)
+    return InvalidArgument(prefix + "{w1,w2,w3}: shapes [" + std::to_string(e.w1.rows) + "," +
+                           std::to_string(e.w1.cols) + "], [" + std::to_string(e.w2.rows) + "," +
+                           std::to_string(e.w2.cols) + "], [" + std::to_string(e.w3.rows) + "," +
+                           std::to_string(e.w3.cols) + "] do not form an FFN of hidden " +
+                           std::to_string(H));
+  e.loaded = true;
+  return e;
+}
+
+Result<MoeWeights> BindMoe(const Checkpoint& ckpt, const std::string& prefix, int64_t layer) {
+  const ModelConfig& cfg = ckpt.config();
+  const int64_t E = cfg.n_routed_experts, k = cfg.num_experts_per_tok, H = cfg.hidden_size;
+  if (k <= 0 || k > E)
+    return InvalidArgument("config: num_experts_per_tok " + std::to_string(k) +
+                           " must be in [1, n_routed_experts " + std::to_string(E) + "]");
+  MoeWeights w;
+  w.layer = layer;
+  w.hash = cfg.is_hash_layer(layer);
+  FM_ASSIGN_OR_RETURN(w.gate, ckpt.Weight(prefix + "gate"));
+  if (w.gate.rows != E || w.gate.cols != H)
+    return InvalidArgument(prefix + "gate.weight: shape [" + std::to_string(w.gate.rows) + "," +
+                           std::to_string(w.gate.cols) + "], expected [" + std::to_string(E) +
+                           "," + std::to_string(H) + "]");
+  if (w.hash) {
+    FM_ASSIGN_OR_RETURN(w.tid2eid, ckpt.GetI64(prefix + "gate.tid2eid"));
+    if (static_cast<int64_t>(w.tid2eid.size()) != cfg.vocab_size * k)
+      return InvalidArgument(prefix + "gate.tid2eid: " + std::to_string(w.tid2eid.size()) +
+                             " entries, expected vocab_size * num_experts_per_tok = " +
+                             std::to_string(cfg.vocab_size * k));
+    for (size_t i = 0; i < w.tid2eid.size(); ++i)
+      if (w.tid2eid[i] < 0 || w.tid2eid[i] >= E)
+        return InvalidArgument(prefix + "gate.tid2eid: token " + std::to_string(i / k) +
+                               " maps to expert " + std::to_string(w.tid2eid[i]) +
+                               ", outside [0, " + std::to_string(E) + ")");
+  } else {
+    FM_ASSIGN_OR_RETURN(w.bias, ckpt.GetF32(prefix + "gate.bias"));
+    if (static_cast<int64_t>(w.bias.size()) != E)
+      return InvalidArgument(prefix + "gate.bias: " + std::to_string(w.bias.size()) +
+                             " entries, expected n_routed_experts " + std::to_string(E));
+  }
+  w.experts.resize(E);
+  std::vector<int64_t> wanted = ckpt.selection().experts;
+  if (wanted.empty())
+    for (int64_t e = 0; e < E; ++e) wanted.push_back(e);
+  for (int64_t e : wanted) {
+    if (e < 0 || e >= E)
+      return InvalidArgument("shard selection: expert " + std::to_string(e) + " outside [0, " +
+                             std::to_string(E) + ")");
+    FM_ASSIGN_OR_RETURN(w.experts[e],
+                        BindExpert(ckpt, prefix + "experts." + std::to_string(e) + ".", H));
+  }
+  FM_ASSIGN_OR_RETURN(w.shared, BindExpert(ckpt, prefix + "shared_experts.", H));
+  return w;
+}
+
+Status RouteMoe(const ModelConfig& cfg, const MoeWeights& w, const float* x,
+                const int32_t* tokens, int64_t T, int32_t* ids, float* weights, ThreadPool* pool) {
+  const int64_t E = cfg.n_routed_experts, k = cfg.num_experts_per_tok;
+  const float scale = static_cast<float>(cfg.routed_scaling_factor);
+  if (w.hash)
+    for (int64_t t = 0; t < T; ++t)
+      if (tokens[t] < 0 || tokens[t] >= cfg.vocab_size)
+        return InvalidArgument("token id " + std::to_string(tokens[t]) + " outside vocab [0, " +
+                               std::to_string(cfg.vocab_size) + ")");
+  std::vector<float> logits(T * E), scores(T * E);
+  Matmul(w.gate, x, T, logits.data(), pool);
+  for (int64_t t = 0; t < T; ++t) {
+    float* s = scores.data() + t * E;
+    RouterSqrtSoftplus_E(logits.data() + t * E, E, s);
+    if (w.hash)
+      RouterHash_k(s, w.tid2eid.data() + static_cast<int64_t>(tokens[t]) * k, k, scale,
+                   ids + t * k, weights + t * k);
+    else
+      RouterTopkBias_E(s, w.bias.data(), E, k, scale, ids + t * k, weights + t * k);
+  }
+  return Status::Ok();
+}
+
+void RunExpertFfn(const ExpertWeights& e, float swiglu_limit, const float* x, int64_t T, float* y,
+                  ThreadPool* pool) {
+  const int64_t I = e.w1.rows;
+  std::vector<float> gate(T * I), up(T * I);
+  Matmul(e.w1, x, T, gate.data(), pool);
+  Matmul(e.w3, x, T, up.data(), pool);
+  SwigluClamp_n(gate.data(), up.data(), T * I, swiglu_limit, gate.data());
+  Matmul(e.w2, gate.data(), T, y, pool);
+}
+
+Status LocalExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
+                                      const int32_t* expert_ids, const float* weights,
+                                      float* routed) {
+  const MoeWeights* w =
+      layer >= 0 && layer < static_cast<int64_t>(layers_.size()) ? layers_[layer] : nullptr;
+  if (!w) return InvalidArgument("MoE: layer " + std::to_string(layer) + " is not on this shard");
+  const int64_t E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok, H = cfg_.hidden_size;
+  const float limit = static_cast<float>(cfg_.swiglu_limit);
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int32_t e = expert_ids[i];
+    if (e < 0 || e >= E || !w->experts[e].loaded)
+      return InvalidArgument("MoE layer " + std::to_string(layer) + ": row " +
+                             std::to_string(i / k) + " routes to expert " + std::to_string(e) +
+                             ", which is not loaded on this shard");
+  }
+  std::vector<float> contrib;
+  std::vector<float> xin, yout;
+  std::vector<std::vector<int64_t>> slots(E);  // per expert: (row - r0) * k + j, row order
+  for (int64_t r0 = 0; r0 < T; r0 += kRoutedChunkRows) {
+    const int64_t rows = std::min(kRoutedChunkRows, T - r0);
+    contrib.assign(rows * k * H, 0.0f);
+    for (auto& s : slots) s.clear();
+    for (int64_t i = 0; i < rows * k; ++i) slots[expert_ids[r0 * k + i]].push_back(i);
+    for (int64_t e = 0; e < E; ++e) {
+      const auto& list = slots[e];
+      if (list.empty()) continue;
+      const int64_t n = static_cast<int64_t>(list.size());
+      xin.resize(n * H);
+      yout.resize(n * H);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(xin.data() + i * H, x + (r0 + list[i] / k) * H, H * sizeof(float));
+      RunExpertFfn(w->experts[e], limit, xin.data(), n, yout.data(), pool_);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(contrib.data() + list[i] * H, yout.data() + i * H, H * sizeof(float));
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      MoeCombine_kH(contrib.data() + r * k * H, weights + (r0 + r) * k, k, H,
+                    routed + (r0 + r) * H);
+  }
+  return Status::Ok();
+}
+
+}  // namespace fm

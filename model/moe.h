@@ -1,0 +1,64 @@
+// The MoE block of one layer (MODEL.md "MoE"; HF DeepseekV4SparseMoeBlock): route every row
+// (hash table or sqrtsoftplus + bias top-k), run the routed experts through an ExpertExecutor,
+// add the shared expert. The local executor groups rows per expert so each expert's weights are
+// read once per chunk of rows, and sums each row's k contributions in k order, so a row's result
+// does not depend on what else is in the batch.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "common/thread_pool.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/forward.h"
+
+namespace fm {
+
+// expert(x) = W2 . swiglu_clamped(W1 . x, W3 . x)
+struct ExpertWeights {
+  QWeight w1, w2, w3;
+  bool loaded = false;
+};
+
+struct MoeWeights {
+  int64_t layer = 0;
+  bool hash = false;
+  QWeight gate;                    // [E, H]
+  std::vector<float> bias;         // [E], score layers
+  std::vector<int64_t> tid2eid;    // [V, k], hash layers
+  std::vector<ExpertWeights> experts;  // [E]; loaded = in this shard's selection
+  ExpertWeights shared;
+};
+
+// prefix "layers.N.ffn." or "mtp.0.ffn."; layer = N (or num_hidden_layers for mtp.0).
+// Binds the routed experts of ckpt.selection().experts (all when empty).
+Result<MoeWeights> BindMoe(const Checkpoint& ckpt, const std::string& prefix, int64_t layer);
+
+// x [T, H] (normed MoE input), tokens [T] -> ids [T, k], weights [T, k].
+Status RouteMoe(const ModelConfig& cfg, const MoeWeights& w, const float* x,
+                const int32_t* tokens, int64_t T, int32_t* ids, float* weights, ThreadPool* pool);
+
+// y [T, H] = expert(x [T, H]) for every row.
+void RunExpertFfn(const ExpertWeights& e, float swiglu_limit, const float* x, int64_t T, float* y,
+                  ThreadPool* pool);
+
+// Runs the experts this process holds; layer -> weights through `layers` (indexed by absolute
+// layer, main then MTP; null where this shard has no such layer).
+class LocalExpertExecutor : public ExpertExecutor {
+ public:
+  LocalExpertExecutor(const ModelConfig& cfg, std::vector<const MoeWeights*> layers,
+                      ThreadPool* pool)
+      : cfg_(cfg), layers_(std::move(layers)), pool_(pool) {}
+  Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                   const float* weights, float* routed) override;
+
+ private:
+  const ModelConfig& cfg_;
+  std::vector<const MoeWeights*> layers_;
+  ThreadPool* pool_;
+};
+
+}  // namespace fm
