@@ -1,0 +1,525 @@
+// TCP data plane over Boost.Asio. One io thread owns every socket (all socket operations run
+// there, so no socket is touched by two threads); callers of Send/Recv/Connect hand work to it
+// and wait with a deadline. Each connection runs a C++20 coroutine: handshake, then a read loop
+// that validates every frame and queues it for its peer.
+#include "net/tcp_transport.h"
+
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without including it
+
+#include <boost/asio.hpp>
+#include <boost/asio/redirect_error.hpp>
+
+#include <array>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "net/handshake.h"
+
+namespace fm::net {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+
+// "host:port" or "[v6]:port" -> host, port (the port as text, for the resolver).
+Status SplitAddress(const std::string& address, std::string* host, std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+    return InvalidArgument("address '" + address + "': expected host:port");
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']')
+    *host = host->substr(1, host->size() - 2);
+  for (char ch : *port)
+    if (ch < '0' || ch > '9') return InvalidArgument("address '" + address + "': bad port");
+  return Status::Ok();
+}
+
+struct Conn {
+  explicit Conn(asio::io_context& io) : socket(io) {}
+  tcp::socket socket;
+  std::string peer;            // authenticated name ("" during the handshake)
+  std::string remote;          // "ip:port" of the other end, for logs
+  std::string local_close;     // why this side closed it (read loop reports it)
+  std::mutex send_mu;          // one gather write in flight per socket: Send callers queue here
+};
+
+void CloseSocket(Conn& c, const std::string& why) {
+  if (c.local_close.empty()) c.local_close = why;
+  error_code ignored;
+  c.socket.shutdown(tcp::socket::shutdown_both, ignored);
+  c.socket.close(ignored);
+}
+
+// Closes the connection's socket if the operations it guards are not done by the deadline,
+// which makes the pending read/write complete with an error.
+class SocketDeadline {
+ public:
+  SocketDeadline(const std::shared_ptr<Conn>& c, Millis timeout) : timer_(c->socket.get_executor()) {
+    timer_.expires_after(timeout);
+    timer_.async_wait([c, fired = fired_](const error_code& ec) {
+      if (ec) return;
+      *fired = true;
+      CloseSocket(*c, "deadline");
+    });
+  }
+  ~SocketDeadline() { timer_.cancel(); }
+  bool fired() const { return *fired_; }
+
+ private:
+  std::shared_ptr<bool> fired_ = std::make_shared<bool>(false);
+  asio::steady_timer timer_;
+};
+
+auto Redirect(error_code& ec) { return asio::redirect_error(asio::use_awaitable, ec); }
+
+std::string Endpoint(const tcp::socket& s) {
+  error_code ec;
+  auto ep = s.remote_endpoint(ec);
+  return ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(TransportOptions o)
+      : work_(asio::make_work_guard(io_)), opts_(std::move(o)), thread_([this] { io_.run(); }) {}
+
+  ~TcpTransport() override {
+    asio::post(io_, [this] {
+      error_code ignored;
+      if (acceptor_) acceptor_->close(ignored);
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto& [name, p] : peers_)
+        if (p.conn) CloseSocket(*p.conn, "transport shut down");
+      for (auto& c : handshaking_) CloseSocket(*c, "transport shut down");
+      io_.stop();
+    });
+    thread_.join();
+  }
+
+  Status Listen(const std::string& address) override {
+    std::string host, port;
+    FM_RETURN_IF_ERROR(SplitAddress(address, &host, &port));
+    if (acceptor_) return InvalidArgument("listen " + address + ": already listening");
+    error_code ec;
+    tcp::resolver resolver(io_);
+    auto eps = resolver.resolve(host, port, tcp::resolver::passive, ec);
+    if (ec || eps.empty()) return Unavailable("listen " + address + ": resolve: " + ec.message());
+    const tcp::endpoint ep = eps.begin()->endpoint();
+    auto acc = std::make_unique<tcp::acceptor>(io_);
+    acc->open(ep.protocol(), ec);
+    if (!ec) acc->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acc->bind(ep, ec);
+    if (!ec) acc->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Unavailable("listen " + address + ": " + ec.message());
+    const auto bound = acc->local_endpoint(ec);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      listen_address_ = (ep.address().is_v6() ? "[" + host + "]" : host) + ":" +
+                        std::to_string(bound.port());
+    }
+    acceptor_ = std::move(acc);
+    asio::co_spawn(io_, AcceptLoop(), asio::detached);
+    FM_LOG(kInfo, "net") << "'" << opts_.self_name << "' listening on " << listen_address();
+    return Status::Ok();
+  }
+
+  std::string listen_address() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return listen_address_;
+  }
+
+  Status Connect(const std::string& peer, const std::string& address, Millis timeout) override {
+    FM_RETURN_IF_ERROR(ValidatePeerName(peer).Wrap("connect"));
+    std::string host, port;
+    FM_RETURN_IF_ERROR(SplitAddress(address, &host, &port).Wrap("connect to peer '" + peer + "'"));
+    auto c = std::make_shared<Conn>(io_);
+    auto done = std::make_shared<std::promise<Status>>();
+    auto result = done->get_future();
+    asio::co_spawn(io_, Dial(c, peer, address, host, port, timeout),
+                   [done](std::exception_ptr e, Status s) {
+                     done->set_value(e ? Internal("connect: unexpected exception") : s);
+                   });
+    // The coroutine's own deadline closes the socket at `timeout`; the margin covers the io
+    // thread finishing that close.
+    if (result.wait_for(timeout + Millis(2000)) != std::future_status::ready)
+      return DeadlineExceeded("connect to peer '" + peer + "' at " + address + ": no answer");
+    return result.get();
+  }
+
+  Status Send(const std::string& peer, const FrameHeader& header, const void* payload,
+              size_t nbytes, Millis timeout) override {
+    FrameHeader h = header;
+    std::array<uint8_t, kFrameHeaderSize> hdr;
+    FM_RETURN_IF_ERROR(
+        EncodeFrameHeader(&h, payload, nbytes, hdr.data()).Wrap("send to peer '" + peer + "'"));
+    if (nbytes > opts_.max_payload)
+      return InvalidArgument("send to peer '" + peer + "': payload of " + std::to_string(nbytes) +
+                             " bytes exceeds the limit of " + std::to_string(opts_.max_payload));
+    std::shared_ptr<Conn> c;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = peers_.find(peer);
+      if (it == peers_.end() || !it->second.conn)
+        return Unavailable("send to peer '" + peer + "': not connected" +
+                           (it == peers_.end() ? "" : " (" + it->second.close_reason + ")"));
+      c = it->second.conn;
+    }
+    std::lock_guard<std::mutex> serial(c->send_mu);
+    struct Op {
+      std::mutex m;
+      std::condition_variable cv;
+      bool done = false;
+      error_code ec;
+    };
+    auto op = std::make_shared<Op>();
+    const std::array<asio::const_buffer, 2> bufs = {asio::buffer(hdr), asio::buffer(payload, nbytes)};
+    asio::post(io_, [c, op, bufs] {
+      asio::async_write(c->socket, bufs, [op](const error_code& ec, size_t) {
+        std::lock_guard<std::mutex> l(op->m);
+        op->ec = ec;
+        op->done = true;
+        op->cv.notify_all();
+      });
+    });
+    std::unique_lock<std::mutex> l(op->m);
+    bool timed_out = false;
+    if (!op->cv.wait_for(l, timeout, [&] { return op->done; })) {
+      // The write still references hdr and payload: abort it and wait for its completion.
+      timed_out = true;
+      asio::post(io_, [c] { CloseSocket(*c, "send timed out"); });
+      op->cv.wait(l, [&] { return op->done; });
+    }
+    if (timed_out)
+      return DeadlineExceeded("send to peer '" + peer + "': " + std::to_string(nbytes) +
+                              " bytes not written within " + std::to_string(timeout.count()) +
+                              " ms; connection closed");
+    if (op->ec) return Unavailable("send to peer '" + peer + "': " + op->ec.message());
+    std::lock_guard<std::mutex> sl(mu_);
+    stats_.frames_sent++;
+    stats_.bytes_sent += kFrameHeaderSize + nbytes;
+    return Status::Ok();
+  }
+
+  Result<Frame> Recv(const std::string& peer, Millis timeout) override {
+    std::unique_lock<std::mutex> l(mu_);
+    PeerState* p = nullptr;
+    auto ready = [&] {
+      auto it = peers_.find(peer);
+      p = it == peers_.end() ? nullptr : &it->second;
+      return p && (!p->queue.empty() || !p->conn);
+    };
+    if (!cv_.wait_for(l, timeout, ready)) {
+      return DeadlineExceeded("recv from peer '" + peer + "': no frame within " +
+                              std::to_string(timeout.count()) + " ms" +
+                              (p ? "" : " (peer never connected)"));
+    }
+    if (p->queue.empty())
+      return Unavailable("recv from peer '" + peer + "': connection closed (" + p->close_reason +
+                         ")");
+    Frame f = std::move(p->queue.front());
+    p->queue.pop_front();
+    return f;
+  }
+
+  bool IsConnected(const std::string& peer) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = peers_.find(peer);
+    return it != peers_.end() && it->second.conn != nullptr;
+  }
+
+  std::vector<std::string> ConnectedPeers() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<std::string> out;
+    for (const auto& [name, p] : peers_)
+      if (p.conn) out.push_back(name);
+    return out;  // std::map iterates sorted
+  }
+
+  void Disconnect(const std::string& peer) override {
+    std::shared_ptr<Conn> c;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = peers_.find(peer);
+      if (it == peers_.end() || !it->second.conn) return;
+      c = std::move(it->second.conn);
+      it->second.close_reason = "disconnected locally";
+    }
+    cv_.notify_all();
+    asio::post(io_, [c] { CloseSocket(*c, "disconnected locally"); });
+  }
+
+  TransportStats stats() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return stats_;
+  }
+
+ private:
+  struct PeerState {
+    std::deque<Frame> queue;
+    std::shared_ptr<Conn> conn;   // the current connection; null when closed
+    std::string close_reason;
+  };
+
+  asio::awaitable<void> AcceptLoop() {
+    for (;;) {
+      auto c = std::make_shared<Conn>(io_);
+      error_code ec;
+      co_await acceptor_->async_accept(c->socket, Redirect(ec));
+      if (ec == asio::error::operation_aborted || !acceptor_->is_open()) co_return;
+      if (ec) {
+        FM_LOG(kWarn, "net") << "accept on " << listen_address() << ": " << ec.message();
+        continue;
+      }
+      asio::co_spawn(io_, Accepted(std::move(c)), asio::detached);
+    }
+  }
+
+  // Acceptor side of handshake.h, then the read loop.
+  asio::awaitable<void> Accepted(std::shared_ptr<Conn> c) {
+    c->remote = Endpoint(c->socket);
+    error_code ignored;
+    c->socket.set_option(tcp::no_delay(true), ignored);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      handshaking_.push_back(c);
+    }
+    Status s = co_await AcceptHandshake(c);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      std::erase(handshaking_, c);
+      if (!s.ok()) stats_.connections_rejected++;
+    }
+    if (!s.ok()) {
+      FM_LOG(kWarn, "net") << "'" << opts_.self_name << "' rejected connection from " << c->remote
+                           << ": " << s.message();
+      CloseSocket(*c, "handshake failed");
+      co_return;
+    }
+    Register(c);
+    co_await ReadLoop(c);
+  }
+
+  asio::awaitable<Status> AcceptHandshake(std::shared_ptr<Conn> c) {
+    SocketDeadline deadline(c, opts_.handshake_timeout);
+    error_code ec;
+    auto io_error = [&](const char* what) {
+      return deadline.fired()
+                 ? DeadlineExceeded(std::string("handshake: ") + what + ": not done within " +
+                                    std::to_string(opts_.handshake_timeout.count()) + " ms")
+                 : Unavailable(std::string("handshake: ") + what + ": " + ec.message());
+    };
+    std::array<uint8_t, kHelloFixedSize> fixed;
+    co_await asio::async_read(c->socket, asio::buffer(fixed), Redirect(ec));
+    if (ec) co_return io_error("reading hello");
+    Nonce dialer_nonce;
+    Result<size_t> name_len = DecodeHelloFixed(fixed.data(), fixed.size(), &dialer_nonce);
+    if (!name_len.ok()) co_return name_len.status();
+    std::vector<uint8_t> name_bytes(*name_len);
+    co_await asio::async_read(c->socket, asio::buffer(name_bytes), Redirect(ec));
+    if (ec) co_return io_error("reading hello name");
+    Result<std::string> dialer = DecodeHelloName(name_bytes.data(), name_bytes.size());
+    if (!dialer.ok()) co_return dialer.status();
+    Result<Nonce> nonce = RandomNonce();
+    if (!nonce.ok()) co_return nonce.status();
+    std::vector<uint8_t> reply = EncodeHello({opts_.self_name, *nonce});
+    const Mac mine = HandshakeMac(opts_.secret, HandshakeRole::kAcceptor, dialer_nonce, *nonce,
+                                  *dialer, opts_.self_name);
+    reply.insert(reply.end(), mine.begin(), mine.end());
+    co_await asio::async_write(c->socket, asio::buffer(reply), Redirect(ec));
+    if (ec) co_return io_error("writing hello");
+    Mac theirs;
+    co_await asio::async_read(c->socket, asio::buffer(theirs), Redirect(ec));
+    if (ec == asio::error::eof)
+      co_return Unauthenticated("handshake: peer '" + *dialer +
+                                "' hung up instead of authenticating (our MAC did not verify: "
+                                "different cluster secret?)");
+    if (ec) co_return io_error("reading MAC");
+    const Mac want = HandshakeMac(opts_.secret, HandshakeRole::kDialer, dialer_nonce, *nonce,
+                                  *dialer, opts_.self_name);
+    if (!MacEqual(theirs, want))
+      co_return Unauthenticated("handshake: peer '" + *dialer +
+                                "' failed authentication (wrong cluster secret)");
+    co_await asio::async_write(c->socket, asio::buffer(kHandshakeOk), Redirect(ec));
+    if (ec) co_return io_error("writing ok");
+    c->peer = *dialer;
+    co_return Status::Ok();
+  }
+
+  // Dialer side of handshake.h; on success the connection is registered and read.
+  asio::awaitable<Status> Dial(std::shared_ptr<Conn> c, std::string peer, std::string address,
+                               std::string host, std::string port, Millis timeout) {
+    Status s = co_await DialHandshake(c, peer, address, host, port, timeout);
+    if (!s.ok()) {
+      CloseSocket(*c, "handshake failed");
+      co_return s;
+    }
+    c->peer = peer;
+    Register(c);
+    asio::co_spawn(io_, ReadLoop(c), asio::detached);
+    co_return Status::Ok();
+  }
+
+  asio::awaitable<Status> DialHandshake(std::shared_ptr<Conn> c, std::string peer,
+                                        std::string address, std::string host, std::string port,
+                                        Millis timeout) {
+    const std::string who = "connect to peer '" + peer + "' at " + address;
+    SocketDeadline deadline(c, timeout);
+    error_code ec;
+    auto io_error = [&](const char* what) {
+      return deadline.fired() ? DeadlineExceeded(who + ": " + what + ": not done within " +
+                                                 std::to_string(timeout.count()) + " ms")
+                              : Unavailable(who + ": " + what + ": " + ec.message());
+    };
+    tcp::resolver resolver(io_);
+    auto eps = co_await resolver.async_resolve(host, port, Redirect(ec));
+    if (ec) co_return io_error("resolve");
+    co_await asio::async_connect(c->socket, eps, Redirect(ec));
+    if (ec) co_return io_error("connect");
+    c->remote = Endpoint(c->socket);
+    c->socket.set_option(tcp::no_delay(true), ec);
+    Result<Nonce> nonce = RandomNonce();
+    if (!nonce.ok()) co_return nonce.status();
+    // Named, not a temporary: GCC 12 mis-destroys temporaries inside co_await expressions.
+    const std::vector<uint8_t> hello = EncodeHello({opts_.self_name, *nonce});
+    co_await asio::async_write(c->socket, asio::buffer(hello), Redirect(ec));
+    if (ec) co_return io_error("writing hello");
+    std::array<uint8_t, kHelloFixedSize> fixed;
+    co_await asio::async_read(c->socket, asio::buffer(fixed), Redirect(ec));
+    if (ec) co_return io_error("reading hello");
+    Nonce acceptor_nonce;
+    Result<size_t> name_len = DecodeHelloFixed(fixed.data(), fixed.size(), &acceptor_nonce);
+    if (!name_len.ok()) co_return name_len.status().Wrap(who);
+    std::vector<uint8_t> rest(*name_len + kMacSize);
+    co_await asio::async_read(c->socket, asio::buffer(rest), Redirect(ec));
+    if (ec) co_return io_error("reading hello name");
+    Result<std::string> name = DecodeHelloName(rest.data(), *name_len);
+    if (!name.ok()) co_return name.status().Wrap(who);
+    if (*name != peer)
+      co_return Unauthenticated(who + ": it presents itself as '" + *name + "'");
+    Mac theirs;
+    std::copy(rest.begin() + *name_len, rest.end(), theirs.begin());
+    const Mac want = HandshakeMac(opts_.secret, HandshakeRole::kAcceptor, *nonce, acceptor_nonce,
+                                  opts_.self_name, peer);
+    if (!MacEqual(theirs, want))
+      co_return Unauthenticated(who + ": peer failed authentication (wrong cluster secret)");
+    const Mac mine = HandshakeMac(opts_.secret, HandshakeRole::kDialer, *nonce, acceptor_nonce,
+                                  opts_.self_name, peer);
+    co_await asio::async_write(c->socket, asio::buffer(mine), Redirect(ec));
+    if (ec) co_return io_error("writing MAC");
+    std::array<uint8_t, sizeof(kHandshakeOk)> ok;
+    co_await asio::async_read(c->socket, asio::buffer(ok), Redirect(ec));
+    if (ec == asio::error::eof)
+      co_return Unauthenticated(who + ": peer rejected our authentication (wrong cluster secret)");
+    if (ec) co_return io_error("reading ok");
+    if (!std::equal(ok.begin(), ok.end(), kHandshakeOk))
+      co_return Unauthenticated(who + ": bad handshake acknowledgement");
+    co_return Status::Ok();
+  }
+
+  // Makes c the connection of its peer (replacing an older one).
+  void Register(const std::shared_ptr<Conn>& c) {
+    std::shared_ptr<Conn> old;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      PeerState& p = peers_[c->peer];
+      old = std::exchange(p.conn, c);
+      p.close_reason.clear();
+    }
+    if (old) CloseSocket(*old, "replaced by a new connection");
+    cv_.notify_all();
+    FM_LOG(kInfo, "net") << "'" << opts_.self_name << "' connected to peer '" << c->peer << "' ("
+                         << c->remote << ")";
+  }
+
+  asio::awaitable<void> ReadLoop(std::shared_ptr<Conn> c) {
+    std::array<uint8_t, kFrameHeaderSize> hdr;
+    std::string reason;
+    bool bad_frame = false;
+    for (;;) {
+      error_code ec;
+      co_await asio::async_read(c->socket, asio::buffer(hdr), Redirect(ec));
+      if (ec) {
+        reason = ec == asio::error::eof ? "peer closed the connection" : ec.message();
+        break;
+      }
+      Result<FrameHeader> h = DecodeFrameHeader(hdr.data(), hdr.size(), opts_.max_payload);
+      if (!h.ok()) {
+        reason = h.status().message();
+        bad_frame = true;
+        break;
+      }
+      Frame f;
+      f.header = *h;
+      f.payload.resize(h->payload_bytes);
+      co_await asio::async_read(c->socket, asio::buffer(f.payload), Redirect(ec));
+      if (ec) {
+        reason = "connection lost inside a frame: " + ec.message();
+        break;
+      }
+      Status v = VerifyFramePayload(f.header, f.payload.data(), f.payload.size());
+      if (!v.ok()) {
+        reason = v.message();
+        bad_frame = true;
+        break;
+      }
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = peers_.find(c->peer);
+        if (it == peers_.end() || it->second.conn != c) continue;  // replaced: drop its frames
+        stats_.frames_received++;
+        stats_.bytes_received += kFrameHeaderSize + f.payload.size();
+        it->second.queue.push_back(std::move(f));
+      }
+      cv_.notify_all();
+    }
+    if (!c->local_close.empty()) reason = "closed locally: " + c->local_close;
+    if (bad_frame)
+      FM_LOG(kWarn, "net") << "'" << opts_.self_name << "' dropping connection to peer '"
+                           << c->peer << "' (" << c->remote << "): bad frame: " << reason;
+    else
+      FM_LOG(kInfo, "net") << "'" << opts_.self_name << "' lost peer '" << c->peer << "' ("
+                           << c->remote << "): " << reason;
+    CloseSocket(*c, bad_frame ? "bad frame" : reason);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (bad_frame) stats_.connections_dropped++;
+      auto it = peers_.find(c->peer);
+      if (it != peers_.end() && it->second.conn == c) {
+        it->second.conn = nullptr;
+        it->second.close_reason = bad_frame ? "bad frame: " + reason : reason;
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // Declared first so that it is destroyed last: the sockets held by peers_ and by pending
+  // handlers must be destroyed while their io context still exists.
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  const TransportOptions opts_;
+  mutable std::mutex mu_;  // guards peers_, handshaking_, stats_, listen_address_
+  std::condition_variable cv_;
+  std::map<std::string, PeerState> peers_;
+  std::vector<std::shared_ptr<Conn>> handshaking_;
+  TransportStats stats_;
+  std::string listen_address_;
+  std::unique_ptr<tcp::acceptor> acceptor_;
+  std::thread thread_;  // last: starts running io_ once everything above exists
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> MakeTcpTransport(const TransportOptions& options) {
+  FM_RETURN_IF_ERROR(ValidatePeerName(options.self_name).Wrap("transport self_name"));
+  if (options.max_payload == 0) return InvalidArgument("transport max_payload: must be > 0");
+  return std::unique_ptr<Transport>(new TcpTransport(options));
+}
+
+}  // namespace fm::net
