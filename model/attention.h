@@ -9,10 +9,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "model/checkpoint.h"
+#include "model/compressor.h"
 #include "model/config.h"
 
 namespace fm {
@@ -45,5 +47,30 @@ struct AttentionSeq {  // consecutive rows of x, in order
 Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
                         std::span<const AttentionSeq> seqs, const float* x, float* out,
                         ThreadPool* pool);
+
+// The bound weights of one attention layer: views into the checkpoint (QWeight) and f32 copies of
+// the small tensors. Tests may fill one in memory and check it with ValidateAttention.
+struct AttentionWeights {
+  int64_t ratio = 0;                  // compress_ratios[layer]
+  QWeight wq_a;                       // [q_lora, H]
+  std::vector<float> q_norm;          // [q_lora]
+  QWeight wq_b;                       // [nH*D, q_lora]
+  QWeight wkv;                        // [D, H]
+  std::vector<float> kv_norm;         // [D]
+  QWeight wo_a;                       // [G*R, nH*D/G]
+  QWeight wo_b;                       // [H, G*R]
+  std::vector<float> attn_sink;       // [nH]
+  std::vector<float> rope_inv_freq;   // [rd/2]: rope_theta plain (ratio 0) or compress + YaRN
+  CompressorWeights compressor;       // ratio > 0
+  CompressorWeights index_compressor; // ratio 4: keys of the indexer, width dI
+  QWeight index_wq_b;                 // ratio 4: [nI*dI, q_lora]
+  QWeight index_weights_proj;         // ratio 4: [nI, H]
+};
+
+// The rope frequencies of a layer of this ratio (MODEL.md "RoPE").
+std::vector<float> AttentionRopeInvFreq(const ModelConfig& cfg, int64_t ratio);
+// Every shape of w against cfg; errors name the tensor under `prefix`.
+Status ValidateAttention(const ModelConfig& cfg, const AttentionWeights& w,
+                         const std::string& prefix);
 
 }  // namespace fm

@@ -1,0 +1,359 @@
+#include "model/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "kernels/cpu/attention_core.h"
+#include "kernels/cpu/indexer.h"
+#include "kernels/cpu/matvec.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+
+namespace fm {
+
+namespace {
+
+std::string Shape2(int64_t a, int64_t b) {
+  return "[" + std::to_string(a) + ", " + std::to_string(b) + "]";
+}
+
+Status CheckWeight(const QWeight& w, int64_t rows, int64_t cols, const std::string& name) {
+  if (w.rows != rows || w.cols != cols) {
+    return InvalidArgument(name + ": shape " + Shape2(w.rows, w.cols) + ", expected " +
+                           Shape2(rows, cols));
+  }
+  if (!w.data) return InvalidArgument(name + ": no data");
+  return Status::Ok();
+}
+
+Status CheckVector(const std::vector<float>& v, int64_t n, const std::string& name) {
+  if (static_cast<int64_t>(v.size()) != n) {
+    return InvalidArgument(name + ": " + std::to_string(v.size()) + " values, expected " +
+                           std::to_string(n));
+  }
+  return Status::Ok();
+}
+
+// Rows [row0, row0+n) of w as a weight of its own (the per-group block of wo_a).
+Result<QWeight> WeightRows(const QWeight& w, int64_t row0, int64_t n, const std::string& name) {
+  QWeight s = w;
+  s.rows = n;
+  switch (w.format) {
+    case WeightFormat::kF32:
+      s.data = static_cast<const float*>(w.data) + row0 * w.cols;
+      break;
+    case WeightFormat::kBF16:
+      s.data = static_cast<const uint16_t*>(w.data) + row0 * w.cols;
+      break;
+    case WeightFormat::kFP8Block:
+      if (row0 % 128 != 0) {
+        return InvalidArgument(name + ": FP8 group rows start at " + std::to_string(row0) +
+                               ", not on a 128-row scale block");
+      }
+      s.data = static_cast<const uint8_t*>(w.data) + row0 * w.cols;
+      s.scale = w.scale + (row0 / 128) * ((w.cols + 127) / 128);
+      break;
+    case WeightFormat::kFP4Block32:
+      s.data = static_cast<const uint8_t*>(w.data) + row0 * w.cols / 2;
+      s.scale = w.scale + row0 * (w.cols / 32);
+      break;
+  }
+  return s;
+}
+
+// Calls fn(begin, end) over [0, n): on the pool when there is one.
+void ForRange(ThreadPool* pool, size_t n, size_t grain,
+              const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  if (pool) {
+    pool->ParallelFor(n, grain, fn);
+  } else {
+    fn(0, n);
+  }
+}
+
+class AttentionCacheImpl final : public AttentionCache {
+ public:
+  AttentionCacheImpl(const ModelConfig& cfg, int64_t ratio, int64_t max_context)
+      : ratio(ratio),
+        max_context(max_context),
+        window(cfg.sliding_window),
+        dim(cfg.head_dim),
+        comp(ratio > 1 ? ratio : 1, cfg.head_dim, ratio == 4),
+        index_comp(ratio == 4 ? 4 : 1, cfg.index_head_dim, true) {}
+
+  int64_t next_pos() const override { return pos; }
+  size_t bytes() const override {
+    size_t b = ring.capacity() * sizeof(float);
+    if (ratio > 1) b += comp.bytes();
+    if (ratio == 4) b += index_comp.bytes();
+    return b;
+  }
+
+  const float* RingRow(int64_t s) const { return ring.data() + (s % window) * dim; }
+
+  const int64_t ratio, max_context, window, dim;
+  int64_t pos = 0;
+  std::vector<float> ring;  // [W, D]: kv of position s at row s mod W
+  CompressorState comp, index_comp;
+};
+
+// Per-row bookkeeping of one AttentionForward call.
+struct RowInfo {
+  AttentionCacheImpl* cache;
+  int64_t pos;   // absolute position
+  int64_t p0;    // the sequence's first position in this call
+  int64_t row0;  // the sequence's first row in this call
+};
+
+}  // namespace
+
+std::vector<float> AttentionRopeInvFreq(const ModelConfig& cfg, int64_t ratio) {
+  if (ratio == 0) return RopeInvFreqDefault(cfg.rope_theta, cfg.qk_rope_head_dim);
+  const RopeScaling& y = cfg.rope_scaling;
+  return RopeInvFreqYarn(cfg.compress_rope_theta, cfg.qk_rope_head_dim, y.factor, y.beta_fast,
+                         y.beta_slow, y.original_max_position_embeddings);
+}
+
+Status ValidateAttention(const ModelConfig& cfg, const AttentionWeights& w,
+                         const std::string& prefix) {
+  const int64_t H = cfg.hidden_size, nH = cfg.num_attention_heads, D = cfg.head_dim;
+  const int64_t G = cfg.o_groups, R = cfg.o_lora_rank, rd = cfg.qk_rope_head_dim;
+  if (w.ratio < 0 || w.ratio == 1) {
+    return InvalidArgument(prefix + ": compress ratio " + std::to_string(w.ratio) +
+                           " (0 = window only, 4 = sparse, > 1 = heavily compressed)");
+  }
+  if (G <= 0 || nH % G != 0) {
+    return InvalidArgument("config: num_attention_heads " + std::to_string(nH) +
+                           " not divisible by o_groups " + std::to_string(G));
+  }
+  if (rd <= 0 || rd % 2 != 0 || rd > D || rd > kRopeMaxDim) {
+    return InvalidArgument("config: qk_rope_head_dim " + std::to_string(rd) +
+                           " must be even, <= head_dim and <= " + std::to_string(kRopeMaxDim));
+  }
+  if (cfg.sliding_window <= 0) return InvalidArgument("config: sliding_window must be > 0");
+  FM_RETURN_IF_ERROR(CheckWeight(w.wq_a, cfg.q_lora_rank, H, prefix + "wq_a"));
+  FM_RETURN_IF_ERROR(CheckVector(w.q_norm, cfg.q_lora_rank, prefix + "q_norm.weight"));
+  FM_RETURN_IF_ERROR(CheckWeight(w.wq_b, nH * D, cfg.q_lora_rank, prefix + "wq_b"));
+  FM_RETURN_IF_ERROR(CheckWeight(w.wkv, D, H, prefix + "wkv"));
+  FM_RETURN_IF_ERROR(CheckVector(w.kv_norm, D, prefix + "kv_norm.weight"));
+  FM_RETURN_IF_ERROR(CheckWeight(w.wo_a, G * R, nH * D / G, prefix + "wo_a"));
+  for (int64_t g = 0; g < G; ++g) {
+    FM_RETURN_IF_ERROR(WeightRows(w.wo_a, g * R, R, prefix + "wo_a").status());
+  }
+  FM_RETURN_IF_ERROR(CheckWeight(w.wo_b, H, G * R, prefix + "wo_b"));
+  FM_RETURN_IF_ERROR(CheckVector(w.attn_sink, nH, prefix + "attn_sink"));
+  FM_RETURN_IF_ERROR(CheckVector(w.rope_inv_freq, rd / 2, prefix + "(rope frequencies)"));
+  if (w.ratio > 1) {
+    if (w.compressor.ratio != w.ratio || w.compressor.dim != D) {
+      return InvalidArgument(prefix + "compressor: ratio/width do not match the layer");
+    }
+    FM_RETURN_IF_ERROR(ValidateCompressor(w.compressor, H, prefix + "compressor."));
+  }
+  if (w.ratio == 4) {
+    const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
+    if (rd > dI) return InvalidArgument("config: qk_rope_head_dim > index_head_dim");
+    if (cfg.index_topk <= 0) return InvalidArgument("config: index_topk must be > 0");
+    if (w.index_compressor.ratio != 4 || w.index_compressor.dim != dI) {
+      return InvalidArgument(prefix + "indexer.compressor: ratio/width do not match the layer");
+    }
+    FM_RETURN_IF_ERROR(
+        ValidateCompressor(w.index_compressor, H, prefix + "indexer.compressor."));
+    FM_RETURN_IF_ERROR(CheckWeight(w.index_wq_b, nI * dI, cfg.q_lora_rank, prefix + "indexer.wq_b"));
+    FM_RETURN_IF_ERROR(
+        CheckWeight(w.index_weights_proj, nI, H, prefix + "indexer.weights_proj"));
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<AttentionWeights>> BindAttention(const Checkpoint& ckpt,
+                                                        const std::string& prefix, int64_t ratio) {
+  const ModelConfig& cfg = ckpt.config();
+  auto w = std::make_unique<AttentionWeights>();
+  w->ratio = ratio;
+  FM_ASSIGN_OR_RETURN(w->wq_a, ckpt.Weight(prefix + "wq_a"));
+  FM_ASSIGN_OR_RETURN(w->q_norm, ckpt.GetF32(prefix + "q_norm.weight"));
+  FM_ASSIGN_OR_RETURN(w->wq_b, ckpt.Weight(prefix + "wq_b"));
+  FM_ASSIGN_OR_RETURN(w->wkv, ckpt.Weight(prefix + "wkv"));
+  FM_ASSIGN_OR_RETURN(w->kv_norm, ckpt.GetF32(prefix + "kv_norm.weight"));
+  FM_ASSIGN_OR_RETURN(w->wo_a, ckpt.Weight(prefix + "wo_a"));
+  FM_ASSIGN_OR_RETURN(w->wo_b, ckpt.Weight(prefix + "wo_b"));
+  FM_ASSIGN_OR_RETURN(w->attn_sink, ckpt.GetF32(prefix + "attn_sink"));
+  w->rope_inv_freq = AttentionRopeInvFreq(cfg, ratio);
+  if (ratio > 1) {
+    FM_ASSIGN_OR_RETURN(w->compressor, BindCompressor(ckpt, prefix + "compressor.", ratio,
+                                                      cfg.head_dim, cfg.hidden_size));
+  }
+  if (ratio == 4) {
+    FM_ASSIGN_OR_RETURN(w->index_compressor,
+                        BindCompressor(ckpt, prefix + "indexer.compressor.", ratio,
+                                       cfg.index_head_dim, cfg.hidden_size));
+    FM_ASSIGN_OR_RETURN(w->index_wq_b, ckpt.Weight(prefix + "indexer.wq_b"));
+    FM_ASSIGN_OR_RETURN(w->index_weights_proj, ckpt.Weight(prefix + "indexer.weights_proj"));
+  }
+  FM_RETURN_IF_ERROR(ValidateAttention(cfg, *w, prefix));
+  return w;
+}
+
+std::unique_ptr<AttentionCache> NewAttentionCache(const ModelConfig& cfg, int64_t ratio,
+                                                  int64_t max_context) {
+  return std::make_unique<AttentionCacheImpl>(cfg, ratio, max_context);
+}
+
+Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
+                        std::span<const AttentionSeq> seqs, const float* x, float* out,
+                        ThreadPool* pool) {
+  const int64_t nH = cfg.num_attention_heads, D = cfg.head_dim;
+  const int64_t QL = cfg.q_lora_rank, G = cfg.o_groups, R = cfg.o_lora_rank;
+  const int64_t rd = cfg.qk_rope_head_dim, W = cfg.sliding_window;
+  const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  const int64_t ratio = w.ratio;
+
+  // Validate the whole batch before any cache moves.
+  std::vector<RowInfo> rows;
+  std::unordered_set<const AttentionCache*> seen;
+  for (const AttentionSeq& s : seqs) {
+    auto* c = dynamic_cast<AttentionCacheImpl*>(s.cache);
+    if (!c) return InvalidArgument("attention: a sequence without an attention cache");
+    if (!seen.insert(c).second) return InvalidArgument("attention: a cache appears twice in a batch");
+    if (c->ratio != ratio || c->dim != D || c->window != W) {
+      return InvalidArgument("attention: cache made for ratio " + std::to_string(c->ratio) +
+                             ", layer has ratio " + std::to_string(ratio));
+    }
+    if (s.rows < 0) return InvalidArgument("attention: negative row count");
+    if (c->pos + s.rows > c->max_context) {
+      return OutOfRange("attention: context of " + std::to_string(c->pos + s.rows) +
+                        " positions exceeds max_context " + std::to_string(c->max_context));
+    }
+    const int64_t row0 = static_cast<int64_t>(rows.size());
+    for (int64_t j = 0; j < s.rows; ++j) rows.push_back({c, c->pos + j, c->pos, row0});
+  }
+  const int64_t N = static_cast<int64_t>(rows.size());
+  if (N == 0) return Status::Ok();
+  std::vector<QWeight> wo_a_group(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) {
+    FM_ASSIGN_OR_RETURN(wo_a_group[g], WeightRows(w.wo_a, g * R, R, "wo_a"));
+  }
+
+  // 1-2: queries and the shared kv, all rows at once (Matmul is row-independent).
+  std::vector<float> cq(N * QL), q(N * nH * D), kv(N * D);
+  Matmul(w.wq_a, x, N, cq.data(), pool);
+  RmsNormRows_rd(cq.data(), w.q_norm.data(), N, QL, eps, cq.data());
+  Matmul(w.wq_b, cq.data(), N, q.data(), pool);
+  RmsNormRows_rd(q.data(), nullptr, N * nH, D, eps, q.data());
+  Matmul(w.wkv, x, N, kv.data(), pool);
+  RmsNormRows_rd(kv.data(), w.kv_norm.data(), N, D, eps, kv.data());
+
+  std::vector<float> ca, cz, ia, iz, iq, iw;
+  if (ratio > 1) {
+    ca.resize(N * w.compressor.width());
+    cz.resize(N * w.compressor.width());
+    Matmul(w.compressor.wkv, x, N, ca.data(), pool);
+    Matmul(w.compressor.wgate, x, N, cz.data(), pool);
+  }
+  if (ratio == 4) {
+    ia.resize(N * w.index_compressor.width());
+    iz.resize(N * w.index_compressor.width());
+    iq.resize(N * nI * dI);
+    iw.resize(N * nI);
+    Matmul(w.index_compressor.wkv, x, N, ia.data(), pool);
+    Matmul(w.index_compressor.wgate, x, N, iz.data(), pool);
+    Matmul(w.index_wq_b, cq.data(), N, iq.data(), pool);
+    Matmul(w.index_weights_proj, x, N, iw.data(), pool);
+  }
+  const float* freq = w.rope_inv_freq.data();
+  ForRange(pool, N, 1, [&](size_t b, size_t e) {
+    for (size_t r = b; r < e; ++r) {
+      RopeRows_nd(q.data() + r * nH * D, nH, D, rd, rows[r].pos, freq, false);
+      RopeRows_nd(kv.data() + r * D, 1, D, rd, rows[r].pos, freq, false);
+      if (ratio == 4) RopeRows_nd(iq.data() + r * nI * dI, nI, dI, rd, rows[r].pos, freq, false);
+    }
+  });
+
+  // 4: the compressors consume their tokens in position order, sequence by sequence.
+  if (ratio > 1) {
+    for (int64_t r = 0; r < N; ++r) {
+      AttentionCacheImpl* c = rows[r].cache;
+      const int64_t cw = w.compressor.width();
+      c->comp.Push(w.compressor, ca.data() + r * cw, cz.data() + r * cw, rows[r].pos, freq, rd,
+                   eps);
+      if (ratio == 4) {
+        const int64_t iwd = w.index_compressor.width();
+        c->index_comp.Push(w.index_compressor, ia.data() + r * iwd, iz.data() + r * iwd,
+                           rows[r].pos, freq, rd, eps);
+      }
+    }
+  }
+
+  // 3, 5, 6: the key rows of every query: its window, then its chosen compressed entries.
+  std::vector<std::vector<const float*>> keys(N);
+  const float index_scale = 1.0f / std::sqrt(static_cast<float>(dI));
+  const float weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
+  ForRange(pool, N, 1, [&](size_t b, size_t e) {
+    std::vector<float> score, head_w(static_cast<size_t>(nI));
+    std::vector<int32_t> pick;
+    for (size_t r = b; r < e; ++r) {
+      const RowInfo& ri = rows[r];
+      std::vector<const float*>& k = keys[r];
+      for (int64_t s = std::max<int64_t>(0, ri.pos - W + 1); s <= ri.pos; ++s) {
+        k.push_back(s >= ri.p0 ? kv.data() + (ri.row0 + s - ri.p0) * D : ri.cache->RingRow(s));
+      }
+      if (ratio <= 1) continue;
+      const int64_t visible = (ri.pos + 1) / ratio;
+      const float* entries = ri.cache->comp.entries();
+      if (ratio != 4 || visible <= cfg.index_topk) {
+        for (int64_t v = 0; v < visible; ++v) k.push_back(entries + v * D);
+        continue;
+      }
+      score.resize(static_cast<size_t>(visible));
+      pick.resize(static_cast<size_t>(cfg.index_topk));
+      for (int64_t h = 0; h < nI; ++h) head_w[h] = iw[r * nI + h] * weight_scale;
+      IndexerScores_hd(iq.data() + r * nI * dI, head_w.data(), nI, dI,
+                       ri.cache->index_comp.entries(), visible, index_scale, score.data());
+      TopKAscending_n(score.data(), visible, cfg.index_topk, pick.data());
+      for (int32_t v : pick) k.push_back(entries + static_cast<int64_t>(v) * D);
+    }
+  });
+
+  // 7: sink softmax attention per (row, head), then the inverse rope of the output.
+  std::vector<float> o(N * nH * D);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  ForRange(pool, N * nH, 1, [&](size_t b, size_t e) {
+    std::vector<float> scratch;
+    for (size_t i = b; i < e; ++i) {
+      const size_t r = i / nH, h = i % nH;
+      scratch.resize(keys[r].size());
+      SinkAttentionHead_d(q.data() + i * D, keys[r].data(), static_cast<int64_t>(keys[r].size()),
+                          D, w.attn_sink[h], scale, scratch.data(), o.data() + i * D);
+      RopeRows_nd(o.data() + i * D, 1, D, rd, rows[r].pos, freq, /*inverse=*/true);
+    }
+  });
+
+  // The window ring keeps the last W kv rows of each sequence for the next call.
+  for (int64_t r = 0; r < N; ++r) {
+    AttentionCacheImpl* c = rows[r].cache;
+    if (c->ring.empty()) c->ring.resize(static_cast<size_t>(W * D));
+    std::copy(kv.data() + r * D, kv.data() + (r + 1) * D, c->ring.data() + (rows[r].pos % W) * D);
+    c->pos = rows[r].pos + 1;
+  }
+
+  // 8: grouped output projection; group g reads heads [g*nH/G, (g+1)*nH/G).
+  const int64_t gin = nH * D / G;
+  std::vector<float> xin(N * gin), ug(N * R), u(N * G * R);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = 0; r < N; ++r) {
+      std::copy(o.data() + r * nH * D + g * gin, o.data() + r * nH * D + (g + 1) * gin,
+                xin.data() + r * gin);
+    }
+    Matmul(wo_a_group[g], xin.data(), N, ug.data(), pool);
+    for (int64_t r = 0; r < N; ++r) {
+      std::copy(ug.data() + r * R, ug.data() + (r + 1) * R, u.data() + r * G * R + g * R);
+    }
+  }
+  Matmul(w.wo_b, u.data(), N, out, pool);
+  return Status::Ok();
+}
+
+}  // namespace fm
