@@ -10,11 +10,10 @@
 //
 // Decoding, exact (the decoded weight equals MatvecRef's float W_real bit for bit):
 //  F32  as is;  BF16  u16 << 16;
-//  FP8  e4m3 byte b -> f32 bits ((b & 0x80) << 24) | ((b & 0x7F) << 20) = e4m3(b) * 2^-120
-//       for normals and subnormals; one multiply by S * 2^120 (S = the block's e8m0 scale)
-//       gives e4m3(b) * S with a single rounding, as the reference. (When S * 2^120 would
-//       overflow, S >= 2^8, it multiplies by 2^120 and then by S: the same bits.)
-//       The NaN codes 0x7F/0xFF decode as +-480 * S instead of NaN.
+//  FP8  e4m3 byte -> e4m3 * 2^-k exactly by placing its bits in an f16 (k = 8, AVX-512) or
+//       an f32 (k = 120, generic); one multiply by S * 2^k (S = the block's e8m0 scale) gives
+//       e4m3 * S with a single rounding, as the reference. The NaN codes 0x7F/0xFF decode as
+//       +-480 * S instead of NaN.
 //  FP4  per 32-input block, a 16-entry table of e2m1 values times the block scale, indexed by
 //       the nibbles (a register permute). The low nibbles of the block's 16 bytes are chunk
 //       2k (inputs 32k + 2l), the high nibbles chunk 2k+1 (inputs 32k + 2l + 1); x is
@@ -22,6 +21,7 @@
 #include "kernels/cpu/matvec.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -31,12 +31,17 @@
 #include "common/log.h"
 #include "common/numfmt.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace fm {
 namespace {
 
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef int16_t i16x16 __attribute__((vector_size(32)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
@@ -74,6 +79,68 @@ inline float SumLanes(f32x16 v) {
   return s[0];
 }
 
+// ---- widening loads --------------------------------------------------------------------
+// 16 narrow integers -> 16 x 32 bit. GCC 12 scalarizes __builtin_convertvector for these
+// widths, so AVX-512 uses its one-instruction extensions; elsewhere the generic code.
+#if defined(__AVX512F__)
+inline u32x16 WidenU8(const uint8_t* p) {
+  return BitCast<u32x16>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline u32x16 WidenU16(const uint16_t* p) {
+  return BitCast<u32x16>(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+}
+#else
+inline u32x16 WidenU8(const uint8_t* p) {
+  u8x16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return __builtin_convertvector(v, u32x16);
+}
+inline u32x16 WidenU16(const uint16_t* p) {
+  u16x16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return __builtin_convertvector(v, u32x16);
+}
+#endif
+
+// 16 e4m3 bytes -> f32 values times 2^-kE4m3Exp, exact. With F16C-class hardware the byte
+// becomes an f16 ((b & 0x80) << 8 | (b & 0x7F) << 7 = e4m3(b) * 2^-8) converted by one
+// instruction, so e4m3 subnormals become normal f32 (subnormal f32 operands are slow on x86).
+// Generic: the f32 bit pattern ((b & 0x80) << 24 | (b & 0x7F) << 20 = e4m3(b) * 2^-120).
+#if defined(__AVX512F__)
+constexpr int kE4m3Exp = 8;
+inline f32x16 E4m3Scaled(const uint8_t* p) {
+  const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  // Sign-extended byte << 7: sign in bits 15..14; keep bit 15 and bits 13..7.
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(s, 7), _mm256_set1_epi16(-0x4080));
+  return BitCast<f32x16>(_mm512_cvtph_ps(h));
+}
+#else
+constexpr int kE4m3Exp = 120;
+inline f32x16 E4m3Scaled(const uint8_t* p) {
+  i8x16 b;
+  std::memcpy(&b, p, sizeof(b));
+  // Sign-extended byte << 20: sign in bits 31..27; keep bit 31 and bits 26..20.
+  const u32x16 bits = (BitCast<u32x16>(__builtin_convertvector(b, i32x16)) << 20) & 0x87F00000u;
+  return BitCast<f32x16>(bits);
+}
+#endif
+
+inline float Pow2(int e) {  // 2^e for -126 <= e <= 127
+  return std::bit_cast<float>(static_cast<uint32_t>(e + 127) << 23);
+}
+
+// E8m0ToF32 for every byte as a constant table (no libm call per block): 2^(b-127), the
+// subnormal 2^-127 for b = 0, NaN for 255.
+struct E8m0Table {
+  float v[256];
+  constexpr E8m0Table() : v() {
+    for (uint32_t b = 0; b < 256; ++b)
+      v[b] = std::bit_cast<float>(b == 0 ? 0x00400000u : b == 255 ? 0x7FC00000u : b << 23);
+  }
+};
+constexpr E8m0Table kE8m0;
+
 // ---- per-format row decoders -----------------------------------------------------------
 // Init(w, r) binds row r; SetBlock(b) prepares block b (kBlockChunks chunks); Chunk(j) is the
 // decoded chunk j (inside the current block); Tail(j, n) the partial chunk j of n < 16 inputs.
@@ -94,18 +161,11 @@ struct RowBF16 {
     p = static_cast<const uint16_t*>(w.data) + r * w.cols;
   }
   void SetBlock(int64_t) {}
-  static f32x16 Widen(u16x16 h) {
-    return BitCast<f32x16>(__builtin_convertvector(h, u32x16) << 16);
-  }
-  f32x16 Chunk(int64_t j) const {
-    u16x16 h;
-    std::memcpy(&h, p + j * kLanes, sizeof(h));
-    return Widen(h);
-  }
+  f32x16 Chunk(int64_t j) const { return BitCast<f32x16>(WidenU16(p + j * kLanes) << 16); }
   f32x16 Tail(int64_t j, int64_t n) const {
-    u16x16 h = {};
-    std::memcpy(&h, p + j * kLanes, static_cast<size_t>(n) * sizeof(uint16_t));
-    return Widen(h);
+    uint16_t tmp[kLanes] = {};
+    std::memcpy(tmp, p + j * kLanes, static_cast<size_t>(n) * sizeof(uint16_t));
+    return BitCast<f32x16>(WidenU16(tmp) << 16);
   }
 };
 
@@ -113,34 +173,30 @@ struct RowFP8 {
   static constexpr int64_t kBlockChunks = 128 / kLanes;
   const uint8_t* p;
   const uint8_t* scale_row;  // e8m0 scales of this row's 128-row block
-  float factor, late_scale;  // chunk = bits * factor [* late_scale when S >= 2^8]
+  float factor, late_scale;  // chunk = decoded * factor [* late_scale when `big`]
   bool big;
   void Init(const QWeight& w, int64_t r) {
     p = static_cast<const uint8_t*>(w.data) + r * w.cols;
     scale_row = w.scale + (r / 128) * ((w.cols + 127) / 128);
   }
   void SetBlock(int64_t b) {
-    const uint8_t e = scale_row[b];
-    big = e >= 127 + 8;  // S * 2^120 is not a finite f32 (or S is NaN)
-    factor = big ? std::ldexp(1.0f, 120) : std::ldexp(1.0f, static_cast<int>(e) - 7);
-    late_scale = E8m0ToF32(e);
+    const int e = scale_row[b];
+    // factor = S * 2^kE4m3Exp, one rounding of e4m3 * S; when that is not a finite f32 (or S
+    // is NaN) multiply by 2^kE4m3Exp and then by S: exact first step, the same bits.
+    big = e - 127 + kE4m3Exp > 127;
+    factor = big ? Pow2(kE4m3Exp) : Pow2(e - 127 + kE4m3Exp);
+    late_scale = kE8m0.v[e];
   }
-  f32x16 Decode(i8x16 b) const {
-    // Sign-extended byte << 20 puts the sign in bits 31..27; keep bit 31 and bits 26..20.
-    const u32x16 bits = (BitCast<u32x16>(__builtin_convertvector(b, i32x16)) << 20) & 0x87F00000u;
-    f32x16 v = BitCast<f32x16>(bits) * factor;
+  f32x16 Decode(const uint8_t* q) const {
+    f32x16 v = E4m3Scaled(q) * factor;
     if (__builtin_expect(big, 0)) v = v * late_scale;
     return v;
   }
-  f32x16 Chunk(int64_t j) const {
-    i8x16 b;
-    std::memcpy(&b, p + j * kLanes, sizeof(b));
-    return Decode(b);
-  }
+  f32x16 Chunk(int64_t j) const { return Decode(p + j * kLanes); }
   f32x16 Tail(int64_t j, int64_t n) const {
-    i8x16 b = {};
-    std::memcpy(&b, p + j * kLanes, static_cast<size_t>(n));
-    return Decode(b);
+    uint8_t tmp[kLanes] = {};
+    std::memcpy(tmp, p + j * kLanes, static_cast<size_t>(n));
+    return Decode(tmp);
   }
 };
 
@@ -157,10 +213,8 @@ struct RowFP4 {
     scales = w.scale + r * (w.cols / 32);
   }
   void SetBlock(int64_t b) {
-    table = kTable * E8m0ToF32(scales[b]);
-    u8x16 raw;
-    std::memcpy(&raw, p + b * 16, sizeof(raw));
-    bytes = __builtin_convertvector(raw, u32x16);
+    table = kTable * kE8m0.v[scales[b]];
+    bytes = WidenU8(p + b * 16);
   }
   f32x16 Chunk(int64_t j) const {
     const u32x16 nib = (j & 1) ? (bytes >> 4) : (bytes & 15u);
