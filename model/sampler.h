@@ -1,0 +1,56 @@
+// Sampler: picks the next token from one row of logits: greedy, or temperature + top-k + top-p
+// with an own seeded RNG (xoshiro256**), so a seed gives the same tokens on every machine and
+// build. See docs/api.md "Sampling" for the exact rules.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+
+namespace fm {
+
+struct SamplerConfig {
+  bool greedy = false;       // argmax; also implied by temperature == 0
+  float temperature = 1.0f;  // >= 0
+  int32_t top_k = 0;         // 0 = no top-k; else keep the k largest logits
+  float top_p = 1.0f;        // (0, 1]: keep the smallest prefix of probability >= top_p
+  uint64_t seed = 0;
+};
+
+// InvalidArgument naming the field: temperature < 0 (or NaN), top_p outside (0, 1], top_k < 0.
+Status ValidateSamplerConfig(const SamplerConfig& cfg);
+
+// splitmix64-seeded xoshiro256** (Blackman & Vigna): fixed, portable sequence per seed.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed);
+  uint64_t Next();
+  double Uniform();  // [0, 1) with 53 random bits
+ private:
+  uint64_t s_[4];
+};
+
+struct SampledToken {
+  int32_t id = -1;
+  // Log-probability of `id` under the distribution it was drawn from: softmax(logits / T)
+  // restricted to the top-k/top-p set and renormalized; for greedy, log_softmax(logits)[id].
+  float logprob = 0.0f;
+};
+
+class Sampler {
+ public:
+  static Result<Sampler> Create(const SamplerConfig& cfg);
+  const SamplerConfig& config() const { return cfg_; }
+  bool is_greedy() const { return cfg_.greedy || cfg_.temperature == 0.0f; }
+  // Draws one token from logits [vocab]; advances the RNG by one draw when not greedy.
+  // NaN logits or no finite logit are InvalidArgument.
+  Result<SampledToken> Sample(std::span<const float> logits);
+
+ private:
+  explicit Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) {}
+  SamplerConfig cfg_;
+  Rng rng_;
+};
+
+}  // namespace fm
