@@ -1,0 +1,56 @@
+#include "worker/grpc_status.h"
+
+#include <grpcpp/grpcpp.h>
+
+namespace fm {
+
+grpc::Status ToGrpc(const Status& s) {
+  using G = grpc::StatusCode;
+  G code = G::UNKNOWN;
+  switch (s.code()) {
+    case Code::kOk: return grpc::Status::OK;
+    case Code::kInvalidArgument: code = G::INVALID_ARGUMENT; break;
+    case Code::kNotFound: code = G::NOT_FOUND; break;
+    case Code::kOutOfRange: code = G::OUT_OF_RANGE; break;
+    case Code::kResourceExhausted: code = G::RESOURCE_EXHAUSTED; break;
+    case Code::kUnavailable: code = G::UNAVAILABLE; break;
+    case Code::kUnauthenticated: code = G::UNAUTHENTICATED; break;
+    case Code::kInternal: code = G::INTERNAL; break;
+    case Code::kCancelled: code = G::CANCELLED; break;
+    case Code::kDeadlineExceeded: code = G::DEADLINE_EXCEEDED; break;
+  }
+  return grpc::Status(code, s.message());
+}
+
+Status FromGrpc(const grpc::Status& s, const std::string& context) {
+  using G = grpc::StatusCode;
+  Code code = Code::kInternal;
+  switch (s.error_code()) {
+    case G::OK: return Status::Ok();
+    case G::INVALID_ARGUMENT: code = Code::kInvalidArgument; break;
+    case G::NOT_FOUND: code = Code::kNotFound; break;
+    case G::OUT_OF_RANGE: code = Code::kOutOfRange; break;
+    case G::RESOURCE_EXHAUSTED: code = Code::kResourceExhausted; break;
+    case G::UNAVAILABLE: code = Code::kUnavailable; break;
+    case G::UNAUTHENTICATED: code = Code::kUnauthenticated; break;
+    case G::CANCELLED: code = Code::kCancelled; break;
+    case G::DEADLINE_EXCEEDED: code = Code::kDeadlineExceeded; break;
+    default: break;
+  }
+  return Status(code, context + ": " + s.error_message());
+}
+
+Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
+                                                      grpc::Service* service, int* bound_port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), bound_port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *bound_port == 0)
+    return Unavailable("cannot listen on " + listen + " (address in use or invalid)");
+  return server;
+}
+
+}  // namespace fm

@@ -1,0 +1,166 @@
+#include "worker/shard_runtime.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "model/kv_cache.h"
+
+namespace fm {
+
+ShardRuntime::ShardRuntime(int threads) : pool_(threads) {}
+ShardRuntime::~ShardRuntime() = default;
+
+Status ShardRuntime::Load(const ShardPlacement& p) {
+  ShardSelection sel;
+  sel.layer_begin = p.layer_begin;
+  sel.layer_end = p.layer_end;
+  sel.embed = p.embed;
+  sel.head = p.head;
+  sel.mtp = false;   // MTP speculative decoding is not served yet: keep its bytes out
+  sel.experts = p.experts;
+  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(p.model_dir, sel));
+  FM_ASSIGN_OR_RETURN(auto model, ShardModel::Create(*ckpt, &pool_));
+  std::lock_guard<std::mutex> lock(mu_);
+  seqs_.clear();
+  model_ = std::move(model);
+  ckpt_ = std::move(ckpt);
+  placement_ = p;
+  if (placement_.layer_end < 0) placement_.layer_end = ckpt_->config().num_hidden_layers;
+  if (placement_.max_context <= 0)
+    placement_.max_context = ckpt_->config().max_position_embeddings > 0
+                                 ? ckpt_->config().max_position_embeddings
+                                 : 8192;
+  FM_LOG(kInfo, "worker") << "loaded " << p.model_dir << " stage " << p.stage << "/"
+                          << p.num_stages << " layers [" << placement_.layer_begin << ", "
+                          << placement_.layer_end << ")" << (p.embed ? " +embed" : "")
+                          << (p.head ? " +head" : "") << ", " << ckpt_->selected_bytes()
+                          << " weight bytes";
+  return Status::Ok();
+}
+
+bool ShardRuntime::loaded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return model_ != nullptr;
+}
+
+const ModelConfig& ShardRuntime::config() const { return model_->config(); }
+
+uint64_t ShardRuntime::weight_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ckpt_ ? ckpt_->selected_bytes() : 0;
+}
+
+int64_t ShardRuntime::row_floats() const {
+  return model_->config().hc_mult * model_->config().hidden_size;
+}
+
+Status ShardRuntime::StartSequence(uint64_t seq_id, int64_t max_context,
+                                   const SamplerConfig& sampling) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!model_) return Unavailable("no shard loaded");
+  if (seqs_.count(seq_id)) return InvalidArgument("sequence " + std::to_string(seq_id) + " exists");
+  if (max_context <= 0 || max_context > placement_.max_context)
+    return InvalidArgument("max_context " + std::to_string(max_context) + " outside (0, " +
+                           std::to_string(placement_.max_context) + "]");
+  Sequence s;
+  s.cache = model_->NewSequence(max_context);
+  s.max_context = max_context;
+  if (placement_.head) {
+    FM_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
+    s.sampler = std::make_unique<Sampler>(std::move(sampler));
+  }
+  if (placement_.kv_cache_bytes > 0) {
+    uint64_t used = s.cache->bytes();
+    for (const auto& [id, q] : seqs_) used += q.cache->bytes();
+    if (used > placement_.kv_cache_bytes)
+      return ResourceExhausted("KV cache budget of " + std::to_string(placement_.kv_cache_bytes) +
+                               " bytes is full (" + std::to_string(seqs_.size()) +
+                               " sequences)");
+  }
+  seqs_.emplace(seq_id, std::move(s));
+  return Status::Ok();
+}
+
+void ShardRuntime::FreeSequence(uint64_t seq_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  seqs_.erase(seq_id);
+}
+
+void ShardRuntime::FreeAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  seqs_.clear();
+}
+
+uint64_t ShardRuntime::kv_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& [id, s] : seqs_) total += s.cache->bytes();
+  return total;
+}
+
+int ShardRuntime::active_sequences() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(seqs_.size());
+}
+
+Result<ShardRuntime::Sequence*> ShardRuntime::Find(uint64_t seq_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return NotFound("sequence " + std::to_string(seq_id) + " not started");
+  return &it->second;
+}
+
+Status ShardRuntime::Embed(std::span<const StepSlice> slices, std::vector<float>* x) const {
+  if (!model_->has_embed()) return Internal("this shard has no embedding");
+  std::vector<int32_t> tokens;
+  for (const auto& s : slices) tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
+  x->assign(tokens.size() * row_floats(), 0.f);
+  return model_->Embed(tokens, x->data());
+}
+
+Status ShardRuntime::Forward(std::span<const StepSlice> slices, float* x) {
+  std::vector<BatchItem> items;
+  items.reserve(slices.size());
+  for (const auto& s : slices) {
+    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    if (s.tokens.empty()) return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": no tokens");
+    if (seq->position + static_cast<int64_t>(s.tokens.size()) > seq->max_context)
+      return OutOfRange("sequence " + std::to_string(s.seq_id) + ": context beyond " +
+                        std::to_string(seq->max_context));
+    items.push_back({seq->cache.get(), s.tokens});
+  }
+  FM_RETURN_IF_ERROR(model_->ForwardLayers(items, x));
+  for (const auto& s : slices) {
+    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    seq->position += static_cast<int64_t>(s.tokens.size());
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> slices,
+                                                    const float* x) {
+  if (!model_->has_head()) return Internal("this shard has no head");
+  const int64_t rf = row_floats();
+  const int64_t vocab = model_->config().vocab_size;
+  // Only the last row of each slice reaches the head: [B, hc, H] -> [B, vocab].
+  std::vector<float> last(slices.size() * rf);
+  int64_t row = 0;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    row += static_cast<int64_t>(slices[i].tokens.size());
+    std::memcpy(&last[i * rf], x + (row - 1) * rf, rf * sizeof(float));
+  }
+  std::vector<float> logits(slices.size() * vocab);
+  FM_RETURN_IF_ERROR(model_->Logits(last.data(), static_cast<int64_t>(slices.size()), logits.data()));
+  std::vector<SampledId> out;
+  out.reserve(slices.size());
+  for (size_t i = 0; i < slices.size(); ++i) {
+    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(slices[i].seq_id));
+    FM_ASSIGN_OR_RETURN(SampledToken t,
+                        seq->sampler->Sample(std::span<const float>(&logits[i * vocab], vocab)));
+    out.push_back({slices[i].seq_id, t.id, t.logprob});
+  }
+  return out;
+}
+
+}  // namespace fm

@@ -1,0 +1,90 @@
+// ShardRuntime: what one worker holds resident: its slice of the checkpoint (Checkpoint::Open
+// with only its shard), the ShardModel bound to it, and one decode state per live sequence
+// (plus, on the last stage, that sequence's sampler). Thread-safe; the StageExecutor is its
+// only caller of Forward*, the control service calls the rest.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "model/checkpoint.h"
+#include "model/forward.h"
+#include "model/sampler.h"
+
+namespace fm {
+
+class SequenceCache;
+
+struct ShardPlacement {
+  std::string model_dir;
+  int stage = 0, num_stages = 1;
+  int64_t layer_begin = 0, layer_end = -1;   // exclusive; -1 = all
+  bool embed = true, head = true;
+  std::vector<int64_t> experts;              // empty = all
+  int64_t max_context = 0;                   // 0 = the model's max_position_embeddings or 8192
+  uint64_t kv_cache_bytes = 0;               // 0 = unlimited
+};
+
+// One step's slice for one sequence.
+struct StepSlice {
+  uint64_t seq_id = 0;
+  std::vector<int32_t> tokens;
+};
+
+struct SampledId {
+  uint64_t seq_id = 0;
+  int32_t id = 0;
+  float logprob = 0.f;
+};
+
+class ShardRuntime {
+ public:
+  explicit ShardRuntime(int threads);
+  ~ShardRuntime();
+
+  // Opens the shard and binds the model; replaces what was loaded (all sequences dropped).
+  Status Load(const ShardPlacement& placement);
+  bool loaded() const;
+  const ShardPlacement& placement() const { return placement_; }
+  const ModelConfig& config() const;   // needs loaded()
+  uint64_t weight_bytes() const;
+
+  Status StartSequence(uint64_t seq_id, int64_t max_context, const SamplerConfig& sampling);
+  void FreeSequence(uint64_t seq_id);
+  void FreeAll();
+  uint64_t kv_bytes() const;
+  int active_sequences() const;
+
+  // Stage 0: tokens of every slice -> X [T, hc, H]. Needs the embedding.
+  Status Embed(std::span<const StepSlice> slices, std::vector<float>* x) const;
+  // X [T, hc, H] through this shard's layers; each slice's cache advances.
+  Status Forward(std::span<const StepSlice> slices, float* x);
+  // Last stage: for every slice, the logits of its last row -> one sampled id + logprob.
+  Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const float* x);
+
+  int64_t row_floats() const;   // hc * H
+
+ private:
+  struct Sequence {
+    std::unique_ptr<SequenceCache> cache;
+    std::unique_ptr<Sampler> sampler;
+    int64_t max_context = 0;
+    int64_t position = 0;
+  };
+  Result<Sequence*> Find(uint64_t seq_id);
+
+  ThreadPool pool_;
+  ShardPlacement placement_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<ShardModel> model_;
+  mutable std::mutex mu_;   // guards seqs_ (the map, not the caches: one executor thread)
+  std::map<uint64_t, Sequence> seqs_;
+};
+
+}  // namespace fm

@@ -1,0 +1,199 @@
+#include "worker/stage_executor.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/log.h"
+#include "flashmesh/v1/worker.grpc.pb.h"
+
+namespace fm {
+namespace {
+
+constexpr auto kRateWindow = std::chrono::seconds(10);
+constexpr auto kSendTimeout = std::chrono::seconds(30);
+
+class GrpcActivationSink : public ActivationSink {
+ public:
+  explicit GrpcActivationSink(const std::string& addr)
+      : addr_(addr),
+        stub_(flashmesh::v1::Worker::NewStub(grpc::CreateCustomChannel(
+            addr, grpc::InsecureChannelCredentials(), ChannelArgs()))) {}
+
+  Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) override {
+    flashmesh::v1::ActivationFrame frame;
+    frame.set_step_id(step_id);
+    frame.set_rows(rows);
+    frame.set_row_floats(row_floats);
+    frame.set_payload(reinterpret_cast<const char*>(x), rows * row_floats * sizeof(float));
+    flashmesh::v1::PushActivationResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kSendTimeout);
+    grpc::Status s = stub_->PushActivation(&ctx, frame, &resp);
+    if (!s.ok())
+      return Unavailable("next stage " + addr_ + ": " + s.error_message());
+    return Status::Ok();
+  }
+
+ private:
+  static grpc::ChannelArguments ChannelArgs() {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    args.SetMaxReceiveMessageSize(-1);
+    return args;
+  }
+  std::string addr_;
+  std::unique_ptr<flashmesh::v1::Worker::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<ActivationSink> NewGrpcActivationSink(const std::string& next_control) {
+  return std::make_unique<GrpcActivationSink>(next_control);
+}
+
+StageExecutor::StageExecutor(ShardRuntime* runtime)
+    : runtime_(runtime), thread_([this] { Loop(); }) {}
+
+StageExecutor::~StageExecutor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StageExecutor::SetNext(std::unique_ptr<ActivationSink> next) {
+  std::lock_guard<std::mutex> exec(exec_mu_);
+  next_ = std::move(next);
+}
+
+Status StageExecutor::RunStep(uint64_t step_id, std::vector<StepSlice> slices,
+                              Clock::time_point deadline, std::vector<SampledId>* sampled) {
+  Step step;
+  step.id = step_id;
+  step.slices = std::move(slices);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (waiting_.count(step_id)) return InvalidArgument("step " + std::to_string(step_id) + " is already queued");
+  waiting_[step_id] = &step;
+  cv_.notify_all();
+  if (!cv_.wait_until(lock, deadline, [&] { return step.done; })) {
+    if (!step.running) {
+      waiting_.erase(step_id);
+      return DeadlineExceeded("step " + std::to_string(step_id) + " waited too long for its input");
+    }
+    cv_.wait(lock, [&] { return step.done; });   // a running step cannot be abandoned
+  }
+  if (sampled) *sampled = std::move(step.sampled);
+  return step.status;
+}
+
+Status StageExecutor::Receive(uint64_t step_id, int64_t rows, int64_t row_floats,
+                              std::vector<float> x) {
+  if (!runtime_->loaded()) return Unavailable("no shard loaded");
+  if (row_floats != runtime_->row_floats() || static_cast<int64_t>(x.size()) != rows * row_floats)
+    return InvalidArgument("activation of step " + std::to_string(step_id) + ": shape [" +
+                           std::to_string(rows) + ", " + std::to_string(row_floats) +
+                           "] does not match this stage (hc*H = " +
+                           std::to_string(runtime_->row_floats()) + ")");
+  std::lock_guard<std::mutex> lock(mu_);
+  inbox_[step_id] = std::move(x);
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void StageExecutor::Free(const std::vector<uint64_t>& seq_ids) {
+  std::lock_guard<std::mutex> exec(exec_mu_);
+  for (auto id : seq_ids) runtime_->FreeSequence(id);
+}
+
+void StageExecutor::Reset() {
+  std::lock_guard<std::mutex> exec(exec_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, step] : waiting_) {
+    step->status = Unavailable("step " + std::to_string(id) + " aborted: the cluster was reset");
+    step->done = true;
+  }
+  waiting_.clear();
+  inbox_.clear();
+  runtime_->FreeAll();
+  cv_.notify_all();
+}
+
+StageExecutor::Step* StageExecutor::NextReadyLocked() {
+  const bool first = runtime_->loaded() && runtime_->placement().stage == 0;
+  for (auto& [id, step] : waiting_)
+    if (first || inbox_.count(id)) return step;
+  return nullptr;
+}
+
+void StageExecutor::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    Step* step = nullptr;
+    cv_.wait(lock, [&] { return stop_ || (step = NextReadyLocked()) != nullptr; });
+    if (stop_) break;
+    waiting_.erase(step->id);
+    step->running = true;
+    std::vector<float> x;
+    if (auto it = inbox_.find(step->id); it != inbox_.end()) {
+      x = std::move(it->second);
+      inbox_.erase(it);
+    }
+    lock.unlock();
+    Status st;
+    {
+      std::lock_guard<std::mutex> exec(exec_mu_);
+      st = Execute(step, &x);
+    }
+    lock.lock();
+    if (!st.ok()) {
+      FM_LOG(kWarn, "worker") << "step " << step->id << ": " << st.ToString();
+    }
+    step->status = st;
+    step->done = true;
+    cv_.notify_all();
+  }
+}
+
+Status StageExecutor::Execute(Step* step, std::vector<float>* x) {
+  const ShardPlacement& p = runtime_->placement();
+  int64_t rows = 0;
+  for (const auto& s : step->slices) rows += static_cast<int64_t>(s.tokens.size());
+  if (p.stage == 0) {
+    FM_RETURN_IF_ERROR(runtime_->Embed(step->slices, x));
+  } else if (static_cast<int64_t>(x->size()) != rows * runtime_->row_floats()) {
+    return InvalidArgument("step " + std::to_string(step->id) + ": the activation has " +
+                           std::to_string(x->size() / runtime_->row_floats()) + " rows, the batch " +
+                           std::to_string(rows));
+  }
+  FM_RETURN_IF_ERROR(runtime_->Forward(step->slices, x->data()));
+  if (p.head) {
+    FM_ASSIGN_OR_RETURN(step->sampled, runtime_->Sample(step->slices, x->data()));
+  } else {
+    if (!next_) return Internal("stage " + std::to_string(p.stage) + " has no next stage");
+    FM_RETURN_IF_ERROR(next_->Send(step->id, rows, runtime_->row_floats(), x->data()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto now = Clock::now();
+  recent_rows_.emplace_back(now, rows);
+  rows_total_ += rows;
+  while (!recent_rows_.empty() && now - recent_rows_.front().first > kRateWindow)
+    recent_rows_.pop_front();
+  return Status::Ok();
+}
+
+double StageExecutor::tokens_per_second() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto now = Clock::now();
+  int64_t rows = 0;
+  for (const auto& [t, n] : recent_rows_)
+    if (now - t <= kRateWindow) rows += n;
+  return static_cast<double>(rows) / std::chrono::duration<double>(kRateWindow).count();
+}
+
+uint64_t StageExecutor::rows_processed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rows_total_;
+}
+
+}  // namespace fm

@@ -1,0 +1,87 @@
+// StageExecutor: runs this worker's stage for each micro-batch, one at a time, in step-id order
+// among the steps whose input is ready. Stage 0 embeds the tokens; a later stage takes the
+// previous stage's manifold X [T, hc, H] from its inbox (filled by the data plane). After the
+// layers, a stage that is not the last sends X to the next stage; the last one samples.
+// Several micro-batches can be in flight: while stage s runs step k, stage s-1 runs step k+1.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/shard_runtime.h"
+
+namespace flashmesh::v1 {
+class Worker;
+}
+
+namespace fm {
+
+// Sends one micro-batch's manifold to the next stage (the data plane).
+class ActivationSink {
+ public:
+  virtual ~ActivationSink() = default;
+  virtual Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) = 0;
+};
+
+// The data plane over gRPC: Worker.PushActivation on the next stage's control address.
+std::unique_ptr<ActivationSink> NewGrpcActivationSink(const std::string& next_control);
+
+class StageExecutor {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit StageExecutor(ShardRuntime* runtime);
+  ~StageExecutor();
+
+  // Where finished manifolds go; null on the last stage. Call with no step in flight.
+  void SetNext(std::unique_ptr<ActivationSink> next);
+
+  // Runs one micro-batch through this stage; blocks until done or `deadline`. On the last
+  // stage `sampled` gets one id per slice, in slice order.
+  Status RunStep(uint64_t step_id, std::vector<StepSlice> slices, Clock::time_point deadline,
+                 std::vector<SampledId>* sampled);
+  // The previous stage's manifold for step_id (rows x row_floats f32).
+  Status Receive(uint64_t step_id, int64_t rows, int64_t row_floats, std::vector<float> x);
+
+  // Frees sequences between steps (never under a running step).
+  void Free(const std::vector<uint64_t>& seq_ids);
+  // Fails every waiting step, drops the inbox and every sequence.
+  void Reset();
+
+  double tokens_per_second() const;
+  uint64_t rows_processed() const;
+
+ private:
+  struct Step {
+    uint64_t id = 0;
+    std::vector<StepSlice> slices;
+    bool running = false, done = false;
+    Status status;
+    std::vector<SampledId> sampled;
+  };
+  void Loop();
+  Step* NextReadyLocked();
+  Status Execute(Step* step, std::vector<float>* x);
+
+  ShardRuntime* runtime_;
+  std::unique_ptr<ActivationSink> next_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;        // new step, new activation, step done, stop
+  std::map<uint64_t, Step*> waiting_; // not yet started, by step id
+  std::map<uint64_t, std::vector<float>> inbox_;
+  std::mutex exec_mu_;                // held while a step computes
+  std::deque<std::pair<Clock::time_point, int64_t>> recent_rows_;
+  uint64_t rows_total_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace fm

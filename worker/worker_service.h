@@ -1,0 +1,51 @@
+// WorkerService: the gRPC control plane of one worker (worker.proto): LoadShard, Health, Stats
+// (weight bytes, KV bytes, active sequences, tok/s), Drain, sequence lifecycle, StepBatch, and
+// PushActivation (the data plane on the same port).
+#pragma once
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "flashmesh/v1/worker.grpc.pb.h"
+#include "worker/shard_runtime.h"
+#include "worker/stage_executor.h"
+
+namespace fm {
+
+class WorkerService final : public flashmesh::v1::Worker::Service {
+ public:
+  // `model_dir_override`: load from this directory instead of the one LoadShard names.
+  WorkerService(std::string node, std::string model_dir_override, int threads);
+  ~WorkerService() override;
+
+  grpc::Status LoadShard(grpc::ServerContext*, const flashmesh::v1::LoadShardRequest*,
+                         flashmesh::v1::LoadShardResponse*) override;
+  grpc::Status Health(grpc::ServerContext*, const flashmesh::v1::HealthRequest*,
+                      flashmesh::v1::HealthResponse*) override;
+  grpc::Status Stats(grpc::ServerContext*, const flashmesh::v1::StatsRequest*,
+                     flashmesh::v1::StatsResponse*) override;
+  grpc::Status Drain(grpc::ServerContext*, const flashmesh::v1::DrainRequest*,
+                     flashmesh::v1::DrainResponse*) override;
+  grpc::Status StartSequence(grpc::ServerContext*, const flashmesh::v1::StartSequenceRequest*,
+                             flashmesh::v1::StartSequenceResponse*) override;
+  grpc::Status FreeSequence(grpc::ServerContext*, const flashmesh::v1::FreeSequenceRequest*,
+                            flashmesh::v1::FreeSequenceResponse*) override;
+  grpc::Status StepBatch(grpc::ServerContext*, const flashmesh::v1::StepBatchRequest*,
+                         flashmesh::v1::StepBatchResponse*) override;
+  grpc::Status Reset(grpc::ServerContext*, const flashmesh::v1::ResetRequest*,
+                     flashmesh::v1::ResetResponse*) override;
+  grpc::Status PushActivation(grpc::ServerContext*, const flashmesh::v1::ActivationFrame*,
+                              flashmesh::v1::PushActivationResponse*) override;
+
+ private:
+  std::string node_;
+  std::string model_dir_override_;
+  std::mutex load_mu_;   // one LoadShard at a time
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<bool> draining_{false};
+  ShardRuntime runtime_;
+  StageExecutor executor_;
+};
+
+}  // namespace fm
