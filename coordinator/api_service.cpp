@@ -1,0 +1,197 @@
+#include "coordinator/api_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <fstream>
+#include <random>
+
+#include "common/log.h"
+#include "worker/grpc_status.h"
+
+namespace fm {
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+constexpr auto kStatsTimeout = std::chrono::milliseconds(800);
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> ReadApiTokens(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return NotFound(path + ": cannot read security.token_file");
+  std::vector<std::string> tokens;
+  std::string line;
+  while (std::getline(f, line)) {
+    line = Trim(line);
+    if (!line.empty() && line[0] != '#') tokens.push_back(line);
+  }
+  if (tokens.empty()) return InvalidArgument(path + ": security.token_file holds no token");
+  return tokens;
+}
+
+ApiService::ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Cluster* cluster,
+                       Scheduler* scheduler, ApiOptions options)
+    : model_(model), tokenizer_(tokenizer), cluster_(cluster), scheduler_(scheduler),
+      options_(std::move(options)) {}
+
+Status ApiService::Authenticate(grpc::ServerContext* ctx) const {
+  if (options_.api_tokens.empty()) return Status::Ok();
+  auto it = ctx->client_metadata().find("authorization");
+  if (it == ctx->client_metadata().end())
+    return Unauthenticated("missing 'authorization: Bearer <token>' metadata");
+  std::string value(it->second.data(), it->second.size());
+  const std::string prefix = "Bearer ";
+  if (value.rfind(prefix, 0) == 0) {
+    std::string token = value.substr(prefix.size());
+    for (const auto& t : options_.api_tokens)
+      if (t == token) return Status::Ok();
+  }
+  return Unauthenticated("invalid bearer token");
+}
+
+Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest& req) const {
+  GenerateParams p;
+  switch (req.input_case()) {
+    case flashmesh::v1::GenerateRequest::kText: {
+      if (req.text().empty()) return InvalidArgument("input.text: empty");
+      if (!tokenizer_) return InvalidArgument("input.text: this model has no tokenizer.json; send input.tokens");
+      FM_ASSIGN_OR_RETURN(p.prompt, tokenizer_->Encode(req.text()));
+      break;
+    }
+    case flashmesh::v1::GenerateRequest::kTokens: {
+      if (req.tokens().ids().empty()) return InvalidArgument("input.tokens.ids: empty");
+      for (int i = 0; i < req.tokens().ids_size(); ++i) {
+        int32_t id = req.tokens().ids(i);
+        if (id < 0 || id >= model_.vocab_size)
+          return InvalidArgument("input.tokens.ids[" + std::to_string(i) + "]: " + std::to_string(id) +
+                                 " outside [0, " + std::to_string(model_.vocab_size) + ") (vocab_size)");
+      }
+      p.prompt.assign(req.tokens().ids().begin(), req.tokens().ids().end());
+      break;
+    }
+    default:
+      return InvalidArgument("input: empty (set input.text or input.tokens)");
+  }
+  if (p.prompt.empty()) return InvalidArgument("input: tokenizes to no tokens");
+  if (static_cast<int64_t>(p.prompt.size()) >= options_.max_context)
+    return InvalidArgument("input: " + std::to_string(p.prompt.size()) +
+                           " prompt tokens leave no room within max_context " +
+                           std::to_string(options_.max_context));
+  if (req.max_tokens() <= 0 || req.max_tokens() > options_.max_tokens)
+    return InvalidArgument("max_tokens: " + std::to_string(req.max_tokens()) + " outside [1, " +
+                           std::to_string(options_.max_tokens) + "]");
+  p.max_tokens = req.max_tokens();
+  const auto& s = req.sampling();
+  if (!(s.temperature() >= 0)) return InvalidArgument("sampling.temperature: " + std::to_string(s.temperature()) + " is negative");
+  if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1))
+    return InvalidArgument("sampling.top_p: " + std::to_string(s.top_p()) + " outside (0, 1]");
+  if (s.top_k() < 0) return InvalidArgument("sampling.top_k: " + std::to_string(s.top_k()) + " is negative");
+  for (size_t i = 0; i < static_cast<size_t>(req.stop_size()); ++i)
+    if (req.stop(i).empty()) return InvalidArgument("stop[" + std::to_string(i) + "]: empty");
+  p.sampling.set_greedy(s.greedy() || s.temperature() == 0);
+  p.sampling.set_temperature(s.temperature());
+  p.sampling.set_top_p(s.has_top_p() ? s.top_p() : 1.f);
+  p.sampling.set_top_k(s.top_k());
+  if (s.has_seed()) {
+    p.sampling.set_seed(s.seed());
+  } else {
+    std::random_device rd;
+    p.sampling.set_seed((static_cast<uint64_t>(rd()) << 32) | rd());
+  }
+  p.stop.assign(req.stop().begin(), req.stop().end());
+  p.ignore_eos = req.ignore_eos();
+  return p;
+}
+
+grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1::GenerateRequest* req,
+                                  grpc::ServerWriter<flashmesh::v1::GenerateResponse>* writer) {
+  if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
+  auto params = Validate(*req);
+  if (!params.ok()) return ToGrpc(params.status());
+  auto stream = scheduler_->Submit(std::move(params).value());
+  if (!stream.ok()) return ToGrpc(stream.status());
+  RequestStream::Event ev;
+  while (true) {
+    if (ctx->IsCancelled()) {
+      (*stream)->Cancel();
+      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    }
+    if (!(*stream)->Pop(&ev, kPollInterval)) continue;
+    flashmesh::v1::GenerateResponse out;
+    if (ev.kind == RequestStream::Event::kError) return ToGrpc(ev.error);
+    if (ev.kind == RequestStream::Event::kToken) {
+      *out.mutable_token() = ev.token;
+      if (!writer->Write(out)) {
+        (*stream)->Cancel();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      }
+      continue;
+    }
+    *out.mutable_finish() = ev.finish;
+    writer->Write(out);
+    return grpc::Status::OK;
+  }
+}
+
+grpc::Status ApiService::Tokenize(grpc::ServerContext* ctx, const flashmesh::v1::TokenizeRequest* req,
+                                  flashmesh::v1::TokenizeResponse* resp) {
+  if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
+  if (!tokenizer_) return ToGrpc(InvalidArgument("text: this model has no tokenizer.json"));
+  auto ids = tokenizer_->Encode(req->text());
+  if (!ids.ok()) return ToGrpc(ids.status().Wrap("text"));
+  for (int32_t id : *ids) {
+    resp->add_ids(id);
+    auto piece = tokenizer_->TokenBytes(id);
+    resp->add_pieces(piece.ok() ? *piece : "");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh::v1::ClusterStatusRequest*,
+                                       flashmesh::v1::ClusterStatusResponse* resp) {
+  if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
+  resp->set_healthy(cluster_->Ready().ok());
+  resp->set_active_requests(scheduler_->active());
+  resp->set_queued_requests(scheduler_->queued());
+  resp->set_model(options_.model_name);
+  resp->set_pipeline_stages(cluster_->num_stages());
+  resp->set_expert_parallel(1);
+  for (const auto& node : cluster_->nodes()) {
+    auto* n = resp->add_nodes();
+    const WorkerPlan& w = node->plan();
+    n->set_name(node->name());
+    n->set_state(node->state());
+    n->set_stage(w.stage);
+    n->set_layer_begin(static_cast<int32_t>(w.layer_begin));
+    n->set_layer_end(static_cast<int32_t>(w.layer_end));
+    n->set_expert_begin(static_cast<int32_t>(w.expert_begin));
+    n->set_expert_end(static_cast<int32_t>(w.expert_end));
+    n->set_embed(w.embed);
+    n->set_head(w.head);
+    n->set_heartbeat_age_s(node->heartbeat_age_s());
+    n->set_control(node->control());
+    n->set_data(node->data());
+    n->set_error(node->error());
+    if (node->state() == flashmesh::v1::NODE_STATE_DOWN) continue;
+    flashmesh::v1::StatsRequest sreq;
+    flashmesh::v1::StatsResponse sresp;
+    grpc::ClientContext sctx;
+    sctx.set_deadline(std::chrono::system_clock::now() + kStatsTimeout);
+    if (node->stub()->Stats(&sctx, sreq, &sresp).ok()) {
+      n->set_weight_bytes(sresp.weight_bytes());
+      n->set_kv_bytes(sresp.kv_bytes());
+      n->set_active_sequences(sresp.active_sequences());
+      n->set_tokens_per_second(sresp.tokens_per_second());
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace fm

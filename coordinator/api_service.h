@@ -1,0 +1,53 @@
+// ApiService: the public Inference service (api.proto). Validates requests (errors name the
+// field), checks the optional bearer token, tokenizes, hands requests to the Scheduler and
+// streams their tokens; ClusterStatus merges the coordinator's node states with each worker's
+// Stats.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/cluster.h"
+#include "coordinator/scheduler.h"
+#include "flashmesh/v1/api.grpc.pb.h"
+#include "model/config.h"
+#include "model/tokenizer.h"
+
+namespace fm {
+
+struct ApiOptions {
+  int64_t max_tokens = 4096;             // per request
+  int64_t max_context = 8192;
+  std::vector<std::string> api_tokens;   // accepted bearer tokens; empty = no auth
+  std::string model_name;
+};
+
+class ApiService final : public flashmesh::v1::Inference::Service {
+ public:
+  ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Cluster* cluster,
+             Scheduler* scheduler, ApiOptions options);
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const flashmesh::v1::GenerateRequest* req,
+                        grpc::ServerWriter<flashmesh::v1::GenerateResponse>* writer) override;
+  grpc::Status Tokenize(grpc::ServerContext* ctx, const flashmesh::v1::TokenizeRequest* req,
+                        flashmesh::v1::TokenizeResponse* resp) override;
+  grpc::Status ClusterStatus(grpc::ServerContext* ctx, const flashmesh::v1::ClusterStatusRequest* req,
+                             flashmesh::v1::ClusterStatusResponse* resp) override;
+
+  // The request as the scheduler takes it, or INVALID_ARGUMENT naming the field.
+  Result<GenerateParams> Validate(const flashmesh::v1::GenerateRequest& req) const;
+
+ private:
+  Status Authenticate(grpc::ServerContext* ctx) const;
+
+  ModelConfig model_;
+  const Tokenizer* tokenizer_;
+  Cluster* cluster_;
+  Scheduler* scheduler_;
+  ApiOptions options_;
+};
+
+// Bearer tokens from a token file: one per line, blank lines and '#' comments skipped.
+Result<std::vector<std::string>> ReadApiTokens(const std::string& path);
+
+}  // namespace fm

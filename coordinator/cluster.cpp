@@ -1,0 +1,200 @@
+#include "coordinator/cluster.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <random>
+
+#include "common/log.h"
+
+namespace fm {
+namespace {
+
+using flashmesh::v1::NodeState;
+constexpr auto kLoadTimeout = std::chrono::minutes(10);
+
+uint64_t RandomEpoch() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
+}
+
+}  // namespace
+
+NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string data,
+                       flashmesh::v1::ShardSpec spec)
+    : plan_(plan), control_(std::move(control)), data_(std::move(data)), spec_(std::move(spec)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  // Reconnect quickly after a worker restarts under the same address.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  stub_ = flashmesh::v1::Worker::NewStub(
+      grpc::CreateCustomChannel(control_, grpc::InsecureChannelCredentials(), args));
+}
+
+NodeState NodeHandle::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+std::string NodeHandle::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+double NodeHandle::heartbeat_age_s() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ever_ok_) return -1;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - last_ok_).count();
+}
+
+void NodeHandle::MarkDown(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ == flashmesh::v1::NODE_STATE_DOWN) return;
+  FM_LOG(kWarn, "coordinator") << "node " << plan_.node << " down: " << why;
+  state_ = flashmesh::v1::NODE_STATE_DOWN;
+  error_ = why;
+}
+
+Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std::string>>& addresses,
+                 const ClusterOptions& options)
+    : options_(options), num_stages_(plan.pipeline_stages), epoch_(RandomEpoch()) {
+  for (size_t i = 0; i < plan.workers.size(); ++i) {
+    const WorkerPlan& w = plan.workers[i];
+    flashmesh::v1::ShardSpec spec;
+    spec.set_model_dir(options.model_dir);
+    spec.set_stage(w.stage);
+    spec.set_num_stages(plan.pipeline_stages);
+    spec.set_layer_begin(static_cast<int32_t>(w.layer_begin));
+    spec.set_layer_end(static_cast<int32_t>(w.layer_end));
+    spec.set_embed(w.embed);
+    spec.set_head(w.head);
+    if (plan.expert_parallel > 1)
+      for (int64_t e = w.expert_begin; e < w.expert_end; ++e) spec.add_experts(static_cast<int32_t>(e));
+    if (i + 1 < plan.workers.size()) spec.set_next_control(addresses[i + 1].first);
+    spec.set_max_context(static_cast<int32_t>(options.max_context));
+    spec.set_kv_cache_bytes(options.kv_cache_bytes);
+    spec.set_epoch(epoch_);
+    nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec));
+  }
+}
+
+Cluster::~Cluster() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void Cluster::Start() {
+  for (auto& n : nodes_) threads_.emplace_back([this, node = n.get()] { Heartbeat(node); });
+}
+
+NodeHandle* Cluster::Find(const std::string& name) const {
+  for (const auto& n : nodes_)
+    if (n->name() == name) return n.get();
+  return nullptr;
+}
+
+Status Cluster::Ready() const {
+  for (const auto& n : nodes_) {
+    NodeState s = n->state();
+    if (s == flashmesh::v1::NODE_STATE_UP) continue;
+    std::string what = s == flashmesh::v1::NODE_STATE_DOWN      ? "is down"
+                       : s == flashmesh::v1::NODE_STATE_LOADING ? "is loading its shard"
+                                                                : "has not answered yet";
+    std::string err = n->error();
+    return Unavailable("node " + n->name() + " (" + n->control() + ") " + what +
+                       (err.empty() ? "" : ": " + err));
+  }
+  return Status::Ok();
+}
+
+void Cluster::SetStateListener(std::function<void(const std::string&, bool)> fn) {
+  listener_ = std::move(fn);
+}
+
+void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& error) {
+  NodeState before;
+  {
+    std::lock_guard<std::mutex> lock(node->mu_);
+    before = node->state_;
+    node->state_ = state;
+    node->error_ = error;
+  }
+  if (before == state) return;
+  if (state == flashmesh::v1::NODE_STATE_DOWN) {
+    FM_LOG(kWarn, "coordinator") << "node " << node->name() << " down: " << error;
+  } else if (state == flashmesh::v1::NODE_STATE_UP) {
+    FM_LOG(kInfo, "coordinator") << "node " << node->name() << " up (stage " << node->plan().stage
+                                 << ", layers [" << node->plan().layer_begin << ", "
+                                 << node->plan().layer_end << "))";
+  }
+  if (listener_ && (state == flashmesh::v1::NODE_STATE_UP || state == flashmesh::v1::NODE_STATE_DOWN))
+    listener_(node->name(), state == flashmesh::v1::NODE_STATE_UP);
+}
+
+void Cluster::Heartbeat(NodeHandle* node) {
+  const auto rpc_timeout = std::min<std::chrono::milliseconds>(options_.down_after / 2,
+                                                               std::chrono::milliseconds(1000));
+  while (!stop_) {
+    flashmesh::v1::HealthRequest req;
+    flashmesh::v1::HealthResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout);
+    grpc::Status s = node->stub()->Health(&ctx, req, &resp);
+    auto now = std::chrono::steady_clock::now();
+    if (s.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(node->mu_);
+        node->ever_ok_ = true;
+        node->last_ok_ = now;
+      }
+      if (resp.node() != node->name()) {
+        SetState(node, flashmesh::v1::NODE_STATE_DOWN,
+                 "the worker at " + node->control() + " says it is node '" + resp.node() + "'");
+      } else if (!resp.loaded() || resp.epoch() != epoch_) {
+        SetState(node, flashmesh::v1::NODE_STATE_LOADING, "");
+        flashmesh::v1::LoadShardRequest lreq;
+        *lreq.mutable_shard() = node->spec();
+        flashmesh::v1::LoadShardResponse lresp;
+        grpc::ClientContext lctx;
+        lctx.set_deadline(std::chrono::system_clock::now() + kLoadTimeout);
+        grpc::Status ls = node->stub()->LoadShard(&lctx, lreq, &lresp);
+        if (ls.ok()) {
+          vocab_size_ = lresp.vocab_size();
+          SetState(node, flashmesh::v1::NODE_STATE_UP, "");
+        } else {
+          SetState(node, flashmesh::v1::NODE_STATE_DOWN, "LoadShard failed: " + ls.error_message());
+        }
+      } else if (resp.draining()) {
+        SetState(node, flashmesh::v1::NODE_STATE_DRAINING, "");
+      } else {
+        SetState(node, flashmesh::v1::NODE_STATE_UP, "");
+      }
+    } else {
+      bool ever_ok;
+      std::chrono::steady_clock::time_point last_ok;
+      {
+        std::lock_guard<std::mutex> lock(node->mu_);
+        ever_ok = node->ever_ok_;
+        last_ok = node->last_ok_;
+      }
+      if (!ever_ok) {
+        std::lock_guard<std::mutex> lock(node->mu_);
+        node->error_ = s.error_message();
+      } else if (now - last_ok >= options_.down_after) {
+        SetState(node, flashmesh::v1::NODE_STATE_DOWN,
+                 "no heartbeat for " +
+                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - last_ok).count()) +
+                     " ms: " + s.error_message());
+      }
+    }
+    std::unique_lock<std::mutex> lock(stop_mu_);
+    stop_cv_.wait_for(lock, options_.heartbeat_interval, [&] { return stop_.load(); });
+  }
+}
+
+}  // namespace fm

@@ -1,0 +1,100 @@
+// Cluster: the coordinator's view of its workers. One NodeHandle per worker of the plan (its
+// gRPC stub, its shard spec, its state). A heartbeat thread per node calls Worker.Health every
+// interval; a node silent for down_after is DOWN. A node that answers but has not loaded this
+// coordinator's shard (first start, or restarted under the same name) gets LoadShard and is UP
+// again once it succeeds, without restarting the coordinator.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/planner.h"
+#include "flashmesh/v1/api.pb.h"
+#include "flashmesh/v1/worker.grpc.pb.h"
+
+namespace fm {
+
+struct ClusterOptions {
+  std::string model_dir;
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds down_after{2500};   // <= 3 s: a dead worker is marked within that
+  int64_t max_context = 8192;
+  uint64_t kv_cache_bytes = 0;                   // per worker; 0 = unlimited
+};
+
+class NodeHandle {
+ public:
+  NodeHandle(const WorkerPlan& plan, std::string control, std::string data,
+             flashmesh::v1::ShardSpec spec);
+  const std::string& name() const { return plan_.node; }
+  const std::string& control() const { return control_; }
+  const std::string& data() const { return data_; }
+  const WorkerPlan& plan() const { return plan_; }
+  const flashmesh::v1::ShardSpec& spec() const { return spec_; }
+  flashmesh::v1::Worker::Stub* stub() { return stub_.get(); }
+
+  flashmesh::v1::NodeState state() const;
+  std::string error() const;
+  double heartbeat_age_s() const;   // -1 = never answered
+  // A step RPC to this node failed at the transport level: DOWN at once.
+  void MarkDown(const std::string& why);
+
+ private:
+  friend class Cluster;
+  WorkerPlan plan_;
+  std::string control_, data_;
+  flashmesh::v1::ShardSpec spec_;
+  std::unique_ptr<flashmesh::v1::Worker::Stub> stub_;
+  mutable std::mutex mu_;
+  flashmesh::v1::NodeState state_ = flashmesh::v1::NODE_STATE_WAITING;
+  std::string error_;
+  bool ever_ok_ = false;
+  std::chrono::steady_clock::time_point last_ok_;
+};
+
+class Cluster {
+ public:
+  // nodes[i] pairs plan.workers[i] with its control/data addresses.
+  Cluster(const Plan& plan, const std::vector<std::pair<std::string, std::string>>& addresses,
+          const ClusterOptions& options);
+  ~Cluster();
+
+  void Start();   // heartbeat threads
+  int num_stages() const { return num_stages_; }
+  const ClusterOptions& options() const { return options_; }
+  // Workers of stage s (stage-major order, one per stage without expert parallelism).
+  NodeHandle* stage(int s) { return nodes_[s].get(); }
+  const std::vector<std::unique_ptr<NodeHandle>>& nodes() const { return nodes_; }
+  NodeHandle* Find(const std::string& name) const;
+
+  // Every node UP. Otherwise why not, naming the first node that is not.
+  Status Ready() const;
+  // Called (from a heartbeat thread) whenever a node goes DOWN or comes back UP.
+  void SetStateListener(std::function<void(const std::string& node, bool up)> fn);
+  int vocab_size() const { return vocab_size_; }
+
+ private:
+  void Heartbeat(NodeHandle* node);
+  void SetState(NodeHandle* node, flashmesh::v1::NodeState state, const std::string& error);
+
+  ClusterOptions options_;
+  int num_stages_ = 1;
+  uint64_t epoch_ = 0;
+  std::vector<std::unique_ptr<NodeHandle>> nodes_;
+  std::function<void(const std::string&, bool)> listener_;
+  std::atomic<int> vocab_size_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace fm
