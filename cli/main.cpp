@@ -10,6 +10,7 @@ namespace {
 const Command kCommands[] = {
     {"mkmodel", "write a random test checkpoint in the official layout", CmdMkmodel},
     {"inspect", "summarize a checkpoint directory", CmdInspect},
+    {"logits", "run the model on token ids, write raw f32 logits, print argmaxes", CmdLogits},
 };
 
 void Usage() {

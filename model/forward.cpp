@@ -65,8 +65,17 @@ Status ShardModelImpl::Bind(const Checkpoint& ckpt) {
   if (begin_ < 0 || begin_ > end_ || end_ > L)
     return InvalidArgument("shard selection: layers [" + std::to_string(begin_) + ", " +
                            std::to_string(end_) + ") outside [0, " + std::to_string(L) + "]");
-  const bool want_mtp = sel.mtp && sel.head && end_ == L && cfg_.num_nextn_predict_layers > 0 &&
-                        ckpt.Has("mtp.0.e_proj.weight");
+  bool want_mtp = sel.mtp && sel.head && end_ == L && cfg_.num_nextn_predict_layers > 0 &&
+                  ckpt.Has("mtp.0.e_proj.weight");
+  if (sel.embed || want_mtp) {
+    Result<TensorView> embed = ckpt.Get("embed.weight");
+    if (!embed.ok() && sel.embed) return embed.status();
+    if (!embed.ok()) {
+      // The MTP block embeds the next token: a last stage without embed.weight has no MTP.
+      FM_LOG(kInfo, "forward") << "MTP block not bound: embed.weight is not in the selection";
+      want_mtp = false;
+    }
+  }
   if (sel.embed || want_mtp) {
     FM_ASSIGN_OR_RETURN(embed_, ckpt.Get("embed.weight"));
     if (embed_.shape != std::vector<int64_t>{V, H} ||

@@ -66,7 +66,8 @@ class ShardModel {
   // layer, before hc_head) of the items' rows; items[i].tokens: for each row t the token at t+1
   // (for a sequence's last row, the main model's choice). Runs mtp.0 on each cache's own MTP
   // cache (it advances by the row count) and writes logits [T, vocab] predicting token t+2.
-  virtual Status MtpLogits(std::span<const BatchItem> items, const float* x, float* logits) const {
+  virtual Status MtpLogits(std::span<const BatchItem> items, const float* x,
+                           float* logits) const {
     return InvalidArgument("MtpLogits: this shard holds no MTP block");
   }
 };

@@ -1,0 +1,403 @@
+// ShardModel on the tiny preset (6 layers [0,0,4,128,4,128] + MTP, hash layers 0-1, 8 experts
+// top-2, hidden 64, hc 4, vocab 512, window 16): decode == prefill, batched == alone, threads,
+// hash routing, pipeline split, the local expert executor, MTP, and bad requests.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/swiglu.h"
+#include "model/checkpoint.h"
+#include "model/forward.h"
+#include "model/kv_cache.h"
+#include "model/mkmodel.h"
+#include "model/moe.h"
+
+namespace fm {
+namespace {
+
+class ForwardTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/fm_forward_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = new std::string(tmpl);
+    Status st = WritePresetCheckpoint(*dir_, "tiny", 7);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+
+  struct Model {
+    std::unique_ptr<Checkpoint> ckpt;
+    std::unique_ptr<ShardModel> shard;
+  };
+  static Model Open(ThreadPool* pool, const ShardSelection& sel = {}) {
+    Model m;
+    auto ck = Checkpoint::Open(*dir_, sel);
+    EXPECT_TRUE(ck.ok()) << ck.status().ToString();
+    if (!ck.ok()) return m;
+    m.ckpt = std::move(ck).value();
+    auto sh = ShardModel::Create(*m.ckpt, pool);
+    EXPECT_TRUE(sh.ok()) << sh.status().ToString();
+    if (sh.ok()) m.shard = std::move(sh).value();
+    return m;
+  }
+
+  static std::vector<int32_t> Tokens(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> t(n);
+    for (auto& v : t) v = static_cast<int32_t>(rng() % 512);
+    return t;
+  }
+
+  // Embed + layers + logits for one step of a single sequence; appends [T, V] to out.
+  static Status Step(const ShardModel& m, SequenceCache* c, std::span<const int32_t> toks,
+                     std::vector<float>* out, std::vector<float>* state = nullptr) {
+    const auto& cfg = m.config();
+    const int64_t T = static_cast<int64_t>(toks.size());
+    std::vector<float> x(T * cfg.hc_mult * cfg.hidden_size), lg(T * cfg.vocab_size);
+    FM_RETURN_IF_ERROR(m.Embed(toks, x.data()));
+    BatchItem item{c, toks};
+    FM_RETURN_IF_ERROR(m.ForwardLayers({&item, 1}, x.data()));
+    FM_RETURN_IF_ERROR(m.Logits(x.data(), T, lg.data()));
+    out->insert(out->end(), lg.begin(), lg.end());
+    if (state) state->insert(state->end(), x.begin(), x.end());
+    return Status::Ok();
+  }
+
+  // max |a - b| / max |b|
+  static double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+      den = std::max(den, std::fabs(static_cast<double>(b[i])));
+    }
+    return num / den;
+  }
+
+  void DecodeVsPrefill(int n_tokens) {
+    ThreadPool pool(2);
+    Model m = Open(&pool);
+    ASSERT_TRUE(m.shard);
+    const auto toks = Tokens(n_tokens, 11);
+    std::vector<float> prefill, decode;
+    auto c1 = m.shard->NewSequence(1024);
+    ASSERT_TRUE(Step(*m.shard, c1.get(), toks, &prefill).ok());
+    auto c2 = m.shard->NewSequence(1024);
+    for (int t = 0; t < n_tokens; ++t)
+      ASSERT_TRUE(Step(*m.shard, c2.get(), std::span(toks).subspan(t, 1), &decode).ok());
+    EXPECT_EQ(c1->next_pos(), n_tokens);
+    EXPECT_EQ(c2->next_pos(), n_tokens);
+    ASSERT_EQ(prefill.size(), decode.size());
+    EXPECT_LT(RelErr(decode, prefill), 1e-4);
+    // The logits are not degenerate: positions differ and values are finite.
+    for (float v : prefill) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_NE(prefill[0], prefill[(n_tokens - 1) * 512]);
+  }
+
+  static std::string* dir_;
+};
+std::string* ForwardTest::dir_ = nullptr;
+
+TEST_F(ForwardTest, DecodeMatchesPrefillOverThreeWindows) { DecodeVsPrefill(48); }
+
+TEST_F(ForwardTest, DecodeMatchesPrefillPastTwoRatio128Windows) { DecodeVsPrefill(270); }
+
+TEST_F(ForwardTest, ChunkedPrefillMatchesOneShot) {
+  ThreadPool pool(2);
+  Model m = Open(&pool);
+  ASSERT_TRUE(m.shard);
+  const auto toks = Tokens(140, 12);
+  std::vector<float> whole, chunked;
+  auto c1 = m.shard->NewSequence(1024), c2 = m.shard->NewSequence(1024);
+  ASSERT_TRUE(Step(*m.shard, c1.get(), toks, &whole).ok());
+  const std::span<const int32_t> all(toks);
+  ASSERT_TRUE(Step(*m.shard, c2.get(), all.subspan(0, 37), &chunked).ok());
+  ASSERT_TRUE(Step(*m.shard, c2.get(), all.subspan(37, 64), &chunked).ok());
+  ASSERT_TRUE(Step(*m.shard, c2.get(), all.subspan(101), &chunked).ok());
+  EXPECT_LT(RelErr(chunked, whole), 1e-4);
+}
+
+TEST_F(ForwardTest, BatchIsBitIdenticalToEachSequenceAlone) {
+  ThreadPool pool(2);
+  Model m = Open(&pool);
+  ASSERT_TRUE(m.shard);
+  const auto& cfg = m.shard->config();
+  const int64_t row = cfg.hc_mult * cfg.hidden_size, V = cfg.vocab_size;
+  // Four sequences at different positions: a history of hist[i] tokens, then a step of
+  // step[i] tokens run together in one batch.
+  const int hist[4] = {0, 5, 20, 130}, step[4] = {3, 1, 6, 2};
+  std::vector<std::unique_ptr<SequenceCache>> batched, alone;
+  std::vector<std::vector<int32_t>> steps;
+  for (int i = 0; i < 4; ++i) {
+    batched.push_back(m.shard->NewSequence(512));
+    alone.push_back(m.shard->NewSequence(512));
+    const auto h = Tokens(hist[i], 100 + i);
+    std::vector<float> ignore;
+    if (hist[i]) {
+      ASSERT_TRUE(Step(*m.shard, batched[i].get(), h, &ignore).ok());
+      ASSERT_TRUE(Step(*m.shard, alone[i].get(), h, &ignore).ok());
+    }
+    steps.push_back(Tokens(step[i], 200 + i));
+  }
+  std::vector<int32_t> all;
+  std::vector<BatchItem> items;
+  for (int i = 0; i < 4; ++i) {
+    all.insert(all.end(), steps[i].begin(), steps[i].end());
+    items.push_back({batched[i].get(), steps[i]});
+  }
+  const int64_t T = static_cast<int64_t>(all.size());
+  std::vector<float> x(T * row), lg(T * V);
+  ASSERT_TRUE(m.shard->Embed(all, x.data()).ok());
+  ASSERT_TRUE(m.shard->ForwardLayers(items, x.data()).ok());
+  ASSERT_TRUE(m.shard->Logits(x.data(), T, lg.data()).ok());
+  int64_t off = 0;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<float> one;
+    ASSERT_TRUE(Step(*m.shard, alone[i].get(), steps[i], &one).ok());
+    const std::vector<float> part(lg.begin() + off * V, lg.begin() + (off + step[i]) * V);
+    EXPECT_EQ(part, one) << "sequence " << i;
+    EXPECT_EQ(batched[i]->next_pos(), hist[i] + step[i]);
+    off += step[i];
+  }
+}
+
+TEST_F(ForwardTest, ThreadCountDoesNotChangeBits) {
+  ThreadPool one(1), two(2);
+  Model a = Open(&one), b = Open(&two);
+  ASSERT_TRUE(a.shard && b.shard);
+  const auto toks = Tokens(48, 13);
+  std::vector<float> la, lb;
+  auto ca = a.shard->NewSequence(64), cb = b.shard->NewSequence(64);
+  ASSERT_TRUE(Step(*a.shard, ca.get(), toks, &la).ok());
+  ASSERT_TRUE(Step(*b.shard, cb.get(), toks, &lb).ok());
+  EXPECT_EQ(la, lb);
+  Model c = Open(nullptr);
+  ASSERT_TRUE(c.shard);
+  std::vector<float> lc;
+  auto cc = c.shard->NewSequence(64);
+  ASSERT_TRUE(Step(*c.shard, cc.get(), toks, &lc).ok());
+  EXPECT_EQ(la, lc);
+}
+
+TEST_F(ForwardTest, PipelineSplitChainsBitExactly) {
+  ThreadPool pool(2);
+  Model full = Open(&pool);
+  ShardSelection s0, s1;
+  s0.layer_begin = 0, s0.layer_end = 3, s0.head = false, s0.mtp = false;
+  s1.layer_begin = 3, s1.layer_end = 6, s1.embed = false;
+  Model a = Open(&pool, s0), b = Open(&pool, s1);
+  ASSERT_TRUE(full.shard && a.shard && b.shard);
+  EXPECT_TRUE(a.shard->has_embed() && !a.shard->has_head());
+  EXPECT_TRUE(!b.shard->has_embed() && b.shard->has_head());
+  EXPECT_EQ(a.shard->layer_end(), 3);
+  EXPECT_EQ(b.shard->layer_begin(), 3);
+  const auto& cfg = full.shard->config();
+  const int64_t row = cfg.hc_mult * cfg.hidden_size, V = cfg.vocab_size;
+  auto cf = full.shard->NewSequence(256), ca = a.shard->NewSequence(256),
+       cb = b.shard->NewSequence(256);
+  const auto toks = Tokens(40, 14);
+  const std::span<const int32_t> all(toks);
+  for (auto chunk : {all.subspan(0, 33), all.subspan(33, 1), all.subspan(34)}) {
+    std::vector<float> want;
+    ASSERT_TRUE(Step(*full.shard, cf.get(), chunk, &want).ok());
+    const int64_t T = static_cast<int64_t>(chunk.size());
+    std::vector<float> x(T * row), got(T * V);
+    ASSERT_TRUE(a.shard->Embed(chunk, x.data()).ok());
+    BatchItem ia{ca.get(), chunk}, ib{cb.get(), chunk};
+    ASSERT_TRUE(a.shard->ForwardLayers({&ia, 1}, x.data()).ok());
+    ASSERT_TRUE(b.shard->ForwardLayers({&ib, 1}, x.data()).ok());
+    ASSERT_TRUE(b.shard->Logits(x.data(), T, got.data()).ok());
+    EXPECT_EQ(got, want);
+  }
+  // A cache of one stage is refused by the other.
+  std::vector<float> x(row);
+  BatchItem wrong{ca.get(), all.subspan(0, 1)};
+  const Status st = b.shard->ForwardLayers({&wrong, 1}, x.data());
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("another shard"), std::string::npos) << st.message();
+}
+
+// Records the routing of every layer and returns zero routed output.
+class RecordingExecutor : public ExpertExecutor {
+ public:
+  Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* ids, const float* w,
+                   float* routed) override {
+    calls.push_back({layer, std::vector<int32_t>(ids, ids + T * 2), std::vector<float>(w, w + T * 2)});
+    std::fill(routed, routed + T * 64, 0.0f);
+    return Status::Ok();
+  }
+  struct Call {
+    int64_t layer;
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+  };
+  std::vector<Call> calls;
+};
+
+TEST_F(ForwardTest, HashLayersRouteByTokenId) {
+  Model m = Open(nullptr);
+  ASSERT_TRUE(m.shard);
+  RecordingExecutor rec;
+  m.shard->SetExpertExecutor(&rec);
+  // Token 77 at positions 0 and 3 (different hidden states), other tokens between.
+  const std::vector<int32_t> toks = {77, 5, 300, 77, 9};
+  std::vector<float> lg;
+  auto c = m.shard->NewSequence(16);
+  ASSERT_TRUE(Step(*m.shard, c.get(), toks, &lg).ok());
+  ASSERT_EQ(rec.calls.size(), 6u);
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    auto table = m.ckpt->GetI64("layers." + std::to_string(layer) + ".ffn.gate.tid2eid");
+    ASSERT_TRUE(table.ok());
+    const auto& call = rec.calls[layer];
+    EXPECT_EQ(call.layer, layer);
+    for (size_t t = 0; t < toks.size(); ++t)
+      for (int j = 0; j < 2; ++j)
+        EXPECT_EQ(call.ids[t * 2 + j], (*table)[toks[t] * 2 + j]) << "layer " << layer;
+    EXPECT_EQ(call.ids[0], call.ids[6]);
+    EXPECT_EQ(call.ids[1], call.ids[7]);
+    EXPECT_NEAR(call.w[0] + call.w[1], 1.5f, 1e-5);  // routed_scaling_factor
+  }
+  // Score layers choose by score: some token gets experts that are not its table row.
+  auto table0 = m.ckpt->GetI64("layers.0.ffn.gate.tid2eid");
+  bool differs = false;
+  for (size_t t = 0; t < toks.size(); ++t)
+    for (int j = 0; j < 2; ++j) differs |= rec.calls[2].ids[t * 2 + j] != (*table0)[toks[t] * 2 + j];
+  EXPECT_TRUE(differs);
+  m.shard->SetExpertExecutor(nullptr);  // back to local experts
+  std::vector<float> lg2;
+  auto c2 = m.shard->NewSequence(16);
+  ASSERT_TRUE(Step(*m.shard, c2.get(), toks, &lg2).ok());
+  EXPECT_NE(lg, lg2);
+}
+
+TEST_F(ForwardTest, LocalExecutorEqualsPerRowExperts) {
+  auto ck = Checkpoint::Open(*dir_);
+  ASSERT_TRUE(ck.ok());
+  const ModelConfig& cfg = (*ck)->config();
+  auto moe = BindMoe(**ck, "layers.2.ffn.", 2);
+  ASSERT_TRUE(moe.ok()) << moe.status().ToString();
+  const int64_t T = 300, H = cfg.hidden_size, k = 2;  // > one 256-row chunk
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(T * H);
+  for (auto& v : x) v = d(rng);
+  std::vector<int32_t> ids(T * k), toks(T, 1);
+  std::vector<float> w(T * k), routed(T * H);
+  ASSERT_TRUE(RouteMoe(cfg, *moe, x.data(), toks.data(), T, ids.data(), w.data(), nullptr).ok());
+  std::vector<const MoeWeights*> layers(7, nullptr);
+  layers[2] = &*moe;
+  LocalExpertExecutor exec(cfg, layers, nullptr);
+  ASSERT_TRUE(exec.RunRouted(2, x.data(), T, ids.data(), w.data(), routed.data()).ok());
+  for (int64_t t = 0; t < T; t += 37) {
+    std::vector<float> c(k * H), y(H);
+    for (int64_t j = 0; j < k; ++j)
+      RunExpertFfn(moe->experts[ids[t * k + j]], 10.0f, x.data() + t * H, 1, c.data() + j * H,
+                   nullptr);
+    MoeCombine_kH(c.data(), w.data() + t * k, k, H, y.data());
+    EXPECT_EQ(std::vector<float>(routed.begin() + t * H, routed.begin() + (t + 1) * H), y)
+        << "row " << t;
+  }
+  EXPECT_EQ(exec.RunRouted(4, x.data(), 1, ids.data(), w.data(), routed.data()).code(),
+            Code::kInvalidArgument);
+}
+
+TEST_F(ForwardTest, MtpDraftsConsistentlyAndBatchIndependently) {
+  ThreadPool pool(2);
+  Model m = Open(&pool);
+  ASSERT_TRUE(m.shard);
+  ASSERT_TRUE(m.shard->has_mtp());
+  const auto& cfg = m.shard->config();
+  const int64_t row = cfg.hc_mult * cfg.hidden_size, V = cfg.vocab_size, T = 40;
+  const auto toks = Tokens(T + 1, 15);
+  const std::span<const int32_t> all(toks);
+  auto c = m.shard->NewSequence(128);
+  std::vector<float> lg, state;
+  ASSERT_TRUE(Step(*m.shard, c.get(), all.subspan(0, T), &lg, &state).ok());
+  // Prefill of the MTP block over all rows vs one row at a time.
+  std::vector<float> draft(T * V);
+  BatchItem item{c.get(), all.subspan(1, T)};
+  ASSERT_TRUE(m.shard->MtpLogits({&item, 1}, state.data(), draft.data()).ok());
+  EXPECT_EQ(c->mtp_next_pos(), T);
+  auto c2 = m.shard->NewSequence(128);
+  std::vector<float> ignore, state2, step_draft;
+  ASSERT_TRUE(Step(*m.shard, c2.get(), all.subspan(0, T), &ignore, &state2).ok());
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> one(V);
+    BatchItem it{c2.get(), all.subspan(t + 1, 1)};
+    ASSERT_TRUE(m.shard->MtpLogits({&it, 1}, state2.data() + t * row, one.data()).ok());
+    step_draft.insert(step_draft.end(), one.begin(), one.end());
+  }
+  EXPECT_LT(RelErr(step_draft, draft), 1e-4);
+  for (float v : draft) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_NE(draft, lg);  // the draft head is its own block, not the main logits
+  // Bad: a row beyond the vocab, and an MTP request on a shard without the block.
+  std::vector<int32_t> bad = {600};
+  BatchItem ib{c.get(), bad};
+  EXPECT_EQ(m.shard->MtpLogits({&ib, 1}, state.data(), draft.data()).code(),
+            Code::kInvalidArgument);
+  ShardSelection s;
+  s.layer_end = 3, s.head = false, s.mtp = false;
+  Model part = Open(&pool, s);
+  ASSERT_TRUE(part.shard);
+  EXPECT_FALSE(part.shard->has_mtp());
+  auto pc = part.shard->NewSequence(8);
+  BatchItem ip{pc.get(), all.subspan(0, 1)};
+  EXPECT_EQ(part.shard->MtpLogits({&ip, 1}, state.data(), draft.data()).code(),
+            Code::kInvalidArgument);
+}
+
+TEST_F(ForwardTest, BadRequestsGiveClearErrors) {
+  Model m = Open(nullptr);
+  ASSERT_TRUE(m.shard);
+  const auto& cfg = m.shard->config();
+  std::vector<float> x(16 * cfg.hc_mult * cfg.hidden_size);
+  const std::vector<int32_t> too_big = {3, 512}, empty, negative = {-1};
+  Status st = m.shard->Embed(too_big, x.data());
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("token id 512"), std::string::npos) << st.message();
+  EXPECT_EQ(m.shard->Embed(empty, x.data()).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m.shard->Embed(negative, x.data()).code(), Code::kInvalidArgument);
+
+  auto c = m.shard->NewSequence(8);
+  BatchItem big{c.get(), too_big};
+  st = m.shard->ForwardLayers({&big, 1}, x.data());
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("512"), std::string::npos) << st.message();
+  BatchItem none{c.get(), empty};
+  st = m.shard->ForwardLayers({&none, 1}, x.data());
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("empty"), std::string::npos) << st.message();
+  EXPECT_EQ(m.shard->ForwardLayers({}, x.data()).code(), Code::kInvalidArgument);
+  BatchItem null_cache{nullptr, too_big};
+  EXPECT_EQ(m.shard->ForwardLayers({&null_cache, 1}, x.data()).code(), Code::kInvalidArgument);
+
+  const auto nine = Tokens(9, 16);
+  ASSERT_TRUE(m.shard->Embed(nine, x.data()).ok());
+  BatchItem long_item{c.get(), nine};
+  st = m.shard->ForwardLayers({&long_item, 1}, x.data());
+  EXPECT_EQ(st.code(), Code::kOutOfRange);
+  EXPECT_NE(st.message().find("max_context 8"), std::string::npos) << st.message();
+  EXPECT_EQ(c->next_pos(), 0);  // nothing ran
+  // Filling up to the limit works, one more token does not.
+  BatchItem eight{c.get(), std::span(nine).subspan(0, 8)};
+  ASSERT_TRUE(m.shard->ForwardLayers({&eight, 1}, x.data()).ok());
+  BatchItem ninth{c.get(), std::span(nine).subspan(8)};
+  EXPECT_EQ(m.shard->ForwardLayers({&ninth, 1}, x.data()).code(), Code::kOutOfRange);
+  BatchItem twice[2] = {{c.get(), std::span(nine).subspan(0, 1)},
+                        {c.get(), std::span(nine).subspan(0, 1)}};
+  EXPECT_EQ(m.shard->ForwardLayers(twice, x.data()).code(), Code::kInvalidArgument);
+  EXPECT_EQ(m.shard->Logits(x.data(), 0, x.data()).code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fm
