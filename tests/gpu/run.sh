@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a machine with an NVIDIA GPU: configures with CUDA on for the local GPU's
 # architecture only (one nvcc pass per .cu), builds the gpu tests and `flashmesh`, runs
-# `ctest -L gpu`, prints nvidia-smi. Usage: tests/gpu/run.sh [build-dir]  (default build-gpu).
+# `ctest -L gpu` and the GEMV bandwidth bench, prints nvidia-smi.
+# Usage: tests/gpu/run.sh [build-dir]  (default build-gpu).
 # Exit status 0 only if every step passed. Takes about 3-5 minutes on an H200 host (16 cores).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,10 +22,11 @@ echo "run.sh: CUDA architecture $ARCH, $JOBS jobs, build dir $BUILD"
 
 step cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHMESH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" || exit 1
-targets=(test_cuda_kernels)
+targets=(test_cuda_kernels bench_cuda_gemv)
 grep -q "test_nccl_smoke" "$BUILD/build.ninja" && targets+=(test_nccl_smoke)
 if step cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"; then
   step ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300
+  step "$BUILD/tests/gpu/bench_cuda_gemv"
 fi
 step cmake --build "$BUILD" -j "$JOBS" --target flashmesh && step "$BUILD/cli/flashmesh" --help
 nvidia-smi
