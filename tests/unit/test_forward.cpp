@@ -393,9 +393,12 @@ TEST_F(ForwardTest, BadRequestsGiveClearErrors) {
   ASSERT_TRUE(m.shard->ForwardLayers({&eight, 1}, x.data()).ok());
   BatchItem ninth{c.get(), std::span(nine).subspan(8)};
   EXPECT_EQ(m.shard->ForwardLayers({&ninth, 1}, x.data()).code(), Code::kOutOfRange);
-  BatchItem twice[2] = {{c.get(), std::span(nine).subspan(0, 1)},
-                        {c.get(), std::span(nine).subspan(0, 1)}};
-  EXPECT_EQ(m.shard->ForwardLayers(twice, x.data()).code(), Code::kInvalidArgument);
+  auto fresh = m.shard->NewSequence(8);
+  BatchItem twice[2] = {{fresh.get(), std::span(nine).subspan(0, 1)},
+                        {fresh.get(), std::span(nine).subspan(0, 1)}};
+  st = m.shard->ForwardLayers(twice, x.data());
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("twice"), std::string::npos) << st.message();
   EXPECT_EQ(m.shard->Logits(x.data(), 0, x.data()).code(), Code::kInvalidArgument);
 }
 
