@@ -1,0 +1,374 @@
+// Cluster YAML parsing and validation (cluster_config.h). yaml-cpp gives every node a Mark
+// (0-based line/column); each error is "file:line:col: key.path: what is wrong".
+#include "coordinator/cluster_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace fm {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Parser {
+ public:
+  Parser(std::string origin, std::string base_dir)
+      : origin_(std::move(origin)), base_dir_(std::move(base_dir)) {}
+
+  std::string Where(const YAML::Node& n) const {
+    const YAML::Mark m = n.Mark();
+    if (m.is_null()) return origin_;
+    return origin_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+  }
+  int Line(const YAML::Node& n) const { return n.Mark().is_null() ? 0 : n.Mark().line + 1; }
+  Status Error(const YAML::Node& at, const std::string& path, const std::string& msg) const {
+    return InvalidArgument(Where(at) + ": " + path + ": " + msg);
+  }
+
+  // Checks that `map` is a mapping whose keys are all in `allowed`, none repeated.
+  Status Keys(const YAML::Node& map, const std::string& path,
+              const std::vector<std::string>& allowed) const {
+    if (!map.IsMap()) return Error(map, path, "expected a mapping");
+    std::set<std::string> seen;
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const YAML::Node& key = it->first;
+      if (!key.IsScalar()) return Error(key, path, "keys must be plain names");
+      const std::string k = key.Scalar();
+      const std::string kp = path.empty() ? k : path + "." + k;
+      if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
+        std::string list;
+        for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        return Error(key, kp, "unknown key (allowed: " + list + ")");
+      }
+      if (!seen.insert(k).second) return Error(key, kp, "duplicate key");
+    }
+    return Status::Ok();
+  }
+
+  // map[key], or an error at the map when it is missing.
+  Result<YAML::Node> Required(const YAML::Node& map, const std::string& path,
+                              const std::string& key) const {
+    YAML::Node n = map[key];
+    if (!n.IsDefined() || n.IsNull())
+      return Error(map, Join(path, key), "missing required field");
+    return n;
+  }
+
+  static std::string Join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+
+  Result<std::string> String(const YAML::Node& n, const std::string& path) const {
+    if (!n.IsScalar()) return Error(n, path, "expected a string");
+    if (n.Scalar().empty()) return Error(n, path, "must not be empty");
+    return n.Scalar();
+  }
+
+  Result<int64_t> Int(const YAML::Node& n, const std::string& path, int64_t min) const {
+    int64_t v = 0;
+    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v))
+      return Error(n, path, "expected an integer, got " + Show(n));
+    if (v < min) return Error(n, path, std::to_string(v) + " is below the minimum " +
+                                           std::to_string(min));
+    return v;
+  }
+
+  Result<double> Number(const YAML::Node& n, const std::string& path, bool allow_zero) const {
+    double v = 0;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v))
+      return Error(n, path, "expected a number, got " + Show(n));
+    if (v < 0 || (!allow_zero && v == 0)) return Error(n, path, "must be > 0");
+    return v;
+  }
+
+  Result<HostPort> Address(const YAML::Node& n, const std::string& path) const {
+    FM_ASSIGN_OR_RETURN(std::string s, String(n, path));
+    Result<HostPort> hp = ParseHostPort(s);
+    if (!hp.ok()) return Error(n, path, hp.status().message());
+    return hp;
+  }
+
+  // A path relative to the YAML's directory.
+  Result<std::string> Path(const YAML::Node& n, const std::string& path) const {
+    FM_ASSIGN_OR_RETURN(std::string s, String(n, path));
+    fs::path p(s);
+    if (p.is_relative()) p = fs::path(base_dir_) / p;
+    return p.lexically_normal().string();
+  }
+
+  static std::string Show(const YAML::Node& n) {
+    if (n.IsScalar()) return "'" + n.Scalar() + "'";
+    if (n.IsSequence()) return "a list";
+    if (n.IsMap()) return "a mapping";
+    return "nothing";
+  }
+
+ private:
+  std::string origin_;
+  std::string base_dir_;
+};
+
+Status ParseNodes(const Parser& p, const YAML::Node& list, ClusterConfig* cfg) {
+  if (!list.IsSequence() || list.size() == 0)
+    return p.Error(list, "nodes", "expected a non-empty list of nodes");
+  std::map<std::string, int> names;  // name -> line
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node n = list[i];
+    const std::string path = "nodes[" + std::to_string(i) + "]";
+    FM_RETURN_IF_ERROR(p.Keys(n, path, {"name", "control", "data", "device", "memory_gib"}));
+    NodeConfig node;
+    node.line = p.Line(n);
+    FM_ASSIGN_OR_RETURN(const YAML::Node name, p.Required(n, path, "name"));
+    FM_ASSIGN_OR_RETURN(node.name, p.String(name, path + ".name"));
+    for (char c : node.name)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+        return p.Error(name, path + ".name",
+                       "'" + node.name + "': use letters, digits, '-', '_', '.'");
+    if (node.name.size() > 63) return p.Error(name, path + ".name", "longer than 63 characters");
+    if (auto [it, fresh] = names.emplace(node.name, node.line); !fresh)
+      return p.Error(name, path + ".name",
+                     "duplicate node name '" + node.name + "' (also at line " +
+                         std::to_string(it->second) + ")");
+    FM_ASSIGN_OR_RETURN(const YAML::Node control, p.Required(n, path, "control"));
+    FM_ASSIGN_OR_RETURN(node.control, p.Address(control, path + ".control"));
+    FM_ASSIGN_OR_RETURN(const YAML::Node data, p.Required(n, path, "data"));
+    FM_ASSIGN_OR_RETURN(node.data, p.Address(data, path + ".data"));
+    FM_ASSIGN_OR_RETURN(const YAML::Node device, p.Required(n, path, "device"));
+    FM_ASSIGN_OR_RETURN(node.device, p.String(device, path + ".device"));
+    if (node.device.rfind("cuda:", 0) == 0) {
+      const std::string idx = node.device.substr(5);
+      if (idx.empty() || idx.size() > 3 || idx.find_first_not_of("0123456789") != std::string::npos)
+        return p.Error(device, path + ".device", "'" + node.device + "': want cuda:N");
+      node.cuda_device = std::stoi(idx);
+    } else if (node.device != "cpu") {
+      return p.Error(device, path + ".device", "'" + node.device + "': want cpu or cuda:N");
+    }
+    FM_ASSIGN_OR_RETURN(const YAML::Node mem, p.Required(n, path, "memory_gib"));
+    FM_ASSIGN_OR_RETURN(node.memory_gib, p.Number(mem, path + ".memory_gib", false));
+    cfg->nodes.push_back(std::move(node));
+  }
+  return Status::Ok();
+}
+
+// No two listeners (coordinator, every node's control and data) share host:port.
+Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConfig& cfg) {
+  std::map<std::string, std::string> used;  // "host:port" -> who
+  auto claim = [&](const HostPort& hp, const std::string& who, const YAML::Node& at) -> Status {
+    std::string key = hp.ToString();
+    std::transform(key.begin(), key.end(), key.begin(), ::tolower);
+    if (auto [it, fresh] = used.emplace(key, who); !fresh)
+      return p.Error(at, who, "address " + hp.ToString() + " is already used by " + it->second);
+    return Status::Ok();
+  };
+  FM_RETURN_IF_ERROR(claim(cfg.coordinator.listen, "coordinator.listen", root["coordinator"]["listen"]));
+  for (size_t i = 0; i < cfg.nodes.size(); ++i) {
+    const std::string path = "nodes[" + std::to_string(i) + "]";
+    const YAML::Node n = root["nodes"][i];
+    FM_RETURN_IF_ERROR(claim(cfg.nodes[i].control, path + ".control", n["control"]));
+    FM_RETURN_IF_ERROR(claim(cfg.nodes[i].data, path + ".data", n["data"]));
+  }
+  return Status::Ok();
+}
+
+Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
+  FM_RETURN_IF_ERROR(p.Keys(root, "", {"model", "coordinator", "parallel", "transport", "nodes",
+                                       "limits", "security", "heartbeat"}));
+  FM_ASSIGN_OR_RETURN(const YAML::Node model, p.Required(root, "", "model"));
+  FM_ASSIGN_OR_RETURN(cfg->model, p.Path(model, "model"));
+
+  FM_ASSIGN_OR_RETURN(const YAML::Node coord, p.Required(root, "", "coordinator"));
+  FM_RETURN_IF_ERROR(p.Keys(coord, "coordinator", {"listen"}));
+  FM_ASSIGN_OR_RETURN(const YAML::Node listen, p.Required(coord, "coordinator", "listen"));
+  FM_ASSIGN_OR_RETURN(cfg->coordinator.listen, p.Address(listen, "coordinator.listen"));
+
+  if (const YAML::Node par = root["parallel"]; par.IsDefined() && !par.IsNull()) {
+    if (par.IsScalar()) {
+      if (par.Scalar() != "auto")
+        return p.Error(par, "parallel", "'" + par.Scalar() +
+                                            "': want auto or {pipeline_stages, expert_parallel}");
+    } else {
+      FM_RETURN_IF_ERROR(p.Keys(par, "parallel", {"pipeline_stages", "expert_parallel"}));
+      cfg->parallel.automatic = false;
+      FM_ASSIGN_OR_RETURN(const YAML::Node s, p.Required(par, "parallel", "pipeline_stages"));
+      FM_ASSIGN_OR_RETURN(int64_t stages, p.Int(s, "parallel.pipeline_stages", 1));
+      cfg->parallel.pipeline_stages = static_cast<int>(std::min<int64_t>(stages, 1 << 20));
+      if (const YAML::Node k = par["expert_parallel"]; k.IsDefined()) {
+        FM_ASSIGN_OR_RETURN(int64_t ep, p.Int(k, "parallel.expert_parallel", 1));
+        cfg->parallel.expert_parallel = static_cast<int>(std::min<int64_t>(ep, 1 << 20));
+      }
+    }
+  }
+
+  if (const YAML::Node t = root["transport"]; t.IsDefined()) {
+    FM_ASSIGN_OR_RETURN(std::string name, p.String(t, "transport"));
+    if (name == "tcp") cfg->transport = TransportKind::kTcp;
+    else if (name == "nccl") cfg->transport = TransportKind::kNccl;
+    else return p.Error(t, "transport", "'" + name + "': want tcp or nccl");
+  }
+
+  FM_ASSIGN_OR_RETURN(const YAML::Node nodes, p.Required(root, "", "nodes"));
+  FM_RETURN_IF_ERROR(ParseNodes(p, nodes, cfg));
+  FM_RETURN_IF_ERROR(CheckAddresses(p, root, *cfg));
+  if (cfg->transport == TransportKind::kNccl)
+    for (size_t i = 0; i < cfg->nodes.size(); ++i)
+      if (cfg->nodes[i].cuda_device < 0)
+        return p.Error(nodes[i]["device"], "nodes[" + std::to_string(i) + "].device",
+                       "transport nccl needs cuda devices, got cpu");
+  if (!cfg->parallel.automatic) {
+    const int64_t workers =
+        int64_t{cfg->parallel.pipeline_stages} * cfg->parallel.expert_parallel;
+    if (workers != static_cast<int64_t>(cfg->nodes.size()))
+      return p.Error(root["parallel"], "parallel",
+                     "pipeline_stages " + std::to_string(cfg->parallel.pipeline_stages) +
+                         " x expert_parallel " + std::to_string(cfg->parallel.expert_parallel) +
+                         " = " + std::to_string(workers) + " workers, but nodes lists " +
+                         std::to_string(cfg->nodes.size()));
+  }
+
+  if (const YAML::Node l = root["limits"]; l.IsDefined() && !l.IsNull()) {
+    FM_RETURN_IF_ERROR(p.Keys(l, "limits", {"max_batch", "max_context", "kv_cache_gib",
+                                            "max_queue", "max_tokens"}));
+    LimitsConfig& lim = cfg->limits;
+    if (l["max_batch"]) { FM_ASSIGN_OR_RETURN(lim.max_batch, p.Int(l["max_batch"], "limits.max_batch", 1)); }
+    if (l["max_context"]) { FM_ASSIGN_OR_RETURN(lim.max_context, p.Int(l["max_context"], "limits.max_context", 1)); }
+    if (l["kv_cache_gib"]) { FM_ASSIGN_OR_RETURN(lim.kv_cache_gib, p.Number(l["kv_cache_gib"], "limits.kv_cache_gib", true)); }
+    if (l["max_queue"]) { FM_ASSIGN_OR_RETURN(lim.max_queue, p.Int(l["max_queue"], "limits.max_queue", 1)); }
+    if (l["max_tokens"]) { FM_ASSIGN_OR_RETURN(lim.max_tokens, p.Int(l["max_tokens"], "limits.max_tokens", 1)); }
+    if (!l["max_tokens"]) lim.max_tokens = std::min(lim.max_tokens, lim.max_context);
+    if (lim.max_tokens > lim.max_context)
+      return p.Error(l["max_tokens"], "limits.max_tokens",
+                     std::to_string(lim.max_tokens) + " exceeds limits.max_context " +
+                         std::to_string(lim.max_context));
+  }
+
+  if (const YAML::Node s = root["security"]; s.IsDefined() && !s.IsNull()) {
+    FM_RETURN_IF_ERROR(p.Keys(s, "security", {"token_file", "cluster_secret_file", "tls"}));
+    if (s["token_file"]) { FM_ASSIGN_OR_RETURN(cfg->security.token_file, p.Path(s["token_file"], "security.token_file")); }
+    if (s["cluster_secret_file"]) {
+      FM_ASSIGN_OR_RETURN(cfg->security.cluster_secret_file,
+                          p.Path(s["cluster_secret_file"], "security.cluster_secret_file"));
+    }
+    if (const YAML::Node tls = s["tls"]; tls.IsDefined()) {
+      FM_RETURN_IF_ERROR(p.Keys(tls, "security.tls", {"cert", "key", "ca"}));
+      TlsConfig& t = cfg->security.tls;
+      FM_ASSIGN_OR_RETURN(const YAML::Node cert, p.Required(tls, "security.tls", "cert"));
+      FM_ASSIGN_OR_RETURN(t.cert, p.Path(cert, "security.tls.cert"));
+      FM_ASSIGN_OR_RETURN(const YAML::Node key, p.Required(tls, "security.tls", "key"));
+      FM_ASSIGN_OR_RETURN(t.key, p.Path(key, "security.tls.key"));
+      FM_ASSIGN_OR_RETURN(const YAML::Node ca, p.Required(tls, "security.tls", "ca"));
+      FM_ASSIGN_OR_RETURN(t.ca, p.Path(ca, "security.tls.ca"));
+    }
+  }
+
+  if (const YAML::Node h = root["heartbeat"]; h.IsDefined() && !h.IsNull()) {
+    FM_RETURN_IF_ERROR(p.Keys(h, "heartbeat", {"interval_ms", "timeout_ms"}));
+    HeartbeatConfig& hb = cfg->heartbeat;
+    if (h["interval_ms"]) { FM_ASSIGN_OR_RETURN(hb.interval_ms, p.Int(h["interval_ms"], "heartbeat.interval_ms", 1)); }
+    if (h["timeout_ms"]) { FM_ASSIGN_OR_RETURN(hb.timeout_ms, p.Int(h["timeout_ms"], "heartbeat.timeout_ms", 1)); }
+    if (hb.timeout_ms <= hb.interval_ms)
+      return p.Error(h["timeout_ms"] ? h["timeout_ms"] : h, "heartbeat.timeout_ms",
+                     std::to_string(hb.timeout_ms) + " must exceed interval_ms " +
+                         std::to_string(hb.interval_ms));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string HostPort::ToString() const {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Result<HostPort> ParseHostPort(const std::string& s, bool allow_zero) {
+  HostPort hp;
+  std::string port;
+  if (!s.empty() && s[0] == '[') {
+    const size_t close = s.find(']');
+    if (close == std::string::npos || close + 1 >= s.size() || s[close + 1] != ':')
+      return InvalidArgument("'" + s + "': expected [ipv6]:port");
+    hp.host = s.substr(1, close - 1);
+    port = s.substr(close + 2);
+    if (hp.host.empty() || hp.host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string::npos)
+      return InvalidArgument("'" + s + "': bad IPv6 address");
+  } else {
+    const size_t colon = s.rfind(':');
+    if (colon == std::string::npos) return InvalidArgument("'" + s + "': expected host:port");
+    hp.host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+    if (hp.host.empty()) return InvalidArgument("'" + s + "': empty host");
+    for (char c : hp.host)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'))
+        return InvalidArgument("'" + s + "': bad character '" + std::string(1, c) + "' in host");
+  }
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+    return InvalidArgument("'" + s + "': bad port '" + port + "'");
+  const int v = std::stoi(port);
+  if (v > 65535 || (v == 0 && !allow_zero))
+    return InvalidArgument("'" + s + "': port " + port + " not in 1..65535");
+  hp.port = static_cast<uint16_t>(v);
+  return hp;
+}
+
+const char* TransportKindName(TransportKind t) { return t == TransportKind::kNccl ? "nccl" : "tcp"; }
+
+const NodeConfig* ClusterConfig::FindNode(const std::string& name) const {
+  for (const auto& n : nodes)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+Result<ClusterConfig> ParseClusterConfig(const std::string& yaml_text, const std::string& origin,
+                                         const std::string& base_dir) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(origin + ":" + std::to_string(e.mark.line + 1) + ":" +
+                           std::to_string(e.mark.column + 1) + ": YAML syntax: " + e.msg);
+  }
+  Parser p(origin, base_dir);
+  if (!root.IsMap()) return InvalidArgument(origin + ": expected a mapping at the top level");
+  ClusterConfig cfg;
+  cfg.path = origin;
+  try {
+    FM_RETURN_IF_ERROR(ParseRoot(p, root, &cfg));
+  } catch (const YAML::Exception& e) {  // yaml-cpp throws on some malformed node accesses
+    return InvalidArgument(origin + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  return cfg;
+}
+
+Result<ClusterConfig> LoadClusterConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cluster config " + path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string dir = fs::path(path).parent_path().string();
+  return ParseClusterConfig(ss.str(), path, dir.empty() ? "." : dir);
+}
+
+Result<std::string> ReadClusterSecret(const ClusterConfig& cfg) {
+  const std::string& file = cfg.security.cluster_secret_file;
+  if (file.empty()) return std::string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return NotFound("security.cluster_secret_file " + file + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string secret = ss.str();
+  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back())))
+    secret.pop_back();
+  if (secret.empty())
+    return InvalidArgument("security.cluster_secret_file " + file + ": empty secret");
+  return secret;
+}
+
+}  // namespace fm

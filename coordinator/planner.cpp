@@ -1,0 +1,223 @@
+// Placement planner (planner.h): byte math from model/tensor_schema.h, contiguous stages chosen
+// by an exact min-max partition (dynamic programming over the layer boundaries).
+#include "coordinator/planner.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "model/tensor_schema.h"
+
+namespace fm {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string Gib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", bytes / kGiB);
+  return b;
+}
+
+std::string Layers(int64_t a, int64_t b) {
+  return "[" + std::to_string(a) + ", " + std::to_string(b) + ")";
+}
+
+Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const ModelBytes& mb,
+                       int stages, int k) {
+  const int64_t L = m.num_hidden_layers, E = m.n_routed_experts;
+  const int64_t workers = int64_t{stages} * k;
+  if (workers != static_cast<int64_t>(cl.nodes.size()))
+    return InvalidArgument("parallel: pipeline_stages " + std::to_string(stages) +
+                           " x expert_parallel " + std::to_string(k) + " = " +
+                           std::to_string(workers) + " workers, but the cluster has " +
+                           std::to_string(cl.nodes.size()) + " nodes");
+  if (E % k != 0)
+    return InvalidArgument("parallel.expert_parallel " + std::to_string(k) +
+                           " does not divide n_routed_experts " + std::to_string(E));
+  if (stages > L)
+    return InvalidArgument("parallel.pipeline_stages " + std::to_string(stages) +
+                           " exceeds num_hidden_layers " + std::to_string(L) +
+                           " (a stage owns at least one layer)");
+  const int64_t per_member = E / k;
+  const int64_t seqs = (cl.limits.max_batch + k - 1) / k;
+  const bool fixed_kv = cl.limits.kv_cache_gib > 0;
+  auto kv = [&](int64_t l) -> uint64_t {
+    return fixed_kv ? 0 : seqs * KvBytesPerSequence(m, l, cl.limits.max_context);
+  };
+
+  // cost[l]: bytes a member of the stage holding layer l needs for it; prefix sums.
+  std::vector<uint64_t> prefix(L + 1, 0);
+  for (int64_t l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + mb.layer_total(l, per_member) + kv(l);
+  uint64_t tail = mb.head;  // last stage: norm/head/hc_head and the MTP layers
+  for (int64_t l = L; l < L + m.num_nextn_predict_layers; ++l)
+    tail += mb.layer_total(l, per_member) + kv(l);
+  const uint64_t pool = fixed_kv ? static_cast<uint64_t>(cl.limits.kv_cache_gib * kGiB) : 0;
+  auto stage_bytes = [&](int s, int64_t a, int64_t b) {
+    return prefix[b] - prefix[a] + (s == 0 ? mb.embed : 0) + (s == stages - 1 ? tail : 0) + pool;
+  };
+  std::vector<double> capacity(stages);  // the smallest memory of the stage's members
+  for (int s = 0; s < stages; ++s) {
+    capacity[s] = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < k; ++r)
+      capacity[s] = std::min(capacity[s], cl.nodes[s * k + r].memory_gib * kGiB);
+  }
+
+  // best[s][i]: the smallest achievable max(need / capacity) placing layers [0, i) on stages
+  // [0, s]; cut[s][i]: where stage s begins in that optimum (ties: the earliest cut).
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int64_t>> cut(stages, std::vector<int64_t>(L + 1, 0));
+  for (int64_t i = 1; i <= L; ++i) best[0][i] = stage_bytes(0, 0, i) / capacity[0];
+  for (int s = 1; s < stages; ++s)
+    for (int64_t i = s + 1; i <= L; ++i)
+      for (int64_t a = s; a < i; ++a) {
+        const double v = std::max(best[s - 1][a], stage_bytes(s, a, i) / capacity[s]);
+        if (v < best[s][i]) {
+          best[s][i] = v;
+          cut[s][i] = a;
+        }
+      }
+  std::vector<int64_t> begin(stages + 1, 0);
+  begin[stages] = L;
+  for (int s = stages - 1; s > 0; --s) begin[s] = cut[s][begin[s + 1]];
+
+  Plan plan;
+  plan.pipeline_stages = stages;
+  plan.expert_parallel = k;
+  plan.total_weight_bytes = mb.total;
+  for (int s = 0; s < stages; ++s) {
+    for (int r = 0; r < k; ++r) {
+      WorkerPlan w;
+      w.node_index = s * k + r;
+      w.node = cl.nodes[w.node_index].name;
+      w.memory_gib = cl.nodes[w.node_index].memory_gib;
+      w.stage = s;
+      w.ep_rank = r;
+      w.layer_begin = begin[s];
+      w.layer_end = begin[s + 1];
+      w.expert_begin = r * per_member;
+      w.expert_end = (r + 1) * per_member;
+      w.embed = s == 0;
+      w.head = s == stages - 1;
+      w.max_sequences = seqs;
+      int64_t last = w.head ? L + m.num_nextn_predict_layers : w.layer_end;
+      for (int64_t l = w.layer_begin; l < last; ++l) {
+        w.weight_bytes += mb.layer_total(l, per_member);
+        w.kv_bytes += kv(l);
+      }
+      if (w.embed) w.weight_bytes += mb.embed;
+      if (w.head) w.weight_bytes += mb.head;
+      if (fixed_kv) w.kv_bytes = pool;
+      if (w.need_gib() > w.memory_gib)
+        return ResourceExhausted(
+            "node '" + w.node + "' (stage " + std::to_string(s) + ", ep " + std::to_string(r) +
+            ", layers " + Layers(w.layer_begin, w.layer_end) + "): needs " +
+            Gib(w.weight_bytes + w.kv_bytes) + " GiB (weights " + Gib(w.weight_bytes) +
+            " + KV " + Gib(w.kv_bytes) + ") but has " + Gib(w.memory_gib * kGiB) +
+            " GiB (memory_gib)");
+      plan.workers.push_back(w);
+    }
+  }
+  return plan;
+}
+
+}  // namespace
+
+double WorkerPlan::need_gib() const {
+  return static_cast<double>(weight_bytes + kv_bytes) / kGiB;
+}
+
+uint64_t KvBytesPerSequence(const ModelConfig& m, int64_t layer, int64_t context) {
+  const uint64_t D = m.head_dim, dI = m.index_head_dim, f = sizeof(float);
+  const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(context, 0));
+  uint64_t bytes = std::min<uint64_t>(ctx, m.sliding_window) * D * f;  // raw kv ring
+  const int64_t r = layer < static_cast<int64_t>(m.compress_ratios.size())
+                        ? m.compress_ratios[layer] : 0;
+  if (r <= 0) return bytes;
+  const uint64_t ratio = static_cast<uint64_t>(r);
+  const uint64_t c = ratio == 4 ? 2 : 1;          // overlapping windows: 2d-wide projections
+  const uint64_t pending_windows = ratio == 4 ? 2 : 1;  // ratio 4 keeps the previous window too
+  bytes += ctx / ratio * D * f;                                   // compressed entries
+  bytes += pending_windows * ratio * 2 * c * D * f;               // pending (a, z) rows
+  if (ratio == 4) {
+    bytes += ctx / ratio * dI * f;                                // indexer entries
+    bytes += pending_windows * ratio * 2 * c * dI * f;            // indexer pending rows
+  }
+  return bytes;
+}
+
+Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) {
+  if (cluster.nodes.empty()) return InvalidArgument("plan: the cluster has no nodes");
+  if (model.num_hidden_layers < 1 || model.n_routed_experts < 1)
+    return InvalidArgument("plan: model config has no layers or no routed experts");
+  if (static_cast<int64_t>(model.compress_ratios.size()) <
+      model.num_hidden_layers + model.num_nextn_predict_layers)
+    return InvalidArgument("plan: model config compress_ratios is shorter than the layer count");
+  const ModelBytes mb = ComputeModelBytes(model);
+  if (!cluster.parallel.automatic)
+    return PlanFixed(model, cluster, mb, cluster.parallel.pipeline_stages,
+                     cluster.parallel.expert_parallel);
+  const int n = static_cast<int>(cluster.nodes.size());
+  std::string tried;
+  for (int stages = 1; stages <= n; ++stages) {
+    if (n % stages != 0) continue;
+    const int k = n / stages;
+    Result<Plan> p = PlanFixed(model, cluster, mb, stages, k);
+    if (p.ok()) return p;
+    tried += "\n  " + std::to_string(stages) + " x " + std::to_string(k) + ": " +
+             p.status().message();
+  }
+  return ResourceExhausted("parallel auto: no layout of the " + std::to_string(n) +
+                           " nodes fits (stages x expert_parallel):" + tried);
+}
+
+std::string FormatPlanTable(const Plan& plan) {
+  std::string out = "plan: " + std::to_string(plan.pipeline_stages) + " stage(s) x " +
+                    std::to_string(plan.expert_parallel) + "-way expert parallel = " +
+                    std::to_string(plan.workers.size()) + " worker(s); model weights " +
+                    Gib(static_cast<double>(plan.total_weight_bytes)) + " GiB\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-16s %5s %3s %-10s %-11s %9s %7s %8s  %s\n", "node", "stage",
+                "ep", "layers", "experts", "weights", "KV", "free", "also");
+  out += line;
+  for (const WorkerPlan& w : plan.workers) {
+    const std::string experts = Layers(w.expert_begin, w.expert_end);
+    std::string also = w.embed ? "embed" : "";
+    if (w.head) also += std::string(also.empty() ? "" : ", ") + "head, mtp";
+    std::snprintf(line, sizeof line, "%-16s %5d %3d %-10s %-11s %9s %7s %8s  %s\n",
+                  w.node.c_str(), w.stage, w.ep_rank, Layers(w.layer_begin, w.layer_end).c_str(),
+                  experts.c_str(), (Gib(w.weight_bytes) + "G").c_str(),
+                  (Gib(w.kv_bytes) + "G").c_str(), (Gib(w.free_gib() * kGiB) + "G").c_str(),
+                  also.c_str());
+    out += line;
+  }
+  return out;
+}
+
+std::string PlanToJson(const Plan& plan) {
+  nlohmann::json j;
+  j["pipeline_stages"] = plan.pipeline_stages;
+  j["expert_parallel"] = plan.expert_parallel;
+  j["total_weight_bytes"] = plan.total_weight_bytes;
+  j["workers"] = nlohmann::json::array();
+  for (const WorkerPlan& w : plan.workers)
+    j["workers"].push_back({{"node", w.node},
+                            {"node_index", w.node_index},
+                            {"stage", w.stage},
+                            {"ep_rank", w.ep_rank},
+                            {"layers", {w.layer_begin, w.layer_end}},
+                            {"experts", {w.expert_begin, w.expert_end}},
+                            {"embed", w.embed},
+                            {"head", w.head},
+                            {"weight_bytes", w.weight_bytes},
+                            {"kv_bytes", w.kv_bytes},
+                            {"max_sequences", w.max_sequences},
+                            {"memory_gib", w.memory_gib},
+                            {"free_gib", w.free_gib()}});
+  return j.dump(2);
+}
+
+}  // namespace fm

@@ -1,0 +1,232 @@
+// Cluster YAML: a full valid file, defaults, and every class of error with its file:line and
+// the key it names. Also every committed configs/*.yaml parses.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "coordinator/cluster_config.h"
+
+namespace fm {
+namespace {
+
+// Line numbers below refer to this text (line 1 is "model: ...").
+const char* kGood =
+    "model: ../out/small\n"                                                   // 1
+    "coordinator: { listen: 127.0.0.1:7070 }\n"                               // 2
+    "parallel: { pipeline_stages: 2, expert_parallel: 1 }\n"                  // 3
+    "transport: tcp\n"                                                        // 4
+    "nodes:\n"                                                                // 5
+    "  - { name: a, control: 127.0.0.1:7101, data: 127.0.0.1:7201, device: cpu, memory_gib: 20 }\n"
+    "  - name: b\n"                                                           // 7
+    "    control: 127.0.0.1:7102\n"                                           // 8
+    "    data: 127.0.0.1:7202\n"                                              // 9
+    "    device: cpu\n"                                                       // 10
+    "    memory_gib: 20.5\n"                                                  // 11
+    "limits: { max_batch: 8, max_context: 4096, kv_cache_gib: 2, max_queue: 10, max_tokens: 512 }\n"
+    "security:\n"                                                             // 13
+    "  token_file: tokens.txt\n"                                              // 14
+    "  cluster_secret_file: /etc/fm/secret\n"                                 // 15
+    "  tls: { cert: c.pem, key: k.pem, ca: ca.pem }\n"                        // 16
+    "heartbeat: { interval_ms: 500, timeout_ms: 3000 }\n";                    // 17
+
+Result<ClusterConfig> Parse(const std::string& text) {
+  return ParseClusterConfig(text, "t.yaml", "/cfg/dir");
+}
+
+// Replaces the first occurrence of `from` in kGood.
+std::string Edit(const std::string& from, const std::string& to) {
+  std::string s = kGood;
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return s.replace(at, from.size(), to);
+}
+
+// Expects an InvalidArgument that starts with "t.yaml:<line>:" and contains `needle`.
+void ExpectError(const std::string& text, int line, const std::string& needle) {
+  auto r = Parse(text);
+  ASSERT_FALSE(r.ok()) << "accepted; expected an error about " << needle;
+  const std::string& m = r.status().message();
+  EXPECT_EQ(m.rfind("t.yaml:" + std::to_string(line) + ":", 0), 0u) << m;
+  EXPECT_NE(m.find(needle), std::string::npos) << m;
+}
+
+TEST(ClusterConfig, FullFileParses) {
+  auto r = Parse(kGood);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ClusterConfig& c = *r;
+  EXPECT_EQ(c.model, "/cfg/out/small");  // relative to the YAML's directory
+  EXPECT_EQ(c.coordinator.listen.ToString(), "127.0.0.1:7070");
+  EXPECT_FALSE(c.parallel.automatic);
+  EXPECT_EQ(c.parallel.pipeline_stages, 2);
+  EXPECT_EQ(c.parallel.expert_parallel, 1);
+  EXPECT_EQ(c.transport, TransportKind::kTcp);
+  ASSERT_EQ(c.nodes.size(), 2u);
+  EXPECT_EQ(c.nodes[0].name, "a");
+  EXPECT_EQ(c.nodes[0].data.port, 7201);
+  EXPECT_EQ(c.nodes[0].cuda_device, -1);
+  EXPECT_EQ(c.nodes[1].line, 7);
+  EXPECT_DOUBLE_EQ(c.nodes[1].memory_gib, 20.5);
+  EXPECT_EQ(c.limits.max_batch, 8);
+  EXPECT_EQ(c.limits.max_context, 4096);
+  EXPECT_DOUBLE_EQ(c.limits.kv_cache_gib, 2.0);
+  EXPECT_EQ(c.limits.max_queue, 10);
+  EXPECT_EQ(c.limits.max_tokens, 512);
+  EXPECT_EQ(c.security.token_file, "/cfg/dir/tokens.txt");
+  EXPECT_EQ(c.security.cluster_secret_file, "/etc/fm/secret");
+  EXPECT_TRUE(c.security.tls.enabled());
+  EXPECT_EQ(c.security.tls.ca, "/cfg/dir/ca.pem");
+  EXPECT_EQ(c.heartbeat.timeout_ms, 3000);
+  ASSERT_NE(c.FindNode("b"), nullptr);
+  EXPECT_EQ(c.FindNode("zz"), nullptr);
+}
+
+TEST(ClusterConfig, DefaultsForOptionalSections) {
+  auto r = Parse(
+      "model: /m\n"
+      "coordinator: { listen: 0.0.0.0:7070 }\n"
+      "transport: nccl\n"
+      "nodes: [ { name: g, control: 10.0.0.1:7101, data: 10.0.0.1:7201, device: cuda:0, "
+      "memory_gib: 121 } ]\n");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->parallel.automatic);
+  EXPECT_EQ(r->transport, TransportKind::kNccl);
+  EXPECT_EQ(r->nodes[0].cuda_device, 0);
+  EXPECT_EQ(r->limits.max_queue, 64);
+  EXPECT_EQ(r->limits.max_batch, 16);
+  EXPECT_DOUBLE_EQ(r->limits.kv_cache_gib, 0.0);
+  EXPECT_TRUE(r->security.cluster_secret_file.empty());
+  EXPECT_FALSE(r->security.tls.enabled());
+  EXPECT_EQ(r->heartbeat.interval_ms, 1000);
+}
+
+TEST(ClusterConfig, UnknownKeysAtEveryLevel) {
+  ExpectError(std::string(kGood) + "extra: 1\n", 18, "extra: unknown key");
+  ExpectError(Edit("{ listen: 127.0.0.1:7070 }", "{ listen: 127.0.0.1:7070, port: 1 }"), 2,
+              "coordinator.port: unknown key");
+  ExpectError(Edit("expert_parallel: 1", "expert_paralel: 1"), 3,
+              "parallel.expert_paralel: unknown key");
+  ExpectError(Edit("    device: cpu\n", "    device: cpu\n    gpu: 1\n"), 11,
+              "nodes[1].gpu: unknown key");
+  ExpectError(Edit("max_queue: 10", "max_queue: 10, qps: 3"), 12, "limits.qps: unknown key");
+  ExpectError(Edit("ca: ca.pem", "ca: ca.pem, crl: x"), 16, "security.tls.crl: unknown key");
+  ExpectError(Edit("timeout_ms: 3000", "timeout_ms: 3000, every: 1"), 17,
+              "heartbeat.every: unknown key");
+}
+
+TEST(ClusterConfig, MissingRequiredFields) {
+  ExpectError(Edit("model: ../out/small\n", ""), 1, "model: missing required field");
+  ExpectError(Edit("    memory_gib: 20.5\n", ""), 7, "nodes[1].memory_gib: missing required field");
+  ExpectError(Edit("name: a, ", ""), 6, "nodes[0].name: missing required field");
+  ExpectError(Edit("{ listen: 127.0.0.1:7070 }", "{ }"), 2, "coordinator.listen: missing");
+  ExpectError(Edit("{ cert: c.pem, key: k.pem, ca: ca.pem }", "{ cert: c.pem, key: k.pem }"), 16,
+              "security.tls.ca: missing required field");
+}
+
+TEST(ClusterConfig, WrongTypes) {
+  ExpectError(Edit("memory_gib: 20.5", "memory_gib: lots"), 11,
+              "nodes[1].memory_gib: expected a number, got 'lots'");
+  ExpectError(Edit("max_batch: 8", "max_batch: 8.5"), 12, "limits.max_batch: expected an integer");
+  ExpectError(Edit("max_batch: 8", "max_batch: [8]"), 12, "limits.max_batch: expected an integer");
+  ExpectError(Edit("max_batch: 8", "max_batch: 0"), 12, "limits.max_batch: 0 is below");
+  ExpectError(Edit("memory_gib: 20.5", "memory_gib: -1"), 11, "nodes[1].memory_gib: must be > 0");
+  ExpectError("model: /m\ncoordinator: { listen: 127.0.0.1:1 }\nnodes: 3\n", 3,
+              "nodes: expected a non-empty list");
+  ExpectError("model: /m\ncoordinator: { listen: 127.0.0.1:1 }\nnodes: []\n", 3,
+              "nodes: expected a non-empty list");
+  ExpectError(Edit("coordinator: { listen: 127.0.0.1:7070 }", "coordinator: 7070"), 2,
+              "coordinator: expected a mapping");
+  ExpectError(Edit("pipeline_stages: 2", "pipeline_stages: two"), 3,
+              "parallel.pipeline_stages: expected an integer");
+}
+
+TEST(ClusterConfig, DuplicateNamesAndAddresses) {
+  ExpectError(Edit("  - name: b\n", "  - name: a\n"), 7,
+              "nodes[1].name: duplicate node name 'a' (also at line 6)");
+  ExpectError(Edit("data: 127.0.0.1:7202", "data: 127.0.0.1:7201"), 9,
+              "nodes[1].data: address 127.0.0.1:7201 is already used by nodes[0].data");
+  ExpectError(Edit("control: 127.0.0.1:7101", "control: 127.0.0.1:7070"), 6,
+              "nodes[0].control: address 127.0.0.1:7070 is already used by coordinator.listen");
+  ExpectError(Edit("transport: tcp\n", "transport: tcp\ntransport: nccl\n"), 5,
+              "transport: duplicate key");
+}
+
+TEST(ClusterConfig, BadValues) {
+  ExpectError(Edit("data: 127.0.0.1:7202", "data: 127.0.0.1"), 9, "nodes[1].data: '127.0.0.1'");
+  ExpectError(Edit("data: 127.0.0.1:7202", "data: 127.0.0.1:70000"), 9, "not in 1..65535");
+  ExpectError(Edit("data: 127.0.0.1:7202", "data: 127.0.0.1:0"), 9, "not in 1..65535");
+  ExpectError(Edit("data: 127.0.0.1:7202", "data: a b:1"), 9, "bad character");
+  ExpectError(Edit("transport: tcp", "transport: rdma"), 4, "transport: 'rdma': want tcp or nccl");
+  ExpectError(Edit("    device: cpu", "    device: gpu0"), 10,
+              "nodes[1].device: 'gpu0': want cpu or cuda:N");
+  ExpectError(Edit("    device: cpu", "    device: cuda:x"), 10, "want cuda:N");
+  ExpectError(Edit("transport: tcp", "transport: nccl"), 6,
+              "nodes[0].device: transport nccl needs cuda devices");
+  ExpectError(Edit("parallel: { pipeline_stages: 2, expert_parallel: 1 }", "parallel: manual"), 3,
+              "parallel: 'manual': want auto");
+  ExpectError(Edit("pipeline_stages: 2", "pipeline_stages: 3"), 3,
+              "3 x expert_parallel 1 = 3 workers, but nodes lists 2");
+  ExpectError(Edit("max_tokens: 512", "max_tokens: 5000"), 12,
+              "limits.max_tokens: 5000 exceeds limits.max_context 4096");
+  ExpectError(Edit("timeout_ms: 3000", "timeout_ms: 500"), 17, "heartbeat.timeout_ms: 500 must");
+  ExpectError(Edit("  - name: b", "  - name: b c"), 7, "nodes[1].name: 'b c'");
+}
+
+TEST(ClusterConfig, SyntaxErrorsHaveALine) {
+  auto r = Parse("model: /m\nnodes: [ {name: a\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().rfind("t.yaml:", 0), 0u);
+  EXPECT_NE(r.status().message().find("YAML syntax"), std::string::npos);
+  EXPECT_FALSE(Parse("- 1\n- 2\n").ok());
+}
+
+TEST(ClusterConfig, HostPortForms) {
+  auto v6 = ParseHostPort("[::1]:7070");
+  ASSERT_TRUE(v6.ok()) << v6.status().ToString();
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->ToString(), "[::1]:7070");
+  EXPECT_TRUE(ParseHostPort("spark-a.local:1").ok());
+  EXPECT_TRUE(ParseHostPort("127.0.0.1:0", /*allow_zero=*/true).ok());
+  EXPECT_FALSE(ParseHostPort(":7070").ok());
+  EXPECT_FALSE(ParseHostPort("[::1]7070").ok());
+}
+
+TEST(ClusterConfig, ClusterSecretFile) {
+  const auto dir = std::filesystem::temp_directory_path() / "fm_test_cluster_secret";
+  std::filesystem::create_directories(dir);
+  ClusterConfig c;
+  auto none = ReadClusterSecret(c);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, "");
+  c.security.cluster_secret_file = (dir / "secret").string();
+  std::ofstream(c.security.cluster_secret_file) << "hunter2\n";
+  auto s = ReadClusterSecret(c);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(*s, "hunter2");
+  std::ofstream(c.security.cluster_secret_file) << "\n";
+  EXPECT_FALSE(ReadClusterSecret(c).ok());
+  c.security.cluster_secret_file = (dir / "missing").string();
+  auto m = ReadClusterSecret(c);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("cluster_secret_file"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ClusterConfig, CommittedConfigsParse) {
+  const std::filesystem::path dir = std::filesystem::path(FM_SOURCE_DIR) / "configs";
+  int n = 0;
+  for (const char* name : {"local-1.yaml", "local-pp3.yaml", "local-pp2-ep2.yaml", "gb10x2.yaml",
+                           "gb10x4.yaml"}) {
+    auto r = LoadClusterConfig((dir / name).string());
+    EXPECT_TRUE(r.ok()) << name << ": " << r.status().ToString();
+    n += r.ok();
+  }
+  EXPECT_EQ(n, 5);
+  auto missing = LoadClusterConfig((dir / "nope.yaml").string());
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace fm
