@@ -5,7 +5,6 @@
 #include <unordered_set>
 
 #include "kernels/cpu/attention_core.h"
-#include "kernels/cpu/indexer.h"
 #include "kernels/cpu/matvec.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -35,8 +34,9 @@ Status CheckVector(const std::vector<float>& v, int64_t n, const std::string& na
   return Status::Ok();
 }
 
-// Rows [row0, row0+n) of w as a weight of its own (the per-group block of wo_a).
-Result<QWeight> WeightRows(const QWeight& w, int64_t row0, int64_t n, const std::string& name) {
+// Rows [row0, row0+n) of w as a weight of its own (the per-group block of wo_a), or false when
+// the rows start inside an FP8 128-row scale block (QWeight cannot say so).
+bool WeightRows(const QWeight& w, int64_t row0, int64_t n, QWeight* out) {
   QWeight s = w;
   s.rows = n;
   switch (w.format) {
@@ -47,10 +47,7 @@ Result<QWeight> WeightRows(const QWeight& w, int64_t row0, int64_t n, const std:
       s.data = static_cast<const uint16_t*>(w.data) + row0 * w.cols;
       break;
     case WeightFormat::kFP8Block:
-      if (row0 % 128 != 0) {
-        return InvalidArgument(name + ": FP8 group rows start at " + std::to_string(row0) +
-                               ", not on a 128-row scale block");
-      }
+      if (row0 % 128 != 0) return false;
       s.data = static_cast<const uint8_t*>(w.data) + row0 * w.cols;
       s.scale = w.scale + (row0 / 128) * ((w.cols + 127) / 128);
       break;
@@ -59,7 +56,8 @@ Result<QWeight> WeightRows(const QWeight& w, int64_t row0, int64_t n, const std:
       s.scale = w.scale + row0 * (w.cols / 32);
       break;
   }
-  return s;
+  *out = s;
+  return true;
 }
 
 // Calls fn(begin, end) over [0, n): on the pool when there is one.
@@ -139,9 +137,6 @@ Status ValidateAttention(const ModelConfig& cfg, const AttentionWeights& w,
   FM_RETURN_IF_ERROR(CheckWeight(w.wkv, D, H, prefix + "wkv"));
   FM_RETURN_IF_ERROR(CheckVector(w.kv_norm, D, prefix + "kv_norm.weight"));
   FM_RETURN_IF_ERROR(CheckWeight(w.wo_a, G * R, nH * D / G, prefix + "wo_a"));
-  for (int64_t g = 0; g < G; ++g) {
-    FM_RETURN_IF_ERROR(WeightRows(w.wo_a, g * R, R, prefix + "wo_a").status());
-  }
   FM_RETURN_IF_ERROR(CheckWeight(w.wo_b, H, G * R, prefix + "wo_b"));
   FM_RETURN_IF_ERROR(CheckVector(w.attn_sink, nH, prefix + "attn_sink"));
   FM_RETURN_IF_ERROR(CheckVector(w.rope_inv_freq, rd / 2, prefix + "(rope frequencies)"));
@@ -232,10 +227,6 @@ Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
   }
   const int64_t N = static_cast<int64_t>(rows.size());
   if (N == 0) return Status::Ok();
-  std::vector<QWeight> wo_a_group(static_cast<size_t>(G));
-  for (int64_t g = 0; g < G; ++g) {
-    FM_ASSIGN_OR_RETURN(wo_a_group[g], WeightRows(w.wo_a, g * R, R, "wo_a"));
-  }
 
   // 1-2: queries and the shared kv, all rows at once (Matmul is row-independent).
   std::vector<float> cq(N * QL), q(N * nH * D), kv(N * D);
@@ -289,11 +280,8 @@ Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
 
   // 3, 5, 6: the key rows of every query: its window, then its chosen compressed entries.
   std::vector<std::vector<const float*>> keys(N);
-  const float index_scale = 1.0f / std::sqrt(static_cast<float>(dI));
-  const float weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
   ForRange(pool, N, 1, [&](size_t b, size_t e) {
-    std::vector<float> score, head_w(static_cast<size_t>(nI));
-    std::vector<int32_t> pick;
+    std::vector<int32_t> picks;
     for (size_t r = b; r < e; ++r) {
       const RowInfo& ri = rows[r];
       std::vector<const float*>& k = keys[r];
@@ -303,17 +291,13 @@ Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
       if (ratio <= 1) continue;
       const int64_t visible = (ri.pos + 1) / ratio;
       const float* entries = ri.cache->comp.entries();
-      if (ratio != 4 || visible <= cfg.index_topk) {
+      if (ratio != 4) {
         for (int64_t v = 0; v < visible; ++v) k.push_back(entries + v * D);
         continue;
       }
-      score.resize(static_cast<size_t>(visible));
-      pick.resize(static_cast<size_t>(cfg.index_topk));
-      for (int64_t h = 0; h < nI; ++h) head_w[h] = iw[r * nI + h] * weight_scale;
-      IndexerScores_hd(iq.data() + r * nI * dI, head_w.data(), nI, dI,
-                       ri.cache->index_comp.entries(), visible, index_scale, score.data());
-      TopKAscending_n(score.data(), visible, cfg.index_topk, pick.data());
-      for (int32_t v : pick) k.push_back(entries + static_cast<int64_t>(v) * D);
+      IndexerSelect(iq.data() + r * nI * dI, iw.data() + r * nI, nI, dI,
+                    ri.cache->index_comp.entries(), visible, cfg.index_topk, &picks);
+      for (int32_t v : picks) k.push_back(entries + static_cast<int64_t>(v) * D);
     }
   });
 
@@ -339,17 +323,25 @@ Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
     c->pos = rows[r].pos + 1;
   }
 
-  // 8: grouped output projection; group g reads heads [g*nH/G, (g+1)*nH/G).
+  // 8: grouped output projection; group g reads heads [g*nH/G, (g+1)*nH/G) and its rows
+  // [g*R, (g+1)*R) of wo_a. When those rows start inside an FP8 scale block (o_lora_rank not a
+  // multiple of 128: test presets), the group input goes through all of wo_a and rows
+  // [g*R, (g+1)*R) of the result are kept: the same values, as Matmul rows are independent.
   const int64_t gin = nH * D / G;
-  std::vector<float> xin(N * gin), ug(N * R), u(N * G * R);
+  std::vector<float> xin(N * gin), ug, u(N * G * R);
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = 0; r < N; ++r) {
       std::copy(o.data() + r * nH * D + g * gin, o.data() + r * nH * D + (g + 1) * gin,
                 xin.data() + r * gin);
     }
-    Matmul(wo_a_group[g], xin.data(), N, ug.data(), pool);
+    QWeight wg;
+    const bool sliced = WeightRows(w.wo_a, g * R, R, &wg);
+    const int64_t ug_width = sliced ? R : G * R, ug_off = sliced ? 0 : g * R;
+    ug.resize(static_cast<size_t>(N * ug_width));
+    Matmul(sliced ? wg : w.wo_a, xin.data(), N, ug.data(), pool);
     for (int64_t r = 0; r < N; ++r) {
-      std::copy(ug.data() + r * R, ug.data() + (r + 1) * R, u.data() + r * G * R + g * R);
+      const float* src = ug.data() + r * ug_width + ug_off;
+      std::copy(src, src + R, u.data() + r * G * R + g * R);
     }
   }
   Matmul(w.wo_b, u.data(), N, out, pool);

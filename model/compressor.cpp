@@ -1,8 +1,11 @@
 #include "model/compressor.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 #include "kernels/cpu/compressor_pool.h"
+#include "kernels/cpu/indexer.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 
@@ -86,6 +89,23 @@ void CompressorState::Push(const CompressorWeights& w, const float* a, const flo
     pend_z_.resize(static_cast<size_t>(ratio_ * width));
     has_prev_ = true;
   }
+}
+
+void IndexerSelect(const float* q, const float* proj, int64_t nI, int64_t dI, const float* keys,
+                   int64_t visible, int64_t topk, std::vector<int32_t>* picks) {
+  if (visible <= topk) {
+    picks->resize(static_cast<size_t>(visible));
+    std::iota(picks->begin(), picks->end(), 0);
+    return;
+  }
+  // HF: relu(q.k) * dI^-1/2, times the head weight proj * nI^-1/2, summed over heads.
+  std::vector<float> head_w(static_cast<size_t>(nI)), score(static_cast<size_t>(visible));
+  const float weight_scale = 1.0f / std::sqrt(static_cast<float>(nI));
+  for (int64_t h = 0; h < nI; ++h) head_w[h] = proj[h] * weight_scale;
+  IndexerScores_hd(q, head_w.data(), nI, dI, keys, visible,
+                   1.0f / std::sqrt(static_cast<float>(dI)), score.data());
+  picks->resize(static_cast<size_t>(topk));
+  TopKAscending_n(score.data(), visible, topk, picks->data());
 }
 
 size_t CompressorState::bytes() const {

@@ -57,4 +57,11 @@ class CompressorState {
   std::vector<float> entries_;
 };
 
+// The entries a ratio-4 query attends (MODEL.md "Attention" step 6, HF DeepseekV4Indexer): all of
+// [0, visible) when visible <= topk, else the topk highest indexer scores (ties to the lower
+// index), ascending. q [nI, dI]: roped indexer query; proj [nI]: weights_proj . x (unscaled);
+// keys [>= visible, dI]: the indexer's entries.
+void IndexerSelect(const float* q, const float* proj, int64_t nI, int64_t dI, const float* keys,
+                   int64_t visible, int64_t topk, std::vector<int32_t>* picks);
+
 }  // namespace fm
