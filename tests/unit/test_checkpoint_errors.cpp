@@ -1,0 +1,234 @@
+// Bad checkpoints: each error names the file and the tensor or field, Open fails cleanly
+// (no crash, no partial state), and `flashmesh inspect` exits non-zero with that message.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "model/checkpoint.h"
+#include "tests/unit/test_checkpoint_util.h"
+
+namespace fm {
+namespace {
+
+using namespace testing_ck;
+using json = nlohmann::json;
+
+// Opens dir (full selection) expecting failure; returns the message. Also runs the CLI.
+std::string OpenError(const std::string& dir) {
+  auto ck = Checkpoint::Open(dir);
+  EXPECT_FALSE(ck.ok()) << dir << " unexpectedly opened";
+  if (ck.ok()) return "";
+  std::string arg0 = "inspect", arg1 = dir;
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+  ::testing::internal::CaptureStderr();
+  const int rc = cli::CmdInspect(2, argv);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find(ck.status().message()), std::string::npos) << err;
+  return ck.status().message();
+}
+
+#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << (msg)
+
+const char* kNorm = "layers.1.attn_norm.weight";
+const char* kWqa = "layers.2.attn.wq_a.weight";
+
+TEST(CheckpointErrors, TruncatedShard) {
+  const std::string d = TinyCopy("truncated");
+  const std::string shard = ShardOf(d, "head.weight");
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, "beyond the data section");
+  EXPECT_HAS(m, "tensor '");
+}
+
+TEST(CheckpointErrors, HeaderLengthBeyondFile) {
+  const std::string d = TinyCopy("hdrlen");
+  const std::string shard = ShardOf(d, kNorm);
+  std::string all = ReadAll(shard);
+  const uint64_t huge = all.size() + 1;
+  for (int i = 0; i < 8; ++i) all[i] = static_cast<char>((huge >> (8 * i)) & 0xff);
+  WriteAll(shard, all);
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, "header length " + std::to_string(huge) + " is beyond the file size");
+}
+
+TEST(CheckpointErrors, DataOffsetsOutOfRange) {
+  const std::string d = TinyCopy("offsets");
+  const std::string shard = ShardOf(d, kNorm);
+  EditHeader(shard, [](json& j) { j[kNorm]["data_offsets"] = {1u << 30, (1u << 30) + 128}; });
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, std::string("tensor '") + kNorm + "'");
+  EXPECT_HAS(m, "beyond the data section");
+}
+
+TEST(CheckpointErrors, DataOffsetsOverlap) {
+  const std::string d = TinyCopy("overlap");
+  const std::string shard = ShardOf(d, kNorm);
+  const std::string other = "layers.1.ffn_norm.weight";  // same dtype and shape
+  ASSERT_EQ(ShardOf(d, other), shard);
+  EditHeader(shard, [&](json& j) { j[other]["data_offsets"] = j[kNorm]["data_offsets"]; });
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, kNorm);
+  EXPECT_HAS(m, other);
+  EXPECT_HAS(m, "overlap");
+}
+
+TEST(CheckpointErrors, SpanDoesNotMatchShape) {
+  const std::string d = TinyCopy("span");
+  const std::string shard = ShardOf(d, kNorm);
+  EditHeader(shard, [](json& j) { j[kNorm]["shape"] = {63}; });
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, kNorm);
+  EXPECT_HAS(m, "needs 126");
+}
+
+TEST(CheckpointErrors, WrongDtype) {
+  const std::string d = TinyCopy("dtype");
+  const std::string shard = ShardOf(d, kNorm);
+  EditHeader(shard, [](json& j) { j[kNorm]["dtype"] = "F16"; });  // same size as BF16
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, std::string("tensor '") + kNorm + "' has dtype F16, want BF16 or F32");
+}
+
+TEST(CheckpointErrors, ShapeDoesNotMatchConfig) {
+  const std::string d = TinyCopy("shape");
+  const std::string shard = ShardOf(d, kWqa);
+  EditHeader(shard, [](json& j) { j[kWqa]["shape"] = {64, 32}; });  // transposed, same bytes
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, std::string("tensor '") + kWqa + "' has shape [64, 32]");
+  EXPECT_HAS(m, "config.json implies [32, 64]");
+}
+
+TEST(CheckpointErrors, MissingTensorInIndex) {
+  const std::string d = TinyCopy("missing_index");
+  const std::string index = d + "/model.safetensors.index.json";
+  json j = json::parse(ReadAll(index));
+  j["weight_map"].erase("layers.3.attn.compressor.ape");
+  WriteAll(index, j.dump());
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, index);
+  EXPECT_HAS(m, "missing tensor 'layers.3.attn.compressor.ape'");
+}
+
+TEST(CheckpointErrors, MissingTensorInShard) {
+  const std::string d = TinyCopy("missing_shard_tensor");
+  const std::string shard = ShardOf(d, kNorm);
+  EditHeader(shard, [](json& j) { j.erase(kNorm); });
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, std::string("tensor '") + kNorm + "' is listed in");
+}
+
+TEST(CheckpointErrors, MissingShardFile) {
+  const std::string d = TinyCopy("missing_shard");
+  const std::string shard = ShardOf(d, "head.weight");
+  fs::remove(shard);
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, "model.safetensors.index.json");
+  EXPECT_HAS(m, "does not exist");
+}
+
+TEST(CheckpointErrors, NonJsonHeader) {
+  const std::string d = TinyCopy("nonjson");
+  const std::string shard = ShardOf(d, kNorm);
+  std::string all = ReadAll(shard);
+  all[8] = 'x';  // '{' -> 'x'
+  WriteAll(shard, all);
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, "header is not valid JSON");
+}
+
+TEST(CheckpointErrors, ConfigMissingField) {
+  const std::string d = TinyCopy("cfg_missing");
+  json j = json::parse(ReadAll(d + "/config.json"));
+  j.erase("moe_intermediate_size");
+  WriteAll(d + "/config.json", j.dump());
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, d + "/config.json");
+  EXPECT_HAS(m, "missing required field 'moe_intermediate_size'");
+}
+
+TEST(CheckpointErrors, ConfigMistypedField) {
+  const std::string d = TinyCopy("cfg_mistyped");
+  json j = json::parse(ReadAll(d + "/config.json"));
+  j["hidden_size"] = "64";
+  WriteAll(d + "/config.json", j.dump());
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, d + "/config.json");
+  EXPECT_HAS(m, "field 'hidden_size' must be an integer");
+}
+
+// A config.json that disagrees with the tensors (more experts than the files hold).
+TEST(CheckpointErrors, ConfigDisagreesWithTensors) {
+  const std::string d = TinyCopy("cfg_experts");
+  json j = json::parse(ReadAll(d + "/config.json"));
+  j["n_routed_experts"] = 9;
+  WriteAll(d + "/config.json", j.dump());
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, "missing tensor 'layers.0.ffn.experts.8.w1.weight'");
+}
+
+TEST(CheckpointErrors, Tid2eidOutOfRange) {
+  const std::string d = TinyCopy("tid_range");
+  const std::string name = "layers.0.ffn.gate.tid2eid";
+  const std::string shard = ShardOf(d, name);
+  uint64_t begin = 0, data_offset = 0;
+  {
+    std::string all = ReadAll(shard);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(all[i]);
+    data_offset = 8 + n;
+    begin = json::parse(all.substr(8, n))[name]["data_offsets"][0].get<uint64_t>();
+    const int64_t bad = 8;  // experts are 0..7
+    std::memcpy(all.data() + data_offset + begin + 8 * 5, &bad, 8);
+    WriteAll(shard, all);
+  }
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, "tensor '" + name + "' entry 5 is expert 8");
+}
+
+TEST(CheckpointErrors, BadSelection) {
+  const std::string d = TinyCopy("selection");
+  ShardSelection sel;
+  sel.layer_begin = 4;
+  sel.layer_end = 7;
+  auto ck = Checkpoint::Open(d, sel);
+  ASSERT_FALSE(ck.ok());
+  EXPECT_HAS(ck.status().message(), "layer range [4, 7)");
+  sel = {};
+  sel.experts = {3, 8};
+  ck = Checkpoint::Open(d, sel);
+  ASSERT_FALSE(ck.ok());
+  EXPECT_HAS(ck.status().message(), "expert 8 is outside [0, 8)");
+}
+
+// A partial load only validates what it maps: a broken shard outside the selection is fine.
+TEST(CheckpointErrors, PartialLoadIgnoresUnselectedShard) {
+  const std::string d = TinyCopy("partial_ok");
+  const std::string head_shard = ShardOf(d, "head.weight");
+  const std::string embed_shard = ShardOf(d, "embed.weight");
+  ASSERT_NE(head_shard, embed_shard);
+  WriteAll(head_shard, "garbage");
+  ShardSelection sel;
+  sel.layer_end = 1;
+  sel.head = sel.mtp = false;
+  auto ck = Checkpoint::Open(d, sel);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  EXPECT_TRUE((*ck)->Has("embed.weight"));
+  EXPECT_FALSE(Checkpoint::Open(d).ok());
+}
+
+}  // namespace
+}  // namespace fm
