@@ -14,7 +14,12 @@ namespace fm {
 namespace {
 
 std::string Shape2(int64_t a, int64_t b) {
-  return "[" + std::to_string(a) + ", " + std::to_string(b) + "]";
+  std::string s = "[";
+  s += std::to_string(a);
+  s += ", ";
+  s += std::to_string(b);
+  s += "]";
+  return s;
 }
 
 Status CheckWeight(const QWeight& w, int64_t rows, int64_t cols, const std::string& name) {
@@ -196,9 +201,21 @@ std::unique_ptr<AttentionCache> NewAttentionCache(const ModelConfig& cfg, int64_
   return std::make_unique<AttentionCacheImpl>(cfg, ratio, max_context);
 }
 
-Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
-                        std::span<const AttentionSeq> seqs, const float* x, float* out,
-                        ThreadPool* pool) {
+namespace {
+
+// One slice of a sequence inside a pass: `rows` rows from the cache's current position.
+struct PassSeq {
+  AttentionCacheImpl* cache;
+  int64_t rows;
+};
+
+// Rows per pass: bounds the per-row buffers (q and o are nH*D floats a row: 128 KiB on the real
+// model) of a long prefill. The result does not depend on it (decode == prefill).
+constexpr int64_t kPassRows = 256;
+
+Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
+                     const std::vector<PassSeq>& seqs, const float* x, float* out,
+                     ThreadPool* pool) {
   const int64_t nH = cfg.num_attention_heads, D = cfg.head_dim;
   const int64_t QL = cfg.q_lora_rank, G = cfg.o_groups, R = cfg.o_lora_rank;
   const int64_t rd = cfg.qk_rope_head_dim, W = cfg.sliding_window;
@@ -206,24 +223,12 @@ Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   const int64_t ratio = w.ratio;
 
-  // Validate the whole batch before any cache moves.
   std::vector<RowInfo> rows;
-  std::unordered_set<const AttentionCache*> seen;
-  for (const AttentionSeq& s : seqs) {
-    auto* c = dynamic_cast<AttentionCacheImpl*>(s.cache);
-    if (!c) return InvalidArgument("attention: a sequence without an attention cache");
-    if (!seen.insert(c).second) return InvalidArgument("attention: a cache appears twice in a batch");
-    if (c->ratio != ratio || c->dim != D || c->window != W) {
-      return InvalidArgument("attention: cache made for ratio " + std::to_string(c->ratio) +
-                             ", layer has ratio " + std::to_string(ratio));
-    }
-    if (s.rows < 0) return InvalidArgument("attention: negative row count");
-    if (c->pos + s.rows > c->max_context) {
-      return OutOfRange("attention: context of " + std::to_string(c->pos + s.rows) +
-                        " positions exceeds max_context " + std::to_string(c->max_context));
-    }
+  for (const PassSeq& s : seqs) {
     const int64_t row0 = static_cast<int64_t>(rows.size());
-    for (int64_t j = 0; j < s.rows; ++j) rows.push_back({c, c->pos + j, c->pos, row0});
+    for (int64_t j = 0; j < s.rows; ++j) {
+      rows.push_back({s.cache, s.cache->pos + j, s.cache->pos, row0});
+    }
   }
   const int64_t N = static_cast<int64_t>(rows.size());
   if (N == 0) return Status::Ok();
@@ -345,6 +350,52 @@ Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
     }
   }
   Matmul(w.wo_b, u.data(), N, out, pool);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
+                        std::span<const AttentionSeq> seqs, const float* x, float* out,
+                        ThreadPool* pool) {
+  // Validate the whole batch before any cache moves.
+  std::unordered_set<const AttentionCache*> seen;
+  for (const AttentionSeq& s : seqs) {
+    auto* c = dynamic_cast<AttentionCacheImpl*>(s.cache);
+    if (!c) return InvalidArgument("attention: a sequence without an attention cache");
+    if (!seen.insert(c).second) return InvalidArgument("attention: a cache appears twice in a batch");
+    if (c->ratio != w.ratio || c->dim != cfg.head_dim || c->window != cfg.sliding_window) {
+      return InvalidArgument("attention: cache made for ratio " + std::to_string(c->ratio) +
+                             ", layer has ratio " + std::to_string(w.ratio));
+    }
+    if (s.rows < 0) return InvalidArgument("attention: negative row count");
+    if (c->pos + s.rows > c->max_context) {
+      return OutOfRange("attention: context of " + std::to_string(c->pos + s.rows) +
+                        " positions exceeds max_context " + std::to_string(c->max_context));
+    }
+  }
+  // Passes of at most kPassRows consecutive rows; a long sequence spans several, in order.
+  const int64_t H = cfg.hidden_size;
+  std::vector<PassSeq> pass;
+  int64_t pass_rows = 0, done = 0;
+  auto flush = [&]() -> Status {
+    FM_RETURN_IF_ERROR(AttentionPass(cfg, w, pass, x + done * H, out + done * H, pool));
+    done += pass_rows;
+    pass.clear();
+    pass_rows = 0;
+    return Status::Ok();
+  };
+  for (const AttentionSeq& s : seqs) {
+    auto* c = static_cast<AttentionCacheImpl*>(s.cache);
+    for (int64_t left = s.rows; left > 0;) {
+      const int64_t n = std::min(left, kPassRows - pass_rows);
+      pass.push_back({c, n});
+      pass_rows += n;
+      left -= n;
+      if (pass_rows == kPassRows) FM_RETURN_IF_ERROR(flush());
+    }
+  }
+  if (pass_rows > 0) FM_RETURN_IF_ERROR(flush());
   return Status::Ok();
 }
 

@@ -340,12 +340,11 @@ TEST_P(AttentionKinds, DecodeEqualsPrefill) {
   EXPECT_LT(MaxRelErr(mixed, prefill), 1e-4);
 }
 
-TEST_P(AttentionKinds, BatchOfThreeEqualsAloneBitExact) {
-  const int64_t ratio = GetParam();
+// Three sequences at positions start[i] get rows[i] new rows in one batch, vs each alone.
+void CheckBatchEqualsAlone(int64_t ratio, const int64_t (&start)[3], const int64_t (&rows)[3]) {
   const ModelConfig c = TestConfig(ratio);
   const int64_t H = c.hidden_size;
   RandomLayer L(c, ratio, 300 + ratio);
-  const int64_t start[3] = {5, 140, 300}, rows[3] = {1, 3, 2};
   std::vector<std::unique_ptr<AttentionCache>> alone, batched;
   std::vector<std::vector<float>> prefix;
   for (int i = 0; i < 3; ++i) {
@@ -359,8 +358,9 @@ TEST_P(AttentionKinds, BatchOfThreeEqualsAloneBitExact) {
                       .ok());
     }
   }
-  auto x = RandomInput(6, H, 50);
-  std::vector<float> out_batch(6 * H), out_alone(6 * H);
+  const int64_t total = rows[0] + rows[1] + rows[2];
+  auto x = RandomInput(total, H, 50);
+  std::vector<float> out_batch(total * H), out_alone(total * H);
   std::vector<AttentionSeq> seqs;
   for (int i = 0; i < 3; ++i) seqs.push_back({batched[i].get(), rows[i]});
   ThreadPool pool(2);
@@ -376,6 +376,12 @@ TEST_P(AttentionKinds, BatchOfThreeEqualsAloneBitExact) {
     EXPECT_EQ(batched[i]->bytes(), alone[i]->bytes());
   }
   EXPECT_EQ(0, std::memcmp(out_batch.data(), out_alone.data(), out_batch.size() * sizeof(float)));
+}
+
+TEST_P(AttentionKinds, BatchOfThreeEqualsAloneBitExact) {
+  CheckBatchEqualsAlone(GetParam(), {5, 140, 300}, {1, 3, 2});
+  // 351 rows: more than one internal pass, the middle sequence split between two.
+  CheckBatchEqualsAlone(GetParam(), {0, 17, 260}, {200, 150, 1});
 }
 
 TEST_P(AttentionKinds, ThreadCountDoesNotChangeBits) {
