@@ -1,0 +1,267 @@
+// flashmesh bench <mode> ...: end-to-end benchmarks.
+//   decode: single-process decode speed against the machine's memory bandwidth. Prefills
+//   --context tokens, then decodes --tokens tokens one at a time (greedy), and reports
+//     tok_per_s               decode steps per second (embed + layers + head of one token)
+//     weight_bytes_per_token  bytes of weights one step reads: every dense tensor of the layers
+//                             (attention, compressor, indexer, hc, router, shared expert, norms),
+//                             the routed experts the step actually selected, head and final
+//                             norm, one embedding row (one tid2eid row on hash layers)
+//     mem_bw_gbps             streaming read bandwidth, measured here with the same threads
+//     bw_efficiency           tok_per_s * weight_bytes_per_token / mem_bw
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/commands.h"
+#include "common/log.h"
+#include "common/thread_pool.h"
+#include "kernels/cpu/membw.h"
+#include "model/checkpoint.h"
+#include "model/forward.h"
+#include "model/kv_cache.h"
+#include "model/moe.h"
+
+namespace fm::cli {
+namespace {
+
+const char* kUsage =
+    "usage: flashmesh bench decode --model DIR [--context N] [--tokens N] [--threads N] [--json]\n"
+    "  decode: prefill N context tokens (default 64), decode --tokens tokens (default 32)\n"
+    "          one at a time, report decode tok/s, weight bytes read per token, the measured\n"
+    "          memory bandwidth and bw_efficiency = tok/s * bytes/token / bandwidth.\n"
+    "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n";
+
+constexpr size_t kProbeBytes = size_t{1} << 30;  // well beyond any CPU cache
+
+struct DecodeOptions {
+  std::string model;
+  int64_t context = 64, tokens = 32;
+  int threads = 0;
+  bool json = false;
+};
+
+Result<int64_t> ParseCount(const char* flag, const char* v, int64_t min) {
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (!*v || *end || n < min || n > (int64_t{1} << 30))
+    return InvalidArgument(std::string(flag) + ": '" + v + "' is not an integer >= " +
+                           std::to_string(min));
+  return static_cast<int64_t>(n);
+}
+
+Result<DecodeOptions> ParseDecode(int argc, char** argv) {
+  DecodeOptions o;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> Result<const char*> {
+      if (i + 1 >= argc) return InvalidArgument(a + ": missing value");
+      return argv[++i];
+    };
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--model") {
+      FM_ASSIGN_OR_RETURN(const char* v, value());
+      o.model = v;
+    } else if (a == "--context" || a == "--tokens" || a == "--threads") {
+      FM_ASSIGN_OR_RETURN(const char* v, value());
+      FM_ASSIGN_OR_RETURN(int64_t n, ParseCount(a.c_str(), v, a == "--tokens" ? 1 : 0));
+      if (a == "--context") o.context = n;
+      else if (a == "--tokens") o.tokens = n;
+      else o.threads = static_cast<int>(n);
+    } else {
+      return InvalidArgument("bench decode: unknown option '" + a + "'");
+    }
+  }
+  if (o.model.empty()) return InvalidArgument("bench decode: --model DIR is required");
+  return o;
+}
+
+// Runs the routed experts locally, adding up the weight bytes of the distinct experts each
+// call touches (for one decode row: its top-k).
+class CountingExpertExecutor : public ExpertExecutor {
+ public:
+  // moe: the MoE weights of layers 0 .. moe.size()-1, in order.
+  CountingExpertExecutor(const ModelConfig& cfg, std::vector<MoeWeights> moe, ThreadPool* pool)
+      : moe_(std::move(moe)), local_(cfg, Pointers(cfg, moe_), pool),
+        top_k_(cfg.num_experts_per_tok) {}
+  Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                   const float* weights, float* routed) override {
+    FM_RETURN_IF_ERROR(local_.RunRouted(layer, x, T, expert_ids, weights, routed));
+    // local_ has checked layer and ids.
+    for (int32_t e : std::set<int32_t>(expert_ids, expert_ids + T * top_k_)) {
+      const ExpertWeights& ew = moe_[layer].experts[e];
+      bytes_ += ew.w1.bytes() + ew.w2.bytes() + ew.w3.bytes();
+    }
+    return Status::Ok();
+  }
+  size_t bytes() const { return bytes_; }
+  void reset() { bytes_ = 0; }
+
+ private:
+  static std::vector<const MoeWeights*> Pointers(const ModelConfig& cfg,
+                                                 const std::vector<MoeWeights>& moe) {
+    std::vector<const MoeWeights*> p(cfg.num_hidden_layers + cfg.num_nextn_predict_layers,
+                                     nullptr);
+    for (size_t l = 0; l < moe.size(); ++l) p[l] = &moe[l];
+    return p;
+  }
+  std::vector<MoeWeights> moe_;
+  LocalExpertExecutor local_;
+  int64_t top_k_;
+  size_t bytes_ = 0;
+};
+
+// Bytes a decode step reads of everything but the routed experts (see the header comment).
+Result<size_t> DenseBytesPerToken(const Checkpoint& ckpt) {
+  const int64_t V = ckpt.config().vocab_size;
+  size_t total = 0;
+  for (const std::string& name : ckpt.tensor_names()) {
+    if (name.find(".ffn.experts.") != std::string::npos) continue;
+    FM_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name));
+    const bool one_row = name == "embed.weight" || name.ends_with(".ffn.gate.tid2eid");
+    total += one_row ? t.nbytes / static_cast<size_t>(V) : t.nbytes;
+  }
+  return total;
+}
+
+// Reads one byte per page of every tensor, so the timed steps do not include first-touch
+// page faults of the mapping (a serving worker has its weights resident).
+Result<size_t> TouchWeights(const Checkpoint& ckpt) {
+  size_t total = 0;
+  unsigned sum = 0;
+  for (const std::string& name : ckpt.tensor_names()) {
+    FM_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name));
+    for (size_t i = 0; i < t.nbytes; i += 4096) sum += t.data[i];
+    total += t.nbytes;
+  }
+  volatile unsigned keep = sum;
+  (void)keep;
+  return total;
+}
+
+int64_t Argmax(const float* v, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+Status RunDecode(const DecodeOptions& o) {
+  ShardSelection sel;
+  sel.mtp = false;  // plain decode does not run the MTP block
+  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel));
+  const ModelConfig& cfg = ckpt->config();
+  ThreadPool pool(o.threads);
+  FM_ASSIGN_OR_RETURN(auto shard, ShardModel::Create(*ckpt, &pool));
+  if (!shard->has_embed() || !shard->has_head())
+    return InvalidArgument(o.model + ": bench decode needs embed.weight and head.weight");
+
+  std::vector<MoeWeights> moe;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    FM_ASSIGN_OR_RETURN(MoeWeights m,
+                        BindMoe(*ckpt, "layers." + std::to_string(l) + ".ffn.", l));
+    moe.push_back(std::move(m));
+  }
+  CountingExpertExecutor counter(cfg, std::move(moe), &pool);
+  shard->SetExpertExecutor(&counter);
+  FM_ASSIGN_OR_RETURN(const size_t dense_bytes, DenseBytesPerToken(*ckpt));
+  FM_ASSIGN_OR_RETURN(const size_t resident, TouchWeights(*ckpt));
+
+  const int64_t V = cfg.vocab_size, row = cfg.hc_mult * cfg.hidden_size;
+  auto cache = shard->NewSequence(o.context + o.tokens);
+  std::mt19937 rng(1234);
+  std::vector<int32_t> prompt(static_cast<size_t>(std::max<int64_t>(o.context, 1)));
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
+  std::vector<float> logits(V), x;
+  auto step = [&](std::span<const int32_t> toks) -> Status {
+    const int64_t n = static_cast<int64_t>(toks.size());
+    x.resize(static_cast<size_t>(n * row));
+    FM_RETURN_IF_ERROR(shard->Embed(toks, x.data()));
+    BatchItem item{cache.get(), toks};
+    FM_RETURN_IF_ERROR(shard->ForwardLayers({&item, 1}, x.data()));
+    return shard->Logits(x.data() + (n - 1) * row, 1, logits.data());
+  };
+
+  // --context 0 still needs a first token: it is then the first decode step's input.
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.context > 0) FM_RETURN_IF_ERROR(step(prompt));
+  const auto t1 = std::chrono::steady_clock::now();
+  int32_t next = o.context > 0 ? static_cast<int32_t>(Argmax(logits.data(), V)) : prompt[0];
+  counter.reset();
+  const auto t2 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < o.tokens; ++i) {
+    FM_RETURN_IF_ERROR(step({&next, 1}));
+    next = static_cast<int32_t>(Argmax(logits.data(), V));
+  }
+  const auto t3 = std::chrono::steady_clock::now();
+  const double mem_bw = MeasureReadBandwidthGBps(&pool, kProbeBytes);
+
+  const double tok_per_s = static_cast<double>(o.tokens) / Seconds(t2, t3);
+  const double bytes_per_token = static_cast<double>(dense_bytes) +
+                                 static_cast<double>(counter.bytes()) / o.tokens;
+  const double eff = mem_bw > 0 ? tok_per_s * bytes_per_token / (mem_bw * 1e9) : 0.0;
+  if (o.json) {
+    std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
+                "\"bw_efficiency\": %.4f}\n",
+                tok_per_s, bytes_per_token, mem_bw, eff);
+  } else {
+    std::printf("model            %s (%.2f GB resident)\n", o.model.c_str(), resident / 1e9);
+    std::printf("threads          %d\n", pool.size());
+    std::printf("prefill          %lld tokens in %.3f s\n", static_cast<long long>(o.context),
+                Seconds(t0, t1));
+    std::printf("decode           %lld tokens in %.3f s: %.2f tok/s\n",
+                static_cast<long long>(o.tokens), Seconds(t2, t3), tok_per_s);
+    std::printf("weight bytes/tok %.1f MB (dense %.1f MB + routed experts %.1f MB)\n",
+                bytes_per_token / 1e6, dense_bytes / 1e6,
+                static_cast<double>(counter.bytes()) / o.tokens / 1e6);
+    std::printf("weight traffic   %.2f GB/s\n", tok_per_s * bytes_per_token / 1e9);
+    std::printf("memory bandwidth %.2f GB/s (streaming read probe, same threads)\n", mem_bw);
+    std::printf("bw_efficiency    %.3f\n", eff);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int CmdBench(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, stderr);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string mode = argv[1];
+  if (mode != "decode") {
+    std::fprintf(stderr, "flashmesh bench: unknown mode '%s'\n%s", mode.c_str(), kUsage);
+    return 2;
+  }
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  Result<DecodeOptions> opt = ParseDecode(argc, argv);
+  if (!opt.ok()) {
+    std::fprintf(stderr, "flashmesh bench: %s\n%s", opt.status().message().c_str(), kUsage);
+    return 2;
+  }
+  const Status st = RunDecode(*opt);
+  if (!st.ok()) {
+    std::fprintf(stderr, "flashmesh bench: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace fm::cli
