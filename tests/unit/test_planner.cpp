@@ -2,6 +2,7 @@
 // (config.json from configs/models/deepseek-v4-flash; no weights).
 #include <cmath>
 #include <filesystem>
+#include <vector>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -277,6 +278,47 @@ TEST(Planner, AutoFallsBackToMoreStagesWhenDenseCopiesDoNotFit) {
   EXPECT_NE(none.status().message().find("parallel auto: no layout"), std::string::npos);
   EXPECT_NE(none.status().message().find("1 x 2: node 'n0'"), std::string::npos)
       << none.status().message();
+}
+
+}  // namespace
+}  // namespace fm
+
+namespace fm::cli {
+int CmdPlan(int argc, char** argv);
+}  // namespace fm::cli
+
+namespace fm {
+namespace {
+
+int RunPlan(std::vector<std::string> args, std::string* out) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const int rc = cli::CmdPlan(static_cast<int>(argv.size()), argv.data());
+  *out = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+  return rc;
+}
+
+TEST(PlanCommand, PrintsTheTableAndJsonAndNamesErrors) {
+  std::string out;
+  EXPECT_EQ(RunPlan({"plan", "--config", (kConfigs / "gb10x2.yaml").string()}, &out), 0) << out;
+  EXPECT_NE(out.find("spark-b              0   1 [0, 43)    [128, 256)"), std::string::npos)
+      << out;
+  EXPECT_EQ(RunPlan({"plan", "--config", (kConfigs / "gb10x4.yaml").string(), "--json"}, &out), 0);
+  EXPECT_NE(out.find("\"experts\": [\n        192,\n        256\n      ]"), std::string::npos)
+      << out;
+  // --model overrides the YAML's model directory.
+  EXPECT_EQ(RunPlan({"plan", "--config", (kConfigs / "local-1.yaml").string(), "--model",
+                     (kConfigs / "models/deepseek-v4-flash").string()},
+                    &out),
+            1);
+  EXPECT_NE(out.find("node 'w0' (stage 0, ep 0, layers [0, 43)): needs"), std::string::npos)
+      << out;
+  EXPECT_EQ(RunPlan({"plan", "--config", "/nonexistent.yaml"}, &out), 1);
+  EXPECT_NE(out.find("/nonexistent.yaml"), std::string::npos);
+  EXPECT_EQ(RunPlan({"plan"}, &out), 2);
+  EXPECT_EQ(RunPlan({"plan", "--config", "x", "--bogus"}, &out), 2);
 }
 
 }  // namespace
