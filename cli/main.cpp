@@ -10,6 +10,7 @@ namespace {
 const Command kCommands[] = {
     {"mkmodel", "write a random test checkpoint in the official layout", CmdMkmodel},
     {"inspect", "summarize a checkpoint directory", CmdInspect},
+    {"generate", "generate text or token ids from a prompt (single process)", CmdGenerate},
     {"plan", "validate a cluster YAML and print the placement plan (no weights read)", CmdPlan},
     {"logits", "run the model on token ids, write raw f32 logits, print argmaxes", CmdLogits},
 };

@@ -1,0 +1,92 @@
+#include "model/generate.h"
+
+#include <chrono>
+
+#include "model/kv_cache.h"
+
+namespace fm {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Runs tokens through the whole model on `cache` and writes the logits of the last row.
+Status Step(const ShardModel& model, SequenceCache* cache, std::span<const int32_t> tokens,
+            std::vector<float>* x, std::vector<float>* logits) {
+  const ModelConfig& cfg = model.config();
+  const int64_t row = cfg.hc_mult * cfg.hidden_size;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  x->resize(T * row);
+  FM_RETURN_IF_ERROR(model.Embed(tokens, x->data()));
+  BatchItem item{cache, tokens};
+  FM_RETURN_IF_ERROR(model.ForwardLayers(std::span<const BatchItem>(&item, 1), x->data()));
+  return model.Logits(x->data() + (T - 1) * row, 1, logits->data());
+}
+
+}  // namespace
+
+Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t> prompt,
+                                const GenerateOptions& opt, const TokenCallback& on_token) {
+  const ModelConfig& cfg = model.config();
+  if (!model.has_embed() || !model.has_head() || model.layer_begin() != 0 ||
+      model.layer_end() != cfg.num_hidden_layers)
+    return InvalidArgument("Generate: the model must hold all layers, the embedding and the head");
+  if (prompt.empty()) return InvalidArgument("prompt: no tokens");
+  if (opt.max_tokens < 1)
+    return InvalidArgument("max_tokens: " + std::to_string(opt.max_tokens) + " (must be >= 1)");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= cfg.vocab_size)
+      return InvalidArgument("prompt[" + std::to_string(i) + "]: token " +
+                             std::to_string(prompt[i]) + " outside the vocabulary [0, " +
+                             std::to_string(cfg.vocab_size) + ")");
+  const int64_t need = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
+  const int64_t max_context = opt.max_context > 0 ? opt.max_context : need;
+  if (need > max_context)
+    return InvalidArgument("max_tokens: prompt (" + std::to_string(prompt.size()) + ") + " +
+                           std::to_string(opt.max_tokens) + " exceeds max_context " +
+                           std::to_string(max_context));
+  FM_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(opt.sampling));
+
+  GenerateResult res;
+  res.prompt_tokens = static_cast<int64_t>(prompt.size());
+  std::unique_ptr<SequenceCache> cache = model.NewSequence(max_context);
+  std::vector<float> x, logits(cfg.vocab_size);
+  auto t0 = std::chrono::steady_clock::now();
+  FM_RETURN_IF_ERROR(Step(model, cache.get(), prompt, &x, &logits));
+  while (true) {
+    FM_ASSIGN_OR_RETURN(SampledToken tok, sampler.Sample(logits));
+    res.tokens.push_back(tok.id);
+    if (res.tokens.size() == 1) {
+      res.prefill_seconds = SecondsSince(t0);
+      t0 = std::chrono::steady_clock::now();
+    }
+    if (on_token && !on_token(tok)) {
+      res.finish = FinishReason::kCancelled;
+      break;
+    }
+    if (tok.id == opt.eos_id) {
+      res.finish = FinishReason::kStop;
+      break;
+    }
+    if (static_cast<int64_t>(res.tokens.size()) >= opt.max_tokens) {
+      res.finish = FinishReason::kLength;
+      break;
+    }
+    FM_RETURN_IF_ERROR(Step(model, cache.get(), std::span<const int32_t>(&tok.id, 1), &x, &logits));
+  }
+  if (res.tokens.size() > 1) res.decode_seconds = SecondsSince(t0);
+  return res;
+}
+
+}  // namespace fm
