@@ -212,6 +212,8 @@ struct PassSeq {
 // Rows per pass: bounds the per-row buffers (q and o are nH*D floats a row: 128 KiB on the real
 // model) of a long prefill. The result does not depend on it (decode == prefill).
 constexpr int64_t kPassRows = 256;
+// Heads that share one pass over the key rows (a unit of parallel work with its row).
+constexpr int64_t kHeadBlock = 4;
 
 Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
                      const std::vector<PassSeq>& seqs, const float* x, float* out,
@@ -306,17 +308,21 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
     }
   });
 
-  // 7: sink softmax attention per (row, head), then the inverse rope of the output.
+  // 7: sink softmax attention per (row, block of heads), then the inverse rope of the output.
   std::vector<float> o(N * nH * D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ForRange(pool, N * nH, 1, [&](size_t b, size_t e) {
+  const int64_t blocks = (nH + kHeadBlock - 1) / kHeadBlock;
+  ForRange(pool, N * blocks, 1, [&](size_t b, size_t e) {
     std::vector<float> scratch;
     for (size_t i = b; i < e; ++i) {
-      const size_t r = i / nH, h = i % nH;
-      scratch.resize(keys[r].size());
-      SinkAttentionHead_d(q.data() + i * D, keys[r].data(), static_cast<int64_t>(keys[r].size()),
-                          D, w.attn_sink[h], scale, scratch.data(), o.data() + i * D);
-      RopeRows_nd(o.data() + i * D, 1, D, rd, rows[r].pos, freq, /*inverse=*/true);
+      const int64_t r = i / blocks, h0 = (i % blocks) * kHeadBlock;
+      const int64_t nh = std::min(kHeadBlock, nH - h0);
+      const int64_t n = static_cast<int64_t>(keys[r].size());
+      scratch.resize(static_cast<size_t>(nh * n));
+      float* oh = o.data() + (r * nH + h0) * D;
+      SinkAttentionHeads_hd(q.data() + (r * nH + h0) * D, nh, keys[r].data(), n, D,
+                            w.attn_sink.data() + h0, scale, scratch.data(), oh);
+      RopeRows_nd(oh, nh, D, rd, rows[r].pos, freq, /*inverse=*/true);
     }
   });
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace fm {
 
@@ -26,23 +27,33 @@ float DotF32_n(const float* a, const float* b, int64_t n) {
   return s0 + s1;
 }
 
-void SinkAttentionHead_d(const float* q, const float* const* keys, int64_t n, int64_t d,
-                         float sink, float scale, float* scratch, float* o) {
-  float m = sink;
+void SinkAttentionHeads_hd(const float* q, int64_t nh, const float* const* keys, int64_t n,
+                           int64_t d, const float* sink, float scale, float* scratch, float* o) {
+  // Key-major loops so each shared key row is read once for all nh heads; per head the
+  // operations and their order are those of one head alone.
   for (int64_t i = 0; i < n; ++i) {
-    scratch[i] = DotF32_n(q, keys[i], d) * scale;
-    if (scratch[i] > m) m = scratch[i];
+    for (int64_t h = 0; h < nh; ++h) scratch[h * n + i] = DotF32_n(q + h * d, keys[i], d) * scale;
   }
-  float denom = std::exp(sink - m);
-  for (int64_t i = 0; i < n; ++i) {
-    scratch[i] = std::exp(scratch[i] - m);
-    denom += scratch[i];
+  std::vector<float> denom(static_cast<size_t>(nh));
+  for (int64_t h = 0; h < nh; ++h) {
+    float* s = scratch + h * n;
+    float m = sink[h];
+    for (int64_t i = 0; i < n; ++i) m = s[i] > m ? s[i] : m;
+    float den = std::exp(sink[h] - m);
+    for (int64_t i = 0; i < n; ++i) {
+      s[i] = std::exp(s[i] - m);
+      den += s[i];
+    }
+    denom[h] = den;
   }
-  for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+  for (int64_t c = 0; c < nh * d; ++c) o[c] = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
-    const float p = scratch[i] / denom;
     const float* k = keys[i];
-    for (int64_t c = 0; c < d; ++c) o[c] += p * k[c];
+    for (int64_t h = 0; h < nh; ++h) {
+      const float p = scratch[h * n + i] / denom[h];
+      float* oh = o + h * d;
+      for (int64_t c = 0; c < d; ++c) oh[c] += p * k[c];
+    }
   }
 }
 

@@ -10,10 +10,12 @@ namespace fm {
 // a fixed pairwise combine. The order depends only on n.
 float DotF32_n(const float* a, const float* b, int64_t n);
 
-// s_i = scale * q.k_i; m = max(max_i s_i, sink); p_i = exp(s_i - m) / (sum_j exp(s_j - m) +
-// exp(sink - m)); o = sum_i p_i * k_i, i ascending. keys: n row pointers of width d.
-// scratch: n floats. n == 0 gives o = 0.
-void SinkAttentionHead_d(const float* q, const float* const* keys, int64_t n, int64_t d,
-                         float sink, float scale, float* scratch, float* o);
+// For each head h < nh: s_hi = scale * q_h.k_i; m = max(max_i s_hi, sink_h);
+// p_hi = exp(s_hi - m) / (sum_j exp(s_hj - m) + exp(sink_h - m)); o_h = sum_i p_hi * k_i,
+// i ascending. q [nh, d], sink [nh], o [nh, d]; keys: n row pointers of width d shared by all
+// heads (one kv head). scratch: nh*n floats. n == 0 gives o = 0. Results per head do not depend
+// on nh (a head computed alone gives the same bits).
+void SinkAttentionHeads_hd(const float* q, int64_t nh, const float* const* keys, int64_t n,
+                           int64_t d, const float* sink, float scale, float* scratch, float* o);
 
 }  // namespace fm

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -162,16 +163,22 @@ TEST(AttentionKernels, DotHandlesTails) {
 }
 
 TEST(AttentionKernels, SinkAttentionMatchesReference) {
-  const int64_t d = 29, n = 21;
-  auto q = Randn(d, 4), kbuf = Randn(n * d, 5);
+  const int64_t d = 29, n = 21, nh = 3;
+  auto q = Randn(nh * d, 4), kbuf = Randn(n * d, 5);
+  const float sinks[nh] = {-3.0f, 0.0f, 2.5f};
   std::vector<const float*> keys;
   for (int64_t i = 0; i < n; ++i) keys.push_back(kbuf.data() + i * d);
-  for (float sink : {-3.0f, 0.0f, 2.5f}) {
-    std::vector<float> o(d), scratch(n);
-    SinkAttentionHead_d(q.data(), keys.data(), n, d, sink, 0.2f, scratch.data(), o.data());
+  std::vector<float> o(nh * d), scratch(nh * n);
+  SinkAttentionHeads_hd(q.data(), nh, keys.data(), n, d, sinks, 0.2f, scratch.data(), o.data());
+  for (int64_t h = 0; h < nh; ++h) {
     std::vector<double> ref(d);
-    SinkAttentionRef(q.data(), keys, d, sink, 0.2, ref.data());
-    EXPECT_LT(MaxAbsDiff(o.data(), ref.data(), d), 1e-5);
+    SinkAttentionRef(q.data() + h * d, keys, d, sinks[h], 0.2, ref.data());
+    EXPECT_LT(MaxAbsDiff(o.data() + h * d, ref.data(), d), 1e-5);
+    // A head alone gives the same bits as inside the block.
+    std::vector<float> one(d), s1(n);
+    SinkAttentionHeads_hd(q.data() + h * d, 1, keys.data(), n, d, sinks + h, 0.2f, s1.data(),
+                          one.data());
+    EXPECT_EQ(0, std::memcmp(one.data(), o.data() + h * d, d * sizeof(float)));
   }
 }
 
@@ -182,13 +189,14 @@ TEST(AttentionKernels, SinkOnlyInDenominator) {
   const float q[d] = {0, 0, 0, 0};
   const float* keys[n] = {k, k, k};
   float o[d], scratch[n];
-  SinkAttentionHead_d(q, keys, n, d, 0.0f, 1.0f, scratch, o);
+  const float zero = 0.0f, very_negative = -1e30f;
+  SinkAttentionHeads_hd(q, 1, keys, n, d, &zero, 1.0f, scratch, o);
   for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(o[c], k[c] * 0.75f, 1e-6);
   // A very negative sink: plain softmax, weights sum to 1.
-  SinkAttentionHead_d(q, keys, n, d, -1e30f, 1.0f, scratch, o);
+  SinkAttentionHeads_hd(q, 1, keys, n, d, &very_negative, 1.0f, scratch, o);
   for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(o[c], k[c], 1e-6);
   // No keys: zero output.
-  SinkAttentionHead_d(q, keys, 0, d, 0.0f, 1.0f, scratch, o);
+  SinkAttentionHeads_hd(q, 1, keys, 0, d, &zero, 1.0f, scratch, o);
   for (int64_t c = 0; c < d; ++c) EXPECT_EQ(o[c], 0.0f);
 }
 
