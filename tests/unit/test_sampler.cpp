@@ -1,9 +1,20 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include <cmath>
+#include <filesystem>
 #include <vector>
 
+#include "common/thread_pool.h"
+#include "model/checkpoint.h"
+#include "model/forward.h"
+#include "model/generate.h"
+#include "model/kv_cache.h"
+#include "model/mkmodel.h"
 #include "model/sampler.h"
+#include "model/tokenizer.h"
 
 namespace fm {
 namespace {
@@ -147,6 +158,135 @@ TEST(Sampler, EqualLogitsOrderedByIdAndNegInfNeverPicked) {
   Rng rng(77);
   std::vector<float> logits = {-INFINITY, 0.0f, 0.0f, -INFINITY};
   for (int i = 0; i < 50; ++i) EXPECT_EQ(s.Sample(logits)->id, rng.Uniform() < 0.5 ? 1 : 2);
+}
+
+// Generate on the tiny preset checkpoint (written once for the suite).
+class GenerateTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = (std::filesystem::temp_directory_path() /
+            ("fm_generate_tiny_" + std::to_string(getpid()))).string();  // ctest runs cases in parallel
+    std::filesystem::remove_all(dir_);
+    ASSERT_TRUE(WritePresetCheckpoint(dir_, "tiny", 3).ok());
+    auto ck = Checkpoint::Open(dir_);
+    ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+    ckpt_ = std::move(*ck).release();
+    pool_ = new ThreadPool(2);
+    auto m = ShardModel::Create(*ckpt_, pool_);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(*m).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete pool_;
+    delete ckpt_;
+    std::filesystem::remove_all(dir_);
+  }
+  // Argmax of the last row after a fresh prefill of `tokens` (no decode path involved).
+  static int32_t PrefillArgmax(const std::vector<int32_t>& tokens) {
+    const ModelConfig& c = model_->config();
+    const int64_t row = c.hc_mult * c.hidden_size;
+    auto cache = model_->NewSequence(static_cast<int64_t>(tokens.size()));
+    std::vector<float> x(tokens.size() * row), logits(c.vocab_size);
+    EXPECT_TRUE(model_->Embed(tokens, x.data()).ok());
+    BatchItem item{cache.get(), tokens};
+    EXPECT_TRUE(model_->ForwardLayers(std::span<const BatchItem>(&item, 1), x.data()).ok());
+    EXPECT_TRUE(model_->Logits(x.data() + (tokens.size() - 1) * row, 1, logits.data()).ok());
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  static std::string dir_;
+  static Checkpoint* ckpt_;
+  static ThreadPool* pool_;
+  static ShardModel* model_;
+};
+std::string GenerateTest::dir_;
+Checkpoint* GenerateTest::ckpt_ = nullptr;
+ThreadPool* GenerateTest::pool_ = nullptr;
+ShardModel* GenerateTest::model_ = nullptr;
+
+TEST_F(GenerateTest, GreedyDecodeMatchesPrefillArgmax) {
+  const std::vector<int32_t> prompt = {0, 17, 42, 99};
+  GenerateOptions opt;
+  opt.sampling.greedy = true;
+  opt.max_tokens = 6;
+  int calls = 0;
+  auto res = Generate(*model_, prompt, opt, [&](const SampledToken& t) {
+    EXPECT_LE(t.logprob, 0.0f);
+    ++calls;
+    return true;
+  });
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  ASSERT_EQ(res->tokens.size(), 6u);
+  EXPECT_EQ(calls, 6);
+  EXPECT_EQ(res->finish, FinishReason::kLength);
+  EXPECT_EQ(res->prompt_tokens, 4);
+  std::vector<int32_t> seq = prompt;
+  for (int32_t t : res->tokens) {
+    EXPECT_EQ(t, PrefillArgmax(seq)) << "after " << seq.size() << " tokens";
+    seq.push_back(t);
+  }
+}
+
+TEST_F(GenerateTest, SeededSamplingIsReproducibleAndStopsAtEos) {
+  const std::vector<int32_t> prompt = {0, 5, 6};
+  GenerateOptions opt;
+  opt.sampling = {.temperature = 1.5f, .top_k = 50, .top_p = 0.9f, .seed = 123};
+  opt.max_tokens = 8;
+  auto a = Generate(*model_, prompt, opt, nullptr);
+  auto b = Generate(*model_, prompt, opt, nullptr);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  // Making the 3rd sampled token the EOS stops right after it.
+  opt.eos_id = a->tokens[2];
+  auto c = Generate(*model_, prompt, opt, nullptr);
+  ASSERT_TRUE(c.ok());
+  size_t first = std::find(a->tokens.begin(), a->tokens.end(), opt.eos_id) - a->tokens.begin();
+  EXPECT_EQ(c->tokens, std::vector<int32_t>(a->tokens.begin(), a->tokens.begin() + first + 1));
+  EXPECT_EQ(c->finish, FinishReason::kStop);
+  // The callback cancels.
+  auto d = Generate(*model_, prompt, opt, [](const SampledToken&) { return false; });
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->tokens.size(), 1u);
+  EXPECT_EQ(d->finish, FinishReason::kCancelled);
+}
+
+TEST_F(GenerateTest, BadRequestsNameTheField) {
+  GenerateOptions opt;
+  auto msg = [&](std::vector<int32_t> prompt) {
+    return Generate(*model_, prompt, opt, nullptr).status().message();
+  };
+  EXPECT_NE(msg({}).find("prompt"), std::string::npos);
+  EXPECT_NE(msg({0, static_cast<int32_t>(model_->config().vocab_size)}).find("prompt[1]"),
+            std::string::npos);
+  opt.max_tokens = 0;
+  EXPECT_NE(msg({0}).find("max_tokens"), std::string::npos);
+  opt.max_tokens = 4;
+  opt.sampling.top_p = 2.0f;
+  EXPECT_NE(msg({0}).find("top_p"), std::string::npos);
+  opt.sampling.top_p = 1.0f;
+  opt.max_context = 3;
+  EXPECT_NE(msg({0}).find("max_context"), std::string::npos);
+}
+
+TEST_F(GenerateTest, TinyCheckpointTokenizerRoundTrip) {
+  auto tok = Tokenizer::Load(dir_);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ(tok->vocab_size(), model_->config().vocab_size);
+  auto prompt = tok->Encode(*tok->ApplyChatTemplate({{"user", "Hello there"}}));
+  ASSERT_TRUE(prompt.ok());
+  GenerateOptions opt;
+  opt.sampling.greedy = true;
+  opt.max_tokens = 5;
+  opt.eos_id = tok->eos_id();
+  StreamDecoder sd(*tok);
+  std::string streamed;
+  auto res = Generate(*model_, *prompt, opt, [&](const SampledToken& t) {
+    streamed += *sd.Push(t.id);
+    return true;
+  });
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  streamed += sd.Flush();
+  EXPECT_EQ(streamed, *tok->Decode(res->tokens, /*skip_special=*/true));
 }
 
 }  // namespace

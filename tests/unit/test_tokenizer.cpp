@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,7 +15,7 @@ namespace fs = std::filesystem;
 
 std::string TempDir(const std::string& name) {
   fs::path p = fs::temp_directory_path() /
-               ("fm_tok_" + name + "_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+               ("fm_tok_" + name + "_" + std::to_string(getpid()));  // ctest runs cases in parallel
   fs::remove_all(p);
   return p.string();
 }
