@@ -38,32 +38,57 @@ uint64_t HashName(const std::string& s, uint64_t seed) {
   return h;
 }
 
+// ~N(0, 1) from 32 random bits: Irwin-Hall sum of four 8-bit uniforms, standardized
+// (mean 4 * 255/2 = 510, std sqrt(4 * (256^2 - 1) / 12) = 147.80). Integer and exact float
+// arithmetic only, so every platform produces the same bits.
+inline float NormalFrom32(uint32_t r) {
+  const uint32_t pairs = (r & 0x00ff00ffu) + ((r >> 8) & 0x00ff00ffu);
+  const int sum = static_cast<int>((pairs & 0xffffu) + (pairs >> 16));
+  return static_cast<float>(sum - 510) * (1.0f / 147.8017f);
+}
+
 struct Rng {
   uint64_t state;
   Rng(uint64_t tensor_seed, uint64_t stream) : state(tensor_seed ^ (stream * 0xd1342543de82ef95ull)) {
     SplitMix(&state);
   }
-  // ~N(0, 1): Irwin-Hall sum of four 16-bit uniforms, standardized (exact float arithmetic).
-  float Normal() {
-    const uint64_t r = SplitMix(&state);
-    const float sum = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) +
-                                         ((r >> 32) & 0xffff) + (r >> 48));
-    return (sum - 131070.0f) * (1.7320508f / 65536.0f);
+  float Normal() { return NormalFrom32(static_cast<uint32_t>(SplitMix(&state))); }
+  // out[i] = scale * ~N(0, 1) for i < n, two values per 64 random bits.
+  void NormalRow(float* out, int64_t n, float scale) {
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+      const uint64_t x = SplitMix(&state);
+      out[i] = NormalFrom32(static_cast<uint32_t>(x)) * scale;
+      out[i + 1] = NormalFrom32(static_cast<uint32_t>(x >> 32)) * scale;
+    }
+    if (i < n) out[i] = Normal() * scale;
   }
   uint64_t Below(uint64_t n) { return SplitMix(&state) % n; }
 };
 
 // ---- quantizers --------------------------------------------------------------------------
 
-struct E4m3Table {
-  float mid[126];  // midpoints between consecutive non-negative finite codes 0..0x7E
-  E4m3Table() {
-    for (int c = 0; c < 126; ++c) mid[c] = (E4m3ToF32(c) + E4m3ToF32(c + 1)) * 0.5f;
+// Nearest e4m3 code of x (ties to even), saturating at +-448: float bit manipulation.
+inline uint8_t E4m3Nearest(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fabs(x);
+  if (a >= 448.0f) return sign | 0x7E;
+  if (a < 0.015625f) {  // below 2^-6: subnormal m * 2^-9, m rounded half to even
+    const float m = (a * 512.0f + 8388608.0f) - 8388608.0f;
+    return sign | static_cast<uint8_t>(m);  // m == 8 is the smallest normal, code 8
   }
-};
-const E4m3Table& E4m3() {
-  static const E4m3Table t;
-  return t;
+  uint32_t u;
+  std::memcpy(&u, &a, 4);
+  u += 0x7FFFFu + ((u >> 20) & 1u);  // round the 23-bit mantissa to 3 bits, half to even
+  return sign | static_cast<uint8_t>((u >> 20) - ((127u - 7u) << 3));
+}
+
+// Nearest e2m1 nibble; midpoints between {0, .5, 1, 1.5, 2, 3, 4, 6}, a tie to the lower.
+inline uint8_t Fp4Nearest(float x) {
+  const float a = std::fabs(x);
+  const int m = (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) +
+                (a > 3.5f) + (a > 5.0f);
+  return static_cast<uint8_t>((std::signbit(x) ? 8 : 0) | m);
 }
 
 // Fills one tensor's bytes; rows of a tensor are generated in independent streams so that
@@ -162,10 +187,8 @@ void TensorFiller::Fp8(const TensorSpec& s, std::vector<uint8_t>* w,
   ForRows(rb, [&](int64_t b) {
     const int64_t r0 = b * 128, r1 = std::min(rows, r0 + 128);
     std::vector<float> v(static_cast<size_t>((r1 - r0) * cols));
-    for (int64_t r = r0; r < r1; ++r) {
-      Rng rng(tseed, static_cast<uint64_t>(r));
-      for (int64_t i = 0; i < cols; ++i) v[(r - r0) * cols + i] = rng.Normal() * inv_sqrt_in;
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      Rng(tseed, static_cast<uint64_t>(r)).NormalRow(&v[(r - r0) * cols], cols, inv_sqrt_in);
     for (int64_t c = 0; c < cb; ++c) {
       const int64_t c0 = c * 128, c1 = std::min(cols, c0 + 128);
       float mx = 0.0f;
@@ -173,9 +196,10 @@ void TensorFiller::Fp8(const TensorSpec& s, std::vector<uint8_t>* w,
         for (int64_t i = c0; i < c1; ++i) mx = std::max(mx, std::fabs(v[(r - r0) * cols + i]));
       const uint8_t e = F32ToE8m0Ceil(mx / 448.0f);
       (*scale)[b * cb + c] = e;
+      const float inv = std::ldexp(1.0f, 127 - e);  // exact: a power of two
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t i = c0; i < c1; ++i)
-          (*w)[r * cols + i] = QuantizeE4m3(std::ldexp(v[(r - r0) * cols + i], 127 - e));
+          (*w)[r * cols + i] = E4m3Nearest(v[(r - r0) * cols + i] * inv);
     }
   });
 }
@@ -192,17 +216,16 @@ void TensorFiller::Fp4(const TensorSpec& s, std::vector<uint8_t>* w,
     Rng rng(tseed, static_cast<uint64_t>(r));
     float v[32];
     for (int64_t b = 0; b < cols / 32; ++b) {
+      rng.NormalRow(v, 32, inv_sqrt_in);
       float mx = 0.0f;
-      for (int i = 0; i < 32; ++i) {
-        v[i] = rng.Normal() * inv_sqrt_in;
-        mx = std::max(mx, std::fabs(v[i]));
-      }
+      for (int i = 0; i < 32; ++i) mx = std::max(mx, std::fabs(v[i]));
       const uint8_t e = F32ToE8m0Ceil(mx / 6.0f);
       (*scale)[r * (cols / 32) + b] = e;
+      const float inv = std::ldexp(1.0f, 127 - e);  // exact: a power of two
       uint8_t* dst = w->data() + r * (cols / 2) + b * 16;
       for (int i = 0; i < 16; ++i)
-        dst[i] = static_cast<uint8_t>(QuantizeFp4(std::ldexp(v[2 * i], 127 - e)) |
-                                      (QuantizeFp4(std::ldexp(v[2 * i + 1], 127 - e)) << 4));
+        dst[i] = static_cast<uint8_t>(Fp4Nearest(v[2 * i] * inv) |
+                                      (Fp4Nearest(v[2 * i + 1] * inv) << 4));
     }
   });
 }
@@ -252,24 +275,8 @@ ModelConfig BaseConfig() {
 
 }  // namespace
 
-uint8_t QuantizeE4m3(float x) {
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
-  const float a = std::fabs(x);
-  if (a >= 448.0f) return sign | 0x7E;
-  const float* mid = E4m3().mid;
-  const int idx = static_cast<int>(std::lower_bound(mid, mid + 126, a) - mid);
-  // Exactly between two codes: the even one (round half to even mantissa).
-  const int code = (idx < 126 && mid[idx] == a && (idx & 1)) ? idx + 1 : idx;
-  return sign | static_cast<uint8_t>(code);
-}
-
-uint8_t QuantizeFp4(float x) {
-  const float a = std::fabs(x);
-  // Midpoints between {0, .5, 1, 1.5, 2, 3, 4, 6}; a tie goes to the lower magnitude.
-  const uint8_t m = (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) +
-                    (a > 3.5f) + (a > 5.0f);
-  return static_cast<uint8_t>((std::signbit(x) ? 8 : 0) | m);
-}
+uint8_t QuantizeE4m3(float x) { return E4m3Nearest(x); }
+uint8_t QuantizeFp4(float x) { return Fp4Nearest(x); }
 
 std::vector<std::string> MkmodelPresets() { return {"tiny", "small", "bench"}; }
 
