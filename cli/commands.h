@@ -12,6 +12,12 @@ struct Command {
 // The table lives in main.cpp; each command is implemented in cli/cmd_<name>.cpp.
 int CmdMkmodel(int argc, char** argv);
 int CmdInspect(int argc, char** argv);
+int CmdServe(int argc, char** argv);
+int CmdCoordinator(int argc, char** argv);
+int CmdWorker(int argc, char** argv);
+int CmdUp(int argc, char** argv);
+int CmdStatus(int argc, char** argv);
+int CmdHealth(int argc, char** argv);
 int CmdGenerate(int argc, char** argv);
 int CmdPlan(int argc, char** argv);
 int CmdLogits(int argc, char** argv);

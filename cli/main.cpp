@@ -10,6 +10,12 @@ namespace {
 const Command kCommands[] = {
     {"mkmodel", "write a random test checkpoint in the official layout", CmdMkmodel},
     {"inspect", "summarize a checkpoint directory", CmdInspect},
+    {"serve", "single process: coordinator + one worker holding the whole model", CmdServe},
+    {"coordinator", "run the coordinator of a cluster YAML", CmdCoordinator},
+    {"worker", "run one worker (node) of a cluster YAML", CmdWorker},
+    {"up", "start a whole local cluster (coordinator + local workers) from a YAML", CmdUp},
+    {"status", "per-node state, layers, memory, KV, tok/s of a running cluster", CmdStatus},
+    {"health", "exit 0 healthy, 1 degraded, 2 down (cluster or --node NAME)", CmdHealth},
     {"generate", "generate text or token ids from a prompt (single process)", CmdGenerate},
     {"plan", "validate a cluster YAML and print the placement plan (no weights read)", CmdPlan},
     {"logits", "run the model on token ids, write raw f32 logits, print argmaxes", CmdLogits},

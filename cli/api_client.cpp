@@ -1,0 +1,33 @@
+#include "cli/api_client.h"
+
+#include <chrono>
+
+#include "coordinator/api_service.h"
+
+namespace fm::cli {
+
+std::unique_ptr<grpc::ClientContext> ApiClient::Context(double timeout_s) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+  if (timeout_s > 0)
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000)));
+  return ctx;
+}
+
+Result<ApiClient> ConnectApi(const std::string& server, const std::string& token_file) {
+  if (server.empty() || server.find(':') == std::string::npos)
+    return InvalidArgument("--server: '" + server + "' is not HOST:PORT");
+  ApiClient c;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  c.stub = flashmesh::v1::Inference::NewStub(
+      grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+  if (!token_file.empty()) {
+    FM_ASSIGN_OR_RETURN(auto tokens, ReadApiTokens(token_file));
+    c.token = tokens.front();
+  }
+  return c;
+}
+
+}  // namespace fm::cli

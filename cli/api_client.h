@@ -1,0 +1,24 @@
+// A client of the coordinator's Inference API for the CLI (status, health, generate --server):
+// the channel, and the bearer token from --token-file attached to every call.
+#pragma once
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "flashmesh/v1/api.grpc.pb.h"
+
+namespace fm::cli {
+
+struct ApiClient {
+  std::unique_ptr<flashmesh::v1::Inference::Stub> stub;
+  std::string token;   // "" = no authorization metadata
+  // A context with the token and a deadline `timeout_s` from now (<= 0: none).
+  std::unique_ptr<grpc::ClientContext> Context(double timeout_s) const;
+};
+
+// server: HOST:PORT; token_file: "" or a file whose first non-comment line is the token.
+Result<ApiClient> ConnectApi(const std::string& server, const std::string& token_file);
+
+}  // namespace fm::cli

@@ -1,0 +1,64 @@
+// flashmesh health --server HOST:PORT [--node NAME]: exit 0 healthy, 1 degraded, 2 down.
+#include <cstdio>
+
+#include "cli/api_client.h"
+#include "cli/commands.h"
+#include "cli/daemon_flags.h"
+
+namespace fm::cli {
+
+int CmdHealth(int argc, char** argv) {
+  const char* usage =
+      "usage: flashmesh health --server HOST:PORT [--node NAME] [--token-file FILE]\n"
+      "  cluster: exit 0 healthy (can generate now), 1 degraded (coordinator up, some node\n"
+      "  not up), 2 down (coordinator unreachable).\n"
+      "  --node NAME: exit 0 if that node is up, 1 if loading/waiting/draining, 2 if down.\n";
+  auto flags = Flags::Parse(argc, argv, {"server", "node", "token-file"}, {"help"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "health: %s\n%s", flags.status().message().c_str(), usage);
+    return 2;
+  }
+  if (flags->Has("help")) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"));
+  if (!client.ok()) {
+    std::fprintf(stderr, "health: %s\n", client.status().message().c_str());
+    return 2;
+  }
+  flashmesh::v1::ClusterStatusRequest req;
+  flashmesh::v1::ClusterStatusResponse resp;
+  auto ctx = client->Context(5);
+  grpc::Status s = client->stub->ClusterStatus(ctx.get(), req, &resp);
+  if (!s.ok()) {
+    std::printf("down: coordinator %s: %s\n", flags->Get("server").c_str(), s.error_message().c_str());
+    return 2;
+  }
+  if (flags->Has("node")) {
+    for (const auto& n : resp.nodes()) {
+      if (n.name() != flags->Get("node")) continue;
+      if (n.state() == flashmesh::v1::NODE_STATE_UP) {
+        std::printf("healthy: node %s\n", n.name().c_str());
+        return 0;
+      }
+      bool down = n.state() == flashmesh::v1::NODE_STATE_DOWN;
+      std::printf("%s: node %s%s%s\n", down ? "down" : "degraded", n.name().c_str(),
+                  n.error().empty() ? "" : ": ", n.error().c_str());
+      return down ? 2 : 1;
+    }
+    std::fprintf(stderr, "health: the cluster has no node named '%s'\n", flags->Get("node").c_str());
+    return 2;
+  }
+  if (resp.healthy()) {
+    std::printf("healthy: %d node(s) up\n", resp.nodes_size());
+    return 0;
+  }
+  for (const auto& n : resp.nodes())
+    if (n.state() != flashmesh::v1::NODE_STATE_UP)
+      std::printf("degraded: node %s is not up%s%s\n", n.name().c_str(), n.error().empty() ? "" : ": ",
+                  n.error().c_str());
+  return 1;
+}
+
+}  // namespace fm::cli

@@ -1,0 +1,114 @@
+// flashmesh serve --model DIR [--listen ADDR]: single process, coordinator + one in-process
+// worker holding the whole model; the reference every distributed run is compared with.
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/daemon_flags.h"
+#include "common/log.h"
+#include "coordinator/coordinator.h"
+#include "worker/grpc_status.h"
+#include "worker/worker_service.h"
+
+namespace fm::cli {
+
+int CmdServe(int argc, char** argv) {
+  const char* usage =
+      "usage: flashmesh serve --model DIR [--listen HOST:PORT] [--max-batch N]\n"
+      "                       [--max-context N] [--max-tokens N] [--max-queue N]\n"
+      "                       [--threads N] [--token-file FILE] [--log-level LEVEL]\n"
+      "  one process: the coordinator plus one worker holding every layer. --listen defaults\n"
+      "  to 127.0.0.1:7070; port 0 picks a free port (printed as 'listening on HOST:PORT').\n";
+  auto flags = Flags::Parse(argc, argv,
+                            {"model", "listen", "max-batch", "max-context", "max-tokens",
+                             "max-queue", "threads", "token-file", "log-level"},
+                            {"help"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "serve: %s\n%s", flags.status().message().c_str(), usage);
+    return 2;
+  }
+  if (flags->Has("help")) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  if (!flags->Has("model")) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  if (Status s = ApplyLogLevel(*flags); !s.ok()) {
+    std::fprintf(stderr, "serve: %s\n", s.message().c_str());
+    return 2;
+  }
+  CoordinatorSetup setup;
+  setup.listen = flags->Get("listen", "127.0.0.1:7070");
+  setup.model_dir = flags->Get("model");
+  auto model = LoadModelConfig(setup.model_dir + "/config.json");
+  if (!model.ok()) {
+    std::fprintf(stderr, "serve: %s\n", model.status().message().c_str());
+    return 1;
+  }
+  setup.model = *model;
+  struct IntFlag { const char* name; long long fallback; long long* out; };
+  long long max_batch, max_context, max_tokens, max_queue, threads;
+  const IntFlag ints[] = {{"max-batch", 16, &max_batch},   {"max-context", 8192, &max_context},
+                          {"max-tokens", 4096, &max_tokens}, {"max-queue", 64, &max_queue},
+                          {"threads", std::thread::hardware_concurrency(), &threads}};
+  for (const auto& f : ints) {
+    auto v = flags->GetInt(f.name, f.fallback);
+    if (!v.ok() || *v < 1) {
+      std::fprintf(stderr, "serve: --%s must be a positive integer\n", f.name);
+      return 2;
+    }
+    *f.out = *v;
+  }
+  if (flags->Has("token-file")) {
+    auto tokens = ReadApiTokens(flags->Get("token-file"));
+    if (!tokens.ok()) {
+      std::fprintf(stderr, "serve: %s\n", tokens.status().message().c_str());
+      return 1;
+    }
+    setup.api.api_tokens = *tokens;
+  }
+  BlockShutdownSignals();
+  WorkerService worker("local", "", static_cast<int>(threads));
+  int worker_port = 0;
+  auto worker_server = StartGrpcServer("127.0.0.1:0", &worker, &worker_port);
+  if (!worker_server.ok()) {
+    std::fprintf(stderr, "serve: %s\n", worker_server.status().message().c_str());
+    return 1;
+  }
+  WorkerPlan w;
+  w.node = "local";
+  w.layer_begin = 0;
+  w.layer_end = model->num_hidden_layers;
+  w.expert_begin = 0;
+  w.expert_end = model->n_routed_experts;
+  w.embed = w.head = true;
+  setup.plan.pipeline_stages = 1;
+  setup.plan.expert_parallel = 1;
+  setup.plan.workers = {w};
+  const std::string control = "127.0.0.1:" + std::to_string(worker_port);
+  setup.addresses = {{control, ""}};
+  setup.cluster.model_dir = setup.model_dir;
+  setup.cluster.max_context = max_context;
+  setup.limits = {max_batch, max_queue, max_context};
+  setup.api.max_tokens = max_tokens;
+  setup.api.max_context = max_context;
+  setup.api.model_name = setup.model_dir;
+  auto coord = Coordinator::Start(std::move(setup));
+  if (!coord.ok()) {
+    std::fprintf(stderr, "serve: %s\n", coord.status().message().c_str());
+    return 1;
+  }
+  std::string host = flags->Get("listen", "127.0.0.1:7070");
+  host = host.substr(0, host.rfind(':'));
+  std::printf("listening on %s:%d\n", host.c_str(), (*coord)->port());
+  std::fflush(stdout);
+  int sig = WaitForShutdownSignal();
+  FM_LOG(kInfo, "serve") << "stopping (signal " << sig << ")";
+  (*coord)->Shutdown();
+  (*worker_server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+}  // namespace fm::cli

@@ -1,0 +1,111 @@
+// flashmesh status --server HOST:PORT [--json]: one row per node.
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/api_client.h"
+#include "cli/commands.h"
+#include "cli/daemon_flags.h"
+
+namespace fm::cli {
+namespace {
+
+const char* StateName(flashmesh::v1::NodeState s) {
+  switch (s) {
+    case flashmesh::v1::NODE_STATE_WAITING: return "waiting";
+    case flashmesh::v1::NODE_STATE_LOADING: return "loading";
+    case flashmesh::v1::NODE_STATE_UP: return "up";
+    case flashmesh::v1::NODE_STATE_DOWN: return "down";
+    case flashmesh::v1::NODE_STATE_DRAINING: return "draining";
+    default: return "unknown";
+  }
+}
+
+std::string Mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / 1048576.0);
+  return buf;
+}
+
+}  // namespace
+
+int CmdStatus(int argc, char** argv) {
+  const char* usage =
+      "usage: flashmesh status --server HOST:PORT [--json] [--token-file FILE]\n"
+      "  one row per node: state, stage, layers, experts, weight MiB, KV MiB, active\n"
+      "  sequences, tok/s, seconds since the last heartbeat\n";
+  auto flags = Flags::Parse(argc, argv, {"server", "token-file"}, {"json", "help"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "status: %s\n%s", flags.status().message().c_str(), usage);
+    return 2;
+  }
+  if (flags->Has("help")) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"));
+  if (!client.ok()) {
+    std::fprintf(stderr, "status: %s\n", client.status().message().c_str());
+    return 2;
+  }
+  flashmesh::v1::ClusterStatusRequest req;
+  flashmesh::v1::ClusterStatusResponse resp;
+  auto ctx = client->Context(5);
+  grpc::Status s = client->stub->ClusterStatus(ctx.get(), req, &resp);
+  if (!s.ok()) {
+    std::fprintf(stderr, "status: %s: %s\n", flags->Get("server").c_str(), s.error_message().c_str());
+    return 1;
+  }
+  if (flags->Has("json")) {
+    nlohmann::json j;
+    j["healthy"] = resp.healthy();
+    j["model"] = resp.model();
+    j["pipeline_stages"] = resp.pipeline_stages();
+    j["expert_parallel"] = resp.expert_parallel();
+    j["active_requests"] = resp.active_requests();
+    j["queued_requests"] = resp.queued_requests();
+    j["nodes"] = nlohmann::json::array();
+    for (const auto& n : resp.nodes()) {
+      j["nodes"].push_back({{"name", n.name()},
+                            {"state", StateName(n.state())},
+                            {"stage", n.stage()},
+                            {"layer_begin", n.layer_begin()},
+                            {"layer_end", n.layer_end()},
+                            {"expert_begin", n.expert_begin()},
+                            {"expert_end", n.expert_end()},
+                            {"embed", n.embed()},
+                            {"head", n.head()},
+                            {"weight_bytes", n.weight_bytes()},
+                            {"kv_bytes", n.kv_bytes()},
+                            {"active_sequences", n.active_sequences()},
+                            {"tokens_per_second", n.tokens_per_second()},
+                            {"heartbeat_age_s", n.heartbeat_age_s()},
+                            {"control", n.control()},
+                            {"error", n.error()}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("cluster: %s, %d stage(s), %d active / %d queued requests\n",
+              resp.healthy() ? "healthy" : "NOT READY", resp.pipeline_stages(),
+              resp.active_requests(), resp.queued_requests());
+  std::printf("%-14s %-8s %5s %-9s %-9s %10s %9s %6s %8s %7s\n", "NODE", "STATE", "STAGE", "LAYERS",
+              "EXPERTS", "WEIGHT_MiB", "KV_MiB", "SEQS", "TOK/S", "HB_AGE");
+  for (const auto& n : resp.nodes()) {
+    std::string layers = std::to_string(n.layer_begin()) + "-" + std::to_string(n.layer_end());
+    std::string experts = std::to_string(n.expert_begin()) + "-" + std::to_string(n.expert_end());
+    char age[16];
+    if (n.heartbeat_age_s() < 0) std::snprintf(age, sizeof age, "never");
+    else std::snprintf(age, sizeof age, "%.1fs", n.heartbeat_age_s());
+    std::printf("%-14s %-8s %5d %-9s %-9s %10s %9s %6d %8.1f %7s\n", n.name().c_str(),
+                StateName(n.state()), n.stage(), layers.c_str(), experts.c_str(),
+                Mib(n.weight_bytes()).c_str(), Mib(n.kv_bytes()).c_str(), n.active_sequences(),
+                n.tokens_per_second(), age);
+    if (!n.error().empty() && n.state() != flashmesh::v1::NODE_STATE_UP)
+      std::printf("  %s: %s\n", n.name().c_str(), n.error().c_str());
+  }
+  return 0;
+}
+
+}  // namespace fm::cli

@@ -1,0 +1,71 @@
+// flashmesh worker --config FILE --node NAME [--model DIR] [--threads N]
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/daemon_flags.h"
+#include "common/log.h"
+#include "coordinator/cluster_config.h"
+#include "worker/grpc_status.h"
+#include "worker/worker_service.h"
+
+namespace fm::cli {
+
+int CmdWorker(int argc, char** argv) {
+  const char* usage =
+      "usage: flashmesh worker --config FILE --node NAME [--model DIR] [--threads N]\n"
+      "                        [--log-level LEVEL]\n"
+      "  serves the Worker control API of node NAME (nodes[].control of the cluster YAML) and\n"
+      "  waits for the coordinator to tell it which shard to load. --model overrides the\n"
+      "  checkpoint directory on this machine. Stops on SIGINT/SIGTERM.\n";
+  auto flags = Flags::Parse(argc, argv, {"config", "node", "model", "threads", "log-level"}, {"help"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "worker: %s\n%s", flags.status().message().c_str(), usage);
+    return 2;
+  }
+  if (flags->Has("help")) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  if (!flags->Has("config") || !flags->Has("node")) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  if (Status s = ApplyLogLevel(*flags); !s.ok()) {
+    std::fprintf(stderr, "worker: %s\n", s.message().c_str());
+    return 2;
+  }
+  auto threads = flags->GetInt("threads", std::thread::hardware_concurrency());
+  if (!threads.ok() || *threads < 1) {
+    std::fprintf(stderr, "worker: --threads must be a positive integer\n");
+    return 2;
+  }
+  BlockShutdownSignals();
+  auto cfg = LoadClusterConfig(flags->Get("config"));
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "worker: %s\n", cfg.status().message().c_str());
+    return 1;
+  }
+  const std::string node = flags->Get("node");
+  const NodeConfig* nc = cfg->FindNode(node);
+  if (!nc) {
+    std::fprintf(stderr, "worker: %s: no node named '%s' in nodes[]\n", cfg->path.c_str(), node.c_str());
+    return 1;
+  }
+  WorkerService service(node, flags->Get("model"), static_cast<int>(*threads));
+  int port = 0;
+  auto server = StartGrpcServer(nc->control.ToString(), &service, &port);
+  if (!server.ok()) {
+    std::fprintf(stderr, "worker %s: %s\n", node.c_str(), server.status().message().c_str());
+    return 1;
+  }
+  FM_LOG(kInfo, "worker") << "node " << node << " listening on " << nc->control.host << ":" << port;
+  int sig = WaitForShutdownSignal();
+  FM_LOG(kInfo, "worker") << "node " << node << " stopping (signal " << sig << ")";
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+}  // namespace fm::cli

@@ -1,0 +1,239 @@
+#include "tests/integration/cluster_fixture.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace fm::it {
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/fm_it_XXXXXX";
+  path_ = mkdtemp(tmpl);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string FlashmeshBinary() { return FM_FLASHMESH_BINARY; }
+
+Process::Process(std::vector<std::string> args, std::string log_path) : log_path_(std::move(log_path)) {
+  std::string bin = FlashmeshBinary();
+  std::vector<char*> argv;
+  argv.push_back(bin.data());
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ == 0) {
+    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+}
+
+Process::~Process() {
+  if (Running()) {
+    kill(pid_, SIGKILL);
+    Wait(std::chrono::seconds(10));
+  }
+}
+
+void Process::Signal(int sig) {
+  if (Running()) kill(pid_, sig);
+}
+
+bool Process::Running() {
+  if (pid_ <= 0 || status_ >= 0) return false;
+  int st = 0;
+  pid_t r = waitpid(pid_, &st, WNOHANG);
+  if (r == pid_) {
+    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return false;
+  }
+  return true;
+}
+
+int Process::Wait(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (Running()) {
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return status_;
+}
+
+std::string Process::Log() const {
+  std::ifstream f(log_path_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int RunFlashmesh(const std::vector<std::string>& args, std::string* out, std::chrono::milliseconds timeout) {
+  TempDir dir;
+  Process p(args, dir.path() + "/out.log");
+  int rc = p.Wait(timeout);
+  if (out) *out = p.Log();
+  return rc;
+}
+
+int FreePort() {
+  static std::mutex mu;
+  static std::set<int> handed_out;
+  std::lock_guard<std::mutex> lock(mu);
+  while (true) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    close(fd);
+    int port = ntohs(addr.sin_port);
+    if (handed_out.insert(port).second) return port;
+  }
+}
+
+const std::string& SmallModel() {
+  static TempDir* dir = new TempDir();   // lives until the test binary exits
+  static std::string path = [] {
+    std::string p = dir->path() + "/small";
+    std::string out;
+    int rc = RunFlashmesh({"mkmodel", "--preset", "small", p}, &out, std::chrono::seconds(120));
+    if (rc != 0) {
+      std::fprintf(stderr, "mkmodel failed (%d): %s\n", rc, out.c_str());
+      std::abort();
+    }
+    return p;
+  }();
+  return path;
+}
+
+Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
+  api_port_ = FreePort();
+  std::ostringstream y;
+  y << "model: " << SmallModel() << "\n"
+    << "coordinator: { listen: 127.0.0.1:" << api_port_ << " }\n"
+    << "parallel: { pipeline_stages: " << spec.stages << ", expert_parallel: 1 }\n"
+    << "transport: tcp\n"
+    << "nodes:\n";
+  for (int i = 0; i < spec.stages; ++i)
+    y << "  - { name: " << node(i) << ", control: 127.0.0.1:" << FreePort()
+      << ", data: 127.0.0.1:" << FreePort() << ", device: cpu, memory_gib: 4 }\n";
+  y << "limits: { max_batch: " << spec.max_batch << ", max_context: " << spec.max_context
+    << ", max_queue: " << spec.max_queue << ", max_tokens: " << spec.max_tokens << " }\n"
+    << "heartbeat: { interval_ms: 250, timeout_ms: 2000 }\n";
+  yaml_ = dir_.path() + "/cluster.yaml";
+  std::ofstream(yaml_) << y.str();
+  workers_.resize(spec.stages);
+}
+
+void Cluster::StartWorker(int i) {
+  workers_[i] = std::make_unique<Process>(
+      std::vector<std::string>{"worker", "--config", yaml_, "--node", node(i), "--threads", "1"},
+      dir_.path() + "/" + node(i) + ".log");
+}
+
+void Cluster::StartCoordinator() {
+  coordinator_ = std::make_unique<Process>(std::vector<std::string>{"coordinator", "--config", yaml_},
+                                           dir_.path() + "/coordinator.log");
+}
+
+void Cluster::StartAll() {
+  for (int i = 0; i < spec_.stages; ++i) StartWorker(i);
+  StartCoordinator();
+}
+
+void Cluster::KillWorker(int i, int sig) {
+  workers_[i]->Signal(sig);
+  workers_[i]->Wait(std::chrono::seconds(10));
+}
+
+std::string Cluster::Logs() const {
+  std::string all;
+  if (coordinator_) all += "--- coordinator\n" + coordinator_->Log();
+  for (size_t i = 0; i < workers_.size(); ++i)
+    if (workers_[i]) all += "--- " + node(static_cast<int>(i)) + "\n" + workers_[i]->Log();
+  return all;
+}
+
+Server::Server(std::vector<std::string> extra_args) {
+  port_ = FreePort();
+  std::vector<std::string> args = {"serve", "--model", SmallModel(), "--listen",
+                                   "127.0.0.1:" + std::to_string(port_), "--threads", "1"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  proc_ = std::make_unique<Process>(args, dir_.path() + "/serve.log");
+}
+
+std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api) {
+  return flashmesh::v1::Inference::NewStub(grpc::CreateChannel(api, grpc::InsecureChannelCredentials()));
+}
+
+flashmesh::v1::ClusterStatusResponse Status(flashmesh::v1::Inference::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  flashmesh::v1::ClusterStatusRequest req;
+  flashmesh::v1::ClusterStatusResponse resp;
+  stub->ClusterStatus(&ctx, req, &resp);
+  return resp;
+}
+
+bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout) {
+  auto stub = Connect(api);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (Status(stub.get()).healthy()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
+                    const std::string& token) {
+  Generation g;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  auto reader = stub->Generate(&ctx, req);
+  flashmesh::v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    if (resp.has_token()) {
+      g.ids.push_back(resp.token().id());
+      g.logprobs.push_back(resp.token().logprob());
+      g.text += resp.token().text();
+    } else if (resp.has_finish()) {
+      g.finish = resp.finish();
+      g.finished = true;
+    }
+  }
+  g.status = reader->Finish();
+  return g;
+}
+
+flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int max_tokens) {
+  flashmesh::v1::GenerateRequest req;
+  for (int32_t id : prompt) req.mutable_tokens()->add_ids(id);
+  req.set_max_tokens(max_tokens);
+  req.set_ignore_eos(true);
+  req.mutable_sampling()->set_greedy(true);
+  return req;
+}
+
+}  // namespace fm::it

@@ -1,0 +1,118 @@
+// Helpers of the integration tests: real `flashmesh` processes on 127.0.0.1 with fresh ports,
+// a shared small test checkpoint, cluster YAMLs, and a gRPC client of the Inference API.
+// Every process is killed (SIGKILL) and reaped when its handle goes away.
+#pragma once
+#include <grpcpp/grpcpp.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flashmesh/v1/api.grpc.pb.h"
+
+namespace fm::it {
+
+// A directory under /tmp removed (recursively) on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A child process running the built flashmesh binary; stdout+stderr go to `log_path`.
+class Process {
+ public:
+  Process(std::vector<std::string> args, std::string log_path);
+  ~Process();
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // Waits up to `timeout` for the exit; the exit status (or 128+signal), -1 on timeout.
+  int Wait(std::chrono::milliseconds timeout);
+  bool Running();
+  std::string Log() const;   // the whole log so far
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+  std::string log_path_;
+};
+
+// Runs flashmesh to completion (bounded); returns the exit code, output into *out.
+int RunFlashmesh(const std::vector<std::string>& args, std::string* out,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+std::string FlashmeshBinary();
+// A TCP port on 127.0.0.1 nobody listens on right now (never the same twice per process).
+int FreePort();
+// The small preset checkpoint, written once per test binary.
+const std::string& SmallModel();
+
+struct ClusterSpec {
+  int stages = 3;
+  int max_batch = 16;
+  int max_context = 512;
+  int max_tokens = 256;
+  int max_queue = 64;
+};
+
+// A pipeline cluster: YAML, one worker process per stage, and the coordinator.
+class Cluster {
+ public:
+  explicit Cluster(const ClusterSpec& spec);
+  const std::string& yaml() const { return yaml_; }
+  std::string api() const { return "127.0.0.1:" + std::to_string(api_port_); }
+  std::string node(int i) const { return "w" + std::to_string(i); }
+  void StartWorker(int i);
+  void StartCoordinator();
+  void StartAll();
+  Process* worker(int i) { return workers_[i].get(); }
+  void KillWorker(int i, int sig);
+  std::string Logs() const;
+
+ private:
+  TempDir dir_;
+  ClusterSpec spec_;
+  std::string yaml_;
+  int api_port_ = 0;
+  std::vector<std::unique_ptr<Process>> workers_;
+  std::unique_ptr<Process> coordinator_;
+};
+
+// `flashmesh serve` on a fresh port.
+class Server {
+ public:
+  explicit Server(std::vector<std::string> extra_args = {});
+  std::string api() const { return "127.0.0.1:" + std::to_string(port_); }
+  Process* process() { return proc_.get(); }
+
+ private:
+  TempDir dir_;
+  int port_ = 0;
+  std::unique_ptr<Process> proc_;
+};
+
+struct Generation {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  std::string text;
+  flashmesh::v1::Finish finish;
+  bool finished = false;
+};
+
+std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api);
+// Polls ClusterStatus until healthy; false after `timeout`.
+bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout);
+Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
+                    const std::string& token = "");
+flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int max_tokens);
+flashmesh::v1::ClusterStatusResponse Status(flashmesh::v1::Inference::Stub* stub);
+
+}  // namespace fm::it

@@ -1,0 +1,139 @@
+// The Inference API of `flashmesh serve`: request validation, queue limits, bearer tokens.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "tests/integration/cluster_fixture.h"
+
+namespace fm::it {
+namespace {
+
+using namespace std::chrono_literals;
+
+void ExpectError(const Generation& g, grpc::StatusCode code, const std::string& field) {
+  EXPECT_EQ(g.status.error_code(), code) << g.status.error_message();
+  EXPECT_NE(g.status.error_message().find(field), std::string::npos)
+      << "'" << g.status.error_message() << "' does not name " << field;
+  EXPECT_TRUE(g.ids.empty());
+}
+
+class ApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new Server({"--max-context", "64", "--max-tokens", "32"});
+    ASSERT_TRUE(WaitHealthy(server_->api(), 60s)) << server_->process()->Log();
+  }
+  static void TearDownTestSuite() { delete server_; }
+  static Server* server_;
+};
+Server* ApiTest::server_ = nullptr;
+
+TEST_F(ApiTest, BadInputsAreInvalidArgumentNamingTheField) {
+  auto stub = Connect(server_->api());
+  flashmesh::v1::GenerateRequest empty;
+  empty.set_max_tokens(4);
+  ExpectError(Generate(stub.get(), empty), grpc::StatusCode::INVALID_ARGUMENT, "input");
+  ExpectError(Generate(stub.get(), TokensRequest({}, 4)), grpc::StatusCode::INVALID_ARGUMENT, "input.tokens");
+
+  ExpectError(Generate(stub.get(), TokensRequest({5, 1 << 30}, 4)), grpc::StatusCode::INVALID_ARGUMENT,
+              "input.tokens.ids[1]");
+  ExpectError(Generate(stub.get(), TokensRequest({5, -1}, 4)), grpc::StatusCode::INVALID_ARGUMENT,
+              "input.tokens.ids[1]");
+  ExpectError(Generate(stub.get(), TokensRequest({5, 6}, 0)), grpc::StatusCode::INVALID_ARGUMENT, "max_tokens");
+  ExpectError(Generate(stub.get(), TokensRequest({5, 6}, -3)), grpc::StatusCode::INVALID_ARGUMENT, "max_tokens");
+  ExpectError(Generate(stub.get(), TokensRequest({5, 6}, 33)), grpc::StatusCode::INVALID_ARGUMENT, "max_tokens");
+  ExpectError(Generate(stub.get(), TokensRequest(std::vector<int32_t>(64, 7), 4)),
+              grpc::StatusCode::INVALID_ARGUMENT, "max_context");
+
+  auto neg_t = TokensRequest({5, 6}, 4);
+  neg_t.mutable_sampling()->set_greedy(false);
+  neg_t.mutable_sampling()->set_temperature(-0.5f);
+  ExpectError(Generate(stub.get(), neg_t), grpc::StatusCode::INVALID_ARGUMENT, "sampling.temperature");
+  for (float p : {0.0f, -0.1f, 1.5f}) {
+    auto bad_p = TokensRequest({5, 6}, 4);
+    bad_p.mutable_sampling()->set_top_p(p);
+    ExpectError(Generate(stub.get(), bad_p), grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p");
+  }
+  // And a good request still works afterwards.
+  Generation ok = Generate(stub.get(), TokensRequest({5, 6}, 3));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.ids.size(), 3u);
+}
+
+TEST_F(ApiTest, ContextLimitFinishesWithLength) {
+  auto stub = Connect(server_->api());
+  Generation g = Generate(stub.get(), TokensRequest(std::vector<int32_t>(60, 9), 32));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.finish.reason(), flashmesh::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(g.ids.size(), 4u) << "60 prompt + 4 generated = max_context 64";
+}
+
+TEST_F(ApiTest, TextInputAndStopStrings) {
+  auto stub = Connect(server_->api());
+  flashmesh::v1::GenerateRequest req;
+  req.set_text("hello world");
+  req.set_max_tokens(12);
+  req.set_ignore_eos(true);
+  req.mutable_sampling()->set_greedy(true);
+  Generation g = Generate(stub.get(), req);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  ASSERT_FALSE(g.ids.empty());
+  ASSERT_GT(g.text.size(), 1u);
+  // Stopping at the first character of the greedy continuation: the same first token, STOP.
+  req.add_stop(g.text.substr(0, 1));
+  Generation s = Generate(stub.get(), req);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.finish.reason(), flashmesh::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(s.finish.stop_string(), g.text.substr(0, 1));
+  EXPECT_LT(s.ids.size(), g.ids.size() + 1);
+  EXPECT_EQ(s.ids.front(), g.ids.front());
+}
+
+TEST(ApiLimits, FullQueueIsResourceExhausted) {
+  Server server({"--max-batch", "1", "--max-queue", "1", "--max-tokens", "4096", "--max-context", "8192"});
+  ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
+  auto stub = Connect(server.api());
+  // One long request running, one queued behind it: the third finds the queue full.
+  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  for (int i = 0; i < 2; ++i) {
+    ctxs.push_back(std::make_unique<grpc::ClientContext>());
+    threads.emplace_back([&, i] {
+      auto req = TokensRequest({5, 6, 7}, 4000);
+      auto reader = stub->Generate(ctxs[i].get(), req);
+      flashmesh::v1::GenerateResponse resp;
+      while (reader->Read(&resp)) {
+      }
+      reader->Finish();
+    });
+    std::this_thread::sleep_for(300ms);
+  }
+  Generation g = Generate(stub.get(), TokensRequest({5, 6}, 4));
+  ExpectError(g, grpc::StatusCode::RESOURCE_EXHAUSTED, "max_queue");
+  for (auto& c : ctxs) c->TryCancel();
+  for (auto& t : threads) t.join();
+}
+
+TEST(ApiAuth, BearerTokenFromTokenFile) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/tokens") << "# API tokens\ns3cret\n";
+  Server server({"--token-file", dir.path() + "/tokens"});
+  auto stub = Connect(server.api());
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  Generation g;
+  do {   // wait until the in-process worker has loaded
+    g = Generate(stub.get(), TokensRequest({5, 6}, 2), "s3cret");
+    if (g.status.ok()) break;
+    std::this_thread::sleep_for(100ms);
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << server.process()->Log();
+  EXPECT_EQ(Generate(stub.get(), TokensRequest({5, 6}, 2)).status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Generate(stub.get(), TokensRequest({5, 6}, 2), "wrong").status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", server.api(), "--token-file", dir.path() + "/tokens"}, &out, 10s), 0) << out;
+}
+
+}  // namespace
+}  // namespace fm::it

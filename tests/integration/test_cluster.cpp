@@ -1,0 +1,216 @@
+// Multi-process clusters on loopback: the distributed daemon against `flashmesh serve`.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include "tests/integration/cluster_fixture.h"
+
+namespace fm::it {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int kNewTokens = 8;
+
+std::vector<int32_t> Prompt(int i) {
+  std::vector<int32_t> p;
+  for (int k = 0; k < 3 + i % 5; ++k) p.push_back(10 + (i * 37 + k * 11) % 250);
+  return p;
+}
+
+flashmesh::v1::GenerateRequest SampledRequest(int i) {
+  auto req = TokensRequest(Prompt(i), kNewTokens);
+  auto* s = req.mutable_sampling();
+  s->set_greedy(false);
+  s->set_temperature(0.8f);
+  s->set_top_p(0.95f);
+  s->set_top_k(40);
+  s->set_seed(1000 + i);
+  s->set_has_seed(true);
+  return req;
+}
+
+void ExpectSame(const Generation& a, const Generation& b, const std::string& what) {
+  ASSERT_TRUE(a.status.ok()) << what << ": " << a.status.error_message();
+  ASSERT_TRUE(b.status.ok()) << what << ": " << b.status.error_message();
+  EXPECT_EQ(a.ids, b.ids) << what;
+  EXPECT_EQ(a.logprobs, b.logprobs) << what;   // f32 frames: bit-exact
+  EXPECT_EQ(a.finish.reason(), b.finish.reason()) << what;
+}
+
+// The reference and the 3-stage cluster, started once for the equality tests.
+class PipelineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new Server();
+    cluster_ = new Cluster(ClusterSpec{});
+    cluster_->StartAll();
+    ASSERT_TRUE(WaitHealthy(server_->api(), 60s)) << server_->process()->Log();
+    ASSERT_TRUE(WaitHealthy(cluster_->api(), 60s)) << cluster_->Logs();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    delete server_;
+  }
+  static Server* server_;
+  static Cluster* cluster_;
+};
+Server* PipelineTest::server_ = nullptr;
+Cluster* PipelineTest::cluster_ = nullptr;
+
+TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
+  auto single = Connect(server_->api());
+  auto pipe = Connect(cluster_->api());
+  for (int i = 0; i < 8; ++i) {
+    auto greedy = TokensRequest(Prompt(i), kNewTokens);
+    Generation a = Generate(single.get(), greedy), b = Generate(pipe.get(), greedy);
+    ExpectSame(a, b, "greedy prompt " + std::to_string(i));
+    EXPECT_EQ(a.ids.size(), static_cast<size_t>(kNewTokens));
+    EXPECT_EQ(a.finish.reason(), flashmesh::v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(a.finish.usage().completion_tokens(), kNewTokens);
+    EXPECT_EQ(a.finish.usage().prompt_tokens(), static_cast<int>(Prompt(i).size()));
+    auto sampled = SampledRequest(i);
+    ExpectSame(Generate(single.get(), sampled), Generate(pipe.get(), sampled),
+               "seeded prompt " + std::to_string(i));
+  }
+  auto status = Status(pipe.get());
+  ASSERT_EQ(status.nodes_size(), 3);
+  EXPECT_EQ(status.nodes(0).layer_begin(), 0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(status.nodes(i).state(), flashmesh::v1::NODE_STATE_UP);
+    EXPECT_GT(status.nodes(i).weight_bytes(), 0u);
+    EXPECT_EQ(status.nodes(i).kv_bytes(), 0u) << "finished sequences are freed";
+    if (i > 0) EXPECT_EQ(status.nodes(i).layer_begin(), status.nodes(i - 1).layer_end());
+  }
+}
+
+TEST_F(PipelineTest, ThirtyTwoConcurrentStreamsEachEqualItsRunAlone) {
+  auto pipe = Connect(cluster_->api());
+  constexpr int kStreams = 32;
+  std::vector<Generation> alone(kStreams), together(kStreams);
+  for (int i = 0; i < kStreams; ++i) alone[i] = Generate(pipe.get(), i % 2 ? SampledRequest(i) : TokensRequest(Prompt(i), kNewTokens));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i)
+    threads.emplace_back([&, i] {
+      auto stub = Connect(cluster_->api());
+      together[i] = Generate(stub.get(), i % 2 ? SampledRequest(i) : TokensRequest(Prompt(i), kNewTokens));
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) ExpectSame(alone[i], together[i], "stream " + std::to_string(i));
+}
+
+TEST_F(PipelineTest, CancelReturnsKvOfEveryWorkerToItsPreviousValue) {
+  auto pipe = Connect(cluster_->api());
+  auto before = Status(pipe.get());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto reader = pipe->Generate(&ctx, TokensRequest(Prompt(3), 200));
+  flashmesh::v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  ASSERT_TRUE(reader->Read(&resp));
+  auto during = Status(pipe.get());
+  for (int i = 0; i < 3; ++i) EXPECT_GT(during.nodes(i).kv_bytes(), before.nodes(i).kv_bytes()) << "node " << i;
+  ctx.TryCancel();
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  bool restored = false;
+  while (!restored && std::chrono::steady_clock::now() < deadline) {
+    auto now = Status(pipe.get());
+    restored = true;
+    for (int i = 0; i < 3; ++i) {
+      restored = restored && now.nodes(i).kv_bytes() == before.nodes(i).kv_bytes() &&
+                 now.nodes(i).active_sequences() == before.nodes(i).active_sequences();
+    }
+    if (!restored) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(restored) << "KV bytes did not return to the value before the request";
+}
+
+TEST(ClusterFailure, KilledWorkerEndsStreamUnavailableAndRestartedWorkerServesAgain) {
+  Cluster cluster(ClusterSpec{});
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto reader = stub->Generate(&ctx, TokensRequest(Prompt(1), 250));
+  flashmesh::v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
+  cluster.KillWorker(1, SIGKILL);
+  auto killed_at = std::chrono::steady_clock::now();
+  while (reader->Read(&resp)) {
+  }
+  grpc::Status st = reader->Finish();
+  auto ended_after = std::chrono::steady_clock::now() - killed_at;
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_NE(st.error_message().find("w1"), std::string::npos) << st.error_message();
+  EXPECT_LT(ended_after, 5s);
+
+  // Marked down within 3 s of the kill.
+  std::string out;
+  int rc = -1;
+  while (std::chrono::steady_clock::now() - killed_at < 3s) {
+    rc = RunFlashmesh({"health", "--server", cluster.api(), "--node", "w1"}, &out, 5s);
+    if (rc == 2) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s), 1) << out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api(), "--node", "w0"}, &out, 5s), 0) << out;
+
+  cluster.StartWorker(1);
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s), 0) << out;
+  Generation g = Generate(stub.get(), TokensRequest(Prompt(2), kNewTokens));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster.Logs();
+  EXPECT_EQ(g.ids.size(), static_cast<size_t>(kNewTokens));
+}
+
+TEST(ClusterCli, UpStartsTheWholeClusterStatusListsNodesAndSigintStopsAll) {
+  Cluster cluster(ClusterSpec{});   // only for its YAML and ports: `up` starts the processes
+  TempDir dir;
+  Process up({"up", "--config", cluster.yaml()}, dir.path() + "/up.log");
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << up.Log();
+  auto stub = Connect(cluster.api());
+  Generation g = Generate(stub.get(), TokensRequest(Prompt(0), 4));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.ids.size(), 4u);
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"status", "--server", cluster.api()}, &out, 10s), 0) << out;
+  for (int i = 0; i < 3; ++i) EXPECT_NE(out.find(cluster.node(i) + " "), std::string::npos) << out;
+  ASSERT_EQ(RunFlashmesh({"status", "--server", cluster.api(), "--json"}, &out, 10s), 0) << out;
+  EXPECT_NE(out.find("\"weight_bytes\""), std::string::npos) << out;
+  up.Signal(SIGINT);
+  EXPECT_EQ(up.Wait(15s), 0) << up.Log();
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 10s), 2) << "coordinator still up";
+}
+
+TEST(ClusterCli, YamlErrorsNameFileAndLineThroughCoordinator) {
+  TempDir dir;
+  std::string path = dir.path() + "/bad.yaml";
+  std::ofstream(path) << "model: " << SmallModel() << "\n"
+                      << "coordinator: { listen: 127.0.0.1:7070 }\n"
+                      << "nodes:\n"
+                      << "  - { name: a, control: 127.0.0.1:7101, data: 127.0.0.1:7201, device: cpu, memory_gib: 2 }\n"
+                      << "bogus_key: 1\n";
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"coordinator", "--config", path}, &out, 20s), 1);
+  EXPECT_NE(out.find("bad.yaml:5:"), std::string::npos) << out;
+  EXPECT_NE(out.find("bogus_key"), std::string::npos) << out;
+
+  std::ofstream(path) << "model: " << SmallModel() << "\n"
+                      << "coordinator: { listen: 127.0.0.1:7070 }\n"
+                      << "nodes:\n"
+                      << "  - { name: a, control: 127.0.0.1:7101, data: 127.0.0.1:7201, device: cpu, memory_gib: lots }\n";
+  EXPECT_EQ(RunFlashmesh({"coordinator", "--config", path}, &out, 20s), 1);
+  EXPECT_NE(out.find("bad.yaml:4:"), std::string::npos) << out;
+  EXPECT_NE(out.find("memory_gib"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace fm::it
