@@ -254,6 +254,7 @@ struct Tokenizer::Impl {
   bool ignore_merges = false;
   std::vector<SplitStep> steps;
   std::vector<AddedToken> added;                    // sorted longest first
+  std::array<std::vector<int32_t>, 256> added_by_byte;  // indices into added, by first byte
   int32_t bos = -1, eos = -1;
   std::string bos_text, eos_text;
 
@@ -411,6 +412,8 @@ Status Tokenizer::Impl::ParseAdded(const json& a) {
   std::stable_sort(added.begin(), added.end(), [](const AddedToken& x, const AddedToken& y) {
     return x.content.size() > y.content.size();
   });
+  for (size_t k = 0; k < added.size(); ++k)
+    added_by_byte[static_cast<unsigned char>(added[k].content[0])].push_back(static_cast<int32_t>(k));
   return Status::Ok();
 }
 
@@ -493,8 +496,13 @@ Result<Tokenizer> Tokenizer::FromJson(const std::string& json_text, const std::s
     return InvalidArgument(origin + ": not a valid JSON object");
   auto impl = std::make_shared<Impl>();
   impl->origin = origin;
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    return InvalidArgument(JsonPath(origin, "/normalizer") + ": only null is supported");
+  // DeepSeek ships an empty Sequence: the identity, like null.
+  if (j.contains("normalizer") && !j["normalizer"].is_null() &&
+      !(j["normalizer"].is_object() && j["normalizer"].value("type", "") == "Sequence" &&
+        j["normalizer"].contains("normalizers") && j["normalizer"]["normalizers"].is_array() &&
+        j["normalizer"]["normalizers"].empty()))
+    return InvalidArgument(JsonPath(origin, "/normalizer") +
+                           ": only null or an empty Sequence is supported");
   if (!j.contains("model")) return InvalidArgument(JsonPath(origin, "/model") + ": missing");
   FM_RETURN_IF_ERROR(impl->ParseModel(j["model"]));
   FM_RETURN_IF_ERROR(impl->ParsePreTokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json()));
@@ -549,11 +557,14 @@ Result<std::vector<int32_t>> Tokenizer::Encode(const std::string& text) const {
   size_t start = 0;  // beginning of the current stretch of plain text
   for (size_t i = 0; i < text.size();) {
     const AddedToken* hit = nullptr;
-    for (const AddedToken& a : impl_->added)  // longest first: the first hit is the longest
+    // Longest first: the first hit is the longest added token starting here.
+    for (int32_t k : impl_->added_by_byte[static_cast<unsigned char>(text[i])]) {
+      const AddedToken& a = impl_->added[k];
       if (text.compare(i, a.content.size(), a.content) == 0) {
         hit = &a;
         break;
       }
+    }
     if (!hit) {
       ++i;
       continue;

@@ -114,7 +114,7 @@ json TokenizerJson(const std::vector<json>& added, const json& vocab, const json
               {"truncation", nullptr},
               {"padding", nullptr},
               {"added_tokens", added},
-              {"normalizer", nullptr},
+              {"normalizer", {{"type", "Sequence"}, {"normalizers", json::array()}}},
               {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", split}}},
               {"post_processor", byte_level},
               {"decoder", byte_level},

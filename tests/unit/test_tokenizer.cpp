@@ -108,6 +108,10 @@ TEST(Tokenizer, BadJsonNamesFileAndPath) {
     EXPECT_NE(t.status().message().find(needle), std::string::npos) << t.status().message();
   };
   expect_error("{ not json", "not a valid JSON");
+  std::string lowercase = MiniJson("[]");
+  lowercase.replace(lowercase.find(R"("normalizer": null)"), 18,
+                    R"("normalizer": {"type": "Lowercase"})");
+  expect_error(lowercase, "/normalizer");
   expect_error(R"({"model": {"type": "Unigram"}})", "/model/type");
   expect_error(R"({"model": {"type": "BPE", "merges": []}})", "/model/vocab");
   expect_error(MiniJson(R"(["a b", "abc"])"), "/model/merges/1");
