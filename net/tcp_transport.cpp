@@ -228,6 +228,17 @@ class TcpTransport final : public Transport {
     return f;
   }
 
+  Status WaitForPeer(const std::string& peer, Millis timeout) override {
+    std::unique_lock<std::mutex> l(mu_);
+    const bool up = cv_.wait_for(l, timeout, [&] {
+      auto it = peers_.find(peer);
+      return it != peers_.end() && it->second.conn != nullptr;
+    });
+    if (up) return Status::Ok();
+    return DeadlineExceeded("peer '" + peer + "' did not connect within " +
+                            std::to_string(timeout.count()) + " ms");
+  }
+
   bool IsConnected(const std::string& peer) const override {
     std::lock_guard<std::mutex> l(mu_);
     auto it = peers_.find(peer);

@@ -73,6 +73,10 @@ class Transport {
   // reason. A peer that has not connected (yet) is waited for until the deadline.
   virtual Result<Frame> Recv(const std::string& peer, Millis timeout) = 0;
 
+  // Waits until `peer` has an open, authenticated connection (the accepting side uses it at
+  // start-up before its first Send); DeadlineExceeded naming the peer otherwise.
+  virtual Status WaitForPeer(const std::string& peer, Millis timeout) = 0;
+
   // Whether `peer` currently has an open, authenticated connection.
   virtual bool IsConnected(const std::string& peer) const = 0;
   // Names of the peers with an open connection, sorted.

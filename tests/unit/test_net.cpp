@@ -324,6 +324,23 @@ TEST(TcpTransport, OneMegabyteActivationRoundTrip) {
   EXPECT_EQ(a->stats().bytes_received, kFrameHeaderSize + v.size() * 4);
 }
 
+TEST(TcpTransport, WaitForPeerSeesTheDialerOrTimesOut) {
+  auto a = MakeNode("a", "k");
+  const auto t0 = Clock::now();
+  Status late = a->WaitForPeer("b", 200ms);
+  EXPECT_EQ(late.code(), Code::kDeadlineExceeded);
+  EXPECT_NE(late.message().find("'b'"), std::string::npos);
+  EXPECT_LT(Clock::now() - t0, 700ms);
+  auto b = MakeNode("b", "k", false);
+  std::thread dial([&] { EXPECT_TRUE(b->Connect("a", a->listen_address(), 2000ms).ok()); });
+  EXPECT_TRUE(a->WaitForPeer("b", 2000ms).ok());
+  dial.join();
+  EXPECT_TRUE(SendFloats(*a, "b", {1.f}, {1}, 3).ok());  // the acceptor can send first
+  auto f = b->Recv("a", 2000ms);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->header.step_id, 3u);
+}
+
 TEST(TcpTransport, FramesFromOnePeerArriveInOrder) {
   auto a = MakeNode("a", "");  // empty secret on both sides: no authentication
   auto b = MakeNode("b", "", false);
