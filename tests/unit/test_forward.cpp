@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -400,6 +402,50 @@ TEST_F(ForwardTest, BadRequestsGiveClearErrors) {
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
   EXPECT_NE(st.message().find("twice"), std::string::npos) << st.message();
   EXPECT_EQ(m.shard->Logits(x.data(), 0, x.data()).code(), Code::kInvalidArgument);
+}
+
+// `flashmesh logits` as external tools call it: raw f32 [T, V] file + argmax line.
+TEST_F(ForwardTest, LogitsCommandWritesRawLogitsAndArgmax) {
+  const std::string bin = std::string(FM_BINARY_DIR) + "/cli/flashmesh";
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " is not built";
+  const std::string out = *dir_ + "/logits.bin";
+  const std::string cmd = bin + " logits --model " + *dir_ +
+                          " --tokens 3,17,42 --mode decode --threads 2 --out " + out +
+                          " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char line[256] = {0};
+  ASSERT_NE(fgets(line, sizeof line, p), nullptr);
+  ASSERT_EQ(pclose(p), 0);
+  std::ifstream f(out, std::ios::binary);
+  std::vector<float> got(3 * 512);
+  f.read(reinterpret_cast<char*>(got.data()), got.size() * 4);
+  ASSERT_EQ(f.gcount(), 3 * 512 * 4);
+  f.get();
+  EXPECT_TRUE(f.eof());  // exactly [T, vocab]
+
+  ThreadPool pool(2);
+  Model m = Open(&pool);
+  ASSERT_TRUE(m.shard);
+  const std::vector<int32_t> toks = {3, 17, 42};
+  std::vector<float> want;
+  auto c = m.shard->NewSequence(3);
+  ASSERT_TRUE(Step(*m.shard, c.get(), toks, &want).ok());
+  EXPECT_LT(RelErr(got, want), 1e-4);
+  std::string argmax;
+  for (int t = 0; t < 3; ++t) {
+    const auto row = want.begin() + t * 512;
+    argmax += (t ? " " : "") + std::to_string(std::max_element(row, row + 512) - row);
+  }
+  EXPECT_EQ(std::string(line), argmax + "\n");
+  const std::string bad = bin + " logits --model " + *dir_ + " --tokens 3,512 --out " + out +
+                          " 2>&1";
+  p = popen(bad.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string err;
+  while (fgets(line, sizeof line, p)) err += line;
+  EXPECT_NE(pclose(p), 0);
+  EXPECT_NE(err.find("token id 512"), std::string::npos) << err;
 }
 
 }  // namespace
