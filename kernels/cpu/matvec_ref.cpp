@@ -1,3 +1,4 @@
+#include <cstring>
 #include <vector>
 
 #include "common/numfmt.h"
@@ -5,12 +6,20 @@
 
 namespace fm {
 
+// Element i of a tensor that may sit at any byte offset of a safetensors mapping.
+template <typename T>
+static T LoadUnaligned(const void* data, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(data) + i * sizeof(T), sizeof(T));
+  return v;
+}
+
 // W_real[r, c] for every supported format (MODEL.md "Number formats").
 static float WeightAt(const QWeight& w, int64_t r, int64_t c) {
   const int64_t i = r * w.cols + c;
   switch (w.format) {
-    case WeightFormat::kF32: return static_cast<const float*>(w.data)[i];
-    case WeightFormat::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(w.data)[i]);
+    case WeightFormat::kF32: return LoadUnaligned<float>(w.data, i);
+    case WeightFormat::kBF16: return Bf16ToF32(LoadUnaligned<uint16_t>(w.data, i));
     case WeightFormat::kFP8Block: {
       const int64_t scale_cols = (w.cols + 127) / 128;
       const float s = E8m0ToF32(w.scale[(r / 128) * scale_cols + c / 128]);
