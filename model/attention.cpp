@@ -102,12 +102,12 @@ class AttentionCacheImpl final : public AttentionCache {
   CompressorState comp, index_comp;
 };
 
-// Per-row bookkeeping of one AttentionForward call.
+// Per-row bookkeeping of one pass.
 struct RowInfo {
   AttentionCacheImpl* cache;
   int64_t pos;   // absolute position
-  int64_t p0;    // the sequence's first position in this call
-  int64_t row0;  // the sequence's first row in this call
+  int64_t p0;    // the sequence's first position in this pass
+  int64_t row0;  // the sequence's first row in this pass
 };
 
 }  // namespace
