@@ -26,6 +26,7 @@ struct GenerateArgs {
   std::string model;
   std::string prompt;
   std::string tokens;  // "3,17,42"
+  std::vector<int32_t> prompt_ids;  // parsed --tokens
   bool has_prompt = false, has_tokens = false;
   bool raw = false;
   bool greedy = false, sampling_flag = false;
@@ -129,6 +130,22 @@ void PrintUsage(FILE* f) {
   }
 }
 
+Result<std::vector<int32_t>> ParseIds(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int64_t v = 0;
+    FM_RETURN_IF_ERROR(ParseInt("--tokens[" + std::to_string(ids.size()) + "]", item.c_str(), 0,
+                                INT32_MAX, &v));
+    ids.push_back(static_cast<int32_t>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return ids;
+}
+
 // Accepts "--name value" and "--name=value".
 Status ParseArgs(int argc, char** argv, GenerateArgs* args) {
   for (int i = 1; i < argc; ++i) {
@@ -159,23 +176,11 @@ Status ParseArgs(int argc, char** argv, GenerateArgs* args) {
   if (args->greedy && args->sampling_flag)
     return InvalidArgument("--greedy: conflicts with --temperature/--top-p/--top-k/--seed");
   args->gen.sampling.greedy = args->greedy;
-  return ValidateSamplerConfig(args->gen.sampling);
-}
-
-Result<std::vector<int32_t>> ParseIds(const std::string& s) {
-  std::vector<int32_t> ids;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    int64_t v = 0;
-    FM_RETURN_IF_ERROR(ParseInt("--tokens[" + std::to_string(ids.size()) + "]", item.c_str(), 0,
-                                INT32_MAX, &v));
-    ids.push_back(static_cast<int32_t>(v));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
+  FM_RETURN_IF_ERROR(ValidateSamplerConfig(args->gen.sampling));
+  if (args->has_tokens) {
+    FM_ASSIGN_OR_RETURN(args->prompt_ids, ParseIds(args->tokens));
   }
-  return ids;
+  return Status::Ok();
 }
 
 Status Run(GenerateArgs& args) {
@@ -186,10 +191,8 @@ Status Run(GenerateArgs& args) {
   if (!tok.ok() && need_tokenizer) return tok.status();
   if (tok.ok()) args.gen.eos_id = tok->eos_id();
 
-  std::vector<int32_t> prompt;
-  if (args.has_tokens) {
-    FM_ASSIGN_OR_RETURN(prompt, ParseIds(args.tokens));
-  } else {
+  std::vector<int32_t> prompt = args.prompt_ids;
+  if (args.has_prompt) {
     std::string text;
     if (args.raw) {
       FM_ASSIGN_OR_RETURN(std::string bos, tok->TokenBytes(tok->bos_id()));
