@@ -106,7 +106,8 @@ std::string FormatInspectReport(const InspectReport& r) {
   line("files       %s in shards, %llu tensors", Bytes(static_cast<double>(r.file_bytes)).c_str(),
        static_cast<unsigned long long>(r.tensors));
   line("parameters  %s (%llu)", Count(r.params).c_str(), static_cast<unsigned long long>(r.params));
-  line("vocab       %lld, hidden %lld, %lld layers + %lld MTP", static_cast<long long>(c.vocab_size),
+  line("vocab       %lld, hidden %lld, %lld layers + %lld MTP",
+       static_cast<long long>(c.vocab_size),
        static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_hidden_layers),
        static_cast<long long>(c.num_nextn_predict_layers));
   line("experts     %lld routed (top-%lld, %s) + %lld shared, intermediate %lld",
@@ -129,7 +130,8 @@ std::string FormatInspectReport(const InspectReport& r) {
   line("  routed top-%-3lld   %11s", static_cast<long long>(c.num_experts_per_tok),
        Bytes(static_cast<double>(r.routed_bytes)).c_str());
   line("  head             %11s", Bytes(static_cast<double>(r.head_bytes)).c_str());
-  line("  total            %11s (%llu bytes)", Bytes(static_cast<double>(r.bytes_per_token())).c_str(),
+  line("  total            %11s (%llu bytes)",
+       Bytes(static_cast<double>(r.bytes_per_token())).c_str(),
        static_cast<unsigned long long>(r.bytes_per_token()));
   o += "\nKV cache (f32) per layer kind     layers  per sequence   per token\n";
   double fixed = 0, per_token = 0;

@@ -49,7 +49,8 @@ inline float NormalFrom32(uint32_t r) {
 
 struct Rng {
   uint64_t state;
-  Rng(uint64_t tensor_seed, uint64_t stream) : state(tensor_seed ^ (stream * 0xd1342543de82ef95ull)) {
+  Rng(uint64_t tensor_seed, uint64_t stream)
+      : state(tensor_seed ^ (stream * 0xd1342543de82ef95ull)) {
     SplitMix(&state);
   }
   float Normal() { return NormalFrom32(static_cast<uint32_t>(SplitMix(&state))); }

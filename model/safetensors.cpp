@@ -102,9 +102,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 const SafetensorsTensor* SafetensorsHeader::Find(const std::string& name) const {
-  for (const auto& t : tensors)
-    if (t.name == name) return &t;
-  return nullptr;
+  auto it = by_name.find(name);
+  return it == by_name.end() ? nullptr : &tensors[it->second];
 }
 
 Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* bytes, size_t avail,
@@ -157,6 +156,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* bytes, size_t av
                              Quoted(b.name) + " [" + std::to_string(b.begin) + ", " +
                              std::to_string(b.end) + ") overlap");
   }
+  for (size_t i = 0; i < h.tensors.size(); ++i) h.by_name[h.tensors[i].name] = i;
   return h;
 }
 

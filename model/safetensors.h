@@ -1,12 +1,14 @@
 // safetensors files: header parsing with full bounds checks, read-only mmap, streaming writer.
 // Format: u64 little-endian header length N, N bytes of JSON
-// {"name": {"dtype": "F8_E4M3", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
+// {"name": {"dtype": "F8_E4M3", "shape": [..], "data_offsets": [begin, end]},
+//  "__metadata__": {..}},
 // then the data section; offsets are relative to the data section (byte 8 + N).
 #pragma once
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -25,6 +27,7 @@ struct SafetensorsHeader {
   uint64_t data_offset = 0;                     // 8 + header length: start of the data section
   std::vector<SafetensorsTensor> tensors;       // sorted by begin
   std::map<std::string, std::string> metadata;  // __metadata__ (string values only)
+  std::unordered_map<std::string, size_t> by_name;  // name -> index into tensors
   const SafetensorsTensor* Find(const std::string& name) const;
 };
 
