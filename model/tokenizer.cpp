@@ -194,7 +194,8 @@ Status SplitIsolated(const pcre2_code* re, const std::string& s, std::vector<std
   size_t pos = 0, gap = 0;
   Status status;
   while (pos <= s.size()) {
-    int rc = pcre2_match(re, subject, s.size(), pos, 0, md, nullptr);
+    // The text was checked once (PreTokenize); PCRE2 would re-check all of it on every call.
+    int rc = pcre2_match(re, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR buf[256];
@@ -217,6 +218,12 @@ Status SplitIsolated(const pcre2_code* re, const std::string& s, std::vector<std
   if (status.ok() && gap < s.size()) out->push_back(s.substr(gap));
   pcre2_match_data_free(md);
   return status;
+}
+
+bool IsValidUtf8(const std::string& s) {
+  std::string copy;
+  copy.reserve(s.size());
+  return tok::AppendValidUtf8(s, true, &copy) == s.size() && copy == s;
 }
 
 std::string JsonPath(const std::string& origin, const std::string& path) {
@@ -418,6 +425,7 @@ Status Tokenizer::Impl::ParseAdded(const json& a) {
 }
 
 Result<std::vector<std::string>> Tokenizer::Impl::PreTokenize(const std::string& text) const {
+  if (!IsValidUtf8(text)) return InvalidArgument("text is not valid UTF-8");
   std::vector<std::string> pieces{text}, next;
   for (const SplitStep& step : steps) {
     next.clear();
@@ -550,9 +558,7 @@ Result<std::vector<std::string>> Tokenizer::PreTokenize(const std::string& text)
 }
 
 Result<std::vector<int32_t>> Tokenizer::Encode(const std::string& text) const {
-  std::string checked;
-  if (tok::AppendValidUtf8(text, true, &checked) != text.size() || checked != text)
-    return InvalidArgument("Encode: text is not valid UTF-8");
+  if (!IsValidUtf8(text)) return InvalidArgument("Encode: text is not valid UTF-8");
   std::vector<int32_t> ids;
   size_t start = 0;  // beginning of the current stretch of plain text
   for (size_t i = 0; i < text.size();) {
