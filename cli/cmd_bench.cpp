@@ -40,7 +40,7 @@ const char* kUsage =
     "          memory bandwidth and bw_efficiency = tok/s * bytes/token / bandwidth.\n"
     "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n";
 
-constexpr size_t kProbeBytes = size_t{1} << 30;  // well beyond any CPU cache
+constexpr size_t kProbeBytes = size_t{256} << 20;  // well beyond any CPU cache
 
 struct DecodeOptions {
   std::string model;

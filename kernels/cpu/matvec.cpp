@@ -26,6 +26,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/log.h"
@@ -142,26 +143,36 @@ struct E8m0Table {
 constexpr E8m0Table kE8m0;
 
 // ---- per-format row decoders -----------------------------------------------------------
-// Init(w, r) binds row r; SetBlock(b) prepares block b (kBlockChunks chunks); Chunk(j) is the
-// decoded chunk j (inside the current block); Tail(j, n) the partial chunk j of n < 16 inputs.
+// Init(w, r) binds row r; SetBlock(b) prepares block b (kBlockChunks chunks) and says whether
+// its chunks need the rare slow decode (kSlow); Chunk<kSlow>(j) is the decoded chunk j (inside
+// the current block), Tail<kSlow>(j, n) the partial chunk j of n < 16 inputs. Chunk<true> of a
+// row whose SetBlock said false gives the same bits as Chunk<false>.
 
 struct RowF32 {
   static constexpr int64_t kBlockChunks = 8;
+  static constexpr int64_t kChunkBytes = 64;
   const float* p;
+  const void* bytes_at(int64_t off) const { return reinterpret_cast<const uint8_t*>(p) + off; }
   void Init(const QWeight& w, int64_t r) { p = static_cast<const float*>(w.data) + r * w.cols; }
-  void SetBlock(int64_t) {}
+  bool SetBlock(int64_t) { return false; }
+  template <bool kSlow>
   f32x16 Chunk(int64_t j) const { return LoadF32x16(p + j * kLanes); }
+  template <bool kSlow>
   f32x16 Tail(int64_t j, int64_t n) const { return LoadF32Partial(p + j * kLanes, n); }
 };
 
 struct RowBF16 {
   static constexpr int64_t kBlockChunks = 8;
+  static constexpr int64_t kChunkBytes = 32;
   const uint16_t* p;
+  const void* bytes_at(int64_t off) const { return reinterpret_cast<const uint8_t*>(p) + off; }
   void Init(const QWeight& w, int64_t r) {
     p = static_cast<const uint16_t*>(w.data) + r * w.cols;
   }
-  void SetBlock(int64_t) {}
+  bool SetBlock(int64_t) { return false; }
+  template <bool kSlow>
   f32x16 Chunk(int64_t j) const { return BitCast<f32x16>(WidenU16(p + j * kLanes) << 16); }
+  template <bool kSlow>
   f32x16 Tail(int64_t j, int64_t n) const {
     uint16_t tmp[kLanes] = {};
     std::memcpy(tmp, p + j * kLanes, static_cast<size_t>(n) * sizeof(uint16_t));
@@ -171,59 +182,70 @@ struct RowBF16 {
 
 struct RowFP8 {
   static constexpr int64_t kBlockChunks = 128 / kLanes;
+  static constexpr int64_t kChunkBytes = 16;
   const uint8_t* p;
+  const void* bytes_at(int64_t off) const { return p + off; }
   const uint8_t* scale_row;  // e8m0 scales of this row's 128-row block
-  float factor, late_scale;  // chunk = decoded * factor [* late_scale when `big`]
-  bool big;
+  float factor, late_scale;  // chunk = decoded * factor [* late_scale: the slow decode]
   void Init(const QWeight& w, int64_t r) {
     p = static_cast<const uint8_t*>(w.data) + r * w.cols;
     scale_row = w.scale + (r / 128) * ((w.cols + 127) / 128);
   }
-  void SetBlock(int64_t b) {
+  bool SetBlock(int64_t b) {
     const int e = scale_row[b];
     // factor = S * 2^kE4m3Exp, one rounding of e4m3 * S; when that is not a finite f32 (or S
     // is NaN) multiply by 2^kE4m3Exp and then by S: exact first step, the same bits.
-    big = e - 127 + kE4m3Exp > 127;
+    const bool big = e - 127 + kE4m3Exp > 127;
     factor = big ? Pow2(kE4m3Exp) : Pow2(e - 127 + kE4m3Exp);
-    late_scale = kE8m0.v[e];
+    late_scale = big ? kE8m0.v[e] : 1.0f;
+    return big;
   }
+  template <bool kSlow>
   f32x16 Decode(const uint8_t* q) const {
     f32x16 v = E4m3Scaled(q) * factor;
-    if (__builtin_expect(big, 0)) v = v * late_scale;
+    if constexpr (kSlow) v = v * late_scale;
     return v;
   }
-  f32x16 Chunk(int64_t j) const { return Decode(p + j * kLanes); }
+  template <bool kSlow>
+  f32x16 Chunk(int64_t j) const { return Decode<kSlow>(p + j * kLanes); }
+  template <bool kSlow>
   f32x16 Tail(int64_t j, int64_t n) const {
     uint8_t tmp[kLanes] = {};
     std::memcpy(tmp, p + j * kLanes, static_cast<size_t>(n));
-    return Decode(tmp);
+    return Decode<kSlow>(tmp);
   }
 };
 
 struct RowFP4 {
   static constexpr int64_t kBlockChunks = 2;
+  static constexpr int64_t kChunkBytes = 8;
   static constexpr f32x16 kTable = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
   const uint8_t* p;
   const uint8_t* scales;
+  const void* bytes_at(int64_t off) const { return p + off; }
   f32x16 table;  // e2m1 values times the current block's scale
   u32x16 bytes;  // the current block's 16 packed bytes, one per lane
   void Init(const QWeight& w, int64_t r) {
     p = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);
     scales = w.scale + r * (w.cols / 32);
   }
-  void SetBlock(int64_t b) {
+  bool SetBlock(int64_t b) {
     table = kTable * kE8m0.v[scales[b]];
     bytes = WidenU8(p + b * 16);
+    return false;
   }
+  template <bool kSlow>
   f32x16 Chunk(int64_t j) const {
     const u32x16 nib = (j & 1) ? (bytes >> 4) : (bytes & 15u);
     return __builtin_shuffle(table, nib);
   }
+  template <bool kSlow>
   f32x16 Tail(int64_t, int64_t) const { return f32x16{}; }  // cols % 32 == 0: never called
 };
 
 // ---- tiles -----------------------------------------------------------------------------
+constexpr int64_t kPrefetchBytes = 512;
 // RB consecutive weight rows x TB consecutive batch rows, one pass over cols; every decoded
 // chunk is used TB times from a register. x rows have stride cols; y is [T, rows].
 template <class Row, int RB, int TB>
@@ -234,27 +256,41 @@ void Tile(const QWeight& w, int64_t r0, const float* x, int64_t t0, float* y) {
   const float* xt[TB];
   for (int t = 0; t < TB; ++t) xt[t] = x + (t0 + t) * cols;
   f32x16 acc[RB][TB] = {};
-  auto step = [&](int64_t j) {
+  // kSlow: std::true_type / std::false_type, the decode variant of this block.
+  auto step = [&](int64_t j, auto kSlow) {
+    // Software prefetch, one per cache line of each row: RB interleaved streams outrun the
+    // hardware prefetcher.
+    if ((j * Row::kChunkBytes) % 64 == 0)
+      for (int i = 0; i < RB; ++i) __builtin_prefetch(row[i].bytes_at(j * Row::kChunkBytes + kPrefetchBytes));
     f32x16 wv[RB];
-    for (int i = 0; i < RB; ++i) wv[i] = row[i].Chunk(j);
+    for (int i = 0; i < RB; ++i) wv[i] = row[i].template Chunk<kSlow()>(j);
     for (int t = 0; t < TB; ++t) {
       const f32x16 xv = LoadF32x16(xt[t] + j * kLanes);
       for (int i = 0; i < RB; ++i) acc[i][t] += wv[i] * xv;
     }
   };
+  auto set_block = [&](int64_t b) {
+    bool slow = false;
+    for (int i = 0; i < RB; ++i) slow |= row[i].SetBlock(b);
+    return slow;
+  };
   constexpr int64_t kBC = Row::kBlockChunks;
   const int64_t full_chunks = cols / kLanes, tail = cols % kLanes;
   const int64_t full_blocks = full_chunks / kBC;
   for (int64_t b = 0; b < full_blocks; ++b) {
-    for (int i = 0; i < RB; ++i) row[i].SetBlock(b);
-    for (int64_t jj = 0; jj < kBC; ++jj) step(b * kBC + jj);
+    if (__builtin_expect(set_block(b), 0)) {
+      for (int64_t jj = 0; jj < kBC; ++jj) step(b * kBC + jj, std::true_type());
+    } else {
+      for (int64_t jj = 0; jj < kBC; ++jj) step(b * kBC + jj, std::false_type());
+    }
   }
   if (full_blocks * kBC < full_chunks || tail) {
-    for (int i = 0; i < RB; ++i) row[i].SetBlock(full_blocks);
-    for (int64_t j = full_blocks * kBC; j < full_chunks; ++j) step(j);
+    // The last, partial block: rare, always the slow decode (same bits).
+    set_block(full_blocks);
+    for (int64_t j = full_blocks * kBC; j < full_chunks; ++j) step(j, std::true_type());
     if (tail) {
       f32x16 wv[RB];
-      for (int i = 0; i < RB; ++i) wv[i] = row[i].Tail(full_chunks, tail);
+      for (int i = 0; i < RB; ++i) wv[i] = row[i].template Tail<true>(full_chunks, tail);
       for (int t = 0; t < TB; ++t) {
         const f32x16 xv = LoadF32Partial(xt[t] + full_chunks * kLanes, tail);
         for (int i = 0; i < RB; ++i) acc[i][t] += wv[i] * xv;
