@@ -21,5 +21,6 @@ int CmdHealth(int argc, char** argv);
 int CmdGenerate(int argc, char** argv);
 int CmdPlan(int argc, char** argv);
 int CmdLogits(int argc, char** argv);
+int CmdBench(int argc, char** argv);
 
 }  // namespace fm::cli

@@ -19,6 +19,7 @@ const Command kCommands[] = {
     {"generate", "generate text or token ids from a prompt (single process)", CmdGenerate},
     {"plan", "validate a cluster YAML and print the placement plan (no weights read)", CmdPlan},
     {"logits", "run the model on token ids, write raw f32 logits, print argmaxes", CmdLogits},
+    {"bench", "benchmarks: decode (tok/s against measured memory bandwidth)", CmdBench},
 };
 
 void Usage() {
