@@ -205,6 +205,31 @@ TEST(Matmul, Fp4NibbleOrderHandBuilt) {
   EXPECT_EQ(y, 0.5f + 10.0f);
 }
 
+// Every e8m0 scale byte from 0 (2^-127, subnormal) to 252 (the largest for which 6 * S is
+// finite: beyond, inf * 0 from the other inputs makes the sum NaN, as in the reference) times
+// every e2m1 code, one row per scale: decoded FP4 weights equal Fp4ToF32(n) * E8m0ToF32(s).
+TEST(Matmul, Fp4DecodeExactEveryScale) {
+  OwnedWeight o;
+  o.w.format = WeightFormat::kFP4Block32;
+  o.w.rows = 253;
+  o.w.cols = 32;
+  for (int r = 0; r < 253; ++r) {
+    for (int j = 0; j < 16; ++j) o.data.push_back(static_cast<uint8_t>(j | ((15 - j) << 4)));
+    o.scale.push_back(static_cast<uint8_t>(r));
+  }
+  o.Bind();
+  std::vector<float> y(253);
+  for (int c = 0; c < 32; ++c) {
+    std::vector<float> x(32, 0.0f);
+    x[c] = 1.0f;
+    Matmul(o.w, x.data(), 1, y.data(), nullptr);
+    const int nibble = (c % 2 == 0) ? c / 2 : 15 - c / 2;
+    for (int r = 0; r < 253; ++r)
+      EXPECT_EQ(y[r], Fp4ToF32(static_cast<uint8_t>(nibble)) * E8m0ToF32(static_cast<uint8_t>(r)))
+          << "input " << c << " scale byte " << r;
+  }
+}
+
 // One-hot inputs make each output one decoded weight: FP8 decoding equals the
 // reference for every non-NaN code, including scales >= 2^8 (the two-multiply path) and
 // tiny scales (subnormal products).
