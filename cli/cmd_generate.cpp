@@ -1,4 +1,4 @@
-// flashmesh generate --model DIR (--prompt TEXT | --tokens 3,17,42) [--max-tokens N]
+// flashmesh generate (--model DIR | --server HOST:PORT) (--prompt TEXT | --tokens 3,17,42) [--max-tokens N]
 //   [--greedy | --temperature T --top-p P --top-k K --seed S] [--raw] [--format text|ids]
 //   [--threads N]
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/generate_remote.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "model/checkpoint.h"
@@ -24,6 +25,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model;
+  std::string server, token_file;   // --server: generate on a running coordinator
   std::string prompt;
   std::string tokens;  // "3,17,42"
   std::vector<int32_t> prompt_ids;  // parsed --tokens
@@ -64,6 +66,10 @@ const std::vector<Flag>& Flags() {
   static const std::vector<Flag> flags = {
       {"--model", "DIR", "checkpoint directory (config.json, shards, tokenizer.json)",
        [](GenerateArgs* a, const char* v) { a->model = v; return Status::Ok(); }},
+      {"--server", "HOST:PORT", "generate on a running coordinator / serve instead of --model",
+       [](GenerateArgs* a, const char* v) { a->server = v; return Status::Ok(); }},
+      {"--token-file", "FILE", "with --server: bearer token file (security.token_file)",
+       [](GenerateArgs* a, const char* v) { a->token_file = v; return Status::Ok(); }},
       {"--prompt", "TEXT", "user message, wrapped in the chat format (see --raw)",
        [](GenerateArgs* a, const char* v) { a->prompt = v; a->has_prompt = true; return Status::Ok(); }},
       {"--tokens", "IDS", "prompt as comma-separated token ids, fed as is",
@@ -122,7 +128,8 @@ const std::vector<Flag>& Flags() {
 
 void PrintUsage(FILE* f) {
   std::fprintf(f,
-               "usage: flashmesh generate --model DIR (--prompt TEXT | --tokens IDS) [options]\n"
+               "usage: flashmesh generate (--model DIR | --server HOST:PORT) (--prompt TEXT | --tokens IDS)\n"
+               "                         [options]\n"
                "  prefill the prompt, then decode token by token until EOS or --max-tokens\n\n");
   for (const Flag& fl : Flags()) {
     std::string left = std::string(fl.name) + (fl.value ? std::string(" ") + fl.value : "");
@@ -169,7 +176,8 @@ Status ParseArgs(int argc, char** argv, GenerateArgs* args) {
     }
     FM_RETURN_IF_ERROR(flag->apply(args, value));
   }
-  if (args->model.empty()) return InvalidArgument("--model: required");
+  if (args->model.empty() == args->server.empty())
+    return InvalidArgument("give exactly one of --model and --server");
   if (args->has_prompt == args->has_tokens)
     return InvalidArgument("give exactly one of --prompt and --tokens");
   if (args->raw && !args->has_prompt) return InvalidArgument("--raw: only applies to --prompt");
@@ -184,6 +192,10 @@ Status ParseArgs(int argc, char** argv, GenerateArgs* args) {
 }
 
 Status Run(GenerateArgs& args) {
+  if (!args.server.empty()) {
+    return GenerateRemote({args.server, args.token_file, args.prompt, args.raw, args.prompt_ids,
+                           args.gen, args.format == "text"});
+  }
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(args.model));
   // The tokenizer is needed for text in or out, and for the EOS id.
   Result<Tokenizer> tok = Tokenizer::Load(args.model);

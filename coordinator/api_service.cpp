@@ -62,7 +62,14 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
     case flashmesh::v1::GenerateRequest::kText: {
       if (req.text().empty()) return InvalidArgument("input.text: empty");
       if (!tokenizer_) return InvalidArgument("input.text: this model has no tokenizer.json; send input.tokens");
-      FM_ASSIGN_OR_RETURN(p.prompt, tokenizer_->Encode(req.text()));
+      std::string text;
+      if (req.raw()) {
+        FM_ASSIGN_OR_RETURN(std::string bos, tokenizer_->TokenBytes(tokenizer_->bos_id()));
+        text = bos + req.text();
+      } else {
+        FM_ASSIGN_OR_RETURN(text, tokenizer_->ApplyChatTemplate({{"user", req.text()}}));
+      }
+      FM_ASSIGN_OR_RETURN(p.prompt, tokenizer_->Encode(text));
       break;
     }
     case flashmesh::v1::GenerateRequest::kTokens: {

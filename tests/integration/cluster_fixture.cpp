@@ -112,9 +112,9 @@ int FreePort() {
 }
 
 const std::string& SmallModel() {
-  static TempDir* dir = new TempDir();   // lives until the test binary exits
+  static TempDir dir;   // removed when the test binary exits
   static std::string path = [] {
-    std::string p = dir->path() + "/small";
+    std::string p = dir.path() + "/small";
     std::string out;
     int rc = RunFlashmesh({"mkmodel", "--preset", "small", p}, &out, std::chrono::seconds(120));
     if (rc != 0) {
@@ -218,6 +218,7 @@ Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::G
       g.ids.push_back(resp.token().id());
       g.logprobs.push_back(resp.token().logprob());
       g.text += resp.token().text();
+      g.pieces.push_back(resp.token().text());
     } else if (resp.has_finish()) {
       g.finish = resp.finish();
       g.finished = true;

@@ -103,6 +103,7 @@ struct Generation {
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
   std::string text;
+  std::vector<std::string> pieces;   // text of each token (whole UTF-8 characters)
   flashmesh::v1::Finish finish;
   bool finished = false;
 };

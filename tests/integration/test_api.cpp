@@ -78,16 +78,19 @@ TEST_F(ApiTest, TextInputAndStopStrings) {
   req.mutable_sampling()->set_greedy(true);
   Generation g = Generate(stub.get(), req);
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-  ASSERT_FALSE(g.ids.empty());
-  ASSERT_GT(g.text.size(), 1u);
-  // Stopping at the first character of the greedy continuation: the same first token, STOP.
-  req.add_stop(g.text.substr(0, 1));
+  EXPECT_EQ(g.ids.size(), 12u);
+  EXPECT_EQ(g.finish.reason(), flashmesh::v1::FINISH_REASON_LENGTH);
+  // Stop at the first non-empty piece of the greedy continuation: the same tokens up to it.
+  size_t first = 0;
+  while (first < g.pieces.size() && g.pieces[first].empty()) ++first;
+  ASSERT_LT(first, g.pieces.size()) << "greedy continuation decoded to no text";
+  req.add_stop(g.pieces[first]);
   Generation s = Generate(stub.get(), req);
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
   EXPECT_EQ(s.finish.reason(), flashmesh::v1::FINISH_REASON_STOP);
-  EXPECT_EQ(s.finish.stop_string(), g.text.substr(0, 1));
-  EXPECT_LT(s.ids.size(), g.ids.size() + 1);
-  EXPECT_EQ(s.ids.front(), g.ids.front());
+  EXPECT_EQ(s.finish.stop_string(), g.pieces[first]);
+  ASSERT_LE(s.ids.size(), first + 1);
+  EXPECT_EQ(s.ids, std::vector<int32_t>(g.ids.begin(), g.ids.begin() + s.ids.size()));
 }
 
 TEST(ApiLimits, FullQueueIsResourceExhausted) {

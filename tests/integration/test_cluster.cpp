@@ -64,6 +64,7 @@ Cluster* PipelineTest::cluster_ = nullptr;
 TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
   auto single = Connect(server_->api());
   auto pipe = Connect(cluster_->api());
+  int sampled_differs = 0;
   for (int i = 0; i < 8; ++i) {
     auto greedy = TokensRequest(Prompt(i), kNewTokens);
     Generation a = Generate(single.get(), greedy), b = Generate(pipe.get(), greedy);
@@ -73,9 +74,11 @@ TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
     EXPECT_EQ(a.finish.usage().completion_tokens(), kNewTokens);
     EXPECT_EQ(a.finish.usage().prompt_tokens(), static_cast<int>(Prompt(i).size()));
     auto sampled = SampledRequest(i);
-    ExpectSame(Generate(single.get(), sampled), Generate(pipe.get(), sampled),
-               "seeded prompt " + std::to_string(i));
+    Generation c = Generate(single.get(), sampled);
+    ExpectSame(c, Generate(pipe.get(), sampled), "seeded prompt " + std::to_string(i));
+    sampled_differs += c.ids != a.ids;
   }
+  EXPECT_GT(sampled_differs, 0) << "seeded sampling never left the greedy path: not exercised";
   auto status = Status(pipe.get());
   ASSERT_EQ(status.nodes_size(), 3);
   EXPECT_EQ(status.nodes(0).layer_begin(), 0);
@@ -84,6 +87,38 @@ TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
     EXPECT_GT(status.nodes(i).weight_bytes(), 0u);
     EXPECT_EQ(status.nodes(i).kv_bytes(), 0u) << "finished sequences are freed";
     if (i > 0) EXPECT_EQ(status.nodes(i).layer_begin(), status.nodes(i - 1).layer_end());
+  }
+}
+
+// The last line of `generate --format ids` output: the generated ids.
+std::string IdsLine(const std::string& out) {
+  std::string last, line;
+  for (char ch : out) {
+    if (ch != '\n') {
+      line += ch;
+      continue;
+    }
+    if (!line.empty() && line.find_first_not_of("0123456789 ") == std::string::npos) last = line;
+    line.clear();
+  }
+  return last;
+}
+
+TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
+  for (const std::vector<std::string>& opts :
+       {std::vector<std::string>{"--greedy"},
+        std::vector<std::string>{"--temperature", "0.7", "--top-p", "0.9", "--seed", "7"}}) {
+    std::vector<std::string> common = {"--tokens", "5,17,42,99", "--max-tokens", "6", "--format", "ids"};
+    common.insert(common.end(), opts.begin(), opts.end());
+    std::vector<std::string> local = {"generate", "--model", SmallModel(), "--threads", "1"};
+    std::vector<std::string> remote = {"generate", "--server", cluster_->api()};
+    local.insert(local.end(), common.begin(), common.end());
+    remote.insert(remote.end(), common.begin(), common.end());
+    std::string out_local, out_remote;
+    ASSERT_EQ(RunFlashmesh(local, &out_local), 0) << out_local;
+    ASSERT_EQ(RunFlashmesh(remote, &out_remote), 0) << out_remote;
+    EXPECT_FALSE(IdsLine(out_local).empty()) << out_local;
+    EXPECT_EQ(IdsLine(out_local), IdsLine(out_remote)) << out_local << "\n" << out_remote;
   }
 }
 

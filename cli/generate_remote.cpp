@@ -1,0 +1,59 @@
+#include "cli/generate_remote.h"
+
+#include <cstdio>
+
+#include "cli/api_client.h"
+#include "common/log.h"
+#include "worker/grpc_status.h"
+
+namespace fm::cli {
+
+Status GenerateRemote(const RemoteGenerateArgs& args) {
+  FM_ASSIGN_OR_RETURN(ApiClient client, ConnectApi(args.server, args.token_file));
+  flashmesh::v1::GenerateRequest req;
+  if (args.tokens.empty()) {
+    req.set_text(args.prompt);
+    req.set_raw(args.raw);
+  } else {
+    for (int32_t id : args.tokens) req.mutable_tokens()->add_ids(id);
+  }
+  req.set_max_tokens(static_cast<int32_t>(args.gen.max_tokens));
+  auto* s = req.mutable_sampling();
+  s->set_greedy(args.gen.sampling.greedy);
+  s->set_temperature(args.gen.sampling.temperature);
+  s->set_top_p(args.gen.sampling.top_p);
+  s->set_top_k(args.gen.sampling.top_k);
+  s->set_seed(args.gen.sampling.seed);
+  s->set_has_seed(true);   // like the local mode: the seed (default 0) fixes the tokens
+  auto ctx = client.Context(0);
+  auto reader = client.stub->Generate(ctx.get(), req);
+  flashmesh::v1::GenerateResponse resp;
+  std::vector<int32_t> ids;
+  flashmesh::v1::Finish finish;
+  while (reader->Read(&resp)) {
+    if (resp.has_token()) {
+      ids.push_back(resp.token().id());
+      if (args.text) {
+        std::fwrite(resp.token().text().data(), 1, resp.token().text().size(), stdout);
+        std::fflush(stdout);
+      }
+    } else if (resp.has_finish()) {
+      finish = resp.finish();
+    }
+  }
+  grpc::Status st = reader->Finish();
+  if (args.text && !ids.empty()) std::fputc('\n', stdout);
+  if (!st.ok()) return FromGrpc(st, args.server);
+  if (!args.text) {
+    for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? " " : "", ids[i]);
+    std::printf("\n");
+  }
+  const char* reason = finish.reason() == flashmesh::v1::FINISH_REASON_STOP     ? "stop"
+                       : finish.reason() == flashmesh::v1::FINISH_REASON_LENGTH ? "length"
+                                                                                : "cancelled";
+  FM_LOG(kInfo, "generate") << "prompt " << finish.usage().prompt_tokens() << " tokens; generated "
+                            << finish.usage().completion_tokens() << " tokens; finish " << reason;
+  return Status::Ok();
+}
+
+}  // namespace fm::cli
