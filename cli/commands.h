@@ -18,8 +18,8 @@ int CmdWorker(int argc, char** argv);
 int CmdUp(int argc, char** argv);
 int CmdStatus(int argc, char** argv);
 int CmdHealth(int argc, char** argv);
-int CmdGenerate(int argc, char** argv);
 int CmdPlan(int argc, char** argv);
+int CmdGenerate(int argc, char** argv);
 int CmdLogits(int argc, char** argv);
 int CmdBench(int argc, char** argv);
 

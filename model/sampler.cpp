@@ -70,49 +70,56 @@ Result<SampledToken> Sampler::Sample(std::span<const float> logits) {
     return SampledToken{static_cast<int32_t>(best), static_cast<float>(-std::log(sum))};
   }
 
-  // Candidates in a total order: larger logit first, lower id among equal logits.
+  const double inv_t = 1.0 / static_cast<double>(cfg_.temperature);
+  const double top = static_cast<double>(logits[best]) * inv_t;
+  auto weight = [&](int32_t id) { return std::exp(static_cast<double>(logits[id]) * inv_t - top); };
+  // Candidates: without truncation every id in id order (no sort); with top-k / top-p a prefix
+  // of the total order "larger logit first, lower id among equal logits".
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   auto before = [&](int32_t a, int32_t b) {
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   };
   int64_t keep = n;
+  double total = 0.0;
   if (cfg_.top_k > 0 && cfg_.top_k < n) {
     keep = cfg_.top_k;
     std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+    for (int64_t j = 0; j < keep; ++j) total += weight(order[j]);
   } else {
-    std::sort(order.begin(), order.end(), before);
+    for (int64_t i = 0; i < n; ++i) total += weight(static_cast<int32_t>(i));
   }
-  const double inv_t = 1.0 / static_cast<double>(cfg_.temperature);
-  const double top = static_cast<double>(logits[best]) * inv_t;
-  std::vector<double> p(keep);
-  double total = 0.0;
-  for (int64_t j = 0; j < keep; ++j) {
-    p[j] = std::exp(static_cast<double>(logits[order[j]]) * inv_t - top);
-    total += p[j];
-  }
-  if (cfg_.top_p < 1.0f) {  // smallest prefix whose probability reaches top_p
+  if (cfg_.top_p < 1.0f) {  // the shortest sorted prefix whose probability reaches top_p
     const double target = static_cast<double>(cfg_.top_p) * total;
-    double cum = 0.0;
-    int64_t j = 0;
-    while (j < keep) {
-      cum += p[j++];
-      if (cum >= target) break;
+    const bool sorted = keep < n;
+    // Untruncated: sort a growing prefix until it holds the target mass (rarely all of it).
+    for (int64_t m = std::min<int64_t>(n, 1024);; m = std::min<int64_t>(n, m * 8)) {
+      if (!sorted) std::partial_sort(order.begin(), order.begin() + m, order.end(), before);
+      const int64_t limit = sorted ? keep : m;
+      double cum = 0.0;
+      int64_t j = 0;
+      while (j < limit) {
+        cum += weight(order[j++]);
+        if (cum >= target) break;
+      }
+      if (cum >= target || limit == keep) {
+        keep = j;
+        total = cum;
+        break;
+      }
     }
-    keep = j;
-    total = cum;
   }
   const double u = rng_.Uniform() * total;
   double cum = 0.0;
   int64_t pick = keep - 1;  // rounding can leave u just above the last cumulative sum
   for (int64_t j = 0; j < keep; ++j) {
-    cum += p[j];
+    cum += weight(order[j]);
     if (u < cum) {
       pick = j;
       break;
     }
   }
-  return SampledToken{order[pick], static_cast<float>(std::log(p[pick] / total))};
+  return SampledToken{order[pick], static_cast<float>(std::log(weight(order[pick]) / total))};
 }
 
 }  // namespace fm

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unistd.h>
 
 #include "model/mkmodel.h"
 
@@ -14,8 +15,14 @@ namespace fm::testing_ck {
 
 namespace fs = std::filesystem;
 
+// Per process: ctest runs each test as its own process, several at once.
 inline std::string TempDir(const std::string& name) {
-  const fs::path p = fs::path(FM_BINARY_DIR) / "test_checkpoint_tmp" / name;
+  struct ProcessDir {  // removed when the test process exits
+    fs::path path = fs::path(FM_BINARY_DIR) / "test_checkpoint_tmp" / std::to_string(::getpid());
+    ~ProcessDir() { std::error_code ec; fs::remove_all(path, ec); }
+  };
+  static const ProcessDir root;
+  const fs::path p = root.path / name;
   fs::remove_all(p);
   fs::create_directories(p.parent_path());
   return p.string();

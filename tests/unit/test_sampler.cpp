@@ -82,11 +82,11 @@ TEST(Sampler, BadLogits) {
   EXPECT_FALSE(s.Sample(std::vector<float>{}).ok());
 }
 
-// Probabilities 0.1, 0.2, 0.3, 0.4: sorted order is ids 3, 2, 1, 0 with cumulative
-// 0.4, 0.7, 0.9, 1.0, so the pick for a draw u is exactly predictable.
+// Probabilities 0.1, 0.2, 0.3, 0.4. Untruncated sampling walks ids in order (cumulative 0.1,
+// 0.3, 0.6, 1.0); top-k / top-p walk the sorted order 3, 2, 1, 0. So each pick is predictable.
 std::vector<float> Probs() { return {std::log(0.1f), std::log(0.2f), std::log(0.3f), std::log(0.4f)}; }
 
-int32_t ExpectedPick(double u) { return u < 0.4 ? 3 : u < 0.7 ? 2 : u < 0.9 ? 1 : 0; }
+int32_t ExpectedPick(double u) { return u < 0.1 ? 0 : u < 0.3 ? 1 : u < 0.6 ? 2 : 3; }
 
 TEST(Sampler, ExactPicksForSeeds) {
   for (uint64_t seed : {0ull, 1ull, 7ull, 12345ull}) {
@@ -94,7 +94,7 @@ TEST(Sampler, ExactPicksForSeeds) {
     Rng rng(seed);
     for (int i = 0; i < 20; ++i) {
       double u = rng.Uniform();
-      if (std::fabs(u - 0.4) < 1e-6 || std::fabs(u - 0.7) < 1e-6 || std::fabs(u - 0.9) < 1e-6)
+      if (std::fabs(u - 0.1) < 1e-6 || std::fabs(u - 0.3) < 1e-6 || std::fabs(u - 0.6) < 1e-6)
         continue;  // too close to a boundary for float logits
       auto r = s.Sample(Probs());
       ASSERT_TRUE(r.ok());
@@ -136,11 +136,53 @@ TEST(Sampler, TemperatureSharpensAndFlattens) {
   Rng rng(11);
   for (int i = 0; i < 50; ++i) {
     double u = rng.Uniform() * 30.0;
-    int32_t want = u < 16 ? 3 : u < 25 ? 2 : u < 29 ? 1 : 0;
+    int32_t want = u < 1 ? 0 : u < 5 ? 1 : u < 14 ? 2 : 3;
     auto r = s.Sample(Probs());
     EXPECT_EQ(r->id, want);
     const double q[] = {1, 4, 9, 16};
     EXPECT_NEAR(r->logprob, std::log(q[r->id] / 30.0), 1e-5);
+  }
+}
+
+TEST(Sampler, TopPOnLargeVocabMatchesFullSort) {
+  // 5000 logits: the growing sorted prefix must pick exactly what a full sort would keep.
+  std::vector<float> logits(5000);
+  Rng fill(5);
+  for (float& l : logits) l = static_cast<float>(fill.Uniform() * 4.0);
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  const float top = *std::max_element(logits.begin(), logits.end());
+  double total = 0.0;
+  for (float l : logits) total += std::exp(static_cast<double>(l) - top);
+  double cum = 0.0;
+  size_t keep = 0;
+  while (keep < order.size()) {
+    cum += std::exp(static_cast<double>(logits[order[keep++]]) - top);
+    if (cum >= 0.95 * total) break;
+  }
+  ASSERT_GT(keep, 1024u);  // beyond the first sorted prefix
+  std::vector<bool> kept(logits.size(), false);
+  for (size_t j = 0; j < keep; ++j) kept[order[j]] = true;
+  Sampler s = Make({.top_p = 0.95f, .seed = 8});
+  Rng rng(8);
+  for (int i = 0; i < 200; ++i) {
+    double u = rng.Uniform() * cum;
+    double c = 0.0;
+    int32_t want = order[keep - 1];
+    for (size_t j = 0; j < keep; ++j) {
+      c += std::exp(static_cast<double>(logits[order[j]]) - top);
+      if (u < c) {
+        want = order[j];
+        break;
+      }
+    }
+    auto r = s.Sample(logits);
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(kept[r->id]);
+    EXPECT_EQ(r->id, want);
   }
 }
 
