@@ -142,6 +142,20 @@ struct E8m0Table {
 };
 constexpr E8m0Table kE8m0;
 
+// v[i] = table[idx[i]] for idx < 16: one register permute. __builtin_shuffle with a runtime
+// index is GCC-only; clang (the fuzz build) takes the intrinsic or the plain loop.
+inline f32x16 Lookup16(f32x16 table, u32x16 idx) {
+#if defined(__AVX512F__)
+  return BitCast<f32x16>(_mm512_permutexvar_ps(BitCast<__m512i>(idx), BitCast<__m512>(table)));
+#elif defined(__clang__)
+  f32x16 v;
+  for (int i = 0; i < kLanes; ++i) v[i] = table[idx[i] & 15u];
+  return v;
+#else
+  return __builtin_shuffle(table, idx);
+#endif
+}
+
 // ---- per-format row decoders -----------------------------------------------------------
 // Init(w, r) binds row r; SetBlock(b) prepares block b (kBlockChunks chunks) and says whether
 // its chunks need the rare slow decode (kSlow); Chunk<kSlow>(j) is the decoded chunk j (inside
@@ -238,7 +252,7 @@ struct RowFP4 {
   template <bool kSlow>
   f32x16 Chunk(int64_t j) const {
     const u32x16 nib = (j & 1) ? (bytes >> 4) : (bytes & 15u);
-    return __builtin_shuffle(table, nib);
+    return Lookup16(table, nib);
   }
   template <bool kSlow>
   f32x16 Tail(int64_t, int64_t) const { return f32x16{}; }  // cols % 32 == 0: never called
