@@ -1,11 +1,9 @@
 #include "model/mkmodel.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -242,9 +240,11 @@ std::vector<uint8_t> TensorFiller::Fill(const TensorSpec& s, DType dt,
   }
 }
 
+// The output directory and any missing parents (`mkmodel ... out/small` on a fresh clone).
 Status MakeDir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return Internal(dir + ": cannot create directory: " + std::strerror(errno));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Internal(dir + ": cannot create directory: " + ec.message());
   return Status::Ok();
 }
 

@@ -153,6 +153,15 @@ TEST(Mkmodel, TinyLayoutSizeAndDeterminism) {
   EXPECT_EQ(cfg->compress_ratios, (std::vector<int64_t>{0, 0, 4, 128, 4, 128, 0}));
 }
 
+TEST(Checkpoint, MkmodelCreatesMissingParentDirectories) {
+  // The README's main job writes out/small on a fresh clone, where out/ does not exist yet.
+  const std::string d = TempDir("fresh") + "/out/tiny";
+  ASSERT_TRUE(WritePresetCheckpoint(d, "tiny", 7).ok());
+  auto ck = Checkpoint::Open(d);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  EXPECT_EQ((*ck)->config().num_hidden_layers, 6);
+}
+
 TEST(Checkpoint, TinyLoadsWeightsWithTheirFormats) {
   const std::string d = TinyCopy("load");
   auto ck = Checkpoint::Open(d);
