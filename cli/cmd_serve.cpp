@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 #include "worker/grpc_status.h"
+#include "net/tcp_transport.h"
 #include "worker/worker_service.h"
 
 namespace fm::cli {
@@ -70,7 +71,13 @@ int CmdServe(int argc, char** argv) {
     setup.api.api_tokens = *tokens;
   }
   BlockShutdownSignals();
-  WorkerService worker("local", "", static_cast<int>(threads));
+  // One stage: the data plane is never dialed, it only has to exist.
+  auto data_plane = net::MakeTcpTransport({.self_name = "local"});
+  if (!data_plane.ok()) {
+    std::fprintf(stderr, "serve: %s\n", data_plane.status().message().c_str());
+    return 1;
+  }
+  WorkerService worker("local", "", static_cast<int>(threads), data_plane->get());
   int worker_port = 0;
   auto worker_server = StartGrpcServer("127.0.0.1:0", &worker, &worker_port);
   if (!worker_server.ok()) {

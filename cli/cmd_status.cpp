@@ -34,7 +34,7 @@ int CmdStatus(int argc, char** argv) {
   const char* usage =
       "usage: flashmesh status --server HOST:PORT [--json] [--token-file FILE]\n"
       "  one row per node: state, stage, layers, experts, weight MiB, KV MiB, active\n"
-      "  sequences, tok/s, seconds since the last heartbeat\n";
+      "  sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent\n";
   auto flags = Flags::Parse(argc, argv, {"server", "token-file"}, {"json", "help"});
   if (!flags.ok()) {
     std::fprintf(stderr, "status: %s\n%s", flags.status().message().c_str(), usage);
@@ -81,7 +81,11 @@ int CmdStatus(int argc, char** argv) {
                             {"active_sequences", n.active_sequences()},
                             {"tokens_per_second", n.tokens_per_second()},
                             {"heartbeat_age_s", n.heartbeat_age_s()},
+                            {"data_bytes_sent", n.data_bytes_sent()},
+                            {"data_bytes_received", n.data_bytes_received()},
+                            {"data_frames_rejected", n.data_frames_rejected()},
                             {"control", n.control()},
+                            {"data", n.data()},
                             {"error", n.error()}});
     }
     std::printf("%s\n", j.dump(2).c_str());
@@ -90,18 +94,18 @@ int CmdStatus(int argc, char** argv) {
   std::printf("cluster: %s, %d stage(s), %d active / %d queued requests\n",
               resp.healthy() ? "healthy" : "NOT READY", resp.pipeline_stages(),
               resp.active_requests(), resp.queued_requests());
-  std::printf("%-14s %-8s %5s %-9s %-9s %10s %9s %6s %8s %7s\n", "NODE", "STATE", "STAGE", "LAYERS",
-              "EXPERTS", "WEIGHT_MiB", "KV_MiB", "SEQS", "TOK/S", "HB_AGE");
+  std::printf("%-14s %-8s %5s %-9s %-9s %10s %9s %6s %8s %7s %10s\n", "NODE", "STATE", "STAGE",
+              "LAYERS", "EXPERTS", "WEIGHT_MiB", "KV_MiB", "SEQS", "TOK/S", "HB_AGE", "DATA_MiB");
   for (const auto& n : resp.nodes()) {
     std::string layers = std::to_string(n.layer_begin()) + "-" + std::to_string(n.layer_end());
     std::string experts = std::to_string(n.expert_begin()) + "-" + std::to_string(n.expert_end());
     char age[16];
     if (n.heartbeat_age_s() < 0) std::snprintf(age, sizeof age, "never");
     else std::snprintf(age, sizeof age, "%.1fs", n.heartbeat_age_s());
-    std::printf("%-14s %-8s %5d %-9s %-9s %10s %9s %6d %8.1f %7s\n", n.name().c_str(),
+    std::printf("%-14s %-8s %5d %-9s %-9s %10s %9s %6d %8.1f %7s %10s\n", n.name().c_str(),
                 StateName(n.state()), n.stage(), layers.c_str(), experts.c_str(),
                 Mib(n.weight_bytes()).c_str(), Mib(n.kv_bytes()).c_str(), n.active_sequences(),
-                n.tokens_per_second(), age);
+                n.tokens_per_second(), age, Mib(n.data_bytes_sent()).c_str());
     if (!n.error().empty() && n.state() != flashmesh::v1::NODE_STATE_UP)
       std::printf("  %s: %s\n", n.name().c_str(), n.error().c_str());
   }

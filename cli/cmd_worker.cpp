@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "coordinator/cluster_config.h"
 #include "worker/grpc_status.h"
+#include "net/tcp_transport.h"
 #include "worker/worker_service.h"
 
 namespace fm::cli {
@@ -54,14 +55,27 @@ int CmdWorker(int argc, char** argv) {
     std::fprintf(stderr, "worker: %s: no node named '%s' in nodes[]\n", cfg->path.c_str(), node.c_str());
     return 1;
   }
-  WorkerService service(node, flags->Get("model"), static_cast<int>(*threads));
+  auto secret = ReadClusterSecret(*cfg);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "worker: %s\n", secret.status().message().c_str());
+    return 1;
+  }
+  auto data_plane = net::MakeTcpTransport({.self_name = node, .secret = *secret});
+  Status listening = data_plane.ok() ? (*data_plane)->Listen(nc->data.ToString()) : data_plane.status();
+  if (!listening.ok()) {
+    std::fprintf(stderr, "worker %s: data plane (nodes[].data %s): %s\n", node.c_str(),
+                 nc->data.ToString().c_str(), listening.message().c_str());
+    return 1;
+  }
+  WorkerService service(node, flags->Get("model"), static_cast<int>(*threads), data_plane->get());
   int port = 0;
   auto server = StartGrpcServer(nc->control.ToString(), &service, &port);
   if (!server.ok()) {
     std::fprintf(stderr, "worker %s: %s\n", node.c_str(), server.status().message().c_str());
     return 1;
   }
-  FM_LOG(kInfo, "worker") << "node " << node << " listening on " << nc->control.host << ":" << port;
+  FM_LOG(kInfo, "worker") << "node " << node << " listening on " << nc->control.host << ":" << port
+                          << " (control), " << (*data_plane)->listen_address() << " (data)";
   int sig = WaitForShutdownSignal();
   FM_LOG(kInfo, "worker") << "node " << node << " stopping (signal " << sig << ")";
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -196,6 +196,9 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
       n->set_kv_bytes(sresp.kv_bytes());
       n->set_active_sequences(sresp.active_sequences());
       n->set_tokens_per_second(sresp.tokens_per_second());
+      n->set_data_bytes_sent(sresp.data_bytes_sent());
+      n->set_data_bytes_received(sresp.data_bytes_received());
+      n->set_data_frames_rejected(sresp.data_frames_rejected());
     }
   }
   return grpc::Status::OK;

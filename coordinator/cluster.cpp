@@ -71,7 +71,13 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_head(w.head);
     if (plan.expert_parallel > 1)
       for (int64_t e = w.expert_begin; e < w.expert_end; ++e) spec.add_experts(static_cast<int32_t>(e));
-    if (i + 1 < plan.workers.size()) spec.set_next_control(addresses[i + 1].first);
+    // The data plane: this stage's manifolds go to the next stage's data address.
+    if (i + 1 < plan.workers.size()) {
+      spec.set_next_node(plan.workers[i + 1].node);
+      spec.set_next_data(addresses[i + 1].second);
+    }
+    if (i > 0) spec.set_prev_node(plan.workers[i - 1].node);
+    spec.set_activation_dtype(options.activation_dtype);
     spec.set_max_context(static_cast<int32_t>(options.max_context));
     spec.set_kv_cache_bytes(options.kv_cache_bytes);
     spec.set_epoch(epoch_);

@@ -28,6 +28,7 @@ struct ClusterOptions {
   std::chrono::milliseconds down_after{2500};   // <= 3 s: a dead worker is marked within that
   int64_t max_context = 8192;
   uint64_t kv_cache_bytes = 0;                   // per worker; 0 = unlimited
+  std::string activation_dtype = "f32";          // data-plane frames between stages: f32 | bf16
 };
 
 class NodeHandle {

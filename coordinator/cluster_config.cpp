@@ -179,8 +179,9 @@ Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConf
 }
 
 Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
-  FM_RETURN_IF_ERROR(p.Keys(root, "", {"model", "coordinator", "parallel", "transport", "nodes",
-                                       "limits", "security", "heartbeat"}));
+  FM_RETURN_IF_ERROR(p.Keys(root, "", {"model", "coordinator", "parallel", "transport",
+                                       "activation_dtype", "nodes", "limits", "security",
+                                       "heartbeat"}));
   FM_ASSIGN_OR_RETURN(const YAML::Node model, p.Required(root, "", "model"));
   FM_ASSIGN_OR_RETURN(cfg->model, p.Path(model, "model"));
 
@@ -212,6 +213,12 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     if (name == "tcp") cfg->transport = TransportKind::kTcp;
     else if (name == "nccl") cfg->transport = TransportKind::kNccl;
     else return p.Error(t, "transport", "'" + name + "': want tcp or nccl");
+  }
+
+  if (const YAML::Node d = root["activation_dtype"]; d.IsDefined()) {
+    FM_ASSIGN_OR_RETURN(cfg->activation_dtype, p.String(d, "activation_dtype"));
+    if (cfg->activation_dtype != "f32" && cfg->activation_dtype != "bf16")
+      return p.Error(d, "activation_dtype", "'" + cfg->activation_dtype + "': want f32 or bf16");
   }
 
   FM_ASSIGN_OR_RETURN(const YAML::Node nodes, p.Required(root, "", "nodes"));

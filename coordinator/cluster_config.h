@@ -6,6 +6,7 @@
 //   coordinator: { listen: H:P }     required
 //   parallel: auto | { pipeline_stages: S, expert_parallel: K }      default auto
 //   transport: tcp | nccl            default tcp
+//   activation_dtype: f32 | bf16     stage-to-stage frames; default f32 (bit-exact)
 //   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib }, ... ]  required
 //   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096 }
 //   security: { token_file, cluster_secret_file, tls: { cert, key, ca } }    all optional
@@ -80,6 +81,7 @@ struct ClusterConfig {
   CoordinatorConfig coordinator;
   ParallelConfig parallel;
   TransportKind transport = TransportKind::kTcp;
+  std::string activation_dtype = "f32";  // f32: distributed == single process, bit for bit
   std::vector<NodeConfig> nodes;
   LimitsConfig limits;
   SecurityConfig security;

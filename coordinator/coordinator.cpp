@@ -19,6 +19,9 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   if (s.plan.expert_parallel != 1)
     return InvalidArgument(cfg.path + ": parallel.expert_parallel " + std::to_string(s.plan.expert_parallel) +
                            ": the scheduler serves pipeline parallelism only (expert_parallel 1)");
+  if (cfg.transport == TransportKind::kNccl)
+    return InvalidArgument(cfg.path + ": transport nccl: this build's workers run on the CPU with the "
+                           "TCP data plane; set transport: tcp");
   for (const auto& w : s.plan.workers) {
     const NodeConfig& n = cfg.nodes.at(w.node_index);
     s.addresses.emplace_back(n.control.ToString(), n.data.ToString());
@@ -29,6 +32,7 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
                                   std::chrono::milliseconds(2000));
   s.cluster.heartbeat_interval = std::min(interval, s.cluster.down_after / 4);
   s.cluster.max_context = cfg.limits.max_context;
+  s.cluster.activation_dtype = cfg.activation_dtype;
   s.cluster.kv_cache_bytes = static_cast<uint64_t>(std::llround(cfg.limits.kv_cache_gib * 1073741824.0));
   s.limits.max_batch = cfg.limits.max_batch;
   s.limits.max_queue = cfg.limits.max_queue;

@@ -323,9 +323,11 @@ void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std
   ev.finish.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(r->params.prompt.size()));
   ev.finish.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r->generated));
   ev.finish.set_stop_string(stop_string);
-  r->stream->Push(std::move(ev));
+  // Free before the final message: once a client sees its stream end, its KV is released on
+  // every worker (status right after a finished stream shows the memory back).
   uint64_t id = r->id;
   FreeOnWorkers({id});
+  r->stream->Push(std::move(ev));
   live_.erase(id);
   active_count_ = static_cast<int>(live_.size());
 }

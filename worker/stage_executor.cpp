@@ -1,54 +1,12 @@
 #include "worker/stage_executor.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include "common/log.h"
-#include "flashmesh/v1/worker.grpc.pb.h"
 
 namespace fm {
 namespace {
 
 constexpr auto kRateWindow = std::chrono::seconds(10);
-constexpr auto kSendTimeout = std::chrono::seconds(30);
-
-class GrpcActivationSink : public ActivationSink {
- public:
-  explicit GrpcActivationSink(const std::string& addr)
-      : addr_(addr),
-        stub_(flashmesh::v1::Worker::NewStub(grpc::CreateCustomChannel(
-            addr, grpc::InsecureChannelCredentials(), ChannelArgs()))) {}
-
-  Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) override {
-    flashmesh::v1::ActivationFrame frame;
-    frame.set_step_id(step_id);
-    frame.set_rows(rows);
-    frame.set_row_floats(row_floats);
-    frame.set_payload(reinterpret_cast<const char*>(x), rows * row_floats * sizeof(float));
-    flashmesh::v1::PushActivationResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kSendTimeout);
-    grpc::Status s = stub_->PushActivation(&ctx, frame, &resp);
-    if (!s.ok())
-      return Unavailable("next stage " + addr_ + ": " + s.error_message());
-    return Status::Ok();
-  }
-
- private:
-  static grpc::ChannelArguments ChannelArgs() {
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(-1);
-    args.SetMaxReceiveMessageSize(-1);
-    return args;
-  }
-  std::string addr_;
-  std::unique_ptr<flashmesh::v1::Worker::Stub> stub_;
-};
-
 }  // namespace
-
-std::unique_ptr<ActivationSink> NewGrpcActivationSink(const std::string& next_control) {
-  return std::make_unique<GrpcActivationSink>(next_control);
-}
 
 StageExecutor::StageExecutor(ShardRuntime* runtime)
     : runtime_(runtime), thread_([this] { Loop(); }) {}

@@ -18,21 +18,14 @@
 #include "common/status.h"
 #include "worker/shard_runtime.h"
 
-namespace flashmesh::v1 {
-class Worker;
-}
-
 namespace fm {
 
-// Sends one micro-batch's manifold to the next stage (the data plane).
+// Sends one micro-batch's manifold to the next stage (the data plane, worker/data_plane.h).
 class ActivationSink {
  public:
   virtual ~ActivationSink() = default;
   virtual Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) = 0;
 };
-
-// The data plane over gRPC: Worker.PushActivation on the next stage's control address.
-std::unique_ptr<ActivationSink> NewGrpcActivationSink(const std::string& next_control);
 
 class StageExecutor {
  public:

@@ -2,18 +2,19 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <cstring>
-
 #include "common/log.h"
 #include "worker/grpc_status.h"
 
 namespace fm {
 
-WorkerService::WorkerService(std::string node, std::string model_dir_override, int threads)
+WorkerService::WorkerService(std::string node, std::string model_dir_override, int threads,
+                             net::Transport* data_plane)
     : node_(std::move(node)),
       model_dir_override_(std::move(model_dir_override)),
+      data_plane_(data_plane),
       runtime_(threads),
-      executor_(&runtime_) {}
+      executor_(&runtime_),
+      receiver_(data_plane, &executor_) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -35,15 +36,21 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   if (p.stage < 0 || p.stage >= p.num_stages)
     return ToGrpc(InvalidArgument("shard.stage " + std::to_string(p.stage) + " outside [0, " +
                                   std::to_string(p.num_stages) + ")"));
-  if (!p.head && s.next_control().empty())
-    return ToGrpc(InvalidArgument("shard.next_control is empty on a stage without the head"));
+  if (!p.head && (s.next_node().empty() || s.next_data().empty()))
+    return ToGrpc(InvalidArgument("shard.next_node / shard.next_data: empty on a stage without the head"));
+  if (p.stage > 0 && s.prev_node().empty())
+    return ToGrpc(InvalidArgument("shard.prev_node: empty on stage " + std::to_string(p.stage)));
+  auto dtype = ParseActivationDType(s.activation_dtype().empty() ? "f32" : s.activation_dtype());
+  if (!dtype.ok()) return ToGrpc(dtype.status().Wrap("shard"));
   executor_.Reset();
   Status st = runtime_.Load(p);
   if (!st.ok()) {
     FM_LOG(kError, "worker") << node_ << ": " << st.ToString();
     return ToGrpc(st.Wrap("node " + node_ + " loading its shard"));
   }
-  executor_.SetNext(p.head ? nullptr : NewGrpcActivationSink(s.next_control()));
+  executor_.SetNext(p.head ? nullptr
+                            : NewTransportActivationSink(data_plane_, s.next_node(), s.next_data(), *dtype));
+  receiver_.SetPeer(p.stage > 0 ? s.prev_node() : "");
   epoch_ = s.epoch();
   draining_ = false;
   resp->set_weight_bytes(runtime_.weight_bytes());
@@ -71,6 +78,10 @@ grpc::Status WorkerService::Stats(grpc::ServerContext*, const flashmesh::v1::Sta
   resp->set_active_sequences(runtime_.active_sequences());
   resp->set_tokens_per_second(executor_.tokens_per_second());
   resp->set_rows_processed(executor_.rows_processed());
+  const net::TransportStats ts = data_plane_->stats();
+  resp->set_data_bytes_sent(ts.bytes_sent);
+  resp->set_data_bytes_received(ts.bytes_received);
+  resp->set_data_frames_rejected(ts.connections_dropped + receiver_.frames_rejected());
   if (loaded) {
     resp->set_layer_begin(static_cast<int32_t>(runtime_.placement().layer_begin));
     resp->set_layer_end(static_cast<int32_t>(runtime_.placement().layer_end));
@@ -139,19 +150,6 @@ grpc::Status WorkerService::Reset(grpc::ServerContext*, const flashmesh::v1::Res
                                   flashmesh::v1::ResetResponse*) {
   executor_.Reset();
   return grpc::Status::OK;
-}
-
-grpc::Status WorkerService::PushActivation(grpc::ServerContext*,
-                                           const flashmesh::v1::ActivationFrame* frame,
-                                           flashmesh::v1::PushActivationResponse*) {
-  const std::string& payload = frame->payload();
-  if (payload.size() % sizeof(float) != 0)
-    return ToGrpc(InvalidArgument("activation payload of " + std::to_string(payload.size()) +
-                                  " bytes is not a whole number of f32"));
-  std::vector<float> x(payload.size() / sizeof(float));
-  std::memcpy(x.data(), payload.data(), payload.size());
-  Status st = executor_.Receive(frame->step_id(), frame->rows(), frame->row_floats(), std::move(x));
-  return ToGrpc(st.Wrap("node " + node_));
 }
 
 }  // namespace fm

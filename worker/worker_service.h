@@ -1,6 +1,7 @@
 // WorkerService: the gRPC control plane of one worker (worker.proto): LoadShard, Health, Stats
-// (weight bytes, KV bytes, active sequences, tok/s), Drain, sequence lifecycle, StepBatch, and
-// PushActivation (the data plane on the same port).
+// (weight bytes, KV bytes, active sequences, tok/s, data-plane bytes), Drain, sequence
+// lifecycle and StepBatch. Activations between stages travel on the data plane (`data_plane`,
+// the worker's net::Transport listening on nodes[].data), never through gRPC.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -8,6 +9,8 @@
 #include <string>
 
 #include "flashmesh/v1/worker.grpc.pb.h"
+#include "net/transport.h"
+#include "worker/data_plane.h"
 #include "worker/shard_runtime.h"
 #include "worker/stage_executor.h"
 
@@ -16,7 +19,9 @@ namespace fm {
 class WorkerService final : public flashmesh::v1::Worker::Service {
  public:
   // `model_dir_override`: load from this directory instead of the one LoadShard names.
-  WorkerService(std::string node, std::string model_dir_override, int threads);
+  // `data_plane` (listening, outliving the service) carries the manifolds between stages.
+  WorkerService(std::string node, std::string model_dir_override, int threads,
+                net::Transport* data_plane);
   ~WorkerService() override;
 
   grpc::Status LoadShard(grpc::ServerContext*, const flashmesh::v1::LoadShardRequest*,
@@ -35,8 +40,6 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
                          flashmesh::v1::StepBatchResponse*) override;
   grpc::Status Reset(grpc::ServerContext*, const flashmesh::v1::ResetRequest*,
                      flashmesh::v1::ResetResponse*) override;
-  grpc::Status PushActivation(grpc::ServerContext*, const flashmesh::v1::ActivationFrame*,
-                              flashmesh::v1::PushActivationResponse*) override;
 
  private:
   std::string node_;
@@ -44,8 +47,10 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
   std::mutex load_mu_;   // one LoadShard at a time
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> draining_{false};
+  net::Transport* data_plane_;
   ShardRuntime runtime_;
   StageExecutor executor_;
+  ActivationReceiver receiver_;   // after executor_: stops before it
 };
 
 }  // namespace fm

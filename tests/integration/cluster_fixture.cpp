@@ -139,7 +139,12 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
       << ", data: 127.0.0.1:" << FreePort() << ", device: cpu, memory_gib: 4 }\n";
   y << "limits: { max_batch: " << spec.max_batch << ", max_context: " << spec.max_context
     << ", max_queue: " << spec.max_queue << ", max_tokens: " << spec.max_tokens << " }\n"
-    << "heartbeat: { interval_ms: 250, timeout_ms: 2000 }\n";
+    << "heartbeat: { interval_ms: 250, timeout_ms: 2000 }\n"
+    << "activation_dtype: " << spec.activation_dtype << "\n";
+  if (!spec.cluster_secret.empty()) {
+    std::ofstream(secret_file()) << spec.cluster_secret << "\n";
+    y << "security: { cluster_secret_file: cluster.secret }\n";
+  }
   yaml_ = dir_.path() + "/cluster.yaml";
   std::ofstream(yaml_) << y.str();
   workers_.resize(spec.stages);

@@ -60,6 +60,8 @@ struct ClusterSpec {
   int max_context = 512;
   int max_tokens = 256;
   int max_queue = 64;
+  std::string activation_dtype = "f32";          // stage-to-stage frames
+  std::string cluster_secret = "it-cluster-secret";  // data-plane auth; "" = none
 };
 
 // A pipeline cluster: YAML, one worker process per stage, and the coordinator.
@@ -67,6 +69,8 @@ class Cluster {
  public:
   explicit Cluster(const ClusterSpec& spec);
   const std::string& yaml() const { return yaml_; }
+  // security.cluster_secret_file (rewrite it before StartWorker to give a worker another secret).
+  std::string secret_file() const { return dir_.path() + "/cluster.secret"; }
   std::string api() const { return "127.0.0.1:" + std::to_string(api_port_); }
   std::string node(int i) const { return "w" + std::to_string(i); }
   void StartWorker(int i);

@@ -63,6 +63,7 @@ TEST(ClusterConfig, FullFileParses) {
   EXPECT_EQ(c.parallel.pipeline_stages, 2);
   EXPECT_EQ(c.parallel.expert_parallel, 1);
   EXPECT_EQ(c.transport, TransportKind::kTcp);
+  EXPECT_EQ(c.activation_dtype, "f32");
   ASSERT_EQ(c.nodes.size(), 2u);
   EXPECT_EQ(c.nodes[0].name, "a");
   EXPECT_EQ(c.nodes[0].data.port, 7201);
@@ -159,6 +160,8 @@ TEST(ClusterConfig, BadValues) {
   ExpectError(Edit("data: 127.0.0.1:7202", "data: 127.0.0.1:0"), 9, "not in 1..65535");
   ExpectError(Edit("data: 127.0.0.1:7202", "data: a b:1"), 9, "bad character");
   ExpectError(Edit("transport: tcp", "transport: rdma"), 4, "transport: 'rdma': want tcp or nccl");
+  ExpectError(Edit("transport: tcp\n", "transport: tcp\nactivation_dtype: fp16\n"), 5,
+              "activation_dtype: 'fp16': want f32 or bf16");
   ExpectError(Edit("    device: cpu", "    device: gpu0"), 10,
               "nodes[1].device: 'gpu0': want cpu or cuda:N");
   ExpectError(Edit("    device: cpu", "    device: cuda:x"), 10, "want cuda:N");

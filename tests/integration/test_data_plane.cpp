@@ -1,0 +1,113 @@
+// The stage-to-stage data plane on real worker processes: exactly one framed, raw activation
+// per micro-batch and hop (64-byte header + rows x hc*H values, nothing else on the wire),
+// bf16 frames at half the payload, and the cluster secret enforced between workers.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/cluster_fixture.h"
+
+namespace fm::it {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kHeaderBytes = 64;  // net/frame.h kFrameHeaderSize
+
+// hc_mult * hidden_size of the small preset (values per manifold row).
+uint64_t RowValues() {
+  std::ifstream f(SmallModel() + "/config.json");
+  auto j = nlohmann::json::parse(f);
+  return j.at("hc_mult").get<uint64_t>() * j.at("hidden_size").get<uint64_t>();
+}
+
+struct WireDelta {
+  std::vector<uint64_t> sent, received;
+};
+
+WireDelta Delta(const flashmesh::v1::ClusterStatusResponse& a,
+                const flashmesh::v1::ClusterStatusResponse& b) {
+  WireDelta d;
+  EXPECT_EQ(a.nodes_size(), b.nodes_size());
+  if (a.nodes_size() != b.nodes_size()) return d;
+  for (int i = 0; i < a.nodes_size(); ++i) {
+    d.sent.push_back(b.nodes(i).data_bytes_sent() - a.nodes(i).data_bytes_sent());
+    d.received.push_back(b.nodes(i).data_bytes_received() - a.nodes(i).data_bytes_received());
+  }
+  return d;
+}
+
+// One request alone: a prefill step with the prompt, then one decode step per further token.
+// Every hop carries one frame per step: steps * header + (prompt + new - 1) rows.
+uint64_t ExpectedHopBytes(size_t prompt, int new_tokens, uint64_t bytes_per_value) {
+  return new_tokens * kHeaderBytes + (prompt + new_tokens - 1) * RowValues() * bytes_per_value;
+}
+
+TEST(DataPlane, OneRawF32FramePerStepAndHop) {
+  Cluster cluster(ClusterSpec{});
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  const std::vector<int32_t> prompt = {11, 22, 33, 44, 55};
+  auto before = Status(stub.get());
+  Generation g = Generate(stub.get(), TokensRequest(prompt, 6));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster.Logs();
+  ASSERT_EQ(g.ids.size(), 6u);
+  WireDelta d = Delta(before, Status(stub.get()));
+  ASSERT_EQ(d.sent.size(), 3u) << cluster.Logs();
+  const uint64_t hop = ExpectedHopBytes(prompt.size(), 6, 4);
+  EXPECT_EQ(d.sent, (std::vector<uint64_t>{hop, hop, 0}));
+  EXPECT_EQ(d.received, (std::vector<uint64_t>{0, hop, hop}));
+  const auto after = Status(stub.get());
+  for (const auto& n : after.nodes()) EXPECT_EQ(n.data_frames_rejected(), 0u) << n.name();
+}
+
+TEST(DataPlane, Bf16FramesCarryHalfThePayloadAndStillGenerate) {
+  ClusterSpec spec;
+  spec.stages = 2;
+  spec.activation_dtype = "bf16";
+  Cluster cluster(spec);
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  const std::vector<int32_t> prompt = {7, 8, 9};
+  auto before = Status(stub.get());
+  Generation g = Generate(stub.get(), TokensRequest(prompt, 4));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster.Logs();
+  EXPECT_EQ(g.ids.size(), 4u);
+  WireDelta d = Delta(before, Status(stub.get()));
+  ASSERT_EQ(d.sent.size(), 2u) << cluster.Logs();
+  EXPECT_EQ(d.sent[0], ExpectedHopBytes(prompt.size(), 4, 2));
+  EXPECT_EQ(d.received[1], d.sent[0]);
+}
+
+TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndTheRequestFailsNamingIt) {
+  ClusterSpec spec;
+  spec.stages = 2;
+  Cluster cluster(spec);
+  cluster.StartWorker(0);
+  cluster.StartCoordinator();
+  // w0 has read its secret once it listens; only then give w1 another one.
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (cluster.worker(0)->Log().find("(data)") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  std::ofstream(cluster.secret_file()) << "some-other-secret\n";  // read by w1 at its start
+  cluster.StartWorker(1);
+  // The control plane is fine: both load their shards.
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  auto t0 = std::chrono::steady_clock::now();
+  Generation g = Generate(stub.get(), TokensRequest({1, 2, 3}, 4));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "a refused peer must not hang the request";
+  ASSERT_FALSE(g.status.ok());
+  EXPECT_NE(g.status.error_message().find("wrong cluster secret"), std::string::npos)
+      << g.status.error_message();
+  EXPECT_NE(g.status.error_message().find("w1"), std::string::npos) << g.status.error_message();
+  EXPECT_TRUE(g.ids.empty());
+}
+
+}  // namespace
+}  // namespace fm::it

@@ -1,0 +1,166 @@
+// worker/data_plane: two StageExecutors joined by real TCP transports on loopback give the
+// same tokens, bit for bit, as one executor holding every layer; a frame that is not an
+// activation of this stage's shape drops that connection and the next good one is served.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "model/mkmodel.h"
+#include "net/tcp_transport.h"
+#include "tests/unit/test_checkpoint_util.h"
+#include "worker/data_plane.h"
+#include "worker/shard_runtime.h"
+#include "worker/stage_executor.h"
+
+namespace fm {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string& Tiny() {
+  static const std::string d = [] {
+    const std::string p = testing_ck::TempDir("data_plane_tiny");
+    EXPECT_TRUE(WritePresetCheckpoint(p, "tiny", 7).ok());
+    return p;
+  }();
+  return d;
+}
+
+ShardPlacement Stage(int stage, int num_stages, int64_t begin, int64_t end) {
+  ShardPlacement p;
+  p.model_dir = Tiny();
+  p.stage = stage;
+  p.num_stages = num_stages;
+  p.layer_begin = begin;
+  p.layer_end = end;
+  p.embed = stage == 0;
+  p.head = stage == num_stages - 1;
+  return p;
+}
+
+std::unique_ptr<net::Transport> Transport(const std::string& name) {
+  auto t = net::MakeTcpTransport({.self_name = name, .secret = "unit-secret"});
+  EXPECT_TRUE(t.ok());
+  EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
+  return std::move(t).value();
+}
+
+// Runs step `id` on every executor at once (as the coordinator does) and returns the samples.
+std::vector<SampledId> Step(std::vector<StageExecutor*> stages, uint64_t id,
+                            const std::vector<StepSlice>& slices) {
+  std::vector<Status> st(stages.size());
+  std::vector<SampledId> out;
+  std::vector<std::thread> threads;
+  const auto deadline = StageExecutor::Clock::now() + 20s;
+  for (size_t i = 0; i < stages.size(); ++i)
+    threads.emplace_back([&, i] {
+      st[i] = stages[i]->RunStep(id, slices, deadline, i + 1 == stages.size() ? &out : nullptr);
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < st.size(); ++i) EXPECT_TRUE(st[i].ok()) << "stage " << i << ": " << st[i].ToString();
+  return out;
+}
+
+struct TwoStages {
+  std::unique_ptr<net::Transport> t0 = Transport("s0"), t1 = Transport("s1");
+  ShardRuntime r0{1}, r1{1};
+  StageExecutor e0{&r0}, e1{&r1};
+  ActivationReceiver recv1{t1.get(), &e1};
+
+  explicit TwoStages(net::FrameDType dtype) {
+    EXPECT_TRUE(r0.Load(Stage(0, 2, 0, 3)).ok());
+    EXPECT_TRUE(r1.Load(Stage(1, 2, 3, -1)).ok());
+    e0.SetNext(NewTransportActivationSink(t0.get(), "s1", t1->listen_address(), dtype));
+    recv1.SetPeer("s0");
+  }
+  void Start(uint64_t seq) {
+    SamplerConfig greedy;
+    greedy.greedy = true;
+    EXPECT_TRUE(r0.StartSequence(seq, 64, greedy).ok());
+    EXPECT_TRUE(r1.StartSequence(seq, 64, greedy).ok());
+  }
+};
+
+// Greedy continuation of `prompt` for `n` tokens through `stages` (all started for seq 1).
+std::vector<int32_t> Decode(std::vector<StageExecutor*> stages, std::vector<int32_t> prompt, int n,
+                            uint64_t* step) {
+  std::vector<int32_t> out;
+  std::vector<int32_t> next = std::move(prompt);
+  for (int i = 0; i < n; ++i) {
+    auto s = Step(stages, (*step)++, {StepSlice{1, next}});
+    if (s.size() != 1) return out;
+    out.push_back(s[0].id);
+    next = {s[0].id};
+  }
+  return out;
+}
+
+TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {
+  ShardRuntime whole(1);
+  ASSERT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
+  StageExecutor single(&whole);
+  SamplerConfig greedy;
+  greedy.greedy = true;
+  ASSERT_TRUE(whole.StartSequence(1, 64, greedy).ok());
+  uint64_t step = 1;
+  const std::vector<int32_t> want = Decode({&single}, {5, 17, 42, 99}, 6, &step);
+  ASSERT_EQ(want.size(), 6u);
+
+  TwoStages two(net::FrameDType::kF32);
+  two.Start(1);
+  step = 1;
+  EXPECT_EQ(Decode({&two.e0, &two.e1}, {5, 17, 42, 99}, 6, &step), want);
+  // One frame per step: header + rows of [hc*H] f32 (4 prompt rows + 5 decode rows).
+  const uint64_t rows = 4 + 5;
+  EXPECT_EQ(two.t0->stats().bytes_sent, 6 * 64 + rows * two.r0.row_floats() * 4);
+  EXPECT_EQ(two.recv1.frames_rejected(), 0u);
+}
+
+TEST(DataPlane, FrameOfTheWrongKindOrShapeDropsOnlyThatConnection) {
+  TwoStages two(net::FrameDType::kF32);
+  two.Start(1);
+  std::vector<float> junk(3 * 5, 1.f);
+  net::FrameHeader control;
+  control.kind = net::FrameKind::kControl;
+  control.dtype = net::FrameDType::kU8;
+  control.set_shape({4});
+  net::FrameHeader bad_shape;   // an activation whose rows are not hc*H wide
+  bad_shape.set_shape({3, 5});
+  const std::pair<net::FrameHeader, size_t> frames[] = {{control, 4}, {bad_shape, junk.size() * 4}};
+  uint64_t rejected = 0;
+  for (const auto& [header, nbytes] : frames) {
+    ASSERT_TRUE(two.t0->Connect("s1", two.t1->listen_address(), 5000ms).ok());
+    ASSERT_TRUE(two.t0->Send("s1", header, junk.data(), nbytes, 5000ms).ok());
+    ++rejected;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while ((two.recv1.frames_rejected() < rejected || two.t0->IsConnected("s1")) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(5ms);
+    EXPECT_EQ(two.recv1.frames_rejected(), rejected);
+    EXPECT_FALSE(two.t0->IsConnected("s1")) << "the receiver closes a connection that sent junk";
+  }
+  // The sink dials again on its next send; the stage keeps serving.
+  uint64_t step = 1;
+  EXPECT_EQ(Decode({&two.e0, &two.e1}, {1, 2, 3}, 2, &step).size(), 2u);
+}
+
+TEST(DataPlane, Bf16FramesHalveThePayloadAndStillDecode) {
+  TwoStages two(net::FrameDType::kBF16);
+  two.Start(1);
+  uint64_t step = 1;
+  EXPECT_EQ(Decode({&two.e0, &two.e1}, {5, 17, 42}, 3, &step).size(), 3u);
+  const uint64_t rows = 3 + 2;
+  EXPECT_EQ(two.t0->stats().bytes_sent, 3 * 64 + rows * two.r0.row_floats() * 2);
+}
+
+TEST(DataPlane, ActivationDTypeNames) {
+  EXPECT_EQ(*ParseActivationDType("f32"), net::FrameDType::kF32);
+  EXPECT_EQ(*ParseActivationDType("bf16"), net::FrameDType::kBF16);
+  auto bad = ParseActivationDType("fp16");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'fp16'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fm
