@@ -1,4 +1,4 @@
-// flashmesh bench <mode> ...: end-to-end benchmarks.
+// flashmesh bench <mode> ...: end-to-end benchmarks (`cluster`: cli/bench_cluster.cpp).
 //   decode: single-process decode speed against the machine's memory bandwidth. Prefills
 //   --context tokens, then decodes --tokens tokens one at a time (greedy), and reports
 //     tok_per_s               decode steps per second (embed + layers + head of one token)
@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/bench_cluster.h"
 #include "cli/commands.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
@@ -38,7 +39,9 @@ const char* kUsage =
     "  decode: prefill N context tokens (default 64), decode --tokens tokens (default 32)\n"
     "          one at a time, report decode tok/s, weight bytes read per token, the measured\n"
     "          memory bandwidth and bw_efficiency = tok/s * bytes/token / bandwidth.\n"
-    "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n";
+    "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n"
+    "usage: flashmesh bench cluster --config FILE [--model DIR] [--json] ...\n"
+    "  cluster: the YAML's cluster vs the single process in one run (see bench cluster --help).\n";
 
 constexpr size_t kProbeBytes = size_t{256} << 20;  // well beyond any CPU cache
 
@@ -242,6 +245,7 @@ int CmdBench(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string mode = argv[1];
+  if (mode == "cluster") return BenchCluster(argc, argv);
   if (mode != "decode") {
     std::fprintf(stderr, "flashmesh bench: unknown mode '%s'\n%s", mode.c_str(), kUsage);
     return 2;

@@ -4,14 +4,13 @@
 // exiting (a worker that exits is reported by the coordinator as down).
 #include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "cli/child_process.h"
 #include "cli/commands.h"
 #include "cli/daemon_flags.h"
 #include "common/log.h"
@@ -22,54 +21,8 @@ namespace {
 
 constexpr auto kStopGrace = std::chrono::seconds(5);
 
-struct Child {
-  std::string name;
-  pid_t pid = -1;
-};
-
 bool IsLocalHost(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "0.0.0.0";
-}
-
-Result<pid_t> Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return Internal("fork failed");
-  if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    pthread_sigmask(SIG_SETMASK, &none, nullptr);
-    execv("/proc/self/exe", argv.data());
-    std::perror("flashmesh up: exec");
-    _exit(127);
-  }
-  return pid;
-}
-
-void StopAll(std::vector<Child>& children) {
-  for (auto& c : children)
-    if (c.pid > 0) kill(c.pid, SIGTERM);
-  auto deadline = std::chrono::steady_clock::now() + kStopGrace;
-  for (auto& c : children) {
-    while (c.pid > 0) {
-      int status = 0;
-      pid_t r = waitpid(c.pid, &status, WNOHANG);
-      if (r == c.pid || r < 0) {
-        c.pid = -1;
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        FM_LOG(kWarn, "up") << c.name << " did not stop in time; killing it";
-        kill(c.pid, SIGKILL);
-        waitpid(c.pid, &status, 0);
-        c.pid = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
 }
 
 }  // namespace
@@ -117,7 +70,7 @@ int CmdUp(int argc, char** argv) {
   std::vector<Child> children;
   auto spawn = [&](const std::string& name, std::vector<std::string> args) {
     args.insert(args.end(), common.begin(), common.end());
-    auto pid = Spawn(args);
+    auto pid = SpawnSelf(args);
     if (!pid.ok()) return false;
     children.push_back({name, *pid});
     FM_LOG(kInfo, "up") << "started " << name << " (pid " << *pid << ")";
@@ -136,7 +89,7 @@ int CmdUp(int argc, char** argv) {
   ok = ok && spawn("coordinator", {"flashmesh", "coordinator", "--config", flags->Get("config")});
   if (!ok) {
     std::fprintf(stderr, "up: could not start every process\n");
-    StopAll(children);
+    StopAll(children, kStopGrace);
     return 1;
   }
   // Wait for a signal or for any child to exit, whichever comes first.
@@ -155,12 +108,11 @@ int CmdUp(int argc, char** argv) {
     bool died = false;
     for (auto& c : children) {
       int status = 0;
-      if (c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      if (c.pid > 0 && Exited(c, &status)) {
         FM_LOG(kError, "up") << c.name << " exited ("
                              << (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
                                                    : "signal " + std::to_string(WTERMSIG(status)))
                              << ")";
-        c.pid = -1;
         died = died || c.name == "coordinator";   // a dead worker is the coordinator's to report
       }
     }
@@ -169,7 +121,7 @@ int CmdUp(int argc, char** argv) {
       break;
     }
   }
-  StopAll(children);
+  StopAll(children, kStopGrace);
   return exit_code;
 }
 

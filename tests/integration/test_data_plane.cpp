@@ -109,5 +109,29 @@ TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndTheRequestFailsNamingI
   EXPECT_TRUE(g.ids.empty());
 }
 
+TEST(BenchCluster, ReportsBothSidesTheirRatioAndTheExactWireBytes) {
+  Cluster cluster(ClusterSpec{});   // only its YAML: bench cluster starts the processes itself
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"bench", "cluster", "--config", cluster.yaml(), "--tokens", "4", "--prompt",
+                          "3", "--streams", "2", "--threads", "1", "--json"},
+                         &out, 180s),
+            0)
+      << out;
+  const size_t begin = out.find("{\n"), end = out.rfind("}");
+  ASSERT_NE(begin, std::string::npos) << out;
+  auto j = nlohmann::json::parse(out.substr(begin, end - begin + 1));
+  EXPECT_EQ(j.at("pipeline_stages").get<int>(), 3);
+  EXPECT_TRUE(j.at("tokens_match").get<bool>());
+  const double single = j.at("single").at("decode_tok_s").get<double>();
+  const double pipe = j.at("cluster").at("decode_tok_s").get<double>();
+  EXPECT_GT(single, 0);
+  EXPECT_GT(pipe, 0);
+  EXPECT_DOUBLE_EQ(j.at("decode_ratio").get<double>(), pipe / single);
+  EXPECT_GT(j.at("cluster").at("streams_tok_s").get<double>(), 0);
+  // Two hops, each one frame per step: (4 * 64 + (3 + 3) rows * hc*H * 4) bytes, per 4 tokens.
+  EXPECT_DOUBLE_EQ(j.at("cluster").at("wire_bytes_per_token").get<double>(),
+                   2.0 * ExpectedHopBytes(3, 4, 4) / 4);
+}
+
 }  // namespace
 }  // namespace fm::it

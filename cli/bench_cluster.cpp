@@ -1,0 +1,310 @@
+// flashmesh bench cluster --config FILE: the pipeline's cost against the single process, in
+// one run. Starts every worker of the YAML and its coordinator as child processes, plus a
+// `flashmesh serve` of the same checkpoint with the same kernel threads, then alternates
+// identical greedy requests between the two (batch 1, then --streams concurrent ones) and
+// reports decode tok/s of both, their ratio, the data-plane bytes per generated token, and
+// whether both produced the same tokens. Both sides run through the same API, scheduler and
+// worker code, so the ratio isolates the pipeline: hops, frames and per-stage RPCs.
+#include "cli/bench_cluster.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/api_client.h"
+#include "cli/child_process.h"
+#include "cli/daemon_flags.h"
+#include "common/log.h"
+#include "coordinator/coordinator.h"
+#include "worker/grpc_status.h"
+
+namespace fm::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kStartTimeout = std::chrono::seconds(180);
+constexpr auto kStopGrace = std::chrono::seconds(5);
+constexpr int kRepeats = 5;   // batch-1 runs per side, alternating; the best of each is kept
+
+const char* kUsage =
+    "usage: flashmesh bench cluster --config FILE [--model DIR] [--tokens N] [--prompt N]\n"
+    "                               [--streams N] [--threads N] [--json]\n"
+    "  starts the cluster of FILE (every worker and the coordinator) and a single-process\n"
+    "  `serve` of the same model, then measures both in the same run: decode tok/s at batch 1\n"
+    "  (best of 5, alternating), aggregate tok/s of --streams concurrent requests (default 8),\n"
+    "  data-plane bytes per generated token; --tokens new tokens per request (default 64),\n"
+    "  --prompt prompt tokens (default 16), --threads kernel threads per process (default:\n"
+    "  all cores). The YAML's ports must be free.\n";
+
+struct Options {
+  std::string config, model;
+  int64_t tokens = 64, prompt = 16, streams = 8, threads = 0;
+  bool json = false;
+};
+
+struct Run {
+  Status status;
+  std::vector<int32_t> ids;
+  double decode_s = 0;   // first token -> last token
+  double total_s = 0;    // request -> last token
+};
+
+// A loopback port nobody listens on now (for the single-process server).
+Result<int> FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Internal("socket failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(fd);
+  if (!ok) return Internal("no free loopback port");
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+Status WaitHealthy(const ApiClient& api, const std::string& what) {
+  const auto deadline = Clock::now() + kStartTimeout;
+  std::string last = "no answer";
+  while (Clock::now() < deadline) {
+    flashmesh::v1::ClusterStatusResponse resp;
+    auto ctx = api.Context(2);
+    grpc::Status s = api.stub->ClusterStatus(ctx.get(), {}, &resp);
+    if (s.ok() && resp.healthy()) return Status::Ok();
+    last = s.ok() ? "not every node is up" : s.error_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return Unavailable(what + " did not become healthy within " +
+                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kStartTimeout).count()) +
+                     " s: " + last);
+}
+
+Result<flashmesh::v1::ClusterStatusResponse> GetStatus(const ApiClient& api) {
+  flashmesh::v1::ClusterStatusResponse resp;
+  auto ctx = api.Context(10);
+  grpc::Status s = api.stub->ClusterStatus(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpc(s, "ClusterStatus");
+  return resp;
+}
+
+uint64_t WireBytes(const flashmesh::v1::ClusterStatusResponse& s) {
+  uint64_t sum = 0;
+  for (const auto& n : s.nodes()) sum += n.data_bytes_sent();
+  return sum;
+}
+
+// One greedy request of `o.tokens` new tokens past EOS; `salt` varies the prompt per stream.
+Run Generate(const ApiClient& api, const Options& o, int salt) {
+  flashmesh::v1::GenerateRequest req;
+  for (int64_t i = 0; i < o.prompt; ++i) req.mutable_tokens()->add_ids(static_cast<int32_t>(3 + (i * 31 + salt * 17) % 200));
+  req.set_max_tokens(static_cast<int32_t>(o.tokens));
+  req.set_ignore_eos(true);
+  req.mutable_sampling()->set_greedy(true);
+  Run r;
+  auto ctx = api.Context(600);
+  const auto t0 = Clock::now();
+  Clock::time_point first, last;
+  auto reader = api.stub->Generate(ctx.get(), req);
+  flashmesh::v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    if (!resp.has_token()) continue;
+    last = Clock::now();
+    if (r.ids.empty()) first = last;
+    r.ids.push_back(resp.token().id());
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) r.status = FromGrpc(s, "Generate");
+  else if (static_cast<int64_t>(r.ids.size()) != o.tokens)
+    r.status = Internal("Generate returned " + std::to_string(r.ids.size()) + " tokens, asked " +
+                        std::to_string(o.tokens));
+  r.decode_s = std::chrono::duration<double>(last - first).count();
+  r.total_s = std::chrono::duration<double>(last - t0).count();
+  return r;
+}
+
+// `streams` concurrent requests; aggregate generated tokens per second of wall time.
+Result<double> Concurrent(const ApiClient& api, const Options& o) {
+  std::vector<Run> runs(o.streams);
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < o.streams; ++i)
+    threads.emplace_back([&, i] { runs[i] = Generate(api, o, static_cast<int>(i) + 1); });
+  for (auto& t : threads) t.join();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (const auto& r : runs) FM_RETURN_IF_ERROR(r.status);
+  return static_cast<double>(o.streams * o.tokens) / wall;
+}
+
+Result<Options> Parse(int argc, char** argv) {
+  FM_ASSIGN_OR_RETURN(Flags f, Flags::Parse(argc - 1, argv + 1,
+                                            {"config", "model", "tokens", "prompt", "streams", "threads"},
+                                            {"json"}));
+  Options o;
+  if (!f.Has("config")) return InvalidArgument("--config: missing");
+  o.config = f.Get("config");
+  o.model = f.Get("model");
+  o.json = f.Has("json");
+  struct {
+    const char* name;
+    int64_t* value;
+    int64_t min;
+  } ints[] = {{"tokens", &o.tokens, 2}, {"prompt", &o.prompt, 1}, {"streams", &o.streams, 1},
+              {"threads", &o.threads, 0}};
+  for (auto& i : ints) {
+    FM_ASSIGN_OR_RETURN(long long v, f.GetInt(i.name, *i.value));
+    if (v < i.min || v > (1 << 20))
+      return InvalidArgument(std::string("--") + i.name + ": " + std::to_string(v) + " is not in [" +
+                             std::to_string(i.min) + ", 1048576]");
+    *i.value = v;
+  }
+  if (o.threads == 0) o.threads = std::max(1u, std::thread::hardware_concurrency());
+  return o;
+}
+
+struct Side {
+  double decode_tok_s = 0, streams_tok_s = 0;
+  std::vector<int32_t> ids;
+};
+
+Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetup& setup) {
+  const std::string threads = std::to_string(o.threads);
+  std::vector<std::string> model;
+  if (!o.model.empty()) model = {"--model", o.model};
+  std::vector<Child> children;
+  auto spawn = [&](const std::string& name, std::vector<std::string> args) -> Status {
+    args.insert(args.end(), {"--log-level", "warn"});
+    FM_ASSIGN_OR_RETURN(pid_t pid, SpawnSelf(args, /*quiet_stdout=*/true));
+    children.push_back({name, pid});
+    return Status::Ok();
+  };
+  auto run = [&]() -> Status {
+    for (const auto& n : cfg.nodes) {
+      std::vector<std::string> a = {"flashmesh", "worker", "--config", o.config, "--node", n.name,
+                                    "--threads", threads};
+      a.insert(a.end(), model.begin(), model.end());
+      FM_RETURN_IF_ERROR(spawn("worker " + n.name, a));
+    }
+    std::vector<std::string> coord = {"flashmesh", "coordinator", "--config", o.config};
+    coord.insert(coord.end(), model.begin(), model.end());
+    FM_RETURN_IF_ERROR(spawn("coordinator", coord));
+    FM_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
+    const std::string single_addr = "127.0.0.1:" + std::to_string(port);
+    FM_RETURN_IF_ERROR(spawn("serve", {"flashmesh", "serve", "--model", setup.model_dir, "--listen",
+                                       single_addr, "--threads", threads, "--max-batch",
+                                       std::to_string(cfg.limits.max_batch), "--max-context",
+                                       std::to_string(cfg.limits.max_context), "--max-tokens",
+                                       std::to_string(cfg.limits.max_tokens)}));
+    FM_ASSIGN_OR_RETURN(ApiClient single, ConnectApi(single_addr, ""));
+    FM_ASSIGN_OR_RETURN(ApiClient pipe, ConnectApi(setup.listen, cfg.security.token_file));
+    FM_RETURN_IF_ERROR(WaitHealthy(single, "serve"));
+    FM_RETURN_IF_ERROR(WaitHealthy(pipe, "the cluster of " + o.config));
+    FM_LOG(kInfo, "bench") << "both up; measuring";
+    Options warm = o;
+    warm.tokens = 2;
+    FM_RETURN_IF_ERROR(Generate(single, warm, 0).status);
+    FM_RETURN_IF_ERROR(Generate(pipe, warm, 0).status);
+
+    Side s, c;
+    uint64_t wire = 0;
+    for (int rep = 0; rep < kRepeats; ++rep) {
+      Run a = Generate(single, o, 0);
+      FM_RETURN_IF_ERROR(a.status.Wrap("serve"));
+      FM_ASSIGN_OR_RETURN(auto before, GetStatus(pipe));
+      Run b = Generate(pipe, o, 0);
+      FM_RETURN_IF_ERROR(b.status.Wrap("cluster"));
+      FM_ASSIGN_OR_RETURN(auto after, GetStatus(pipe));
+      wire = WireBytes(after) - WireBytes(before);
+      s.decode_tok_s = std::max(s.decode_tok_s, (o.tokens - 1) / a.decode_s);
+      c.decode_tok_s = std::max(c.decode_tok_s, (o.tokens - 1) / b.decode_s);
+      s.ids = a.ids;
+      c.ids = b.ids;
+    }
+    FM_ASSIGN_OR_RETURN(s.streams_tok_s, Concurrent(single, o));
+    FM_ASSIGN_OR_RETURN(c.streams_tok_s, Concurrent(pipe, o));
+
+    const double ratio = c.decode_tok_s / s.decode_tok_s;
+    const double streams_ratio = c.streams_tok_s / s.streams_tok_s;
+    const double wire_per_token = static_cast<double>(wire) / static_cast<double>(o.tokens);
+    const bool same = s.ids == c.ids;
+    if (o.json) {
+      nlohmann::json j = {
+          {"config", o.config},
+          {"model", setup.model_dir},
+          {"pipeline_stages", setup.plan.pipeline_stages},
+          {"workers", setup.plan.workers.size()},
+          {"threads_per_process", o.threads},
+          {"prompt_tokens", o.prompt},
+          {"new_tokens", o.tokens},
+          {"streams", o.streams},
+          {"single", {{"decode_tok_s", s.decode_tok_s}, {"streams_tok_s", s.streams_tok_s}}},
+          {"cluster",
+           {{"decode_tok_s", c.decode_tok_s},
+            {"streams_tok_s", c.streams_tok_s},
+            {"wire_bytes_per_token", wire_per_token}}},   // all hops, prefill included
+          {"decode_ratio", ratio},
+          {"streams_ratio", streams_ratio},
+          {"tokens_match", same}};
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::printf("cluster %s: %d stage(s), %zu worker(s); %s; %lld threads per process\n",
+                  o.config.c_str(), setup.plan.pipeline_stages, setup.plan.workers.size(),
+                  setup.model_dir.c_str(), static_cast<long long>(o.threads));
+      std::printf("                       single    cluster   ratio\n");
+      std::printf("decode tok/s (batch 1) %9.2f %9.2f %7.3f\n", s.decode_tok_s, c.decode_tok_s, ratio);
+      std::printf("tok/s, %2lld streams     %9.2f %9.2f %7.3f\n", static_cast<long long>(o.streams),
+                  s.streams_tok_s, c.streams_tok_s, streams_ratio);
+      std::printf("wire bytes per token   %19.0f (data plane, all hops, prefill included)\n",
+                  wire_per_token);
+      std::printf("tokens match           %19s\n", same ? "yes" : "NO");
+    }
+    if (!same) return Internal("the cluster's tokens differ from the single process's");
+    return Status::Ok();
+  };
+  Status st = run();
+  StopAll(children, kStopGrace);
+  return st;
+}
+
+}  // namespace
+
+int BenchCluster(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  auto o = Parse(argc, argv);
+  if (!o.ok()) {
+    std::fprintf(stderr, "bench cluster: %s\n%s", o.status().message().c_str(), kUsage);
+    return 2;
+  }
+  auto cfg = LoadClusterConfig(o->config);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "bench cluster: %s\n", cfg.status().message().c_str());
+    return 1;
+  }
+  auto setup = SetupFromConfig(*cfg, o->model);
+  if (!setup.ok()) {
+    std::fprintf(stderr, "bench cluster: %s\n", setup.status().message().c_str());
+    return 1;
+  }
+  const Status st = Measure(*o, *cfg, *setup);
+  if (!st.ok()) {
+    std::fprintf(stderr, "bench cluster: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace fm::cli
