@@ -1,0 +1,134 @@
+#include "net/communicator.h"
+
+#include <chrono>
+#include <thread>
+
+namespace fm::net {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Millis Remaining(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+  return left.count() > 0 ? left : Millis(0);
+}
+
+class TcpCommunicator final : public Communicator {
+ public:
+  TcpCommunicator(Transport* t, std::vector<CommMember> members, int rank)
+      : t_(t), members_(std::move(members)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  const std::string& name(int rank) const override { return members_[rank].name; }
+
+  Status Connect(Millis timeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (int r = rank_ + 1; r < size(); ++r) {
+      Status st;
+      do {
+        st = t_->Connect(name(r), members_[r].address, std::min(Remaining(deadline), Millis(2000)));
+        if (st.ok() || st.code() == Code::kUnauthenticated) break;
+        std::this_thread::sleep_for(Millis(50));
+      } while (Clock::now() < deadline);
+      FM_RETURN_IF_ERROR(st.Wrap("EP group rank " + std::to_string(rank_) + " dialing rank " +
+                                 std::to_string(r)));
+    }
+    for (int r = 0; r < rank_; ++r)
+      FM_RETURN_IF_ERROR(t_->WaitForPeer(name(r), Remaining(deadline))
+                             .Wrap("EP group rank " + std::to_string(rank_) + " waiting for rank " +
+                                   std::to_string(r)));
+    return Status::Ok();
+  }
+
+  Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
+                                       const std::vector<CommBuffer>& send,
+                                       Millis timeout) override {
+    if (static_cast<int>(send.size()) != size())
+      return InvalidArgument("all-to-all: " + std::to_string(send.size()) + " buffers for " +
+                             std::to_string(size()) + " ranks");
+    const auto deadline = Clock::now() + timeout;
+    // Sends never wait for the peer to read (the transport drains every connection into its
+    // queue), so "send to all, then receive from all" cannot deadlock.
+    for (int r = 0; r < size(); ++r)
+      if (r != rank_) FM_RETURN_IF_ERROR(Send(r, kind, step, tag, send[r], Remaining(deadline)));
+    std::vector<Frame> recv(size());
+    for (int r = 0; r < size(); ++r)
+      if (r != rank_) {
+        FM_ASSIGN_OR_RETURN(recv[r], Recv(r, kind, step, tag, Remaining(deadline)));
+      }
+    return recv;
+  }
+
+  Status Send(int peer, FrameKind kind, uint64_t step, uint32_t tag, const CommBuffer& buf,
+              Millis timeout) override {
+    FM_RETURN_IF_ERROR(CheckPeer(peer));
+    if (buf.shape.empty() || buf.shape.size() > kFrameMaxRank)
+      return InvalidArgument("EP send to rank " + std::to_string(peer) + ": rank " +
+                             std::to_string(buf.shape.size()) + " shape");
+    FrameHeader h;
+    h.kind = kind;
+    h.dtype = buf.dtype;
+    h.step_id = step;
+    h.tag = tag;
+    h.set_shape(buf.shape);
+    return t_->Send(name(peer), h, buf.data, buf.nbytes, timeout)
+        .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")");
+  }
+
+  Result<Frame> Recv(int peer, FrameKind kind, uint64_t step, uint32_t tag,
+                     Millis timeout) override {
+    FM_RETURN_IF_ERROR(CheckPeer(peer));
+    Result<Frame> f = t_->Recv(name(peer), timeout);
+    if (!f.ok()) return f.status().Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")");
+    const FrameHeader& h = f->header;
+    if (h.kind != kind || h.step_id != step || h.tag != tag) {
+      // Out of step: the group cannot continue on this connection.
+      t_->Disconnect(name(peer));
+      return Internal("EP rank " + std::to_string(peer) + " (" + name(peer) + ") sent " +
+                      FrameKindName(h.kind) + " step " + std::to_string(h.step_id) + " tag " +
+                      std::to_string(h.tag) + ", expected " + FrameKindName(kind) + " step " +
+                      std::to_string(step) + " tag " + std::to_string(tag));
+    }
+    return f;
+  }
+
+  Status Barrier(uint64_t step, Millis timeout) override {
+    std::vector<CommBuffer> none(size());
+    return AllToAllV(FrameKind::kControl, step, kBarrierTag, none, timeout).status();
+  }
+
+ private:
+  static constexpr uint32_t kBarrierTag = 0xFFFFFFFFu;
+
+  Status CheckPeer(int peer) const {
+    if (peer < 0 || peer >= size() || peer == rank_)
+      return InvalidArgument("EP peer rank " + std::to_string(peer) + " (group of " +
+                             std::to_string(size()) + ", self " + std::to_string(rank_) + ")");
+    return Status::Ok();
+  }
+
+  Transport* t_;
+  std::vector<CommMember> members_;
+  int rank_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,
+                                                          std::vector<CommMember> members,
+                                                          int rank, Millis timeout) {
+  if (members.empty()) return InvalidArgument("EP group: no members");
+  if (rank < 0 || rank >= static_cast<int>(members.size()))
+    return InvalidArgument("EP group: rank " + std::to_string(rank) + " outside [0, " +
+                           std::to_string(members.size()) + ")");
+  for (size_t i = 0; i < members.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (members[i].name == members[j].name)
+        return InvalidArgument("EP group: member '" + members[i].name + "' listed twice");
+  auto c = std::make_unique<TcpCommunicator>(transport, std::move(members), rank);
+  FM_RETURN_IF_ERROR(c->Connect(timeout));
+  return std::unique_ptr<Communicator>(std::move(c));
+}
+
+}  // namespace fm::net

@@ -1,0 +1,62 @@
+// Communicator: the collective layer of an expert-parallel group (DESIGN.md §3) on top of a
+// Transport: ranks 0..size-1 named by their peer names, all-to-all-v, send/recv and a barrier.
+// Every frame is tagged (kind, step id, tag) and checked on receipt, so a peer that falls out
+// of step is an error naming it rather than silently mixed data. Every call has a deadline; a
+// dead or silent rank becomes Unavailable / DeadlineExceeded naming it, never a hang.
+//
+// Backends: TCP (this file, over net::Transport; works across hosts). The NCCL backend for GPU
+// workers is part of the GPU path (docs/gpu.md) and not in this build.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "net/frame.h"
+#include "net/transport.h"
+
+namespace fm::net {
+
+// One outgoing message: a typed, shaped view of the caller's bytes (not copied).
+struct CommBuffer {
+  FrameDType dtype = FrameDType::kF32;
+  std::vector<uint32_t> shape = {0};  // rank 1..4; a zero dim = nothing (still sent)
+  const void* data = nullptr;
+  size_t nbytes = 0;
+};
+
+struct CommMember {
+  std::string name;     // the member's transport peer name
+  std::string address;  // its data-plane listen address
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& name(int rank) const = 0;
+
+  // send[r] goes to rank r (send[rank()] is ignored: the caller keeps its own part); returns
+  // the frame every other rank sent here, recv[rank()] empty. Every rank must call it with
+  // the same (kind, step, tag). Deadline `timeout` for the whole exchange.
+  virtual Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
+                                               const std::vector<CommBuffer>& send,
+                                               Millis timeout) = 0;
+  virtual Status Send(int peer, FrameKind kind, uint64_t step, uint32_t tag,
+                      const CommBuffer& buf, Millis timeout) = 0;
+  virtual Result<Frame> Recv(int peer, FrameKind kind, uint64_t step, uint32_t tag,
+                             Millis timeout) = 0;
+  // Returns once every rank reached Barrier(step).
+  virtual Status Barrier(uint64_t step, Millis timeout) = 0;
+};
+
+// Members in rank order; `rank` is this process (members[rank].name must be the transport's
+// self name). Connects the group: each rank dials the higher ranks (retrying until `timeout`,
+// they may still be starting) and waits for the lower ones to dial it.
+Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,
+                                                          std::vector<CommMember> members,
+                                                          int rank, Millis timeout);
+
+}  // namespace fm::net

@@ -1,0 +1,194 @@
+// Expert parallelism: the TCP Communicator (all-to-all-v, barrier, tags, dead ranks) and the
+// EpExpertExecutor, whose routed output on k members (each holding a contiguous expert range
+// and its own rows) is bit-identical to one process holding every expert.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "model/checkpoint.h"
+#include "model/mkmodel.h"
+#include "model/moe.h"
+#include "net/communicator.h"
+#include "net/tcp_transport.h"
+#include "tests/unit/test_checkpoint_util.h"
+#include "worker/ep_expert_executor.h"
+
+namespace fm {
+namespace {
+
+using namespace std::chrono_literals;
+using net::Millis;
+
+// `n` transports on loopback named m0..m{n-1}, connected as one group.
+struct Group {
+  std::vector<std::unique_ptr<net::Transport>> transports;
+  std::vector<std::unique_ptr<net::Communicator>> comms;
+
+  explicit Group(int n) {
+    std::vector<net::CommMember> members;
+    for (int i = 0; i < n; ++i) {
+      auto t = net::MakeTcpTransport({.self_name = "m" + std::to_string(i), .secret = "ep"});
+      EXPECT_TRUE(t.ok());
+      EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
+      members.push_back({"m" + std::to_string(i), (*t)->listen_address()});
+      transports.push_back(std::move(t).value());
+    }
+    comms.resize(n);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i)
+      threads.emplace_back([&, i] {
+        auto c = net::MakeTcpCommunicator(transports[i].get(), members, i, 10000ms);
+        EXPECT_TRUE(c.ok()) << c.status().ToString();
+        if (c.ok()) comms[i] = std::move(c).value();
+      });
+    for (auto& t : threads) t.join();
+  }
+  // Runs fn(rank) on every rank at once.
+  void All(const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < comms.size(); ++i) threads.emplace_back(fn, static_cast<int>(i));
+    for (auto& t : threads) t.join();
+  }
+};
+
+TEST(Communicator, AllToAllVDeliversEveryRanksBufferIncludingEmptyOnes) {
+  Group g(3);
+  ASSERT_TRUE(g.comms[2]);
+  g.All([&](int me) {
+    // Rank me sends (me * 10 + r) repeated r+me times to rank r; rank 1 sends nothing to 0.
+    std::vector<std::vector<float>> data(3);
+    std::vector<net::CommBuffer> send(3);
+    for (int r = 0; r < 3; ++r) {
+      const size_t n = (me == 1 && r == 0) ? 0 : r + me;
+      data[r].assign(n, static_cast<float>(me * 10 + r));
+      send[r] = {net::FrameDType::kF32, {static_cast<uint32_t>(n)}, data[r].data(), n * 4};
+    }
+    auto recv = g.comms[me]->AllToAllV(net::FrameKind::kEpDispatch, 7, 3, send, 5000ms);
+    ASSERT_TRUE(recv.ok()) << recv.status().ToString();
+    for (int r = 0; r < 3; ++r) {
+      if (r == me) continue;
+      const size_t n = (r == 1 && me == 0) ? 0 : me + r;
+      auto v = net::FramePayloadAsF32((*recv)[r]);
+      ASSERT_TRUE(v.ok());
+      EXPECT_EQ(*v, std::vector<float>(n, static_cast<float>(r * 10 + me))) << me << " from " << r;
+    }
+    EXPECT_TRUE(g.comms[me]->Barrier(8, 5000ms).ok());
+  });
+}
+
+TEST(Communicator, OutOfStepPeerIsAnErrorNamingIt) {
+  Group g(2);
+  ASSERT_TRUE(g.comms[1]);
+  float v = 1;
+  ASSERT_TRUE(g.comms[1]->Send(0, net::FrameKind::kEpDispatch, 5, 1,
+                               {net::FrameDType::kF32, {1}, &v, 4}, 2000ms).ok());
+  auto f = g.comms[0]->Recv(1, net::FrameKind::kEpDispatch, 6, 1, 2000ms);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("EP rank 1 (m1) sent EP_DISPATCH step 5"), std::string::npos)
+      << f.status().message();
+}
+
+TEST(Communicator, DeadRankTurnsIntoAnErrorWithinTheDeadline) {
+  Group g(3);
+  ASSERT_TRUE(g.comms[2]);
+  g.comms[2].reset();
+  g.transports[2].reset();   // rank 2 is gone
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<net::CommBuffer> none(3);
+  auto r = g.comms[0]->AllToAllV(net::FrameKind::kEpCombine, 1, 0, none, 1500ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("m2"), std::string::npos) << r.status().message();
+}
+
+TEST(Communicator, BadGroupsAreRefused) {
+  auto t = net::MakeTcpTransport({.self_name = "a"});
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(net::MakeTcpCommunicator(t->get(), {}, 0, 100ms).ok());
+  EXPECT_FALSE(net::MakeTcpCommunicator(t->get(), {{"a", "127.0.0.1:1"}}, 1, 100ms).ok());
+  auto dup = net::MakeTcpCommunicator(t->get(), {{"a", "x:1"}, {"a", "x:2"}}, 0, 100ms);
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("'a' listed twice"), std::string::npos);
+}
+
+const std::string& Tiny() {
+  static const std::string d = [] {
+    const std::string p = testing_ck::TempDir("ep_tiny");
+    EXPECT_TRUE(WritePresetCheckpoint(p, "tiny", 7).ok());
+    return p;
+  }();
+  return d;
+}
+
+std::vector<float> RandomRows(int64_t T, int64_t H, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(T * H);
+  for (auto& v : x) v = d(rng);
+  return x;
+}
+
+// k members split the experts; member r routes its own T_r rows of layer `layer`.
+void ExpectEpEqualsLocal(int members, int64_t layer) {
+  auto full = Checkpoint::Open(Tiny());
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  const ModelConfig& cfg = (*full)->config();
+  const int64_t H = cfg.hidden_size, k = cfg.num_experts_per_tok, E = cfg.n_routed_experts;
+  const std::string prefix = "layers." + std::to_string(layer) + ".ffn.";
+  auto all = BindMoe(**full, prefix, layer);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ThreadPool pool(1);
+  std::vector<const MoeWeights*> all_layers(cfg.num_hidden_layers + 1, nullptr);
+  all_layers[layer] = &*all;
+  LocalExpertExecutor local(cfg, all_layers, &pool);
+
+  std::vector<int64_t> begin;
+  for (int r = 0; r <= members; ++r) begin.push_back(E * r / members);
+  std::vector<std::unique_ptr<Checkpoint>> ck(members);
+  std::vector<MoeWeights> moe(members);
+  for (int r = 0; r < members; ++r) {
+    ShardSelection sel;
+    for (int64_t e = begin[r]; e < begin[r + 1]; ++e) sel.experts.push_back(e);
+    auto c = Checkpoint::Open(Tiny(), sel);
+    ASSERT_TRUE(c.ok());
+    ck[r] = std::move(c).value();
+    auto m = BindMoe(*ck[r], prefix, layer);
+    ASSERT_TRUE(m.ok());
+    moe[r] = std::move(m).value();
+  }
+  Group g(members);
+  ASSERT_TRUE(g.comms[members - 1]);
+  uint64_t remote_bytes = 0;
+  g.All([&](int r) {
+    ThreadPool mpool(1);
+    std::vector<const MoeWeights*> layers(cfg.num_hidden_layers + 1, nullptr);
+    layers[layer] = &moe[r];
+    EpExpertExecutor ep(cfg, layers, g.comms[r].get(), begin, &mpool, 5000ms);
+    for (uint64_t step = 1; step <= 3; ++step) {
+      ep.SetStep(step);
+      const int64_t T = (r + step) % 3 == 0 ? 0 : 1 + 3 * r + step;  // some members idle
+      std::vector<float> x = RandomRows(T, H, 100 * r + step);
+      std::vector<int32_t> tokens(T), ids(T * k);
+      for (int64_t t = 0; t < T; ++t) tokens[t] = static_cast<int32_t>((t * 13 + r) % cfg.vocab_size);
+      std::vector<float> w(T * k), want(T * H), got(T * H);
+      ASSERT_TRUE(RouteMoe(cfg, *all, x.data(), tokens.data(), T, ids.data(), w.data(), &mpool).ok());
+      ASSERT_TRUE(local.RunRouted(layer, x.data(), T, ids.data(), w.data(), want.data()).ok());
+      Status st = ep.RunRouted(layer, x.data(), T, ids.data(), w.data(), got.data());
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+          << "member " << r << " step " << step << ": EP differs from one process";
+    }
+    if (r == 0) remote_bytes = ep.stats().dispatch_bytes + ep.stats().combine_bytes;
+  });
+  EXPECT_GT(remote_bytes, 0u) << "rank 0 never used another member's experts";
+}
+
+TEST(EpExpertExecutor, TwoMembersEqualOneProcessBitForBit) { ExpectEpEqualsLocal(2, 3); }
+TEST(EpExpertExecutor, ThreeMembersEqualOneProcessBitForBit) { ExpectEpEqualsLocal(3, 4); }
+TEST(EpExpertExecutor, HashRoutedLayerToo) { ExpectEpEqualsLocal(3, 0); }
+
+}  // namespace
+}  // namespace fm

@@ -1,0 +1,57 @@
+// EpExpertExecutor: the routed experts of one MoE step across an expert-parallel group
+// (DESIGN.md §3). Every member holds the dense parts and a contiguous range of experts; each
+// runs its own sequences (data-parallel attention) and, per MoE layer:
+//   dispatch  (all-to-all-v): to each owner, the rows that route to its experts [n, H] f32
+//             and the (row, expert) pairs [p, 2] i32;
+//   compute   every requested (row, expert) with the local experts;
+//   combine   (all-to-all-v): each pair's unweighted expert output [p, H] back to the row's
+//             member, which sums the k contributions in k order (MoeCombine_kH).
+// Returning unweighted outputs and summing at the row's owner in the local executor's order
+// makes the result bit-identical to running every expert in one process. Every member must
+// call RunRouted for the same layers of the same step, with T = 0 when it has no rows.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/moe.h"
+#include "net/communicator.h"
+
+namespace fm {
+
+struct EpStats {
+  uint64_t dispatch_bytes = 0, combine_bytes = 0;  // payload bytes this member sent
+  std::vector<uint64_t> tokens_per_expert;         // rows routed to each expert (by any member)
+};
+
+class EpExpertExecutor : public ExpertExecutor {
+ public:
+  // layers: MoE weights by absolute layer (null where this shard has none), with this
+  // member's experts loaded; expert_begin[r]..expert_begin[r+1]: rank r's experts (size+1
+  // entries, last = n_routed_experts).
+  EpExpertExecutor(const ModelConfig& cfg, std::vector<const MoeWeights*> layers,
+                   net::Communicator* comm, std::vector<int64_t> expert_begin, ThreadPool* pool,
+                   net::Millis timeout);
+
+  // The step whose layers run next (tags every frame so members cannot mix steps).
+  void SetStep(uint64_t step) { step_ = step; }
+  Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                   const float* weights, float* routed) override;
+  const EpStats& stats() const { return stats_; }
+
+ private:
+  int Owner(int32_t expert) const;
+  // Expert outputs [p, H] for pairs (row, expert) of rows [n, H], with this member's experts.
+  Status Compute(const MoeWeights& w, const float* rows, int64_t n, const int32_t* pairs,
+                 int64_t p, std::vector<float>* out) const;
+
+  const ModelConfig& cfg_;
+  std::vector<const MoeWeights*> layers_;
+  net::Communicator* comm_;
+  std::vector<int64_t> expert_begin_;
+  ThreadPool* pool_;
+  net::Millis timeout_;
+  uint64_t step_ = 0;
+  EpStats stats_;
+};
+
+}  // namespace fm
