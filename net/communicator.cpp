@@ -22,23 +22,19 @@ class TcpCommunicator final : public Communicator {
   int size() const override { return static_cast<int>(members_.size()); }
   const std::string& name(int rank) const override { return members_[rank].name; }
 
-  Status Connect(Millis timeout) {
-    const auto deadline = Clock::now() + timeout;
-    for (int r = rank_ + 1; r < size(); ++r) {
-      Status st;
-      do {
-        st = t_->Connect(name(r), members_[r].address, std::min(Remaining(deadline), Millis(2000)));
-        if (st.ok() || st.code() == Code::kUnauthenticated) break;
-        std::this_thread::sleep_for(Millis(50));
-      } while (Clock::now() < deadline);
-      FM_RETURN_IF_ERROR(st.Wrap("EP group rank " + std::to_string(rank_) + " dialing rank " +
-                                 std::to_string(r)));
-    }
-    for (int r = 0; r < rank_; ++r)
-      FM_RETURN_IF_ERROR(t_->WaitForPeer(name(r), Remaining(deadline))
-                             .Wrap("EP group rank " + std::to_string(rank_) + " waiting for rank " +
-                                   std::to_string(r)));
-    return Status::Ok();
+  // Connections are made on demand, so a member that restarted rejoins without the others
+  // reloading: the lower rank of a pair dials (retrying until the deadline, the peer may still
+  // be starting), the higher one waits to be dialed.
+  Status EnsureConnected(int peer, Clock::time_point deadline) {
+    if (t_->IsConnected(name(peer))) return Status::Ok();
+    if (peer < rank_) return t_->WaitForPeer(name(peer), Remaining(deadline));
+    Status st;
+    do {
+      st = t_->Connect(name(peer), members_[peer].address, std::min(Remaining(deadline), Millis(2000)));
+      if (st.ok() || st.code() == Code::kUnauthenticated) return st;
+      std::this_thread::sleep_for(Millis(50));
+    } while (Clock::now() < deadline);
+    return st;
   }
 
   Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
@@ -63,6 +59,9 @@ class TcpCommunicator final : public Communicator {
   Status Send(int peer, FrameKind kind, uint64_t step, uint32_t tag, const CommBuffer& buf,
               Millis timeout) override {
     FM_RETURN_IF_ERROR(CheckPeer(peer));
+    const auto deadline = Clock::now() + timeout;
+    FM_RETURN_IF_ERROR(EnsureConnected(peer, deadline)
+                           .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")"));
     if (buf.shape.empty() || buf.shape.size() > kFrameMaxRank)
       return InvalidArgument("EP send to rank " + std::to_string(peer) + ": rank " +
                              std::to_string(buf.shape.size()) + " shape");
@@ -72,25 +71,30 @@ class TcpCommunicator final : public Communicator {
     h.step_id = step;
     h.tag = tag;
     h.set_shape(buf.shape);
-    return t_->Send(name(peer), h, buf.data, buf.nbytes, timeout)
+    return t_->Send(name(peer), h, buf.data, buf.nbytes, Remaining(deadline))
         .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")");
   }
 
   Result<Frame> Recv(int peer, FrameKind kind, uint64_t step, uint32_t tag,
                      Millis timeout) override {
     FM_RETURN_IF_ERROR(CheckPeer(peer));
-    Result<Frame> f = t_->Recv(name(peer), timeout);
-    if (!f.ok()) return f.status().Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")");
-    const FrameHeader& h = f->header;
-    if (h.kind != kind || h.step_id != step || h.tag != tag) {
+    const auto deadline = Clock::now() + timeout;
+    const std::string who = "EP rank " + std::to_string(peer) + " (" + name(peer) + ")";
+    if (peer > rank_) FM_RETURN_IF_ERROR(EnsureConnected(peer, deadline).Wrap(who));  // we dial
+    while (true) {
+      Result<Frame> f = t_->Recv(name(peer), Remaining(deadline));
+      if (!f.ok()) return f.status().Wrap(who);
+      const FrameHeader& h = f->header;
+      if (h.kind == kind && h.step_id == step && h.tag == tag) return f;
+      // Step ids only grow: frames of an older step belong to a step that was aborted (a
+      // member failed mid-step) and are skipped.
+      if (h.step_id < step) continue;
       // Out of step: the group cannot continue on this connection.
       t_->Disconnect(name(peer));
-      return Internal("EP rank " + std::to_string(peer) + " (" + name(peer) + ") sent " +
-                      FrameKindName(h.kind) + " step " + std::to_string(h.step_id) + " tag " +
-                      std::to_string(h.tag) + ", expected " + FrameKindName(kind) + " step " +
-                      std::to_string(step) + " tag " + std::to_string(tag));
+      return Internal(who + " sent " + FrameKindName(h.kind) + " step " + std::to_string(h.step_id) +
+                      " tag " + std::to_string(h.tag) + ", expected " + FrameKindName(kind) +
+                      " step " + std::to_string(step) + " tag " + std::to_string(tag));
     }
-    return f;
   }
 
   Status Barrier(uint64_t step, Millis timeout) override {
@@ -117,7 +121,7 @@ class TcpCommunicator final : public Communicator {
 
 Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,
                                                           std::vector<CommMember> members,
-                                                          int rank, Millis timeout) {
+                                                          int rank) {
   if (members.empty()) return InvalidArgument("EP group: no members");
   if (rank < 0 || rank >= static_cast<int>(members.size()))
     return InvalidArgument("EP group: rank " + std::to_string(rank) + " outside [0, " +
@@ -126,9 +130,8 @@ Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,
     for (size_t j = 0; j < i; ++j)
       if (members[i].name == members[j].name)
         return InvalidArgument("EP group: member '" + members[i].name + "' listed twice");
-  auto c = std::make_unique<TcpCommunicator>(transport, std::move(members), rank);
-  FM_RETURN_IF_ERROR(c->Connect(timeout));
-  return std::unique_ptr<Communicator>(std::move(c));
+  return std::unique_ptr<Communicator>(
+      std::make_unique<TcpCommunicator>(transport, std::move(members), rank));
 }
 
 }  // namespace fm::net

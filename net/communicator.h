@@ -53,10 +53,12 @@ class Communicator {
 };
 
 // Members in rank order; `rank` is this process (members[rank].name must be the transport's
-// self name). Connects the group: each rank dials the higher ranks (retrying until `timeout`,
-// they may still be starting) and waits for the lower ones to dial it.
+// self name). Returns at once: connections are made on first use (the lower rank of a pair
+// dials, retrying within the call's deadline; the higher waits), and made again after one
+// broke, so a restarted member rejoins without the others reloading. Frames of an older step
+// (left over from a step aborted by a failure) are skipped on receipt.
 Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,
                                                           std::vector<CommMember> members,
-                                                          int rank, Millis timeout);
+                                                          int rank);
 
 }  // namespace fm::net
