@@ -28,13 +28,20 @@ std::string Mib(uint64_t bytes) {
   return buf;
 }
 
+nlohmann::json TopExperts(const flashmesh::v1::NodeStatus& n) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& e : n.top_experts()) a.push_back({{"expert", e.expert()}, {"tokens", e.tokens()}});
+  return a;
+}
+
 }  // namespace
 
 int CmdStatus(int argc, char** argv) {
   const char* usage =
       "usage: flashmesh status --server HOST:PORT [--json] [--token-file FILE]\n"
       "  one row per node: state, stage, layers, experts, weight MiB, KV MiB, active\n"
-      "  sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent\n";
+      "  sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent; with expert\n"
+      "  parallelism, each node's 5 most-routed experts\n";
   auto flags = Flags::Parse(argc, argv, {"server", "token-file"}, {"json", "help"});
   if (!flags.ok()) {
     std::fprintf(stderr, "status: %s\n%s", flags.status().message().c_str(), usage);
@@ -84,6 +91,8 @@ int CmdStatus(int argc, char** argv) {
                             {"data_bytes_sent", n.data_bytes_sent()},
                             {"data_bytes_received", n.data_bytes_received()},
                             {"data_frames_rejected", n.data_frames_rejected()},
+                            {"ep_bytes_sent", n.ep_bytes_sent()},
+                            {"top_experts", TopExperts(n)},
                             {"control", n.control()},
                             {"data", n.data()},
                             {"error", n.error()}});
@@ -108,6 +117,15 @@ int CmdStatus(int argc, char** argv) {
                 n.tokens_per_second(), age, Mib(n.data_bytes_sent()).c_str());
     if (!n.error().empty() && n.state() != flashmesh::v1::NODE_STATE_UP)
       std::printf("  %s: %s\n", n.name().c_str(), n.error().c_str());
+  }
+  if (resp.expert_parallel() > 1) {
+    std::printf("expert load (rows routed per expert, top 5):\n");
+    for (const auto& n : resp.nodes()) {
+      std::printf("  %-14s", n.name().c_str());
+      for (const auto& e : n.top_experts())
+        std::printf(" %d:%llu", e.expert(), static_cast<unsigned long long>(e.tokens()));
+      std::printf("   (EP sent %s MiB)\n", Mib(n.ep_bytes_sent()).c_str());
+    }
   }
   return 0;
 }

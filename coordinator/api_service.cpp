@@ -1,5 +1,7 @@
 #include "coordinator/api_service.h"
 
+#include <algorithm>
+
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
@@ -169,7 +171,7 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
   resp->set_queued_requests(scheduler_->queued());
   resp->set_model(options_.model_name);
   resp->set_pipeline_stages(cluster_->num_stages());
-  resp->set_expert_parallel(1);
+  resp->set_expert_parallel(cluster_->expert_parallel());
   for (const auto& node : cluster_->nodes()) {
     auto* n = resp->add_nodes();
     const WorkerPlan& w = node->plan();
@@ -199,6 +201,18 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
       n->set_data_bytes_sent(sresp.data_bytes_sent());
       n->set_data_bytes_received(sresp.data_bytes_received());
       n->set_data_frames_rejected(sresp.data_frames_rejected());
+      n->set_ep_bytes_sent(sresp.ep_bytes_sent());
+      std::vector<std::pair<uint64_t, int>> load;   // (tokens, expert); most first, low id on ties
+      for (int e = 0; e < sresp.expert_tokens_size(); ++e)
+        if (sresp.expert_tokens(e) > 0) load.emplace_back(sresp.expert_tokens(e), e);
+      std::sort(load.begin(), load.end(), [](const auto& a, const auto& b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      });
+      for (size_t i = 0; i < load.size() && i < 5; ++i) {
+        auto* el = n->add_top_experts();
+        el->set_expert(load[i].second);
+        el->set_tokens(load[i].first);
+      }
     }
   }
   return grpc::Status::OK;

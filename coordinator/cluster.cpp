@@ -58,7 +58,10 @@ void NodeHandle::MarkDown(const std::string& why) {
 
 Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std::string>>& addresses,
                  const ClusterOptions& options)
-    : options_(options), num_stages_(plan.pipeline_stages), epoch_(RandomEpoch()) {
+    : options_(options),
+      num_stages_(plan.pipeline_stages),
+      expert_parallel_(plan.expert_parallel),
+      epoch_(RandomEpoch()) {
   for (size_t i = 0; i < plan.workers.size(); ++i) {
     const WorkerPlan& w = plan.workers[i];
     flashmesh::v1::ShardSpec spec;
@@ -71,12 +74,24 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_head(w.head);
     if (plan.expert_parallel > 1)
       for (int64_t e = w.expert_begin; e < w.expert_end; ++e) spec.add_experts(static_cast<int32_t>(e));
-    // The data plane: this stage's manifolds go to the next stage's data address.
-    if (i + 1 < plan.workers.size()) {
-      spec.set_next_node(plan.workers[i + 1].node);
-      spec.set_next_data(addresses[i + 1].second);
+    // The data plane: member r of stage s hands its manifolds to member r of stage s+1.
+    const size_t k = static_cast<size_t>(plan.expert_parallel);
+    if (i + k < plan.workers.size()) {
+      spec.set_next_node(plan.workers[i + k].node);
+      spec.set_next_data(addresses[i + k].second);
     }
-    if (i > 0) spec.set_prev_node(plan.workers[i - 1].node);
+    if (i >= k) spec.set_prev_node(plan.workers[i - k].node);
+    if (k > 1) {
+      // The stage's EP group, in rank order, and every member's expert range.
+      const size_t first = i - static_cast<size_t>(w.ep_rank);
+      spec.set_ep_rank(w.ep_rank);
+      for (size_t m = first; m < first + k; ++m) {
+        spec.add_ep_nodes(plan.workers[m].node);
+        spec.add_ep_data(addresses[m].second);
+        spec.add_ep_expert_begin(plan.workers[m].expert_begin);
+      }
+      spec.add_ep_expert_begin(plan.workers[first + k - 1].expert_end);
+    }
     spec.set_activation_dtype(options.activation_dtype);
     spec.set_max_context(static_cast<int32_t>(options.max_context));
     spec.set_kv_cache_bytes(options.kv_cache_bytes);

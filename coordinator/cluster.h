@@ -71,8 +71,7 @@ class Cluster {
   void Start();   // heartbeat threads
   int num_stages() const { return num_stages_; }
   const ClusterOptions& options() const { return options_; }
-  // Workers of stage s (stage-major order, one per stage without expert parallelism).
-  NodeHandle* stage(int s) { return nodes_[s].get(); }
+  int expert_parallel() const { return expert_parallel_; }
   const std::vector<std::unique_ptr<NodeHandle>>& nodes() const { return nodes_; }
   NodeHandle* Find(const std::string& name) const;
 
@@ -88,6 +87,7 @@ class Cluster {
 
   ClusterOptions options_;
   int num_stages_ = 1;
+  int expert_parallel_ = 1;
   uint64_t epoch_ = 0;
   std::vector<std::unique_ptr<NodeHandle>> nodes_;
   std::function<void(const std::string&, bool)> listener_;

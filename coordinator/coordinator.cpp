@@ -16,9 +16,6 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.model_dir = model_override.empty() ? cfg.model : model_override;
   FM_ASSIGN_OR_RETURN(s.model, LoadModelConfig(s.model_dir + "/config.json"));
   FM_ASSIGN_OR_RETURN(s.plan, PlanShards(s.model, cfg));
-  if (s.plan.expert_parallel != 1)
-    return InvalidArgument(cfg.path + ": parallel.expert_parallel " + std::to_string(s.plan.expert_parallel) +
-                           ": the scheduler serves pipeline parallelism only (expert_parallel 1)");
   if (cfg.transport == TransportKind::kNccl)
     return InvalidArgument(cfg.path + ": transport nccl: this build's workers run on the CPU with the "
                            "TCP data plane; set transport: tcp");

@@ -34,14 +34,17 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
                            " x expert_parallel " + std::to_string(k) + " = " +
                            std::to_string(workers) + " workers, but the cluster has " +
                            std::to_string(cl.nodes.size()) + " nodes");
-  if (E % k != 0)
+  if (k > E)
     return InvalidArgument("parallel.expert_parallel " + std::to_string(k) +
-                           " does not divide n_routed_experts " + std::to_string(E));
+                           " exceeds n_routed_experts " + std::to_string(E) +
+                           ": every member of an EP group needs at least one expert");
   if (stages > L)
     return InvalidArgument("parallel.pipeline_stages " + std::to_string(stages) +
                            " exceeds num_hidden_layers " + std::to_string(L) +
                            " (a stage owns at least one layer)");
-  const int64_t per_member = E / k;
+  // Member r holds experts [r*E/k, (r+1)*E/k): contiguous, sizes differ by at most one. The
+  // stages are balanced for the largest member.
+  const int64_t per_member = (E + k - 1) / k;
   const int64_t seqs = (cl.limits.max_batch + k - 1) / k;
   const bool fixed_kv = cl.limits.kv_cache_gib > 0;
   auto kv = [&](int64_t l) -> uint64_t {
@@ -98,14 +101,15 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
       w.ep_rank = r;
       w.layer_begin = begin[s];
       w.layer_end = begin[s + 1];
-      w.expert_begin = r * per_member;
-      w.expert_end = (r + 1) * per_member;
+      w.expert_begin = r * E / k;
+      w.expert_end = (r + 1) * E / k;
+      const int64_t experts = w.expert_end - w.expert_begin;
       w.embed = s == 0;
       w.head = s == stages - 1;
       w.max_sequences = seqs;
       int64_t last = w.head ? L + m.num_nextn_predict_layers : w.layer_end;
       for (int64_t l = w.layer_begin; l < last; ++l) {
-        w.weight_bytes += mb.layer_total(l, per_member);
+        w.weight_bytes += mb.layer_total(l, experts);
         w.kv_bytes += kv(l);
       }
       if (w.embed) w.weight_bytes += mb.embed;

@@ -44,13 +44,13 @@ void RequestStream::Push(Event ev) {
 struct Scheduler::StepCall {
   struct PerNode {
     grpc::ClientContext ctx;
+    flashmesh::v1::StepBatchRequest req;   // the items of this node's EP member
     flashmesh::v1::StepBatchResponse resp;
     grpc::Status status;
     bool done = false;
   };
   uint64_t step_id = 0;
   std::vector<uint64_t> seq_ids;
-  flashmesh::v1::StepBatchRequest req;
   std::vector<std::unique_ptr<PerNode>> nodes;
   std::mutex mu;
   int remaining = 0;
@@ -152,9 +152,15 @@ void Scheduler::Admit() {
     req.set_seq_id(r->id);
     req.set_max_context(static_cast<int32_t>(limits_.max_context));
     *req.mutable_sampling() = r->params.sampling;
+    // Data-parallel attention: the sequence lives on one member of every stage's EP group,
+    // the one with the fewest live sequences.
+    std::vector<int> load(cluster_->expert_parallel(), 0);
+    for (const auto& [id, q] : live_) ++load[q->member];
+    r->member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     Status failed;
     std::vector<NodeHandle*> started;
     for (const auto& node : cluster_->nodes()) {
+      if (node->plan().ep_rank != r->member) continue;
       flashmesh::v1::StartSequenceResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + kControlTimeout);
@@ -197,10 +203,10 @@ void Scheduler::Launch() {
     const size_t take = (ready.size() + slots - 1) / slots;
     auto call = std::make_shared<StepCall>();
     call->step_id = next_step_id_++;
-    call->req.set_step_id(call->step_id);
+    std::vector<flashmesh::v1::StepItem> items(take);
     for (size_t i = 0; i < take; ++i) {
       Request* r = ready[i];
-      auto* item = call->req.add_items();
+      flashmesh::v1::StepItem* item = &items[i];
       item->set_seq_id(r->id);
       item->mutable_tokens()->Add(r->next.begin(), r->next.end());
       r->next.clear();
@@ -210,12 +216,22 @@ void Scheduler::Launch() {
     in_flight_[call->step_id] = call;
     const auto& nodes = cluster_->nodes();
     call->remaining = static_cast<int>(nodes.size());
-    for (size_t i = 0; i < nodes.size(); ++i) call->nodes.push_back(std::make_unique<StepCall::PerNode>());
+    // Every worker runs every step (an EP member without sequences still serves its experts),
+    // each with its member's items, in the order given by prev_step_id.
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      auto pn = std::make_unique<StepCall::PerNode>();
+      pn->req.set_step_id(call->step_id);
+      pn->req.set_prev_step_id(last_step_id_);
+      for (const auto& item : items)
+        if (live_[item.seq_id()]->member == nodes[i]->plan().ep_rank) *pn->req.add_items() = item;
+      call->nodes.push_back(std::move(pn));
+    }
+    last_step_id_ = call->step_id;
     for (size_t i = 0; i < nodes.size(); ++i) {
       StepCall::PerNode* pn = call->nodes[i].get();
       ++outstanding_rpcs_;
       pn->ctx.set_deadline(std::chrono::system_clock::now() + kStepTimeout);
-      nodes[i]->stub()->async()->StepBatch(&pn->ctx, &call->req, &pn->resp,
+      nodes[i]->stub()->async()->StepBatch(&pn->ctx, &pn->req, &pn->resp,
                                            [this, call, pn](grpc::Status s) {
                                              {
                                                std::lock_guard<std::mutex> lock(call->mu);
@@ -270,13 +286,18 @@ void Scheduler::Complete(StepCall* call) {
     FailAll(why);
     return;
   }
-  const auto& last = call->nodes.back()->resp;
-  if (last.tokens_size() != static_cast<int>(call->seq_ids.size())) {
-    FailAll(Internal("the last stage returned " + std::to_string(last.tokens_size()) +
+  // The last stage's members sampled their own sequences.
+  std::vector<flashmesh::v1::SampledToken> sampled;
+  const auto& nodes = cluster_->nodes();
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i]->plan().head)
+      for (const auto& t : call->nodes[i]->resp.tokens()) sampled.push_back(t);
+  if (sampled.size() != call->seq_ids.size()) {
+    FailAll(Internal("the last stage returned " + std::to_string(sampled.size()) +
                      " tokens for " + std::to_string(call->seq_ids.size()) + " sequences"));
     return;
   }
-  for (const auto& t : last.tokens()) {
+  for (const auto& t : sampled) {
     auto it = live_.find(t.seq_id());
     if (it == live_.end()) continue;
     Request* r = it->second.get();
@@ -351,6 +372,7 @@ void Scheduler::FailAll(const Status& why) {
   for (auto& [id, call] : in_flight_)
     for (auto& n : call->nodes) n->ctx.TryCancel();
   in_flight_.clear();
+  last_step_id_ = 0;   // the workers' Reset forgets the step order too
   for (auto& [id, r] : live_) r->stream->Push({RequestStream::Event::kError, {}, {}, why});
   live_.clear();
   active_count_ = 0;

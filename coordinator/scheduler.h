@@ -84,6 +84,7 @@ class Scheduler {
     int64_t generated = 0;
     std::vector<int32_t> next;     // tokens of its next step
     bool in_flight = false;
+    int member = 0;                // EP rank whose workers hold its KV (0 without EP)
   };
   struct StepCall;   // one micro-batch's RPCs to every stage
 
@@ -112,6 +113,7 @@ class Scheduler {
   std::map<uint64_t, std::unique_ptr<Request>> live_;
   std::map<uint64_t, std::shared_ptr<StepCall>> in_flight_;
   uint64_t next_request_id_ = 1, next_step_id_ = 1;
+  uint64_t last_step_id_ = 0;         // the step launched last; 0 after a reset
   std::atomic<int> active_count_{0}, queued_count_{0};
   std::atomic<int> outstanding_rpcs_{0};
   std::thread thread_;

@@ -11,7 +11,11 @@ namespace fm {
 ShardRuntime::ShardRuntime(int threads) : pool_(threads) {}
 ShardRuntime::~ShardRuntime() = default;
 
-Status ShardRuntime::Load(const ShardPlacement& p) {
+namespace {
+constexpr net::Millis kEpTimeout{30000};   // one MoE exchange; a dead member fails it sooner
+}  // namespace
+
+Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) {
   ShardSelection sel;
   sel.layer_begin = p.layer_begin;
   sel.layer_end = p.layer_end;
@@ -21,8 +25,27 @@ Status ShardRuntime::Load(const ShardPlacement& p) {
   sel.experts = p.experts;
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(p.model_dir, sel));
   FM_ASSIGN_OR_RETURN(auto model, ShardModel::Create(*ckpt, &pool_));
+  const ModelConfig& cfg = ckpt->config();
+  const int64_t end = p.layer_end < 0 ? cfg.num_hidden_layers : p.layer_end;
+  std::vector<MoeWeights> ep_moe;
+  std::unique_ptr<EpExpertExecutor> ep;
+  if (p.expert_parallel()) {
+    if (!ep_group) return Internal("expert-parallel shard without an EP group");
+    ep_moe.reserve(end - p.layer_begin);
+    for (int64_t l = p.layer_begin; l < end; ++l) {
+      FM_ASSIGN_OR_RETURN(MoeWeights w, BindMoe(*ckpt, "layers." + std::to_string(l) + ".ffn.", l));
+      ep_moe.push_back(std::move(w));
+    }
+    std::vector<const MoeWeights*> layers(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, nullptr);
+    for (auto& w : ep_moe) layers[w.layer] = &w;
+    ep = std::make_unique<EpExpertExecutor>(cfg, std::move(layers), ep_group, p.ep_expert_begin,
+                                            &pool_, kEpTimeout);
+    model->SetExpertExecutor(ep.get());
+  }
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.clear();
+  ep_ = std::move(ep);
+  ep_moe_ = std::move(ep_moe);
   model_ = std::move(model);
   ckpt_ = std::move(ckpt);
   placement_ = p;
@@ -116,10 +139,25 @@ Status ShardRuntime::Embed(std::span<const StepSlice> slices, std::vector<float>
   std::vector<int32_t> tokens;
   for (const auto& s : slices) tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
   x->assign(tokens.size() * row_floats(), 0.f);
+  if (tokens.empty()) return Status::Ok();   // an EP member without sequences this step
   return model_->Embed(tokens, x->data());
 }
 
-Status ShardRuntime::Forward(std::span<const StepSlice> slices, float* x) {
+EpStats ShardRuntime::ep_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ep_ ? ep_->stats() : EpStats{};
+}
+
+Status ShardRuntime::Forward(uint64_t step, std::span<const StepSlice> slices, float* x) {
+  if (ep_) ep_->SetStep(step);
+  if (slices.empty()) {
+    if (!ep_) return Status::Ok();
+    // No rows here, but the other members' rows may need this member's experts.
+    for (int64_t l = placement_.layer_begin; l < placement_.layer_end; ++l)
+      FM_RETURN_IF_ERROR(ep_->RunRouted(l, nullptr, 0, nullptr, nullptr, nullptr)
+                             .Wrap("layer " + std::to_string(l)));
+    return Status::Ok();
+  }
   std::vector<BatchItem> items;
   items.reserve(slices.size());
   for (const auto& s : slices) {
@@ -141,6 +179,7 @@ Status ShardRuntime::Forward(std::span<const StepSlice> slices, float* x) {
 Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> slices,
                                                     const float* x) {
   if (!model_->has_head()) return Internal("this shard has no head");
+  if (slices.empty()) return std::vector<SampledId>{};
   const int64_t rf = row_floats();
   const int64_t vocab = model_->config().vocab_size;
   // Only the last row of each slice reaches the head: [B, hc, H] -> [B, vocab].

@@ -16,6 +16,8 @@
 #include "model/checkpoint.h"
 #include "model/forward.h"
 #include "model/sampler.h"
+#include "net/communicator.h"
+#include "worker/ep_expert_executor.h"
 
 namespace fm {
 
@@ -29,6 +31,11 @@ struct ShardPlacement {
   std::vector<int64_t> experts;              // empty = all
   int64_t max_context = 0;                   // 0 = the model's max_position_embeddings or 8192
   uint64_t kv_cache_bytes = 0;               // 0 = unlimited
+  // Expert parallelism (empty = off): member r holds experts [ep_expert_begin[r],
+  // ep_expert_begin[r+1]); `experts` is this member's range.
+  int ep_rank = 0;
+  std::vector<int64_t> ep_expert_begin;
+  bool expert_parallel() const { return ep_expert_begin.size() > 2; }
 };
 
 // One step's slice for one sequence.
@@ -49,7 +56,8 @@ class ShardRuntime {
   ~ShardRuntime();
 
   // Opens the shard and binds the model; replaces what was loaded (all sequences dropped).
-  Status Load(const ShardPlacement& placement);
+  // With expert parallelism, `ep_group` (outliving the load) carries the MoE all-to-all.
+  Status Load(const ShardPlacement& placement, net::Communicator* ep_group = nullptr);
   bool loaded() const;
   const ShardPlacement& placement() const { return placement_; }
   const ModelConfig& config() const;   // needs loaded()
@@ -63,12 +71,15 @@ class ShardRuntime {
 
   // Stage 0: tokens of every slice -> X [T, hc, H]. Needs the embedding.
   Status Embed(std::span<const StepSlice> slices, std::vector<float>* x) const;
-  // X [T, hc, H] through this shard's layers; each slice's cache advances.
-  Status Forward(std::span<const StepSlice> slices, float* x);
+  // X [T, hc, H] through this shard's layers; each slice's cache advances. An EP member with
+  // no slices still takes part in every layer's all-to-all (with no rows). `step` tags them.
+  Status Forward(uint64_t step, std::span<const StepSlice> slices, float* x);
   // Last stage: for every slice, the logits of its last row -> one sampled id + logprob.
   Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const float* x);
 
   int64_t row_floats() const;   // hc * H
+  // EP: rows routed to each expert by this member's rows, and dispatch + combine bytes sent.
+  EpStats ep_stats() const;
 
  private:
   struct Sequence {
@@ -83,6 +94,8 @@ class ShardRuntime {
   ShardPlacement placement_;
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<ShardModel> model_;
+  std::vector<MoeWeights> ep_moe_;                 // EP: this member's MoE weights per layer
+  std::unique_ptr<EpExpertExecutor> ep_;
   mutable std::mutex mu_;   // guards seqs_ (the map, not the caches: one executor thread)
   std::map<uint64_t, Sequence> seqs_;
 };

@@ -25,10 +25,12 @@ void StageExecutor::SetNext(std::unique_ptr<ActivationSink> next) {
   next_ = std::move(next);
 }
 
-Status StageExecutor::RunStep(uint64_t step_id, std::vector<StepSlice> slices,
-                              Clock::time_point deadline, std::vector<SampledId>* sampled) {
+Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
+                              std::vector<StepSlice> slices, Clock::time_point deadline,
+                              std::vector<SampledId>* sampled) {
   Step step;
   step.id = step_id;
+  step.prev = prev_step_id;
   step.slices = std::move(slices);
   std::unique_lock<std::mutex> lock(mu_);
   if (waiting_.count(step_id)) return InvalidArgument("step " + std::to_string(step_id) + " is already queued");
@@ -73,6 +75,7 @@ void StageExecutor::Reset() {
   }
   waiting_.clear();
   inbox_.clear();
+  last_run_ = 0;
   runtime_->FreeAll();
   cv_.notify_all();
 }
@@ -80,7 +83,8 @@ void StageExecutor::Reset() {
 StageExecutor::Step* StageExecutor::NextReadyLocked() {
   const bool first = runtime_->loaded() && runtime_->placement().stage == 0;
   for (auto& [id, step] : waiting_)
-    if (first || inbox_.count(id)) return step;
+    // prev 0: the first step since the coordinator reset the cluster.
+    if ((step->prev == last_run_ || step->prev == 0) && (first || inbox_.count(id))) return step;
   return nullptr;
 }
 
@@ -92,6 +96,7 @@ void StageExecutor::Loop() {
     if (stop_) break;
     waiting_.erase(step->id);
     step->running = true;
+    last_run_ = step->id;
     std::vector<float> x;
     if (auto it = inbox_.find(step->id); it != inbox_.end()) {
       x = std::move(it->second);
@@ -124,7 +129,7 @@ Status StageExecutor::Execute(Step* step, std::vector<float>* x) {
                            std::to_string(x->size() / runtime_->row_floats()) + " rows, the batch " +
                            std::to_string(rows));
   }
-  FM_RETURN_IF_ERROR(runtime_->Forward(step->slices, x->data()));
+  FM_RETURN_IF_ERROR(runtime_->Forward(step->id, step->slices, x->data()));
   if (p.head) {
     FM_ASSIGN_OR_RETURN(step->sampled, runtime_->Sample(step->slices, x->data()));
   } else {

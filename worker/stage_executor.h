@@ -1,5 +1,6 @@
-// StageExecutor: runs this worker's stage for each micro-batch, one at a time, in step-id order
-// among the steps whose input is ready. Stage 0 embeds the tokens; a later stage takes the
+// StageExecutor: runs this worker's stage for each micro-batch, one at a time, in exactly the
+// order the coordinator sent them (each step names the step before it), so that the members
+// of an expert-parallel group, whose MoE exchanges pair up step by step, never disagree. Stage 0 embeds the tokens; a later stage takes the
 // previous stage's manifold X [T, hc, H] from its inbox (filled by the data plane). After the
 // layers, a stage that is not the last sends X to the next stage; the last one samples.
 // Several micro-batches can be in flight: while stage s runs step k, stage s-1 runs step k+1.
@@ -37,10 +38,11 @@ class StageExecutor {
   // Where finished manifolds go; null on the last stage. Call with no step in flight.
   void SetNext(std::unique_ptr<ActivationSink> next);
 
-  // Runs one micro-batch through this stage; blocks until done or `deadline`. On the last
-  // stage `sampled` gets one id per slice, in slice order.
-  Status RunStep(uint64_t step_id, std::vector<StepSlice> slices, Clock::time_point deadline,
-                 std::vector<SampledId>* sampled);
+  // Runs one micro-batch through this stage once step `prev_step_id` (0: none since the last
+  // reset) has run and the input is here; blocks until done or `deadline`. On the last stage
+  // `sampled` gets one id per slice, in slice order. `slices` may be empty (EP member).
+  Status RunStep(uint64_t step_id, uint64_t prev_step_id, std::vector<StepSlice> slices,
+                 Clock::time_point deadline, std::vector<SampledId>* sampled);
   // The previous stage's manifold for step_id (rows x row_floats f32).
   Status Receive(uint64_t step_id, int64_t rows, int64_t row_floats, std::vector<float> x);
 
@@ -54,7 +56,7 @@ class StageExecutor {
 
  private:
   struct Step {
-    uint64_t id = 0;
+    uint64_t id = 0, prev = 0;
     std::vector<StepSlice> slices;
     bool running = false, done = false;
     Status status;
@@ -73,6 +75,7 @@ class StageExecutor {
   std::mutex exec_mu_;                // held while a step computes
   std::deque<std::pair<Clock::time_point, int64_t>> recent_rows_;
   uint64_t rows_total_ = 0;
+  uint64_t last_run_ = 0;             // id of the last step started; 0 after a reset
   bool stop_ = false;
   std::thread thread_;
 };

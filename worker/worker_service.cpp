@@ -33,6 +33,21 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   p.experts.assign(s.experts().begin(), s.experts().end());
   p.max_context = s.max_context();
   p.kv_cache_bytes = s.kv_cache_bytes();
+  p.ep_rank = s.ep_rank();
+  p.ep_expert_begin.assign(s.ep_expert_begin().begin(), s.ep_expert_begin().end());
+  std::unique_ptr<net::Communicator> ep_group;
+  if (s.ep_nodes_size() > 1) {
+    if (s.ep_data_size() != s.ep_nodes_size() || s.ep_expert_begin_size() != s.ep_nodes_size() + 1 ||
+        p.ep_rank < 0 || p.ep_rank >= s.ep_nodes_size() || s.ep_nodes(p.ep_rank) != node_)
+      return ToGrpc(InvalidArgument("shard.ep_*: inconsistent expert-parallel group for node " + node_));
+    std::vector<net::CommMember> members;
+    for (int i = 0; i < s.ep_nodes_size(); ++i) members.push_back({s.ep_nodes(i), s.ep_data(i)});
+    auto group = net::MakeTcpCommunicator(data_plane_, std::move(members), p.ep_rank);
+    if (!group.ok()) return ToGrpc(group.status().Wrap("node " + node_));
+    ep_group = std::move(group).value();
+  } else {
+    p.ep_expert_begin.clear();
+  }
   if (p.stage < 0 || p.stage >= p.num_stages)
     return ToGrpc(InvalidArgument("shard.stage " + std::to_string(p.stage) + " outside [0, " +
                                   std::to_string(p.num_stages) + ")"));
@@ -43,11 +58,12 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   auto dtype = ParseActivationDType(s.activation_dtype().empty() ? "f32" : s.activation_dtype());
   if (!dtype.ok()) return ToGrpc(dtype.status().Wrap("shard"));
   executor_.Reset();
-  Status st = runtime_.Load(p);
+  Status st = runtime_.Load(p, ep_group.get());
   if (!st.ok()) {
     FM_LOG(kError, "worker") << node_ << ": " << st.ToString();
     return ToGrpc(st.Wrap("node " + node_ + " loading its shard"));
   }
+  ep_group_ = std::move(ep_group);   // the runtime now uses the new group (or none)
   executor_.SetNext(p.head ? nullptr
                             : NewTransportActivationSink(data_plane_, s.next_node(), s.next_data(), *dtype));
   receiver_.SetPeer(p.stage > 0 ? s.prev_node() : "");
@@ -82,6 +98,9 @@ grpc::Status WorkerService::Stats(grpc::ServerContext*, const flashmesh::v1::Sta
   resp->set_data_bytes_sent(ts.bytes_sent);
   resp->set_data_bytes_received(ts.bytes_received);
   resp->set_data_frames_rejected(ts.connections_dropped + receiver_.frames_rejected());
+  const EpStats ep = runtime_.ep_stats();
+  for (uint64_t n : ep.tokens_per_expert) resp->add_expert_tokens(n);
+  resp->set_ep_bytes_sent(ep.dispatch_bytes + ep.combine_bytes);
   if (loaded) {
     resp->set_layer_begin(static_cast<int32_t>(runtime_.placement().layer_begin));
     resp->set_layer_end(static_cast<int32_t>(runtime_.placement().layer_end));
@@ -135,7 +154,8 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
   if (ctx->deadline() != std::chrono::system_clock::time_point::max())
     deadline = StageExecutor::Clock::now() + (ctx->deadline() - std::chrono::system_clock::now());
   std::vector<SampledId> sampled;
-  Status st = executor_.RunStep(req->step_id(), std::move(slices), deadline, &sampled);
+  Status st = executor_.RunStep(req->step_id(), req->prev_step_id(), std::move(slices), deadline,
+                                &sampled);
   if (!st.ok()) return ToGrpc(st.Wrap("node " + node_));
   for (const auto& t : sampled) {
     auto* out = resp->add_tokens();

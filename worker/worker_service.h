@@ -48,6 +48,7 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> draining_{false};
   net::Transport* data_plane_;
+  std::unique_ptr<net::Communicator> ep_group_;  // expert-parallel group of the loaded shard
   ShardRuntime runtime_;
   StageExecutor executor_;
   ActivationReceiver receiver_;   // after executor_: stops before it

@@ -131,10 +131,12 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
   std::ostringstream y;
   y << "model: " << SmallModel() << "\n"
     << "coordinator: { listen: 127.0.0.1:" << api_port_ << " }\n"
-    << "parallel: { pipeline_stages: " << spec.stages << ", expert_parallel: 1 }\n"
+    << "parallel: { pipeline_stages: " << spec.stages
+    << ", expert_parallel: " << spec.expert_parallel << " }\n"
     << "transport: tcp\n"
     << "nodes:\n";
-  for (int i = 0; i < spec.stages; ++i)
+  const int workers = spec.stages * spec.expert_parallel;
+  for (int i = 0; i < workers; ++i)
     y << "  - { name: " << node(i) << ", control: 127.0.0.1:" << FreePort()
       << ", data: 127.0.0.1:" << FreePort() << ", device: cpu, memory_gib: 4 }\n";
   y << "limits: { max_batch: " << spec.max_batch << ", max_context: " << spec.max_context
@@ -147,7 +149,7 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
   }
   yaml_ = dir_.path() + "/cluster.yaml";
   std::ofstream(yaml_) << y.str();
-  workers_.resize(spec.stages);
+  workers_.resize(workers);
 }
 
 void Cluster::StartWorker(int i) {
@@ -162,7 +164,7 @@ void Cluster::StartCoordinator() {
 }
 
 void Cluster::StartAll() {
-  for (int i = 0; i < spec_.stages; ++i) StartWorker(i);
+  for (int i = 0; i < workers(); ++i) StartWorker(i);
   StartCoordinator();
 }
 

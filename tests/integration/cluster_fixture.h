@@ -56,6 +56,7 @@ const std::string& SmallModel();
 
 struct ClusterSpec {
   int stages = 3;
+  int expert_parallel = 1;   // workers = stages * expert_parallel, named w0.. stage-major
   int max_batch = 16;
   int max_context = 512;
   int max_tokens = 256;
@@ -64,7 +65,7 @@ struct ClusterSpec {
   std::string cluster_secret = "it-cluster-secret";  // data-plane auth; "" = none
 };
 
-// A pipeline cluster: YAML, one worker process per stage, and the coordinator.
+// A cluster: YAML, one worker process per plan slot (stage-major), and the coordinator.
 class Cluster {
  public:
   explicit Cluster(const ClusterSpec& spec);
@@ -76,6 +77,7 @@ class Cluster {
   void StartWorker(int i);
   void StartCoordinator();
   void StartAll();
+  int workers() const { return static_cast<int>(workers_.size()); }
   Process* worker(int i) { return workers_[i].get(); }
   void KillWorker(int i, int sig);
   std::string Logs() const;

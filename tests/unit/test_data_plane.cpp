@@ -55,7 +55,7 @@ std::vector<SampledId> Step(std::vector<StageExecutor*> stages, uint64_t id,
   const auto deadline = StageExecutor::Clock::now() + 20s;
   for (size_t i = 0; i < stages.size(); ++i)
     threads.emplace_back([&, i] {
-      st[i] = stages[i]->RunStep(id, slices, deadline, i + 1 == stages.size() ? &out : nullptr);
+      st[i] = stages[i]->RunStep(id, id - 1, slices, deadline, i + 1 == stages.size() ? &out : nullptr);
     });
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < st.size(); ++i) EXPECT_TRUE(st[i].ok()) << "stage " << i << ": " << st[i].ToString();

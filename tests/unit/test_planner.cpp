@@ -151,9 +151,18 @@ TEST(Planner, ExpertParallelRangesAndDenseOnEveryMember) {
   // Sequences split over the EP group: ceil(4 / 2).
   EXPECT_EQ(p->at(0, 0).max_sequences, 2);
 
-  auto bad = PlanShards(m, Cluster(3, 1, 3, 100));
+  // Uneven groups: contiguous ranges whose sizes differ by at most one.
+  auto three = PlanShards(m, Cluster(3, 1, 3, 100));
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  EXPECT_EQ(three->at(0, 0).expert_end, 5);
+  EXPECT_EQ(three->at(0, 1).expert_begin, 5);
+  EXPECT_EQ(three->at(0, 1).expert_end, 10);
+  EXPECT_EQ(three->at(0, 2).expert_end, 16);
+  EXPECT_LT(three->at(0, 0).weight_bytes, three->at(0, 2).weight_bytes);
+
+  auto bad = PlanShards(SmallModel(12, 2), Cluster(3, 1, 3, 100));
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("expert_parallel 3 does not divide n_routed_experts 16"),
+  EXPECT_NE(bad.status().message().find("expert_parallel 3 exceeds n_routed_experts 2"),
             std::string::npos)
       << bad.status().message();
 }
