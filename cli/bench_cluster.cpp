@@ -42,7 +42,8 @@ const char* kUsage =
     "  starts the cluster of FILE (every worker and the coordinator) and a single-process\n"
     "  `serve` of the same model, then measures both in the same run: decode tok/s at batch 1\n"
     "  (best of 5, alternating), aggregate tok/s of --streams concurrent requests (default 8),\n"
-    "  data-plane bytes per generated token; --tokens new tokens per request (default 64),\n"
+    "  data-plane bytes per generated token (and the EP dispatch + combine part of them);\n"
+    "  --tokens new tokens per request (default 64),\n"
     "  --prompt prompt tokens (default 16), --threads kernel threads per process (default:\n"
     "  all cores). The YAML's ports must be free.\n";
 
@@ -98,9 +99,15 @@ Result<flashmesh::v1::ClusterStatusResponse> GetStatus(const ApiClient& api) {
   return resp;
 }
 
+// Data-plane bytes all workers sent: stage-to-stage frames, and EP dispatch + combine payloads.
 uint64_t WireBytes(const flashmesh::v1::ClusterStatusResponse& s) {
   uint64_t sum = 0;
   for (const auto& n : s.nodes()) sum += n.data_bytes_sent();
+  return sum;
+}
+uint64_t EpBytes(const flashmesh::v1::ClusterStatusResponse& s) {
+  uint64_t sum = 0;
+  for (const auto& n : s.nodes()) sum += n.ep_bytes_sent();
   return sum;
 }
 
@@ -216,7 +223,7 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
     FM_RETURN_IF_ERROR(Generate(pipe, warm, 0).status);
 
     Side s, c;
-    uint64_t wire = 0;
+    uint64_t wire = 0, ep_bytes = 0;
     for (int rep = 0; rep < kRepeats; ++rep) {
       Run a = Generate(single, o, 0);
       FM_RETURN_IF_ERROR(a.status.Wrap("serve"));
@@ -225,6 +232,7 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
       FM_RETURN_IF_ERROR(b.status.Wrap("cluster"));
       FM_ASSIGN_OR_RETURN(auto after, GetStatus(pipe));
       wire = WireBytes(after) - WireBytes(before);
+      ep_bytes = EpBytes(after) - EpBytes(before);
       s.decode_tok_s = std::max(s.decode_tok_s, (o.tokens - 1) / a.decode_s);
       c.decode_tok_s = std::max(c.decode_tok_s, (o.tokens - 1) / b.decode_s);
       s.ids = a.ids;
@@ -236,6 +244,7 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
     const double ratio = c.decode_tok_s / s.decode_tok_s;
     const double streams_ratio = c.streams_tok_s / s.streams_tok_s;
     const double wire_per_token = static_cast<double>(wire) / static_cast<double>(o.tokens);
+    const double ep_per_token = static_cast<double>(ep_bytes) / static_cast<double>(o.tokens);
     const bool same = s.ids == c.ids;
     if (o.json) {
       nlohmann::json j = {
@@ -243,6 +252,7 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
           {"model", setup.model_dir},
           {"pipeline_stages", setup.plan.pipeline_stages},
           {"workers", setup.plan.workers.size()},
+          {"expert_parallel", setup.plan.expert_parallel},
           {"threads_per_process", o.threads},
           {"prompt_tokens", o.prompt},
           {"new_tokens", o.tokens},
@@ -251,21 +261,24 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
           {"cluster",
            {{"decode_tok_s", c.decode_tok_s},
             {"streams_tok_s", c.streams_tok_s},
-            {"wire_bytes_per_token", wire_per_token}}},   // all hops, prefill included
+            {"wire_bytes_per_token", wire_per_token},   // all traffic, prefill included
+            {"ep_bytes_per_token", ep_per_token}}},     // EP dispatch + combine payloads
           {"decode_ratio", ratio},
           {"streams_ratio", streams_ratio},
           {"tokens_match", same}};
       std::printf("%s\n", j.dump(2).c_str());
     } else {
-      std::printf("cluster %s: %d stage(s), %zu worker(s); %s; %lld threads per process\n",
-                  o.config.c_str(), setup.plan.pipeline_stages, setup.plan.workers.size(),
+      std::printf("cluster %s: %d stage(s) x %d EP, %zu worker(s); %s; %lld threads per process\n",
+                  o.config.c_str(), setup.plan.pipeline_stages, setup.plan.expert_parallel,
+                  setup.plan.workers.size(),
                   setup.model_dir.c_str(), static_cast<long long>(o.threads));
       std::printf("                       single    cluster   ratio\n");
       std::printf("decode tok/s (batch 1) %9.2f %9.2f %7.3f\n", s.decode_tok_s, c.decode_tok_s, ratio);
       std::printf("tok/s, %2lld streams     %9.2f %9.2f %7.3f\n", static_cast<long long>(o.streams),
                   s.streams_tok_s, c.streams_tok_s, streams_ratio);
-      std::printf("wire bytes per token   %19.0f (data plane, all hops, prefill included)\n",
+      std::printf("wire bytes per token   %19.0f (data plane, all traffic, prefill included)\n",
                   wire_per_token);
+      std::printf("EP bytes per token     %19.0f (dispatch + combine payloads)\n", ep_per_token);
       std::printf("tokens match           %19s\n", same ? "yes" : "NO");
     }
     if (!same) return Internal("the cluster's tokens differ from the single process's");
