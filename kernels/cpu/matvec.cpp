@@ -2,8 +2,10 @@
 // register and used there; nothing is expanded in memory.
 //
 // Reduction order (the determinism contract): output (t, r) keeps 16 lane partial sums.
-// Chunk j of a row (16 consecutive inputs; FP4: see below) is added lane-wise in increasing j,
-// acc[l] = acc[l] + W[r, c_j(l)] * x[t, c_j(l)], then the lanes are summed by a fixed tree
+// Chunk j of a row (16 consecutive inputs; FP4: see below) is added lane-wise in increasing j
+// with one fused multiply-add, acc[l] = fma(W[r, c_j(l)], x[t, c_j(l)], acc[l]) (one rounding;
+// every build path uses a true FMA, so the bits do not depend on the ISA), then the lanes
+// are summed by a fixed tree
 // (l, l+8), (l, l+4), (l, l+2), (l, l+1). A partial last chunk adds +0 in its unused lanes.
 // The order depends only on cols: tiles over rows and batch rows, threads, and the position
 // of a row in the batch only change which independent accumulators run side by side.
@@ -14,13 +16,14 @@
 //       an f32 (k = 120, generic); one multiply by S * 2^k (S = the block's e8m0 scale) gives
 //       e4m3 * S with a single rounding, as the reference. The NaN codes 0x7F/0xFF decode as
 //       +-480 * S instead of NaN.
-//  FP4  per 32-input block, a 16-entry table of e2m1 values times the block scale, indexed by
-//       the nibbles (a register permute). The low nibbles of the block's 16 bytes are chunk
+//  FP4  per 32-input block, the 16-entry table of e2m1 values times the block scale (one of
+//       256 precomputed tables, exact products), indexed by the nibbles (a register permute). The low nibbles of the block's 16 bytes are chunk
 //       2k (inputs 32k + 2l), the high nibbles chunk 2k+1 (inputs 32k + 2l + 1); x is
 //       de-interleaved the same way once per call.
 #include "kernels/cpu/matvec.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -69,6 +72,16 @@ inline f32x16 LoadF32Partial(const float* p, int64_t n) {
   float tmp[kLanes] = {};
   std::memcpy(tmp, p, static_cast<size_t>(n) * sizeof(float));
   return LoadF32x16(tmp);
+}
+
+// a * b + c per lane with a single rounding.
+inline f32x16 Fma16(f32x16 a, f32x16 b, f32x16 c) {
+#if defined(__AVX512F__)
+  return BitCast<f32x16>(_mm512_fmadd_ps(BitCast<__m512>(a), BitCast<__m512>(b), BitCast<__m512>(c)));
+#else
+  for (int l = 0; l < kLanes; ++l) c[l] = std::fma(a[l], b[l], c[l]);
+  return c;
+#endif
 }
 
 // Fixed tree over the 16 lanes.
@@ -142,7 +155,8 @@ struct E8m0Table {
 };
 constexpr E8m0Table kE8m0;
 
-// v[i] = table[idx[i]] for idx < 16: one register permute. __builtin_shuffle with a runtime
+// v[i] = table[idx[i] mod 16]: one register permute (vpermps and __builtin_shuffle ignore the
+// higher index bits). __builtin_shuffle with a runtime
 // index is GCC-only; clang (the fuzz build) takes the intrinsic or the plain loop.
 inline f32x16 Lookup16(f32x16 table, u32x16 idx) {
 #if defined(__AVX512F__)
@@ -230,11 +244,22 @@ struct RowFP8 {
   }
 };
 
+// kFp4Tables.v[b] = the 16 e2m1 values times E8m0ToF32(b), filled at start-up (the largest
+// scales overflow to inf, which a constant expression may not): exact products where finite.
+struct Fp4Tables {
+  alignas(64) float v[256][16];
+  Fp4Tables() {
+    const float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    for (int b = 0; b < 256; ++b)
+      for (int i = 0; i < 16; ++i) v[b][i] = kE2m1[i] * kE8m0.v[b];
+  }
+};
+const Fp4Tables kFp4Tables;
+
 struct RowFP4 {
   static constexpr int64_t kBlockChunks = 2;
   static constexpr int64_t kChunkBytes = 8;
-  static constexpr f32x16 kTable = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
   const uint8_t* p;
   const uint8_t* scales;
   const void* bytes_at(int64_t off) const { return p + off; }
@@ -245,14 +270,13 @@ struct RowFP4 {
     scales = w.scale + r * (w.cols / 32);
   }
   bool SetBlock(int64_t b) {
-    table = kTable * kE8m0.v[scales[b]];
+    table = LoadF32x16(kFp4Tables.v[scales[b]]);
     bytes = WidenU8(p + b * 16);
     return false;
   }
   template <bool kSlow>
   f32x16 Chunk(int64_t j) const {
-    const u32x16 nib = (j & 1) ? (bytes >> 4) : (bytes & 15u);
-    return Lookup16(table, nib);
+    return Lookup16(table, (j & 1) ? (bytes >> 4) : bytes);
   }
   template <bool kSlow>
   f32x16 Tail(int64_t, int64_t) const { return f32x16{}; }  // cols % 32 == 0: never called
@@ -270,17 +294,19 @@ void Tile(const QWeight& w, int64_t r0, const float* x, int64_t t0, float* y) {
   const float* xt[TB];
   for (int t = 0; t < TB; ++t) xt[t] = x + (t0 + t) * cols;
   f32x16 acc[RB][TB] = {};
+  // The tile's rows are one contiguous region read at RB fronts; rows of 1-2 KiB are too short
+  // for the hardware prefetcher to pick up, so each front prefetches the same place in the next
+  // tile's rows (the next region), a little ahead.
+  const int64_t ahead = RB * cols / kLanes * Row::kChunkBytes + kPrefetchBytes;
   // kSlow: std::true_type / std::false_type, the decode variant of this block.
   auto step = [&](int64_t j, auto kSlow) {
-    // Software prefetch, one per cache line of each row: RB interleaved streams outrun the
-    // hardware prefetcher.
-    if ((j * Row::kChunkBytes) % 64 == 0)
-      for (int i = 0; i < RB; ++i) __builtin_prefetch(row[i].bytes_at(j * Row::kChunkBytes + kPrefetchBytes));
+    if ((j * Row::kChunkBytes) % 64 == 0)  // one prefetch per cache line of each front
+      for (int i = 0; i < RB; ++i) __builtin_prefetch(row[i].bytes_at(j * Row::kChunkBytes + ahead));
     f32x16 wv[RB];
     for (int i = 0; i < RB; ++i) wv[i] = row[i].template Chunk<kSlow()>(j);
     for (int t = 0; t < TB; ++t) {
       const f32x16 xv = LoadF32x16(xt[t] + j * kLanes);
-      for (int i = 0; i < RB; ++i) acc[i][t] += wv[i] * xv;
+      for (int i = 0; i < RB; ++i) acc[i][t] = Fma16(wv[i], xv, acc[i][t]);
     }
   };
   auto set_block = [&](int64_t b) {
@@ -307,7 +333,7 @@ void Tile(const QWeight& w, int64_t r0, const float* x, int64_t t0, float* y) {
       for (int i = 0; i < RB; ++i) wv[i] = row[i].template Tail<true>(full_chunks, tail);
       for (int t = 0; t < TB; ++t) {
         const f32x16 xv = LoadF32Partial(xt[t] + full_chunks * kLanes, tail);
-        for (int i = 0; i < RB; ++i) acc[i][t] += wv[i] * xv;
+        for (int i = 0; i < RB; ++i) acc[i][t] = Fma16(wv[i], xv, acc[i][t]);
       }
     }
   }
