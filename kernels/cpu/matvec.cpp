@@ -27,7 +27,6 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -357,41 +356,48 @@ void TileBatch(const QWeight& w, int64_t r0, const float* x, int64_t t0, int64_t
   }
 }
 
+int64_t RowsPerTile(int64_t T) { return T == 1 ? kDecodeRows : kBatchRows; }
+int64_t TileCount(const MatmulJob& j) {
+  const int64_t rb = RowsPerTile(j.T);
+  return (j.w->rows + rb - 1) / rb;
+}
+
+// Tiles [tile_begin, tile_end) of one product (x already in the format's input order).
 template <class Row>
-void Run(const QWeight& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
-  const int64_t rb = T == 1 ? kDecodeRows : kBatchRows;
-  const int64_t tiles = (w.rows + rb - 1) / rb;
-  const int64_t work_per_tile = rb * w.cols * T;
-  const size_t grain = static_cast<size_t>(std::max<int64_t>(1, kMinWorkPerPart / work_per_tile));
-  // x rows per pass over a thread's row range: enough to stay in L2 while its weights stream.
-  const int64_t t_group = std::max<int64_t>(
-      kBatchCols, kBatchXBytes / (w.cols * 4) / kBatchCols * kBatchCols);
-  auto decode = [&](size_t tile_begin, size_t tile_end) {
-    for (int64_t tile = static_cast<int64_t>(tile_begin); tile < static_cast<int64_t>(tile_end);
-         ++tile) {
+void RunTiles(const QWeight& w, const float* x, int64_t T, float* y, int64_t tile_begin,
+              int64_t tile_end) {
+  const int64_t rb = RowsPerTile(T);
+  if (T == 1) {
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t r0 = tile * rb;
       if (r0 + rb <= w.rows) Tile<Row, kDecodeRows, 1>(w, r0, x, 0, y);
       else for (int64_t r = r0; r < w.rows; ++r) Tile<Row, 1, 1>(w, r, x, 0, y);
     }
-  };
-  auto batch = [&](size_t tile_begin, size_t tile_end) {
-    for (int64_t ts = 0; ts < T; ts += t_group) {
-      const int64_t te = std::min(T, ts + t_group);
-      for (int64_t tile = static_cast<int64_t>(tile_begin); tile < static_cast<int64_t>(tile_end);
-           ++tile) {
-        const int64_t r0 = tile * rb;
-        for (int64_t t0 = ts; t0 < te; t0 += kBatchCols) {
-          const int64_t tb = std::min<int64_t>(kBatchCols, te - t0);
-          if (r0 + rb <= w.rows) TileBatch<Row, kBatchRows>(w, r0, x, t0, tb, y);
-          else for (int64_t r = r0; r < w.rows; ++r) TileBatch<Row, 1>(w, r, x, t0, tb, y);
-        }
+    return;
+  }
+  // x rows per pass over the row range: enough to stay in L2 while its weights stream.
+  const int64_t t_group = std::max<int64_t>(
+      kBatchCols, kBatchXBytes / (w.cols * 4) / kBatchCols * kBatchCols);
+  for (int64_t ts = 0; ts < T; ts += t_group) {
+    const int64_t te = std::min(T, ts + t_group);
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+      const int64_t r0 = tile * rb;
+      for (int64_t t0 = ts; t0 < te; t0 += kBatchCols) {
+        const int64_t tb = std::min<int64_t>(kBatchCols, te - t0);
+        if (r0 + rb <= w.rows) TileBatch<Row, kBatchRows>(w, r0, x, t0, tb, y);
+        else for (int64_t r = r0; r < w.rows; ++r) TileBatch<Row, 1>(w, r, x, t0, tb, y);
       }
     }
-  };
-  const std::function<void(size_t, size_t)> body =
-      T == 1 ? std::function<void(size_t, size_t)>(decode) : batch;
-  if (pool) pool->ParallelFor(static_cast<size_t>(tiles), grain, body);
-  else body(0, static_cast<size_t>(tiles));
+  }
+}
+
+void RunJobTiles(const MatmulJob& j, const float* x, int64_t tile_begin, int64_t tile_end) {
+  switch (j.w->format) {
+    case WeightFormat::kF32: RunTiles<RowF32>(*j.w, x, j.T, j.y, tile_begin, tile_end); return;
+    case WeightFormat::kBF16: RunTiles<RowBF16>(*j.w, x, j.T, j.y, tile_begin, tile_end); return;
+    case WeightFormat::kFP8Block: RunTiles<RowFP8>(*j.w, x, j.T, j.y, tile_begin, tile_end); return;
+    case WeightFormat::kFP4Block32: RunTiles<RowFP4>(*j.w, x, j.T, j.y, tile_begin, tile_end); return;
+  }
 }
 
 // x [T, cols] with every 32-input block reordered as (even inputs, odd inputs), the order in
@@ -408,29 +414,60 @@ void DeinterleaveFp4Inputs(const float* x, int64_t T, int64_t cols, float* out) 
 }  // namespace
 
 void Matmul(const QWeight& w, const float* x, int64_t T, float* y, ThreadPool* pool) {
-  if (T <= 0 || w.rows <= 0) return;
-  if (w.cols <= 0) {
-    std::fill(y, y + T * w.rows, 0.0f);
-    return;
-  }
-  switch (w.format) {
-    case WeightFormat::kF32: Run<RowF32>(w, x, T, y, pool); return;
-    case WeightFormat::kBF16: Run<RowBF16>(w, x, T, y, pool); return;
-    case WeightFormat::kFP8Block: Run<RowFP8>(w, x, T, y, pool); return;
-    case WeightFormat::kFP4Block32: {
+  const MatmulJob job{&w, x, T, y};
+  MatmulMany(std::span<const MatmulJob>(&job, 1), pool);
+}
+
+void MatmulMany(std::span<const MatmulJob> jobs, ThreadPool* pool) {
+  // The products that need tiles, each with its input in the order its decoder yields.
+  thread_local std::vector<std::vector<float>> fp4_inputs;
+  std::vector<MatmulJob> run;
+  std::vector<const float*> xs;
+  for (const MatmulJob& j : jobs) {
+    const QWeight& w = *j.w;
+    if (j.T <= 0 || w.rows <= 0) continue;
+    if (w.cols <= 0) {
+      std::fill(j.y, j.y + j.T * w.rows, 0.0f);
+      continue;
+    }
+    const float* x = j.x;
+    if (w.format == WeightFormat::kFP4Block32) {
       if (w.cols % 32 != 0) {
         FM_LOG(kError, "matvec") << "FP4 weight with " << w.cols
                                  << " inputs: not a multiple of 32; output set to NaN";
-        std::fill(y, y + T * w.rows, std::numeric_limits<float>::quiet_NaN());
-        return;
+        std::fill(j.y, j.y + j.T * w.rows, std::numeric_limits<float>::quiet_NaN());
+        continue;
       }
-      thread_local std::vector<float> xd;
-      xd.resize(static_cast<size_t>(T * w.cols));
-      DeinterleaveFp4Inputs(x, T, w.cols, xd.data());
-      Run<RowFP4>(w, xd.data(), T, y, pool);
-      return;
+      const size_t slot = xs.size();
+      if (fp4_inputs.size() <= slot) fp4_inputs.resize(slot + 1);
+      fp4_inputs[slot].resize(static_cast<size_t>(j.T * w.cols));
+      DeinterleaveFp4Inputs(j.x, j.T, w.cols, fp4_inputs[slot].data());
+      x = fp4_inputs[slot].data();
     }
+    run.push_back(j);
+    xs.push_back(x);
   }
+  if (run.empty()) return;
+  // One ParallelFor over the tiles of all products, in job order: one wake-up per call
+  // instead of one per product, and the split balances the whole batch.
+  std::vector<int64_t> first(run.size() + 1, 0);
+  int64_t work = 0;
+  for (size_t i = 0; i < run.size(); ++i) {
+    first[i + 1] = first[i] + TileCount(run[i]);
+    work += run[i].w->rows * run[i].w->cols * run[i].T;
+  }
+  const int64_t tiles = first.back();
+  auto body = [&](size_t tb, size_t te) {
+    for (size_t i = 0; i < run.size(); ++i) {
+      const int64_t b = std::max<int64_t>(static_cast<int64_t>(tb), first[i]);
+      const int64_t e = std::min<int64_t>(static_cast<int64_t>(te), first[i + 1]);
+      if (b < e) RunJobTiles(run[i], xs[i], b - first[i], e - first[i]);
+    }
+  };
+  const int64_t parts = std::clamp<int64_t>(work / kMinWorkPerPart, 1, pool ? pool->size() : 1);
+  if (pool && parts > 1) pool->ParallelFor(static_cast<size_t>(tiles),
+                                           static_cast<size_t>((tiles + parts - 1) / parts), body);
+  else body(0, static_cast<size_t>(tiles));
 }
 
 }  // namespace fm

@@ -3,6 +3,7 @@
 // FP4 e2m1 with per-32 e8m0 scales) and is decoded inside the loop.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "common/tensor.h"
 #include "common/thread_pool.h"
@@ -18,5 +19,15 @@ void MatvecRef(const QWeight& w, const float* x, float* y);
 // is bit-identical for any pool size, any T, and any position of a row inside the batch.
 // pool may be null (single-threaded).
 void Matmul(const QWeight& w, const float* x, int64_t T, float* y, ThreadPool* pool);
+
+// Several independent products Y_i = W_i X_i in one parallel pass (one thread wake-up for all;
+// the MoE runs every routed expert's W1 and W3 this way). Same bits as Matmul on each.
+struct MatmulJob {
+  const QWeight* w;
+  const float* x;  // [T, w->cols]
+  int64_t T;
+  float* y;        // [T, w->rows]
+};
+void MatmulMany(std::span<const MatmulJob> jobs, ThreadPool* pool);
 
 }  // namespace fm
