@@ -282,6 +282,39 @@ TEST(Matmul, ThreadCountBitIdentical) {
   }
 }
 
+// One MatmulMany over products of every format, shape and batch size (a zero-row product
+// and an invalid FP4 one among them) gives each the bits of its own Matmul.
+TEST(Matmul, ManyBitIdenticalToEachAlone) {
+  ThreadPool pool(2);
+  std::vector<OwnedWeight> ws;
+  std::vector<int64_t> Ts;
+  uint32_t seed = 20;
+  for (WeightFormat f : kFormats)
+    for (int64_t T : {1, 5}) {
+      ws.push_back(MakeWeight(f, 131 + 4 * T, 256, seed++));
+      Ts.push_back(T);
+    }
+  ws.push_back(MakeWeight(WeightFormat::kFP8Block, 0, 256, seed++));
+  Ts.push_back(3);
+  ws.push_back(MakeWeight(WeightFormat::kFP4Block32, 9, 64, seed++));
+  ws.back().w.cols = 48;  // not a multiple of 32: NaN, as Matmul gives
+  Ts.push_back(1);
+  std::vector<std::vector<float>> xs, ys;
+  std::vector<MatmulJob> jobs;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    xs.push_back(RandomInputs(Ts[i] * ws[i].w.cols, 30 + static_cast<uint32_t>(i)));
+    ys.emplace_back(static_cast<size_t>(Ts[i] * ws[i].w.rows), -1.0f);
+  }
+  for (size_t i = 0; i < ws.size(); ++i) jobs.push_back({&ws[i].w, xs[i].data(), Ts[i], ys[i].data()});
+  MatmulMany(jobs, &pool);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const auto alone = RunMatmul(ws[i].w, xs[i], Ts[i], nullptr);
+    ASSERT_EQ(alone.size(), ys[i].size());
+    EXPECT_EQ(std::memcmp(alone.data(), ys[i].data(), alone.size() * 4), 0) << "product " << i;
+  }
+  EXPECT_TRUE(std::isnan(ys.back()[0]));
+}
+
 // Row 3 of a batch of 7 is bit-identical to that row alone (and so is every other row), for
 // every format and for shapes with partial tiles, blocks and chunks.
 TEST(Matmul, BatchRowsBitIdenticalToAlone) {
