@@ -44,36 +44,15 @@ class TcpCommunicator final : public Communicator {
       return InvalidArgument("all-to-all: " + std::to_string(send.size()) + " buffers for " +
                              std::to_string(size()) + " ranks");
     const auto deadline = Clock::now() + timeout;
-    // A member that restarted shows up as a connection that broke (our send or receive fails
-    // with Unavailable) or, when the old socket still took our bytes, as a new connection
-    // epoch: either way our frame went to the dead process, so it is sent again once the new
-    // connection is there. A frame that did arrive twice is skipped by the receiver (older tag).
-    std::vector<uint64_t> sent_epoch(size(), 0);
-    auto send_to = [&](int r) -> Status {
-      Status st = Send(r, kind, step, tag, send[r], Remaining(deadline));
-      if (st.code() == Code::kUnavailable && Remaining(deadline).count() > 0)
-        st = Send(r, kind, step, tag, send[r], Remaining(deadline));
-      sent_epoch[r] = t_->ConnectionEpoch(name(r));
-      return st;
-    };
     // Sends never wait for the peer to read (the transport drains every connection into its
     // queue), so "send to all, then receive from all" cannot deadlock.
     for (int r = 0; r < size(); ++r)
-      if (r != rank_) FM_RETURN_IF_ERROR(send_to(r));
+      if (r != rank_) FM_RETURN_IF_ERROR(Send(r, kind, step, tag, send[r], Remaining(deadline)));
     std::vector<Frame> recv(size());
-    for (int r = 0; r < size(); ++r) {
-      if (r == rank_) continue;
-      Result<Frame> f = Recv(r, kind, step, tag, Remaining(deadline));
-      if (!f.ok() && f.status().code() == Code::kUnavailable && Remaining(deadline).count() > 0) {
-        FM_RETURN_IF_ERROR(send_to(r));  // waits for (or dials) the new connection
-        f = Recv(r, kind, step, tag, Remaining(deadline));
-      }
-      if (!f.ok()) return f.status();
-      recv[r] = std::move(f).value();
-    }
     for (int r = 0; r < size(); ++r)
-      if (r != rank_ && t_->ConnectionEpoch(name(r)) != sent_epoch[r])
-        FM_RETURN_IF_ERROR(send_to(r));
+      if (r != rank_) {
+        FM_ASSIGN_OR_RETURN(recv[r], Recv(r, kind, step, tag, Remaining(deadline)));
+      }
     return recv;
   }
 
@@ -107,10 +86,9 @@ class TcpCommunicator final : public Communicator {
       if (!f.ok()) return f.status().Wrap(who);
       const FrameHeader& h = f->header;
       if (h.kind == kind && h.step_id == step && h.tag == tag) return f;
-      // Step ids only grow and the exchanges of one step use ascending tags: an older frame
-      // belongs to a step that was aborted (a member failed mid-step) or is a copy sent again
-      // after a reconnect, and is skipped.
-      if (h.step_id < step || (h.step_id == step && h.tag < tag)) continue;
+      // Step ids only grow: frames of an older step belong to a step that was aborted (a
+      // member failed mid-step) and are skipped.
+      if (h.step_id < step) continue;
       // Out of step: the group cannot continue on this connection.
       t_->Disconnect(name(peer));
       return Internal(who + " sent " + FrameKindName(h.kind) + " step " + std::to_string(h.step_id) +

@@ -40,8 +40,7 @@ class Communicator {
 
   // send[r] goes to rank r (send[rank()] is ignored: the caller keeps its own part); returns
   // the frame every other rank sent here, recv[rank()] empty. Every rank must call it with
-  // the same (kind, step, tag); within one step, tags ascend. Deadline `timeout` for the
-  // whole exchange; a peer that restarted during it gets this rank's frame again.
+  // the same (kind, step, tag). Deadline `timeout` for the whole exchange.
   virtual Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
                                                const std::vector<CommBuffer>& send,
                                                Millis timeout) = 0;
@@ -56,8 +55,8 @@ class Communicator {
 // Members in rank order; `rank` is this process (members[rank].name must be the transport's
 // self name). Returns at once: connections are made on first use (the lower rank of a pair
 // dials, retrying within the call's deadline; the higher waits), and made again after one
-// broke, so a restarted member rejoins without the others reloading. Frames of an older
-// exchange (left over from a step aborted by a failure, or re-sent) are skipped on receipt.
+// broke, so a restarted member rejoins without the others reloading. Frames of an older step
+// (left over from a step aborted by a failure) are skipped on receipt.
 Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,
                                                           std::vector<CommMember> members,
                                                           int rank);

@@ -239,12 +239,6 @@ class TcpTransport final : public Transport {
                             std::to_string(timeout.count()) + " ms");
   }
 
-  uint64_t ConnectionEpoch(const std::string& peer) const override {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = peers_.find(peer);
-    return it == peers_.end() ? 0 : it->second.epoch;
-  }
-
   bool IsConnected(const std::string& peer) const override {
     std::lock_guard<std::mutex> l(mu_);
     auto it = peers_.find(peer);
@@ -282,7 +276,6 @@ class TcpTransport final : public Transport {
     std::deque<Frame> queue;
     std::shared_ptr<Conn> conn;   // the current connection; null when closed
     std::string close_reason;
-    uint64_t epoch = 0;           // connections registered so far
   };
 
   asio::awaitable<void> AcceptLoop() {
@@ -449,7 +442,6 @@ class TcpTransport final : public Transport {
       PeerState& p = peers_[c->peer];
       old = std::exchange(p.conn, c);
       p.close_reason.clear();
-      ++p.epoch;
     }
     if (old) CloseSocket(*old, "replaced by a new connection");
     cv_.notify_all();

@@ -77,10 +77,6 @@ class Transport {
   // start-up before its first Send); DeadlineExceeded naming the peer otherwise.
   virtual Status WaitForPeer(const std::string& peer, Millis timeout) = 0;
 
-  // How many connections to `peer` have been registered so far (0: never). A change between a
-  // Send and a later point means the frame may have gone to a connection that has died since
-  // (a peer that restarted never sees it).
-  virtual uint64_t ConnectionEpoch(const std::string& peer) const = 0;
   // Whether `peer` currently has an open, authenticated connection.
   virtual bool IsConnected(const std::string& peer) const = 0;
   // Names of the peers with an open connection, sorted.
