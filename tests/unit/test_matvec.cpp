@@ -310,7 +310,8 @@ TEST(Matmul, ManyBitIdenticalToEachAlone) {
   for (size_t i = 0; i < ws.size(); ++i) {
     const auto alone = RunMatmul(ws[i].w, xs[i], Ts[i], nullptr);
     ASSERT_EQ(alone.size(), ys[i].size());
-    EXPECT_EQ(std::memcmp(alone.data(), ys[i].data(), alone.size() * 4), 0) << "product " << i;
+    EXPECT_TRUE(alone.empty() || std::memcmp(alone.data(), ys[i].data(), alone.size() * 4) == 0)
+        << "product " << i;
   }
   EXPECT_TRUE(std::isnan(ys.back()[0]));
 }
