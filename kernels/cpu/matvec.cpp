@@ -17,13 +17,13 @@
 //       e4m3 * S with a single rounding, as the reference. The NaN codes 0x7F/0xFF decode as
 //       +-480 * S instead of NaN.
 //  FP4  per 32-input block, the 16-entry table of e2m1 values times the block scale (one of
-//       256 precomputed tables, exact products), indexed by the nibbles (a register permute). The low nibbles of the block's 16 bytes are chunk
+//       256 precomputed tables, exact products), indexed by the nibbles (a register
+//       permute). The low nibbles of the block's 16 bytes are chunk
 //       2k (inputs 32k + 2l), the high nibbles chunk 2k+1 (inputs 32k + 2l + 1); x is
 //       de-interleaved the same way once per call.
 #include "kernels/cpu/matvec.h"
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
