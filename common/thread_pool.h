@@ -1,11 +1,15 @@
 // A fixed pool of worker threads with one primitive: ParallelFor over [0, n) in static,
 // contiguous chunks. Every output index is computed by exactly one thread with a loop that
 // does not depend on the thread count, so results are bit-identical for any pool size.
+//
+// A decode step makes hundreds of short ParallelFor calls; waking a sleeping thread costs tens
+// of microseconds on a VM, so after each job the workers (and the caller, waiting for them)
+// spin for a short while before they block (kSpin in thread_pool.cpp).
 #pragma once
-#include <condition_variable>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -26,15 +30,19 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int index);
+  uint32_t AwaitChange(std::atomic<uint32_t>& a, uint32_t old);
+  void Publish(std::atomic<uint32_t>& a, uint32_t v);
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_work_, cv_done_;
+  // The job of the current generation. Written by the caller before it bumps generation_, read
+  // by the workers after they see the bump; every worker acknowledges every generation (pending_)
+  // before the caller returns, so no worker reads a job that is being rewritten.
   const std::function<void(size_t, size_t)>* job_ = nullptr;
   size_t job_n_ = 0, job_chunk_ = 0;
   int job_parts_ = 0;
-  int pending_ = 0;
-  unsigned long generation_ = 0;
   bool stop_ = false;
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<uint32_t> pending_{0};
+  std::atomic<int> sleepers_{0};  // threads inside SleepWhile on either word
 };
 
 }  // namespace fm

@@ -1,6 +1,9 @@
 #include "net/communicator.h"
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 namespace fm::net {
@@ -16,7 +19,7 @@ Millis Remaining(Clock::time_point deadline) {
 class TcpCommunicator final : public Communicator {
  public:
   TcpCommunicator(Transport* t, std::vector<CommMember> members, int rank)
-      : t_(t), members_(std::move(members)), rank_(rank) {}
+      : t_(t), members_(std::move(members)), rank_(rank), held_(members_.size()) {}
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
@@ -25,16 +28,23 @@ class TcpCommunicator final : public Communicator {
   // Connections are made on demand, so a member that restarted rejoins without the others
   // reloading: the lower rank of a pair dials (retrying until the deadline, the peer may still
   // be starting), the higher one waits to be dialed.
-  Status EnsureConnected(int peer, Clock::time_point deadline) {
-    if (t_->IsConnected(name(peer))) return Status::Ok();
-    if (peer < rank_) return t_->WaitForPeer(name(peer), Remaining(deadline));
+  Status EnsureConnected(int peer, uint64_t step, Clock::time_point deadline) {
     Status st;
-    do {
+    while (!t_->IsConnected(name(peer))) {
+      FM_RETURN_IF_ERROR(CheckAborted(step));
+      if (Clock::now() >= deadline)
+        return st.ok() ? DeadlineExceeded("peer '" + name(peer) + "' did not connect in time") : st;
+      if (peer < rank_) {
+        st = t_->WaitForPeer(name(peer), std::min(Remaining(deadline), kAbortPoll));
+        if (!st.ok() && st.code() != Code::kDeadlineExceeded) return st;
+        st = Status::Ok();   // a slice ran out, not the call
+        continue;
+      }
       st = t_->Connect(name(peer), members_[peer].address, std::min(Remaining(deadline), Millis(2000)));
       if (st.ok() || st.code() == Code::kUnauthenticated) return st;
       std::this_thread::sleep_for(Millis(50));
-    } while (Clock::now() < deadline);
-    return st;
+    }
+    return Status::Ok();
   }
 
   Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
@@ -60,7 +70,7 @@ class TcpCommunicator final : public Communicator {
               Millis timeout) override {
     FM_RETURN_IF_ERROR(CheckPeer(peer));
     const auto deadline = Clock::now() + timeout;
-    FM_RETURN_IF_ERROR(EnsureConnected(peer, deadline)
+    FM_RETURN_IF_ERROR(EnsureConnected(peer, step, deadline)
                            .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")"));
     if (buf.shape.empty() || buf.shape.size() > kFrameMaxRank)
       return InvalidArgument("EP send to rank " + std::to_string(peer) + ": rank " +
@@ -80,15 +90,36 @@ class TcpCommunicator final : public Communicator {
     FM_RETURN_IF_ERROR(CheckPeer(peer));
     const auto deadline = Clock::now() + timeout;
     const std::string who = "EP rank " + std::to_string(peer) + " (" + name(peer) + ")";
-    if (peer > rank_) FM_RETURN_IF_ERROR(EnsureConnected(peer, deadline).Wrap(who));  // we dial
+    if (peer > rank_) FM_RETURN_IF_ERROR(EnsureConnected(peer, step, deadline).Wrap(who));  // we dial
     while (true) {
-      Result<Frame> f = t_->Recv(name(peer), Remaining(deadline));
-      if (!f.ok()) return f.status().Wrap(who);
-      const FrameHeader& h = f->header;
+      FM_RETURN_IF_ERROR(CheckAborted(step).Wrap(who));
+      Frame f;
+      if (std::optional<Frame> held = TakeHeld(peer)) {
+        f = std::move(*held);
+      } else {
+        // Waits in short slices so that AbortStep is seen promptly.
+        Result<Frame> got = t_->Recv(name(peer), std::min(Remaining(deadline), kAbortPoll));
+        if (!got.ok()) {
+          if (got.status().code() != Code::kDeadlineExceeded) return got.status().Wrap(who);
+          if (Clock::now() < deadline) continue;
+          return DeadlineExceeded(who + ": no " + FrameKindName(kind) + " of step " + std::to_string(step) +
+                                  " tag " + std::to_string(tag) + " within " +
+                                  std::to_string(timeout.count()) + " ms");
+        }
+        f = std::move(got).value();
+      }
+      const FrameHeader& h = f.header;
       if (h.kind == kind && h.step_id == step && h.tag == tag) return f;
       // Step ids only grow: frames of an older step belong to a step that was aborted (a
       // member failed mid-step) and are skipped.
       if (h.step_id < step) continue;
+      if (h.step_id > step) {
+        // The peer sends all of a step's frames before the next step's, so it gave this step
+        // up; the frame belongs to the step it is running now.
+        const std::string later = std::to_string(h.step_id);
+        Hold(peer, std::move(f));
+        return Unavailable(who + " gave up step " + std::to_string(step) + " (it is on step " + later + ")");
+      }
       // Out of step: the group cannot continue on this connection.
       t_->Disconnect(name(peer));
       return Internal(who + " sent " + FrameKindName(h.kind) + " step " + std::to_string(h.step_id) +
@@ -102,8 +133,29 @@ class TcpCommunicator final : public Communicator {
     return AllToAllV(FrameKind::kControl, step, kBarrierTag, none, timeout).status();
   }
 
+  void AbortStep(uint64_t step) override { aborted_step_.store(step); }
+
  private:
   static constexpr uint32_t kBarrierTag = 0xFFFFFFFFu;
+  static constexpr Millis kAbortPoll{20};   // longest a wait goes without looking at AbortStep
+
+  Status CheckAborted(uint64_t step) const {
+    if (step != 0 && aborted_step_.load() == step)
+      return Cancelled("step " + std::to_string(step) + " aborted by a reset");
+    return Status::Ok();
+  }
+
+  std::optional<Frame> TakeHeld(int peer) {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    std::optional<Frame> f = std::move(held_[peer]);
+    held_[peer].reset();
+    return f;
+  }
+
+  void Hold(int peer, Frame f) {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    held_[peer] = std::move(f);
+  }
 
   Status CheckPeer(int peer) const {
     if (peer < 0 || peer >= size() || peer == rank_)
@@ -115,6 +167,9 @@ class TcpCommunicator final : public Communicator {
   Transport* t_;
   std::vector<CommMember> members_;
   int rank_;
+  std::atomic<uint64_t> aborted_step_{0};
+  std::mutex held_mu_;
+  std::vector<std::optional<Frame>> held_;   // per rank: a frame read ahead of its step
 };
 
 }  // namespace

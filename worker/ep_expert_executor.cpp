@@ -45,7 +45,7 @@ Status EpExpertExecutor::Compute(const MoeWeights& w, const float* rows, int64_t
   const int64_t H = cfg_.hidden_size, E = cfg_.n_routed_experts;
   const int me = comm_->rank();
   out->assign(p * H, 0.0f);
-  std::vector<std::vector<int64_t>> by_expert(E);
+  std::vector<std::vector<ExpertRowPair>> by_expert(E);
   for (int64_t i = 0; i < p; ++i) {
     const int32_t row = pairs[2 * i], e = pairs[2 * i + 1];
     if (row < 0 || row >= n || e < expert_begin_[me] || e >= expert_begin_[me + 1] ||
@@ -56,22 +56,9 @@ Status EpExpertExecutor::Compute(const MoeWeights& w, const float* rows, int64_t
                              std::to_string(expert_begin_[me]) + ", " +
                              std::to_string(expert_begin_[me + 1]) + "), " + std::to_string(n) +
                              " rows)");
-    by_expert[e].push_back(i);
+    by_expert[e].push_back({row, i});
   }
-  std::vector<float> xin, yout;
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& list = by_expert[e];
-    if (list.empty()) continue;
-    const int64_t m = static_cast<int64_t>(list.size());
-    xin.resize(m * H);
-    yout.resize(m * H);
-    for (int64_t i = 0; i < m; ++i)
-      std::memcpy(xin.data() + i * H, rows + pairs[2 * list[i]] * H, H * sizeof(float));
-    RunExpertFfn(w.experts[e], static_cast<float>(cfg_.swiglu_limit), xin.data(), m, yout.data(),
-                 pool_);
-    for (int64_t i = 0; i < m; ++i)
-      std::memcpy(out->data() + list[i] * H, yout.data() + i * H, H * sizeof(float));
-  }
+  RunExpertGroups(w, static_cast<float>(cfg_.swiglu_limit), by_expert, H, rows, out->data(), pool_);
   return Status::Ok();
 }
 

@@ -34,6 +34,8 @@ class EpExpertExecutor : public ExpertExecutor {
 
   // The step whose layers run next (tags every frame so members cannot mix steps).
   void SetStep(uint64_t step) { step_ = step; }
+  // Ends the exchanges of `step` promptly (Communicator::AbortStep); any thread.
+  void AbortStep(uint64_t step) { comm_->AbortStep(step); }
   Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                    const float* weights, float* routed) override;
   const EpStats& stats() const { return stats_; }

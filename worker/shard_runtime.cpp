@@ -148,6 +148,10 @@ EpStats ShardRuntime::ep_stats() const {
   return ep_ ? ep_->stats() : EpStats{};
 }
 
+void ShardRuntime::AbortStep(uint64_t step) {
+  if (ep_) ep_->AbortStep(step);
+}
+
 Status ShardRuntime::Forward(uint64_t step, std::span<const StepSlice> slices, float* x) {
   if (ep_) ep_->SetStep(step);
   if (slices.empty()) {

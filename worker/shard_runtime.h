@@ -74,6 +74,10 @@ class ShardRuntime {
   // X [T, hc, H] through this shard's layers; each slice's cache advances. An EP member with
   // no slices still takes part in every layer's all-to-all (with no rows). `step` tags them.
   Status Forward(uint64_t step, std::span<const StepSlice> slices, float* x);
+  // Makes `step`'s EP exchanges return Cancelled promptly (0 = none): a reset must not wait
+  // out the deadline of a step blocked on a member that will never answer. Any thread, but
+  // not concurrently with Load.
+  void AbortStep(uint64_t step);
   // Last stage: for every slice, the logits of its last row -> one sampled id + logprob.
   Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const float* x);
 

@@ -67,16 +67,31 @@ void StageExecutor::Free(const std::vector<uint64_t>& seq_ids) {
 }
 
 void StageExecutor::Reset() {
+  uint64_t running = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailWaitingLocked();
+    running = last_run_;
+  }
+  // The running step may be blocked on an EP member that died: end it now rather than at
+  // its deadline, so that the reset is done before the coordinator starts new sequences
+  // (which this reset must not free).
+  runtime_->AbortStep(running);
   std::lock_guard<std::mutex> exec(exec_mu_);
+  runtime_->AbortStep(0);
   std::lock_guard<std::mutex> lock(mu_);
+  FailWaitingLocked();   // steps that arrived meanwhile belong to the aborted schedule too
+  inbox_.clear();
+  last_run_ = 0;
+  runtime_->FreeAll();
+}
+
+void StageExecutor::FailWaitingLocked() {
   for (auto& [id, step] : waiting_) {
     step->status = Unavailable("step " + std::to_string(id) + " aborted: the cluster was reset");
     step->done = true;
   }
   waiting_.clear();
-  inbox_.clear();
-  last_run_ = 0;
-  runtime_->FreeAll();
   cv_.notify_all();
 }
 

@@ -48,7 +48,8 @@ class StageExecutor {
 
   // Frees sequences between steps (never under a running step).
   void Free(const std::vector<uint64_t>& seq_ids);
-  // Fails every waiting step, drops the inbox and every sequence.
+  // Fails every waiting step, aborts the running one's EP exchanges, waits for it to end,
+  // then drops the inbox and every sequence.
   void Reset();
 
   double tokens_per_second() const;
@@ -64,6 +65,7 @@ class StageExecutor {
   };
   void Loop();
   Step* NextReadyLocked();
+  void FailWaitingLocked();
   Status Execute(Step* step, std::vector<float>* x);
 
   ShardRuntime* runtime_;

@@ -168,6 +168,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
 
 grpc::Status WorkerService::Reset(grpc::ServerContext*, const flashmesh::v1::ResetRequest*,
                                   flashmesh::v1::ResetResponse*) {
+  std::lock_guard<std::mutex> lock(load_mu_);   // the runtime's EP group stays put meanwhile
   executor_.Reset();
   return grpc::Status::OK;
 }

@@ -79,7 +79,7 @@ TEST(Communicator, AllToAllVDeliversEveryRanksBufferIncludingEmptyOnes) {
   });
 }
 
-TEST(Communicator, StaleFramesAreSkippedAndAPeerAheadIsAnErrorNamingIt) {
+TEST(Communicator, StaleFramesAreSkippedAndAPeerAheadEndsTheStepButKeepsItsFrame) {
   Group g(2);
   ASSERT_TRUE(g.comms[1]);
   g.All([&](int me) { EXPECT_TRUE(g.comms[me]->Barrier(1, 5000ms).ok()); });  // connects the pair
@@ -94,10 +94,48 @@ TEST(Communicator, StaleFramesAreSkippedAndAPeerAheadIsAnErrorNamingIt) {
   auto f = g.comms[0]->Recv(1, net::FrameKind::kEpDispatch, 6, 1, 2000ms);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(*net::FramePayloadAsF32(*f), std::vector<float>{2});
+  // Step 7 never comes from rank 1: it gave that step up. The wait ends at once, not at
+  // the deadline, and the step-8 frame is kept for step 8.
+  const auto t0 = std::chrono::steady_clock::now();
   auto ahead = g.comms[0]->Recv(1, net::FrameKind::kEpDispatch, 7, 1, 2000ms);
   ASSERT_FALSE(ahead.ok());
-  EXPECT_NE(ahead.status().message().find("EP rank 1 (m1) sent EP_DISPATCH step 8"), std::string::npos)
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms);
+  EXPECT_EQ(ahead.status().code(), Code::kUnavailable);
+  EXPECT_NE(ahead.status().message().find("EP rank 1 (m1) gave up step 7 (it is on step 8)"),
+            std::string::npos)
       << ahead.status().message();
+  auto next = g.comms[0]->Recv(1, net::FrameKind::kEpDispatch, 8, 1, 2000ms);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(*net::FramePayloadAsF32(*next), std::vector<float>{3});
+  // Same step, other tag: out of step, an error naming the peer.
+  ASSERT_TRUE(send(9, 0).ok());
+  auto wrong = g.comms[0]->Recv(1, net::FrameKind::kEpDispatch, 9, 2, 2000ms);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("EP rank 1 (m1) sent EP_DISPATCH step 9 tag 1"), std::string::npos)
+      << wrong.status().message();
+}
+
+TEST(Communicator, AbortStepEndsAWaitOnASilentRankPromptlyAndOnlyForThatStep) {
+  Group g(2);
+  ASSERT_TRUE(g.comms[1]);
+  g.All([&](int me) { EXPECT_TRUE(g.comms[me]->Barrier(1, 5000ms).ok()); });
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(200ms);
+    g.comms[0]->AbortStep(3);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = g.comms[0]->Recv(1, net::FrameKind::kEpDispatch, 3, 0, 20000ms);   // rank 1 is silent
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  aborter.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCancelled) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("step 3 aborted"), std::string::npos) << r.status().message();
+  EXPECT_GE(waited, 200ms);
+  EXPECT_LT(waited, 2000ms);
+  // Another step still runs while step 3 stays aborted; after AbortStep(0) step 3 runs too.
+  g.All([&](int me) { EXPECT_TRUE(g.comms[me]->Barrier(4, 5000ms).ok()); });
+  g.comms[0]->AbortStep(0);
+  g.All([&](int me) { EXPECT_TRUE(g.comms[me]->Barrier(3, 5000ms).ok()); });
 }
 
 TEST(Communicator, RestartedRankRejoinsWithoutTheOthersReconnecting) {
