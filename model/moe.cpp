@@ -109,6 +109,61 @@ void RunExpertFfn(const ExpertWeights& e, float swiglu_limit, const float* x, in
   Matmul(e.w2, gate.data(), T, y, pool);
 }
 
+namespace {
+
+// RunExpertGroups for experts [e0, e1), gathered rows at offset[e] - offset[e0].
+void RunExpertRange(const MoeWeights& w, float swiglu_limit,
+                    const std::vector<std::vector<ExpertRowPair>>& by_expert,
+                    const std::vector<int64_t>& offset, size_t e0, size_t e1, int64_t H,
+                    const float* in, float* out, ThreadPool* pool) {
+  const int64_t base = offset[e0], n = offset[e1] - base;
+  int64_t I = 0;
+  for (size_t e = e0; e < e1 && I == 0; ++e)
+    if (!by_expert[e].empty()) I = w.experts[e].w1.rows;
+  std::vector<float> xin(n * H), gate(n * I), up(n * I), yout(n * H);
+  std::vector<MatmulJob> jobs;
+  for (size_t e = e0; e < e1; ++e) {
+    const int64_t m = offset[e + 1] - offset[e], o = offset[e] - base;
+    if (m == 0) continue;
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(&xin[(o + i) * H], in + by_expert[e][i].src * H, H * sizeof(float));
+    jobs.push_back({&w.experts[e].w1, &xin[o * H], m, &gate[o * I]});
+    jobs.push_back({&w.experts[e].w3, &xin[o * H], m, &up[o * I]});
+  }
+  MatmulMany(jobs, pool);
+  SwigluClamp_n(gate.data(), up.data(), n * I, swiglu_limit, gate.data());
+  jobs.clear();
+  for (size_t e = e0; e < e1; ++e) {
+    const int64_t m = offset[e + 1] - offset[e], o = offset[e] - base;
+    if (m > 0) jobs.push_back({&w.experts[e].w2, &gate[o * I], m, &yout[o * H]});
+  }
+  MatmulMany(jobs, pool);
+  for (size_t e = e0; e < e1; ++e)
+    for (size_t i = 0; i < by_expert[e].size(); ++i)
+      std::memcpy(out + by_expert[e][i].dst * H, &yout[(offset[e] - base + i) * H], H * sizeof(float));
+}
+
+}  // namespace
+
+void RunExpertGroups(const MoeWeights& w, float swiglu_limit,
+                     const std::vector<std::vector<ExpertRowPair>>& by_expert, int64_t H,
+                     const float* in, float* out, ThreadPool* pool) {
+  // Experts are taken in runs of at most kGroupRows gathered rows (one expert with more is a
+  // run of its own), which bounds the scratch of a long prefill.
+  constexpr int64_t kGroupRows = 1024;
+  std::vector<int64_t> offset(by_expert.size() + 1, 0);
+  for (size_t e = 0; e < by_expert.size(); ++e)
+    offset[e + 1] = offset[e] + static_cast<int64_t>(by_expert[e].size());
+  size_t e0 = 0;
+  while (e0 < by_expert.size()) {
+    size_t e1 = e0 + 1;
+    while (e1 < by_expert.size() && offset[e1 + 1] - offset[e0] <= kGroupRows) ++e1;
+    if (offset[e1] > offset[e0])
+      RunExpertRange(w, swiglu_limit, by_expert, offset, e0, e1, H, in, out, pool);
+    e0 = e1;
+  }
+}
+
 Status LocalExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
                                       const int32_t* expert_ids, const float* weights,
                                       float* routed) {
@@ -125,25 +180,13 @@ Status LocalExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
                              ", which is not loaded on this shard");
   }
   std::vector<float> contrib;
-  std::vector<float> xin, yout;
-  std::vector<std::vector<int64_t>> slots(E);  // per expert: (row - r0) * k + j, row order
+  std::vector<std::vector<ExpertRowPair>> by_expert(E);  // row order within each expert
   for (int64_t r0 = 0; r0 < T; r0 += kRoutedChunkRows) {
     const int64_t rows = std::min(kRoutedChunkRows, T - r0);
     contrib.assign(rows * k * H, 0.0f);
-    for (auto& s : slots) s.clear();
-    for (int64_t i = 0; i < rows * k; ++i) slots[expert_ids[r0 * k + i]].push_back(i);
-    for (int64_t e = 0; e < E; ++e) {
-      const auto& list = slots[e];
-      if (list.empty()) continue;
-      const int64_t n = static_cast<int64_t>(list.size());
-      xin.resize(n * H);
-      yout.resize(n * H);
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(xin.data() + i * H, x + (r0 + list[i] / k) * H, H * sizeof(float));
-      RunExpertFfn(w->experts[e], limit, xin.data(), n, yout.data(), pool_);
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(contrib.data() + list[i] * H, yout.data() + i * H, H * sizeof(float));
-    }
+    for (auto& s : by_expert) s.clear();
+    for (int64_t i = 0; i < rows * k; ++i) by_expert[expert_ids[r0 * k + i]].push_back({r0 + i / k, i});
+    RunExpertGroups(*w, limit, by_expert, H, x, contrib.data(), pool_);
     for (int64_t r = 0; r < rows; ++r)
       MoeCombine_kH(contrib.data() + r * k * H, weights + (r0 + r) * k, k, H,
                     routed + (r0 + r) * H);
