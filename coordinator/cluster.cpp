@@ -91,6 +91,10 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
         spec.add_ep_expert_begin(plan.workers[m].expert_begin);
       }
       spec.add_ep_expert_begin(plan.workers[first + k - 1].expert_end);
+      if (options.nccl) {
+        spec.set_ep_transport("nccl");
+        spec.set_cuda_device(i < options.cuda_devices.size() ? options.cuda_devices[i] : 0);
+      }
     }
     spec.set_activation_dtype(options.activation_dtype);
     spec.set_max_context(static_cast<int32_t>(options.max_context));
@@ -98,6 +102,13 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_epoch(epoch_);
     nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec));
   }
+  const size_t k = static_cast<size_t>(plan.expert_parallel);
+  if (options.nccl && k > 1)
+    for (size_t first = 0; first + k <= nodes_.size(); first += k) {
+      auto g = std::make_unique<NcclGroup>();
+      for (size_t m = first; m < first + k; ++m) g->members.push_back(nodes_[m].get());
+      nccl_groups_.push_back(std::move(g));
+    }
 }
 
 Cluster::~Cluster() {
@@ -157,10 +168,62 @@ void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& err
     listener_(node->name(), state == flashmesh::v1::NODE_STATE_UP);
 }
 
+void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
+  SetState(node, flashmesh::v1::NODE_STATE_LOADING, "");
+  flashmesh::v1::LoadShardRequest lreq;
+  *lreq.mutable_shard() = spec;
+  flashmesh::v1::LoadShardResponse lresp;
+  grpc::ClientContext lctx;
+  lctx.set_deadline(std::chrono::system_clock::now() + kLoadTimeout);
+  grpc::Status ls = node->stub()->LoadShard(&lctx, lreq, &lresp);
+  if (ls.ok()) {
+    vocab_size_ = lresp.vocab_size();
+    SetState(node, flashmesh::v1::NODE_STATE_UP, "");
+  } else {
+    SetState(node, flashmesh::v1::NODE_STATE_DOWN, "LoadShard failed: " + ls.error_message());
+  }
+}
+
+Cluster::NcclGroup* Cluster::GroupOf(const NodeHandle* node) const {
+  for (const auto& g : nccl_groups_)
+    for (const NodeHandle* m : g->members)
+      if (m == node) return g.get();
+  return nullptr;
+}
+
+void Cluster::LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen) {
+  std::lock_guard<std::mutex> lock(group->mu);
+  if (group->generation != seen) return;   // loaded again meanwhile; the next beat looks anew
+  NodeHandle* root = group->members.front();
+  flashmesh::v1::NewNcclIdRequest ireq;
+  flashmesh::v1::NewNcclIdResponse iresp;
+  grpc::ClientContext ictx;
+  ictx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status is = root->stub()->NewNcclId(&ictx, ireq, &iresp);
+  if (!is.ok()) {
+    SetState(node, flashmesh::v1::NODE_STATE_DOWN,
+             "NewNcclId on " + root->name() + " (its EP group's rank 0): " + is.error_message());
+    return;
+  }
+  FM_LOG(kInfo, "coordinator") << "loading the NCCL EP group of stage " << root->plan().stage
+                               << " (" << group->members.size() << " members) with a fresh id";
+  // Together: the members meet in the group's first exchange.
+  std::vector<std::thread> loads;
+  for (NodeHandle* m : group->members) {
+    flashmesh::v1::ShardSpec spec = m->spec();
+    spec.set_nccl_unique_id(iresp.unique_id());
+    loads.emplace_back([this, m, spec] { LoadNode(m, spec); });
+  }
+  for (auto& t : loads) t.join();
+  ++group->generation;
+}
+
 void Cluster::Heartbeat(NodeHandle* node) {
   const auto rpc_timeout = std::min<std::chrono::milliseconds>(options_.down_after / 2,
                                                                std::chrono::milliseconds(1000));
+  NcclGroup* group = GroupOf(node);
   while (!stop_) {
+    const uint64_t seen = group ? group->generation.load() : 0;
     flashmesh::v1::HealthRequest req;
     flashmesh::v1::HealthResponse resp;
     grpc::ClientContext ctx;
@@ -177,19 +240,8 @@ void Cluster::Heartbeat(NodeHandle* node) {
         SetState(node, flashmesh::v1::NODE_STATE_DOWN,
                  "the worker at " + node->control() + " says it is node '" + resp.node() + "'");
       } else if (!resp.loaded() || resp.epoch() != epoch_) {
-        SetState(node, flashmesh::v1::NODE_STATE_LOADING, "");
-        flashmesh::v1::LoadShardRequest lreq;
-        *lreq.mutable_shard() = node->spec();
-        flashmesh::v1::LoadShardResponse lresp;
-        grpc::ClientContext lctx;
-        lctx.set_deadline(std::chrono::system_clock::now() + kLoadTimeout);
-        grpc::Status ls = node->stub()->LoadShard(&lctx, lreq, &lresp);
-        if (ls.ok()) {
-          vocab_size_ = lresp.vocab_size();
-          SetState(node, flashmesh::v1::NODE_STATE_UP, "");
-        } else {
-          SetState(node, flashmesh::v1::NODE_STATE_DOWN, "LoadShard failed: " + ls.error_message());
-        }
+        if (group) LoadNcclGroup(group, node, seen);
+        else LoadNode(node, node->spec());
       } else if (resp.draining()) {
         SetState(node, flashmesh::v1::NODE_STATE_DRAINING, "");
       } else {

@@ -2,7 +2,9 @@
 // gRPC stub, its shard spec, its state). A heartbeat thread per node calls Worker.Health every
 // interval; a node silent for down_after is DOWN. A node that answers but has not loaded this
 // coordinator's shard (first start, or restarted under the same name) gets LoadShard and is UP
-// again once it succeeds, without restarting the coordinator.
+// again once it succeeds, without restarting the coordinator. With transport nccl, a member of
+// an EP group that needs loading makes the coordinator load its whole group: NCCL cannot take
+// a restarted rank back, so every member gets the same fresh id from the group's rank 0.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -29,6 +31,10 @@ struct ClusterOptions {
   int64_t max_context = 8192;
   uint64_t kv_cache_bytes = 0;                   // per worker; 0 = unlimited
   std::string activation_dtype = "f32";          // data-plane frames between stages: f32 | bf16
+  // transport nccl: EP groups exchange through NCCL on each worker's GPU (cuda_devices, one
+  // per plan worker); a group is always loaded as a whole, with a fresh ncclUniqueId.
+  bool nccl = false;
+  std::vector<int> cuda_devices;
 };
 
 class NodeHandle {
@@ -82,7 +88,18 @@ class Cluster {
   int vocab_size() const { return vocab_size_; }
 
  private:
+  // An NCCL EP group: its members in rank order; generation counts whole-group loads.
+  struct NcclGroup {
+    std::mutex mu;
+    std::atomic<uint64_t> generation{0};   // read without mu by the heartbeats
+    std::vector<NodeHandle*> members;
+  };
   void Heartbeat(NodeHandle* node);
+  void LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec);
+  // Loads every member of `group` with a fresh id, unless another heartbeat did since this
+  // one read `seen` (the generation).
+  void LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen);
+  NcclGroup* GroupOf(const NodeHandle* node) const;
   void SetState(NodeHandle* node, flashmesh::v1::NodeState state, const std::string& error);
 
   ClusterOptions options_;
@@ -90,6 +107,7 @@ class Cluster {
   int expert_parallel_ = 1;
   uint64_t epoch_ = 0;
   std::vector<std::unique_ptr<NodeHandle>> nodes_;
+  std::vector<std::unique_ptr<NcclGroup>> nccl_groups_;   // per stage, transport nccl with EP
   std::function<void(const std::string&, bool)> listener_;
   std::atomic<int> vocab_size_{0};
   std::atomic<bool> stop_{false};

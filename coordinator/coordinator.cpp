@@ -16,12 +16,11 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.model_dir = model_override.empty() ? cfg.model : model_override;
   FM_ASSIGN_OR_RETURN(s.model, LoadModelConfig(s.model_dir + "/config.json"));
   FM_ASSIGN_OR_RETURN(s.plan, PlanShards(s.model, cfg));
-  if (cfg.transport == TransportKind::kNccl)
-    return InvalidArgument(cfg.path + ": transport nccl: this build's workers run on the CPU with the "
-                           "TCP data plane; set transport: tcp");
+  s.cluster.nccl = cfg.transport == TransportKind::kNccl;
   for (const auto& w : s.plan.workers) {
     const NodeConfig& n = cfg.nodes.at(w.node_index);
     s.addresses.emplace_back(n.control.ToString(), n.data.ToString());
+    s.cluster.cuda_devices.push_back(n.cuda_device);
   }
   s.cluster.model_dir = s.model_dir;
   auto interval = std::chrono::milliseconds(cfg.heartbeat.interval_ms);

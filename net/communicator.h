@@ -4,8 +4,8 @@
 // of step is an error naming it rather than silently mixed data. Every call has a deadline; a
 // dead or silent rank becomes Unavailable / DeadlineExceeded naming it, never a hang.
 //
-// Backends: TCP (this file, over net::Transport; works across hosts). The NCCL backend for GPU
-// workers is part of the GPU path (docs/gpu.md) and not in this build.
+// Backends: TCP (MakeTcpCommunicator below, over net::Transport; works across hosts) and NCCL
+// (net/nccl_communicator.h: GPU memory, grouped ncclSend/ncclRecv; cluster YAML transport nccl).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -36,15 +36,26 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   p.ep_rank = s.ep_rank();
   p.ep_expert_begin.assign(s.ep_expert_begin().begin(), s.ep_expert_begin().end());
   std::unique_ptr<net::Communicator> ep_group;
+  const net::NcclCommunicator* nccl = nullptr;   // ep_group when it is an NCCL group
   if (s.ep_nodes_size() > 1) {
     if (s.ep_data_size() != s.ep_nodes_size() || s.ep_expert_begin_size() != s.ep_nodes_size() + 1 ||
         p.ep_rank < 0 || p.ep_rank >= s.ep_nodes_size() || s.ep_nodes(p.ep_rank) != node_)
       return ToGrpc(InvalidArgument("shard.ep_*: inconsistent expert-parallel group for node " + node_));
     std::vector<net::CommMember> members;
     for (int i = 0; i < s.ep_nodes_size(); ++i) members.push_back({s.ep_nodes(i), s.ep_data(i)});
-    auto group = net::MakeTcpCommunicator(data_plane_, std::move(members), p.ep_rank);
-    if (!group.ok()) return ToGrpc(group.status().Wrap("node " + node_));
-    ep_group = std::move(group).value();
+    if (s.ep_transport() == "nccl") {
+      auto group = net::MakeNcclCommunicator(std::move(members), p.ep_rank, s.cuda_device(),
+                                             s.nccl_unique_id());
+      if (!group.ok()) return ToGrpc(group.status().Wrap("node " + node_ + ": shard.ep_transport nccl"));
+      nccl = group->get();
+      ep_group = std::move(group).value();
+    } else if (s.ep_transport().empty() || s.ep_transport() == "tcp") {
+      auto group = net::MakeTcpCommunicator(data_plane_, std::move(members), p.ep_rank);
+      if (!group.ok()) return ToGrpc(group.status().Wrap("node " + node_));
+      ep_group = std::move(group).value();
+    } else {
+      return ToGrpc(InvalidArgument("shard.ep_transport: '" + s.ep_transport() + "', want tcp or nccl"));
+    }
   } else {
     p.ep_expert_begin.clear();
   }
@@ -57,6 +68,10 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
     return ToGrpc(InvalidArgument("shard.prev_node: empty on stage " + std::to_string(p.stage)));
   auto dtype = ParseActivationDType(s.activation_dtype().empty() ? "f32" : s.activation_dtype());
   if (!dtype.ok()) return ToGrpc(dtype.status().Wrap("shard"));
+  {
+    std::lock_guard<std::mutex> g(nccl_mu_);
+    nccl_group_ = nullptr;   // the old group goes away below
+  }
   executor_.Reset();
   Status st = runtime_.Load(p, ep_group.get());
   if (!st.ok()) {
@@ -64,6 +79,10 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
     return ToGrpc(st.Wrap("node " + node_ + " loading its shard"));
   }
   ep_group_ = std::move(ep_group);   // the runtime now uses the new group (or none)
+  {
+    std::lock_guard<std::mutex> g(nccl_mu_);
+    nccl_group_ = nccl;
+  }
   executor_.SetNext(p.head ? nullptr
                             : NewTransportActivationSink(data_plane_, s.next_node(), s.next_data(), *dtype));
   receiver_.SetPeer(p.stage > 0 ? s.prev_node() : "");
@@ -78,7 +97,12 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
 grpc::Status WorkerService::Health(grpc::ServerContext*, const flashmesh::v1::HealthRequest*,
                                    flashmesh::v1::HealthResponse* resp) {
   resp->set_node(node_);
-  resp->set_loaded(runtime_.loaded());
+  bool group_ok = true;
+  {
+    std::lock_guard<std::mutex> g(nccl_mu_);
+    group_ok = !nccl_group_ || !nccl_group_->broken();
+  }
+  resp->set_loaded(runtime_.loaded() && group_ok);
   resp->set_epoch(epoch_);
   resp->set_draining(draining_);
   return grpc::Status::OK;
@@ -170,6 +194,14 @@ grpc::Status WorkerService::Reset(grpc::ServerContext*, const flashmesh::v1::Res
                                   flashmesh::v1::ResetResponse*) {
   std::lock_guard<std::mutex> lock(load_mu_);   // the runtime's EP group stays put meanwhile
   executor_.Reset();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::NewNcclId(grpc::ServerContext*, const flashmesh::v1::NewNcclIdRequest*,
+                                      flashmesh::v1::NewNcclIdResponse* resp) {
+  Result<std::string> id = net::NcclNewUniqueId();
+  if (!id.ok()) return ToGrpc(id.status().Wrap("node " + node_));
+  resp->set_unique_id(*id);
   return grpc::Status::OK;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "flashmesh/v1/worker.grpc.pb.h"
+#include "net/nccl_communicator.h"
 #include "net/transport.h"
 #include "worker/data_plane.h"
 #include "worker/shard_runtime.h"
@@ -40,6 +41,8 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
                          flashmesh::v1::StepBatchResponse*) override;
   grpc::Status Reset(grpc::ServerContext*, const flashmesh::v1::ResetRequest*,
                      flashmesh::v1::ResetResponse*) override;
+  grpc::Status NewNcclId(grpc::ServerContext*, const flashmesh::v1::NewNcclIdRequest*,
+                         flashmesh::v1::NewNcclIdResponse*) override;
 
  private:
   std::string node_;
@@ -49,6 +52,10 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
   std::atomic<bool> draining_{false};
   net::Transport* data_plane_;
   std::unique_ptr<net::Communicator> ep_group_;  // expert-parallel group of the loaded shard
+  // ep_group_ when it is an NCCL group (Health reports a broken one as not loaded, so the
+  // coordinator loads the group again); swapped under nccl_mu_.
+  mutable std::mutex nccl_mu_;
+  const net::NcclCommunicator* nccl_group_ = nullptr;
   ShardRuntime runtime_;
   StageExecutor executor_;
   ActivationReceiver receiver_;   // after executor_: stops before it

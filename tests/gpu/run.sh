@@ -23,7 +23,7 @@ echo "run.sh: CUDA architecture $ARCH, $JOBS jobs, build dir $BUILD"
 step cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHMESH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" || exit 1
 targets=(test_cuda_kernels bench_cuda_gemv)
-grep -q "test_nccl_smoke" "$BUILD/build.ninja" && targets+=(test_nccl_smoke)
+grep -q "test_nccl_smoke" "$BUILD/build.ninja" && targets+=(test_nccl_smoke test_nccl_communicator)
 if step cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"; then
   step ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300
   step "$BUILD/tests/gpu/bench_cuda_gemv"

@@ -133,12 +133,14 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
     << "coordinator: { listen: 127.0.0.1:" << api_port_ << " }\n"
     << "parallel: { pipeline_stages: " << spec.stages
     << ", expert_parallel: " << spec.expert_parallel << " }\n"
-    << "transport: tcp\n"
+    << "transport: " << spec.transport << "\n"
     << "nodes:\n";
   const int workers = spec.stages * spec.expert_parallel;
   for (int i = 0; i < workers; ++i)
     y << "  - { name: " << node(i) << ", control: 127.0.0.1:" << FreePort()
-      << ", data: 127.0.0.1:" << FreePort() << ", device: cpu, memory_gib: 4 }\n";
+      << ", data: 127.0.0.1:" << FreePort() << ", device: "
+      << (spec.transport == "nccl" ? "cuda:" + std::to_string(i % std::max(1, spec.gpus)) : "cpu")
+      << ", memory_gib: 4 }\n";
   y << "limits: { max_batch: " << spec.max_batch << ", max_context: " << spec.max_context
     << ", max_queue: " << spec.max_queue << ", max_tokens: " << spec.max_tokens << " }\n"
     << "heartbeat: { interval_ms: 250, timeout_ms: 2000 }\n"

@@ -63,6 +63,8 @@ struct ClusterSpec {
   int max_queue = 64;
   std::string activation_dtype = "f32";          // stage-to-stage frames
   std::string cluster_secret = "it-cluster-secret";  // data-plane auth; "" = none
+  std::string transport = "tcp";                     // "nccl": node i on cuda:(i % gpus)
+  int gpus = 1;
 };
 
 // A cluster: YAML, one worker process per plan slot (stage-major), and the coordinator.

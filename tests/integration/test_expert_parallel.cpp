@@ -9,6 +9,9 @@
 #include <thread>
 
 #include "tests/integration/cluster_fixture.h"
+#if FM_TEST_CUDA
+#include "kernels/cuda/device.h"
+#endif
 
 namespace fm::it {
 namespace {
@@ -32,11 +35,21 @@ flashmesh::v1::GenerateRequest Request(int i) {
   return req;
 }
 
-void ExpectEpClusterEqualsSingle(int stages, int ep) {
+int Gpus() {
+#if FM_TEST_CUDA
+  return cuda::DeviceCount();
+#else
+  return 0;
+#endif
+}
+
+void ExpectEpClusterEqualsSingle(int stages, int ep, const std::string& transport = "tcp") {
   Server single;
   ClusterSpec spec;
   spec.stages = stages;
   spec.expert_parallel = ep;
+  spec.transport = transport;
+  spec.gpus = Gpus();
   Cluster cluster(spec);
   cluster.StartAll();
   ASSERT_TRUE(WaitHealthy(single.api(), 60s)) << single.process()->Log();
@@ -78,6 +91,43 @@ void ExpectEpClusterEqualsSingle(int stages, int ep) {
 
 TEST(ExpertParallel, TwoStagesByTwoMembersEqualSingleProcess) { ExpectEpClusterEqualsSingle(2, 2); }
 TEST(ExpertParallel, OneStageByThreeMembersEqualSingleProcess) { ExpectEpClusterEqualsSingle(1, 3); }
+
+// transport nccl: the EP all-to-all goes through NCCL on each member's GPU. With a GPU per
+// member the cluster equals the single process; without a GPU the group's load fails with an
+// error naming the transport and the device (NCCL puts one rank per GPU, so one GPU cannot
+// hold a group of two).
+TEST(ExpertParallel, NcclTransportEqualsSingleProcessOrSaysWhyItCannotLoad) {
+  const int gpus = Gpus();
+  if (gpus == 1) GTEST_SKIP() << "one GPU: NCCL needs a GPU per member of the EP group";
+  if (gpus >= 2) return ExpectEpClusterEqualsSingle(1, 2, "nccl");
+  ClusterSpec spec;
+  spec.stages = 1;
+  spec.expert_parallel = 2;
+  spec.transport = "nccl";
+  Cluster cluster(spec);
+  cluster.StartAll();
+  std::string error;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (error.empty() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(200ms);
+    auto stub = Connect(cluster.api());
+    auto status = Status(stub.get());
+    for (const auto& n : status.nodes())
+      if (n.state() == flashmesh::v1::NODE_STATE_DOWN && !n.error().empty()) error = n.error();
+  }
+  EXPECT_NE(error.find("shard.ep_transport nccl"), std::string::npos) << error << cluster.Logs();
+#if FM_TEST_NCCL
+  EXPECT_NE(error.find("cuda:0 but this host has 0 CUDA device(s)"), std::string::npos) << error;
+#else
+  EXPECT_NE(error.find("built without NCCL"), std::string::npos) << error;
+#endif
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s), 1) << out;   // degraded
+  EXPECT_NE(out.find("node w0 is not up: LoadShard failed"), std::string::npos) << out;
+  auto stub = Connect(cluster.api());
+  Generation g = Generate(stub.get(), Request(0));
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
+}
 
 TEST(ExpertParallel, KilledMemberEndsTheGroupsRequestsUnavailableAndRestartRecovers) {
   ClusterSpec spec;

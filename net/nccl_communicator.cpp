@@ -1,0 +1,351 @@
+#include "net/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+
+namespace fm::net {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes);
+
+Status CudaError(cudaError_t e, const char* call) {
+  return Internal(std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+#define FM_CUDA_OK(call)                                 \
+  do {                                                   \
+    const cudaError_t fm_e = (call);                     \
+    if (fm_e != cudaSuccess) return CudaError(fm_e, #call); \
+  } while (0)
+
+Status NcclError(ncclResult_t r, const char* call) {
+  return Internal(std::string(call) + ": " + ncclGetErrorString(r));
+}
+
+// Device or pinned host memory that only grows.
+class Buffer {
+ public:
+  explicit Buffer(bool pinned) : pinned_(pinned) {}
+  ~Buffer() { Release(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+  Status Reserve(size_t bytes) {
+    if (bytes <= size_) return Status::Ok();
+    Release();
+    const size_t want = std::max<size_t>(bytes, 2 * size_);
+    if (pinned_) FM_CUDA_OK(cudaMallocHost(&p_, want));
+    else FM_CUDA_OK(cudaMalloc(&p_, want));
+    size_ = want;
+    return Status::Ok();
+  }
+
+ private:
+  void Release() {
+    if (!p_) return;
+    if (pinned_) cudaFreeHost(p_);
+    else cudaFree(p_);
+    p_ = nullptr;
+    size_ = 0;
+  }
+  bool pinned_;
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+class NcclComm final : public NcclCommunicator {
+ public:
+  NcclComm(std::vector<CommMember> members, int rank, int device, const ncclUniqueId& id)
+      : members_(std::move(members)), rank_(rank), device_(device), id_(id) {}
+
+  ~NcclComm() override {
+    cudaSetDevice(device_);
+    if (comm_) ncclCommAbort(comm_);   // never blocks on peers that may be gone
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  const std::string& name(int rank) const override { return members_[rank].name; }
+  bool broken() const override { return broken_.load(); }
+  void AbortStep(uint64_t step) override { aborted_step_.store(step); }
+
+  Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
+                                       const std::vector<CommBuffer>& send,
+                                       Millis timeout) override {
+    if (static_cast<int>(send.size()) != size())
+      return InvalidArgument("all-to-all: " + std::to_string(send.size()) + " buffers for " +
+                             std::to_string(size()) + " ranks");
+    std::vector<const CommBuffer*> out(size(), nullptr);
+    std::vector<bool> in(size(), true);
+    for (int r = 0; r < size(); ++r) out[r] = r == rank_ ? nullptr : &send[r];
+    in[rank_] = false;
+    return Exchange(kind, step, tag, out, in, Clock::now() + timeout);
+  }
+
+  // NCCL sends are rendezvous: Send returns once the peer's matching Recv took the frame.
+  Status Send(int peer, FrameKind kind, uint64_t step, uint32_t tag, const CommBuffer& buf,
+              Millis timeout) override {
+    FM_RETURN_IF_ERROR(CheckPeer(peer));
+    std::vector<const CommBuffer*> out(size(), nullptr);
+    out[peer] = &buf;
+    return Exchange(kind, step, tag, out, std::vector<bool>(size(), false), Clock::now() + timeout)
+        .status();
+  }
+
+  Result<Frame> Recv(int peer, FrameKind kind, uint64_t step, uint32_t tag,
+                     Millis timeout) override {
+    FM_RETURN_IF_ERROR(CheckPeer(peer));
+    std::vector<bool> in(size(), false);
+    in[peer] = true;
+    FM_ASSIGN_OR_RETURN(std::vector<Frame> got,
+                        Exchange(kind, step, tag, std::vector<const CommBuffer*>(size(), nullptr),
+                                 in, Clock::now() + timeout));
+    return std::move(got[peer]);
+  }
+
+  Status Barrier(uint64_t step, Millis timeout) override {
+    std::vector<CommBuffer> none(size());
+    return AllToAllV(FrameKind::kControl, step, kBarrierTag, none, timeout).status();
+  }
+
+ private:
+  static constexpr uint32_t kBarrierTag = 0xFFFFFFFFu;
+
+  Status CheckPeer(int peer) const {
+    if (peer < 0 || peer >= size() || peer == rank_)
+      return InvalidArgument("EP peer rank " + std::to_string(peer) + " (group of " +
+                             std::to_string(size()) + ", self " + std::to_string(rank_) + ")");
+    return Status::Ok();
+  }
+
+  std::string Group() const {
+    return "NCCL EP group (rank " + std::to_string(rank_) + " of " + std::to_string(size()) + ")";
+  }
+
+  // Ends the communicator for good: NCCL cannot resume after a failed operation.
+  Status Fail(Status why) {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    broken_why_ = why.message();
+    broken_.store(true);
+    FM_LOG(kWarn, "net") << Group() << " broken: " << why.ToString();
+    return why;
+  }
+
+  // Waits until NCCL finished enqueueing (non-blocking communicator) and, with a stream, until
+  // the stream drained; the deadline, AbortStep and NCCL's asynchronous errors end the wait.
+  Status Wait(uint64_t step, Clock::time_point deadline, const std::string& what, bool stream) {
+    while (true) {
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t q = ncclCommGetAsyncError(comm_, &async);
+      if (q != ncclSuccess) return Fail(NcclError(q, "ncclCommGetAsyncError"));
+      if (async != ncclSuccess && async != ncclInProgress)
+        return Fail(Unavailable(Group() + ": " + what + ": " + ncclGetErrorString(async) +
+                                " (a member died or left the group)"));
+      if (async == ncclSuccess) {
+        if (!stream) return Status::Ok();
+        const cudaError_t e = cudaStreamQuery(stream_);
+        if (e == cudaSuccess) return Status::Ok();
+        if (e != cudaErrorNotReady) return Fail(CudaError(e, "cudaStreamQuery"));
+      }
+      if (step != 0 && aborted_step_.load() == step)
+        return Fail(Cancelled(Group() + ": step " + std::to_string(step) + " aborted by a reset"));
+      if (Clock::now() >= deadline)
+        return Fail(DeadlineExceeded(Group() + ": " + what + " did not finish in time (members " +
+                                     Names() + "; one is dead or stuck)"));
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  std::string Names() const {
+    std::string s;
+    for (const auto& m : members_) s += (s.empty() ? "" : ", ") + m.name;
+    return s;
+  }
+
+  Status EnsureInit(uint64_t step, Clock::time_point deadline) {
+    if (comm_) return Status::Ok();
+    FM_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;   // so that forming the group has a deadline
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size(), id_, rank_, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      return Fail(NcclError(r, "ncclCommInitRankConfig"));
+    }
+    return Wait(step, deadline, "forming the group", false);
+  }
+
+  // One grouped round: for every rank r, send[r] bytes out (null: none) and recv[r] in.
+  Status Round(uint64_t step, Clock::time_point deadline, const std::string& what,
+               const std::vector<std::pair<const uint8_t*, size_t>>& send,
+               const std::vector<std::pair<uint8_t*, size_t>>& recv) {
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+      if (send[p].first && send[p].second > 0)
+        r = ncclSend(send[p].first, send[p].second, ncclUint8, p, comm_, stream_);
+      if ((r == ncclSuccess || r == ncclInProgress) && recv[p].first && recv[p].second > 0)
+        r = ncclRecv(recv[p].first, recv[p].second, ncclUint8, p, comm_, stream_);
+      if (r == ncclInProgress) r = ncclSuccess;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (r != ncclSuccess) return Fail(NcclError(r, "ncclSend/ncclRecv"));
+    if (end != ncclSuccess && end != ncclInProgress) return Fail(NcclError(end, "ncclGroupEnd"));
+    return Wait(step, deadline, what, true);
+  }
+
+  Result<std::vector<Frame>> Exchange(FrameKind kind, uint64_t step, uint32_t tag,
+                                      const std::vector<const CommBuffer*>& out,
+                                      const std::vector<bool>& in, Clock::time_point deadline) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.load())
+      return Unavailable(Group() + " is broken (" + broken_why_ + "); the group must be loaded again");
+    const std::string what = std::string(FrameKindName(kind)) + " step " + std::to_string(step) +
+                             " tag " + std::to_string(tag);
+    FM_CUDA_OK(cudaSetDevice(device_));
+    FM_RETURN_IF_ERROR(EnsureInit(step, deadline));
+    const int R = size();
+    // Headers: rank r's 64 bytes at r * 64 of each area.
+    FM_RETURN_IF_ERROR(host_.Reserve(2 * R * kFrameHeaderSize));
+    FM_RETURN_IF_ERROR(dev_.Reserve(2 * R * kFrameHeaderSize));
+    uint8_t* hs = host_.data();
+    uint8_t* hr = host_.data() + R * kFrameHeaderSize;
+    std::vector<FrameHeader> sent(R);
+    size_t out_bytes = 0;
+    for (int p = 0; p < R; ++p) {
+      if (!out[p]) continue;
+      const CommBuffer& b = *out[p];
+      if (b.shape.empty() || b.shape.size() > kFrameMaxRank)
+        return InvalidArgument(Group() + ": send to rank " + std::to_string(p) + ": rank " +
+                               std::to_string(b.shape.size()) + " shape");
+      FrameHeader& h = sent[p];
+      h.kind = kind;
+      h.dtype = b.dtype;
+      h.step_id = step;
+      h.tag = tag;
+      h.set_shape(b.shape);
+      FM_RETURN_IF_ERROR(EncodeFrameHeader(&h, b.data, b.nbytes, hs + p * kFrameHeaderSize)
+                             .Wrap(Group() + ": send to rank " + std::to_string(p)));
+      out_bytes += b.nbytes;
+    }
+    uint8_t* ds = dev_.data();
+    uint8_t* dr = dev_.data() + R * kFrameHeaderSize;
+    FM_CUDA_OK(cudaMemcpyAsync(ds, hs, R * kFrameHeaderSize, cudaMemcpyHostToDevice, stream_));
+    std::vector<std::pair<const uint8_t*, size_t>> s(R, {nullptr, 0});
+    std::vector<std::pair<uint8_t*, size_t>> rv(R, {nullptr, 0});
+    for (int p = 0; p < R; ++p) {
+      if (out[p]) s[p] = {ds + p * kFrameHeaderSize, kFrameHeaderSize};
+      if (in[p]) rv[p] = {dr + p * kFrameHeaderSize, kFrameHeaderSize};
+    }
+    FM_RETURN_IF_ERROR(Round(step, deadline, what + " (headers)", s, rv));
+    FM_CUDA_OK(cudaMemcpy(hr, dr, R * kFrameHeaderSize, cudaMemcpyDeviceToHost));
+
+    // Check every header before any payload moves: a peer out of step ends the group.
+    std::vector<Frame> got(R);
+    size_t in_bytes = 0;
+    for (int p = 0; p < R; ++p) {
+      if (!in[p]) continue;
+      const std::string who = "EP rank " + std::to_string(p) + " (" + name(p) + ")";
+      Result<FrameHeader> h = DecodeFrameHeader(hr + p * kFrameHeaderSize, kFrameHeaderSize);
+      if (!h.ok()) return Fail(h.status().Wrap(Group() + ": header from " + who));
+      if (h->kind != kind || h->step_id != step || h->tag != tag)
+        return Fail(Internal(who + " sent " + FrameKindName(h->kind) + " step " +
+                             std::to_string(h->step_id) + " tag " + std::to_string(h->tag) +
+                             ", expected " + what));
+      got[p].header = *h;
+      in_bytes += h->payload_bytes;
+    }
+
+    // Payloads, packed rank by rank.
+    FM_RETURN_IF_ERROR(host_.Reserve(out_bytes + in_bytes));
+    FM_RETURN_IF_ERROR(dev_.Reserve(out_bytes + in_bytes));
+    size_t off = 0;
+    for (int p = 0; p < R; ++p) {
+      s[p] = {nullptr, 0};
+      if (!out[p] || out[p]->nbytes == 0) continue;
+      std::memcpy(host_.data() + off, out[p]->data, out[p]->nbytes);
+      s[p] = {dev_.data() + off, out[p]->nbytes};
+      off += out[p]->nbytes;
+    }
+    if (out_bytes > 0)
+      FM_CUDA_OK(cudaMemcpyAsync(dev_.data(), host_.data(), out_bytes, cudaMemcpyHostToDevice, stream_));
+    for (int p = 0; p < R; ++p) {
+      rv[p] = {nullptr, 0};
+      if (!in[p] || got[p].header.payload_bytes == 0) continue;
+      rv[p] = {dev_.data() + off, got[p].header.payload_bytes};
+      off += got[p].header.payload_bytes;
+    }
+    if (out_bytes + in_bytes > 0) {
+      FM_RETURN_IF_ERROR(Round(step, deadline, what, s, rv));
+      if (in_bytes > 0)
+        FM_CUDA_OK(cudaMemcpy(host_.data() + out_bytes, dev_.data() + out_bytes, in_bytes,
+                              cudaMemcpyDeviceToHost));
+    }
+    off = out_bytes;
+    for (int p = 0; p < R; ++p) {
+      if (!in[p]) continue;
+      const size_t n = got[p].header.payload_bytes;
+      got[p].payload.assign(host_.data() + off, host_.data() + off + n);
+      off += n;
+      Status crc = VerifyFramePayload(got[p].header, got[p].payload.data(), n);
+      if (!crc.ok()) return Fail(crc.Wrap(Group() + ": payload from EP rank " + std::to_string(p)));
+    }
+    return got;
+  }
+
+  std::vector<CommMember> members_;
+  int rank_;
+  int device_;
+  ncclUniqueId id_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  std::mutex mu_;   // one exchange at a time
+  Buffer host_{true}, dev_{false};
+  std::atomic<bool> broken_{false};
+  std::string broken_why_;   // under mu_
+  std::atomic<uint64_t> aborted_step_{0};
+};
+
+}  // namespace
+
+bool NcclBuilt() { return true; }
+
+Result<std::string> NcclNewUniqueId() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return NcclError(r, "ncclGetUniqueId");
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+Result<std::unique_ptr<NcclCommunicator>> MakeNcclCommunicator(std::vector<CommMember> members,
+                                                               int rank, int cuda_device,
+                                                               const std::string& unique_id) {
+  if (members.empty()) return InvalidArgument("NCCL EP group: no members");
+  if (rank < 0 || rank >= static_cast<int>(members.size()))
+    return InvalidArgument("NCCL EP group: rank " + std::to_string(rank) + " outside [0, " +
+                           std::to_string(members.size()) + ")");
+  if (unique_id.size() != kNcclUniqueIdBytes)
+    return InvalidArgument("NCCL EP group: unique id of " + std::to_string(unique_id.size()) +
+                           " bytes, want " + std::to_string(kNcclUniqueIdBytes));
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  if (cuda_device < 0 || cuda_device >= devices)
+    return InvalidArgument("NCCL EP group: cuda:" + std::to_string(cuda_device) + " but this host has " +
+                           std::to_string(devices) + " CUDA device(s)");
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), kNcclUniqueIdBytes);
+  return std::unique_ptr<NcclCommunicator>(
+      std::make_unique<NcclComm>(std::move(members), rank, cuda_device, id));
+}
+
+}  // namespace fm::net

@@ -1,0 +1,53 @@
+// The NCCL backend of the Communicator (net/communicator.h) for GPU workers: every exchange
+// goes through device memory with grouped ncclSend/ncclRecv on one stream. No NCCL or CUDA
+// types here, so plain C++ (the worker) includes it; built as fm_net_nccl when CUDA and NCCL
+// are found (FM_HAVE_NCCL), docs/gpu.md.
+//
+// Bootstrap (DESIGN.md §3): the group's rank-0 worker makes an ncclUniqueId (NcclNewUniqueId,
+// the NewNcclId RPC) and the coordinator hands the same 128 bytes to every member in its
+// LoadShard. The communicator itself is created lazily by the group's first exchange, which
+// every member reaches in the same step, so loading the members need not be simultaneous.
+//
+// Protocol of one exchange (kind, step, tag): first every rank sends every peer the 64-byte
+// frame header of its buffer (net/frame.h: kind, dtype, step, tag, shape, payload length and
+// CRC32C), then the payloads whose lengths the headers announced. Every received header is
+// decoded and checked (DecodeFrameHeader, then kind/step/tag) and every payload verified, as
+// on the TCP data plane.
+//
+// Failure: every wait polls the stream, NCCL's asynchronous error, AbortStep and the
+// deadline. A dead member, a deadline or an abort calls ncclCommAbort and leaves the
+// communicator broken (NCCL cannot take a restarted rank back into a communicator): every
+// later call is Unavailable, and broken() tells the worker to report itself unloaded, so the
+// coordinator loads the whole group again with a fresh id.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "net/communicator.h"
+
+namespace fm::net {
+
+inline constexpr size_t kNcclUniqueIdBytes = 128;   // sizeof(ncclUniqueId)
+
+// Whether this build has the NCCL backend.
+bool NcclBuilt();
+
+// A fresh ncclUniqueId (its bootstrap root listens in this process until the group formed).
+Result<std::string> NcclNewUniqueId();
+
+class NcclCommunicator : public Communicator {
+ public:
+  // True once an exchange failed for good (see above).
+  virtual bool broken() const = 0;
+};
+
+// members in rank order (names are used in errors only); `cuda_device` is this process's GPU;
+// `unique_id` the group's kNcclUniqueIdBytes bytes. Returns at once; the first exchange
+// creates the NCCL communicator within that exchange's deadline.
+Result<std::unique_ptr<NcclCommunicator>> MakeNcclCommunicator(std::vector<CommMember> members,
+                                                               int rank, int cuda_device,
+                                                               const std::string& unique_id);
+
+}  // namespace fm::net
