@@ -48,14 +48,16 @@ ThreadPool* Pool(int threads) {
   return pools[threads].get();
 }
 
-// Args: format, rows, cols, T, threads. Several copies of the weight are cycled so the working
-// set is well beyond the caches, as in a decode step.
+// Args: format, rows, cols, T, threads[, hot]. Several copies of the weight are cycled so the
+// working set is well beyond the caches, as in a decode step; hot = 1 keeps one small copy in
+// L2 instead, which shows the decode's compute bound (cold/hot near 1: compute-bound).
 void BM_Matmul(benchmark::State& state) {
   const int format = static_cast<int>(state.range(0));
   const int64_t rows = state.range(1), cols = state.range(2), T = state.range(3);
   ThreadPool* pool = Pool(static_cast<int>(state.range(4)));
   const size_t one = BenchWeight(format, 1, cols).w.bytes() * static_cast<size_t>(rows);
-  const int copies = static_cast<int>(std::max<size_t>(1, (256u << 20) / one));
+  const bool hot = state.range(5) != 0;
+  const int copies = hot ? 1 : static_cast<int>(std::max<size_t>(1, (256u << 20) / one));
   std::vector<std::unique_ptr<BenchWeight>> ws;
   for (int i = 0; i < copies; ++i) ws.push_back(std::make_unique<BenchWeight>(format, rows, cols));
   std::vector<float> x(static_cast<size_t>(T * cols), 0.5f), y(static_cast<size_t>(T * rows));
@@ -74,17 +76,21 @@ void BM_Matmul(benchmark::State& state) {
 }
 
 void DecodeShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"fmt", "rows", "cols", "T", "thr"});
+  b->ArgNames({"fmt", "rows", "cols", "T", "thr", "hot"});
   for (int thr : {1, 2})
     for (int64_t T : {1, 4, 16}) {
-      b->Args({kFormatFP8, 4096, 4096, T, thr});
-      b->Args({kFormatFP4, 2048, 4096, T, thr});
-      b->Args({kFormatFP4, 4096, 2048, T, thr});
-      b->Args({kFormatBF16, 4096, 4096, T, thr});
-      b->Args({kFormatF32, 2048, 4096, T, thr});
+      b->Args({kFormatFP8, 4096, 4096, T, thr, 0});
+      b->Args({kFormatFP4, 2048, 4096, T, thr, 0});
+      b->Args({kFormatFP4, 4096, 2048, T, thr, 0});
+      b->Args({kFormatBF16, 4096, 4096, T, thr, 0});
+      b->Args({kFormatF32, 2048, 4096, T, thr, 0});
     }
-  b->Args({kFormatFP8, 4096, 4096, 256, 2});
-  b->Args({kFormatFP4, 2048, 4096, 256, 2});
+  b->Args({kFormatFP8, 4096, 4096, 256, 2, 0});
+  b->Args({kFormatFP4, 2048, 4096, 256, 2, 0});
+  // In L2 (512 KiB of weights), one thread.
+  b->Args({kFormatFP8, 256, 2048, 1, 1, 1});
+  b->Args({kFormatFP4, 512, 2048, 1, 1, 1});
+  b->Args({kFormatBF16, 128, 2048, 1, 1, 1});
   b->UseRealTime();
 }
 BENCHMARK(BM_Matmul)->Apply(DecodeShapes);

@@ -7,7 +7,8 @@
 //                             the routed experts the step actually selected, head and final
 //                             norm, one embedding row (one tid2eid row on hash layers)
 //     mem_bw_gbps             streaming read bandwidth, measured here with the same threads
-//     bw_efficiency           tok_per_s * weight_bytes_per_token / mem_bw
+//                             after each of 8 decode rounds (median)
+//     bw_efficiency           weight traffic / bandwidth of each round, the median round
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -38,12 +39,21 @@ const char* kUsage =
     "usage: flashmesh bench decode --model DIR [--context N] [--tokens N] [--threads N] [--json]\n"
     "  decode: prefill N context tokens (default 64), decode --tokens tokens (default 32)\n"
     "          one at a time, report decode tok/s, weight bytes read per token, the measured\n"
-    "          memory bandwidth and bw_efficiency = tok/s * bytes/token / bandwidth.\n"
+    "          memory bandwidth (a probe after each of 8 decode rounds) and bw_efficiency =\n"
+    "          tok/s * bytes/token / bandwidth of the median round.\n"
     "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n"
     "usage: flashmesh bench cluster --config FILE [--model DIR] [--json] ...\n"
     "  cluster: the YAML's cluster vs the single process in one run (see bench cluster --help).\n";
 
 constexpr size_t kProbeBytes = size_t{256} << 20;  // well beyond any CPU cache
+constexpr int64_t kDecodeRounds = 8;   // decode rounds, each followed by a probe
+constexpr int kProbePasses = 3;        // best of, per probe
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 struct DecodeOptions {
   std::string model;
@@ -203,19 +213,32 @@ Status RunDecode(const DecodeOptions& o) {
   if (o.context > 0) FM_RETURN_IF_ERROR(step(prompt));
   const auto t1 = std::chrono::steady_clock::now();
   int32_t next = o.context > 0 ? static_cast<int32_t>(Argmax(logits.data(), V)) : prompt[0];
-  counter.reset();
-  const auto t2 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < o.tokens; ++i) {
-    FM_RETURN_IF_ERROR(step({&next, 1}));
-    next = static_cast<int32_t>(Argmax(logits.data(), V));
+  // Decode in rounds, each followed by a bandwidth probe with the same threads: this machine's
+  // bandwidth drifts within seconds, so each round's efficiency divides by the bandwidth
+  // measured right after it, and the median round is reported.
+  ReadBandwidthProbe probe(&pool, kProbeBytes);
+  const int64_t rounds = std::min<int64_t>(o.tokens, kDecodeRounds);
+  std::vector<double> effs, bws;
+  double decode_s = 0.0, routed_bytes = 0.0;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t n = o.tokens / rounds + (r < o.tokens % rounds ? 1 : 0);
+    counter.reset();
+    const auto t2 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      FM_RETURN_IF_ERROR(step({&next, 1}));
+      next = static_cast<int32_t>(Argmax(logits.data(), V));
+    }
+    const auto t3 = std::chrono::steady_clock::now();
+    const double bw = probe.Measure(kProbePasses);
+    const double traffic = (static_cast<double>(dense_bytes) * n + counter.bytes()) / Seconds(t2, t3);
+    effs.push_back(bw > 0 ? traffic / (bw * 1e9) : 0.0);
+    bws.push_back(bw);
+    decode_s += Seconds(t2, t3);
+    routed_bytes += static_cast<double>(counter.bytes());
   }
-  const auto t3 = std::chrono::steady_clock::now();
-  const double mem_bw = MeasureReadBandwidthGBps(&pool, kProbeBytes);
-
-  const double tok_per_s = static_cast<double>(o.tokens) / Seconds(t2, t3);
-  const double bytes_per_token = static_cast<double>(dense_bytes) +
-                                 static_cast<double>(counter.bytes()) / o.tokens;
-  const double eff = mem_bw > 0 ? tok_per_s * bytes_per_token / (mem_bw * 1e9) : 0.0;
+  const double tok_per_s = static_cast<double>(o.tokens) / decode_s;
+  const double bytes_per_token = static_cast<double>(dense_bytes) + routed_bytes / o.tokens;
+  const double eff = Median(effs), mem_bw = Median(bws);
   if (o.json) {
     std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
                 "\"bw_efficiency\": %.4f}\n",
@@ -225,14 +248,15 @@ Status RunDecode(const DecodeOptions& o) {
     std::printf("threads          %d\n", pool.size());
     std::printf("prefill          %lld tokens in %.3f s\n", static_cast<long long>(o.context),
                 Seconds(t0, t1));
-    std::printf("decode           %lld tokens in %.3f s: %.2f tok/s\n",
-                static_cast<long long>(o.tokens), Seconds(t2, t3), tok_per_s);
+    std::printf("decode           %lld tokens in %.3f s: %.2f tok/s (%lld rounds)\n",
+                static_cast<long long>(o.tokens), decode_s, tok_per_s, static_cast<long long>(rounds));
     std::printf("weight bytes/tok %.1f MB (dense %.1f MB + routed experts %.1f MB)\n",
                 bytes_per_token / 1e6, dense_bytes / 1e6,
-                static_cast<double>(counter.bytes()) / o.tokens / 1e6);
+                routed_bytes / o.tokens / 1e6);
     std::printf("weight traffic   %.2f GB/s\n", tok_per_s * bytes_per_token / 1e9);
-    std::printf("memory bandwidth %.2f GB/s (streaming read probe, same threads)\n", mem_bw);
-    std::printf("bw_efficiency    %.3f\n", eff);
+    std::printf("memory bandwidth %.2f GB/s (median of the probes after each round, same threads)\n", mem_bw);
+    std::printf("bw_efficiency    %.3f (median round; rounds %.3f .. %.3f)\n", eff,
+                *std::min_element(effs.begin(), effs.end()), *std::max_element(effs.begin(), effs.end()));
   }
   return Status::Ok();
 }
