@@ -176,6 +176,7 @@ inline f32x16 Lookup16(f32x16 table, u32x16 idx) {
 // row whose SetBlock said false gives the same bits as Chunk<false>.
 
 struct RowF32 {
+  static constexpr bool kPrefetch = false;   // wide rows: the hardware prefetcher keeps up
   static constexpr int64_t kBlockChunks = 8;
   static constexpr int64_t kChunkBytes = 64;
   const float* p;
@@ -189,6 +190,7 @@ struct RowF32 {
 };
 
 struct RowBF16 {
+  static constexpr bool kPrefetch = false;
   static constexpr int64_t kBlockChunks = 8;
   static constexpr int64_t kChunkBytes = 32;
   const uint16_t* p;
@@ -208,6 +210,7 @@ struct RowBF16 {
 };
 
 struct RowFP8 {
+  static constexpr bool kPrefetch = true;
   static constexpr int64_t kBlockChunks = 128 / kLanes;
   static constexpr int64_t kChunkBytes = 16;
   const uint8_t* p;
@@ -257,6 +260,7 @@ struct Fp4Tables {
 const Fp4Tables kFp4Tables;
 
 struct RowFP4 {
+  static constexpr bool kPrefetch = true;
   static constexpr int64_t kBlockChunks = 2;
   static constexpr int64_t kChunkBytes = 8;
   const uint8_t* p;
@@ -293,13 +297,14 @@ void Tile(const QWeight& w, int64_t r0, const float* x, int64_t t0, float* y) {
   const float* xt[TB];
   for (int t = 0; t < TB; ++t) xt[t] = x + (t0 + t) * cols;
   f32x16 acc[RB][TB] = {};
-  // The tile's rows are one contiguous region read at RB fronts; rows of 1-2 KiB are too short
-  // for the hardware prefetcher to pick up, so each front prefetches the same place in the next
-  // tile's rows (the next region), a little ahead.
+  // The tile's rows are one contiguous region read at RB fronts; FP8/FP4 rows of 1-2 KiB are
+  // too short for the hardware prefetcher to pick up, so each front prefetches the same place
+  // in the next tile's rows (the next region), a little ahead. The 2-4x wider BF16/F32 rows do
+  // without (bench_matvec: prefetching them was no faster, at times slower).
   const int64_t ahead = RB * cols / kLanes * Row::kChunkBytes + kPrefetchBytes;
   // kSlow: std::true_type / std::false_type, the decode variant of this block.
   auto step = [&](int64_t j, auto kSlow) {
-    if ((j * Row::kChunkBytes) % 64 == 0)  // one prefetch per cache line of each front
+    if (Row::kPrefetch && (j * Row::kChunkBytes) % 64 == 0)  // one per cache line of each front
       for (int i = 0; i < RB; ++i) __builtin_prefetch(row[i].bytes_at(j * Row::kChunkBytes + ahead));
     f32x16 wv[RB];
     for (int i = 0; i < RB; ++i) wv[i] = row[i].template Chunk<kSlow()>(j);
