@@ -72,6 +72,7 @@ Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
   const int R = comm_->size(), me = comm_->rank();
   std::vector<Outgoing> out(R);
   std::vector<int32_t> last_row(R, -1);
+  std::unique_lock<std::mutex> stats_lock(stats_mu_);   // the routing loop counts experts
   for (int64_t row = 0; row < T; ++row)
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = expert_ids[row * k + j];
@@ -102,6 +103,7 @@ Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
                     o.rows.data(), o.rows.size() * sizeof(float)};
     if (r != me) stats_.dispatch_bytes += send_pairs[r].nbytes + send_rows[r].nbytes;
   }
+  stats_lock.unlock();
   const std::string what = "EP layer " + std::to_string(layer) + " step " + std::to_string(step_);
   FM_ASSIGN_OR_RETURN(auto in_pairs, comm_->AllToAllV(net::FrameKind::kEpDispatch, step_,
                                                       Tag(layer, kPairsPart), send_pairs, timeout_));
@@ -138,7 +140,10 @@ Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
                    {static_cast<uint32_t>(results[r].size() / std::max<int64_t>(H, 1)),
                     static_cast<uint32_t>(H)},
                    results[r].data(), results[r].size() * sizeof(float)};
-    if (r != me) stats_.combine_bytes += send_out[r].nbytes;
+    if (r != me) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.combine_bytes += send_out[r].nbytes;
+    }
   }
   FM_ASSIGN_OR_RETURN(auto in_out, comm_->AllToAllV(net::FrameKind::kEpCombine, step_,
                                                     Tag(layer, kOutPart), send_out, timeout_));

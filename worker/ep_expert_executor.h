@@ -11,6 +11,7 @@
 // call RunRouted for the same layers of the same step, with T = 0 when it has no rows.
 #pragma once
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "model/moe.h"
@@ -38,7 +39,10 @@ class EpExpertExecutor : public ExpertExecutor {
   void AbortStep(uint64_t step) { comm_->AbortStep(step); }
   Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                    const float* weights, float* routed) override;
-  const EpStats& stats() const { return stats_; }
+  EpStats stats() const {   // a copy: the Stats RPC reads while steps run
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
 
  private:
   int Owner(int32_t expert) const;
@@ -53,6 +57,7 @@ class EpExpertExecutor : public ExpertExecutor {
   ThreadPool* pool_;
   net::Millis timeout_;
   uint64_t step_ = 0;
+  mutable std::mutex stats_mu_;
   EpStats stats_;
 };
 
