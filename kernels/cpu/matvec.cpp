@@ -15,7 +15,10 @@
 //  FP8  e4m3 byte -> e4m3 * 2^-k exactly by placing its bits in an f16 (k = 8, AVX-512) or
 //       an f32 (k = 120, generic); one multiply by S * 2^k (S = the block's e8m0 scale) gives
 //       e4m3 * S with a single rounding, as the reference. The NaN codes 0x7F/0xFF decode as
-//       +-480 * S instead of NaN.
+//       +-480 * S instead of NaN. Fast variant: where x * S * 2^k and e4m3 * S both stay
+//       normal for this call's x (XBounds), the tile multiplies x by S * 2^k once for its rows
+//       (they share the 128-row block's scale) and takes e4m3 * 2^-k as the weight: both
+//       products are then exact powers-of-two scalings, so each fma gives the same bits.
 //  FP4  per 32-input block, the 16-entry table of e2m1 values times the block scale (one of
 //       256 precomputed tables, exact products), indexed by the nibbles (a register
 //       permute). The low nibbles of the block's 16 bytes are chunk
@@ -169,6 +172,29 @@ inline f32x16 Lookup16(f32x16 table, u32x16 idx) {
 #endif
 }
 
+// The factors S * 2^kE4m3Exp for which FP8's fast decode is exact with this call's x: x * f
+// and e4m3 * 2^-kE4m3Exp * f both stay normal f32 (f is a power of two, so both products are
+// exact and fma(e, x * f, acc) == fma(e * f, x, acc) bit for bit).
+struct XBounds {
+  float fp8_lo = 0.0f, fp8_hi = -1.0f;   // empty: always the plain decode
+};
+
+XBounds BoundsOf(const float* x, int64_t n) {
+  float lo = std::numeric_limits<float>::infinity(), hi = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (a > 0.0f && a < lo) lo = a;
+    if (a > hi) hi = a;   // NaN compares false: NaN * f is NaN either way
+  }
+  XBounds b;
+  if (hi == std::numeric_limits<float>::infinity()) return b;
+  // One binade of margin on each side; e4m3's smallest nonzero is 2^-9, times 2^-kE4m3Exp.
+  const float x_lo = lo == std::numeric_limits<float>::infinity() ? 0.0f : Pow2(-125) / lo;
+  b.fp8_lo = std::max(Pow2(-125 + 9 + kE4m3Exp), x_lo);
+  b.fp8_hi = hi > 0.0f ? std::min(Pow2(125), Pow2(126) / hi) : Pow2(125);
+  return b;
+}
+
 // ---- per-format row decoders -----------------------------------------------------------
 // Init(w, r) binds row r; SetBlock(b) prepares block b (kBlockChunks chunks) and says whether
 // its chunks need the rare slow decode (kSlow); Chunk<kSlow>(j) is the decoded chunk j (inside
@@ -176,12 +202,13 @@ inline f32x16 Lookup16(f32x16 table, u32x16 idx) {
 // row whose SetBlock said false gives the same bits as Chunk<false>.
 
 struct RowF32 {
+  static constexpr bool kScalesX = false;
   static constexpr bool kPrefetch = false;   // wide rows: the hardware prefetcher keeps up
   static constexpr int64_t kBlockChunks = 8;
   static constexpr int64_t kChunkBytes = 64;
   const float* p;
   const void* bytes_at(int64_t off) const { return reinterpret_cast<const uint8_t*>(p) + off; }
-  void Init(const QWeight& w, int64_t r) { p = static_cast<const float*>(w.data) + r * w.cols; }
+  void Init(const QWeight& w, int64_t r, const XBounds&) { p = static_cast<const float*>(w.data) + r * w.cols; }
   bool SetBlock(int64_t) { return false; }
   template <bool kSlow>
   f32x16 Chunk(int64_t j) const { return LoadF32x16(p + j * kLanes); }
@@ -190,12 +217,13 @@ struct RowF32 {
 };
 
 struct RowBF16 {
+  static constexpr bool kScalesX = false;
   static constexpr bool kPrefetch = false;
   static constexpr int64_t kBlockChunks = 8;
   static constexpr int64_t kChunkBytes = 32;
   const uint16_t* p;
   const void* bytes_at(int64_t off) const { return reinterpret_cast<const uint8_t*>(p) + off; }
-  void Init(const QWeight& w, int64_t r) {
+  void Init(const QWeight& w, int64_t r, const XBounds&) {
     p = static_cast<const uint16_t*>(w.data) + r * w.cols;
   }
   bool SetBlock(int64_t) { return false; }
@@ -211,16 +239,21 @@ struct RowBF16 {
 
 struct RowFP8 {
   static constexpr bool kPrefetch = true;
+  static constexpr bool kScalesX = true;   // fast decode: x * factor instead of w * factor
   static constexpr int64_t kBlockChunks = 128 / kLanes;
   static constexpr int64_t kChunkBytes = 16;
   const uint8_t* p;
   const void* bytes_at(int64_t off) const { return p + off; }
   const uint8_t* scale_row;  // e8m0 scales of this row's 128-row block
-  float factor, late_scale;  // chunk = decoded * factor [* late_scale: the slow decode]
-  void Init(const QWeight& w, int64_t r) {
+  float factor, late_scale;  // weight = decoded * factor [* late_scale: the slow decode]
+  float fast_lo, fast_hi;    // XBounds
+  void Init(const QWeight& w, int64_t r, const XBounds& xb) {
     p = static_cast<const uint8_t*>(w.data) + r * w.cols;
     scale_row = w.scale + (r / 128) * ((w.cols + 127) / 128);
+    fast_lo = xb.fp8_lo;
+    fast_hi = xb.fp8_hi;
   }
+  // Slow unless the fast decode is exact for this block's factor.
   bool SetBlock(int64_t b) {
     const int e = scale_row[b];
     // factor = S * 2^kE4m3Exp, one rounding of e4m3 * S; when that is not a finite f32 (or S
@@ -228,13 +261,13 @@ struct RowFP8 {
     const bool big = e - 127 + kE4m3Exp > 127;
     factor = big ? Pow2(kE4m3Exp) : Pow2(e - 127 + kE4m3Exp);
     late_scale = big ? kE8m0.v[e] : 1.0f;
-    return big;
+    return big || !(factor >= fast_lo && factor <= fast_hi);
   }
+  // kSlow: the weight itself (as the reference); fast: e4m3 * 2^-kE4m3Exp, x scaled instead.
   template <bool kSlow>
   f32x16 Decode(const uint8_t* q) const {
-    f32x16 v = E4m3Scaled(q) * factor;
-    if constexpr (kSlow) v = v * late_scale;
-    return v;
+    if constexpr (kSlow) return E4m3Scaled(q) * factor * late_scale;
+    return E4m3Scaled(q);
   }
   template <bool kSlow>
   f32x16 Chunk(int64_t j) const { return Decode<kSlow>(p + j * kLanes); }
@@ -260,6 +293,7 @@ struct Fp4Tables {
 const Fp4Tables kFp4Tables;
 
 struct RowFP4 {
+  static constexpr bool kScalesX = false;
   static constexpr bool kPrefetch = true;
   static constexpr int64_t kBlockChunks = 2;
   static constexpr int64_t kChunkBytes = 8;
@@ -268,7 +302,7 @@ struct RowFP4 {
   const void* bytes_at(int64_t off) const { return p + off; }
   f32x16 table;  // e2m1 values times the current block's scale
   u32x16 bytes;  // the current block's 16 packed bytes, one per lane
-  void Init(const QWeight& w, int64_t r) {
+  void Init(const QWeight& w, int64_t r, const XBounds&) {
     p = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);
     scales = w.scale + r * (w.cols / 32);
   }
@@ -290,10 +324,10 @@ constexpr int64_t kPrefetchBytes = 512;
 // RB consecutive weight rows x TB consecutive batch rows, one pass over cols; every decoded
 // chunk is used TB times from a register. x rows have stride cols; y is [T, rows].
 template <class Row, int RB, int TB>
-void Tile(const QWeight& w, int64_t r0, const float* x, int64_t t0, float* y) {
+void Tile(const QWeight& w, int64_t r0, const float* x, const XBounds& xb, int64_t t0, float* y) {
   const int64_t cols = w.cols;
   Row row[RB];
-  for (int i = 0; i < RB; ++i) row[i].Init(w, r0 + i);
+  for (int i = 0; i < RB; ++i) row[i].Init(w, r0 + i, xb);
   const float* xt[TB];
   for (int t = 0; t < TB; ++t) xt[t] = x + (t0 + t) * cols;
   f32x16 acc[RB][TB] = {};
@@ -309,13 +343,16 @@ void Tile(const QWeight& w, int64_t r0, const float* x, int64_t t0, float* y) {
     f32x16 wv[RB];
     for (int i = 0; i < RB; ++i) wv[i] = row[i].template Chunk<kSlow()>(j);
     for (int t = 0; t < TB; ++t) {
-      const f32x16 xv = LoadF32x16(xt[t] + j * kLanes);
+      f32x16 xv = LoadF32x16(xt[t] + j * kLanes);
+      if constexpr (Row::kScalesX && !kSlow()) xv = xv * row[0].factor;   // exact (XBounds)
       for (int i = 0; i < RB; ++i) acc[i][t] = Fma16(wv[i], xv, acc[i][t]);
     }
   };
   auto set_block = [&](int64_t b) {
     bool slow = false;
     for (int i = 0; i < RB; ++i) slow |= row[i].SetBlock(b);
+    if constexpr (Row::kScalesX)   // x is scaled once for the tile: the rows must agree
+      for (int i = 1; i < RB; ++i) slow |= row[i].factor != row[0].factor;
     return slow;
   };
   constexpr int64_t kBC = Row::kBlockChunks;
@@ -352,12 +389,13 @@ constexpr int64_t kMinWorkPerPart = 1 << 16;    // weight elements x T per threa
 constexpr int64_t kBatchXBytes = 256 << 10;     // x rows kept hot while a row range streams
 
 template <class Row, int RB>
-void TileBatch(const QWeight& w, int64_t r0, const float* x, int64_t t0, int64_t tb, float* y) {
+void TileBatch(const QWeight& w, int64_t r0, const float* x, const XBounds& xb, int64_t t0,
+               int64_t tb, float* y) {
   switch (tb) {
-    case 1: Tile<Row, RB, 1>(w, r0, x, t0, y); break;
-    case 2: Tile<Row, RB, 2>(w, r0, x, t0, y); break;
-    case 3: Tile<Row, RB, 3>(w, r0, x, t0, y); break;
-    default: Tile<Row, RB, kBatchCols>(w, r0, x, t0, y); break;
+    case 1: Tile<Row, RB, 1>(w, r0, x, xb, t0, y); break;
+    case 2: Tile<Row, RB, 2>(w, r0, x, xb, t0, y); break;
+    case 3: Tile<Row, RB, 3>(w, r0, x, xb, t0, y); break;
+    default: Tile<Row, RB, kBatchCols>(w, r0, x, xb, t0, y); break;
   }
 }
 
@@ -369,14 +407,14 @@ int64_t TileCount(const MatmulJob& j) {
 
 // Tiles [tile_begin, tile_end) of one product (x already in the format's input order).
 template <class Row>
-void RunTiles(const QWeight& w, const float* x, int64_t T, float* y, int64_t tile_begin,
-              int64_t tile_end) {
+void RunTiles(const QWeight& w, const float* x, const XBounds& xb, int64_t T, float* y,
+              int64_t tile_begin, int64_t tile_end) {
   const int64_t rb = RowsPerTile(T);
   if (T == 1) {
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t r0 = tile * rb;
-      if (r0 + rb <= w.rows) Tile<Row, kDecodeRows, 1>(w, r0, x, 0, y);
-      else for (int64_t r = r0; r < w.rows; ++r) Tile<Row, 1, 1>(w, r, x, 0, y);
+      if (r0 + rb <= w.rows) Tile<Row, kDecodeRows, 1>(w, r0, x, xb, 0, y);
+      else for (int64_t r = r0; r < w.rows; ++r) Tile<Row, 1, 1>(w, r, x, xb, 0, y);
     }
     return;
   }
@@ -389,19 +427,20 @@ void RunTiles(const QWeight& w, const float* x, int64_t T, float* y, int64_t til
       const int64_t r0 = tile * rb;
       for (int64_t t0 = ts; t0 < te; t0 += kBatchCols) {
         const int64_t tb = std::min<int64_t>(kBatchCols, te - t0);
-        if (r0 + rb <= w.rows) TileBatch<Row, kBatchRows>(w, r0, x, t0, tb, y);
-        else for (int64_t r = r0; r < w.rows; ++r) TileBatch<Row, 1>(w, r, x, t0, tb, y);
+        if (r0 + rb <= w.rows) TileBatch<Row, kBatchRows>(w, r0, x, xb, t0, tb, y);
+        else for (int64_t r = r0; r < w.rows; ++r) TileBatch<Row, 1>(w, r, x, xb, t0, tb, y);
       }
     }
   }
 }
 
-void RunJobTiles(const MatmulJob& j, const float* x, int64_t tile_begin, int64_t tile_end) {
+void RunJobTiles(const MatmulJob& j, const float* x, const XBounds& xb, int64_t tile_begin,
+                 int64_t tile_end) {
   switch (j.w->format) {
-    case WeightFormat::kF32: RunTiles<RowF32>(*j.w, x, j.T, j.y, tile_begin, tile_end); return;
-    case WeightFormat::kBF16: RunTiles<RowBF16>(*j.w, x, j.T, j.y, tile_begin, tile_end); return;
-    case WeightFormat::kFP8Block: RunTiles<RowFP8>(*j.w, x, j.T, j.y, tile_begin, tile_end); return;
-    case WeightFormat::kFP4Block32: RunTiles<RowFP4>(*j.w, x, j.T, j.y, tile_begin, tile_end); return;
+    case WeightFormat::kF32: RunTiles<RowF32>(*j.w, x, xb, j.T, j.y, tile_begin, tile_end); return;
+    case WeightFormat::kBF16: RunTiles<RowBF16>(*j.w, x, xb, j.T, j.y, tile_begin, tile_end); return;
+    case WeightFormat::kFP8Block: RunTiles<RowFP8>(*j.w, x, xb, j.T, j.y, tile_begin, tile_end); return;
+    case WeightFormat::kFP4Block32: RunTiles<RowFP4>(*j.w, x, xb, j.T, j.y, tile_begin, tile_end); return;
   }
 }
 
@@ -428,6 +467,7 @@ void MatmulMany(std::span<const MatmulJob> jobs, ThreadPool* pool) {
   thread_local std::vector<std::vector<float>> fp4_inputs;
   std::vector<MatmulJob> run;
   std::vector<const float*> xs;
+  std::vector<XBounds> bounds;
   for (const MatmulJob& j : jobs) {
     const QWeight& w = *j.w;
     if (j.T <= 0 || w.rows <= 0) continue;
@@ -451,6 +491,7 @@ void MatmulMany(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     }
     run.push_back(j);
     xs.push_back(x);
+    bounds.push_back(w.format == WeightFormat::kFP8Block ? BoundsOf(j.x, j.T * w.cols) : XBounds{});
   }
   if (run.empty()) return;
   // One ParallelFor over the tiles of all products, in job order: one wake-up per call
@@ -466,7 +507,7 @@ void MatmulMany(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     for (size_t i = 0; i < run.size(); ++i) {
       const int64_t b = std::max<int64_t>(static_cast<int64_t>(tb), first[i]);
       const int64_t e = std::min<int64_t>(static_cast<int64_t>(te), first[i + 1]);
-      if (b < e) RunJobTiles(run[i], xs[i], b - first[i], e - first[i]);
+      if (b < e) RunJobTiles(run[i], xs[i], bounds[i], b - first[i], e - first[i]);
     }
   };
   const int64_t parts = std::clamp<int64_t>(work / kMinWorkPerPart, 1, pool ? pool->size() : 1);

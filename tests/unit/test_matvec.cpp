@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -253,6 +254,67 @@ TEST(Matmul, Fp8DecodeBitExactAllCodes) {
       EXPECT_EQ(y[c], want) << "code " << c << " scale " << int(scale);
     }
   }
+}
+
+// The reduction-order contract (matvec.cpp) written out: 16 lane sums, chunk j in increasing
+// order, one fma per weight with the reference's weight e4m3 * S, then the fixed lane tree.
+std::vector<float> Fp8OrderRef(const OwnedWeight& o, const std::vector<float>& x) {
+  const QWeight& w = o.w;
+  const int64_t cb = (w.cols + 127) / 128;
+  std::vector<float> y(static_cast<size_t>(w.rows));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    float acc[16] = {};
+    for (int64_t c = 0; c < w.cols; ++c) {
+      const float wr = E4m3ToF32(o.data[r * w.cols + c]) * E8m0ToF32(o.scale[(r / 128) * cb + c / 128]);
+      acc[c % 16] = std::fma(wr, x[c], acc[c % 16]);
+    }
+    for (int width = 8; width > 0; width /= 2)
+      for (int l = 0; l < width; ++l) acc[l] = acc[l] + acc[l + width];
+    y[r] = acc[0];
+  }
+  return y;
+}
+
+// FP8's fast decode (x scaled by the block factor instead of every weight) gives the bits of
+// the plain order, for ordinary, tiny and huge scales and for x that forces the fallback
+// (subnormal, huge, zero, inf).
+TEST(Matmul, Fp8ScaledInputsBitIdenticalToTheReductionOrder) {
+  const std::vector<std::vector<uint8_t>> scale_sets = {
+      {129, 118, 125, 119}, {1, 2, 127 - 100, 3}, {127 + 100, 127 + 120, 254, 127 + 2}};
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (const auto& scales : scale_sets)
+    for (int xcase = 0; xcase < 5; ++xcase) {
+      OwnedWeight o;
+      o.w.format = WeightFormat::kFP8Block;
+      o.w.rows = 256;
+      o.w.cols = 256;   // 2 x 2 blocks
+      for (int64_t i = 0; i < o.w.rows * o.w.cols; ++i) {
+        int b = byte(rng);
+        if ((b & 0x7F) == 0x7F) b ^= 1;   // no NaN codes
+        o.data.push_back(static_cast<uint8_t>(b));
+      }
+      for (int64_t r = 0; r < o.w.rows; ++r) o.data[r * o.w.cols + 200] = 0x30;   // e4m3 0.5
+      o.scale = scales;
+      o.Bind();
+      std::vector<float> x = RandomInputs(o.w.cols, 5 + xcase);
+      if (xcase == 1) x[17] = 1e-41f;            // subnormal
+      if (xcase == 2) x[200] = std::ldexp(1.0f, 125);   // x * 2^10 overflows, 0.5 * 2^2 * x not
+      if (xcase == 3) x[3] = 0.0f, x[250] = std::numeric_limits<float>::infinity();
+      if (xcase == 4)   // x * 2^-118 is subnormal (inexact); each product stays on the grid
+        for (auto& v : x) v = std::ldexp(1.0f + std::fabs(v) * 0.3f, -9);
+      const auto want = Fp8OrderRef(o, x);
+      const auto got = RunMatmul(o.w, x, 1, nullptr);
+      for (int64_t r = 0; r < o.w.rows; ++r) {
+        if (std::isnan(want[r])) {
+          EXPECT_TRUE(std::isnan(got[r])) << "row " << r;
+          continue;
+        }
+        EXPECT_EQ(std::memcmp(&got[r], &want[r], 4), 0)
+            << "row " << r << " x case " << xcase << " scale " << int(scales[0]) << ": " << got[r]
+            << " vs " << want[r];
+      }
+    }
 }
 
 TEST(Matmul, Fp8NanScaleGivesNan) {
