@@ -60,10 +60,13 @@ class Communicator {
 // Members in rank order; `rank` is this process (members[rank].name must be the transport's
 // self name). Returns at once: connections are made on first use (the lower rank of a pair
 // dials, retrying within the call's deadline; the higher waits), and made again after one
-// broke, so a restarted member rejoins without the others reloading. Frames of an older step
-// (left over from a step aborted by a failure) are skipped on receipt. A frame of a later step
-// while waiting for step S means the peer gave S up (each rank runs steps in order and sends a
-// step's frames before the next step's): S fails at once (Unavailable naming the peer), and the frame is kept for the step it belongs to.
+// broke, so a restarted member rejoins without the others reloading. (A frame sent in the
+// instant between the old process's death and the sender seeing its connection close is
+// lost; that step then ends at its deadline.) Frames of an older step (left over from a step
+// aborted by a failure) are skipped on receipt. A frame of a later step while waiting for
+// step S means the peer gave S up (each rank runs steps in order and sends a step's frames
+// before the next step's): S fails at once (Unavailable naming the peer), and the frame is
+// kept for the step it belongs to.
 Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,
                                                           std::vector<CommMember> members,
                                                           int rank);
