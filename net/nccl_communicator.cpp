@@ -30,33 +30,30 @@ Status NcclError(ncclResult_t r, const char* call) {
   return Internal(std::string(call) + ": " + ncclGetErrorString(r));
 }
 
-// Device or pinned host memory that only grows.
-class Buffer {
+// Device memory that only grows, allocated and freed in stream order on the communicator's
+// stream (cudaMallocAsync / cudaFreeAsync): no device-wide synchronization in the middle of an
+// exchange, which could wait behind another communicator's kernel spinning on a peer.
+class DeviceScratch {
  public:
-  explicit Buffer(bool pinned) : pinned_(pinned) {}
-  ~Buffer() { Release(); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
+  DeviceScratch() = default;
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
   uint8_t* data() const { return static_cast<uint8_t*>(p_); }
-  Status Reserve(size_t bytes) {
+  Status Reserve(size_t bytes, cudaStream_t stream) {
     if (bytes <= size_) return Status::Ok();
-    Release();
     const size_t want = std::max<size_t>(bytes, 2 * size_);
-    if (pinned_) FM_CUDA_OK(cudaMallocHost(&p_, want));
-    else FM_CUDA_OK(cudaMalloc(&p_, want));
+    Release(stream);
+    FM_CUDA_OK(cudaMallocAsync(&p_, want, stream));
     size_ = want;
     return Status::Ok();
   }
-
- private:
-  void Release() {
-    if (!p_) return;
-    if (pinned_) cudaFreeHost(p_);
-    else cudaFree(p_);
+  void Release(cudaStream_t stream) {
+    if (p_) cudaFreeAsync(p_, stream);
     p_ = nullptr;
     size_ = 0;
   }
-  bool pinned_;
+
+ private:
   void* p_ = nullptr;
   size_t size_ = 0;
 };
@@ -67,9 +64,15 @@ class NcclComm final : public NcclCommunicator {
       : members_(std::move(members)), rank_(rank), device_(device), id_(id) {}
 
   ~NcclComm() override {
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
     cudaSetDevice(device_);
     if (comm_) ncclCommAbort(comm_);   // never blocks on peers that may be gone
-    if (stream_) cudaStreamDestroy(stream_);
+    if (stream_) {
+      dev_.Release(stream_);
+      cudaStreamDestroy(stream_);   // its resources go once its work is done
+    }
+    if (restore) cudaSetDevice(previous);
   }
 
   int rank() const override { return rank_; }
@@ -210,25 +213,44 @@ class NcclComm final : public NcclCommunicator {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.load())
       return Unavailable(Group() + " is broken (" + broken_why_ + "); the group must be loaded again");
-    const std::string what = std::string(FrameKindName(kind)) + " step " + std::to_string(step) +
-                             " tag " + std::to_string(tag);
+    for (int p = 0; p < size(); ++p)
+      if (out[p] && (out[p]->shape.empty() || out[p]->shape.size() > kFrameMaxRank))
+        return InvalidArgument(Group() + ": send to rank " + std::to_string(p) + ": rank " +
+                               std::to_string(out[p]->shape.size()) + " shape");
     FM_CUDA_OK(cudaSetDevice(device_));
     FM_RETURN_IF_ERROR(EnsureInit(step, deadline));
+    // From here on the peers are in the exchange too: any failure ends the group (a rank that
+    // went on would meet the others' payload round with its next header round).
+    Result<std::vector<Frame>> got = ExchangeRounds(kind, step, tag, out, in, deadline);
+    if (!got.ok() && !broken_.load()) return Fail(got.status());
+    return got;
+  }
+
+  // Copies on stream_, then waits for them like for NCCL (deadline, AbortStep, async errors).
+  Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind dir, uint64_t step,
+              Clock::time_point deadline, const std::string& what) {
+    if (bytes == 0) return Status::Ok();
+    FM_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, dir, stream_));
+    return Wait(step, deadline, what, true);
+  }
+
+  Result<std::vector<Frame>> ExchangeRounds(FrameKind kind, uint64_t step, uint32_t tag,
+                                            const std::vector<const CommBuffer*>& out,
+                                            const std::vector<bool>& in,
+                                            Clock::time_point deadline) {
+    const std::string what = std::string(FrameKindName(kind)) + " step " + std::to_string(step) +
+                             " tag " + std::to_string(tag);
     const int R = size();
-    // Headers: rank r's 64 bytes at r * 64 of each area.
-    FM_RETURN_IF_ERROR(host_.Reserve(2 * R * kFrameHeaderSize));
-    FM_RETURN_IF_ERROR(dev_.Reserve(2 * R * kFrameHeaderSize));
-    uint8_t* hs = host_.data();
-    uint8_t* hr = host_.data() + R * kFrameHeaderSize;
-    std::vector<FrameHeader> sent(R);
+    const size_t hdr = R * kFrameHeaderSize;
+    // Headers: rank r's 64 bytes at r * 64 of each area (sent, then received).
+    std::vector<uint8_t> headers(2 * hdr, 0);
+    uint8_t* hs = headers.data();
+    uint8_t* hr = headers.data() + hdr;
     size_t out_bytes = 0;
     for (int p = 0; p < R; ++p) {
       if (!out[p]) continue;
       const CommBuffer& b = *out[p];
-      if (b.shape.empty() || b.shape.size() > kFrameMaxRank)
-        return InvalidArgument(Group() + ": send to rank " + std::to_string(p) + ": rank " +
-                               std::to_string(b.shape.size()) + " shape");
-      FrameHeader& h = sent[p];
+      FrameHeader h;
       h.kind = kind;
       h.dtype = b.dtype;
       h.step_id = step;
@@ -238,9 +260,10 @@ class NcclComm final : public NcclCommunicator {
                              .Wrap(Group() + ": send to rank " + std::to_string(p)));
       out_bytes += b.nbytes;
     }
+    FM_RETURN_IF_ERROR(dev_.Reserve(2 * hdr, stream_));
     uint8_t* ds = dev_.data();
-    uint8_t* dr = dev_.data() + R * kFrameHeaderSize;
-    FM_CUDA_OK(cudaMemcpyAsync(ds, hs, R * kFrameHeaderSize, cudaMemcpyHostToDevice, stream_));
+    uint8_t* dr = dev_.data() + hdr;
+    FM_CUDA_OK(cudaMemcpyAsync(ds, hs, hdr, cudaMemcpyHostToDevice, stream_));
     std::vector<std::pair<const uint8_t*, size_t>> s(R, {nullptr, 0});
     std::vector<std::pair<uint8_t*, size_t>> rv(R, {nullptr, 0});
     for (int p = 0; p < R; ++p) {
@@ -248,7 +271,7 @@ class NcclComm final : public NcclCommunicator {
       if (in[p]) rv[p] = {dr + p * kFrameHeaderSize, kFrameHeaderSize};
     }
     FM_RETURN_IF_ERROR(Round(step, deadline, what + " (headers)", s, rv));
-    FM_CUDA_OK(cudaMemcpy(hr, dr, R * kFrameHeaderSize, cudaMemcpyDeviceToHost));
+    FM_RETURN_IF_ERROR(Copy(hr, dr, hdr, cudaMemcpyDeviceToHost, step, deadline, what + " (headers)"));
 
     // Check every header before any payload moves: a peer out of step ends the group.
     std::vector<Frame> got(R);
@@ -257,48 +280,46 @@ class NcclComm final : public NcclCommunicator {
       if (!in[p]) continue;
       const std::string who = "EP rank " + std::to_string(p) + " (" + name(p) + ")";
       Result<FrameHeader> h = DecodeFrameHeader(hr + p * kFrameHeaderSize, kFrameHeaderSize);
-      if (!h.ok()) return Fail(h.status().Wrap(Group() + ": header from " + who));
+      if (!h.ok()) return h.status().Wrap(Group() + ": header from " + who);
       if (h->kind != kind || h->step_id != step || h->tag != tag)
-        return Fail(Internal(who + " sent " + FrameKindName(h->kind) + " step " +
-                             std::to_string(h->step_id) + " tag " + std::to_string(h->tag) +
-                             ", expected " + what));
+        return Internal(who + " sent " + FrameKindName(h->kind) + " step " +
+                        std::to_string(h->step_id) + " tag " + std::to_string(h->tag) +
+                        ", expected " + what);
       got[p].header = *h;
       in_bytes += h->payload_bytes;
     }
+    if (out_bytes + in_bytes == 0) return got;
 
-    // Payloads, packed rank by rank.
-    FM_RETURN_IF_ERROR(host_.Reserve(out_bytes + in_bytes));
-    FM_RETURN_IF_ERROR(dev_.Reserve(out_bytes + in_bytes));
+    // Payloads, packed rank by rank: what this rank sends, then what it receives.
+    std::vector<uint8_t> host(out_bytes + in_bytes);
+    FM_RETURN_IF_ERROR(dev_.Reserve(out_bytes + in_bytes, stream_));
     size_t off = 0;
     for (int p = 0; p < R; ++p) {
       s[p] = {nullptr, 0};
       if (!out[p] || out[p]->nbytes == 0) continue;
-      std::memcpy(host_.data() + off, out[p]->data, out[p]->nbytes);
+      std::memcpy(host.data() + off, out[p]->data, out[p]->nbytes);
       s[p] = {dev_.data() + off, out[p]->nbytes};
       off += out[p]->nbytes;
     }
     if (out_bytes > 0)
-      FM_CUDA_OK(cudaMemcpyAsync(dev_.data(), host_.data(), out_bytes, cudaMemcpyHostToDevice, stream_));
+      FM_CUDA_OK(cudaMemcpyAsync(dev_.data(), host.data(), out_bytes, cudaMemcpyHostToDevice, stream_));
     for (int p = 0; p < R; ++p) {
       rv[p] = {nullptr, 0};
       if (!in[p] || got[p].header.payload_bytes == 0) continue;
       rv[p] = {dev_.data() + off, got[p].header.payload_bytes};
       off += got[p].header.payload_bytes;
     }
-    if (out_bytes + in_bytes > 0) {
-      FM_RETURN_IF_ERROR(Round(step, deadline, what, s, rv));
-      if (in_bytes > 0)
-        FM_CUDA_OK(cudaMemcpy(host_.data() + out_bytes, dev_.data() + out_bytes, in_bytes,
-                              cudaMemcpyDeviceToHost));
-    }
+    FM_RETURN_IF_ERROR(Round(step, deadline, what, s, rv));
+    FM_RETURN_IF_ERROR(Copy(host.data() + out_bytes, dev_.data() + out_bytes, in_bytes,
+                            cudaMemcpyDeviceToHost, step, deadline, what));
     off = out_bytes;
     for (int p = 0; p < R; ++p) {
       if (!in[p]) continue;
       const size_t n = got[p].header.payload_bytes;
-      got[p].payload.assign(host_.data() + off, host_.data() + off + n);
+      got[p].payload.assign(host.data() + off, host.data() + off + n);
       off += n;
-      Status crc = VerifyFramePayload(got[p].header, got[p].payload.data(), n);
-      if (!crc.ok()) return Fail(crc.Wrap(Group() + ": payload from EP rank " + std::to_string(p)));
+      FM_RETURN_IF_ERROR(VerifyFramePayload(got[p].header, got[p].payload.data(), n)
+                             .Wrap(Group() + ": payload from EP rank " + std::to_string(p)));
     }
     return got;
   }
@@ -310,7 +331,7 @@ class NcclComm final : public NcclCommunicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::mutex mu_;   // one exchange at a time
-  Buffer host_{true}, dev_{false};
+  DeviceScratch dev_;
   std::atomic<bool> broken_{false};
   std::string broken_why_;   // under mu_
   std::atomic<uint64_t> aborted_step_{0};
