@@ -45,4 +45,12 @@ Status SwiGluClamped(const float* gate, const float* up, float* out, int64_t n, 
 Status RopeInterleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rd,
                        const int32_t* pos, const float* freqs, bool inverse);
 
+// The MoE router for T tokens (kernels/cpu/router.h): s = sqrt(softplus(logits[t, :E])); ids[t]
+// = the top_k experts by s + bias (descending, ties to the lower index), or, on hash layers,
+// eids[t, :k] (the token's tid2eid row, which the loader has checked to be in [0, E)); w[t, j]
+// = s[ids[t, j]] / (sum_j s[ids[t, j]] + 1e-20) * routed_scale. bias (score layers) and eids
+// (hash layers) are exclusive; both null = plain top-k of s. E <= 1024. One block per token.
+Status RouterTopK(const float* logits, const float* bias, const int64_t* eids, int64_t T,
+                  int64_t E, int64_t k, float routed_scale, int32_t* ids, float* w);
+
 }  // namespace fm::cuda

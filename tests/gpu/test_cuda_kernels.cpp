@@ -10,6 +10,7 @@
 
 #include "common/numfmt.h"
 #include "kernels/cpu/matvec.h"
+#include "kernels/cpu/router.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/quant_decode.h"
 
@@ -471,6 +472,100 @@ TEST(CudaRope, InverseUndoesForward) {
   ASSERT_OK(cuda::RopeInterleaved(dx.as<float>(), tokens, heads, d, rd, dpos.as<int32_t>(),
                                   df.as<float>(), true));
   ExpectClose(ToHost(dx, x.size()), x, 1e-5, "rope^-1(rope(x))");
+}
+
+}  // namespace
+}  // namespace fm
+
+namespace fm {
+namespace {
+
+// The device router for T tokens; ids and weights back on the host.
+void DeviceRouter(const std::vector<float>& logits, const std::vector<float>* bias,
+                  const std::vector<int64_t>* eids, int64_t T, int64_t E, int64_t k, float scale,
+                  std::vector<int32_t>* ids, std::vector<float>* w) {
+  DeviceBuffer dl = ToDevice(logits);
+  DeviceBuffer db = bias ? ToDevice(*bias) : DeviceBuffer();
+  DeviceBuffer de = eids ? ToDevice(*eids) : DeviceBuffer();
+  auto di = DeviceBuffer::Alloc(T * k * sizeof(int32_t));
+  auto dw = DeviceBuffer::Alloc(T * k * sizeof(float));
+  ASSERT_TRUE(di.ok() && dw.ok());
+  ASSERT_OK(cuda::RouterTopK(dl.as<float>(), bias ? db.as<float>() : nullptr,
+                             eids ? de.as<int64_t>() : nullptr, T, E, k, scale, di->as<int32_t>(),
+                             dw->as<float>()));
+  ids->resize(T * k);
+  ASSERT_OK(di->CopyToHost(ids->data(), T * k * sizeof(int32_t)));
+  *w = ToHost(*dw, T * k);
+}
+
+TEST(CudaArgs, RouterRejectsBadShapes) {
+  float f[4] = {};
+  int32_t ids[4] = {};
+  int64_t e[4] = {};
+  Status s = cuda::RouterTopK(f, nullptr, nullptr, 1, 0, 1, 1.0f, ids, f);
+  EXPECT_NE(s.message().find("experts 0 outside [1, 1024]"), std::string::npos) << s.ToString();
+  s = cuda::RouterTopK(f, nullptr, nullptr, 1, 4, 5, 1.0f, ids, f);
+  EXPECT_NE(s.message().find("top_k 5 outside [1, experts 4]"), std::string::npos) << s.ToString();
+  s = cuda::RouterTopK(f, f, e, 1, 4, 2, 1.0f, ids, f);
+  EXPECT_NE(s.message().find("exclusive"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(cuda::RouterTopK(f, nullptr, nullptr, 0, 4, 2, 1.0f, ids, f).ok());
+}
+
+// Score layers: the ids of the CPU router (top-k of s + bias), the weights within float
+// rounding (expf/log1pf differ from the host's in the last bit).
+TEST(CudaRouter, TopkWithBiasMatchesCpuRouter) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(12);
+  for (int64_t E : {64, 256, 1000}) {
+    const int64_t T = 7, k = 6;
+    std::vector<float> logits = RandomNormal(T * E, rng, 2.0f), bias = RandomNormal(E, rng, 0.5f);
+    logits[3] = 25.0f;   // the softplus threshold
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    DeviceRouter(logits, &bias, nullptr, T, E, k, 2.5f, &ids, &w);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> s(E), want_w(k);
+      std::vector<int32_t> want_ids(k);
+      RouterSqrtSoftplus_E(&logits[t * E], E, s.data());
+      RouterTopkBias_E(s.data(), bias.data(), E, k, 2.5f, want_ids.data(), want_w.data());
+      for (int64_t j = 0; j < k; ++j) EXPECT_EQ(ids[t * k + j], want_ids[j]) << "E " << E << " t " << t << " j " << j;
+      ExpectClose(std::vector<float>(w.begin() + t * k, w.begin() + (t + 1) * k), want_w, 1e-6,
+                  "weights E=" + std::to_string(E));
+    }
+  }
+}
+
+TEST(CudaRouter, EqualScoresPickTheLowestIndicesInOrder) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t E = 300, k = 8;
+  std::vector<float> logits(E, 0.25f);
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  DeviceRouter(logits, nullptr, nullptr, 1, E, k, 1.0f, &ids, &w);
+  for (int64_t j = 0; j < k; ++j) {
+    EXPECT_EQ(ids[j], j);
+    EXPECT_NEAR(w[j], 1.0f / k, 1e-7);
+  }
+}
+
+TEST(CudaRouter, HashLayerTakesTheTokensRow) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(13);
+  const int64_t T = 3, E = 256, k = 6;
+  std::vector<float> logits = RandomNormal(T * E, rng, 2.0f);
+  std::vector<int64_t> eids(T * k);
+  for (int64_t i = 0; i < T * k; ++i) eids[i] = (i * 37 + 5) % E;
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  DeviceRouter(logits, nullptr, &eids, T, E, k, 1.5f, &ids, &w);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> s(E), want_w(k);
+    std::vector<int32_t> want_ids(k);
+    RouterSqrtSoftplus_E(&logits[t * E], E, s.data());
+    RouterHash_k(s.data(), &eids[t * k], k, 1.5f, want_ids.data(), want_w.data());
+    for (int64_t j = 0; j < k; ++j) EXPECT_EQ(ids[t * k + j], want_ids[j]);
+    ExpectClose(std::vector<float>(w.begin() + t * k, w.begin() + (t + 1) * k), want_w, 1e-6, "hash");
+  }
 }
 
 }  // namespace
