@@ -53,4 +53,19 @@ Status RopeInterleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim
 Status RouterTopK(const float* logits, const float* bias, const int64_t* eids, int64_t T,
                   int64_t E, int64_t k, float routed_scale, int32_t* ids, float* w);
 
+// hc_pre for T tokens (kernels/cpu/hc.h): x [T, n, H], mix [T, (2+n)*n] = fn . flatten(x) (a
+// Gemv by the caller, not yet scaled by 1/rms), base [(2+n)*n], scale [3] -> y [T, H] (the
+// collapsed row), post [T, n], comb [T, n, n] (Sinkhorn, iters >= 1). n <= 16.
+Status HcPre(const float* x, const float* mix, const float* base, const float* scale, int64_t T,
+             int64_t n, int64_t H, int64_t iters, float hc_eps, float rms_eps, float* y,
+             float* post, float* comb);
+// hc_head: mix [T, n] = fn . flatten(x), base [n] -> y [T, H] (before the final norm).
+Status HcHead(const float* x, const float* mix, const float* base, float scale, int64_t T,
+              int64_t n, int64_t H, float hc_eps, float rms_eps, float* y);
+// hc_post: x_new [T, n, H] = post[k] * out[T, H] + sum_j comb[j*n+k] * x[j]; no aliasing.
+Status HcPost(const float* x, const float* out, const float* post, const float* comb, int64_t T,
+              int64_t n, int64_t H, float* x_new);
+// y [T, H] = sum_j w[T, j] * contrib[T, j, H], j ascending (the routed experts' outputs).
+Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y);
+
 }  // namespace fm::cuda

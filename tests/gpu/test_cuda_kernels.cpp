@@ -10,7 +10,9 @@
 
 #include "common/numfmt.h"
 #include "kernels/cpu/matvec.h"
+#include "kernels/cpu/hc.h"
 #include "kernels/cpu/router.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/quant_decode.h"
 
@@ -566,6 +568,82 @@ TEST(CudaRouter, HashLayerTakesTheTokensRow) {
     for (int64_t j = 0; j < k; ++j) EXPECT_EQ(ids[t * k + j], want_ids[j]);
     ExpectClose(std::vector<float>(w.begin() + t * k, w.begin() + (t + 1) * k), want_w, 1e-6, "hash");
   }
+}
+
+}  // namespace
+}  // namespace fm
+
+namespace fm {
+namespace {
+
+DeviceBuffer Zeros(size_t floats) {
+  auto r = DeviceBuffer::Alloc(floats * sizeof(float));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : DeviceBuffer();
+}
+
+TEST(CudaArgs, HcAndCombineRejectBadShapes) {
+  float f[4] = {};
+  Status s = cuda::HcPre(f, f, f, f, 1, 17, 8, 1, 1e-6f, 1e-6f, f, f, f);
+  EXPECT_NE(s.message().find("hc streams 17 outside [1, 16]"), std::string::npos) << s.ToString();
+  s = cuda::HcPre(f, f, f, f, 1, 4, 8, 0, 1e-6f, 1e-6f, f, f, f);
+  EXPECT_NE(s.message().find("sinkhorn iters 0"), std::string::npos) << s.ToString();
+  s = cuda::HcPost(f, f, f, f, 1, 4, 8, f);
+  EXPECT_NE(s.message().find("must not alias"), std::string::npos) << s.ToString();
+  s = cuda::MoeCombine(f, f, 1, 0, 8, f);
+  EXPECT_NE(s.message().find("top_k 0"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(cuda::HcHead(nullptr, nullptr, nullptr, 1.0f, 0, 4, 8, 1e-6f, 1e-6f, nullptr).ok());
+}
+
+// hc_pre / hc_head / hc_post and the combine against the CPU kernels on the same inputs.
+TEST(CudaHc, PrePostHeadAndCombineMatchTheCpuKernels) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(21);
+  const int64_t T = 3, n = 4, H = 1000, iters = 20, mixes = (2 + n) * n, k = 6;
+  const float eh = 1e-6f, eps = 1e-6f;
+  const std::vector<float> x = RandomNormal(T * n * H, rng), mix = RandomNormal(T * mixes, rng, 30.0f);
+  const std::vector<float> base = RandomNormal(mixes, rng, 0.5f), scale = {0.7f, 1.3f, 0.9f};
+  const std::vector<float> out = RandomNormal(T * H, rng);
+  std::vector<float> want_y(T * H), want_post(T * n), want_comb(T * n * n), want_x(T * n * H),
+      want_head(T * H);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> pre(n);
+    const float rinv = RmsInv(&x[t * n * H], n * H, eps);
+    HcPreWeights_n(&mix[t * mixes], rinv, base.data(), scale.data(), n, iters, eh, pre.data(),
+                   &want_post[t * n], &want_comb[t * n * n]);
+    HcCollapse_nH(&x[t * n * H], pre.data(), n, H, &want_y[t * H]);
+    HcPost_nH(&x[t * n * H], &out[t * H], &want_post[t * n], &want_comb[t * n * n], n, H,
+              &want_x[t * n * H]);
+    HcHeadWeights_n(&mix[t * mixes], rinv, base.data(), 0.8f, n, eh, pre.data());
+    HcCollapse_nH(&x[t * n * H], pre.data(), n, H, &want_head[t * H]);
+  }
+  DeviceBuffer dx = ToDevice(x), dmix = ToDevice(mix), dbase = ToDevice(base), dscale = ToDevice(scale);
+  DeviceBuffer dout = ToDevice(out), dy = Zeros(T * H), dpost = Zeros(T * n), dcomb = Zeros(T * n * n);
+  ASSERT_OK(cuda::HcPre(dx.as<float>(), dmix.as<float>(), dbase.as<float>(), dscale.as<float>(), T, n,
+                        H, iters, eh, eps, dy.as<float>(), dpost.as<float>(), dcomb.as<float>()));
+  ExpectClose(ToHost(dy, T * H), want_y, 1e-5, "hc_pre y");
+  ExpectClose(ToHost(dpost, T * n), want_post, 1e-5, "hc_pre post");
+  ExpectClose(ToHost(dcomb, T * n * n), want_comb, 1e-5, "hc_pre comb");
+  // hc_post from the CPU's post/comb, so only the kernel itself is compared.
+  DeviceBuffer cpost = ToDevice(want_post), ccomb = ToDevice(want_comb), dxn = Zeros(T * n * H);
+  ASSERT_OK(cuda::HcPost(dx.as<float>(), dout.as<float>(), cpost.as<float>(), ccomb.as<float>(), T, n,
+                         H, dxn.as<float>()));
+  ExpectClose(ToHost(dxn, T * n * H), want_x, 1e-5, "hc_post");
+  // hc_head takes mix [T, n]: the first n of each token's mix row here.
+  std::vector<float> head_mix(T * n);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < n; ++i) head_mix[t * n + i] = mix[t * mixes + i];
+  DeviceBuffer dhm = ToDevice(head_mix), dh = Zeros(T * H);
+  ASSERT_OK(cuda::HcHead(dx.as<float>(), dhm.as<float>(), dbase.as<float>(), 0.8f, T, n, H, eh, eps,
+                         dh.as<float>()));
+  ExpectClose(ToHost(dh, T * H), want_head, 1e-5, "hc_head");
+  // Combine: contrib [T, k, H], w [T, k].
+  const std::vector<float> contrib = RandomNormal(T * k * H, rng), w = RandomNormal(T * k, rng);
+  std::vector<float> want_c(T * H);
+  for (int64_t t = 0; t < T; ++t) MoeCombine_kH(&contrib[t * k * H], &w[t * k], k, H, &want_c[t * H]);
+  DeviceBuffer dc = ToDevice(contrib), dw = ToDevice(w), dyc = Zeros(T * H);
+  ASSERT_OK(cuda::MoeCombine(dc.as<float>(), dw.as<float>(), T, k, H, dyc.as<float>()));
+  ExpectClose(ToHost(dyc, T * H), want_c, 1e-6, "combine");
 }
 
 }  // namespace

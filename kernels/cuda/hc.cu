@@ -1,0 +1,196 @@
+// Hyper-connection ops and the MoE combine on CUDA (ops.h): twins of kernels/cpu/hc.h and
+// MoeCombine_kH. One block per token for the ops that reduce over the row; the small weight
+// math (sigmoids, Sinkhorn over n x n) runs on thread 0 in the CPU's order.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace fm::cuda {
+namespace {
+
+constexpr int kHcThreads = 256;
+constexpr int kHcMaxStreams = 16;
+constexpr int kElemThreads = 256;
+
+__device__ float SigmoidF(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// Sum over the block in a fixed order (a tree over the thread partials); all threads get it.
+__device__ float HcBlockSum(float v) {
+  __shared__ float part[kHcThreads];
+  part[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kHcThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+    __syncthreads();
+  }
+  const float total = part[0];
+  __syncthreads();
+  return total;
+}
+
+// 1 / sqrt(mean(x[0..len)^2) + eps) over the block.
+__device__ float BlockRmsInv(const float* x, int64_t len, float eps) {
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < len; i += kHcThreads) ss += x[i] * x[i];
+  const float mean = HcBlockSum(ss) / static_cast<float>(len);
+  return 1.0f / sqrtf(mean + eps);
+}
+
+// comb[j*n+k]: softmax over k + eh, then columns / (sum + eh), then (iters-1) x (rows, columns).
+__device__ void SinkhornComb(float* comb, int n, int iters, float eh) {
+  for (int j = 0; j < n; ++j) {
+    float* row = comb + j * n;
+    float mx = row[0];
+    for (int k = 1; k < n; ++k) mx = fmaxf(mx, row[k]);
+    float sum = 0.0f;
+    for (int k = 0; k < n; ++k) {
+      row[k] = expf(row[k] - mx);
+      sum += row[k];
+    }
+    for (int k = 0; k < n; ++k) row[k] = row[k] / sum + eh;
+  }
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0)
+      for (int j = 0; j < n; ++j) {
+        float s = 0.0f;
+        for (int k = 0; k < n; ++k) s += comb[j * n + k];
+        const float d = s + eh;
+        for (int k = 0; k < n; ++k) comb[j * n + k] /= d;
+      }
+    for (int k = 0; k < n; ++k) {
+      float s = 0.0f;
+      for (int j = 0; j < n; ++j) s += comb[j * n + k];
+      const float d = s + eh;
+      for (int j = 0; j < n; ++j) comb[j * n + k] /= d;
+    }
+  }
+}
+
+// One block per token: rinv of X[n*H], the hc_pre weights (thread 0), y = sum_i pre_i X[i].
+__global__ void HcPreKernel(const float* x, const float* mix, const float* base,
+                            const float* scale, int n, int64_t H, int iters, float hc_eps,
+                            float rms_eps, float* y, float* post, float* comb) {
+  __shared__ float pre[kHcMaxStreams];
+  const int64_t t = blockIdx.x;
+  const float* xt = x + t * n * H;
+  const float rinv = BlockRmsInv(xt, n * H, rms_eps);
+  if (threadIdx.x == 0) {
+    const float* m = mix + t * (2 + n) * n;
+    float* pt = post + t * n;
+    float* ct = comb + t * n * n;
+    for (int i = 0; i < n; ++i) {
+      pre[i] = SigmoidF(m[i] * rinv * scale[0] + base[i]) + hc_eps;
+      pt[i] = 2.0f * SigmoidF(m[n + i] * rinv * scale[1] + base[n + i]);
+    }
+    for (int c = 0; c < n * n; ++c) ct[c] = m[2 * n + c] * rinv * scale[2] + base[2 * n + c];
+    SinkhornComb(ct, n, iters, hc_eps);
+  }
+  __syncthreads();
+  for (int64_t h = threadIdx.x; h < H; h += kHcThreads) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) acc += pre[i] * xt[i * H + h];
+    y[t * H + h] = acc;
+  }
+}
+
+__global__ void HcHeadKernel(const float* x, const float* mix, const float* base, float scale,
+                             int n, int64_t H, float hc_eps, float rms_eps, float* y) {
+  __shared__ float pre[kHcMaxStreams];
+  const int64_t t = blockIdx.x;
+  const float* xt = x + t * n * H;
+  const float rinv = BlockRmsInv(xt, n * H, rms_eps);
+  if (threadIdx.x == 0)
+    for (int i = 0; i < n; ++i) pre[i] = SigmoidF(mix[t * n + i] * rinv * scale + base[i]) + hc_eps;
+  __syncthreads();
+  for (int64_t h = threadIdx.x; h < H; h += kHcThreads) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) acc += pre[i] * xt[i * H + h];
+    y[t * H + h] = acc;
+  }
+}
+
+// One thread per (t, k, h): X'[k][h] = post[k] * out[h] + sum_j comb[j*n+k] * X[j][h].
+__global__ void HcPostKernel(const float* x, const float* out, const float* post,
+                             const float* comb, int64_t T, int n, int64_t H, float* x_new) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
+  if (i >= T * n * H) return;
+  const int64_t h = i % H, k = (i / H) % n, t = i / (H * n);
+  const float* xt = x + t * n * H;
+  const float* ct = comb + t * n * n;
+  float acc = post[t * n + k] * out[t * H + h];
+  for (int j = 0; j < n; ++j) acc += ct[j * n + k] * xt[j * H + h];
+  x_new[i] = acc;
+}
+
+// One thread per (t, h): y[h] = sum_j w[j] * contrib[j][h], j ascending.
+__global__ void MoeCombineKernel(const float* contrib, const float* w, int64_t T, int k,
+                                 int64_t H, float* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
+  if (i >= T * H) return;
+  const int64_t h = i % H, t = i / H;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) acc += w[t * k + j] * contrib[(t * k + j) * H + h];
+  y[i] = acc;
+}
+
+Status CheckStreams(const char* op, int64_t T, int64_t n, int64_t H) {
+  if (T < 0) return InvalidArgument(std::string(op) + ": tokens " + std::to_string(T) + " < 0");
+  if (n < 1 || n > kHcMaxStreams)
+    return InvalidArgument(std::string(op) + ": hc streams " + std::to_string(n) + " outside [1, " +
+                           std::to_string(kHcMaxStreams) + "]");
+  if (H < 1) return InvalidArgument(std::string(op) + ": hidden " + std::to_string(H) + " < 1");
+  return Status::Ok();
+}
+
+unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kElemThreads - 1) / kElemThreads); }
+
+}  // namespace
+
+Status HcPre(const float* x, const float* mix, const float* base, const float* scale, int64_t T,
+             int64_t n, int64_t H, int64_t iters, float hc_eps, float rms_eps, float* y,
+             float* post, float* comb) {
+  FM_RETURN_IF_ERROR(CheckStreams("HcPre", T, n, H));
+  if (iters < 1) return InvalidArgument("HcPre: sinkhorn iters " + std::to_string(iters) + " < 1");
+  if (T == 0) return Status::Ok();
+  if (!x || !mix || !base || !scale || !y || !post || !comb)
+    return InvalidArgument("HcPre: null device pointer");
+  HcPreKernel<<<static_cast<unsigned>(T), kHcThreads>>>(x, mix, base, scale, static_cast<int>(n), H,
+                                                        static_cast<int>(iters), hc_eps, rms_eps,
+                                                        y, post, comb);
+  return LaunchStatus("HcPreKernel");
+}
+
+Status HcHead(const float* x, const float* mix, const float* base, float scale, int64_t T,
+              int64_t n, int64_t H, float hc_eps, float rms_eps, float* y) {
+  FM_RETURN_IF_ERROR(CheckStreams("HcHead", T, n, H));
+  if (T == 0) return Status::Ok();
+  if (!x || !mix || !base || !y) return InvalidArgument("HcHead: null device pointer");
+  HcHeadKernel<<<static_cast<unsigned>(T), kHcThreads>>>(x, mix, base, scale, static_cast<int>(n), H,
+                                                         hc_eps, rms_eps, y);
+  return LaunchStatus("HcHeadKernel");
+}
+
+Status HcPost(const float* x, const float* out, const float* post, const float* comb, int64_t T,
+              int64_t n, int64_t H, float* x_new) {
+  FM_RETURN_IF_ERROR(CheckStreams("HcPost", T, n, H));
+  if (T == 0) return Status::Ok();
+  if (!x || !out || !post || !comb || !x_new) return InvalidArgument("HcPost: null device pointer");
+  if (x == x_new) return InvalidArgument("HcPost: x_new must not alias x");
+  HcPostKernel<<<Blocks(T * n * H), kElemThreads>>>(x, out, post, comb, T, static_cast<int>(n), H, x_new);
+  return LaunchStatus("HcPostKernel");
+}
+
+Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y) {
+  if (T < 0 || k < 1 || H < 1)
+    return InvalidArgument("MoeCombine: tokens " + std::to_string(T) + ", top_k " + std::to_string(k) +
+                           ", hidden " + std::to_string(H) + " (want tokens >= 0, top_k >= 1, hidden >= 1)");
+  if (T == 0) return Status::Ok();
+  if (!contrib || !w || !y) return InvalidArgument("MoeCombine: null device pointer");
+  MoeCombineKernel<<<Blocks(T * H), kElemThreads>>>(contrib, w, T, static_cast<int>(k), H, y);
+  return LaunchStatus("MoeCombineKernel");
+}
+
+}  // namespace fm::cuda
