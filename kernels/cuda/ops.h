@@ -68,4 +68,11 @@ Status HcPost(const float* x, const float* out, const float* post, const float* 
 // y [T, H] = sum_j w[T, j] * contrib[T, j, H], j ascending (the routed experts' outputs).
 Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y);
 
+// Decode attention of one token (kernels/cpu/attention_core.h SinkAttentionHeads_hd): for head
+// h < nh, s_i = scale * q_h . k_i over the keys k_i = kv[idx[i]] (rows of width d; the window
+// ring and the selected compressed rows, gathered by index), p = softmax over (s, sink_h) with
+// the sink in the denominator only, o_h = sum_i p_i k_i. n <= 4096; n == 0 gives o = 0.
+Status SinkAttention(const float* q, int64_t nh, const float* kv, const int32_t* idx, int64_t n,
+                     int64_t d, const float* sink, float scale, float* o);
+
 }  // namespace fm::cuda
