@@ -75,4 +75,14 @@ Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, in
 Status SinkAttention(const float* q, int64_t nh, const float* kv, const int32_t* idx, int64_t n,
                      int64_t d, const float* sink, float scale, float* o);
 
+// The Lightning indexer (kernels/cpu/indexer.h): score[e] = sum_h (relu(q_h . k_e) * scale) *
+// w[h] for keys [n, d]; then the k best (ties to the lower index, NaN lowest) in ascending index
+// order, n <= 16384 (a single block).
+Status IndexerScores(const float* q, const float* w, int64_t nh, int64_t d, const float* keys,
+                     int64_t n, float scale, float* score);
+Status TopKAscending(const float* score, int64_t n, int64_t k, int32_t* out);
+// The compressor's pooling (kernels/cpu/compressor_pool.h) over n gathered slots a, z [n, d]:
+// pooled[c] = sum_j softmax_j(z[j][c]) * a[j][c], j ascending.
+Status CompressorPool(const float* a, const float* z, int64_t n, int64_t d, float* pooled);
+
 }  // namespace fm::cuda

@@ -11,7 +11,9 @@
 #include "common/numfmt.h"
 #include "kernels/cpu/matvec.h"
 #include "kernels/cpu/attention_core.h"
+#include "kernels/cpu/compressor_pool.h"
 #include "kernels/cpu/hc.h"
+#include "kernels/cpu/indexer.h"
 #include "kernels/cpu/router.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cuda/ops.h"
@@ -686,6 +688,77 @@ TEST(CudaAttention, SinkAttentionMatchesTheCpuCore) {
     ASSERT_OK(cuda::SinkAttention(dq.as<float>(), nh, dkv.as<float>(), n ? di.as<int32_t>() : nullptr,
                                   n, d, ds.as<float>(), scale, o.as<float>()));
     ExpectClose(ToHost(o, nh * d), want, 1e-5, "attention n=" + std::to_string(n));
+  }
+}
+
+}  // namespace
+}  // namespace fm
+
+namespace fm {
+namespace {
+
+TEST(CudaArgs, IndexerAndPoolRejectBadShapes) {
+  float f[4] = {};
+  int32_t out[4] = {};
+  Status s = cuda::TopKAscending(f, 20000, 4, out);
+  EXPECT_NE(s.message().find("n 20000 outside [0, 16384]"), std::string::npos) << s.ToString();
+  s = cuda::TopKAscending(f, 3, 4, out);
+  EXPECT_NE(s.message().find("k 4 outside [0, n 3]"), std::string::npos) << s.ToString();
+  s = cuda::IndexerScores(f, f, 0, 4, f, 1, 1.0f, f);
+  EXPECT_NE(s.message().find("heads 0"), std::string::npos) << s.ToString();
+  s = cuda::CompressorPool(f, f, 0, 4, f);
+  EXPECT_NE(s.message().find("slots 0"), std::string::npos) << s.ToString();
+}
+
+TEST(CudaIndexer, ScoresAndTopKMatchTheCpuIndexer) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(41);
+  const int64_t nh = 16, d = 128;
+  for (int64_t n : {1, 100, 3000}) {
+    const std::vector<float> q = RandomNormal(nh * d, rng), w = RandomNormal(nh, rng, 0.25f);
+    const std::vector<float> keys = RandomNormal(n * d, rng);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    std::vector<float> want(n);
+    IndexerScores_hd(q.data(), w.data(), nh, d, keys.data(), n, scale, want.data());
+    DeviceBuffer dq = ToDevice(q), dw = ToDevice(w), dk = ToDevice(keys), ds = Zeros(n);
+    ASSERT_OK(cuda::IndexerScores(dq.as<float>(), dw.as<float>(), nh, d, dk.as<float>(), n, scale,
+                                  ds.as<float>()));
+    ExpectClose(ToHost(ds, n), want, 1e-5, "indexer scores n=" + std::to_string(n));
+  }
+  // Top-k on fixed scores (so the comparison is exact): ties, NaN, k == n.
+  for (int64_t n : {1, 50, 3000}) {
+    std::vector<float> score = RandomNormal(n, rng);
+    for (int64_t i = 0; i < n; i += 7) score[i] = 0.5f;   // ties
+    if (n > 3) score[3] = NAN;
+    for (int64_t k : {int64_t{1}, std::min<int64_t>(n, 17), n}) {
+      std::vector<int32_t> want(k), got(k);
+      TopKAscending_n(score.data(), n, k, want.data());
+      DeviceBuffer ds = ToDevice(score);
+      auto dout = DeviceBuffer::Alloc(k * sizeof(int32_t));
+      ASSERT_TRUE(dout.ok());
+      ASSERT_OK(cuda::TopKAscending(ds.as<float>(), n, k, dout->as<int32_t>()));
+      ASSERT_OK(dout->CopyToHost(got.data(), k * sizeof(int32_t)));
+      EXPECT_EQ(got, want) << "n " << n << " k " << k;
+    }
+  }
+}
+
+TEST(CudaCompressor, PoolMatchesTheCpuPool) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(43);
+  for (int64_t n : {1, 4, 8, 128}) {
+    const int64_t d = 512;
+    const std::vector<float> a = RandomNormal(n * d, rng);
+    std::vector<float> z = RandomNormal(n * d, rng, 3.0f);
+    if (n > 1)
+      for (int64_t c = 0; c < d; c += 3) z[c] = -INFINITY;   // a first-window slot: weight 0
+    std::vector<const float*> ap(n), zp(n);
+    for (int64_t j = 0; j < n; ++j) ap[j] = &a[j * d], zp[j] = &z[j * d];
+    std::vector<float> want(d);
+    CompressorPool_nd(ap.data(), zp.data(), n, d, want.data());
+    DeviceBuffer da = ToDevice(a), dz = ToDevice(z), dp = Zeros(d);
+    ASSERT_OK(cuda::CompressorPool(da.as<float>(), dz.as<float>(), n, d, dp.as<float>()));
+    ExpectClose(ToHost(dp, d), want, 1e-5, "pool n=" + std::to_string(n));
   }
 }
 
