@@ -12,7 +12,7 @@ for k in gemv elementwise router hc attention indexer; do
   perl -0777 -pe 's/(\w+)<<<(.*?)>>>\(/EmuLaunch($1, $2, /sg' "kernels/cuda/$k.cu" > "$OUT/$k.cpp"
 done
 g++ -std=c++20 -O1 -Wno-unknown-pragmas -Itests/gpu/emu -I. -o "$OUT/test_cuda_kernels_emu" \
-  tests/gpu/test_cuda_kernels.cpp "$OUT/gemv.cpp" "$OUT/elementwise.cpp" "$OUT/router.cpp" "$OUT/hc.cpp" "$OUT/attention.cpp" "$OUT/indexer.cpp" tests/gpu/emu/device_emu.cpp \
+  tests/gpu/test_cuda_kernels.cpp tests/gpu/test_cuda_model_ops.cpp "$OUT/gemv.cpp" "$OUT/elementwise.cpp" "$OUT/router.cpp" "$OUT/hc.cpp" "$OUT/attention.cpp" "$OUT/indexer.cpp" tests/gpu/emu/device_emu.cpp \
   kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp kernels/cpu/compressor_pool.cpp common/status.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp \
   -lgtest -lgtest_main -pthread
 "$OUT/test_cuda_kernels_emu" "$@"
