@@ -50,9 +50,7 @@ class TcpCommunicator final : public Communicator {
   Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
                                        const std::vector<CommBuffer>& send,
                                        Millis timeout) override {
-    if (static_cast<int>(send.size()) != size())
-      return InvalidArgument("all-to-all: " + std::to_string(send.size()) + " buffers for " +
-                             std::to_string(size()) + " ranks");
+    FM_RETURN_IF_ERROR(CheckBufferCount(send.size()));
     const auto deadline = Clock::now() + timeout;
     // Sends never wait for the peer to read (the transport drains every connection into its
     // queue), so "send to all, then receive from all" cannot deadlock.
@@ -128,15 +126,9 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
-  Status Barrier(uint64_t step, Millis timeout) override {
-    std::vector<CommBuffer> none(size());
-    return AllToAllV(FrameKind::kControl, step, kBarrierTag, none, timeout).status();
-  }
-
   void AbortStep(uint64_t step) override { aborted_step_.store(step); }
 
  private:
-  static constexpr uint32_t kBarrierTag = 0xFFFFFFFFu;
   static constexpr Millis kAbortPoll{20};   // longest a wait goes without looking at AbortStep
 
   Status CheckAborted(uint64_t step) const {
@@ -155,13 +147,6 @@ class TcpCommunicator final : public Communicator {
   void Hold(int peer, Frame f) {
     std::lock_guard<std::mutex> lock(held_mu_);
     held_[peer] = std::move(f);
-  }
-
-  Status CheckPeer(int peer) const {
-    if (peer < 0 || peer >= size() || peer == rank_)
-      return InvalidArgument("EP peer rank " + std::to_string(peer) + " (group of " +
-                             std::to_string(size()) + ", self " + std::to_string(rank_) + ")");
-    return Status::Ok();
   }
 
   Transport* t_;

@@ -48,13 +48,33 @@ class Communicator {
                       const CommBuffer& buf, Millis timeout) = 0;
   virtual Result<Frame> Recv(int peer, FrameKind kind, uint64_t step, uint32_t tag,
                              Millis timeout) = 0;
-  // Returns once every rank reached Barrier(step).
-  virtual Status Barrier(uint64_t step, Millis timeout) = 0;
+  // Returns once every rank reached Barrier(step): an all-to-all of empty buffers.
+  Status Barrier(uint64_t step, Millis timeout) {
+    return AllToAllV(FrameKind::kControl, step, kBarrierTag, std::vector<CommBuffer>(size()), timeout)
+        .status();
+  }
 
   // Makes every wait of step `step`, in progress or to come, return Cancelled within a few
   // milliseconds: a reset ends a step blocked on a member that will never answer instead of
   // leaving it to its deadline. 0 = none. Callable from any thread.
   virtual void AbortStep(uint64_t step) = 0;
+
+ protected:
+  static constexpr uint32_t kBarrierTag = 0xFFFFFFFFu;
+
+  // The argument checks every backend makes before it touches the wire.
+  Status CheckPeer(int peer) const {
+    if (peer < 0 || peer >= size() || peer == rank())
+      return InvalidArgument("EP peer rank " + std::to_string(peer) + " (group of " +
+                             std::to_string(size()) + ", self " + std::to_string(rank()) + ")");
+    return Status::Ok();
+  }
+  Status CheckBufferCount(size_t buffers) const {
+    if (static_cast<int>(buffers) != size())
+      return InvalidArgument("all-to-all: " + std::to_string(buffers) + " buffers for " +
+                             std::to_string(size()) + " ranks");
+    return Status::Ok();
+  }
 };
 
 // Members in rank order; `rank` is this process (members[rank].name must be the transport's

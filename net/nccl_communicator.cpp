@@ -84,9 +84,7 @@ class NcclComm final : public NcclCommunicator {
   Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
                                        const std::vector<CommBuffer>& send,
                                        Millis timeout) override {
-    if (static_cast<int>(send.size()) != size())
-      return InvalidArgument("all-to-all: " + std::to_string(send.size()) + " buffers for " +
-                             std::to_string(size()) + " ranks");
+    FM_RETURN_IF_ERROR(CheckBufferCount(send.size()));
     std::vector<const CommBuffer*> out(size(), nullptr);
     std::vector<bool> in(size(), true);
     for (int r = 0; r < size(); ++r) out[r] = r == rank_ ? nullptr : &send[r];
@@ -115,20 +113,7 @@ class NcclComm final : public NcclCommunicator {
     return std::move(got[peer]);
   }
 
-  Status Barrier(uint64_t step, Millis timeout) override {
-    std::vector<CommBuffer> none(size());
-    return AllToAllV(FrameKind::kControl, step, kBarrierTag, none, timeout).status();
-  }
-
  private:
-  static constexpr uint32_t kBarrierTag = 0xFFFFFFFFu;
-
-  Status CheckPeer(int peer) const {
-    if (peer < 0 || peer >= size() || peer == rank_)
-      return InvalidArgument("EP peer rank " + std::to_string(peer) + " (group of " +
-                             std::to_string(size()) + ", self " + std::to_string(rank_) + ")");
-    return Status::Ok();
-  }
 
   std::string Group() const {
     return "NCCL EP group (rank " + std::to_string(rank_) + " of " + std::to_string(size()) + ")";

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -73,8 +74,6 @@ __global__ void RopeInterleavedKernel(float* x, int64_t tokens, int64_t heads, i
   p[1] = a * s + b * c;
 }
 
-unsigned ElemBlocks(int64_t n) { return static_cast<unsigned>((n + kElemThreads - 1) / kElemThreads); }
-
 }  // namespace
 
 Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim,
@@ -96,7 +95,7 @@ Status SwiGluClamped(const float* gate, const float* up, float* out, int64_t n, 
   if (n == 0) return Status::Ok();
   if (!gate || !up || !out)
     return InvalidArgument("SwiGluClamped: gate, up and out must be device pointers, got null");
-  SwiGluClampedKernel<<<ElemBlocks(n), kElemThreads>>>(gate, up, out, n, limit);
+  SwiGluClampedKernel<<<BlocksFor(n, kElemThreads), kElemThreads>>>(gate, up, out, n, limit);
   return LaunchStatus("SwiGluClampedKernel");
 }
 
@@ -112,7 +111,7 @@ Status RopeInterleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim
   if (tokens == 0) return Status::Ok();
   if (!x || !pos || !freqs)
     return InvalidArgument("RopeInterleaved: x, pos and freqs must be device pointers, got null");
-  RopeInterleavedKernel<<<ElemBlocks(tokens * heads * (rd / 2)), kElemThreads>>>(
+  RopeInterleavedKernel<<<BlocksFor(tokens * heads * (rd / 2), kElemThreads), kElemThreads>>>(
       x, tokens, heads, head_dim, rd, pos, freqs, inverse);
   return LaunchStatus("RopeInterleavedKernel");
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -145,8 +146,6 @@ Status CheckStreams(const char* op, int64_t T, int64_t n, int64_t H) {
   return Status::Ok();
 }
 
-unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kElemThreads - 1) / kElemThreads); }
-
 }  // namespace
 
 Status HcPre(const float* x, const float* mix, const float* base, const float* scale, int64_t T,
@@ -179,7 +178,8 @@ Status HcPost(const float* x, const float* out, const float* post, const float* 
   if (T == 0) return Status::Ok();
   if (!x || !out || !post || !comb || !x_new) return InvalidArgument("HcPost: null device pointer");
   if (x == x_new) return InvalidArgument("HcPost: x_new must not alias x");
-  HcPostKernel<<<Blocks(T * n * H), kElemThreads>>>(x, out, post, comb, T, static_cast<int>(n), H, x_new);
+  HcPostKernel<<<BlocksFor(T * n * H, kElemThreads), kElemThreads>>>(x, out, post, comb, T,
+                                                                    static_cast<int>(n), H, x_new);
   return LaunchStatus("HcPostKernel");
 }
 
@@ -189,7 +189,8 @@ Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, in
                            ", hidden " + std::to_string(H) + " (want tokens >= 0, top_k >= 1, hidden >= 1)");
   if (T == 0) return Status::Ok();
   if (!contrib || !w || !y) return InvalidArgument("MoeCombine: null device pointer");
-  MoeCombineKernel<<<Blocks(T * H), kElemThreads>>>(contrib, w, T, static_cast<int>(k), H, y);
+  MoeCombineKernel<<<BlocksFor(T * H, kElemThreads), kElemThreads>>>(contrib, w, T,
+                                                                    static_cast<int>(k), H, y);
   return LaunchStatus("MoeCombineKernel");
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -66,8 +67,6 @@ __global__ void CompressorPoolKernel(const float* a, const float* z, int64_t n, 
   pooled[c] = acc;
 }
 
-unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
-
 }  // namespace
 
 Status IndexerScores(const float* q, const float* w, int64_t nh, int64_t d, const float* keys,
@@ -78,7 +77,8 @@ Status IndexerScores(const float* q, const float* w, int64_t nh, int64_t d, cons
                            " (want heads >= 1, head_dim >= 1, keys >= 0)");
   if (n == 0) return Status::Ok();
   if (!q || !w || !keys || !score) return InvalidArgument("IndexerScores: null device pointer");
-  IndexerScoresKernel<<<Blocks(n), kThreads>>>(q, w, static_cast<int>(nh), d, keys, n, scale, score);
+  IndexerScoresKernel<<<BlocksFor(n, kThreads), kThreads>>>(q, w, static_cast<int>(nh), d, keys, n,
+                                                            scale, score);
   return LaunchStatus("IndexerScoresKernel");
 }
 
@@ -100,7 +100,7 @@ Status CompressorPool(const float* a, const float* z, int64_t n, int64_t d, floa
     return InvalidArgument("CompressorPool: slots " + std::to_string(n) + ", width " +
                            std::to_string(d) + " (want both >= 1)");
   if (!a || !z || !pooled) return InvalidArgument("CompressorPool: null device pointer");
-  CompressorPoolKernel<<<Blocks(d), kThreads>>>(a, z, n, d, pooled);
+  CompressorPoolKernel<<<BlocksFor(d, kThreads), kThreads>>>(a, z, n, d, pooled);
   return LaunchStatus("CompressorPoolKernel");
 }
 
