@@ -202,7 +202,9 @@ XBounds BoundsOf(const float* x, int64_t n) {
 // row whose SetBlock said false gives the same bits as Chunk<false>.
 
 struct RowF32 {
-  static constexpr bool kScalesX = false;
+  // The fast decode's input scaling (none for this format) and whether two rows share it.
+  static f32x16 ScaleX(f32x16 x) { return x; }
+  static bool SameXScale(const RowF32&, const RowF32&) { return true; }
   static constexpr bool kPrefetch = false;   // wide rows: the hardware prefetcher keeps up
   static constexpr int64_t kBlockChunks = 8;
   static constexpr int64_t kChunkBytes = 64;
@@ -217,7 +219,9 @@ struct RowF32 {
 };
 
 struct RowBF16 {
-  static constexpr bool kScalesX = false;
+  // The fast decode's input scaling (none for this format) and whether two rows share it.
+  static f32x16 ScaleX(f32x16 x) { return x; }
+  static bool SameXScale(const RowBF16&, const RowBF16&) { return true; }
   static constexpr bool kPrefetch = false;
   static constexpr int64_t kBlockChunks = 8;
   static constexpr int64_t kChunkBytes = 32;
@@ -239,7 +243,9 @@ struct RowBF16 {
 
 struct RowFP8 {
   static constexpr bool kPrefetch = true;
-  static constexpr bool kScalesX = true;   // fast decode: x * factor instead of w * factor
+  // Fast decode: x * factor instead of every weight * factor; the rows of a tile must agree.
+  f32x16 ScaleX(f32x16 x) const { return x * factor; }
+  static bool SameXScale(const RowFP8& a, const RowFP8& b) { return a.factor == b.factor; }
   static constexpr int64_t kBlockChunks = 128 / kLanes;
   static constexpr int64_t kChunkBytes = 16;
   const uint8_t* p;
@@ -293,7 +299,9 @@ struct Fp4Tables {
 const Fp4Tables kFp4Tables;
 
 struct RowFP4 {
-  static constexpr bool kScalesX = false;
+  // The fast decode's input scaling (none for this format) and whether two rows share it.
+  static f32x16 ScaleX(f32x16 x) { return x; }
+  static bool SameXScale(const RowFP4&, const RowFP4&) { return true; }
   static constexpr bool kPrefetch = true;
   static constexpr int64_t kBlockChunks = 2;
   static constexpr int64_t kChunkBytes = 8;
@@ -344,15 +352,14 @@ void Tile(const QWeight& w, int64_t r0, const float* x, const XBounds& xb, int64
     for (int i = 0; i < RB; ++i) wv[i] = row[i].template Chunk<kSlow()>(j);
     for (int t = 0; t < TB; ++t) {
       f32x16 xv = LoadF32x16(xt[t] + j * kLanes);
-      if constexpr (Row::kScalesX && !kSlow()) xv = xv * row[0].factor;   // exact (XBounds)
+      if constexpr (!kSlow()) xv = row[0].ScaleX(xv);   // exact (XBounds)
       for (int i = 0; i < RB; ++i) acc[i][t] = Fma16(wv[i], xv, acc[i][t]);
     }
   };
   auto set_block = [&](int64_t b) {
     bool slow = false;
     for (int i = 0; i < RB; ++i) slow |= row[i].SetBlock(b);
-    if constexpr (Row::kScalesX)   // x is scaled once for the tile: the rows must agree
-      for (int i = 1; i < RB; ++i) slow |= row[i].factor != row[0].factor;
+    for (int i = 1; i < RB; ++i) slow |= !Row::SameXScale(row[i], row[0]);   // x scaled once
     return slow;
   };
   constexpr int64_t kBC = Row::kBlockChunks;
