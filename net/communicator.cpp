@@ -70,15 +70,7 @@ class TcpCommunicator final : public Communicator {
     const auto deadline = Clock::now() + timeout;
     FM_RETURN_IF_ERROR(EnsureConnected(peer, step, deadline)
                            .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")"));
-    if (buf.shape.empty() || buf.shape.size() > kFrameMaxRank)
-      return InvalidArgument("EP send to rank " + std::to_string(peer) + ": rank " +
-                             std::to_string(buf.shape.size()) + " shape");
-    FrameHeader h;
-    h.kind = kind;
-    h.dtype = buf.dtype;
-    h.step_id = step;
-    h.tag = tag;
-    h.set_shape(buf.shape);
+    FM_ASSIGN_OR_RETURN(FrameHeader h, HeaderFor(peer, kind, step, tag, buf));
     return t_->Send(name(peer), h, buf.data, buf.nbytes, Remaining(deadline))
         .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")");
   }

@@ -69,6 +69,21 @@ class Communicator {
                              std::to_string(size()) + ", self " + std::to_string(rank()) + ")");
     return Status::Ok();
   }
+  // The frame header of `buf` sent to `peer` as (kind, step, tag); a shape of rank 0 or
+  // above kFrameMaxRank is InvalidArgument naming the peer.
+  static Result<FrameHeader> HeaderFor(int peer, FrameKind kind, uint64_t step, uint32_t tag,
+                                       const CommBuffer& buf) {
+    if (buf.shape.empty() || buf.shape.size() > kFrameMaxRank)
+      return InvalidArgument("EP send to rank " + std::to_string(peer) + ": rank " +
+                             std::to_string(buf.shape.size()) + " shape");
+    FrameHeader h;
+    h.kind = kind;
+    h.dtype = buf.dtype;
+    h.step_id = step;
+    h.tag = tag;
+    h.set_shape(buf.shape);
+    return h;
+  }
   Status CheckBufferCount(size_t buffers) const {
     if (static_cast<int>(buffers) != size())
       return InvalidArgument("all-to-all: " + std::to_string(buffers) + " buffers for " +

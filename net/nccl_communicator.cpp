@@ -198,15 +198,17 @@ class NcclComm final : public NcclCommunicator {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.load())
       return Unavailable(Group() + " is broken (" + broken_why_ + "); the group must be loaded again");
-    for (int p = 0; p < size(); ++p)
-      if (out[p] && (out[p]->shape.empty() || out[p]->shape.size() > kFrameMaxRank))
-        return InvalidArgument(Group() + ": send to rank " + std::to_string(p) + ": rank " +
-                               std::to_string(out[p]->shape.size()) + " shape");
+    std::vector<FrameHeader> frame_headers(size());   // checked before the group is touched
+    for (int p = 0; p < size(); ++p) {
+      if (out[p]) {
+        FM_ASSIGN_OR_RETURN(frame_headers[p], HeaderFor(p, kind, step, tag, *out[p]));
+      }
+    }
     FM_CUDA_OK(cudaSetDevice(device_));
     FM_RETURN_IF_ERROR(EnsureInit(step, deadline));
     // From here on the peers are in the exchange too: any failure ends the group (a rank that
     // went on would meet the others' payload round with its next header round).
-    Result<std::vector<Frame>> got = ExchangeRounds(kind, step, tag, out, in, deadline);
+    Result<std::vector<Frame>> got = ExchangeRounds(kind, step, tag, out, frame_headers, in, deadline);
     if (!got.ok() && !broken_.load()) return Fail(got.status());
     return got;
   }
@@ -221,6 +223,7 @@ class NcclComm final : public NcclCommunicator {
 
   Result<std::vector<Frame>> ExchangeRounds(FrameKind kind, uint64_t step, uint32_t tag,
                                             const std::vector<const CommBuffer*>& out,
+                                            std::vector<FrameHeader>& frame_headers,
                                             const std::vector<bool>& in,
                                             Clock::time_point deadline) {
     const std::string what = std::string(FrameKindName(kind)) + " step " + std::to_string(step) +
@@ -235,14 +238,9 @@ class NcclComm final : public NcclCommunicator {
     for (int p = 0; p < R; ++p) {
       if (!out[p]) continue;
       const CommBuffer& b = *out[p];
-      FrameHeader h;
-      h.kind = kind;
-      h.dtype = b.dtype;
-      h.step_id = step;
-      h.tag = tag;
-      h.set_shape(b.shape);
-      FM_RETURN_IF_ERROR(EncodeFrameHeader(&h, b.data, b.nbytes, hs + p * kFrameHeaderSize)
-                             .Wrap(Group() + ": send to rank " + std::to_string(p)));
+      FM_RETURN_IF_ERROR(
+          EncodeFrameHeader(&frame_headers[p], b.data, b.nbytes, hs + p * kFrameHeaderSize)
+              .Wrap(Group() + ": send to rank " + std::to_string(p)));
       out_bytes += b.nbytes;
     }
     FM_RETURN_IF_ERROR(dev_.Reserve(2 * hdr, stream_));
