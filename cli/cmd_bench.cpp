@@ -28,6 +28,8 @@
 #include "common/thread_pool.h"
 #include "kernels/cpu/membw.h"
 #include "model/checkpoint.h"
+#include "model/cuda/shard_model.h"
+#include "model/inspect.h"
 #include "model/forward.h"
 #include "model/kv_cache.h"
 #include "model/moe.h"
@@ -36,12 +38,14 @@ namespace fm::cli {
 namespace {
 
 const char* kUsage =
-    "usage: flashmesh bench decode --model DIR [--context N] [--tokens N] [--threads N] [--json]\n"
+    "usage: flashmesh bench decode --model DIR [--context N] [--tokens N] [--threads N]\n"
+    "                              [--device cpu|cuda:N] [--json]\n"
     "  decode: prefill N context tokens (default 64), decode --tokens tokens (default 32)\n"
     "          one at a time, report decode tok/s, weight bytes read per token, the measured\n"
     "          memory bandwidth (a probe after each of 8 decode rounds) and bw_efficiency =\n"
     "          tok/s * bytes/token / bandwidth of the median round.\n"
     "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n"
+    "  --device cuda:N: the shard resident on GPU N; bandwidth = a device read probe.\n"
     "usage: flashmesh bench cluster --config FILE [--model DIR] [--json] ...\n"
     "  cluster: the YAML's cluster vs the single process in one run (see bench cluster --help).\n";
 
@@ -59,6 +63,7 @@ struct DecodeOptions {
   std::string model;
   int64_t context = 64, tokens = 32;
   int threads = 0;
+  int cuda_device = -1;  // --device cuda:N; -1 = CPU
   bool json = false;
 };
 
@@ -84,6 +89,17 @@ Result<DecodeOptions> ParseDecode(int argc, char** argv) {
     } else if (a == "--model") {
       FM_ASSIGN_OR_RETURN(const char* v, value());
       o.model = v;
+    } else if (a == "--device") {
+      FM_ASSIGN_OR_RETURN(const char* v, value());
+      const std::string d = v;
+      if (d == "cpu") {
+        o.cuda_device = -1;
+      } else if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
+                 d.find_first_not_of("0123456789", 5) == std::string::npos) {
+        o.cuda_device = std::stoi(d.substr(5));
+      } else {
+        return InvalidArgument("--device: '" + d + "', want cpu or cuda:N");
+      }
     } else if (a == "--context" || a == "--tokens" || a == "--threads") {
       FM_ASSIGN_OR_RETURN(const char* v, value());
       FM_ASSIGN_OR_RETURN(int64_t n, ParseCount(a.c_str(), v, a == "--tokens" ? 1 : 0));
@@ -261,6 +277,60 @@ Status RunDecode(const DecodeOptions& o) {
   return Status::Ok();
 }
 
+// The device shard: the same decode loop timed end to end (each step ends with the logits on
+// the host), the weight bytes from inspect's per-token figure (top-k distinct experts a layer),
+// and the device's read bandwidth measured after the decode.
+Status RunDecodeCuda(const DecodeOptions& o) {
+  FM_ASSIGN_OR_RETURN(InspectReport report, InspectCheckpoint(o.model));
+  ShardSelection sel;
+  sel.mtp = false;
+  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel));
+  const ModelConfig& cfg = ckpt->config();
+  FM_ASSIGN_OR_RETURN(auto shard, CreateCudaShardModel(*ckpt, o.cuda_device));
+  const int64_t V = cfg.vocab_size, row = cfg.hc_mult * cfg.hidden_size;
+  auto cache = shard->NewSequence(o.context + o.tokens + 1);
+  std::mt19937 rng(1234);
+  std::vector<int32_t> prompt(static_cast<size_t>(std::max<int64_t>(o.context, 1)));
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
+  std::vector<float> logits(V), x;
+  auto step = [&](std::span<const int32_t> toks) -> Status {
+    const int64_t n = static_cast<int64_t>(toks.size());
+    x.resize(static_cast<size_t>(n * row));
+    FM_RETURN_IF_ERROR(shard->Embed(toks, x.data()));
+    BatchItem item{cache.get(), toks};
+    FM_RETURN_IF_ERROR(shard->ForwardLayers({&item, 1}, x.data()));
+    return shard->Logits(x.data() + (n - 1) * row, 1, logits.data());
+  };
+  if (o.context > 0) FM_RETURN_IF_ERROR(step(prompt));
+  int32_t next = o.context > 0 ? static_cast<int32_t>(Argmax(logits.data(), V)) : prompt[0];
+  FM_RETURN_IF_ERROR(step({&next, 1}));  // warm-up: first launches, lazy module loading
+  next = static_cast<int32_t>(Argmax(logits.data(), V));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < o.tokens; ++i) {
+    FM_RETURN_IF_ERROR(step({&next, 1}));
+    next = static_cast<int32_t>(Argmax(logits.data(), V));
+  }
+  const double secs = Seconds(t0, std::chrono::steady_clock::now());
+  FM_ASSIGN_OR_RETURN(const double bw, CudaReadBandwidthGbps(o.cuda_device));
+  const double tok_per_s = static_cast<double>(o.tokens) / secs;
+  const double bytes = static_cast<double>(report.bytes_per_token());
+  const double eff = bw > 0 ? tok_per_s * bytes / (bw * 1e9) : 0.0;
+  if (o.json) {
+    std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
+                "\"bw_efficiency\": %.4f}\n",
+                tok_per_s, bytes, bw, eff);
+  } else {
+    std::printf("model            %s on cuda:%d\n", o.model.c_str(), o.cuda_device);
+    std::printf("decode           %lld tokens in %.3f s: %.2f tok/s\n",
+                static_cast<long long>(o.tokens), secs, tok_per_s);
+    std::printf("weight bytes/tok %.1f MB\n", bytes / 1e6);
+    std::printf("weight traffic   %.2f GB/s\n", tok_per_s * bytes / 1e9);
+    std::printf("memory bandwidth %.2f GB/s (device read probe after the decode)\n", bw);
+    std::printf("bw_efficiency    %.3f\n", eff);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 int CmdBench(int argc, char** argv) {
@@ -284,7 +354,7 @@ int CmdBench(int argc, char** argv) {
     std::fprintf(stderr, "flashmesh bench: %s\n%s", opt.status().message().c_str(), kUsage);
     return 2;
   }
-  const Status st = RunDecode(*opt);
+  const Status st = opt->cuda_device >= 0 ? RunDecodeCuda(*opt) : RunDecode(*opt);
   if (!st.ok()) {
     std::fprintf(stderr, "flashmesh bench: %s\n", st.ToString().c_str());
     return 1;

@@ -55,4 +55,29 @@ size_t QWeight::bytes() const {
   return 0;
 }
 
+bool SliceRows(const QWeight& w, int64_t row0, int64_t n, QWeight* out) {
+  if (row0 < 0 || n < 0 || row0 + n > w.rows) return false;
+  QWeight s = w;
+  s.rows = n;
+  switch (w.format) {
+    case WeightFormat::kF32:
+      s.data = static_cast<const float*>(w.data) + row0 * w.cols;
+      break;
+    case WeightFormat::kBF16:
+      s.data = static_cast<const uint16_t*>(w.data) + row0 * w.cols;
+      break;
+    case WeightFormat::kFP8Block:
+      if (row0 % 128 != 0) return false;
+      s.data = static_cast<const uint8_t*>(w.data) + row0 * w.cols;
+      s.scale = w.scale + (row0 / 128) * ((w.cols + 127) / 128);
+      break;
+    case WeightFormat::kFP4Block32:
+      s.data = static_cast<const uint8_t*>(w.data) + row0 * w.cols / 2;
+      s.scale = w.scale + row0 * (w.cols / 32);
+      break;
+  }
+  *out = s;
+  return true;
+}
+
 }  // namespace fm

@@ -43,4 +43,9 @@ struct QWeight {
   size_t bytes() const;
 };
 
+// Rows [row0, row0 + n) of w as a weight of its own (the same pointers, offset; device pointers
+// work too), or false when the rows start inside an FP8 128-row scale block (QWeight cannot say
+// so) or fall outside w.
+bool SliceRows(const QWeight& w, int64_t row0, int64_t n, QWeight* out);
+
 }  // namespace fm

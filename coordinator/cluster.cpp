@@ -96,6 +96,8 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
         spec.set_cuda_device(i < options.cuda_devices.size() ? options.cuda_devices[i] : 0);
       }
     }
+    const int device = i < options.cuda_devices.size() ? options.cuda_devices[i] : -1;
+    spec.set_device(device >= 0 ? "cuda:" + std::to_string(device) : "cpu");
     spec.set_activation_dtype(options.activation_dtype);
     spec.set_max_context(static_cast<int32_t>(options.max_context));
     spec.set_kv_cache_bytes(options.kv_cache_bytes);

@@ -39,32 +39,6 @@ Status CheckVector(const std::vector<float>& v, int64_t n, const std::string& na
   return Status::Ok();
 }
 
-// Rows [row0, row0+n) of w as a weight of its own (the per-group block of wo_a), or false when
-// the rows start inside an FP8 128-row scale block (QWeight cannot say so).
-bool WeightRows(const QWeight& w, int64_t row0, int64_t n, QWeight* out) {
-  QWeight s = w;
-  s.rows = n;
-  switch (w.format) {
-    case WeightFormat::kF32:
-      s.data = static_cast<const float*>(w.data) + row0 * w.cols;
-      break;
-    case WeightFormat::kBF16:
-      s.data = static_cast<const uint16_t*>(w.data) + row0 * w.cols;
-      break;
-    case WeightFormat::kFP8Block:
-      if (row0 % 128 != 0) return false;
-      s.data = static_cast<const uint8_t*>(w.data) + row0 * w.cols;
-      s.scale = w.scale + (row0 / 128) * ((w.cols + 127) / 128);
-      break;
-    case WeightFormat::kFP4Block32:
-      s.data = static_cast<const uint8_t*>(w.data) + row0 * w.cols / 2;
-      s.scale = w.scale + row0 * (w.cols / 32);
-      break;
-  }
-  *out = s;
-  return true;
-}
-
 // Calls fn(begin, end) over [0, n): on the pool when there is one.
 void ForRange(ThreadPool* pool, size_t n, size_t grain,
               const std::function<void(size_t, size_t)>& fn) {
@@ -346,7 +320,7 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
                 xin.data() + r * gin);
     }
     QWeight wg;
-    const bool sliced = WeightRows(w.wo_a, g * R, R, &wg);
+    const bool sliced = SliceRows(w.wo_a, g * R, R, &wg);
     const int64_t ug_width = sliced ? R : G * R, ug_off = sliced ? 0 : g * R;
     ug.resize(static_cast<size_t>(N * ug_width));
     Matmul(sliced ? wg : w.wo_a, xin.data(), N, ug.data(), pool);

@@ -14,6 +14,46 @@
 #include "model/mtp.h"
 
 namespace fm {
+
+Status CheckTokenIds(const ModelConfig& cfg, std::span<const int32_t> tokens,
+                     const std::string& what) {
+  if (tokens.empty()) return InvalidArgument(what + ": empty token list");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= cfg.vocab_size)
+      return InvalidArgument(what + ": token id " + std::to_string(tokens[i]) + " at position " +
+                             std::to_string(i) + " outside vocab [0, " +
+                             std::to_string(cfg.vocab_size) + ")");
+  return Status::Ok();
+}
+
+Result<std::vector<int32_t>> CheckBatchItems(const ModelConfig& cfg, int64_t layer_begin,
+                                             int64_t layer_end, std::span<const BatchItem> items,
+                                             bool mtp) {
+  if (items.empty()) return InvalidArgument("empty batch");
+  std::vector<int32_t> tokens;
+  std::unordered_set<const SequenceCache*> seen;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string what = "batch item " + std::to_string(i);
+    const SequenceCache* c = items[i].cache;
+    if (!c) return InvalidArgument(what + ": no sequence cache");
+    if (!seen.insert(c).second) return InvalidArgument(what + ": sequence appears twice");
+    if (c->layer_begin() != layer_begin || c->num_layers() != layer_end - layer_begin ||
+        (mtp && !c->mtp()))
+      return InvalidArgument(what + ": sequence cache was made for another shard (layers [" +
+                             std::to_string(c->layer_begin()) + ", " +
+                             std::to_string(c->layer_begin() + c->num_layers()) + "))");
+    FM_RETURN_IF_ERROR(CheckTokenIds(cfg, items[i].tokens, what));
+    const int64_t T = static_cast<int64_t>(items[i].tokens.size());
+    const int64_t pos = mtp ? c->mtp_next_pos() : c->next_pos();
+    if (pos + T > c->max_context())
+      return OutOfRange(what + ": context " + std::to_string(pos) + " + " + std::to_string(T) +
+                        " tokens = " + std::to_string(pos + T) + " exceeds max_context " +
+                        std::to_string(c->max_context()));
+    tokens.insert(tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
+  }
+  return tokens;
+}
+
 namespace {
 
 class ShardModelImpl : public ShardModel {
@@ -38,9 +78,6 @@ class ShardModelImpl : public ShardModel {
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec ? exec : local_.get(); }
 
  private:
-  Status CheckTokens(std::span<const int32_t> tokens, const std::string& what) const;
-  // Validates a batch before anything runs; returns the concatenated tokens.
-  Result<std::vector<int32_t>> CheckBatch(std::span<const BatchItem> items, bool mtp) const;
   void EmbedRow(int32_t token, float* row) const;
 
   ModelConfig cfg_;
@@ -121,43 +158,6 @@ std::unique_ptr<SequenceCache> ShardModelImpl::NewSequence(int64_t max_context) 
   return std::make_unique<SequenceCache>(begin_, std::move(caches), std::move(mtp), max_context);
 }
 
-Status ShardModelImpl::CheckTokens(std::span<const int32_t> tokens,
-                                   const std::string& what) const {
-  if (tokens.empty()) return InvalidArgument(what + ": empty token list");
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
-      return InvalidArgument(what + ": token id " + std::to_string(tokens[i]) + " at position " +
-                             std::to_string(i) + " outside vocab [0, " +
-                             std::to_string(cfg_.vocab_size) + ")");
-  return Status::Ok();
-}
-
-Result<std::vector<int32_t>> ShardModelImpl::CheckBatch(std::span<const BatchItem> items,
-                                                        bool mtp) const {
-  if (items.empty()) return InvalidArgument("empty batch");
-  std::vector<int32_t> tokens;
-  std::unordered_set<const SequenceCache*> seen;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const std::string what = "batch item " + std::to_string(i);
-    const SequenceCache* c = items[i].cache;
-    if (!c) return InvalidArgument(what + ": no sequence cache");
-    if (!seen.insert(c).second) return InvalidArgument(what + ": sequence appears twice");
-    if (c->layer_begin() != begin_ || c->num_layers() != end_ - begin_ || (mtp && !c->mtp()))
-      return InvalidArgument(what + ": sequence cache was made for another shard (layers [" +
-                             std::to_string(c->layer_begin()) + ", " +
-                             std::to_string(c->layer_begin() + c->num_layers()) + "))");
-    FM_RETURN_IF_ERROR(CheckTokens(items[i].tokens, what));
-    const int64_t T = static_cast<int64_t>(items[i].tokens.size());
-    const int64_t pos = mtp ? c->mtp_next_pos() : c->next_pos();
-    if (pos + T > c->max_context())
-      return OutOfRange(what + ": context " + std::to_string(pos) + " + " + std::to_string(T) +
-                        " tokens = " + std::to_string(pos + T) + " exceeds max_context " +
-                        std::to_string(c->max_context()));
-    tokens.insert(tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
-  }
-  return tokens;
-}
-
 void ShardModelImpl::EmbedRow(int32_t token, float* row) const {
   const int64_t H = cfg_.hidden_size;
   if (embed_.dtype == DType::kF32) {
@@ -174,7 +174,7 @@ void ShardModelImpl::EmbedRow(int32_t token, float* row) const {
 
 Status ShardModelImpl::Embed(std::span<const int32_t> tokens, float* x) const {
   if (!has_embed_) return InvalidArgument("Embed: this shard does not hold embed.weight");
-  FM_RETURN_IF_ERROR(CheckTokens(tokens, "Embed"));
+  FM_RETURN_IF_ERROR(CheckTokenIds(cfg_, tokens, "Embed"));
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
   for (size_t t = 0; t < tokens.size(); ++t) {
     float* xt = x + t * n * H;
@@ -185,7 +185,7 @@ Status ShardModelImpl::Embed(std::span<const int32_t> tokens, float* x) const {
 }
 
 Status ShardModelImpl::ForwardLayers(std::span<const BatchItem> items, float* x) const {
-  FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatch(items, false));
+  FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatchItems(cfg_, begin_, end_, items, false));
   const int64_t T = static_cast<int64_t>(tokens.size());
   std::vector<AttentionSeq> seqs(items.size());
   for (const auto& lw : layers_) {
@@ -208,7 +208,7 @@ Status ShardModelImpl::Logits(const float* x, int64_t rows, float* logits) const
 Status ShardModelImpl::MtpLogits(std::span<const BatchItem> items, const float* x,
                                  float* logits) const {
   if (!mtp_) return InvalidArgument("MtpLogits: this shard holds no MTP block");
-  FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatch(items, true));
+  FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatchItems(cfg_, begin_, end_, items, true));
   const int64_t T = static_cast<int64_t>(tokens.size()), H = cfg_.hidden_size;
   std::vector<float> emb(T * H);
   for (int64_t t = 0; t < T; ++t) EmbedRow(tokens[t], emb.data() + t * H);

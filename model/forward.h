@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -33,6 +34,16 @@ class ExpertExecutor {
   virtual Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                            const float* weights, float* routed) = 0;
 };
+
+// Token ids against the vocabulary (non-empty); errors name `what` and the position.
+Status CheckTokenIds(const ModelConfig& cfg, std::span<const int32_t> tokens,
+                     const std::string& what);
+// A batch for a shard of layers [layer_begin, layer_end), checked before anything runs: caches
+// present, distinct and made for this shard (with an MTP cache when mtp), tokens in the vocab,
+// context within max_context. Returns the items' tokens concatenated.
+Result<std::vector<int32_t>> CheckBatchItems(const ModelConfig& cfg, int64_t layer_begin,
+                                             int64_t layer_end, std::span<const BatchItem> items,
+                                             bool mtp);
 
 class ShardModel {
  public:

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "model/cuda/shard_model.h"
 #include "model/kv_cache.h"
 
 namespace fm {
@@ -24,7 +25,11 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   sel.mtp = false;   // MTP speculative decoding is not served yet: keep its bytes out
   sel.experts = p.experts;
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(p.model_dir, sel));
-  FM_ASSIGN_OR_RETURN(auto model, ShardModel::Create(*ckpt, &pool_));
+  Result<std::unique_ptr<ShardModel>> made = p.cuda_device >= 0
+                                                  ? CreateCudaShardModel(*ckpt, p.cuda_device)
+                                                  : ShardModel::Create(*ckpt, &pool_);
+  if (!made.ok()) return made.status();
+  std::unique_ptr<ShardModel> model = std::move(made).value();
   const ModelConfig& cfg = ckpt->config();
   const int64_t end = p.layer_end < 0 ? cfg.num_hidden_layers : p.layer_end;
   std::vector<MoeWeights> ep_moe;

@@ -31,6 +31,7 @@ struct ShardPlacement {
   std::vector<int64_t> experts;              // empty = all
   int64_t max_context = 0;                   // 0 = the model's max_position_embeddings or 8192
   uint64_t kv_cache_bytes = 0;               // 0 = unlimited
+  int cuda_device = -1;                      // run on GPU N (model/cuda/shard_model.h); -1 = CPU
   // Expert parallelism (empty = off): member r holds experts [ep_expert_begin[r],
   // ep_expert_begin[r+1]); `experts` is this member's range.
   int ep_rank = 0;

@@ -33,6 +33,14 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   p.experts.assign(s.experts().begin(), s.experts().end());
   p.max_context = s.max_context();
   p.kv_cache_bytes = s.kv_cache_bytes();
+  if (s.device().rfind("cuda:", 0) == 0) {
+    const std::string n = s.device().substr(5);
+    if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos)
+      return ToGrpc(InvalidArgument("shard.device: '" + s.device() + "', want cpu or cuda:N"));
+    p.cuda_device = std::stoi(n);
+  } else if (!s.device().empty() && s.device() != "cpu") {
+    return ToGrpc(InvalidArgument("shard.device: '" + s.device() + "', want cpu or cuda:N"));
+  }
   p.ep_rank = s.ep_rank();
   p.ep_expert_begin.assign(s.ep_expert_begin().begin(), s.ep_expert_begin().end());
   std::unique_ptr<net::Communicator> ep_group;

@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <string>
 #include <utility>
 
 #include "kernels/cuda/check.cuh"
@@ -29,6 +30,15 @@ std::string DeviceDescription(int index) {
 
 Status Synchronize() {
   FM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return Status::Ok();
+}
+
+Status SetDevice(int index) {
+  const int n = DeviceCount();
+  if (index < 0 || index >= n)
+    return InvalidArgument("cuda:" + std::to_string(index) + ": this host has " +
+                           std::to_string(n) + " CUDA device(s)");
+  FM_CUDA_RETURN_IF_ERROR(cudaSetDevice(index));
   return Status::Ok();
 }
 

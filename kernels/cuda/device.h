@@ -14,6 +14,9 @@ int DeviceCount();
 std::string DeviceDescription(int index);
 // Waits for all work queued on the current device; reports the first asynchronous error.
 Status Synchronize();
+// Makes device `index` current for this thread (its allocations and launches go there);
+// InvalidArgument naming the index and the device count when there is no such device.
+Status SetDevice(int index);
 
 // Owns `size()` bytes of device memory (cudaMalloc'd, so 256-byte aligned); move-only.
 class DeviceBuffer {

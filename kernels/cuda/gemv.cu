@@ -44,12 +44,10 @@ __device__ __forceinline__ float DotBf16x2(uint32_t word, float x0, float x1) {
   return Bf16Decode(word & 0xFFFF) * x0 + Bf16Decode(word >> 16) * x1;
 }
 
+// Each Row* function is one lane's partial of row r (the warp sums the partials).
 // FP8 e4m3, cols % 16 == 0: lane step = 16 columns, all inside one 128-column scale block.
-__global__ void GemvFp8x16Kernel(const uint8_t* w, const uint8_t* scale, const float* x,
-                                 float* y, int64_t rows, int64_t cols) {
-  const int64_t r = WarpRow();
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ float RowFp8x16(const uint8_t* w, const uint8_t* scale,
+                                           const float* x, int64_t r, int64_t cols, int lane) {
   const uint4* wr = reinterpret_cast<const uint4*>(w + r * cols);
   const uint8_t* sr = scale + (r / 128) * ((cols + 127) / 128);
   const float4* x4 = reinterpret_cast<const float4*>(x);
@@ -61,16 +59,12 @@ __global__ void GemvFp8x16Kernel(const uint8_t* w, const uint8_t* scale, const f
                        DotE4m3x4(q.z, __ldg(x4 + 4 * v + 2)) + DotE4m3x4(q.w, __ldg(x4 + 4 * v + 3));
     acc += part * E8m0Decode(sr[v / 8]);
   }
-  acc = WarpSum(acc);
-  if (lane == 0) y[r] = acc;
+  return acc;
 }
 
 // FP4 e2m1: lane step = one 32-column scale group = 16 bytes.
-__global__ void GemvFp4x32Kernel(const uint8_t* w, const uint8_t* scale, const float* x,
-                                 float* y, int64_t rows, int64_t cols) {
-  const int64_t r = WarpRow();
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ float RowFp4x32(const uint8_t* w, const uint8_t* scale,
+                                           const float* x, int64_t r, int64_t cols, int lane) {
   const int64_t groups = cols / 32;
   const uint4* wr = reinterpret_cast<const uint4*>(w + r * (cols / 2));
   const uint8_t* sr = scale + r * groups;
@@ -86,16 +80,12 @@ __global__ void GemvFp4x32Kernel(const uint8_t* w, const uint8_t* scale, const f
                        DotE2m1x8(q.w, __ldg(xg + 6), __ldg(xg + 7));
     acc += part * E8m0Decode(sr[g]);
   }
-  acc = WarpSum(acc);
-  if (lane == 0) y[r] = acc;
+  return acc;
 }
 
 // BF16, cols % 8 == 0: lane step = 8 columns.
-__global__ void GemvBf16x8Kernel(const uint16_t* w, const float* x, float* y, int64_t rows,
-                                 int64_t cols) {
-  const int64_t r = WarpRow();
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ float RowBf16x8(const uint16_t* w, const float* x, int64_t r,
+                                           int64_t cols, int lane) {
   const uint4* wr = reinterpret_cast<const uint4*>(w + r * cols);
   const float4* x4 = reinterpret_cast<const float4*>(x);
   float acc = 0.0f;
@@ -106,16 +96,12 @@ __global__ void GemvBf16x8Kernel(const uint16_t* w, const float* x, float* y, in
     acc += DotBf16x2(q.x, a.x, a.y) + DotBf16x2(q.y, a.z, a.w) + DotBf16x2(q.z, b.x, b.y) +
            DotBf16x2(q.w, b.z, b.w);
   }
-  acc = WarpSum(acc);
-  if (lane == 0) y[r] = acc;
+  return acc;
 }
 
 // F32, cols % 4 == 0: lane step = 4 columns.
-__global__ void GemvF32x4Kernel(const float* w, const float* x, float* y, int64_t rows,
-                                int64_t cols) {
-  const int64_t r = WarpRow();
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ float RowF32x4(const float* w, const float* x, int64_t r,
+                                          int64_t cols, int lane) {
   const float4* wr = reinterpret_cast<const float4*>(w + r * cols);
   const float4* x4 = reinterpret_cast<const float4*>(x);
   float acc = 0.0f;
@@ -124,8 +110,7 @@ __global__ void GemvF32x4Kernel(const float* w, const float* x, float* y, int64_
     const float4 q = __ldg(wr + v), a = __ldg(x4 + v);
     acc += q.x * a.x + q.y * a.y + q.z * a.z + q.w * a.w;
   }
-  acc = WarpSum(acc);
-  if (lane == 0) y[r] = acc;
+  return acc;
 }
 
 // W_real[r, c] element by element (the device twin of MatvecRef's WeightAt).
@@ -148,15 +133,58 @@ __device__ __forceinline__ float WeightAt(WeightFormat format, const void* data,
 }
 
 // Any format and shape: lane c takes columns c, c+32, ...
-__global__ void GemvScalarKernel(WeightFormat format, const void* data, const uint8_t* scale,
-                                 const float* x, float* y, int64_t rows, int64_t cols) {
+__device__ __forceinline__ float RowScalar(WeightFormat format, const void* data,
+                                           const uint8_t* scale, const float* x, int64_t r,
+                                           int64_t cols, int lane) {
+  float acc = 0.0f;
+  for (int64_t c = lane; c < cols; c += 32) acc += WeightAt(format, data, scale, r, c, cols) * x[c];
+  return acc;
+}
+
+// One row's lane partial: the vector path of the format when `vec` (the launcher checked
+// alignment and cols), else the scalar one.
+__device__ __forceinline__ float RowPartial(WeightFormat format, bool vec, const void* data,
+                                            const uint8_t* scale, const float* x, int64_t r,
+                                            int64_t cols, int lane) {
+  if (vec) {
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    switch (format) {
+      case WeightFormat::kFP8Block: return RowFp8x16(bytes, scale, x, r, cols, lane);
+      case WeightFormat::kFP4Block32: return RowFp4x32(bytes, scale, x, r, cols, lane);
+      case WeightFormat::kBF16:
+        return RowBf16x8(static_cast<const uint16_t*>(data), x, r, cols, lane);
+      case WeightFormat::kF32: return RowF32x4(static_cast<const float*>(data), x, r, cols, lane);
+    }
+  }
+  return RowScalar(format, data, scale, x, r, cols, lane);
+}
+
+// One warp per output row; a warp exits as a whole, so the shuffles see every lane.
+__global__ void GemvKernel(WeightFormat format, bool vec, const void* data, const uint8_t* scale,
+                           const float* x, float* y, int64_t rows, int64_t cols) {
   const int64_t r = WarpRow();
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
-  float acc = 0.0f;
-  for (int64_t c = lane; c < cols; c += 32) acc += WeightAt(format, data, scale, r, c, cols) * x[c];
-  acc = WarpSum(acc);
+  const float acc = WarpSum(RowPartial(format, vec, data, scale, x, r, cols, lane));
   if (lane == 0) y[r] = acc;
+}
+
+// blockIdx.y = j: row r of expert ids[j] times x + j * x_stride into y[j, r].
+__global__ void GemvExpertsKernel(WeightFormat format, bool vec, const void* const* datas,
+                                  const uint8_t* const* scales, int64_t E, const int32_t* ids,
+                                  const float* x, int64_t x_stride, float* y, int64_t rows,
+                                  int64_t cols) {
+  const int64_t r = WarpRow(), j = blockIdx.y;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int32_t e = ids[j];
+  if (e < 0 || e >= E) {
+    if (lane == 0) y[j * rows + r] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const float acc =
+      WarpSum(RowPartial(format, vec, datas[e], scales[e], x + j * x_stride, r, cols, lane));
+  if (lane == 0) y[j * rows + r] = acc;
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -231,31 +259,55 @@ Result<DeviceWeight> UploadWeight(const QWeight& host) {
   return Result<DeviceWeight>(std::move(d));
 }
 
+namespace {
+
+// Whether the format's vector path takes these columns (pointers checked by the caller).
+bool VectorCols(WeightFormat format, int64_t cols) {
+  switch (format) {
+    case WeightFormat::kFP8Block: return cols % 16 == 0;
+    case WeightFormat::kFP4Block32: return true;
+    case WeightFormat::kBF16: return cols % 8 == 0;
+    case WeightFormat::kF32: return cols % 4 == 0;
+  }
+  return false;
+}
+
+dim3 GemvGrid(int64_t rows, int64_t k) {
+  return dim3(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock),
+              static_cast<unsigned>(k));
+}
+
+}  // namespace
+
 Status Gemv(const QWeight& w, const float* x, float* y) {
   FM_RETURN_IF_ERROR(ValidateWeight(w, "Gemv"));
   if (!x || !y) return InvalidArgument("Gemv: x and y must be device pointers, got null");
-  const dim3 block(32 * kWarpsPerBlock);
-  const dim3 grid(static_cast<unsigned>((w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  const auto* bytes = static_cast<const uint8_t*>(w.data);
-  const bool vec = Aligned16(x) && Aligned16(w.data);
-  if (vec && w.format == WeightFormat::kFP8Block && w.cols % 16 == 0) {
-    GemvFp8x16Kernel<<<grid, block>>>(bytes, w.scale, x, y, w.rows, w.cols);
-    return LaunchStatus("GemvFp8x16Kernel");
-  }
-  if (vec && w.format == WeightFormat::kFP4Block32) {
-    GemvFp4x32Kernel<<<grid, block>>>(bytes, w.scale, x, y, w.rows, w.cols);
-    return LaunchStatus("GemvFp4x32Kernel");
-  }
-  if (vec && w.format == WeightFormat::kBF16 && w.cols % 8 == 0) {
-    GemvBf16x8Kernel<<<grid, block>>>(static_cast<const uint16_t*>(w.data), x, y, w.rows, w.cols);
-    return LaunchStatus("GemvBf16x8Kernel");
-  }
-  if (vec && w.format == WeightFormat::kF32 && w.cols % 4 == 0) {
-    GemvF32x4Kernel<<<grid, block>>>(static_cast<const float*>(w.data), x, y, w.rows, w.cols);
-    return LaunchStatus("GemvF32x4Kernel");
-  }
-  GemvScalarKernel<<<grid, block>>>(w.format, w.data, w.scale, x, y, w.rows, w.cols);
-  return LaunchStatus("GemvScalarKernel");
+  const bool vec = Aligned16(x) && Aligned16(w.data) && VectorCols(w.format, w.cols);
+  GemvKernel<<<GemvGrid(w.rows, 1), 32 * kWarpsPerBlock>>>(w.format, vec, w.data, w.scale, x, y,
+                                                          w.rows, w.cols);
+  return LaunchStatus("GemvKernel");
+}
+
+Status GemvExperts(WeightFormat format, int64_t rows, int64_t cols, const void* const* datas,
+                   const uint8_t* const* scales, int64_t E, const int32_t* ids, int64_t k,
+                   const float* x, int64_t x_stride, float* y) {
+  QWeight shape;
+  shape.format = format;
+  shape.rows = rows;
+  shape.cols = cols;
+  shape.data = datas;  // stands in for the per-expert pointers in the shape checks
+  shape.scale = reinterpret_cast<const uint8_t*>(scales);
+  FM_RETURN_IF_ERROR(ValidateWeight(shape, "GemvExperts"));
+  if (E <= 0 || k <= 0 || k > 65535)
+    return InvalidArgument("GemvExperts: E " + std::to_string(E) + ", k " + std::to_string(k) +
+                           " (need E > 0, 0 < k <= 65535)");
+  if (x_stride < 0) return InvalidArgument("GemvExperts: x_stride < 0");
+  if (!ids || !x || !y) return InvalidArgument("GemvExperts: null device pointer");
+  // DeviceWeight buffers are cudaMalloc'd (256-byte aligned): only x decides the vector path.
+  const bool vec = Aligned16(x) && (x_stride * 4) % 16 == 0 && VectorCols(format, cols);
+  GemvExpertsKernel<<<GemvGrid(rows, k), 32 * kWarpsPerBlock>>>(
+      format, vec, datas, scales, E, ids, x, x_stride, y, rows, cols);
+  return LaunchStatus("GemvExpertsKernel");
 }
 
 }  // namespace fm::cuda

@@ -85,4 +85,30 @@ Status TopKAscending(const float* score, int64_t n, int64_t k, int32_t* out);
 // pooled[c] = sum_j softmax_j(z[j][c]) * a[j][c], j ascending.
 Status CompressorPool(const float* a, const float* z, int64_t n, int64_t d, float* pooled);
 
+// ---- glue of the device decode step (step.cu) ----
+// dst[r * dst_stride + c] = src[r * src_stride + c] for r < rows, c < width (no overlap).
+Status CopyRows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                int64_t rows, int64_t width);
+// y[i] = a[i] + b[i]; y may equal a or b.
+Status AddVectors(const float* a, const float* b, float* y, int64_t n);
+// y[i] = x[i] * s; y may equal x.
+Status ScaleVector(const float* x, float s, float* y, int64_t n);
+// The key rows of one decode query: idx[i] = (win_start + i) % window for i < nwin (the window
+// ring, oldest first), then entry_row0 + (picks ? picks[j] : j) for the j < entries compressed
+// entries (picks: a device array of entry numbers, e.g. TopKAscending's).
+Status KeyIndex(int64_t win_start, int64_t nwin, int64_t window, int64_t entries,
+                const int32_t* picks, int64_t entry_row0, int32_t* idx);
+
+// Routed experts' GEMV for one token: for j < k, y[j, :rows] = W_{ids[j]} x_j with x_j = x + j *
+// x_stride (x_stride 0: every expert reads the same x). datas/scales: device arrays of E data and
+// scale pointers (DeviceWeight buffers, one format and shape [rows, cols] for all). ids: device
+// int32 [k], each checked in-kernel against E (out of range: that row of y is NaN).
+Status GemvExperts(WeightFormat format, int64_t rows, int64_t cols, const void* const* datas,
+                   const uint8_t* const* scales, int64_t E, const int32_t* ids, int64_t k,
+                   const float* x, int64_t x_stride, float* y);
+
+// Read bandwidth of the current device in GB/s: `passes` reads of a `bytes` buffer (>= 1 MiB;
+// take several times the L2 size), timed with events after one warm-up pass.
+Result<double> MeasureReadBandwidth(size_t bytes, int passes);
+
 }  // namespace fm::cuda

@@ -1,12 +1,17 @@
 // CPU stand-in for the part of CUDA that kernels/cuda/*.cu use, so tests/gpu/emulate.sh can run
-// the real kernel code on a machine without a GPU: one std::thread per CUDA thread, blocks one
-// after another, __syncthreads and warp shuffles through a block-wide std::barrier.
-// It checks indexing, layouts and reductions; not timing, memory model, FMA or alignment faults.
+// the real kernel code on a machine without a GPU. The threads of a block are fibers
+// (ucontext) on the calling thread: each runs until its next __syncthreads or its return, then
+// the next one runs, so every live thread reaches a barrier before any passes it; blocks run one
+// after another. Warp shuffles go through shared slots and two barriers.
+// It checks indexing, layouts, reductions and barrier structure; not timing, the memory model,
+// FMA contraction or alignment faults.
 #pragma once
-#include <barrier>
+#include <ucontext.h>
+
 #include <cmath>
 #include <cstdint>
-#include <thread>
+#include <cstring>
+#include <functional>
 #include <vector>
 
 struct dim3 {
@@ -16,8 +21,7 @@ struct dim3 {
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
 
-inline thread_local dim3 threadIdx, blockIdx;
-inline std::barrier<>* emu_block_barrier;
+inline dim3 threadIdx, blockIdx;
 inline float emu_shuffle_slots[1024];
 
 #define __global__
@@ -26,7 +30,20 @@ inline float emu_shuffle_slots[1024];
 #define __forceinline__ inline
 #define __shared__ static  // blocks run one at a time, so one static copy is the block's
 
-inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+// The fibers of the running block and the scheduler they yield to.
+struct EmuFiber {
+  ucontext_t ctx;
+  std::vector<char> stack;
+  bool done = false;
+};
+inline std::vector<EmuFiber> emu_fibers;
+inline ucontext_t emu_scheduler;
+inline unsigned emu_current = 0;
+inline std::function<void()> emu_body;
+
+inline void __syncthreads() {
+  swapcontext(&emu_fibers[emu_current].ctx, &emu_scheduler);
+}
 
 // Every live thread of the block takes part (kernels shuffle only where whole warps are live).
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
@@ -41,20 +58,45 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 template <class T>
 T __ldg(const T* p) { return *p; }
 
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, sizeof f);
+  return f;
+}
+
+inline void EmuFiberMain() {
+  emu_body();
+  emu_fibers[emu_current].done = true;  // then uc_link returns to the scheduler
+}
+
 // kernel<<<grid, block>>>(args) is rewritten to EmuLaunch(kernel, grid, block, args) by emulate.sh.
 template <class... P, class... A>
 void EmuLaunch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
-  for (unsigned b = 0; b < grid.x; ++b) {
-    std::barrier<> bar(block.x);
-    emu_block_barrier = &bar;
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < block.x; ++t)
-      threads.emplace_back([&, t, b] {
+  constexpr size_t kStack = 256 << 10;
+  if (emu_fibers.size() < block.x) emu_fibers.resize(block.x);
+  emu_body = [&] { kernel(args...); };
+  for (unsigned b = 0; b < grid.x * grid.y; ++b) {
+    blockIdx = dim3(b % grid.x, b / grid.x);
+    for (unsigned t = 0; t < block.x; ++t) {
+      EmuFiber& f = emu_fibers[t];
+      if (f.stack.empty()) f.stack.resize(kStack);
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.data();
+      f.ctx.uc_stack.ss_size = f.stack.size();
+      f.ctx.uc_link = &emu_scheduler;
+      makecontext(&f.ctx, EmuFiberMain, 0);
+      f.done = false;
+    }
+    // One round resumes every live fiber once: all of them reach the same barrier (or return).
+    for (bool live = true; live;) {
+      live = false;
+      for (unsigned t = 0; t < block.x; ++t) {
+        if (emu_fibers[t].done) continue;
+        emu_current = t;
         threadIdx = dim3(t);
-        blockIdx = dim3(b);
-        kernel(args...);
-        bar.arrive_and_drop();  // a returned thread no longer holds up the others
-      });
-    for (auto& th : threads) th.join();
+        swapcontext(&emu_scheduler, &emu_fibers[t].ctx);
+        live = live || !emu_fibers[t].done;
+      }
+    }
   }
 }

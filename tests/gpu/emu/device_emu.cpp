@@ -1,15 +1,21 @@
 // Emulation stand-in for kernels/cuda/device.cu: one "device" whose memory is host memory.
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
 
 int DeviceCount() { return 1; }
 std::string DeviceDescription(int) { return "CPU emulation"; }
 Status Synchronize() { return Status::Ok(); }
+Status SetDevice(int index) {
+  if (index == 0) return Status::Ok();
+  return InvalidArgument("cuda:" + std::to_string(index) + ": this host has 1 CUDA device(s)");
+}
 
 Result<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {
   DeviceBuffer b;
@@ -44,6 +50,11 @@ Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
   if (offset > size_ || bytes > size_ - offset) return OutOfRange("CopyToHost past the buffer");
   if (bytes) std::memcpy(dst, static_cast<const char*>(ptr_) + offset, bytes);
   return Status::Ok();
+}
+
+// kernels/cuda/membw.cu times device memory; the emulation has none to time.
+Result<double> MeasureReadBandwidth(size_t, int) {
+  return Unavailable("MeasureReadBandwidth: no device memory in the CPU emulation");
 }
 
 Result<DeviceBuffer> Upload(const void* src, size_t bytes) {

@@ -1,0 +1,25 @@
+// ShardModel on a CUDA device (docs/gpu.md "Device shard"): the shard's weights resident in
+// device memory (uploaded once, in their checkpoint formats), each sequence's decode state on the
+// device (window ring, compressed entries, indexer keys, compressor pending rows), and the
+// T = 1 step of every layer queued on one stream from kernels/cuda with no host round trip
+// inside a layer; the host only keeps positions and counts, which it knows without asking.
+// A prefill of T tokens runs T such steps (decode == prefill, as on CPU). Same interface and
+// results as the CPU ShardModel within float rounding (tests/gpu: logits within 1e-3).
+#pragma once
+#include <memory>
+
+#include "common/status.h"
+#include "model/checkpoint.h"
+#include "model/forward.h"
+
+namespace fm {
+
+// Binds ckpt's selection and uploads it to CUDA device `device`. Without CUDA in the build, or
+// without such a device: an error that says so. No MTP block on the device yet (has_mtp false).
+Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt, int device);
+
+// Read bandwidth of CUDA device `device` in GB/s (kernels/cuda MeasureReadBandwidth over 1 GiB),
+// what `flashmesh bench decode --device cuda:N` divides its weight traffic by.
+Result<double> CudaReadBandwidthGbps(int device);
+
+}  // namespace fm

@@ -1,0 +1,205 @@
+// The device ShardModel (model/cuda/shard_model.h) against the CPU ShardModel on the tiny preset
+// (layers [0,0,4,128,4,128], window 16, indexer top-4): decode logits within 1e-3 relative over
+// three windows and past a ratio-128 entry, a prefill and a batch of two sequences, a pipeline
+// stage, and the errors. Without a CUDA device only the no-device error runs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "kernels/cuda/device.h"
+#include "model/checkpoint.h"
+#include "model/cuda/shard_model.h"
+#include "model/forward.h"
+#include "model/kv_cache.h"
+#include "model/mkmodel.h"
+
+namespace fm {
+namespace {
+
+class CudaShardTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/fm_cuda_shard_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = new std::string(tmpl);
+    const Status st = WritePresetCheckpoint(*dir_, "tiny", 7);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+
+  struct Pair {  // the same selection on the CPU and on cuda:0
+    std::unique_ptr<Checkpoint> ckpt;
+    std::unique_ptr<ShardModel> cpu, gpu;
+  };
+  static Pair Open(ThreadPool* pool, const ShardSelection& sel = {}) {
+    Pair p;
+    auto ck = Checkpoint::Open(*dir_, sel);
+    EXPECT_TRUE(ck.ok()) << ck.status().ToString();
+    if (!ck.ok()) return p;
+    p.ckpt = std::move(ck).value();
+    auto cpu = ShardModel::Create(*p.ckpt, pool);
+    EXPECT_TRUE(cpu.ok()) << cpu.status().ToString();
+    auto gpu = CreateCudaShardModel(*p.ckpt, 0);
+    EXPECT_TRUE(gpu.ok()) << gpu.status().ToString();
+    if (cpu.ok() && gpu.ok()) {
+      p.cpu = std::move(cpu).value();
+      p.gpu = std::move(gpu).value();
+    }
+    return p;
+  }
+
+  static std::vector<int32_t> Tokens(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> t(n);
+    for (auto& v : t) v = static_cast<int32_t>(rng() % 512);
+    return t;
+  }
+
+  // Embed + layers + logits of one call over `items` (each sequence's next tokens).
+  static Status Run(const ShardModel& m, std::span<const BatchItem> items, std::vector<float>* out) {
+    const auto& cfg = m.config();
+    std::vector<int32_t> toks;
+    for (const BatchItem& it : items) toks.insert(toks.end(), it.tokens.begin(), it.tokens.end());
+    const int64_t T = static_cast<int64_t>(toks.size());
+    std::vector<float> x(T * cfg.hc_mult * cfg.hidden_size), lg(T * cfg.vocab_size);
+    FM_RETURN_IF_ERROR(m.Embed(toks, x.data()));
+    FM_RETURN_IF_ERROR(m.ForwardLayers(items, x.data()));
+    FM_RETURN_IF_ERROR(m.Logits(x.data(), T, lg.data()));
+    out->insert(out->end(), lg.begin(), lg.end());
+    return Status::Ok();
+  }
+
+  // max |a - b| / max |b|
+  static double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+      den = std::max(den, std::fabs(static_cast<double>(b[i])));
+    }
+    return num / den;
+  }
+
+  // n tokens decoded one at a time on both; every step's logits compared.
+  void DecodeMatchesCpu(int n) {
+    ThreadPool pool(2);
+    Pair p = Open(&pool);
+    ASSERT_TRUE(p.gpu);
+    const auto toks = Tokens(n, 21);
+    auto cc = p.cpu->NewSequence(1024), gc = p.gpu->NewSequence(1024);
+    std::vector<float> cpu, gpu;
+    for (int t = 0; t < n; ++t) {
+      const BatchItem ci{cc.get(), std::span(toks).subspan(t, 1)};
+      const BatchItem gi{gc.get(), std::span(toks).subspan(t, 1)};
+      ASSERT_TRUE(Run(*p.cpu, {&ci, 1}, &cpu).ok());
+      const Status st = Run(*p.gpu, {&gi, 1}, &gpu);
+      ASSERT_TRUE(st.ok()) << "token " << t << ": " << st.ToString();
+    }
+    EXPECT_EQ(gc->next_pos(), n);
+    EXPECT_GT(gc->bytes(), 0u);
+    for (float v : gpu) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_LT(RelErr(gpu, cpu), 1e-3);
+  }
+
+  static std::string* dir_;
+};
+std::string* CudaShardTest::dir_ = nullptr;
+
+TEST_F(CudaShardTest, WithoutADeviceCreateSaysSo) {
+  if (cuda::DeviceCount() > 0) GTEST_SKIP() << "has a CUDA device";
+  auto ck = Checkpoint::Open(*dir_, {});
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  auto m = CreateCudaShardModel(**ck, 0);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().ToString().find("cuda:0: this host has 0 CUDA device(s)"),
+            std::string::npos)
+      << m.status().ToString();
+}
+
+TEST_F(CudaShardTest, DecodeMatchesCpuOverThreeWindows) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  DecodeMatchesCpu(48);  // ratio-4 entries from position 3, indexer top-k from position 19
+}
+
+TEST_F(CudaShardTest, DecodeMatchesCpuPastARatio128Entry) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  DecodeMatchesCpu(136);
+}
+
+TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  const auto a = Tokens(23, 31), b = Tokens(9, 32);
+  auto ca = p.cpu->NewSequence(256), cb = p.cpu->NewSequence(256);
+  auto ga = p.gpu->NewSequence(256), gb = p.gpu->NewSequence(256);
+  const BatchItem citems[2] = {{ca.get(), a}, {cb.get(), b}};
+  const BatchItem gitems[2] = {{ga.get(), a}, {gb.get(), b}};
+  std::vector<float> cpu, gpu;
+  ASSERT_TRUE(Run(*p.cpu, citems, &cpu).ok());
+  const Status st = Run(*p.gpu, gitems, &gpu);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(ga->next_pos(), 23);
+  EXPECT_EQ(gb->next_pos(), 9);
+  EXPECT_LT(RelErr(gpu, cpu), 1e-3);
+}
+
+TEST_F(CudaShardTest, PipelineStageMatchesCpuStage) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  ShardSelection sel;
+  sel.layer_begin = 2;
+  sel.layer_end = 5;
+  sel.embed = false;
+  sel.head = false;
+  Pair p = Open(&pool, sel);
+  ASSERT_TRUE(p.gpu);
+  EXPECT_FALSE(p.gpu->has_embed());
+  EXPECT_FALSE(p.gpu->has_head());
+  const auto& cfg = p.cpu->config();
+  const auto toks = Tokens(24, 41);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> xc(toks.size() * cfg.hc_mult * cfg.hidden_size);
+  for (float& v : xc) v = nd(rng);
+  std::vector<float> xg = xc;
+  auto cc = p.cpu->NewSequence(128), gc = p.gpu->NewSequence(128);
+  const BatchItem ci{cc.get(), toks}, gi{gc.get(), toks};
+  ASSERT_TRUE(p.cpu->ForwardLayers({&ci, 1}, xc.data()).ok());
+  const Status st = p.gpu->ForwardLayers({&gi, 1}, xg.data());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LT(RelErr(xg, xc), 1e-3);
+}
+
+TEST_F(CudaShardTest, BadRequestsAreErrorsAndMoveNothing) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(1);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  const auto& cfg = p.gpu->config();
+  auto c = p.gpu->NewSequence(4);
+  std::vector<float> x(8 * cfg.hc_mult * cfg.hidden_size);
+  const std::vector<int32_t> bad = {1, 512};
+  const BatchItem b{c.get(), bad};
+  const Status st = p.gpu->ForwardLayers({&b, 1}, x.data());
+  EXPECT_NE(st.ToString().find("token id 512"), std::string::npos) << st.ToString();
+  const std::vector<int32_t> five = {1, 2, 3, 4, 5};
+  const BatchItem l{c.get(), five};
+  EXPECT_EQ(p.gpu->ForwardLayers({&l, 1}, x.data()).code(), Code::kOutOfRange);
+  EXPECT_EQ(c->next_pos(), 0);
+}
+
+}  // namespace
+}  // namespace fm
