@@ -139,7 +139,8 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
   for (int i = 0; i < workers; ++i)
     y << "  - { name: " << node(i) << ", control: 127.0.0.1:" << FreePort()
       << ", data: 127.0.0.1:" << FreePort() << ", device: "
-      << (spec.transport == "nccl" ? "cuda:" + std::to_string(i % std::max(1, spec.gpus)) : "cpu")
+      << (spec.transport == "nccl" ? "cuda:" + std::to_string(i % std::max(1, spec.gpus))
+                                   : spec.device)
       << ", memory_gib: 4 }\n";
   y << "limits: { max_batch: " << spec.max_batch << ", max_context: " << spec.max_context
     << ", max_queue: " << spec.max_queue << ", max_tokens: " << spec.max_tokens << " }\n"

@@ -64,6 +64,7 @@ struct ClusterSpec {
   std::string activation_dtype = "f32";          // stage-to-stage frames
   std::string cluster_secret = "it-cluster-secret";  // data-plane auth; "" = none
   std::string transport = "tcp";                     // "nccl": node i on cuda:(i % gpus)
+  std::string device = "cpu";                        // every node's device with transport tcp
   int gpus = 1;
 };
 

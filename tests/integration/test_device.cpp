@@ -1,0 +1,65 @@
+// A cluster whose nodes say `device: cuda:0`: the worker runs its shard on the GPU
+// (model/cuda/shard_model.h). With a GPU the cluster serves; without one, LoadShard fails
+// naming the device, health says degraded and Generate is UNAVAILABLE (nothing hangs).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "tests/integration/cluster_fixture.h"
+#if FM_TEST_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
+namespace fm::it {
+namespace {
+
+using namespace std::chrono_literals;
+
+int Gpus() {
+#if FM_TEST_CUDA
+  return cuda::DeviceCount();
+#else
+  return 0;
+#endif
+}
+
+TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
+  ClusterSpec spec;
+  spec.stages = 2;
+  spec.device = "cuda:0";
+  Cluster cluster(spec);
+  cluster.StartAll();
+  if (Gpus() > 0) {
+    ASSERT_TRUE(WaitHealthy(cluster.api(), 120s)) << cluster.Logs();
+    auto stub = Connect(cluster.api());
+    Generation g = Generate(stub.get(), TokensRequest({5, 6, 7}, 8));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster.Logs();
+    EXPECT_EQ(g.ids.size(), 8u);
+    return;
+  }
+  std::string error;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (error.empty() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(200ms);
+    auto stub = Connect(cluster.api());
+    const auto status = Status(stub.get());
+    for (const auto& n : status.nodes())
+      if (n.state() == flashmesh::v1::NODE_STATE_DOWN && !n.error().empty()) error = n.error();
+  }
+#if FM_TEST_CUDA
+  EXPECT_NE(error.find("device cuda:0: cuda:0: this host has 0 CUDA device(s)"), std::string::npos)
+      << error << cluster.Logs();
+#else
+  EXPECT_NE(error.find("built without CUDA"), std::string::npos) << error << cluster.Logs();
+#endif
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s), 1) << out;  // degraded
+  auto stub = Connect(cluster.api());
+  Generation g = Generate(stub.get(), TokensRequest({5, 6, 7}, 4));
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
+}
+
+}  // namespace
+}  // namespace fm::it
