@@ -188,6 +188,42 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
+// One sequence decoding greedily on `shard`: a random prompt of `context` tokens (Prefill), then
+// one token at a time (Step: the previous argmax in, the last row's logits out). With context 0
+// the first prompt token is the first step's input.
+class GreedyDecode {
+ public:
+  GreedyDecode(ShardModel* shard, int64_t context, int64_t tokens)
+      : shard_(shard), cfg_(shard->config()), cache_(shard->NewSequence(context + tokens + 1)),
+        prompt_(static_cast<size_t>(std::max<int64_t>(context, 1))), context_(context),
+        logits_(static_cast<size_t>(cfg_.vocab_size)) {
+    std::mt19937 rng(1234);
+    for (auto& t : prompt_) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size));
+    next_ = prompt_[0];
+  }
+  Status Prefill() { return context_ > 0 ? Run(prompt_) : Status::Ok(); }
+  Status Step() { return Run({&next_, 1}); }
+
+ private:
+  Status Run(std::span<const int32_t> toks) {
+    const int64_t n = static_cast<int64_t>(toks.size()), row = cfg_.hc_mult * cfg_.hidden_size;
+    x_.resize(static_cast<size_t>(n * row));
+    FM_RETURN_IF_ERROR(shard_->Embed(toks, x_.data()));
+    BatchItem item{cache_.get(), toks};
+    FM_RETURN_IF_ERROR(shard_->ForwardLayers({&item, 1}, x_.data()));
+    FM_RETURN_IF_ERROR(shard_->Logits(x_.data() + (n - 1) * row, 1, logits_.data()));
+    next_ = static_cast<int32_t>(Argmax(logits_.data(), cfg_.vocab_size));
+    return Status::Ok();
+  }
+  ShardModel* shard_;
+  const ModelConfig& cfg_;
+  std::unique_ptr<SequenceCache> cache_;
+  std::vector<int32_t> prompt_;
+  int64_t context_;
+  std::vector<float> logits_, x_;
+  int32_t next_ = 0;
+};
+
 Status RunDecode(const DecodeOptions& o) {
   ShardSelection sel;
   sel.mtp = false;  // plain decode does not run the MTP block
@@ -209,26 +245,10 @@ Status RunDecode(const DecodeOptions& o) {
   FM_ASSIGN_OR_RETURN(const size_t dense_bytes, DenseBytesPerToken(*ckpt));
   FM_ASSIGN_OR_RETURN(const size_t resident, TouchWeights(*ckpt));
 
-  const int64_t V = cfg.vocab_size, row = cfg.hc_mult * cfg.hidden_size;
-  auto cache = shard->NewSequence(o.context + o.tokens);
-  std::mt19937 rng(1234);
-  std::vector<int32_t> prompt(static_cast<size_t>(std::max<int64_t>(o.context, 1)));
-  for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
-  std::vector<float> logits(V), x;
-  auto step = [&](std::span<const int32_t> toks) -> Status {
-    const int64_t n = static_cast<int64_t>(toks.size());
-    x.resize(static_cast<size_t>(n * row));
-    FM_RETURN_IF_ERROR(shard->Embed(toks, x.data()));
-    BatchItem item{cache.get(), toks};
-    FM_RETURN_IF_ERROR(shard->ForwardLayers({&item, 1}, x.data()));
-    return shard->Logits(x.data() + (n - 1) * row, 1, logits.data());
-  };
-
-  // --context 0 still needs a first token: it is then the first decode step's input.
+  GreedyDecode decode(shard.get(), o.context, o.tokens);
   const auto t0 = std::chrono::steady_clock::now();
-  if (o.context > 0) FM_RETURN_IF_ERROR(step(prompt));
+  FM_RETURN_IF_ERROR(decode.Prefill());
   const auto t1 = std::chrono::steady_clock::now();
-  int32_t next = o.context > 0 ? static_cast<int32_t>(Argmax(logits.data(), V)) : prompt[0];
   // Decode in rounds, each followed by a bandwidth probe with the same threads: this machine's
   // bandwidth drifts within seconds, so each round's efficiency divides by the bandwidth
   // measured right after it, and the median round is reported.
@@ -240,10 +260,7 @@ Status RunDecode(const DecodeOptions& o) {
     const int64_t n = o.tokens / rounds + (r < o.tokens % rounds ? 1 : 0);
     counter.reset();
     const auto t2 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < n; ++i) {
-      FM_RETURN_IF_ERROR(step({&next, 1}));
-      next = static_cast<int32_t>(Argmax(logits.data(), V));
-    }
+    for (int64_t i = 0; i < n; ++i) FM_RETURN_IF_ERROR(decode.Step());
     const auto t3 = std::chrono::steady_clock::now();
     const double bw = probe.Measure(kProbePasses);
     const double traffic = (static_cast<double>(dense_bytes) * n + counter.bytes()) / Seconds(t2, t3);
@@ -285,31 +302,12 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   ShardSelection sel;
   sel.mtp = false;
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel));
-  const ModelConfig& cfg = ckpt->config();
   FM_ASSIGN_OR_RETURN(auto shard, CreateCudaShardModel(*ckpt, o.cuda_device));
-  const int64_t V = cfg.vocab_size, row = cfg.hc_mult * cfg.hidden_size;
-  auto cache = shard->NewSequence(o.context + o.tokens + 1);
-  std::mt19937 rng(1234);
-  std::vector<int32_t> prompt(static_cast<size_t>(std::max<int64_t>(o.context, 1)));
-  for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
-  std::vector<float> logits(V), x;
-  auto step = [&](std::span<const int32_t> toks) -> Status {
-    const int64_t n = static_cast<int64_t>(toks.size());
-    x.resize(static_cast<size_t>(n * row));
-    FM_RETURN_IF_ERROR(shard->Embed(toks, x.data()));
-    BatchItem item{cache.get(), toks};
-    FM_RETURN_IF_ERROR(shard->ForwardLayers({&item, 1}, x.data()));
-    return shard->Logits(x.data() + (n - 1) * row, 1, logits.data());
-  };
-  if (o.context > 0) FM_RETURN_IF_ERROR(step(prompt));
-  int32_t next = o.context > 0 ? static_cast<int32_t>(Argmax(logits.data(), V)) : prompt[0];
-  FM_RETURN_IF_ERROR(step({&next, 1}));  // warm-up: first launches, lazy module loading
-  next = static_cast<int32_t>(Argmax(logits.data(), V));
+  GreedyDecode decode(shard.get(), o.context, o.tokens);
+  FM_RETURN_IF_ERROR(decode.Prefill());
+  FM_RETURN_IF_ERROR(decode.Step());  // warm-up: first launches, lazy module loading
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < o.tokens; ++i) {
-    FM_RETURN_IF_ERROR(step({&next, 1}));
-    next = static_cast<int32_t>(Argmax(logits.data(), V));
-  }
+  for (int64_t i = 0; i < o.tokens; ++i) FM_RETURN_IF_ERROR(decode.Step());
   const double secs = Seconds(t0, std::chrono::steady_clock::now());
   FM_ASSIGN_OR_RETURN(const double bw, CudaReadBandwidthGbps(o.cuda_device));
   const double tok_per_s = static_cast<double>(o.tokens) / secs;

@@ -15,6 +15,47 @@
 
 namespace fm {
 
+Result<TensorView> BindEmbed(const Checkpoint& ckpt) {
+  const int64_t V = ckpt.config().vocab_size, H = ckpt.config().hidden_size;
+  FM_ASSIGN_OR_RETURN(TensorView e, ckpt.Get("embed.weight"));
+  if (e.shape != std::vector<int64_t>{V, H} || (e.dtype != DType::kBF16 && e.dtype != DType::kF32))
+    return InvalidArgument("embed.weight: expected BF16 or F32 [" + std::to_string(V) + "," +
+                           std::to_string(H) + "], got " + DTypeName(e.dtype));
+  return e;
+}
+
+Result<QWeight> BindHeadWeight(const Checkpoint& ckpt) {
+  const int64_t V = ckpt.config().vocab_size, H = ckpt.config().hidden_size;
+  FM_ASSIGN_OR_RETURN(QWeight head, ckpt.Weight("head"));
+  if (head.rows != V || head.cols != H)
+    return InvalidArgument("head.weight: shape [" + std::to_string(head.rows) + "," +
+                           std::to_string(head.cols) + "], expected [" + std::to_string(V) + "," +
+                           std::to_string(H) + "]");
+  return head;
+}
+
+void EmbedRow(const TensorView& embed, int32_t token, int64_t H, float* row) {
+  if (embed.dtype == DType::kF32) {
+    std::memcpy(row, embed.data + static_cast<size_t>(token) * H * 4, H * sizeof(float));
+    return;
+  }
+  const uint8_t* src = embed.data + static_cast<size_t>(token) * H * 2;
+  for (int64_t h = 0; h < H; ++h) {
+    uint16_t b;
+    std::memcpy(&b, src + h * 2, 2);
+    row[h] = Bf16ToF32(b);
+  }
+}
+
+void EmbedManifold(const TensorView& embed, std::span<const int32_t> tokens, int64_t n, int64_t H,
+                   float* x) {
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    float* xt = x + t * n * H;
+    EmbedRow(embed, tokens[t], H, xt);
+    for (int64_t k = 1; k < n; ++k) std::memcpy(xt + k * H, xt, H * sizeof(float));
+  }
+}
+
 Status CheckTokenIds(const ModelConfig& cfg, std::span<const int32_t> tokens,
                      const std::string& what) {
   if (tokens.empty()) return InvalidArgument(what + ": empty token list");
@@ -78,7 +119,6 @@ class ShardModelImpl : public ShardModel {
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec ? exec : local_.get(); }
 
  private:
-  void EmbedRow(int32_t token, float* row) const;
 
   ModelConfig cfg_;
   ThreadPool* pool_;
@@ -96,7 +136,7 @@ class ShardModelImpl : public ShardModel {
 
 Status ShardModelImpl::Bind(const Checkpoint& ckpt) {
   const ShardSelection& sel = ckpt.selection();
-  const int64_t L = cfg_.num_hidden_layers, H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.hidden_size;
   begin_ = sel.layer_begin;
   end_ = sel.layer_end < 0 ? L : sel.layer_end;
   if (begin_ < 0 || begin_ > end_ || end_ > L)
@@ -114,19 +154,11 @@ Status ShardModelImpl::Bind(const Checkpoint& ckpt) {
     }
   }
   if (sel.embed || want_mtp) {
-    FM_ASSIGN_OR_RETURN(embed_, ckpt.Get("embed.weight"));
-    if (embed_.shape != std::vector<int64_t>{V, H} ||
-        (embed_.dtype != DType::kBF16 && embed_.dtype != DType::kF32))
-      return InvalidArgument("embed.weight: expected BF16 or F32 [" + std::to_string(V) + "," +
-                             std::to_string(H) + "], got " + DTypeName(embed_.dtype));
+    FM_ASSIGN_OR_RETURN(embed_, BindEmbed(ckpt));
     has_embed_ = sel.embed;
   }
   if (sel.head) {
-    FM_ASSIGN_OR_RETURN(head_, ckpt.Weight("head"));
-    if (head_.rows != V || head_.cols != H)
-      return InvalidArgument("head.weight: shape [" + std::to_string(head_.rows) + "," +
-                             std::to_string(head_.cols) + "], expected [" + std::to_string(V) +
-                             "," + std::to_string(H) + "]");
+    FM_ASSIGN_OR_RETURN(head_, BindHeadWeight(ckpt));
     FM_ASSIGN_OR_RETURN(norm_, GetVector(ckpt, "norm.weight", H));
     FM_ASSIGN_OR_RETURN(hc_head_, BindHc(ckpt, "hc_head_", cfg_.hc_mult, 1));
     has_head_ = true;
@@ -158,29 +190,10 @@ std::unique_ptr<SequenceCache> ShardModelImpl::NewSequence(int64_t max_context) 
   return std::make_unique<SequenceCache>(begin_, std::move(caches), std::move(mtp), max_context);
 }
 
-void ShardModelImpl::EmbedRow(int32_t token, float* row) const {
-  const int64_t H = cfg_.hidden_size;
-  if (embed_.dtype == DType::kF32) {
-    std::memcpy(row, embed_.data + static_cast<size_t>(token) * H * 4, H * sizeof(float));
-    return;
-  }
-  const uint8_t* src = embed_.data + static_cast<size_t>(token) * H * 2;
-  for (int64_t h = 0; h < H; ++h) {
-    uint16_t b;
-    std::memcpy(&b, src + h * 2, 2);
-    row[h] = Bf16ToF32(b);
-  }
-}
-
 Status ShardModelImpl::Embed(std::span<const int32_t> tokens, float* x) const {
   if (!has_embed_) return InvalidArgument("Embed: this shard does not hold embed.weight");
   FM_RETURN_IF_ERROR(CheckTokenIds(cfg_, tokens, "Embed"));
-  const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    float* xt = x + t * n * H;
-    EmbedRow(tokens[t], xt);
-    for (int64_t k = 1; k < n; ++k) std::memcpy(xt + k * H, xt, H * sizeof(float));
-  }
+  EmbedManifold(embed_, tokens, cfg_.hc_mult, cfg_.hidden_size, x);
   return Status::Ok();
 }
 
@@ -211,7 +224,7 @@ Status ShardModelImpl::MtpLogits(std::span<const BatchItem> items, const float* 
   FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatchItems(cfg_, begin_, end_, items, true));
   const int64_t T = static_cast<int64_t>(tokens.size()), H = cfg_.hidden_size;
   std::vector<float> emb(T * H);
-  for (int64_t t = 0; t < T; ++t) EmbedRow(tokens[t], emb.data() + t * H);
+  for (int64_t t = 0; t < T; ++t) EmbedRow(embed_, tokens[t], H, emb.data() + t * H);
   std::vector<AttentionSeq> seqs(items.size());
   for (size_t i = 0; i < items.size(); ++i)
     seqs[i] = {items[i].cache->mtp(), static_cast<int64_t>(items[i].tokens.size())};

@@ -35,6 +35,16 @@ class ExpertExecutor {
                            const float* weights, float* routed) = 0;
 };
 
+// embed.weight checked against config.json: BF16 or F32 [vocab, hidden].
+Result<TensorView> BindEmbed(const Checkpoint& ckpt);
+// head.weight as a matvec weight, checked to be [vocab, hidden].
+Result<QWeight> BindHeadWeight(const Checkpoint& ckpt);
+// row [H] = embed[token] in f32 (token already checked against the vocabulary).
+void EmbedRow(const TensorView& embed, int32_t token, int64_t H, float* row);
+// X [T, n, H]: every one of the n streams of row t = embed[tokens[t]].
+void EmbedManifold(const TensorView& embed, std::span<const int32_t> tokens, int64_t n, int64_t H,
+                   float* x);
+
 // Token ids against the vocabulary (non-empty); errors name `what` and the position.
 Status CheckTokenIds(const ModelConfig& cfg, std::span<const int32_t> tokens,
                      const std::string& what);

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <mutex>
 #include <numeric>
@@ -14,7 +13,6 @@
 #include <vector>
 
 #include "common/log.h"
-#include "common/numfmt.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 #include "model/kv_cache.h"
@@ -255,26 +253,18 @@ class CudaShardModel final : public ShardModel {
 Status CudaShardModel::Bind(const Checkpoint& ckpt) {
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
   const ShardSelection& sel = ckpt.selection();
-  const int64_t L = cfg_.num_hidden_layers, H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.hidden_size;
   begin_ = sel.layer_begin;
   end_ = sel.layer_end < 0 ? L : sel.layer_end;
   if (begin_ < 0 || begin_ > end_ || end_ > L)
     return InvalidArgument("shard selection: layers [" + std::to_string(begin_) + ", " +
                            std::to_string(end_) + ") outside [0, " + std::to_string(L) + "]");
   if (sel.embed) {
-    FM_ASSIGN_OR_RETURN(embed_, ckpt.Get("embed.weight"));
-    if (embed_.shape != std::vector<int64_t>{V, H} ||
-        (embed_.dtype != DType::kBF16 && embed_.dtype != DType::kF32))
-      return InvalidArgument("embed.weight: expected BF16 or F32 [" + std::to_string(V) + "," +
-                             std::to_string(H) + "], got " + DTypeName(embed_.dtype));
+    FM_ASSIGN_OR_RETURN(embed_, BindEmbed(ckpt));
     sel_embed_ = true;
   }
   if (sel.head) {
-    FM_ASSIGN_OR_RETURN(QWeight head, ckpt.Weight("head"));
-    if (head.rows != V || head.cols != H)
-      return InvalidArgument("head.weight: shape [" + std::to_string(head.rows) + "," +
-                             std::to_string(head.cols) + "], expected [" + std::to_string(V) +
-                             "," + std::to_string(H) + "]");
+    FM_ASSIGN_OR_RETURN(QWeight head, BindHeadWeight(ckpt));
     FM_ASSIGN_OR_RETURN(head_, cuda::UploadWeight(head));
     FM_ASSIGN_OR_RETURN(std::vector<float> norm, GetVector(ckpt, "norm.weight", H));
     FM_ASSIGN_OR_RETURN(norm_, UploadFloats(norm));
@@ -376,21 +366,7 @@ std::unique_ptr<SequenceCache> CudaShardModel::NewSequence(int64_t max_context) 
 Status CudaShardModel::Embed(std::span<const int32_t> tokens, float* x) const {
   if (!has_embed()) return InvalidArgument("Embed: this shard does not hold embed.weight");
   FM_RETURN_IF_ERROR(CheckTokenIds(cfg_, tokens, "Embed"));
-  const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    float* xt = x + t * n * H;
-    if (embed_.dtype == DType::kF32) {
-      std::memcpy(xt, embed_.data + static_cast<size_t>(tokens[t]) * H * 4, H * sizeof(float));
-    } else {
-      const uint8_t* src = embed_.data + static_cast<size_t>(tokens[t]) * H * 2;
-      for (int64_t h = 0; h < H; ++h) {
-        uint16_t b;
-        std::memcpy(&b, src + h * 2, 2);
-        xt[h] = Bf16ToF32(b);
-      }
-    }
-    for (int64_t k = 1; k < n; ++k) std::memcpy(xt + k * H, xt, H * sizeof(float));
-  }
+  EmbedManifold(embed_, tokens, cfg_.hc_mult, cfg_.hidden_size, x);
   return Status::Ok();
 }
 

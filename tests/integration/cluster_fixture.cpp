@@ -1,5 +1,9 @@
 #include "tests/integration/cluster_fixture.h"
 
+#if FM_TEST_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -203,6 +207,14 @@ flashmesh::v1::ClusterStatusResponse Status(flashmesh::v1::Inference::Stub* stub
   flashmesh::v1::ClusterStatusResponse resp;
   stub->ClusterStatus(&ctx, req, &resp);
   return resp;
+}
+
+int Gpus() {
+#if FM_TEST_CUDA
+  return cuda::DeviceCount();
+#else
+  return 0;
+#endif
 }
 
 bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout) {

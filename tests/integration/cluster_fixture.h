@@ -119,6 +119,8 @@ struct Generation {
 
 std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api);
 // Polls ClusterStatus until healthy; false after `timeout`.
+// CUDA devices of this host (0 in a build without CUDA).
+int Gpus();
 bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout);
 Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
                     const std::string& token = "");

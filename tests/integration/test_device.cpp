@@ -8,22 +8,11 @@
 #include <thread>
 
 #include "tests/integration/cluster_fixture.h"
-#if FM_TEST_CUDA
-#include "kernels/cuda/device.h"
-#endif
 
 namespace fm::it {
 namespace {
 
 using namespace std::chrono_literals;
-
-int Gpus() {
-#if FM_TEST_CUDA
-  return cuda::DeviceCount();
-#else
-  return 0;
-#endif
-}
 
 TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
   ClusterSpec spec;

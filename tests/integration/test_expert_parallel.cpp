@@ -9,9 +9,6 @@
 #include <thread>
 
 #include "tests/integration/cluster_fixture.h"
-#if FM_TEST_CUDA
-#include "kernels/cuda/device.h"
-#endif
 
 namespace fm::it {
 namespace {
@@ -33,14 +30,6 @@ flashmesh::v1::GenerateRequest Request(int i) {
     s->set_has_seed(true);
   }
   return req;
-}
-
-int Gpus() {
-#if FM_TEST_CUDA
-  return cuda::DeviceCount();
-#else
-  return 0;
-#endif
 }
 
 void ExpectEpClusterEqualsSingle(int stages, int ep, const std::string& transport = "tcp") {
