@@ -3,6 +3,8 @@
 // the CPU kernel; the weights are bound by the same Bind* functions and then uploaded.
 #include "model/cuda/shard_model.h"
 
+#include "model/cuda/device_weights.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,153 +21,10 @@
 #include "model/layer.h"
 
 namespace fm {
-namespace {
 
 using cuda::DeviceBuffer;
 using cuda::DeviceWeight;
-
-Result<DeviceBuffer> UploadFloats(const std::vector<float>& v) {
-  return cuda::Upload(v.data(), v.size() * sizeof(float));
-}
-
-Result<DeviceBuffer> AllocFloats(int64_t n) {
-  return DeviceBuffer::Alloc(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float));
-}
-
-struct DevHc {  // hc_{attn,ffn,head}_{fn,base,scale}
-  DeviceWeight fn;
-  DeviceBuffer base;
-  float head_scale = 0.0f;  // hc_head: scale[0], passed by value
-  DeviceBuffer scale;       // hc_pre: scale[3]
-};
-
-Result<DevHc> UploadHc(const HcWeights& w) {
-  DevHc d;
-  FM_ASSIGN_OR_RETURN(d.fn, cuda::UploadWeight(w.fn_weight()));
-  FM_ASSIGN_OR_RETURN(d.base, UploadFloats(w.base));
-  FM_ASSIGN_OR_RETURN(d.scale, UploadFloats(w.scale));
-  d.head_scale = w.scale.empty() ? 0.0f : w.scale[0];
-  return d;
-}
-
-struct DevCompressor {
-  int64_t ratio = 0, dim = 0;
-  bool overlap = false;
-  DeviceWeight wkv, wgate;
-  DeviceBuffer ape, norm;
-  int64_t width() const { return overlap ? 2 * dim : dim; }
-};
-
-Result<DevCompressor> UploadCompressor(const CompressorWeights& w) {
-  DevCompressor d;
-  d.ratio = w.ratio;
-  d.dim = w.dim;
-  d.overlap = w.overlap;
-  FM_ASSIGN_OR_RETURN(d.wkv, cuda::UploadWeight(w.wkv));
-  FM_ASSIGN_OR_RETURN(d.wgate, cuda::UploadWeight(w.wgate));
-  FM_ASSIGN_OR_RETURN(d.ape, UploadFloats(w.ape));
-  FM_ASSIGN_OR_RETURN(d.norm, UploadFloats(w.norm));
-  return d;
-}
-
-// One expert projection over all E experts: the per-expert buffers and the device arrays of their
-// pointers that GemvExperts reads.
-struct DevExpertSet {
-  WeightFormat format = WeightFormat::kF32;
-  int64_t rows = 0, cols = 0;
-  std::vector<DeviceWeight> weights;
-  DeviceBuffer datas, scales;  // [E] device pointers
-};
-
-struct DevLayer {
-  int64_t layer = 0, ratio = 0;
-  DevHc hc_attn, hc_ffn;
-  DeviceBuffer attn_norm, ffn_norm;
-  // attention
-  DeviceWeight wq_a, wq_b, wkv, wo_a, wo_b;
-  DeviceBuffer q_norm, kv_norm, sink, freq;
-  DevCompressor comp, index_comp;
-  DeviceWeight index_wq_b, index_proj;
-  // MoE
-  bool hash = false;
-  DeviceWeight gate;
-  DeviceBuffer bias, tid2eid;
-  DevExpertSet w1, w2, w3;
-  DeviceWeight s1, s2, s3;  // the shared expert
-  bool all_experts = true;  // every routed expert is in this shard's selection
-};
-
-Result<DevExpertSet> UploadExperts(const std::vector<ExpertWeights>& experts,
-                                   QWeight ExpertWeights::*which, const std::string& what) {
-  DevExpertSet s;
-  std::vector<const void*> datas;
-  std::vector<const uint8_t*> scales;
-  for (size_t e = 0; e < experts.size(); ++e) {
-    const QWeight& w = experts[e].*which;
-    if (e == 0) {
-      s.format = w.format;
-      s.rows = w.rows;
-      s.cols = w.cols;
-    } else if (w.format != s.format || w.rows != s.rows || w.cols != s.cols) {
-      return InvalidArgument(what + ": expert " + std::to_string(e) +
-                             " differs in format or shape from expert 0");
-    }
-    FM_ASSIGN_OR_RETURN(DeviceWeight d, cuda::UploadWeight(w));
-    datas.push_back(d.data.data());
-    scales.push_back(d.scale.as<const uint8_t>());
-    s.weights.push_back(std::move(d));
-  }
-  FM_ASSIGN_OR_RETURN(s.datas, cuda::Upload(datas.data(), datas.size() * sizeof(void*)));
-  FM_ASSIGN_OR_RETURN(s.scales, cuda::Upload(scales.data(), scales.size() * sizeof(void*)));
-  return s;
-}
-
-Result<std::unique_ptr<DevLayer>> UploadLayer(const LayerWeights& w) {
-  auto d = std::make_unique<DevLayer>();
-  const AttentionWeights& a = *w.attn;
-  d->layer = w.layer;
-  d->ratio = w.ratio;
-  FM_ASSIGN_OR_RETURN(d->hc_attn, UploadHc(w.hc_attn));
-  FM_ASSIGN_OR_RETURN(d->hc_ffn, UploadHc(w.hc_ffn));
-  FM_ASSIGN_OR_RETURN(d->attn_norm, UploadFloats(w.attn_norm));
-  FM_ASSIGN_OR_RETURN(d->ffn_norm, UploadFloats(w.ffn_norm));
-  FM_ASSIGN_OR_RETURN(d->wq_a, cuda::UploadWeight(a.wq_a));
-  FM_ASSIGN_OR_RETURN(d->wq_b, cuda::UploadWeight(a.wq_b));
-  FM_ASSIGN_OR_RETURN(d->wkv, cuda::UploadWeight(a.wkv));
-  FM_ASSIGN_OR_RETURN(d->wo_a, cuda::UploadWeight(a.wo_a));
-  FM_ASSIGN_OR_RETURN(d->wo_b, cuda::UploadWeight(a.wo_b));
-  FM_ASSIGN_OR_RETURN(d->q_norm, UploadFloats(a.q_norm));
-  FM_ASSIGN_OR_RETURN(d->kv_norm, UploadFloats(a.kv_norm));
-  FM_ASSIGN_OR_RETURN(d->sink, UploadFloats(a.attn_sink));
-  FM_ASSIGN_OR_RETURN(d->freq, UploadFloats(a.rope_inv_freq));
-  if (w.ratio > 1) {
-    FM_ASSIGN_OR_RETURN(d->comp, UploadCompressor(a.compressor));
-  }
-  if (w.ratio == 4) {
-    FM_ASSIGN_OR_RETURN(d->index_comp, UploadCompressor(a.index_compressor));
-    FM_ASSIGN_OR_RETURN(d->index_wq_b, cuda::UploadWeight(a.index_wq_b));
-    FM_ASSIGN_OR_RETURN(d->index_proj, cuda::UploadWeight(a.index_weights_proj));
-  }
-  const MoeWeights& m = w.moe;
-  d->hash = m.hash;
-  FM_ASSIGN_OR_RETURN(d->gate, cuda::UploadWeight(m.gate));
-  if (m.hash) {
-    FM_ASSIGN_OR_RETURN(d->tid2eid, cuda::Upload(m.tid2eid.data(), m.tid2eid.size() * 8));
-  } else {
-    FM_ASSIGN_OR_RETURN(d->bias, UploadFloats(m.bias));
-  }
-  for (const ExpertWeights& e : m.experts) d->all_experts = d->all_experts && e.loaded;
-  if (d->all_experts) {
-    const std::string p = "layer " + std::to_string(w.layer) + " experts ";
-    FM_ASSIGN_OR_RETURN(d->w1, UploadExperts(m.experts, &ExpertWeights::w1, p + "w1"));
-    FM_ASSIGN_OR_RETURN(d->w2, UploadExperts(m.experts, &ExpertWeights::w2, p + "w2"));
-    FM_ASSIGN_OR_RETURN(d->w3, UploadExperts(m.experts, &ExpertWeights::w3, p + "w3"));
-  }
-  FM_ASSIGN_OR_RETURN(d->s1, cuda::UploadWeight(m.shared.w1));
-  FM_ASSIGN_OR_RETURN(d->s2, cuda::UploadWeight(m.shared.w2));
-  FM_ASSIGN_OR_RETURN(d->s3, cuda::UploadWeight(m.shared.w3));
-  return d;
-}
+namespace {
 
 // One compressor's state of one sequence on the device (model/compressor.h CompressorState).
 struct DevCompressorState {

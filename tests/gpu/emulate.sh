@@ -23,7 +23,7 @@ $CXX -o "$OUT/test_cuda_kernels_emu" tests/gpu/test_cuda_kernels.cpp \
   kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp kernels/cpu/compressor_pool.cpp \
   "${common[@]}" -lgtest -lgtest_main -pthread
 $CXX -march=native -o "$OUT/test_cuda_shard_emu" tests/gpu/test_cuda_shard.cpp \
-  model/cuda/shard_model.cpp model/*.cpp "${objs[@]}" tests/gpu/emu/device_emu.cpp \
+  model/cuda/shard_model.cpp model/cuda/device_weights.cpp model/*.cpp "${objs[@]}" tests/gpu/emu/device_emu.cpp \
   kernels/cpu/*.cpp "${common[@]}" -lgtest -lgtest_main -lpcre2-8 -pthread
 "$OUT/test_cuda_kernels_emu" "$@"
 "$OUT/test_cuda_shard_emu" "$@"
