@@ -21,9 +21,12 @@
 #include "model/forward.h"
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
+#include "tests/model_test_util.h"
 
 namespace fm {
 namespace {
+
+using modeltest::RelErr;
 
 class CudaShardTest : public ::testing::Test {
  protected:
@@ -61,34 +64,7 @@ class CudaShardTest : public ::testing::Test {
   }
 
   static std::vector<int32_t> Tokens(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> t(n);
-    for (auto& v : t) v = static_cast<int32_t>(rng() % 512);
-    return t;
-  }
-
-  // Embed + layers + logits of one call over `items` (each sequence's next tokens).
-  static Status Run(const ShardModel& m, std::span<const BatchItem> items, std::vector<float>* out) {
-    const auto& cfg = m.config();
-    std::vector<int32_t> toks;
-    for (const BatchItem& it : items) toks.insert(toks.end(), it.tokens.begin(), it.tokens.end());
-    const int64_t T = static_cast<int64_t>(toks.size());
-    std::vector<float> x(T * cfg.hc_mult * cfg.hidden_size), lg(T * cfg.vocab_size);
-    FM_RETURN_IF_ERROR(m.Embed(toks, x.data()));
-    FM_RETURN_IF_ERROR(m.ForwardLayers(items, x.data()));
-    FM_RETURN_IF_ERROR(m.Logits(x.data(), T, lg.data()));
-    out->insert(out->end(), lg.begin(), lg.end());
-    return Status::Ok();
-  }
-
-  // max |a - b| / max |b|
-  static double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-      den = std::max(den, std::fabs(static_cast<double>(b[i])));
-    }
-    return num / den;
+    return modeltest::RandomTokens(n, seed, 512);
   }
 
   // n tokens decoded one at a time on both; every step's logits compared.
@@ -102,8 +78,8 @@ class CudaShardTest : public ::testing::Test {
     for (int t = 0; t < n; ++t) {
       const BatchItem ci{cc.get(), std::span(toks).subspan(t, 1)};
       const BatchItem gi{gc.get(), std::span(toks).subspan(t, 1)};
-      ASSERT_TRUE(Run(*p.cpu, {&ci, 1}, &cpu).ok());
-      const Status st = Run(*p.gpu, {&gi, 1}, &gpu);
+      ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &cpu).ok());
+      const Status st = modeltest::RunItems(*p.gpu, {&gi, 1}, &gpu);
       ASSERT_TRUE(st.ok()) << "token " << t << ": " << st.ToString();
     }
     EXPECT_EQ(gc->next_pos(), n);
@@ -148,8 +124,8 @@ TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
   const BatchItem citems[2] = {{ca.get(), a}, {cb.get(), b}};
   const BatchItem gitems[2] = {{ga.get(), a}, {gb.get(), b}};
   std::vector<float> cpu, gpu;
-  ASSERT_TRUE(Run(*p.cpu, citems, &cpu).ok());
-  const Status st = Run(*p.gpu, gitems, &gpu);
+  ASSERT_TRUE(modeltest::RunItems(*p.cpu, citems, &cpu).ok());
+  const Status st = modeltest::RunItems(*p.gpu, gitems, &gpu);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(ga->next_pos(), 23);
   EXPECT_EQ(gb->next_pos(), 9);

@@ -20,9 +20,12 @@
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
 #include "model/moe.h"
+#include "tests/model_test_util.h"
 
 namespace fm {
 namespace {
+
+using modeltest::RelErr;
 
 class ForwardTest : public ::testing::Test {
  protected:
@@ -55,35 +58,14 @@ class ForwardTest : public ::testing::Test {
   }
 
   static std::vector<int32_t> Tokens(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> t(n);
-    for (auto& v : t) v = static_cast<int32_t>(rng() % 512);
-    return t;
+    return modeltest::RandomTokens(n, seed, 512);
   }
 
   // Embed + layers + logits for one step of a single sequence; appends [T, V] to out.
   static Status Step(const ShardModel& m, SequenceCache* c, std::span<const int32_t> toks,
                      std::vector<float>* out, std::vector<float>* state = nullptr) {
-    const auto& cfg = m.config();
-    const int64_t T = static_cast<int64_t>(toks.size());
-    std::vector<float> x(T * cfg.hc_mult * cfg.hidden_size), lg(T * cfg.vocab_size);
-    FM_RETURN_IF_ERROR(m.Embed(toks, x.data()));
-    BatchItem item{c, toks};
-    FM_RETURN_IF_ERROR(m.ForwardLayers({&item, 1}, x.data()));
-    FM_RETURN_IF_ERROR(m.Logits(x.data(), T, lg.data()));
-    out->insert(out->end(), lg.begin(), lg.end());
-    if (state) state->insert(state->end(), x.begin(), x.end());
-    return Status::Ok();
-  }
-
-  // max |a - b| / max |b|
-  static double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-      den = std::max(den, std::fabs(static_cast<double>(b[i])));
-    }
-    return num / den;
+    const BatchItem item{c, toks};
+    return modeltest::RunItems(m, {&item, 1}, out, state);
   }
 
   void DecodeVsPrefill(int n_tokens) {
