@@ -39,13 +39,15 @@ namespace {
 
 const char* kUsage =
     "usage: flashmesh bench decode --model DIR [--context N] [--tokens N] [--threads N]\n"
-    "                              [--device cpu|cuda:N] [--json]\n"
+    "                              [--device cpu|cuda:N [--eager]] [--json]\n"
     "  decode: prefill N context tokens (default 64), decode --tokens tokens (default 32)\n"
     "          one at a time, report decode tok/s, weight bytes read per token, the measured\n"
     "          memory bandwidth (a probe after each of 8 decode rounds) and bw_efficiency =\n"
     "          tok/s * bytes/token / bandwidth of the median round.\n"
     "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n"
-    "  --device cuda:N: the shard resident on GPU N; bandwidth = a device read probe.\n"
+    "  --device cuda:N: the shard resident on GPU N; bandwidth = a device read probe; also\n"
+    "          prefill tok/s (the context as batched device steps). --eager: launch every\n"
+    "          kernel of each decode step instead of replaying the sequence's CUDA graph.\n"
     "usage: flashmesh bench cluster --config FILE [--model DIR] [--json] ...\n"
     "  cluster: the YAML's cluster vs the single process in one run (see bench cluster --help).\n";
 
@@ -64,6 +66,7 @@ struct DecodeOptions {
   int64_t context = 64, tokens = 32;
   int threads = 0;
   int cuda_device = -1;  // --device cuda:N; -1 = CPU
+  bool eager = false;    // --eager: no CUDA graph
   bool json = false;
 };
 
@@ -86,6 +89,8 @@ Result<DecodeOptions> ParseDecode(int argc, char** argv) {
     };
     if (a == "--json") {
       o.json = true;
+    } else if (a == "--eager") {
+      o.eager = true;
     } else if (a == "--model") {
       FM_ASSIGN_OR_RETURN(const char* v, value());
       o.model = v;
@@ -111,6 +116,7 @@ Result<DecodeOptions> ParseDecode(int argc, char** argv) {
     }
   }
   if (o.model.empty()) return InvalidArgument("bench decode: --model DIR is required");
+  if (o.eager && o.cuda_device < 0) return InvalidArgument("--eager: only with --device cuda:N");
   return o;
 }
 
@@ -302,9 +308,14 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   ShardSelection sel;
   sel.mtp = false;
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel));
-  FM_ASSIGN_OR_RETURN(auto shard, CreateCudaShardModel(*ckpt, o.cuda_device));
+  FM_ASSIGN_OR_RETURN(auto shard,
+                      CreateCudaShardModel(*ckpt, o.cuda_device,
+                                           o.eager ? CudaStepMode::kEager : CudaStepMode::kGraph));
   GreedyDecode decode(shard.get(), o.context, o.tokens);
+  const auto p0 = std::chrono::steady_clock::now();
   FM_RETURN_IF_ERROR(decode.Prefill());
+  const double prefill_tok_per_s =
+      static_cast<double>(o.context) / Seconds(p0, std::chrono::steady_clock::now());
   FM_RETURN_IF_ERROR(decode.Step());  // warm-up: first launches, lazy module loading
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.tokens; ++i) FM_RETURN_IF_ERROR(decode.Step());
@@ -315,10 +326,13 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   const double eff = bw > 0 ? tok_per_s * bytes / (bw * 1e9) : 0.0;
   if (o.json) {
     std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
-                "\"bw_efficiency\": %.4f}\n",
-                tok_per_s, bytes, bw, eff);
+                "\"bw_efficiency\": %.4f, \"prefill_tok_per_s\": %.4f, \"cuda_graph\": %s}\n",
+                tok_per_s, bytes, bw, eff, prefill_tok_per_s, o.eager ? "false" : "true");
   } else {
-    std::printf("model            %s on cuda:%d\n", o.model.c_str(), o.cuda_device);
+    std::printf("model            %s on cuda:%d (%s)\n", o.model.c_str(), o.cuda_device,
+                o.eager ? "eager launches" : "CUDA graph per step");
+    std::printf("prefill          %lld tokens: %.2f tok/s\n", static_cast<long long>(o.context),
+                prefill_tok_per_s);
     std::printf("decode           %lld tokens in %.3f s: %.2f tok/s\n",
                 static_cast<long long>(o.tokens), secs, tok_per_s);
     std::printf("weight bytes/tok %.1f MB\n", bytes / 1e6);

@@ -12,14 +12,17 @@ namespace {
 constexpr int kAttnThreads = 256;
 constexpr int kAttnMaxKeys = 4096;
 
-// One block per head: thread i scores keys i, i + 256, ... (s = scale * q . k, c ascending);
+// One block per head over n keys (min(*count, n_max) when counted on the device): thread i
+// scores keys i, i + 256, ... (s = scale * q . k, c ascending);
 // thread 0 takes the max (with the sink) and the softmax denominator in key order; then thread
 // c sums o[c] = sum_i p_i k_i[c], i ascending. Every order depends only on n and d.
-__global__ void SinkAttentionKernel(const float* q, const float* kv, const int32_t* idx, int n,
-                                    int64_t d, const float* sink, float scale, float* o) {
+__global__ void SinkAttentionKernel(const float* q, const float* kv, const int32_t* idx, int n_max,
+                                    const int32_t* count, int64_t d, const float* sink,
+                                    float scale, float* o) {
   __shared__ float p[kAttnMaxKeys];
   __shared__ float denom_s;
   const int64_t h = blockIdx.x;
+  const int n = count ? max(0, min(count[0], n_max)) : n_max;
   const float* qh = q + h * d;
   for (int i = threadIdx.x; i < n; i += kAttnThreads) {
     const float* k = kv + static_cast<int64_t>(idx[i]) * d;
@@ -50,7 +53,7 @@ __global__ void SinkAttentionKernel(const float* q, const float* kv, const int32
 }  // namespace
 
 Status SinkAttention(const float* q, int64_t nh, const float* kv, const int32_t* idx, int64_t n,
-                     int64_t d, const float* sink, float scale, float* o) {
+                     int64_t d, const float* sink, float scale, float* o, const int32_t* count) {
   if (nh < 0) return InvalidArgument("SinkAttention: heads " + std::to_string(nh) + " < 0");
   if (n < 0 || n > kAttnMaxKeys)
     return InvalidArgument("SinkAttention: keys " + std::to_string(n) + " outside [0, " +
@@ -59,8 +62,8 @@ Status SinkAttention(const float* q, int64_t nh, const float* kv, const int32_t*
   if (nh == 0) return Status::Ok();
   if (!q || !sink || !o || (n > 0 && (!kv || !idx)))
     return InvalidArgument("SinkAttention: null device pointer");
-  SinkAttentionKernel<<<static_cast<unsigned>(nh), kAttnThreads>>>(q, kv, idx, static_cast<int>(n),
-                                                                    d, sink, scale, o);
+  SinkAttentionKernel<<<static_cast<unsigned>(nh), kAttnThreads, 0, CurrentStream()>>>(
+      q, kv, idx, static_cast<int>(n), count, d, sink, scale, o);
   return LaunchStatus("SinkAttentionKernel");
 }
 

@@ -15,6 +15,9 @@ inline Status CudaStatus(cudaError_t err, const char* call) {
                   cudaGetErrorString(err) + ")");
 }
 
+// The stream this thread's launches go to (device.h StreamScope; null = the default stream).
+cudaStream_t CurrentStream();
+
 // After a kernel launch: a bad configuration shows up here, not at the launch.
 inline Status LaunchStatus(const char* kernel) { return CudaStatus(cudaGetLastError(), kernel); }
 

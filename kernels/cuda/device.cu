@@ -9,6 +9,12 @@
 
 namespace fm::cuda {
 
+namespace {
+thread_local cudaStream_t current_stream = nullptr;
+}  // namespace
+
+cudaStream_t CurrentStream() { return current_stream; }
+
 int DeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -80,19 +86,26 @@ static Status CheckRange(size_t bytes, size_t offset, size_t size, const char* w
   return Status::Ok();
 }
 
-Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) {
+Status DeviceBuffer::CopyFromHostAsync(const void* src, size_t bytes, size_t offset) {
   FM_RETURN_IF_ERROR(CheckRange(bytes, offset, size_, "DeviceBuffer::CopyFromHost"));
   if (bytes == 0) return Status::Ok();
-  FM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(static_cast<char*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice));
+  FM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(ptr_) + offset, src, bytes,
+                                          cudaMemcpyHostToDevice, current_stream));
+  return Status::Ok();
+}
+
+Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) {
+  FM_RETURN_IF_ERROR(CopyFromHostAsync(src, bytes, offset));
+  FM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(current_stream));
   return Status::Ok();
 }
 
 Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
   FM_RETURN_IF_ERROR(CheckRange(bytes, offset, size_, "DeviceBuffer::CopyToHost"));
   if (bytes == 0) return Status::Ok();
-  FM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost));
+  FM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, static_cast<const char*>(ptr_) + offset, bytes,
+                                          cudaMemcpyDeviceToHost, current_stream));
+  FM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(current_stream));
   return Status::Ok();
 }
 
@@ -100,6 +113,85 @@ Result<DeviceBuffer> Upload(const void* src, size_t bytes) {
   FM_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Alloc(bytes));
   FM_RETURN_IF_ERROR(b.CopyFromHost(src, bytes));
   return Result<DeviceBuffer>(std::move(b));
+}
+
+Result<Stream> Stream::Create() {
+  Stream s;
+  cudaStream_t h = nullptr;
+  FM_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&h));
+  s.handle_ = h;
+  return Result<Stream>(std::move(s));
+}
+
+Stream::~Stream() {
+  if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+}
+
+Stream::Stream(Stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+    handle_ = std::exchange(other.handle_, nullptr);
+  }
+  return *this;
+}
+
+Status Stream::Synchronize() const {
+  FM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+  return Status::Ok();
+}
+
+StreamScope::StreamScope(const Stream& stream) : saved_(current_stream) {
+  current_stream = static_cast<cudaStream_t>(stream.handle());
+}
+
+StreamScope::~StreamScope() { current_stream = static_cast<cudaStream_t>(saved_); }
+
+struct Graph::Impl {
+  cudaGraphExec_t exec = nullptr;
+  size_t nodes = 0;
+  ~Impl() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+};
+
+Graph::Graph() = default;
+Graph::~Graph() = default;
+Graph::Graph(Graph&& other) noexcept = default;
+Graph& Graph::operator=(Graph&& other) noexcept = default;
+
+size_t Graph::nodes() const { return impl_ ? impl_->nodes : 0; }
+
+Result<Graph> Graph::Capture(const Stream& stream, const std::function<Status()>& body) {
+  auto s = static_cast<cudaStream_t>(stream.handle());
+  if (!s) return InvalidArgument("Graph::Capture: the default stream cannot be captured");
+  FM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  Status st;
+  {
+    StreamScope scope(stream);
+    st = body();
+  }
+  cudaGraph_t g = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &g);
+  if (st.ok()) st = CudaStatus(end, "cudaStreamEndCapture");
+  auto impl = std::make_unique<Impl>();
+  if (st.ok()) st = CudaStatus(cudaGraphGetNodes(g, nullptr, &impl->nodes), "cudaGraphGetNodes");
+  if (st.ok()) st = CudaStatus(cudaGraphInstantiate(&impl->exec, g, 0), "cudaGraphInstantiate");
+  if (g) cudaGraphDestroy(g);
+  if (!st.ok()) {
+    cudaGetLastError();  // a failed capture leaves the error sticky for the next launch check
+    return st.Wrap("capturing a CUDA graph");
+  }
+  Graph graph;
+  graph.impl_ = std::move(impl);
+  return Result<Graph>(std::move(graph));
+}
+
+Status Graph::Launch(const Stream& stream) const {
+  if (!impl_) return Internal("Graph::Launch: an empty graph");
+  FM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(impl_->exec, static_cast<cudaStream_t>(stream.handle())));
+  return Status::Ok();
 }
 
 }  // namespace fm::cuda

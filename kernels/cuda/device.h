@@ -3,6 +3,8 @@
 // No CUDA types here, so plain C++ code can include it.
 #pragma once
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "common/status.h"
@@ -35,9 +37,12 @@ class DeviceBuffer {
   template <typename T>
   T* as() const { return static_cast<T*>(ptr_); }
 
-  // Blocking copies of `bytes` at byte `offset` of this buffer; OutOfRange past size().
+  // Copies of `bytes` at byte `offset` of this buffer on this thread's current stream
+  // (StreamScope below), blocking until done; OutOfRange past size().
   Status CopyFromHost(const void* src, size_t bytes, size_t offset = 0);
   Status CopyToHost(void* dst, size_t bytes, size_t offset = 0) const;
+  // Queued on the current stream after the work before it; returns once `src` may be reused.
+  Status CopyFromHostAsync(const void* src, size_t bytes, size_t offset = 0);
 
  private:
   void* ptr_ = nullptr;
@@ -46,4 +51,59 @@ class DeviceBuffer {
 
 // Allocates a buffer and fills it with `bytes` from host memory.
 Result<DeviceBuffer> Upload(const void* src, size_t bytes);
+
+// A CUDA stream of the current device (blocking flavour: it orders with the legacy default
+// stream, so code that still uses the default stream stays correct); move-only.
+class Stream {
+ public:
+  static Result<Stream> Create();
+  Stream() = default;
+  ~Stream();
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  void* handle() const { return handle_; }  // the cudaStream_t; null is the default stream
+  // Waits for everything queued on it; reports the first asynchronous error.
+  Status Synchronize() const;
+
+ private:
+  void* handle_ = nullptr;
+};
+
+// While it lives, every launcher of ops.h and every DeviceBuffer copy on this thread goes to
+// `stream` (the default stream otherwise); scopes nest.
+class StreamScope {
+ public:
+  explicit StreamScope(const Stream& stream);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  void* saved_;
+};
+
+// A CUDA graph: the kernels `body` launches on `stream` (made current for it) are recorded, not
+// run, then instantiated once; Launch replays them on a stream, reading whatever device memory
+// holds at that time. Only stream-ordered work may happen inside `body` (no blocking copies, no
+// allocation): CUDA refuses the rest, and the capture then fails with that error.
+class Graph {
+ public:
+  static Result<Graph> Capture(const Stream& stream, const std::function<Status()>& body);
+  Graph();
+  ~Graph();
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+
+  bool empty() const { return impl_ == nullptr; }
+  size_t nodes() const;  // kernels recorded
+  Status Launch(const Stream& stream) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 }  // namespace fm::cuda

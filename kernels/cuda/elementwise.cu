@@ -85,7 +85,8 @@ Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int6
   if (rows == 0) return Status::Ok();
   if (!x || !y) return InvalidArgument("RmsNorm: x and y must be device pointers, got null");
   if (rows > 0x7FFFFFFF) return InvalidArgument("RmsNorm: rows " + std::to_string(rows) + " > 2^31-1");
-  RmsNormKernel<<<static_cast<unsigned>(rows), kNormThreads>>>(x, weight, y, dim, eps);
+  RmsNormKernel<<<static_cast<unsigned>(rows), kNormThreads, 0, CurrentStream()>>>(x, weight, y,
+                                                                                  dim, eps);
   return LaunchStatus("RmsNormKernel");
 }
 
@@ -95,7 +96,8 @@ Status SwiGluClamped(const float* gate, const float* up, float* out, int64_t n, 
   if (n == 0) return Status::Ok();
   if (!gate || !up || !out)
     return InvalidArgument("SwiGluClamped: gate, up and out must be device pointers, got null");
-  SwiGluClampedKernel<<<BlocksFor(n, kElemThreads), kElemThreads>>>(gate, up, out, n, limit);
+  SwiGluClampedKernel<<<BlocksFor(n, kElemThreads), kElemThreads, 0, CurrentStream()>>>(
+      gate, up, out, n, limit);
   return LaunchStatus("SwiGluClampedKernel");
 }
 
@@ -111,7 +113,8 @@ Status RopeInterleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim
   if (tokens == 0) return Status::Ok();
   if (!x || !pos || !freqs)
     return InvalidArgument("RopeInterleaved: x, pos and freqs must be device pointers, got null");
-  RopeInterleavedKernel<<<BlocksFor(tokens * heads * (rd / 2), kElemThreads), kElemThreads>>>(
+  RopeInterleavedKernel<<<BlocksFor(tokens * heads * (rd / 2), kElemThreads), kElemThreads, 0,
+                          CurrentStream()>>>(
       x, tokens, heads, head_dim, rd, pos, freqs, inverse);
   return LaunchStatus("RopeInterleavedKernel");
 }

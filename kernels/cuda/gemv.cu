@@ -159,14 +159,18 @@ __device__ __forceinline__ float RowPartial(WeightFormat format, bool vec, const
   return RowScalar(format, data, scale, x, r, cols, lane);
 }
 
-// One warp per output row; a warp exits as a whole, so the shuffles see every lane.
-__global__ void GemvKernel(WeightFormat format, bool vec, const void* data, const uint8_t* scale,
-                           const float* x, float* y, int64_t rows, int64_t cols) {
-  const int64_t r = WarpRow();
+// One warp per output row and token; a warp exits as a whole, so the shuffles see every lane.
+// blockIdx.x = row block * T + t: the T tokens' products of a row block are neighbours in launch
+// order, so their weight rows come from device memory about once and from L2 for the others.
+__global__ void GemmKernel(WeightFormat format, bool vec, const void* data, const uint8_t* scale,
+                           const float* x, int64_t x_stride, float* y, int64_t y_stride,
+                           int64_t rows, int64_t cols, int64_t T) {
+  const int64_t t = blockIdx.x % T;
+  const int64_t r = (blockIdx.x / T) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
-  const float acc = WarpSum(RowPartial(format, vec, data, scale, x, r, cols, lane));
-  if (lane == 0) y[r] = acc;
+  const float acc = WarpSum(RowPartial(format, vec, data, scale, x + t * x_stride, r, cols, lane));
+  if (lane == 0) y[t * y_stride + r] = acc;
 }
 
 // blockIdx.y = j: row r of expert ids[j] times x + j * x_stride into y[j, r].
@@ -279,14 +283,26 @@ dim3 GemvGrid(int64_t rows, int64_t k) {
 
 }  // namespace
 
-Status Gemv(const QWeight& w, const float* x, float* y) {
-  FM_RETURN_IF_ERROR(ValidateWeight(w, "Gemv"));
-  if (!x || !y) return InvalidArgument("Gemv: x and y must be device pointers, got null");
-  const bool vec = Aligned16(x) && Aligned16(w.data) && VectorCols(w.format, w.cols);
-  GemvKernel<<<GemvGrid(w.rows, 1), 32 * kWarpsPerBlock>>>(w.format, vec, w.data, w.scale, x, y,
-                                                          w.rows, w.cols);
-  return LaunchStatus("GemvKernel");
+Status Gemm(const QWeight& w, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+            int64_t T) {
+  FM_RETURN_IF_ERROR(ValidateWeight(w, "Gemm"));
+  if (T < 0) return InvalidArgument("Gemm: tokens " + std::to_string(T) + " < 0");
+  if (T > 1 && (x_stride < w.cols || y_stride < w.rows))
+    return InvalidArgument("Gemm: strides x " + std::to_string(x_stride) + ", y " +
+                           std::to_string(y_stride) + " for a [" + std::to_string(w.rows) +
+                           ", " + std::to_string(w.cols) + "] weight (want x >= cols, y >= rows)");
+  if (T == 0) return Status::Ok();
+  if (!x || !y) return InvalidArgument("Gemm: x and y must be device pointers, got null");
+  const int64_t blocks = (w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock * T;
+  if (blocks > 0x7FFFFFFF) return InvalidArgument("Gemm: " + std::to_string(blocks) + " blocks");
+  const bool vec = Aligned16(x) && (T == 1 || (x_stride * 4) % 16 == 0) && Aligned16(w.data) &&
+                   VectorCols(w.format, w.cols);
+  GemmKernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, CurrentStream()>>>(
+      w.format, vec, w.data, w.scale, x, x_stride, y, y_stride, w.rows, w.cols, T);
+  return LaunchStatus("GemmKernel");
 }
+
+Status Gemv(const QWeight& w, const float* x, float* y) { return Gemm(w, x, 0, y, 0, 1); }
 
 Status GemvExperts(WeightFormat format, int64_t rows, int64_t cols, const void* const* datas,
                    const uint8_t* const* scales, int64_t E, const int32_t* ids, int64_t k,
@@ -305,7 +321,7 @@ Status GemvExperts(WeightFormat format, int64_t rows, int64_t cols, const void* 
   if (!ids || !x || !y) return InvalidArgument("GemvExperts: null device pointer");
   // DeviceWeight buffers are cudaMalloc'd (256-byte aligned): only x decides the vector path.
   const bool vec = Aligned16(x) && (x_stride * 4) % 16 == 0 && VectorCols(format, cols);
-  GemvExpertsKernel<<<GemvGrid(rows, k), 32 * kWarpsPerBlock>>>(
+  GemvExpertsKernel<<<GemvGrid(rows, k), 32 * kWarpsPerBlock, 0, CurrentStream()>>>(
       format, vec, datas, scales, E, ids, x, x_stride, y, rows, cols);
   return LaunchStatus("GemvExpertsKernel");
 }

@@ -156,9 +156,9 @@ Status HcPre(const float* x, const float* mix, const float* base, const float* s
   if (T == 0) return Status::Ok();
   if (!x || !mix || !base || !scale || !y || !post || !comb)
     return InvalidArgument("HcPre: null device pointer");
-  HcPreKernel<<<static_cast<unsigned>(T), kHcThreads>>>(x, mix, base, scale, static_cast<int>(n), H,
-                                                        static_cast<int>(iters), hc_eps, rms_eps,
-                                                        y, post, comb);
+  HcPreKernel<<<static_cast<unsigned>(T), kHcThreads, 0, CurrentStream()>>>(
+      x, mix, base, scale, static_cast<int>(n), H, static_cast<int>(iters), hc_eps, rms_eps, y,
+      post, comb);
   return LaunchStatus("HcPreKernel");
 }
 
@@ -167,8 +167,8 @@ Status HcHead(const float* x, const float* mix, const float* base, float scale, 
   FM_RETURN_IF_ERROR(CheckStreams("HcHead", T, n, H));
   if (T == 0) return Status::Ok();
   if (!x || !mix || !base || !y) return InvalidArgument("HcHead: null device pointer");
-  HcHeadKernel<<<static_cast<unsigned>(T), kHcThreads>>>(x, mix, base, scale, static_cast<int>(n), H,
-                                                         hc_eps, rms_eps, y);
+  HcHeadKernel<<<static_cast<unsigned>(T), kHcThreads, 0, CurrentStream()>>>(
+      x, mix, base, scale, static_cast<int>(n), H, hc_eps, rms_eps, y);
   return LaunchStatus("HcHeadKernel");
 }
 
@@ -178,8 +178,8 @@ Status HcPost(const float* x, const float* out, const float* post, const float* 
   if (T == 0) return Status::Ok();
   if (!x || !out || !post || !comb || !x_new) return InvalidArgument("HcPost: null device pointer");
   if (x == x_new) return InvalidArgument("HcPost: x_new must not alias x");
-  HcPostKernel<<<BlocksFor(T * n * H, kElemThreads), kElemThreads>>>(x, out, post, comb, T,
-                                                                    static_cast<int>(n), H, x_new);
+  HcPostKernel<<<BlocksFor(T * n * H, kElemThreads), kElemThreads, 0, CurrentStream()>>>(
+      x, out, post, comb, T, static_cast<int>(n), H, x_new);
   return LaunchStatus("HcPostKernel");
 }
 
@@ -189,8 +189,8 @@ Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, in
                            ", hidden " + std::to_string(H) + " (want tokens >= 0, top_k >= 1, hidden >= 1)");
   if (T == 0) return Status::Ok();
   if (!contrib || !w || !y) return InvalidArgument("MoeCombine: null device pointer");
-  MoeCombineKernel<<<BlocksFor(T * H, kElemThreads), kElemThreads>>>(contrib, w, T,
-                                                                    static_cast<int>(k), H, y);
+  MoeCombineKernel<<<BlocksFor(T * H, kElemThreads), kElemThreads, 0, CurrentStream()>>>(
+      contrib, w, T, static_cast<int>(k), H, y);
   return LaunchStatus("MoeCombineKernel");
 }
 

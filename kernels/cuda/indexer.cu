@@ -16,9 +16,10 @@ constexpr int kTopKMaxN = 16384;
 
 // One thread per key e: score[e] = sum_h (relu(q_h . k_e) * scale) * w[h], h ascending.
 __global__ void IndexerScoresKernel(const float* q, const float* w, int nh, int64_t d,
-                                    const float* keys, int64_t n, float scale, float* score) {
+                                    const float* keys, int64_t n, const int32_t* count,
+                                    float scale, float* score) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (e >= n) return;
+  if (e >= n || (count && e >= count[0])) return;
   const float* k = keys + e * d;
   float acc = 0.0f;
   for (int h = 0; h < nh; ++h) {
@@ -34,8 +35,10 @@ __device__ float RankKey(float v) { return v != v ? -INFINITY : v; }
 
 // One block: element e is chosen when fewer than k elements come before it in the strict order
 // (score descending, index ascending); thread 0 then writes the chosen indices ascending.
-__global__ void TopKAscendingKernel(const float* score, int n, int k, int32_t* out) {
+__global__ void TopKAscendingKernel(const float* score, int n_max, const int32_t* count, int k,
+                                    int32_t* out) {
   __shared__ bool chosen[kTopKMaxN];
+  const int n = count ? max(0, min(count[0], n_max)) : n_max;
   for (int e = threadIdx.x; e < n; e += kThreads) {
     const float ke = RankKey(score[e]);
     int before = 0;
@@ -54,10 +57,15 @@ __global__ void TopKAscendingKernel(const float* score, int n, int k, int32_t* o
 }
 
 // One thread per channel c: pooled[c] = sum_j softmax_j(z[j][c]) * a[j][c], j ascending.
-__global__ void CompressorPoolKernel(const float* a, const float* z, int64_t n, int64_t d,
-                                     float* pooled) {
+__global__ void CompressorPoolKernel(const float* a, const float* z, int64_t n_max,
+                                     const int32_t* count, int64_t d, float* pooled) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= d) return;
+  const int64_t n = count ? max(0, min(count[0], static_cast<int>(n_max))) : n_max;
+  if (n == 0) {
+    pooled[c] = 0.0f;
+    return;
+  }
   float m = z[c];
   for (int64_t j = 1; j < n; ++j) m = z[j * d + c] > m ? z[j * d + c] : m;
   float sum = 0.0f;
@@ -70,19 +78,20 @@ __global__ void CompressorPoolKernel(const float* a, const float* z, int64_t n, 
 }  // namespace
 
 Status IndexerScores(const float* q, const float* w, int64_t nh, int64_t d, const float* keys,
-                     int64_t n, float scale, float* score) {
+                     int64_t n, float scale, float* score, const int32_t* count) {
   if (nh < 1 || d < 1 || n < 0)
     return InvalidArgument("IndexerScores: heads " + std::to_string(nh) + ", head_dim " +
                            std::to_string(d) + ", keys " + std::to_string(n) +
                            " (want heads >= 1, head_dim >= 1, keys >= 0)");
   if (n == 0) return Status::Ok();
   if (!q || !w || !keys || !score) return InvalidArgument("IndexerScores: null device pointer");
-  IndexerScoresKernel<<<BlocksFor(n, kThreads), kThreads>>>(q, w, static_cast<int>(nh), d, keys, n,
-                                                            scale, score);
+  IndexerScoresKernel<<<BlocksFor(n, kThreads), kThreads, 0, CurrentStream()>>>(
+      q, w, static_cast<int>(nh), d, keys, n, count, scale, score);
   return LaunchStatus("IndexerScoresKernel");
 }
 
-Status TopKAscending(const float* score, int64_t n, int64_t k, int32_t* out) {
+Status TopKAscending(const float* score, int64_t n, int64_t k, int32_t* out,
+                     const int32_t* count) {
   if (n < 0 || n > kTopKMaxN)
     return InvalidArgument("TopKAscending: n " + std::to_string(n) + " outside [0, " +
                            std::to_string(kTopKMaxN) + "]");
@@ -91,16 +100,19 @@ Status TopKAscending(const float* score, int64_t n, int64_t k, int32_t* out) {
                            std::to_string(n) + "]");
   if (k == 0) return Status::Ok();
   if (!score || !out) return InvalidArgument("TopKAscending: null device pointer");
-  TopKAscendingKernel<<<1, kThreads>>>(score, static_cast<int>(n), static_cast<int>(k), out);
+  TopKAscendingKernel<<<1, kThreads, 0, CurrentStream()>>>(score, static_cast<int>(n), count,
+                                                           static_cast<int>(k), out);
   return LaunchStatus("TopKAscendingKernel");
 }
 
-Status CompressorPool(const float* a, const float* z, int64_t n, int64_t d, float* pooled) {
+Status CompressorPool(const float* a, const float* z, int64_t n, int64_t d, float* pooled,
+                      const int32_t* count) {
   if (n < 1 || d < 1)
     return InvalidArgument("CompressorPool: slots " + std::to_string(n) + ", width " +
                            std::to_string(d) + " (want both >= 1)");
   if (!a || !z || !pooled) return InvalidArgument("CompressorPool: null device pointer");
-  CompressorPoolKernel<<<BlocksFor(d, kThreads), kThreads>>>(a, z, n, d, pooled);
+  CompressorPoolKernel<<<BlocksFor(d, kThreads), kThreads, 0, CurrentStream()>>>(a, z, n, count, d,
+                                                                                pooled);
   return LaunchStatus("CompressorPoolKernel");
 }
 

@@ -1,9 +1,12 @@
-// CUDA twins of the CPU ops. Host launchers over device pointers, queued on the default stream
-// (asynchronous: DeviceBuffer::CopyToHost or Synchronize() waits). Launchers check their
-// arguments and return InvalidArgument naming the bad one before touching the device, and turn
-// launch errors into a Status. Every reduction runs in a fixed order, so results are
-// deterministic run to run; they match the CPU references within float rounding, not bit-exactly.
-// No CUDA types here, so plain C++ code can include it.
+// CUDA twins of the CPU ops. Host launchers over device pointers, queued on this thread's
+// current stream (device.h StreamScope; the default stream otherwise), asynchronous:
+// DeviceBuffer::CopyToHost or Stream::Synchronize waits. Counts that change from step to step
+// can be read from device memory (the optional `count` arguments and the position-driven step
+// kernels), so a step captured once as a CUDA graph (device.h Graph) replays at any position.
+// Launchers check their arguments and return InvalidArgument naming the bad one before touching
+// the device, and turn launch errors into a Status. Every reduction runs in a fixed order, so
+// results are deterministic run to run; they match the CPU references within float rounding, not
+// bit-exactly. No CUDA types here, so plain C++ code can include it.
 #pragma once
 #include <cstdint>
 
@@ -28,6 +31,11 @@ Result<DeviceWeight> UploadWeight(const QWeight& host);
 // with e8m0 128x128 block scales incl. partial edge blocks, FP4 e2m1 with e8m0 per-32 scales,
 // BF16, F32). w.data/w.scale, x and y are device pointers. One warp per output row.
 Status Gemv(const QWeight& w, const float* x, float* y);
+// T products with the same weight: y[t * y_stride + r] = W x_t with x_t = x + t * x_stride, each
+// bit-identical to Gemv(w, x_t, ...) (the same warp code per row and token); launched so that a
+// row block's T products run next to each other (the weight is read from memory ~once per call).
+Status Gemm(const QWeight& w, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+            int64_t T);
 
 // y[r, :] = g * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows; g = weight[dim], or 1 when
 // weight is null. y may equal x. One block per row.
@@ -47,11 +55,14 @@ Status RopeInterleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim
 
 // The MoE router for T tokens (kernels/cpu/router.h): s = sqrt(softplus(logits[t, :E])); ids[t]
 // = the top_k experts by s + bias (descending, ties to the lower index), or, on hash layers,
-// eids[t, :k] (the token's tid2eid row, which the loader has checked to be in [0, E)); w[t, j]
-// = s[ids[t, j]] / (sum_j s[ids[t, j]] + 1e-20) * routed_scale. bias (score layers) and eids
-// (hash layers) are exclusive; both null = plain top-k of s. E <= 1024. One block per token.
-Status RouterTopK(const float* logits, const float* bias, const int64_t* eids, int64_t T,
-                  int64_t E, int64_t k, float routed_scale, int32_t* ids, float* w);
+// the token's row tid2eid[tokens[t], :k] (tid2eid [vocab, k], entries checked by the loader to be
+// in [0, E); tokens[T] int32 on the device; a token outside [0, vocab) gives ids -1 and NaN
+// weights); w[t, j] = s[ids[t, j]] / (sum_j s[ids[t, j]] + 1e-20) * routed_scale. bias (score
+// layers) and tid2eid (hash layers) are exclusive; both null = plain top-k of s. E <= 1024. One
+// block per token.
+Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid,
+                  const int32_t* tokens, int64_t vocab, int64_t T, int64_t E, int64_t k,
+                  float routed_scale, int32_t* ids, float* w);
 
 // hc_pre for T tokens (kernels/cpu/hc.h): x [T, n, H], mix [T, (2+n)*n] = fn . flatten(x) (a
 // Gemv by the caller, not yet scaled by 1/rms), base [(2+n)*n], scale [3] -> y [T, H] (the
@@ -71,19 +82,25 @@ Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, in
 // Decode attention of one token (kernels/cpu/attention_core.h SinkAttentionHeads_hd): for head
 // h < nh, s_i = scale * q_h . k_i over the keys k_i = kv[idx[i]] (rows of width d; the window
 // ring and the selected compressed rows, gathered by index), p = softmax over (s, sink_h) with
-// the sink in the denominator only, o_h = sum_i p_i k_i. n <= 4096; n == 0 gives o = 0.
+// the sink in the denominator only, o_h = sum_i p_i k_i. n <= 4096; n == 0 gives o = 0. With
+// `count` (device int32), min(*count, n) keys are used (n is then the bound of idx).
 Status SinkAttention(const float* q, int64_t nh, const float* kv, const int32_t* idx, int64_t n,
-                     int64_t d, const float* sink, float scale, float* o);
+                     int64_t d, const float* sink, float scale, float* o,
+                     const int32_t* count = nullptr);
 
 // The Lightning indexer (kernels/cpu/indexer.h): score[e] = sum_h (relu(q_h . k_e) * scale) *
 // w[h] for keys [n, d]; then the k best (ties to the lower index, NaN lowest) in ascending index
-// order, n <= 16384 (a single block).
+// order, n <= 16384 (a single block). With `count` (device int32) the first m = min(*count, n)
+// scores take part: TopKAscending then writes min(m, k) indices (all of 0..m-1 when m <= k).
 Status IndexerScores(const float* q, const float* w, int64_t nh, int64_t d, const float* keys,
-                     int64_t n, float scale, float* score);
-Status TopKAscending(const float* score, int64_t n, int64_t k, int32_t* out);
+                     int64_t n, float scale, float* score, const int32_t* count = nullptr);
+Status TopKAscending(const float* score, int64_t n, int64_t k, int32_t* out,
+                     const int32_t* count = nullptr);
 // The compressor's pooling (kernels/cpu/compressor_pool.h) over n gathered slots a, z [n, d]:
-// pooled[c] = sum_j softmax_j(z[j][c]) * a[j][c], j ascending.
-Status CompressorPool(const float* a, const float* z, int64_t n, int64_t d, float* pooled);
+// pooled[c] = sum_j softmax_j(z[j][c]) * a[j][c], j ascending. With `count` (device int32),
+// min(*count, n) slots; none gives pooled = 0.
+Status CompressorPool(const float* a, const float* z, int64_t n, int64_t d, float* pooled,
+                      const int32_t* count = nullptr);
 
 // ---- glue of the device decode step (step.cu) ----
 // dst[r * dst_stride + c] = src[r * src_stride + c] for r < rows, c < width (no overlap).
@@ -93,11 +110,36 @@ Status CopyRows(const float* src, int64_t src_stride, float* dst, int64_t dst_st
 Status AddVectors(const float* a, const float* b, float* y, int64_t n);
 // y[i] = x[i] * s; y may equal x.
 Status ScaleVector(const float* x, float s, float* y, int64_t n);
-// The key rows of one decode query: idx[i] = (win_start + i) % window for i < nwin (the window
-// ring, oldest first), then entry_row0 + (picks ? picks[j] : j) for the j < entries compressed
-// entries (picks: a device array of entry numbers, e.g. TopKAscending's).
-Status KeyIndex(int64_t win_start, int64_t nwin, int64_t window, int64_t entries,
-                const int32_t* picks, int64_t entry_row0, int32_t* idx);
+// The key rows of one decode query, counts on the device: win = {win_start, nwin}; idx[i] =
+// (win_start + i) % window for i < nwin (the window ring, oldest first), then entry_row0 +
+// (picks ? picks[j] : j) for j < *entries compressed entries (entries null: none; picks: entry
+// numbers, e.g. TopKAscending's). max_keys bounds nwin + *entries (idx's length).
+Status KeyIndex(const int32_t* win, int64_t window, const int32_t* entries,
+                const int32_t* picks, int64_t entry_row0, int64_t max_keys, int32_t* idx);
+// dst[*row * stride + c] = src[c] for c < width, when *row >= 0 (row: device int32).
+Status ScatterRow(const float* src, int64_t width, float* dst, int64_t stride,
+                  const int32_t* row);
+
+// Where one token stands in its compressor's window of r positions (device memory, written by
+// the host before each step): the compressor kernels below read it instead of the position.
+struct CompressorStep {
+  int32_t slot;        // pos % r: the pending row this token fills
+  int32_t parity;      // (pos / r) % 2: which of the two pending buffers holds this window
+  int32_t has_prev;    // pos >= r: a previous window exists (overlapping compressors)
+  int32_t emit;        // slot == r - 1: this token completes the window
+  int32_t entry;       // emit ? pos / r : -1, the entry row it appends
+  int32_t window_pos;  // pos + 1 - r: the entry's RoPE position
+};
+// pend_a[parity, slot] = a, pend_z[parity, slot] = z + ape[slot] (rows of width; pend_* are
+// [2, r, width], the window being filled and the one before it).
+Status CompressorStore(const float* a, const float* z, const float* ape, int64_t r,
+                       int64_t width, const CompressorStep* step, float* pend_a, float* pend_z);
+// When the token completes a window: ga, gz [n, d] = the slots CompressorPool pools (overlapping:
+// the previous window's first d channels, once there is one, then this window's last d; width
+// 2d) and *count = n; otherwise *count = 0.
+Status CompressorGather(const float* pend_a, const float* pend_z, int64_t r, int64_t d,
+                        bool overlap, const CompressorStep* step, float* ga, float* gz,
+                        int32_t* count);
 
 // Routed experts' GEMV for one token: for j < k, y[j, :rows] = W_{ids[j]} x_j with x_j = x + j *
 // x_stride (x_stride 0: every expert reads the same x). datas/scales: device arrays of E data and

@@ -21,10 +21,11 @@ __device__ bool Beats(float v, int i, float bv, int bi) {
 }
 
 // One block per token. s[e] = sqrt(softplus(logits[e])); ids = the k best s + bias, one
-// block-wide argmax per pick (thread partials, then a fixed tree), or the token's eids row
+// block-wide argmax per pick (thread partials, then a fixed tree), or the token's tid2eid row
 // (hash layers); w[j] = s[ids[j]] / (sum_j s[ids[j]] + 1e-20) * scale, summed in j order.
-__global__ void RouterKernel(const float* logits, const float* bias, const int64_t* eids,
-                             int E, int k, float routed_scale, int32_t* ids, float* w) {
+__global__ void RouterKernel(const float* logits, const float* bias, const int64_t* tid2eid,
+                             const int32_t* tokens, int64_t vocab, int E, int k,
+                             float routed_scale, int32_t* ids, float* w) {
   __shared__ float score[kRouterMaxExperts];
   __shared__ float key[kRouterMaxExperts];
   __shared__ bool taken[kRouterMaxExperts];
@@ -41,9 +42,15 @@ __global__ void RouterKernel(const float* logits, const float* bias, const int64
   }
   __syncthreads();
   int32_t* out_ids = ids + t * k;
-  if (eids) {
+  if (tid2eid) {
+    const int64_t tok = tokens[t];
+    if (tok < 0 || tok >= vocab) {
+      if (tid == 0)
+        for (int j = 0; j < k; ++j) out_ids[j] = -1, w[t * k + j] = NAN;
+      return;
+    }
     if (tid == 0)
-      for (int j = 0; j < k; ++j) out_ids[j] = static_cast<int32_t>(eids[t * k + j]);
+      for (int j = 0; j < k; ++j) out_ids[j] = static_cast<int32_t>(tid2eid[tok * k + j]);
   } else {
     for (int j = 0; j < k; ++j) {
       float bv = 0.0f;
@@ -77,8 +84,9 @@ __global__ void RouterKernel(const float* logits, const float* bias, const int64
 
 }  // namespace
 
-Status RouterTopK(const float* logits, const float* bias, const int64_t* eids, int64_t T,
-                  int64_t E, int64_t k, float routed_scale, int32_t* ids, float* w) {
+Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid,
+                  const int32_t* tokens, int64_t vocab, int64_t T, int64_t E, int64_t k,
+                  float routed_scale, int32_t* ids, float* w) {
   if (T < 0) return InvalidArgument("RouterTopK: tokens " + std::to_string(T) + " < 0");
   if (E < 1 || E > kRouterMaxExperts)
     return InvalidArgument("RouterTopK: experts " + std::to_string(E) + " outside [1, " +
@@ -86,11 +94,15 @@ Status RouterTopK(const float* logits, const float* bias, const int64_t* eids, i
   if (k < 1 || k > E)
     return InvalidArgument("RouterTopK: top_k " + std::to_string(k) + " outside [1, experts " +
                            std::to_string(E) + "]");
-  if (bias && eids) return InvalidArgument("RouterTopK: bias and eids are exclusive (score or hash layer)");
+  if (bias && tid2eid)
+    return InvalidArgument("RouterTopK: bias and tid2eid are exclusive (score or hash layer)");
+  if (tid2eid && (!tokens || vocab < 1))
+    return InvalidArgument("RouterTopK: hash routing needs the tokens and a vocab >= 1");
   if (!logits || !ids || !w) return InvalidArgument("RouterTopK: null logits, ids or w");
   if (T == 0) return Status::Ok();
-  RouterKernel<<<static_cast<unsigned>(T), kRouterThreads>>>(
-      logits, bias, eids, static_cast<int>(E), static_cast<int>(k), routed_scale, ids, w);
+  RouterKernel<<<static_cast<unsigned>(T), kRouterThreads, 0, CurrentStream()>>>(
+      logits, bias, tid2eid, tokens, vocab, static_cast<int>(E), static_cast<int>(k), routed_scale,
+      ids, w);
   return LaunchStatus("RouterKernel");
 }
 

@@ -4,12 +4,13 @@
 #include "model/cuda/shard_model.h"
 
 #include "model/cuda/device_weights.h"
+#include "model/cuda/step_inputs.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <mutex>
-#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,10 +27,11 @@ using cuda::DeviceBuffer;
 using cuda::DeviceWeight;
 namespace {
 
-// One compressor's state of one sequence on the device (model/compressor.h CompressorState).
+// One compressor's state of one sequence on the device (model/compressor.h CompressorState):
+// the pending rows of the window being filled and of the one before it, [2, r, width]
+// (CompressorStep.parity says which is which).
 struct DevCompressorState {
-  DeviceBuffer pend_a, pend_z, prev_a, prev_z;  // [r, width]
-  bool has_prev = false;
+  DeviceBuffer pend_a, pend_z;
 };
 
 // One sequence's attention state of one layer on the device (the CPU AttentionCacheImpl's).
@@ -38,35 +40,41 @@ class DeviceAttentionCache final : public AttentionCache {
   int64_t next_pos() const override { return pos; }
   size_t bytes() const override { return bytes_held; }
 
-  int64_t ratio = 0, pos = 0, entries = 0, max_entries = 0;
+  int64_t ratio = 0, pos = 0, max_entries = 0;
   DeviceBuffer keys;    // [W + max_entries, D]: ring row s % W, then compressed entry e at W + e
   DeviceBuffer ikeys;   // [max_entries, dI]: the indexer's entries (ratio 4)
   DeviceBuffer score;   // [max_entries]: indexer scores of the current query
   DevCompressorState comp, index_comp;
   size_t bytes_held = 0;
+  // The first layer's cache also holds the sequence's one-token step: its inputs and, once
+  // captured, its graph through every layer of the shard (the graph bakes this sequence's buffers).
+  DeviceBuffer inputs;  // StepInputs
+  cuda::Graph graph;
 };
 
 Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size_t* bytes) {
   DevCompressorState s;
-  FM_ASSIGN_OR_RETURN(s.pend_a, AllocFloats(ratio * width));
-  FM_ASSIGN_OR_RETURN(s.pend_z, AllocFloats(ratio * width));
-  FM_ASSIGN_OR_RETURN(s.prev_a, AllocFloats(ratio * width));
-  FM_ASSIGN_OR_RETURN(s.prev_z, AllocFloats(ratio * width));
+  FM_ASSIGN_OR_RETURN(s.pend_a, AllocFloats(2 * ratio * width));
+  FM_ASSIGN_OR_RETURN(s.pend_z, AllocFloats(2 * ratio * width));
   *bytes += 4 * static_cast<size_t>(ratio * width) * sizeof(float);
   return s;
 }
 
-// Scratch of one step, sized once for the model.
+// Scratch of one step of up to kMaxStepRows rows, sized once for the model. Per-query buffers
+// (picks, idx, pool, entry, count) serve one row at a time.
 struct Scratch {
+  DeviceBuffer inputs;  // StepInputs of an eager step
   DeviceBuffer x, x_new, mix, y, post, comb, out;
-  DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, idx, o, u, ug, pool_a, pool_z;
+  DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, idx, o, u, ug, pool_a, pool_z, entry;
+  DeviceBuffer count;  // int32: the slots a compressor pools this step
   DeviceBuffer gl, ids, rw, h1, h3, contrib, routed, sh1, sh3;
   DeviceBuffer head_y, logits;
 };
 
 class CudaShardModel final : public ShardModel {
  public:
-  CudaShardModel(const ModelConfig& cfg, int device) : cfg_(cfg), device_(device) {}
+  CudaShardModel(const ModelConfig& cfg, int device, CudaStepMode mode)
+      : cfg_(cfg), device_(device), mode_(mode) {}
   Status Bind(const Checkpoint& ckpt);
 
   const ModelConfig& config() const override { return cfg_; }
@@ -82,19 +90,33 @@ class CudaShardModel final : public ShardModel {
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec; }
 
  private:
+  // One row of a step: a token of a sequence (rows of one sequence in position order).
+  struct Row {
+    const SequenceCache* seq;
+  };
   Status AllocScratch();
   Result<std::unique_ptr<AttentionCache>> NewCache(int64_t ratio, int64_t max_context) const;
-  // One token through layer l at the cache's position; s.x holds X [hc, H] and is updated.
-  Status LayerStep(const DevLayer& l, DeviceAttentionCache* c, int32_t token) const;
-  Status HcPreNorm(const DevHc& hc, const DeviceBuffer& norm) const;  // s.x -> s.y, post, comb
-  Status HcPostUpdate() const;                                        // s.x <- hc_post(s.x, s.out)
-  Status Attention(const DevLayer& l, DeviceAttentionCache* c) const;  // s.y -> s.out
+  int RatioIndex(int64_t ratio) const;  // where `ratio`'s values are in RowScalars.ratio
+  // rows.size() tokens through every layer of the shard; s.x holds their X [T, hc, H] and is
+  // updated. Position-dependent values come from `in` only, so a step can be captured once
+  // and replayed.
+  Status Step(std::span<const Row> rows, const DevStepInputs& in) const;
+  Status LayerStep(const DevLayer& l, std::span<const Row> rows, const DevStepInputs& in) const;
+  // s.x -> s.y, post, comb for T rows
+  Status HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T) const;
+  Status HcPostUpdate(int64_t T) const;  // s.x <- hc_post(s.x, s.out)
+  Status Attention(const DevLayer& l, std::span<const Row> rows, const DevStepInputs& in) const;
+  // One compressor's push; a completed window appends its entry at row `entry` of `entries`.
   Status PushCompressor(const DevCompressor& w, DevCompressorState* st, const float* a,
-                        const float* z, int64_t pos, const float* freq, float* entry) const;
-  Status Moe(const DevLayer& l, int32_t token) const;  // s.y -> s.out
+                        const float* z, const cuda::CompressorStep* step, const float* freq,
+                        float* entries) const;
+  Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
 
   ModelConfig cfg_;
   int device_;
+  CudaStepMode mode_;
+  cuda::Stream stream_;     // every launch and copy of this model
+  std::vector<int64_t> ratios_;  // the distinct compress ratios > 1 of the shard's layers
   int64_t begin_ = 0, end_ = 0;
   bool sel_embed_ = false, has_head_ = false;
   TensorView embed_;  // host view (the embedding row is looked up on the host, then uploaded)
@@ -102,7 +124,6 @@ class CudaShardModel final : public ShardModel {
   DeviceWeight head_;
   DeviceBuffer norm_;
   DevHc hc_head_;
-  DeviceBuffer positions_;  // int32 0, 1, ..., max_position_embeddings - 1 (RoPE's pos arrays)
   int64_t max_positions_ = 0;
   ExpertExecutor* exec_ = nullptr;  // null: routed experts on the device
   mutable std::mutex mu_;           // one step at a time: the scratch is shared
@@ -137,11 +158,16 @@ Status CudaShardModel::Bind(const Checkpoint& ckpt) {
     if (!dl.ok()) return dl.status().Wrap("layer " + std::to_string(l) + " to cuda:" +
                                           std::to_string(device_));
     layers_.push_back(std::move(dl).value());
+    const int64_t r = cfg_.compress_ratio(l);
+    if (r > 1 && std::find(ratios_.begin(), ratios_.end(), r) == ratios_.end()) {
+      if (ratios_.size() == kMaxRatios)
+        return InvalidArgument("layer " + std::to_string(l) + ": more than " +
+                               std::to_string(kMaxRatios) + " distinct compress ratios");
+      ratios_.push_back(r);
+    }
   }
   max_positions_ = cfg_.max_position_embeddings;
-  std::vector<int32_t> iota(static_cast<size_t>(max_positions_));
-  std::iota(iota.begin(), iota.end(), 0);
-  FM_ASSIGN_OR_RETURN(positions_, cuda::Upload(iota.data(), iota.size() * sizeof(int32_t)));
+  FM_ASSIGN_OR_RETURN(stream_, cuda::Stream::Create());
   FM_RETURN_IF_ERROR(AllocScratch());
   FM_RETURN_IF_ERROR(cuda::Synchronize());
   FM_LOG(kInfo, "forward") << "cuda:" << device_ << " (" << cuda::DeviceDescription(device_)
@@ -169,19 +195,23 @@ Status CudaShardModel::AllocScratch() {
   // Shared-expert width: from the first layer's weight (every layer has the same config).
   const int64_t Is = layers_.empty() ? I : layers_[0]->s1.rows;
   struct Want { DeviceBuffer* b; int64_t floats; };
+  const int64_t C = kMaxStepRows;
   const Want wants[] = {
-      {&s.x, n * H}, {&s.x_new, n * H}, {&s.mix, (2 + n) * n}, {&s.y, H}, {&s.post, n},
-      {&s.comb, n * n}, {&s.out, H}, {&s.cq, QL}, {&s.q, nH * D}, {&s.kv, D}, {&s.ca, 2 * D},
-      {&s.cz, 2 * D}, {&s.ia, 2 * dI}, {&s.iz, 2 * dI}, {&s.iq, nI * dI}, {&s.iw, nI},
-      {&s.picks, std::max<int64_t>(cfg_.index_topk, 1)}, {&s.o, nH * D}, {&s.u, G * R},
-      {&s.ug, G * R}, {&s.pool_a, 2 * max_ratio * std::max(D, dI)},
-      {&s.pool_z, 2 * max_ratio * std::max(D, dI)}, {&s.gl, E}, {&s.ids, k}, {&s.rw, k},
-      {&s.h1, k * I}, {&s.h3, k * I}, {&s.contrib, k * H}, {&s.routed, H}, {&s.sh1, Is},
-      {&s.sh3, Is}, {&s.head_y, H}, {&s.logits, cfg_.vocab_size}};
+      {&s.x, C * n * H}, {&s.x_new, C * n * H}, {&s.mix, C * (2 + n) * n}, {&s.y, C * H},
+      {&s.post, C * n}, {&s.comb, C * n * n}, {&s.out, C * H}, {&s.cq, C * QL},
+      {&s.q, C * nH * D}, {&s.kv, C * D}, {&s.ca, C * 2 * D}, {&s.cz, C * 2 * D},
+      {&s.ia, C * 2 * dI}, {&s.iz, C * 2 * dI}, {&s.iq, C * nI * dI}, {&s.iw, C * nI},
+      {&s.picks, std::max<int64_t>(cfg_.index_topk, 1)}, {&s.o, C * nH * D}, {&s.u, C * G * R},
+      {&s.ug, C * G * R}, {&s.pool_a, 2 * max_ratio * std::max(D, dI)},
+      {&s.pool_z, 2 * max_ratio * std::max(D, dI)}, {&s.entry, std::max(D, dI)}, {&s.count, 1},
+      {&s.gl, C * E}, {&s.ids, C * k}, {&s.rw, C * k}, {&s.h1, C * k * I}, {&s.h3, C * k * I},
+      {&s.contrib, C * k * H}, {&s.routed, C * H}, {&s.sh1, C * Is}, {&s.sh3, C * Is},
+      {&s.head_y, H}, {&s.logits, cfg_.vocab_size}};
   for (const Want& w : wants) {
     FM_ASSIGN_OR_RETURN(*w.b, AllocFloats(w.floats));
   }
   FM_ASSIGN_OR_RETURN(s.idx, DeviceBuffer::Alloc(static_cast<size_t>(max_keys) * 4));
+  FM_ASSIGN_OR_RETURN(s.inputs, DeviceBuffer::Alloc(sizeof(StepInputs)));
   return Status::Ok();
 }
 
@@ -219,6 +249,16 @@ std::unique_ptr<SequenceCache> CudaShardModel::NewSequence(int64_t max_context) 
     }
     caches.push_back(std::move(c).value());
   }
+  if (!caches.empty()) {
+    auto* first = static_cast<DeviceAttentionCache*>(caches[0].get());
+    Result<DeviceBuffer> in = DeviceBuffer::Alloc(sizeof(StepInputs));
+    if (!in.ok()) {
+      FM_LOG(kError, "forward") << "cuda:" << device_ << " sequence cache: " << in.status().ToString();
+      return std::make_unique<SequenceCache>(begin_, std::vector<std::unique_ptr<AttentionCache>>(),
+                                             nullptr, 0);
+    }
+    first->inputs = std::move(in).value();
+  }
   return std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, ctx);
 }
 
@@ -229,133 +269,137 @@ Status CudaShardModel::Embed(std::span<const int32_t> tokens, float* x) const {
   return Status::Ok();
 }
 
-Status CudaShardModel::HcPreNorm(const DevHc& hc, const DeviceBuffer& norm) const {
+Status CudaShardModel::HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T) const {
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
-  FM_RETURN_IF_ERROR(cuda::Gemv(hc.fn.view(), s_.x.as<float>(), s_.mix.as<float>()));
+  FM_RETURN_IF_ERROR(cuda::Gemm(hc.fn.view(), s_.x.as<float>(), n * H, s_.mix.as<float>(),
+                                (2 + n) * n, T));
   FM_RETURN_IF_ERROR(cuda::HcPre(s_.x.as<float>(), s_.mix.as<float>(), hc.base.as<float>(),
-                                 hc.scale.as<float>(), 1, n, H, cfg_.hc_sinkhorn_iters, eh, eps,
+                                 hc.scale.as<float>(), T, n, H, cfg_.hc_sinkhorn_iters, eh, eps,
                                  s_.y.as<float>(), s_.post.as<float>(), s_.comb.as<float>()));
-  return cuda::RmsNorm(s_.y.as<float>(), norm.as<float>(), s_.y.as<float>(), 1, H, eps);
+  return cuda::RmsNorm(s_.y.as<float>(), norm.as<float>(), s_.y.as<float>(), T, H, eps);
 }
 
-Status CudaShardModel::HcPostUpdate() const {
+Status CudaShardModel::HcPostUpdate(int64_t T) const {
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
   FM_RETURN_IF_ERROR(cuda::HcPost(s_.x.as<float>(), s_.out.as<float>(), s_.post.as<float>(),
-                                  s_.comb.as<float>(), 1, n, H, s_.x_new.as<float>()));
+                                  s_.comb.as<float>(), T, n, H, s_.x_new.as<float>()));
   std::swap(s_.x, s_.x_new);
   return Status::Ok();
 }
 
 Status CudaShardModel::PushCompressor(const DevCompressor& w, DevCompressorState* st,
-                                      const float* a, const float* z, int64_t pos,
-                                      const float* freq, float* entry) const {
-  const int64_t r = w.ratio, d = w.dim, width = w.width(), slot = pos % r;
+                                      const float* a, const float* z,
+                                      const cuda::CompressorStep* step, const float* freq,
+                                      float* entries) const {
+  const int64_t r = w.ratio, d = w.dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  FM_RETURN_IF_ERROR(cuda::CopyRows(a, width, st->pend_a.as<float>() + slot * width, width, 1,
-                                    width));
-  FM_RETURN_IF_ERROR(cuda::AddVectors(z, w.ape.as<float>() + slot * width,
-                                      st->pend_z.as<float>() + slot * width, width));
-  if (slot != r - 1) return Status::Ok();
-  // The window's slots, gathered as rows of width d: the previous window's first-half channels
-  // (overlap, once there is one), then this window's (second half when overlapping).
+  float* pa = st->pend_a.as<float>();
+  float* pz = st->pend_z.as<float>();
   float* ga = s_.pool_a.as<float>();
   float* gz = s_.pool_z.as<float>();
-  int64_t n = 0;
-  if (w.overlap && st->has_prev) {
-    FM_RETURN_IF_ERROR(cuda::CopyRows(st->prev_a.as<float>(), width, ga, d, r, d));
-    FM_RETURN_IF_ERROR(cuda::CopyRows(st->prev_z.as<float>(), width, gz, d, r, d));
-    n = r;
-  }
-  const int64_t off = w.overlap ? d : 0;
-  FM_RETURN_IF_ERROR(cuda::CopyRows(st->pend_a.as<float>() + off, width, ga + n * d, d, r, d));
-  FM_RETURN_IF_ERROR(cuda::CopyRows(st->pend_z.as<float>() + off, width, gz + n * d, d, r, d));
-  n += r;
-  FM_RETURN_IF_ERROR(cuda::CompressorPool(ga, gz, n, d, entry));
+  float* entry = s_.entry.as<float>();
+  const int32_t* count = s_.count.as<int32_t>();
+  FM_RETURN_IF_ERROR(cuda::CompressorStore(a, z, w.ape.as<float>(), r, w.width(), step, pa, pz));
+  // On the window's last token: pool its slots (and the previous window's, overlapping), norm,
+  // RoPE at the window's first position, append; on the others every launch below does nothing
+  // that is kept (the gather counts 0 slots and the row is -1).
+  FM_RETURN_IF_ERROR(cuda::CompressorGather(pa, pz, r, d, w.overlap, step, ga, gz,
+                                            s_.count.as<int32_t>()));
+  FM_RETURN_IF_ERROR(cuda::CompressorPool(ga, gz, 2 * r, d, entry, count));
   FM_RETURN_IF_ERROR(cuda::RmsNorm(entry, w.norm.as<float>(), entry, 1, d, eps));
   FM_RETURN_IF_ERROR(cuda::RopeInterleaved(entry, 1, 1, d, cfg_.qk_rope_head_dim,
-                                           positions_.as<int32_t>() + (pos - slot), freq, false));
-  if (w.overlap) {
-    std::swap(st->prev_a, st->pend_a);
-    std::swap(st->prev_z, st->pend_z);
-    st->has_prev = true;
-  }
-  return Status::Ok();
+                                           &step->window_pos, freq, false));
+  return cuda::ScatterRow(entry, d, entries, d, &step->entry);
 }
 
-Status CudaShardModel::Attention(const DevLayer& l, DeviceAttentionCache* c) const {
+Status CudaShardModel::Attention(const DevLayer& l, std::span<const Row> rows,
+                                 const DevStepInputs& in) const {
   const int64_t nH = cfg_.num_attention_heads, D = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, W = cfg_.sliding_window;
   const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim, QL = cfg_.q_lora_rank;
+  const int64_t H = cfg_.hidden_size, T = static_cast<int64_t>(rows.size());
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  const int64_t pos = c->pos;
+  const int ri = RatioIndex(l.ratio);
+  const int64_t cw = l.comp.width(), iw = l.index_comp.width();
   const float* y = s_.y.as<float>();
   const float* freq = l.freq.as<float>();
-  const int32_t* p = positions_.as<int32_t>() + pos;
+  const int32_t* p = in.pos();
   float* cq = s_.cq.as<float>();
   float* q = s_.q.as<float>();
   float* kv = s_.kv.as<float>();
-  // 1-2: queries and the shared kv.
-  FM_RETURN_IF_ERROR(cuda::Gemv(l.wq_a.view(), y, cq));
-  FM_RETURN_IF_ERROR(cuda::RmsNorm(cq, l.q_norm.as<float>(), cq, 1, QL, eps));
-  FM_RETURN_IF_ERROR(cuda::Gemv(l.wq_b.view(), cq, q));
-  FM_RETURN_IF_ERROR(cuda::RmsNorm(q, nullptr, q, nH, D, eps));
-  FM_RETURN_IF_ERROR(cuda::Gemv(l.wkv.view(), y, kv));
-  FM_RETURN_IF_ERROR(cuda::RmsNorm(kv, l.kv_norm.as<float>(), kv, 1, D, eps));
+  float* hw = s_.iw.as<float>();
+  auto gemm = [T](const DeviceWeight& w, const float* x, int64_t xs, float* out) {
+    return cuda::Gemm(w.view(), x, xs, out, w.rows, T);
+  };
+  // 1-2: queries and the shared kv of every row.
+  FM_RETURN_IF_ERROR(gemm(l.wq_a, y, H, cq));
+  FM_RETURN_IF_ERROR(cuda::RmsNorm(cq, l.q_norm.as<float>(), cq, T, QL, eps));
+  FM_RETURN_IF_ERROR(gemm(l.wq_b, cq, QL, q));
+  FM_RETURN_IF_ERROR(cuda::RmsNorm(q, nullptr, q, T * nH, D, eps));
+  FM_RETURN_IF_ERROR(gemm(l.wkv, y, H, kv));
+  FM_RETURN_IF_ERROR(cuda::RmsNorm(kv, l.kv_norm.as<float>(), kv, T, D, eps));
   if (l.ratio > 1) {
-    FM_RETURN_IF_ERROR(cuda::Gemv(l.comp.wkv.view(), y, s_.ca.as<float>()));
-    FM_RETURN_IF_ERROR(cuda::Gemv(l.comp.wgate.view(), y, s_.cz.as<float>()));
+    FM_RETURN_IF_ERROR(gemm(l.comp.wkv, y, H, s_.ca.as<float>()));
+    FM_RETURN_IF_ERROR(gemm(l.comp.wgate, y, H, s_.cz.as<float>()));
   }
   if (l.ratio == 4) {
-    FM_RETURN_IF_ERROR(cuda::Gemv(l.index_comp.wkv.view(), y, s_.ia.as<float>()));
-    FM_RETURN_IF_ERROR(cuda::Gemv(l.index_comp.wgate.view(), y, s_.iz.as<float>()));
-    FM_RETURN_IF_ERROR(cuda::Gemv(l.index_wq_b.view(), cq, s_.iq.as<float>()));
-    FM_RETURN_IF_ERROR(cuda::Gemv(l.index_proj.view(), y, s_.iw.as<float>()));
+    FM_RETURN_IF_ERROR(gemm(l.index_comp.wkv, y, H, s_.ia.as<float>()));
+    FM_RETURN_IF_ERROR(gemm(l.index_comp.wgate, y, H, s_.iz.as<float>()));
+    FM_RETURN_IF_ERROR(gemm(l.index_wq_b, cq, QL, s_.iq.as<float>()));
+    FM_RETURN_IF_ERROR(gemm(l.index_proj, y, H, hw));
+    FM_RETURN_IF_ERROR(cuda::ScaleVector(hw, 1.0f / std::sqrt(static_cast<float>(nI)), hw, T * nI));
   }
-  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(q, 1, nH, D, rd, p, freq, false));
-  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(kv, 1, 1, D, rd, p, freq, false));
+  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(q, T, nH, D, rd, p, freq, false));
+  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(kv, T, 1, D, rd, p, freq, false));
   if (l.ratio == 4)
-    FM_RETURN_IF_ERROR(cuda::RopeInterleaved(s_.iq.as<float>(), 1, nI, dI, rd, p, freq, false));
-  // 4: the compressors; a completed window appends entry c->entries.
-  const bool emits = l.ratio > 1 && pos % l.ratio == l.ratio - 1;
-  if (emits && c->entries >= c->max_entries)
-    return OutOfRange("compressed entries exceed the cache's max_context");
-  if (l.ratio > 1) {
-    FM_RETURN_IF_ERROR(PushCompressor(l.comp, &c->comp, s_.ca.as<float>(), s_.cz.as<float>(),
-                                      pos, freq, c->keys.as<float>() + (W + c->entries) * D));
-  }
-  if (l.ratio == 4) {
-    FM_RETURN_IF_ERROR(PushCompressor(l.index_comp, &c->index_comp, s_.ia.as<float>(),
-                                      s_.iz.as<float>(), pos, freq,
-                                      c->ikeys.as<float>() + c->entries * dI));
-  }
-  if (emits) ++c->entries;
-  // 3: this token's kv into the ring (the window below reads it as its newest row).
-  FM_RETURN_IF_ERROR(cuda::CopyRows(kv, D, c->keys.as<float>() + (pos % W) * D, D, 1, D));
-  // 5-6: the key rows: the window, oldest first, then the chosen compressed entries.
-  const int64_t nwin = std::min(pos + 1, W), win_start = pos + 1 - nwin;
-  const int64_t visible = l.ratio > 1 ? (pos + 1) / l.ratio : 0;
-  int64_t nent = visible;
-  const int32_t* picks = nullptr;
-  if (l.ratio == 4 && visible > cfg_.index_topk) {
-    float* hw = s_.iw.as<float>();
-    FM_RETURN_IF_ERROR(cuda::ScaleVector(hw, 1.0f / std::sqrt(static_cast<float>(nI)), hw, nI));
-    FM_RETURN_IF_ERROR(cuda::IndexerScores(s_.iq.as<float>(), hw, nI, dI, c->ikeys.as<float>(),
-                                           visible, 1.0f / std::sqrt(static_cast<float>(dI)),
-                                           c->score.as<float>()));
-    FM_RETURN_IF_ERROR(cuda::TopKAscending(c->score.as<float>(), visible, cfg_.index_topk,
-                                           s_.picks.as<int32_t>()));
-    picks = s_.picks.as<int32_t>();
-    nent = cfg_.index_topk;
-  }
-  int32_t* idx = s_.idx.as<int32_t>();
-  FM_RETURN_IF_ERROR(cuda::KeyIndex(win_start, nwin, W, nent, picks, W, idx));
-  // 7: sink attention, then the inverse rope of the output.
+    FM_RETURN_IF_ERROR(cuda::RopeInterleaved(s_.iq.as<float>(), T, nI, dI, rd, p, freq, false));
+  // 3-7 row by row, in order: each query sees its sequence's caches after its own token.
   float* o = s_.o.as<float>();
-  FM_RETURN_IF_ERROR(cuda::SinkAttention(q, nH, c->keys.as<float>(), idx, nwin + nent, D,
-                                         l.sink.as<float>(),
-                                         1.0f / std::sqrt(static_cast<float>(D)), o));
-  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(o, 1, nH, D, rd, p, freq, true));
+  for (int64_t t = 0; t < T; ++t) {
+    const int i = static_cast<int>(t);
+    auto* c = static_cast<DeviceAttentionCache*>(rows[t].seq->layer(l.layer));
+    // 4: the compressors; a completed window appends an entry.
+    if (l.ratio > 1) {
+      FM_RETURN_IF_ERROR(PushCompressor(l.comp, &c->comp, s_.ca.as<float>() + t * cw,
+                                        s_.cz.as<float>() + t * cw, in.comp(i, ri), freq,
+                                        c->keys.as<float>() + W * D));
+    }
+    if (l.ratio == 4) {
+      FM_RETURN_IF_ERROR(PushCompressor(l.index_comp, &c->index_comp, s_.ia.as<float>() + t * iw,
+                                        s_.iz.as<float>() + t * iw, in.comp(i, ri), freq,
+                                        c->ikeys.as<float>()));
+    }
+    // 3: this token's kv into the ring (the window below reads it as its newest row).
+    FM_RETURN_IF_ERROR(cuda::ScatterRow(kv + t * D, D, c->keys.as<float>(), D, in.ring_row(i)));
+    // 5-6: the key rows: the window, oldest first, then the attended compressed entries: on
+    // ratio 4 the indexer's top-k once the cache can hold more entries than index_topk (with
+    // fewer visible, the top-k is all of them in order, as on CPU).
+    const bool indexer = l.ratio == 4 && c->max_entries > cfg_.index_topk;
+    const int64_t max_entries = l.ratio <= 1 ? 0 : indexer ? cfg_.index_topk : c->max_entries;
+    const int64_t max_keys = W + max_entries;
+    const int32_t* picks = nullptr;
+    if (indexer) {
+      FM_RETURN_IF_ERROR(cuda::IndexerScores(s_.iq.as<float>() + t * nI * dI, hw + t * nI, nI, dI,
+                                             c->ikeys.as<float>(), c->max_entries,
+                                             1.0f / std::sqrt(static_cast<float>(dI)),
+                                             c->score.as<float>(), in.visible(i, ri)));
+      FM_RETURN_IF_ERROR(cuda::TopKAscending(c->score.as<float>(), c->max_entries,
+                                             cfg_.index_topk, s_.picks.as<int32_t>(),
+                                             in.visible(i, ri)));
+      picks = s_.picks.as<int32_t>();
+    }
+    int32_t* idx = s_.idx.as<int32_t>();
+    FM_RETURN_IF_ERROR(cuda::KeyIndex(in.window(i), W, l.ratio > 1 ? in.entries(i, ri) : nullptr,
+                                      picks, W, max_keys, idx));
+    // 7: sink attention.
+    FM_RETURN_IF_ERROR(cuda::SinkAttention(q + t * nH * D, nH, c->keys.as<float>(), idx, max_keys,
+                                           D, l.sink.as<float>(),
+                                           1.0f / std::sqrt(static_cast<float>(D)),
+                                           o + t * nH * D,
+                                           l.ratio > 1 ? in.keys(i, ri) : in.nwin(i)));
+  }
+  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(o, T, nH, D, rd, p, freq, true));
   // 8: grouped output projection (as the CPU: all of wo_a when a group starts inside an FP8
   // scale block, keeping that group's rows).
   const int64_t gin = nH * D / G;
@@ -363,28 +407,26 @@ Status CudaShardModel::Attention(const DevLayer& l, DeviceAttentionCache* c) con
   for (int64_t g = 0; g < G; ++g) {
     QWeight wg;
     if (SliceRows(l.wo_a.view(), g * R, R, &wg)) {
-      FM_RETURN_IF_ERROR(cuda::Gemv(wg, o + g * gin, u + g * R));
+      FM_RETURN_IF_ERROR(cuda::Gemm(wg, o + g * gin, nH * D, u + g * R, G * R, T));
     } else {
-      FM_RETURN_IF_ERROR(cuda::Gemv(l.wo_a.view(), o + g * gin, s_.ug.as<float>()));
-      FM_RETURN_IF_ERROR(cuda::CopyRows(s_.ug.as<float>() + g * R, R, u + g * R, R, 1, R));
+      FM_RETURN_IF_ERROR(cuda::Gemm(l.wo_a.view(), o + g * gin, nH * D, s_.ug.as<float>(), G * R, T));
+      FM_RETURN_IF_ERROR(cuda::CopyRows(s_.ug.as<float>() + g * R, G * R, u + g * R, G * R, T, R));
     }
   }
-  FM_RETURN_IF_ERROR(cuda::Gemv(l.wo_b.view(), u, s_.out.as<float>()));
-  c->pos = pos + 1;
-  return Status::Ok();
+  return gemm(l.wo_b, u, G * R, s_.out.as<float>());
 }
 
-Status CudaShardModel::Moe(const DevLayer& l, int32_t token) const {
+Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const {
   const int64_t H = cfg_.hidden_size, E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok;
   const float limit = cfg_.swiglu_limit > 0 ? static_cast<float>(cfg_.swiglu_limit)
                                             : std::numeric_limits<float>::infinity();
   const float* y = s_.y.as<float>();
   int32_t* ids = s_.ids.as<int32_t>();
   float* rw = s_.rw.as<float>();
-  FM_RETURN_IF_ERROR(cuda::Gemv(l.gate.view(), y, s_.gl.as<float>()));
-  const int64_t* eids = l.hash ? l.tid2eid.as<int64_t>() + static_cast<int64_t>(token) * k : nullptr;
+  FM_RETURN_IF_ERROR(cuda::Gemm(l.gate.view(), y, H, s_.gl.as<float>(), E, T));
   FM_RETURN_IF_ERROR(cuda::RouterTopK(s_.gl.as<float>(), l.hash ? nullptr : l.bias.as<float>(),
-                                      eids, 1, E, k,
+                                      l.hash ? l.tid2eid.as<int64_t>() : nullptr, in.tokens(),
+                                      cfg_.vocab_size, T, E, k,
                                       static_cast<float>(cfg_.routed_scaling_factor), ids, rw));
   float* routed = s_.routed.as<float>();
   if (exec_ || !l.all_experts) {
@@ -392,76 +434,135 @@ Status CudaShardModel::Moe(const DevLayer& l, int32_t token) const {
     if (!exec_) return InvalidArgument("layer " + std::to_string(l.layer) +
                                           ": not every routed expert is on this device and no "
                                           "expert executor is set");
-    std::vector<float> xh(H), out(H), wh(k);
-    std::vector<int32_t> idh(k);
-    FM_RETURN_IF_ERROR(s_.y.CopyToHost(xh.data(), H * sizeof(float)));
-    FM_RETURN_IF_ERROR(s_.ids.CopyToHost(idh.data(), k * sizeof(int32_t)));
-    FM_RETURN_IF_ERROR(s_.rw.CopyToHost(wh.data(), k * sizeof(float)));
-    FM_RETURN_IF_ERROR(exec_->RunRouted(l.layer, xh.data(), 1, idh.data(), wh.data(), out.data()));
-    FM_RETURN_IF_ERROR(s_.routed.CopyFromHost(out.data(), H * sizeof(float)));
+    std::vector<float> xh(T * H), out(T * H), wh(T * k);
+    std::vector<int32_t> idh(T * k);
+    FM_RETURN_IF_ERROR(s_.y.CopyToHost(xh.data(), xh.size() * sizeof(float)));
+    FM_RETURN_IF_ERROR(s_.ids.CopyToHost(idh.data(), idh.size() * sizeof(int32_t)));
+    FM_RETURN_IF_ERROR(s_.rw.CopyToHost(wh.data(), wh.size() * sizeof(float)));
+    FM_RETURN_IF_ERROR(exec_->RunRouted(l.layer, xh.data(), T, idh.data(), wh.data(), out.data()));
+    FM_RETURN_IF_ERROR(s_.routed.CopyFromHost(out.data(), out.size() * sizeof(float)));
   } else {
     const int64_t I = l.w1.rows;
     float* h1 = s_.h1.as<float>();
     float* h3 = s_.h3.as<float>();
-    auto experts = [&](const DevExpertSet& set, const float* x, int64_t stride, float* out) {
-      return cuda::GemvExperts(set.format, set.rows, set.cols,
-                               set.datas.as<const void* const>(),
-                               set.scales.as<const uint8_t* const>(), E, ids, k, x, stride, out);
+    float* contrib = s_.contrib.as<float>();
+    auto experts = [&](const DevExpertSet& set, int64_t t, const float* x, int64_t stride,
+                       float* out) {
+      return cuda::GemvExperts(set.format, set.rows, set.cols, set.datas.as<const void* const>(),
+                               set.scales.as<const uint8_t* const>(), E, ids + t * k, k, x,
+                               stride, out);
     };
-    FM_RETURN_IF_ERROR(experts(l.w1, y, 0, h1));
-    FM_RETURN_IF_ERROR(experts(l.w3, y, 0, h3));
-    FM_RETURN_IF_ERROR(cuda::SwiGluClamped(h1, h3, h1, k * I, limit));
-    FM_RETURN_IF_ERROR(experts(l.w2, h1, I, s_.contrib.as<float>()));
-    FM_RETURN_IF_ERROR(cuda::MoeCombine(s_.contrib.as<float>(), rw, 1, k, H, routed));
+    for (int64_t t = 0; t < T; ++t) {
+      FM_RETURN_IF_ERROR(experts(l.w1, t, y + t * H, 0, h1 + t * k * I));
+      FM_RETURN_IF_ERROR(experts(l.w3, t, y + t * H, 0, h3 + t * k * I));
+    }
+    FM_RETURN_IF_ERROR(cuda::SwiGluClamped(h1, h3, h1, T * k * I, limit));
+    for (int64_t t = 0; t < T; ++t)
+      FM_RETURN_IF_ERROR(experts(l.w2, t, h1 + t * k * I, I, contrib + t * k * H));
+    FM_RETURN_IF_ERROR(cuda::MoeCombine(contrib, rw, T, k, H, routed));
   }
   // The shared expert, then out = routed + shared.
   const int64_t Is = l.s1.rows;
   float* out = s_.out.as<float>();
-  FM_RETURN_IF_ERROR(cuda::Gemv(l.s1.view(), y, s_.sh1.as<float>()));
-  FM_RETURN_IF_ERROR(cuda::Gemv(l.s3.view(), y, s_.sh3.as<float>()));
+  FM_RETURN_IF_ERROR(cuda::Gemm(l.s1.view(), y, H, s_.sh1.as<float>(), Is, T));
+  FM_RETURN_IF_ERROR(cuda::Gemm(l.s3.view(), y, H, s_.sh3.as<float>(), Is, T));
   FM_RETURN_IF_ERROR(cuda::SwiGluClamped(s_.sh1.as<float>(), s_.sh3.as<float>(),
-                                         s_.sh1.as<float>(), Is, limit));
-  FM_RETURN_IF_ERROR(cuda::Gemv(l.s2.view(), s_.sh1.as<float>(), out));
-  return cuda::AddVectors(routed, out, out, H);
+                                         s_.sh1.as<float>(), T * Is, limit));
+  FM_RETURN_IF_ERROR(cuda::Gemm(l.s2.view(), s_.sh1.as<float>(), Is, out, H, T));
+  return cuda::AddVectors(routed, out, out, T * H);
 }
 
-Status CudaShardModel::LayerStep(const DevLayer& l, DeviceAttentionCache* c, int32_t token) const {
-  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_attn, l.attn_norm));
-  FM_RETURN_IF_ERROR(Attention(l, c));
-  FM_RETURN_IF_ERROR(HcPostUpdate());
-  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_ffn, l.ffn_norm));
-  FM_RETURN_IF_ERROR(Moe(l, token));
-  return HcPostUpdate();
+Status CudaShardModel::LayerStep(const DevLayer& l, std::span<const Row> rows,
+                                 const DevStepInputs& in) const {
+  const int64_t T = static_cast<int64_t>(rows.size());
+  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_attn, l.attn_norm, T));
+  FM_RETURN_IF_ERROR(Attention(l, rows, in));
+  FM_RETURN_IF_ERROR(HcPostUpdate(T));
+  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_ffn, l.ffn_norm, T));
+  FM_RETURN_IF_ERROR(Moe(l, T, in));
+  return HcPostUpdate(T);
+}
+
+Status CudaShardModel::Step(std::span<const Row> rows, const DevStepInputs& in) const {
+  for (const auto& l : layers_) {
+    Status st = LayerStep(*l, rows, in);
+    if (!st.ok()) return st.Wrap("layer " + std::to_string(l->layer) + " on cuda:" +
+                                 std::to_string(device_));
+  }
+  return Status::Ok();
+}
+
+int CudaShardModel::RatioIndex(int64_t ratio) const {
+  for (size_t i = 0; i < ratios_.size(); ++i)
+    if (ratios_[i] == ratio) return static_cast<int>(i);
+  return 0;  // ratio <= 1: no compressed values are read
 }
 
 Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x) const {
   FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatchItems(cfg_, begin_, end_, items, false));
   std::lock_guard<std::mutex> lock(mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  const size_t row_bytes = static_cast<size_t>(cfg_.hc_mult * cfg_.hidden_size) * sizeof(float);
-  std::vector<DeviceAttentionCache*> caches;
+  cuda::StreamScope on_stream(stream_);
   for (const BatchItem& item : items) {
     for (int64_t l = begin_; l < end_; ++l) {
       auto* c = dynamic_cast<DeviceAttentionCache*>(item.cache->layer(l));
       if (!c) return InvalidArgument("sequence cache was not made by this cuda shard");
     }
   }
-  // Each row is one step through every layer of the shard: upload X, run, download X.
-  size_t row = 0;
-  for (const BatchItem& item : items) {
-    for (size_t t = 0; t < item.tokens.size(); ++t, ++row) {
-      FM_RETURN_IF_ERROR(s_.x.CopyFromHost(x + row * row_bytes / sizeof(float), row_bytes));
-      for (const auto& l : layers_) {
-        auto* c = static_cast<DeviceAttentionCache*>(item.cache->layer(l->layer));
-        Status st = LayerStep(*l, c, item.tokens[t]);
-        if (!st.ok()) return st.Wrap("layer " + std::to_string(l->layer) + " on cuda:" +
-                                     std::to_string(device_));
-      }
-      FM_RETURN_IF_ERROR(s_.x.CopyToHost(x + row * row_bytes / sizeof(float), row_bytes));
+  if (layers_.empty()) return Status::Ok();  // a stage of no layers passes X through
+  const size_t row_floats = static_cast<size_t>(cfg_.hc_mult * cfg_.hidden_size);
+  auto first = [&](const BatchItem& item) {
+    return static_cast<DeviceAttentionCache*>(item.cache->layer(begin_));
+  };
+  auto advance = [&](const SequenceCache* seq) {
+    for (int64_t l = begin_; l < end_; ++l)
+      ++static_cast<DeviceAttentionCache*>(seq->layer(l))->pos;
+  };
+  if (items.size() == 1 && items[0].tokens.size() == 1 && mode_ == CudaStepMode::kGraph &&
+      !exec_) {
+    // One decode token: the sequence's graph (captured on its first such step), replayed.
+    DeviceAttentionCache* f = first(items[0]);
+    StepInputs in{};
+    SetStepRow(cfg_, ratios_, 0, f->pos, tokens[0], &in);
+    FM_RETURN_IF_ERROR(f->inputs.CopyFromHostAsync(&in, sizeof in));
+    FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x, row_floats * sizeof(float)));
+    if (f->graph.empty()) {
+      const Row row{items[0].cache};
+      const DevStepInputs dev(f->inputs);
+      FM_ASSIGN_OR_RETURN(f->graph,
+                          cuda::Graph::Capture(stream_, [&] { return Step({&row, 1}, dev); }));
     }
-    item.cache->Advance(static_cast<int64_t>(item.tokens.size()));
+    FM_RETURN_IF_ERROR(f->graph.Launch(stream_));
+    FM_RETURN_IF_ERROR(s_.x.CopyToHost(x, row_floats * sizeof(float)));
+    advance(items[0].cache);
+    items[0].cache->Advance(1);
+    return stream_.Synchronize();
   }
-  return cuda::Synchronize();
+  // Otherwise every token of the batch, in order, in steps of up to kMaxStepRows rows: each
+  // projection one Gemm over the step's rows, the attention core row by row.
+  std::vector<Row> rows;
+  std::vector<int64_t> pos;
+  for (const BatchItem& item : items) {
+    const int64_t p0 = first(item)->pos;
+    for (size_t t = 0; t < item.tokens.size(); ++t) {
+      rows.push_back({item.cache});
+      pos.push_back(p0 + static_cast<int64_t>(t));
+    }
+  }
+  const DevStepInputs dev(s_.inputs);
+  for (size_t r0 = 0; r0 < rows.size(); r0 += kMaxStepRows) {
+    const size_t T = std::min<size_t>(kMaxStepRows, rows.size() - r0);
+    StepInputs in{};
+    for (size_t t = 0; t < T; ++t)
+      SetStepRow(cfg_, ratios_, static_cast<int>(t), pos[r0 + t], tokens[r0 + t], &in);
+    FM_RETURN_IF_ERROR(s_.inputs.CopyFromHostAsync(&in, sizeof in));
+    FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, T * row_floats * sizeof(float)));
+    FM_RETURN_IF_ERROR(Step(std::span(rows).subspan(r0, T), dev));
+    FM_RETURN_IF_ERROR(s_.x.CopyToHost(x + r0 * row_floats, T * row_floats * sizeof(float)));
+    for (size_t t = 0; t < T; ++t) advance(rows[r0 + t].seq);
+  }
+  for (const BatchItem& item : items) item.cache->Advance(static_cast<int64_t>(item.tokens.size()));
+  return stream_.Synchronize();
 }
 
 Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const {
@@ -469,6 +570,7 @@ Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const
   if (rows <= 0) return InvalidArgument("Logits: rows " + std::to_string(rows) + " must be > 0");
   std::lock_guard<std::mutex> lock(mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  cuda::StreamScope on_stream(stream_);
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
   for (int64_t r = 0; r < rows; ++r) {
@@ -481,13 +583,14 @@ Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const
     FM_RETURN_IF_ERROR(cuda::Gemv(head_.view(), s_.head_y.as<float>(), s_.logits.as<float>()));
     FM_RETURN_IF_ERROR(s_.logits.CopyToHost(logits + r * V, V * sizeof(float)));
   }
-  return cuda::Synchronize();
+  return stream_.Synchronize();
 }
 
 }  // namespace
 
-Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt, int device) {
-  auto m = std::make_unique<CudaShardModel>(ckpt.config(), device);
+Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt, int device,
+                                                         CudaStepMode mode) {
+  auto m = std::make_unique<CudaShardModel>(ckpt.config(), device, mode);
   Status st = m->Bind(ckpt);
   if (!st.ok()) return st.Wrap("device cuda:" + std::to_string(device));
   return std::unique_ptr<ShardModel>(std::move(m));

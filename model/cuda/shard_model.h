@@ -2,8 +2,10 @@
 // device memory (uploaded once, in their checkpoint formats), each sequence's decode state on the
 // device (window ring, compressed entries, indexer keys, compressor pending rows), and the
 // T = 1 step of every layer queued on one stream from kernels/cuda with no host round trip
-// inside a layer; the host only keeps positions and counts, which it knows without asking.
-// A prefill of T tokens runs T such steps (decode == prefill, as on CPU). Same interface and
+// inside it. What depends on the position (rows, counts, the token) is written by the host into
+// a small device buffer before each step, so each sequence's step is captured once as a CUDA
+// graph and replayed at every position. A prefill of T tokens runs T such steps (decode ==
+// prefill, as on CPU). Same interface and
 // results as the CPU ShardModel within float rounding (tests/gpu: logits within 1e-3).
 #pragma once
 #include <memory>
@@ -14,9 +16,15 @@
 
 namespace fm {
 
+// kGraph: a sequence's step is captured as a CUDA graph on its first token and replayed (the
+// default); kEager: every step launches its kernels (vLLM's enforce-eager: for comparing and
+// debugging). With an expert executor (EP) the step is eager: it waits for the host mid-layer.
+enum class CudaStepMode { kGraph, kEager };
+
 // Binds ckpt's selection and uploads it to CUDA device `device`. Without CUDA in the build, or
 // without such a device: an error that says so. No MTP block on the device yet (has_mtp false).
-Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt, int device);
+Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt, int device,
+                                                         CudaStepMode mode = CudaStepMode::kGraph);
 
 // Read bandwidth of CUDA device `device` in GB/s (kernels/cuda MeasureReadBandwidth over 1 GiB),
 // what `flashmesh bench decode --device cuda:N` divides its weight traffic by.

@@ -5,7 +5,8 @@
 
 namespace fm {
 
-Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint&, int device) {
+Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint&, int device,
+                                                         CudaStepMode) {
   return Unavailable("device cuda:" + std::to_string(device) +
                      ": this flashmesh was built without CUDA (no nvcc at configure time)");
 }

@@ -33,8 +33,11 @@ if step cmake --build "$BUILD" -j "$JOBS" --target flashmesh; then
   # Device decode: tok/s and weight traffic / device read bandwidth (bw_efficiency).
   [ -f "$BUILD/bench-model/config.json" ] ||
     step "$BUILD/cli/flashmesh" mkmodel --preset bench "$BUILD/bench-model"
-  step "$BUILD/cli/flashmesh" bench decode --model "$BUILD/bench-model" --device cuda:0 \
-    --context 64 --tokens 64
+  # The same with every kernel launched per step: the CUDA graph's gain, measured in one run.
+  for mode in "" --eager; do
+    step "$BUILD/cli/flashmesh" bench decode --model "$BUILD/bench-model" --device cuda:0 \
+      --context 64 --tokens 64 $mode
+  done
 fi
 nvidia-smi
 

@@ -257,6 +257,47 @@ TEST(CudaGemv, RepeatedRunsAreBitIdentical) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
 }
 
+// Gemm over T tokens with padded strides: every token's row equals Gemv of that token (same
+// bits), for every format; the padding between rows of y stays untouched.
+TEST(CudaGemm, EachTokenEqualsItsGemvBitForBit) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(77);
+  const int64_t T = 5;
+  for (WeightFormat f : {WeightFormat::kFP8Block, WeightFormat::kFP4Block32, WeightFormat::kBF16,
+                         WeightFormat::kF32}) {
+    const int64_t rows = 75, cols = 160, xs = cols + 4, ys = rows + 3;
+    const HostWeight h = RandomWeight(f, rows, cols, rng);
+    const std::vector<float> x = RandomNormal(T * xs, rng);
+    auto dw = cuda::UploadWeight(h.w);
+    ASSERT_TRUE(dw.ok()) << dw.status().ToString();
+    DeviceBuffer dx = ToDevice(x), dy = ToDevice(std::vector<float>(T * ys, -5.0f));
+    ASSERT_OK(cuda::Gemm(dw->view(), dx.as<float>(), xs, dy.as<float>(), ys, T));
+    const std::vector<float> y = ToHost(dy, T * ys);
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<float> xt(x.begin() + t * xs, x.begin() + t * xs + cols);
+      const std::vector<float> want = DeviceGemv(h, xt);
+      for (int64_t r = 0; r < ys; ++r) {
+        if (r < rows)
+          ASSERT_TRUE(SameBits(y[t * ys + r], want[r])) << static_cast<int>(f) << " t " << t << " r " << r;
+        else
+          ASSERT_EQ(y[t * ys + r], -5.0f) << "padding t " << t << " r " << r;
+      }
+    }
+  }
+}
+
+TEST(CudaArgs, GemmRejectsShortStrides) {
+  std::vector<uint8_t> bytes(4096);
+  const QWeight w{WeightFormat::kBF16, 4, 64, bytes.data(), nullptr};
+  float* f = reinterpret_cast<float*>(bytes.data());
+  Status s = cuda::Gemm(w, f, 63, f, 4, 2);
+  EXPECT_NE(s.message().find("strides x 63, y 4 for a [4, 64] weight"), std::string::npos)
+      << s.ToString();
+  s = cuda::Gemm(w, f, 64, f, 4, -1);
+  EXPECT_NE(s.message().find("tokens -1 < 0"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(cuda::Gemm(w, f, 64, f, 4, 0).ok());
+}
+
 // ---- RMSNorm ------------------------------------------------------------------------------
 
 std::vector<float> RefRmsNorm(const std::vector<float>& x, const std::vector<float>* g,

@@ -23,19 +23,24 @@ namespace {
 using namespace cudatest;
 using cuda::DeviceBuffer;
 
-// The device router for T tokens; ids and weights back on the host.
+// The device router for T tokens (hash layers: tid2eid [vocab, k] and the tokens' ids); ids and
+// weights back on the host.
 void DeviceRouter(const std::vector<float>& logits, const std::vector<float>* bias,
-                  const std::vector<int64_t>* eids, int64_t T, int64_t E, int64_t k, float scale,
-                  std::vector<int32_t>* ids, std::vector<float>* w) {
+                  const std::vector<int64_t>* tid2eid, const std::vector<int32_t>* tokens,
+                  int64_t T, int64_t E, int64_t k, float scale, std::vector<int32_t>* ids,
+                  std::vector<float>* w) {
   DeviceBuffer dl = ToDevice(logits);
   DeviceBuffer db = bias ? ToDevice(*bias) : DeviceBuffer();
-  DeviceBuffer de = eids ? ToDevice(*eids) : DeviceBuffer();
+  DeviceBuffer de = tid2eid ? ToDevice(*tid2eid) : DeviceBuffer();
+  DeviceBuffer dt = tokens ? ToDevice(*tokens) : DeviceBuffer();
+  const int64_t vocab = tid2eid ? static_cast<int64_t>(tid2eid->size()) / k : 0;
   auto di = DeviceBuffer::Alloc(T * k * sizeof(int32_t));
   auto dw = DeviceBuffer::Alloc(T * k * sizeof(float));
   ASSERT_TRUE(di.ok() && dw.ok());
   ASSERT_OK(cuda::RouterTopK(dl.as<float>(), bias ? db.as<float>() : nullptr,
-                             eids ? de.as<int64_t>() : nullptr, T, E, k, scale, di->as<int32_t>(),
-                             dw->as<float>()));
+                             tid2eid ? de.as<int64_t>() : nullptr,
+                             tokens ? dt.as<int32_t>() : nullptr, vocab, T, E, k, scale,
+                             di->as<int32_t>(), dw->as<float>()));
   ids->resize(T * k);
   ASSERT_OK(di->CopyToHost(ids->data(), T * k * sizeof(int32_t)));
   *w = ToHost(*dw, T * k);
@@ -45,13 +50,15 @@ TEST(CudaArgs, RouterRejectsBadShapes) {
   float f[4] = {};
   int32_t ids[4] = {};
   int64_t e[4] = {};
-  Status s = cuda::RouterTopK(f, nullptr, nullptr, 1, 0, 1, 1.0f, ids, f);
+  Status s = cuda::RouterTopK(f, nullptr, nullptr, nullptr, 0, 1, 0, 1, 1.0f, ids, f);
   EXPECT_NE(s.message().find("experts 0 outside [1, 1024]"), std::string::npos) << s.ToString();
-  s = cuda::RouterTopK(f, nullptr, nullptr, 1, 4, 5, 1.0f, ids, f);
+  s = cuda::RouterTopK(f, nullptr, nullptr, nullptr, 0, 1, 4, 5, 1.0f, ids, f);
   EXPECT_NE(s.message().find("top_k 5 outside [1, experts 4]"), std::string::npos) << s.ToString();
-  s = cuda::RouterTopK(f, f, e, 1, 4, 2, 1.0f, ids, f);
+  s = cuda::RouterTopK(f, f, e, ids, 2, 1, 4, 2, 1.0f, ids, f);
   EXPECT_NE(s.message().find("exclusive"), std::string::npos) << s.ToString();
-  EXPECT_TRUE(cuda::RouterTopK(f, nullptr, nullptr, 0, 4, 2, 1.0f, ids, f).ok());
+  s = cuda::RouterTopK(f, nullptr, e, nullptr, 2, 1, 4, 2, 1.0f, ids, f);
+  EXPECT_NE(s.message().find("hash routing needs the tokens"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(cuda::RouterTopK(f, nullptr, nullptr, nullptr, 0, 0, 4, 2, 1.0f, ids, f).ok());
 }
 
 // Score layers: the ids of the CPU router (top-k of s + bias), the weights within float
@@ -65,7 +72,7 @@ TEST(CudaRouter, TopkWithBiasMatchesCpuRouter) {
     logits[3] = 25.0f;   // the softplus threshold
     std::vector<int32_t> ids;
     std::vector<float> w;
-    DeviceRouter(logits, &bias, nullptr, T, E, k, 2.5f, &ids, &w);
+    DeviceRouter(logits, &bias, nullptr, nullptr, T, E, k, 2.5f, &ids, &w);
     for (int64_t t = 0; t < T; ++t) {
       std::vector<float> s(E), want_w(k);
       std::vector<int32_t> want_ids(k);
@@ -84,7 +91,7 @@ TEST(CudaRouter, EqualScoresPickTheLowestIndicesInOrder) {
   std::vector<float> logits(E, 0.25f);
   std::vector<int32_t> ids;
   std::vector<float> w;
-  DeviceRouter(logits, nullptr, nullptr, 1, E, k, 1.0f, &ids, &w);
+  DeviceRouter(logits, nullptr, nullptr, nullptr, 1, E, k, 1.0f, &ids, &w);
   for (int64_t j = 0; j < k; ++j) {
     EXPECT_EQ(ids[j], j);
     EXPECT_NEAR(w[j], 1.0f / k, 1e-7);
@@ -94,20 +101,25 @@ TEST(CudaRouter, EqualScoresPickTheLowestIndicesInOrder) {
 TEST(CudaRouter, HashLayerTakesTheTokensRow) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(13);
-  const int64_t T = 3, E = 256, k = 6;
+  const int64_t T = 4, E = 256, k = 6, V = 10;
   std::vector<float> logits = RandomNormal(T * E, rng, 2.0f);
-  std::vector<int64_t> eids(T * k);
-  for (int64_t i = 0; i < T * k; ++i) eids[i] = (i * 37 + 5) % E;
+  std::vector<int64_t> tid2eid(V * k);
+  for (int64_t i = 0; i < V * k; ++i) tid2eid[i] = (i * 37 + 5) % E;
+  const std::vector<int32_t> tokens = {7, 0, 9, 10};  // the last is outside the vocab
   std::vector<int32_t> ids;
   std::vector<float> w;
-  DeviceRouter(logits, nullptr, &eids, T, E, k, 1.5f, &ids, &w);
-  for (int64_t t = 0; t < T; ++t) {
+  DeviceRouter(logits, nullptr, &tid2eid, &tokens, T, E, k, 1.5f, &ids, &w);
+  for (int64_t t = 0; t < T - 1; ++t) {
     std::vector<float> s(E), want_w(k);
     std::vector<int32_t> want_ids(k);
     RouterSqrtSoftplus_E(&logits[t * E], E, s.data());
-    RouterHash_k(s.data(), &eids[t * k], k, 1.5f, want_ids.data(), want_w.data());
+    RouterHash_k(s.data(), &tid2eid[tokens[t] * k], k, 1.5f, want_ids.data(), want_w.data());
     for (int64_t j = 0; j < k; ++j) EXPECT_EQ(ids[t * k + j], want_ids[j]);
     ExpectClose(std::vector<float>(w.begin() + t * k, w.begin() + (t + 1) * k), want_w, 1e-6, "hash");
+  }
+  for (int64_t j = 0; j < k; ++j) {
+    EXPECT_EQ(ids[(T - 1) * k + j], -1);
+    EXPECT_TRUE(std::isnan(w[(T - 1) * k + j]));
   }
 }
 

@@ -1,12 +1,14 @@
 // The device ShardModel (model/cuda/shard_model.h) against the CPU ShardModel on the tiny preset
 // (layers [0,0,4,128,4,128], window 16, indexer top-4): decode logits within 1e-3 relative over
-// three windows and past a ratio-128 entry, a prefill and a batch of two sequences, a pipeline
-// stage, and the errors. Without a CUDA device only the no-device error runs.
+// three windows and past a ratio-128 entry (each sequence's step a replayed CUDA graph), graph
+// replay == eager launches bit for bit, a batched prefill of two sequences over two device steps
+// then decode, a pipeline stage, and the errors. Without a CUDA device only the no-device error runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -113,22 +115,56 @@ TEST_F(CudaShardTest, DecodeMatchesCpuPastARatio128Entry) {
   DecodeMatchesCpu(136);
 }
 
+// The graph replays exactly the eager launches: the same bits at every step, on a second
+// sequence too (its own graph over its own caches) while the first one's stays valid.
+TEST_F(CudaShardTest, GraphReplayEqualsEagerLaunchesBitForBit) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  auto ck = Checkpoint::Open(*dir_, {});
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  auto graph = CreateCudaShardModel(**ck, 0, CudaStepMode::kGraph);
+  auto eager = CreateCudaShardModel(**ck, 0, CudaStepMode::kEager);
+  ASSERT_TRUE(graph.ok() && eager.ok());
+  const auto a = Tokens(24, 41), b = Tokens(6, 42);
+  auto ga = (*graph)->NewSequence(512), gb = (*graph)->NewSequence(512);
+  auto ea = (*eager)->NewSequence(512), eb = (*eager)->NewSequence(512);
+  std::vector<float> g, e;
+  for (int t = 0; t < 24; ++t) {  // window wrap at 16, ratio-4 entries, b interleaved
+    const BatchItem gi{ga.get(), std::span(a).subspan(t, 1)}, ei{ea.get(), std::span(a).subspan(t, 1)};
+    ASSERT_TRUE(modeltest::RunItems(**graph, {&gi, 1}, &g).ok());
+    ASSERT_TRUE(modeltest::RunItems(**eager, {&ei, 1}, &e).ok());
+    if (t < 6) {
+      const BatchItem gj{gb.get(), std::span(b).subspan(t, 1)}, ej{eb.get(), std::span(b).subspan(t, 1)};
+      ASSERT_TRUE(modeltest::RunItems(**graph, {&gj, 1}, &g).ok());
+      ASSERT_TRUE(modeltest::RunItems(**eager, {&ej, 1}, &e).ok());
+    }
+  }
+  ASSERT_EQ(g.size(), e.size());
+  EXPECT_EQ(std::memcmp(g.data(), e.data(), g.size() * sizeof(float)), 0);
+}
+
 TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ThreadPool pool(2);
   Pair p = Open(&pool);
   ASSERT_TRUE(p.gpu);
-  const auto a = Tokens(23, 31), b = Tokens(9, 32);
+  // 49 rows: two device steps (32 + 17), sequence a in both; then a decodes on its graph.
+  const auto a = Tokens(42, 31), b = Tokens(9, 32);
   auto ca = p.cpu->NewSequence(256), cb = p.cpu->NewSequence(256);
   auto ga = p.gpu->NewSequence(256), gb = p.gpu->NewSequence(256);
-  const BatchItem citems[2] = {{ca.get(), a}, {cb.get(), b}};
-  const BatchItem gitems[2] = {{ga.get(), a}, {gb.get(), b}};
+  const auto a0 = std::span(a).first(40);
+  const BatchItem citems[2] = {{ca.get(), a0}, {cb.get(), b}};
+  const BatchItem gitems[2] = {{ga.get(), a0}, {gb.get(), b}};
   std::vector<float> cpu, gpu;
   ASSERT_TRUE(modeltest::RunItems(*p.cpu, citems, &cpu).ok());
   const Status st = modeltest::RunItems(*p.gpu, gitems, &gpu);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(ga->next_pos(), 23);
+  EXPECT_EQ(ga->next_pos(), 40);
   EXPECT_EQ(gb->next_pos(), 9);
+  for (int t = 40; t < 42; ++t) {
+    const BatchItem ci{ca.get(), std::span(a).subspan(t, 1)}, gi{ga.get(), std::span(a).subspan(t, 1)};
+    ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &cpu).ok());
+    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&gi, 1}, &gpu).ok());
+  }
   EXPECT_LT(RelErr(gpu, cpu), 1e-3);
 }
 

@@ -50,5 +50,28 @@ TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
   EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
 }
 
+// The device decode bench: with a GPU it reports the JSON keys (graph and eager); without one
+// it fails naming the device; --eager alone is a usage error.
+TEST(DeviceShard, BenchDecodeOnADeviceRunsOrSaysWhy) {
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--eager"}, &out), 2);
+  EXPECT_NE(out.find("--eager: only with --device cuda:N"), std::string::npos) << out;
+  for (const char* mode : {"--json", "--eager"}) {
+    const int rc = RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--device", "cuda:0",
+                                 "--context", "8", "--tokens", "4", "--json", mode},
+                                &out, 120s);
+    if (Gpus() > 0) {
+      EXPECT_EQ(rc, 0) << out;
+      EXPECT_NE(out.find("\"tok_per_s\""), std::string::npos) << out;
+      EXPECT_NE(out.find(std::string("\"cuda_graph\": ") + (mode[2] == 'e' ? "false" : "true")),
+                std::string::npos)
+          << out;
+    } else {
+      EXPECT_EQ(rc, 1) << out;
+      EXPECT_NE(out.find("cuda:0"), std::string::npos) << out;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fm::it

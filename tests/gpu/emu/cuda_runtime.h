@@ -3,6 +3,9 @@
 // (ucontext) on the calling thread: each runs until its next __syncthreads or its return, then
 // the next one runs, so every live thread reaches a barrier before any passes it; blocks run one
 // after another. Warp shuffles go through shared slots and two barriers.
+// Streams are one queue: a launch runs at once, except while a graph is being captured
+// (device_emu.cpp Graph::Capture), when it is recorded with its arguments by value and runs on
+// each replay, as a CUDA graph bakes them.
 // It checks indexing, layouts, reductions and barrier structure; not timing, the memory model,
 // FMA contraction or alignment faults.
 #pragma once
@@ -18,6 +21,15 @@ struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
+using cudaStream_t = void*;
+// The launch configuration <<<grid, block, shared bytes, stream>>>.
+struct EmuConfig {
+  dim3 grid, block;
+  size_t shared = 0;
+  cudaStream_t stream = nullptr;
+};
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
 
@@ -69,9 +81,11 @@ inline void EmuFiberMain() {
   emu_fibers[emu_current].done = true;  // then uc_link returns to the scheduler
 }
 
-// kernel<<<grid, block>>>(args) is rewritten to EmuLaunch(kernel, grid, block, args) by emulate.sh.
+// Set while a graph is captured: launches are appended here instead of run.
+inline std::vector<std::function<void()>>* emu_capture = nullptr;
+
 template <class... P, class... A>
-void EmuLaunch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
+void EmuRun(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
   constexpr size_t kStack = 256 << 10;
   if (emu_fibers.size() < block.x) emu_fibers.resize(block.x);
   emu_body = [&] { kernel(args...); };
@@ -99,4 +113,15 @@ void EmuLaunch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
       }
     }
   }
+}
+
+// kernel<<<config>>>(args) is rewritten to EmuLaunch(kernel, EmuConfig{config}, args) by
+// emulate.sh.
+template <class... P, class... A>
+void EmuLaunch(void (*kernel)(P...), EmuConfig cfg, A... args) {
+  if (emu_capture) {
+    emu_capture->push_back([=] { EmuRun(kernel, cfg.grid, cfg.block, args...); });
+    return;
+  }
+  EmuRun(kernel, cfg.grid, cfg.block, args...);
 }

@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include <cuda_runtime.h>
+
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 
@@ -40,13 +42,28 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
+// A blocking copy inside a capture is an error on a GPU (the capture is invalidated); so here.
+static Status NotWhileCapturing(const char* what) {
+  if (emu_capture) return Internal(std::string(what) + ": blocking copy while capturing a graph");
+  return Status::Ok();
+}
+
+Status DeviceBuffer::CopyFromHostAsync(const void* src, size_t bytes, size_t offset) {
+  if (offset > size_ || bytes > size_ - offset) return OutOfRange("CopyFromHost past the buffer");
+  if (emu_capture) return Internal("CopyFromHostAsync: host memory copies are not captured here");
+  if (bytes) std::memcpy(static_cast<char*>(ptr_) + offset, src, bytes);
+  return Status::Ok();
+}
+
 Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) {
+  FM_RETURN_IF_ERROR(NotWhileCapturing("CopyFromHost"));
   if (offset > size_ || bytes > size_ - offset) return OutOfRange("CopyFromHost past the buffer");
   if (bytes) std::memcpy(static_cast<char*>(ptr_) + offset, src, bytes);
   return Status::Ok();
 }
 
 Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
+  FM_RETURN_IF_ERROR(NotWhileCapturing("CopyToHost"));
   if (offset > size_ || bytes > size_ - offset) return OutOfRange("CopyToHost past the buffer");
   if (bytes) std::memcpy(dst, static_cast<const char*>(ptr_) + offset, bytes);
   return Status::Ok();
@@ -61,6 +78,49 @@ Result<DeviceBuffer> Upload(const void* src, size_t bytes) {
   FM_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Alloc(bytes));
   FM_RETURN_IF_ERROR(b.CopyFromHost(src, bytes));
   return Result<DeviceBuffer>(std::move(b));
+}
+
+// Streams: one queue that runs at once; the handle only has to be non-null (a real stream).
+Result<Stream> Stream::Create() {
+  Stream s;
+  s.handle_ = &emu_scheduler;
+  return Result<Stream>(std::move(s));
+}
+Stream::~Stream() = default;
+Stream::Stream(Stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+Stream& Stream::operator=(Stream&& other) noexcept {
+  handle_ = std::exchange(other.handle_, nullptr);
+  return *this;
+}
+Status Stream::Synchronize() const { return Status::Ok(); }
+StreamScope::StreamScope(const Stream&) : saved_(nullptr) {}
+StreamScope::~StreamScope() = default;
+
+struct Graph::Impl {
+  std::vector<std::function<void()>> launches;
+};
+Graph::Graph() = default;
+Graph::~Graph() = default;
+Graph::Graph(Graph&& other) noexcept = default;
+Graph& Graph::operator=(Graph&& other) noexcept = default;
+size_t Graph::nodes() const { return impl_ ? impl_->launches.size() : 0; }
+
+Result<Graph> Graph::Capture(const Stream& stream, const std::function<Status()>& body) {
+  if (!stream.handle()) return InvalidArgument("Graph::Capture: the default stream cannot be captured");
+  auto impl = std::make_unique<Impl>();
+  emu_capture = &impl->launches;
+  Status st = body();
+  emu_capture = nullptr;
+  if (!st.ok()) return st.Wrap("capturing a CUDA graph");
+  Graph g;
+  g.impl_ = std::move(impl);
+  return Result<Graph>(std::move(g));
+}
+
+Status Graph::Launch(const Stream&) const {
+  if (!impl_) return Internal("Graph::Launch: an empty graph");
+  for (const auto& launch : impl_->launches) launch();
+  return Status::Ok();
 }
 
 }  // namespace fm::cuda
