@@ -91,10 +91,11 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
         spec.add_ep_expert_begin(plan.workers[m].expert_begin);
       }
       spec.add_ep_expert_begin(plan.workers[first + k - 1].expert_end);
-      if (options.nccl) {
-        spec.set_ep_transport("nccl");
-        spec.set_cuda_device(i < options.cuda_devices.size() ? options.cuda_devices[i] : 0);
-      }
+      if (options.nccl) spec.set_ep_transport("nccl");
+    }
+    if (options.nccl) {
+      spec.set_cuda_device(i < options.cuda_devices.size() ? options.cuda_devices[i] : 0);
+      if (plan.pipeline_stages > 1) spec.set_stage_transport("nccl");
     }
     const int device = i < options.cuda_devices.size() ? options.cuda_devices[i] : -1;
     spec.set_device(device >= 0 ? "cuda:" + std::to_string(device) : "cpu");
@@ -104,13 +105,19 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_epoch(epoch_);
     nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec));
   }
+  // transport nccl: the EP groups and the stage hops are NCCL communicators, which cannot take
+  // a restarted member back. Without hops each stage's EP group loads on its own; with hops
+  // they chain every worker together, so the whole cluster is one group loaded together.
   const size_t k = static_cast<size_t>(plan.expert_parallel);
-  if (options.nccl && k > 1)
-    for (size_t first = 0; first + k <= nodes_.size(); first += k) {
+  const bool hops = plan.pipeline_stages > 1;
+  if (options.nccl && (k > 1 || hops)) {
+    const size_t size = hops ? nodes_.size() : k;
+    for (size_t first = 0; first + size <= nodes_.size(); first += size) {
       auto g = std::make_unique<NcclGroup>();
-      for (size_t m = first; m < first + k; ++m) g->members.push_back(nodes_[m].get());
+      for (size_t m = first; m < first + size; ++m) g->members.push_back(nodes_[m].get());
       nccl_groups_.push_back(std::move(g));
     }
+  }
 }
 
 Cluster::~Cluster() {
@@ -193,29 +200,45 @@ Cluster::NcclGroup* Cluster::GroupOf(const NodeHandle* node) const {
   return nullptr;
 }
 
-void Cluster::LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen) {
-  std::lock_guard<std::mutex> lock(group->mu);
-  if (group->generation != seen) return;   // loaded again meanwhile; the next beat looks anew
-  NodeHandle* root = group->members.front();
+Result<std::string> Cluster::NewNcclId(NodeHandle* root, const std::string& what) {
   flashmesh::v1::NewNcclIdRequest ireq;
   flashmesh::v1::NewNcclIdResponse iresp;
   grpc::ClientContext ictx;
   ictx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::Status is = root->stub()->NewNcclId(&ictx, ireq, &iresp);
-  if (!is.ok()) {
-    SetState(node, flashmesh::v1::NODE_STATE_DOWN,
-             "NewNcclId on " + root->name() + " (its EP group's rank 0): " + is.error_message());
-    return;
+  if (!is.ok())
+    return Unavailable("NewNcclId on " + root->name() + " (" + what + "): " + is.error_message());
+  return iresp.unique_id();
+}
+
+void Cluster::LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen) {
+  std::lock_guard<std::mutex> lock(group->mu);
+  if (group->generation != seen) return;   // loaded again meanwhile; the next beat looks anew
+  // A fresh id for every communicator among the members: each stage's EP group (from its
+  // rank 0) and each hop (from its sending worker, into its next_nccl_id and the receiver's
+  // prev_nccl_id). Members are stage-major, so the hop from member i goes to member i + k.
+  const size_t n = group->members.size(), k = static_cast<size_t>(expert_parallel_);
+  std::vector<flashmesh::v1::ShardSpec> specs;
+  for (NodeHandle* m : group->members) specs.push_back(m->spec());
+  for (size_t i = 0; i < n; ++i) {
+    if (k > 1 && i % k == 0) {
+      Result<std::string> id = NewNcclId(group->members[i], "its EP group's rank 0");
+      if (!id.ok()) return SetState(node, flashmesh::v1::NODE_STATE_DOWN, id.status().message());
+      for (size_t m = i; m < i + k; ++m) specs[m].set_nccl_unique_id(*id);
+    }
+    if (specs[i].stage_transport() == "nccl" && i + k < n) {
+      Result<std::string> id = NewNcclId(group->members[i], "the hop to the next stage");
+      if (!id.ok()) return SetState(node, flashmesh::v1::NODE_STATE_DOWN, id.status().message());
+      specs[i].set_next_nccl_id(*id);
+      specs[i + k].set_prev_nccl_id(*id);
+    }
   }
-  FM_LOG(kInfo, "coordinator") << "loading the NCCL EP group of stage " << root->plan().stage
-                               << " (" << group->members.size() << " members) with a fresh id";
-  // Together: the members meet in the group's first exchange.
+  FM_LOG(kInfo, "coordinator") << "loading the NCCL group of " << n << " workers (from "
+                               << group->members.front()->name() << ") with fresh ids";
+  // Together: the members meet in the communicators' first exchanges.
   std::vector<std::thread> loads;
-  for (NodeHandle* m : group->members) {
-    flashmesh::v1::ShardSpec spec = m->spec();
-    spec.set_nccl_unique_id(iresp.unique_id());
-    loads.emplace_back([this, m, spec] { LoadNode(m, spec); });
-  }
+  for (size_t i = 0; i < n; ++i)
+    loads.emplace_back([this, m = group->members[i], spec = specs[i]] { LoadNode(m, spec); });
   for (auto& t : loads) t.join();
   ++group->generation;
 }

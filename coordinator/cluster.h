@@ -99,6 +99,8 @@ class Cluster {
   // Loads every member of `group` with a fresh id, unless another heartbeat did since this
   // one read `seen` (the generation).
   void LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen);
+  // A fresh ncclUniqueId from `root` (`what` it is for goes into the error).
+  Result<std::string> NewNcclId(NodeHandle* root, const std::string& what);
   NcclGroup* GroupOf(const NodeHandle* node) const;
   void SetState(NodeHandle* node, flashmesh::v1::NodeState state, const std::string& error);
 
@@ -107,7 +109,8 @@ class Cluster {
   int expert_parallel_ = 1;
   uint64_t epoch_ = 0;
   std::vector<std::unique_ptr<NodeHandle>> nodes_;
-  std::vector<std::unique_ptr<NcclGroup>> nccl_groups_;   // per stage, transport nccl with EP
+  // transport nccl: per stage (EP groups only) or one of every worker (with stage hops)
+  std::vector<std::unique_ptr<NcclGroup>> nccl_groups_;
   std::function<void(const std::string&, bool)> listener_;
   std::atomic<int> vocab_size_{0};
   std::atomic<bool> stop_{false};

@@ -60,8 +60,10 @@ class DeviceScratch {
 
 class NcclComm final : public NcclCommunicator {
  public:
-  NcclComm(std::vector<CommMember> members, int rank, int device, const ncclUniqueId& id)
-      : members_(std::move(members)), rank_(rank), device_(device), id_(id) {}
+  NcclComm(std::vector<CommMember> members, int rank, int device, const ncclUniqueId& id,
+           std::string label)
+      : members_(std::move(members)), rank_(rank), device_(device), id_(id),
+        label_(std::move(label)) {}
 
   ~NcclComm() override {
     int previous = 0;
@@ -116,7 +118,7 @@ class NcclComm final : public NcclCommunicator {
  private:
 
   std::string Group() const {
-    return "NCCL EP group (rank " + std::to_string(rank_) + " of " + std::to_string(size()) + ")";
+    return label_ + " (rank " + std::to_string(rank_) + " of " + std::to_string(size()) + ")";
   }
 
   // Ends the communicator for good: NCCL cannot resume after a failed operation.
@@ -261,7 +263,7 @@ class NcclComm final : public NcclCommunicator {
     size_t in_bytes = 0;
     for (int p = 0; p < R; ++p) {
       if (!in[p]) continue;
-      const std::string who = "EP rank " + std::to_string(p) + " (" + name(p) + ")";
+      const std::string who = "rank " + std::to_string(p) + " (" + name(p) + ")";
       Result<FrameHeader> h = DecodeFrameHeader(hr + p * kFrameHeaderSize, kFrameHeaderSize);
       if (!h.ok()) return h.status().Wrap(Group() + ": header from " + who);
       if (h->kind != kind || h->step_id != step || h->tag != tag)
@@ -302,7 +304,7 @@ class NcclComm final : public NcclCommunicator {
       got[p].payload.assign(host.data() + off, host.data() + off + n);
       off += n;
       FM_RETURN_IF_ERROR(VerifyFramePayload(got[p].header, got[p].payload.data(), n)
-                             .Wrap(Group() + ": payload from EP rank " + std::to_string(p)));
+                             .Wrap(Group() + ": payload from rank " + std::to_string(p)));
     }
     return got;
   }
@@ -311,6 +313,7 @@ class NcclComm final : public NcclCommunicator {
   int rank_;
   int device_;
   ncclUniqueId id_;
+  std::string label_;   // "NCCL EP group", "NCCL stage link": what errors call it
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::mutex mu_;   // one exchange at a time
@@ -333,23 +336,24 @@ Result<std::string> NcclNewUniqueId() {
 
 Result<std::unique_ptr<NcclCommunicator>> MakeNcclCommunicator(std::vector<CommMember> members,
                                                                int rank, int cuda_device,
-                                                               const std::string& unique_id) {
-  if (members.empty()) return InvalidArgument("NCCL EP group: no members");
+                                                               const std::string& unique_id,
+                                                               const std::string& label) {
+  if (members.empty()) return InvalidArgument(label + ": no members");
   if (rank < 0 || rank >= static_cast<int>(members.size()))
-    return InvalidArgument("NCCL EP group: rank " + std::to_string(rank) + " outside [0, " +
+    return InvalidArgument(label + ": rank " + std::to_string(rank) + " outside [0, " +
                            std::to_string(members.size()) + ")");
   if (unique_id.size() != kNcclUniqueIdBytes)
-    return InvalidArgument("NCCL EP group: unique id of " + std::to_string(unique_id.size()) +
+    return InvalidArgument(label + ": unique id of " + std::to_string(unique_id.size()) +
                            " bytes, want " + std::to_string(kNcclUniqueIdBytes));
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   if (cuda_device < 0 || cuda_device >= devices)
-    return InvalidArgument("NCCL EP group: cuda:" + std::to_string(cuda_device) + " but this host has " +
+    return InvalidArgument(label + ": cuda:" + std::to_string(cuda_device) + " but this host has " +
                            std::to_string(devices) + " CUDA device(s)");
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), kNcclUniqueIdBytes);
   return std::unique_ptr<NcclCommunicator>(
-      std::make_unique<NcclComm>(std::move(members), rank, cuda_device, id));
+      std::make_unique<NcclComm>(std::move(members), rank, cuda_device, id, label));
 }
 
 }  // namespace fm::net

@@ -44,10 +44,11 @@ class NcclCommunicator : public Communicator {
 };
 
 // members in rank order (names are used in errors only); `cuda_device` is this process's GPU;
-// `unique_id` the group's kNcclUniqueIdBytes bytes. Returns at once; the first exchange
-// creates the NCCL communicator within that exchange's deadline.
-Result<std::unique_ptr<NcclCommunicator>> MakeNcclCommunicator(std::vector<CommMember> members,
-                                                               int rank, int cuda_device,
-                                                               const std::string& unique_id);
+// `unique_id` the group's kNcclUniqueIdBytes bytes; `label` what errors call the group. Returns
+// at once; the first exchange creates the NCCL communicator within that exchange's deadline.
+// Used for an EP group and for a stage hop (two ranks: the sending stage 0, the receiving 1).
+Result<std::unique_ptr<NcclCommunicator>> MakeNcclCommunicator(
+    std::vector<CommMember> members, int rank, int cuda_device, const std::string& unique_id,
+    const std::string& label = "NCCL EP group");
 
 }  // namespace fm::net

@@ -15,6 +15,7 @@ bool NcclBuilt() { return false; }
 Result<std::string> NcclNewUniqueId() { return NotBuilt(); }
 
 Result<std::unique_ptr<NcclCommunicator>> MakeNcclCommunicator(std::vector<CommMember>, int, int,
+                                                               const std::string&,
                                                                const std::string&) {
   return NotBuilt();
 }

@@ -11,6 +11,25 @@ constexpr net::Millis kDialTimeout{5000};
 constexpr net::Millis kSendTimeout{30000};
 constexpr net::Millis kRecvPoll{250};  // how often the receiver notices a new peer or stop
 
+// The activation frame of one step: f32 as is, bf16 converted into the reused buffer.
+net::CommBuffer ActivationBuffer(net::FrameDType dtype, int64_t rows, int64_t row_floats,
+                                 const float* x, std::vector<uint16_t>* bf16) {
+  net::CommBuffer b;
+  b.dtype = dtype;
+  b.shape = {static_cast<uint32_t>(rows), static_cast<uint32_t>(row_floats)};
+  const size_t n = static_cast<size_t>(rows * row_floats);
+  if (dtype == net::FrameDType::kBF16) {
+    bf16->resize(n);
+    net::F32ToBf16Payload(x, n, bf16->data());
+    b.data = bf16->data();
+    b.nbytes = n * 2;
+  } else {
+    b.data = x;
+    b.nbytes = n * sizeof(float);
+  }
+  return b;
+}
+
 class TransportActivationSink : public ActivationSink {
  public:
   TransportActivationSink(net::Transport* t, std::string peer, std::string address,
@@ -20,18 +39,13 @@ class TransportActivationSink : public ActivationSink {
   Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) override {
     if (!t_->IsConnected(peer_))
       FM_RETURN_IF_ERROR(t_->Connect(peer_, address_, kDialTimeout).Wrap("next stage"));
+    const net::CommBuffer b = ActivationBuffer(dtype_, rows, row_floats, x, &bf16_);
     net::FrameHeader h;
     h.kind = net::FrameKind::kActivation;
-    h.dtype = dtype_;
+    h.dtype = b.dtype;
     h.step_id = step_id;
-    h.set_shape({static_cast<uint32_t>(rows), static_cast<uint32_t>(row_floats)});
-    const size_t n = static_cast<size_t>(rows * row_floats);
-    if (dtype_ == net::FrameDType::kBF16) {
-      bf16_.resize(n);
-      net::F32ToBf16Payload(x, n, bf16_.data());
-      return t_->Send(peer_, h, bf16_.data(), n * 2, kSendTimeout).Wrap("next stage");
-    }
-    return t_->Send(peer_, h, x, n * sizeof(float), kSendTimeout).Wrap("next stage");
+    h.set_shape(b.shape);
+    return t_->Send(peer_, h, b.data, b.nbytes, kSendTimeout).Wrap("next stage");
   }
 
  private:
@@ -41,7 +55,61 @@ class TransportActivationSink : public ActivationSink {
   std::vector<uint16_t> bf16_;  // reused conversion buffer (bf16 frames only)
 };
 
+class CommActivationSink : public ActivationSink {
+ public:
+  CommActivationSink(net::Communicator* comm, int peer, net::FrameDType dtype)
+      : comm_(comm), peer_(peer), dtype_(dtype) {}
+
+  Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) override {
+    const net::CommBuffer b = ActivationBuffer(dtype_, rows, row_floats, x, &bf16_);
+    return comm_->Send(peer_, net::FrameKind::kActivation, step_id, 0, b, kSendTimeout)
+        .Wrap("next stage");
+  }
+  void AbortStep(uint64_t step) override { comm_->AbortStep(step); }
+
+ private:
+  net::Communicator* comm_;
+  int peer_;
+  net::FrameDType dtype_;
+  std::vector<uint16_t> bf16_;
+};
+
+class CommActivationSource : public ActivationSource {
+ public:
+  CommActivationSource(net::Communicator* comm, int peer) : comm_(comm), peer_(peer) {}
+
+  Result<std::vector<float>> Receive(uint64_t step_id, int64_t rows, int64_t row_floats,
+                                     Clock::time_point deadline) override {
+    const auto left = std::chrono::duration_cast<net::Millis>(deadline - Clock::now());
+    Result<net::Frame> f = comm_->Recv(peer_, net::FrameKind::kActivation, step_id, 0,
+                                       std::max(left, net::Millis(1)));
+    if (!f.ok()) return f.status().Wrap("previous stage");
+    const net::FrameHeader& h = f->header;
+    if (h.rank != 2 || h.dims[0] != rows || h.dims[1] != row_floats)
+      return InvalidArgument("activation of step " + std::to_string(step_id) +
+                             " from the previous stage: rank " + std::to_string(h.rank) + " [" +
+                             std::to_string(h.dims[0]) + ", " + std::to_string(h.dims[1]) +
+                             "], want [" + std::to_string(rows) + ", " +
+                             std::to_string(row_floats) + "]");
+    return net::FramePayloadAsF32(*f);
+  }
+  void AbortStep(uint64_t step) override { comm_->AbortStep(step); }
+
+ private:
+  net::Communicator* comm_;
+  int peer_;
+};
+
 }  // namespace
+
+std::unique_ptr<ActivationSink> NewCommActivationSink(net::Communicator* comm, int peer,
+                                                      net::FrameDType dtype) {
+  return std::make_unique<CommActivationSink>(comm, peer, dtype);
+}
+
+std::unique_ptr<ActivationSource> NewCommActivationSource(net::Communicator* comm, int peer) {
+  return std::make_unique<CommActivationSource>(comm, peer);
+}
 
 std::unique_ptr<ActivationSink> NewTransportActivationSink(net::Transport* transport,
                                                            std::string peer, std::string address,
@@ -102,7 +170,9 @@ void ActivationReceiver::Loop() {
         ++rejected_;
         continue;
       }
-      if (!st.ok()) FM_LOG(kWarn, "worker") << "activation from '" << peer << "': " << st.ToString();
+      if (!st.ok()) {
+        FM_LOG(kWarn, "worker") << "activation from '" << peer << "': " << st.ToString();
+      }
     } else if (f.status().code() == Code::kUnavailable) {
       // Closed: wait for the previous stage to dial again (it does on its next send).
       transport_->WaitForPeer(peer, kRecvPoll);

@@ -2,6 +2,9 @@
 // sends each micro-batch's manifold [T, hc*H] as one ACTIVATION frame to stage s+1 (header +
 // the executor's own buffer, no copy for f32), and a receiver thread hands every frame from
 // stage s-1 to the StageExecutor. By the transport's convention the lower stage dials.
+// With `transport: nccl` each hop is instead a two-member net::Communicator (sender rank 0,
+// receiver rank 1): the sender's Send and the receiving stage's Receive of the same step meet
+// (NCCL is rendezvous), the receiving stage posting its receive when it runs that step.
 #pragma once
 #include <condition_variable>
 #include <memory>
@@ -10,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "net/communicator.h"
 #include "net/frame.h"
 #include "net/transport.h"
 #include "worker/stage_executor.h"
@@ -21,6 +25,13 @@ namespace fm {
 std::unique_ptr<ActivationSink> NewTransportActivationSink(net::Transport* transport,
                                                            std::string peer, std::string address,
                                                            net::FrameDType dtype);
+
+// A hop over a communicator (`comm` outlives the sink/source): the sink sends each step's
+// manifold to rank `peer` as an ACTIVATION frame (dtype f32 or bf16); the source receives step
+// k's frame from rank `peer` and checks it is a [rows, row_floats] activation of step k.
+std::unique_ptr<ActivationSink> NewCommActivationSink(net::Communicator* comm, int peer,
+                                                      net::FrameDType dtype);
+std::unique_ptr<ActivationSource> NewCommActivationSource(net::Communicator* comm, int peer);
 
 // Hands ACTIVATION frames from the previous stage to an executor. A frame that is not a
 // [rows, hc*H] f32/bf16 activation is logged and drops that connection (the sender is broken or

@@ -22,7 +22,15 @@ StageExecutor::~StageExecutor() {
 
 void StageExecutor::SetNext(std::unique_ptr<ActivationSink> next) {
   std::lock_guard<std::mutex> exec(exec_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   next_ = std::move(next);
+}
+
+void StageExecutor::SetPrev(std::unique_ptr<ActivationSource> prev) {
+  std::lock_guard<std::mutex> exec(exec_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  prev_ = std::move(prev);
+  cv_.notify_all();
 }
 
 Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
@@ -31,6 +39,7 @@ Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
   Step step;
   step.id = step_id;
   step.prev = prev_step_id;
+  step.deadline = deadline;
   step.slices = std::move(slices);
   std::unique_lock<std::mutex> lock(mu_);
   if (waiting_.count(step_id)) return InvalidArgument("step " + std::to_string(step_id) + " is already queued");
@@ -72,6 +81,9 @@ void StageExecutor::Reset() {
     std::lock_guard<std::mutex> lock(mu_);
     FailWaitingLocked();
     running = last_run_;
+    // A rendezvous link waits on the neighbour stage: end that wait too.
+    if (next_) next_->AbortStep(running);
+    if (prev_) prev_->AbortStep(running);
   }
   // The running step may be blocked on an EP member that died: end it now rather than at
   // its deadline, so that the reset is done before the coordinator starts new sequences
@@ -80,6 +92,8 @@ void StageExecutor::Reset() {
   std::lock_guard<std::mutex> exec(exec_mu_);
   runtime_->AbortStep(0);
   std::lock_guard<std::mutex> lock(mu_);
+  if (next_) next_->AbortStep(0);   // step ids may start over after a reset
+  if (prev_) prev_->AbortStep(0);
   FailWaitingLocked();   // steps that arrived meanwhile belong to the aborted schedule too
   inbox_.clear();
   last_run_ = 0;
@@ -99,7 +113,8 @@ StageExecutor::Step* StageExecutor::NextReadyLocked() {
   const bool first = runtime_->loaded() && runtime_->placement().stage == 0;
   for (auto& [id, step] : waiting_)
     // prev 0: the first step since the coordinator reset the cluster.
-    if ((step->prev == last_run_ || step->prev == 0) && (first || inbox_.count(id))) return step;
+    if ((step->prev == last_run_ || step->prev == 0) && (first || prev_ || inbox_.count(id)))
+      return step;
   return nullptr;
 }
 
@@ -139,6 +154,8 @@ Status StageExecutor::Execute(Step* step, std::vector<float>* x) {
   for (const auto& s : step->slices) rows += static_cast<int64_t>(s.tokens.size());
   if (p.stage == 0) {
     FM_RETURN_IF_ERROR(runtime_->Embed(step->slices, x));
+  } else if (prev_) {
+    FM_ASSIGN_OR_RETURN(*x, prev_->Receive(step->id, rows, runtime_->row_floats(), step->deadline));
   } else if (static_cast<int64_t>(x->size()) != rows * runtime_->row_floats()) {
     return InvalidArgument("step " + std::to_string(step->id) + ": the activation has " +
                            std::to_string(x->size() / runtime_->row_floats()) + " rows, the batch " +

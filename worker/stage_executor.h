@@ -26,6 +26,20 @@ class ActivationSink {
  public:
   virtual ~ActivationSink() = default;
   virtual Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) = 0;
+  // Ends a Send of step `step` that waits on the next stage (a reset); callable from any thread.
+  virtual void AbortStep(uint64_t /*step*/) {}
+};
+
+// Where a stage pulls its input from when the previous stage's manifold is not pushed into the
+// inbox (a rendezvous link such as NCCL's: the receiver posts the receive of its step).
+class ActivationSource {
+ public:
+  using Clock = std::chrono::steady_clock;
+  virtual ~ActivationSource() = default;
+  // The previous stage's manifold of step_id, [rows, row_floats] f32, by `deadline`.
+  virtual Result<std::vector<float>> Receive(uint64_t step_id, int64_t rows, int64_t row_floats,
+                                             Clock::time_point deadline) = 0;
+  virtual void AbortStep(uint64_t /*step*/) {}
 };
 
 class StageExecutor {
@@ -37,6 +51,8 @@ class StageExecutor {
 
   // Where finished manifolds go; null on the last stage. Call with no step in flight.
   void SetNext(std::unique_ptr<ActivationSink> next);
+  // Where a later stage pulls its input from; null (the default): from the inbox (Receive).
+  void SetPrev(std::unique_ptr<ActivationSource> prev);
 
   // Runs one micro-batch through this stage once step `prev_step_id` (0: none since the last
   // reset) has run and the input is here; blocks until done or `deadline`. On the last stage
@@ -58,6 +74,7 @@ class StageExecutor {
  private:
   struct Step {
     uint64_t id = 0, prev = 0;
+    Clock::time_point deadline;
     std::vector<StepSlice> slices;
     bool running = false, done = false;
     Status status;
@@ -69,7 +86,8 @@ class StageExecutor {
   Status Execute(Step* step, std::vector<float>* x);
 
   ShardRuntime* runtime_;
-  std::unique_ptr<ActivationSink> next_;
+  std::unique_ptr<ActivationSink> next_;    // set under exec_mu_ and mu_
+  std::unique_ptr<ActivationSource> prev_;  // likewise
   mutable std::mutex mu_;
   std::condition_variable cv_;        // new step, new activation, step done, stop
   std::map<uint64_t, Step*> waiting_; // not yet started, by step id

@@ -76,24 +76,63 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
     return ToGrpc(InvalidArgument("shard.prev_node: empty on stage " + std::to_string(p.stage)));
   auto dtype = ParseActivationDType(s.activation_dtype().empty() ? "f32" : s.activation_dtype());
   if (!dtype.ok()) return ToGrpc(dtype.status().Wrap("shard"));
+  // Stage hops over NCCL: a two-rank communicator per hop, the sending stage rank 0.
+  std::unique_ptr<net::NcclCommunicator> next_link, prev_link;
+  if (s.stage_transport() == "nccl") {
+    auto link = [&](std::vector<net::CommMember> m, int rank, const std::string& id,
+                    const char* which) -> Result<std::unique_ptr<net::NcclCommunicator>> {
+      auto l = net::MakeNcclCommunicator(std::move(m), rank, s.cuda_device(), id,
+                                         "NCCL stage link");
+      if (!l.ok())
+        return l.status().Wrap("node " + node_ + ": shard.stage_transport nccl (" + which + ")");
+      return l;
+    };
+    if (!p.head) {
+      auto l = link({{node_, ""}, {s.next_node(), s.next_data()}}, 0, s.next_nccl_id(),
+                    "to the next stage");
+      if (!l.ok()) return ToGrpc(l.status());
+      next_link = std::move(l).value();
+    }
+    if (p.stage > 0) {
+      auto l = link({{s.prev_node(), ""}, {node_, ""}}, 1, s.prev_nccl_id(),
+                    "from the previous stage");
+      if (!l.ok()) return ToGrpc(l.status());
+      prev_link = std::move(l).value();
+    }
+  } else if (!s.stage_transport().empty() && s.stage_transport() != "tcp") {
+    return ToGrpc(InvalidArgument("shard.stage_transport: '" + s.stage_transport() +
+                                  "', want tcp or nccl"));
+  }
   {
     std::lock_guard<std::mutex> g(nccl_mu_);
-    nccl_group_ = nullptr;   // the old group goes away below
+    nccl_comms_.clear();   // the old communicators go away below
   }
   executor_.Reset();
+  executor_.SetNext(nullptr);   // before the hops they use are replaced
+  executor_.SetPrev(nullptr);
   Status st = runtime_.Load(p, ep_group.get());
   if (!st.ok()) {
     FM_LOG(kError, "worker") << node_ << ": " << st.ToString();
     return ToGrpc(st.Wrap("node " + node_ + " loading its shard"));
   }
   ep_group_ = std::move(ep_group);   // the runtime now uses the new group (or none)
+  next_link_ = std::move(next_link);
+  prev_link_ = std::move(prev_link);
   {
     std::lock_guard<std::mutex> g(nccl_mu_);
-    nccl_group_ = nccl;
+    if (nccl) nccl_comms_.push_back(nccl);
+    if (next_link_) nccl_comms_.push_back(next_link_.get());
+    if (prev_link_) nccl_comms_.push_back(prev_link_.get());
   }
-  executor_.SetNext(p.head ? nullptr
-                            : NewTransportActivationSink(data_plane_, s.next_node(), s.next_data(), *dtype));
-  receiver_.SetPeer(p.stage > 0 ? s.prev_node() : "");
+  if (p.head) {
+    executor_.SetNext(nullptr);
+  } else if (next_link_) {
+    executor_.SetNext(NewCommActivationSink(next_link_.get(), 1, *dtype));
+  } else {
+    executor_.SetNext(NewTransportActivationSink(data_plane_, s.next_node(), s.next_data(), *dtype));
+  }
+  if (prev_link_) executor_.SetPrev(NewCommActivationSource(prev_link_.get(), 0));
+  receiver_.SetPeer(p.stage > 0 && !prev_link_ ? s.prev_node() : "");
   epoch_ = s.epoch();
   draining_ = false;
   resp->set_weight_bytes(runtime_.weight_bytes());
@@ -108,7 +147,7 @@ grpc::Status WorkerService::Health(grpc::ServerContext*, const flashmesh::v1::He
   bool group_ok = true;
   {
     std::lock_guard<std::mutex> g(nccl_mu_);
-    group_ok = !nccl_group_ || !nccl_group_->broken();
+    for (const net::NcclCommunicator* c : nccl_comms_) group_ok = group_ok && !c->broken();
   }
   resp->set_loaded(runtime_.loaded() && group_ok);
   resp->set_epoch(epoch_);

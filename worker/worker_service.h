@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "flashmesh/v1/worker.grpc.pb.h"
 #include "net/nccl_communicator.h"
@@ -52,10 +53,13 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
   std::atomic<bool> draining_{false};
   net::Transport* data_plane_;
   std::unique_ptr<net::Communicator> ep_group_;  // expert-parallel group of the loaded shard
-  // ep_group_ when it is an NCCL group (Health reports a broken one as not loaded, so the
-  // coordinator loads the group again); swapped under nccl_mu_.
+  // transport nccl: the hops to the next and from the previous stage (the executor's sink and
+  // source use them, so they outlive it).
+  std::unique_ptr<net::NcclCommunicator> next_link_, prev_link_;
+  // The NCCL communicators of the loaded shard (EP group, hops): Health reports a broken one as
+  // not loaded, so the coordinator loads them all again; swapped under nccl_mu_.
   mutable std::mutex nccl_mu_;
-  const net::NcclCommunicator* nccl_group_ = nullptr;
+  std::vector<const net::NcclCommunicator*> nccl_comms_;
   ShardRuntime runtime_;
   StageExecutor executor_;
   ActivationReceiver receiver_;   // after executor_: stops before it

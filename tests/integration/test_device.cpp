@@ -1,6 +1,7 @@
 // A cluster whose nodes say `device: cuda:0`: the worker runs its shard on the GPU
 // (model/cuda/shard_model.h). With a GPU the cluster serves; without one, LoadShard fails
-// naming the device, health says degraded and Generate is UNAVAILABLE (nothing hangs).
+// naming the device, health says degraded and Generate is UNAVAILABLE (nothing hangs). Also the
+// NCCL stage link (transport nccl between stages) and the device decode bench.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -48,6 +49,60 @@ TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
   auto stub = Connect(cluster.api());
   Generation g = Generate(stub.get(), TokensRequest({5, 6, 7}, 4));
   EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
+}
+
+// transport nccl with two stages: the hop is a two-rank NCCL link between the stages' GPUs. With
+// two GPUs the pipeline equals one worker holding every layer on cuda:0 token for token and
+// logprob for logprob (the same kernels per layer; the manifold crosses the link as exact f32);
+// without a GPU the first stage's load fails naming the stage transport and the device, and
+// health says degraded. One GPU cannot hold both ranks (NCCL: one rank per GPU): skipped.
+TEST(DeviceShard, NcclStageLinkEqualsOneGpuWorkerOrSaysWhyItCannotLoad) {
+  const int gpus = Gpus();
+  if (gpus == 1) GTEST_SKIP() << "one GPU: an NCCL stage link needs a GPU per stage";
+  ClusterSpec spec;
+  spec.stages = 2;
+  spec.transport = "nccl";
+  spec.gpus = gpus;
+  Cluster cluster(spec);
+  cluster.StartAll();
+  if (gpus >= 2) {
+    ClusterSpec one;
+    one.stages = 1;
+    one.device = "cuda:0";
+    Cluster single(one);
+    single.StartAll();
+    ASSERT_TRUE(WaitHealthy(single.api(), 120s)) << single.Logs();
+    ASSERT_TRUE(WaitHealthy(cluster.api(), 120s)) << cluster.Logs();
+    auto ref = Connect(single.api());
+    auto stub = Connect(cluster.api());
+    for (int i = 0; i < 3; ++i) {
+      const auto req = TokensRequest({5 + i, 6, 7, 8 + i}, 8);
+      Generation want = Generate(ref.get(), req), got = Generate(stub.get(), req);
+      ASSERT_TRUE(want.status.ok() && got.status.ok())
+          << want.status.error_message() << " / " << got.status.error_message() << cluster.Logs();
+      EXPECT_EQ(got.ids, want.ids) << "request " << i;
+      EXPECT_EQ(got.logprobs, want.logprobs) << "request " << i;
+    }
+    return;
+  }
+  std::string error;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (error.empty() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(200ms);
+    auto stub = Connect(cluster.api());
+    const auto status = Status(stub.get());
+    for (const auto& n : status.nodes())
+      if (n.state() == flashmesh::v1::NODE_STATE_DOWN && !n.error().empty()) error = n.error();
+  }
+#if FM_TEST_NCCL
+  EXPECT_NE(error.find("shard.stage_transport nccl"), std::string::npos) << error << cluster.Logs();
+  EXPECT_NE(error.find("NCCL stage link: cuda:"), std::string::npos) << error;
+  EXPECT_NE(error.find("but this host has 0 CUDA device(s)"), std::string::npos) << error;
+#else
+  EXPECT_NE(error.find("built without NCCL"), std::string::npos) << error << cluster.Logs();
+#endif
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s), 1) << out;  // degraded
 }
 
 // The device decode bench: with a GPU it reports the JSON keys (graph and eager); without one

@@ -1,5 +1,6 @@
-// worker/data_plane: two StageExecutors joined by real TCP transports on loopback give the
-// same tokens, bit for bit, as one executor holding every layer; a frame that is not an
+// worker/data_plane: two StageExecutors joined by real TCP transports on loopback (pushed frames,
+// or a communicator link the receiving stage pulls from) give the same tokens, bit for bit, as
+// one executor holding every layer; a frame that is not an
 // activation of this stage's shape drops that connection and the next good one is served.
 #include <gtest/gtest.h>
 
@@ -152,6 +153,70 @@ TEST(DataPlane, Bf16FramesHalveThePayloadAndStillDecode) {
   EXPECT_EQ(Decode({&two.e0, &two.e1}, {5, 17, 42}, 3, &step).size(), 3u);
   const uint64_t rows = 3 + 2;
   EXPECT_EQ(two.t0->stats().bytes_sent, 3 * 64 + rows * two.r0.row_floats() * 2);
+}
+
+// The stages of `transport: nccl` pull their input through a communicator link (sender rank 0,
+// receiver rank 1); the TCP communicator stands in for NCCL's here.
+struct LinkedStages {
+  std::unique_ptr<net::Transport> t0 = Transport("s0"), t1 = Transport("s1");
+  std::unique_ptr<net::Communicator> c0, c1;
+  ShardRuntime r0{1}, r1{1};
+  StageExecutor e0{&r0}, e1{&r1};
+
+  LinkedStages() {
+    const std::vector<net::CommMember> m = {{"s0", t0->listen_address()}, {"s1", t1->listen_address()}};
+    c0 = std::move(net::MakeTcpCommunicator(t0.get(), m, 0)).value();
+    c1 = std::move(net::MakeTcpCommunicator(t1.get(), m, 1)).value();
+    EXPECT_TRUE(r0.Load(Stage(0, 2, 0, 3)).ok());
+    EXPECT_TRUE(r1.Load(Stage(1, 2, 3, -1)).ok());
+    e0.SetNext(NewCommActivationSink(c0.get(), 1, net::FrameDType::kF32));
+    e1.SetPrev(NewCommActivationSource(c1.get(), 0));
+    SamplerConfig greedy;
+    greedy.greedy = true;
+    EXPECT_TRUE(r0.StartSequence(1, 64, greedy).ok());
+    EXPECT_TRUE(r1.StartSequence(1, 64, greedy).ok());
+  }
+};
+
+TEST(DataPlane, TwoStagesOverACommunicatorLinkEqualOneStageTokenForToken) {
+  ShardRuntime whole(1);
+  ASSERT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
+  StageExecutor single(&whole);
+  SamplerConfig greedy;
+  greedy.greedy = true;
+  ASSERT_TRUE(whole.StartSequence(1, 64, greedy).ok());
+  uint64_t step = 1;
+  const std::vector<int32_t> want = Decode({&single}, {5, 17, 42, 99}, 5, &step);
+  ASSERT_EQ(want.size(), 5u);
+  LinkedStages two;
+  step = 1;
+  EXPECT_EQ(Decode({&two.e0, &two.e1}, {5, 17, 42, 99}, 5, &step), want);
+}
+
+// A frame of the wrong shape fails the receiving step naming it; a reset ends a receive that
+// waits for a step the previous stage never sends, well before the step's deadline.
+TEST(DataPlane, CommunicatorLinkChecksTheShapeAndAResetEndsItsWait) {
+  LinkedStages two;
+  std::vector<float> junk(3 * 5, 1.f);
+  net::CommBuffer bad{net::FrameDType::kF32, {3, 5}, junk.data(), junk.size() * 4};
+  std::thread sender([&] {
+    EXPECT_TRUE(two.c0->Send(1, net::FrameKind::kActivation, 1, 0, bad, 10000ms).ok());
+  });
+  const auto deadline = StageExecutor::Clock::now() + 20s;
+  Status st = two.e1.RunStep(1, 0, {StepSlice{1, {5, 6, 7}}}, deadline, nullptr);
+  sender.join();
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("[3, 5], want [3, "), std::string::npos) << st.ToString();
+
+  const auto t0 = StageExecutor::Clock::now();
+  std::thread reset([&] {
+    std::this_thread::sleep_for(300ms);
+    two.e1.Reset();
+  });
+  st = two.e1.RunStep(2, 0, {StepSlice{1, {5}}}, t0 + 20s, nullptr);
+  reset.join();
+  EXPECT_FALSE(st.ok());
+  EXPECT_LT(StageExecutor::Clock::now() - t0, 5s) << st.ToString();
 }
 
 TEST(DataPlane, ActivationDTypeNames) {
