@@ -2,7 +2,8 @@
 // (layers [0,0,4,128,4,128], window 16, indexer top-4): decode logits within 1e-3 relative over
 // three windows and past a ratio-128 entry (each sequence's step a replayed CUDA graph), graph
 // replay == eager launches bit for bit, a batched prefill of two sequences over two device steps
-// then decode, a pipeline stage, and the errors. Without a CUDA device only the no-device error runs.
+// then decode, the expert-executor (EP) path, a pipeline stage, and the errors. Without a CUDA
+// device only the no-device error runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "model/forward.h"
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
+#include "model/moe.h"
 #include "tests/model_test_util.h"
 
 namespace fm {
@@ -164,6 +166,40 @@ TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
     const BatchItem ci{ca.get(), std::span(a).subspan(t, 1)}, gi{ga.get(), std::span(a).subspan(t, 1)};
     ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &cpu).ok());
     ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&gi, 1}, &gpu).ok());
+  }
+  EXPECT_LT(RelErr(gpu, cpu), 1e-3);
+}
+
+// With an expert executor (what EP sets) the routed experts run outside the device: each layer
+// copies its rows' inputs, ids and weights out and the routed sum back; steps are eager. Here
+// the executor runs the experts on the CPU: a prefill of 12 rows then decode match the CPU.
+TEST_F(CudaShardTest, ExpertExecutorPathMatchesCpu) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  const ModelConfig& cfg = p.ckpt->config();
+  std::vector<MoeWeights> moe;
+  std::vector<const MoeWeights*> ptrs(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, nullptr);
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    auto m = BindMoe(*p.ckpt, "layers." + std::to_string(l) + ".ffn.", l);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    moe.push_back(std::move(m).value());
+  }
+  for (size_t l = 0; l < moe.size(); ++l) ptrs[l] = &moe[l];
+  LocalExpertExecutor exec(cfg, ptrs, &pool);
+  p.gpu->SetExpertExecutor(&exec);
+  const auto toks = Tokens(16, 51);
+  auto cc = p.cpu->NewSequence(256), gc = p.gpu->NewSequence(256);
+  std::vector<float> cpu, gpu;
+  const BatchItem ci{cc.get(), std::span(toks).first(12)}, gi{gc.get(), std::span(toks).first(12)};
+  ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &cpu).ok());
+  const Status st = modeltest::RunItems(*p.gpu, {&gi, 1}, &gpu);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int t = 12; t < 16; ++t) {
+    const BatchItem cd{cc.get(), std::span(toks).subspan(t, 1)}, gd{gc.get(), std::span(toks).subspan(t, 1)};
+    ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&cd, 1}, &cpu).ok());
+    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&gd, 1}, &gpu).ok());
   }
   EXPECT_LT(RelErr(gpu, cpu), 1e-3);
 }
