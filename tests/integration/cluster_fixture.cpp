@@ -227,6 +227,18 @@ bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout) {
   return false;
 }
 
+std::string FirstNodeError(const std::string& api, std::chrono::milliseconds timeout) {
+  auto stub = Connect(api);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto status = Status(stub.get());   // kept: the loop reads its nodes
+    for (const auto& n : status.nodes())
+      if (n.state() == flashmesh::v1::NODE_STATE_DOWN && !n.error().empty()) return n.error();
+  }
+  return "";
+}
+
 Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
                     const std::string& token) {
   Generation g;

@@ -122,6 +122,9 @@ std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api);
 // CUDA devices of this host (0 in a build without CUDA).
 int Gpus();
 bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout);
+// The error of the first node the coordinator at `api` reports down with one; "" if none does
+// within `timeout`.
+std::string FirstNodeError(const std::string& api, std::chrono::milliseconds timeout);
 Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
                     const std::string& token = "");
 flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int max_tokens);

@@ -29,15 +29,7 @@ TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
     EXPECT_EQ(g.ids.size(), 8u);
     return;
   }
-  std::string error;
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (error.empty() && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(200ms);
-    auto stub = Connect(cluster.api());
-    const auto status = Status(stub.get());
-    for (const auto& n : status.nodes())
-      if (n.state() == flashmesh::v1::NODE_STATE_DOWN && !n.error().empty()) error = n.error();
-  }
+  const std::string error = FirstNodeError(cluster.api(), 60s);
 #if FM_TEST_CUDA
   EXPECT_NE(error.find("device cuda:0: cuda:0: this host has 0 CUDA device(s)"), std::string::npos)
       << error << cluster.Logs();
@@ -85,15 +77,7 @@ TEST(DeviceShard, NcclStageLinkEqualsOneGpuWorkerOrSaysWhyItCannotLoad) {
     }
     return;
   }
-  std::string error;
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (error.empty() && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(200ms);
-    auto stub = Connect(cluster.api());
-    const auto status = Status(stub.get());
-    for (const auto& n : status.nodes())
-      if (n.state() == flashmesh::v1::NODE_STATE_DOWN && !n.error().empty()) error = n.error();
-  }
+  const std::string error = FirstNodeError(cluster.api(), 60s);
 #if FM_TEST_NCCL
   EXPECT_NE(error.find("shard.stage_transport nccl"), std::string::npos) << error << cluster.Logs();
   EXPECT_NE(error.find("NCCL stage link: cuda:"), std::string::npos) << error;

@@ -95,15 +95,7 @@ TEST(ExpertParallel, NcclTransportEqualsSingleProcessOrSaysWhyItCannotLoad) {
   spec.transport = "nccl";
   Cluster cluster(spec);
   cluster.StartAll();
-  std::string error;
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (error.empty() && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(200ms);
-    auto stub = Connect(cluster.api());
-    auto status = Status(stub.get());
-    for (const auto& n : status.nodes())
-      if (n.state() == flashmesh::v1::NODE_STATE_DOWN && !n.error().empty()) error = n.error();
-  }
+  const std::string error = FirstNodeError(cluster.api(), 60s);
   EXPECT_NE(error.find("shard.ep_transport nccl"), std::string::npos) << error << cluster.Logs();
 #if FM_TEST_NCCL
   EXPECT_NE(error.find("cuda:0 but this host has 0 CUDA device(s)"), std::string::npos) << error;

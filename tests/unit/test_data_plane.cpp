@@ -97,20 +97,24 @@ std::vector<int32_t> Decode(std::vector<StageExecutor*> stages, std::vector<int3
   return out;
 }
 
-TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {
+// The reference: one executor holding every layer decodes `n` tokens after `prompt`.
+std::vector<int32_t> OneStageDecode(std::vector<int32_t> prompt, int n) {
   ShardRuntime whole(1);
-  ASSERT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
+  EXPECT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
   StageExecutor single(&whole);
   SamplerConfig greedy;
   greedy.greedy = true;
-  ASSERT_TRUE(whole.StartSequence(1, 64, greedy).ok());
+  EXPECT_TRUE(whole.StartSequence(1, 64, greedy).ok());
   uint64_t step = 1;
-  const std::vector<int32_t> want = Decode({&single}, {5, 17, 42, 99}, 6, &step);
-  ASSERT_EQ(want.size(), 6u);
+  return Decode({&single}, std::move(prompt), n, &step);
+}
 
+TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {
+  const std::vector<int32_t> want = OneStageDecode({5, 17, 42, 99}, 6);
+  ASSERT_EQ(want.size(), 6u);
   TwoStages two(net::FrameDType::kF32);
   two.Start(1);
-  step = 1;
+  uint64_t step = 1;
   EXPECT_EQ(Decode({&two.e0, &two.e1}, {5, 17, 42, 99}, 6, &step), want);
   // One frame per step: header + rows of [hc*H] f32 (4 prompt rows + 5 decode rows).
   const uint64_t rows = 4 + 5;
@@ -179,17 +183,10 @@ struct LinkedStages {
 };
 
 TEST(DataPlane, TwoStagesOverACommunicatorLinkEqualOneStageTokenForToken) {
-  ShardRuntime whole(1);
-  ASSERT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
-  StageExecutor single(&whole);
-  SamplerConfig greedy;
-  greedy.greedy = true;
-  ASSERT_TRUE(whole.StartSequence(1, 64, greedy).ok());
-  uint64_t step = 1;
-  const std::vector<int32_t> want = Decode({&single}, {5, 17, 42, 99}, 5, &step);
+  const std::vector<int32_t> want = OneStageDecode({5, 17, 42, 99}, 5);
   ASSERT_EQ(want.size(), 5u);
   LinkedStages two;
-  step = 1;
+  uint64_t step = 1;
   EXPECT_EQ(Decode({&two.e0, &two.e1}, {5, 17, 42, 99}, 5, &step), want);
 }
 
