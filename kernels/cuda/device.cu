@@ -39,6 +39,12 @@ Status Synchronize() {
   return Status::Ok();
 }
 
+Result<DeviceMemory> MemoryInfo() {
+  DeviceMemory m;
+  FM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&m.free, &m.total));
+  return m;
+}
+
 Status SetDevice(int index) {
   const int n = DeviceCount();
   if (index < 0 || index >= n)

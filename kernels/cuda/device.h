@@ -16,6 +16,11 @@ int DeviceCount();
 std::string DeviceDescription(int index);
 // Waits for all work queued on the current device; reports the first asynchronous error.
 Status Synchronize();
+// Free and total bytes of the current device (cudaMemGetInfo).
+struct DeviceMemory {
+  size_t free = 0, total = 0;
+};
+Result<DeviceMemory> MemoryInfo();
 // Makes device `index` current for this thread (its allocations and launches go there);
 // InvalidArgument naming the index and the device count when there is no such device.
 Status SetDevice(int index);

@@ -1,9 +1,23 @@
 #include "model/cuda/device_weights.h"
 
+#include <cstdio>
 #include <string>
 #include <utility>
 
 namespace fm {
+
+Status CheckShardFits(size_t weight_bytes, size_t free, size_t total, int device) {
+  if (weight_bytes <= free) return Status::Ok();
+  auto gib = [](size_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(b) / double(1ull << 30));
+    return std::string(buf);
+  };
+  return ResourceExhausted("cuda:" + std::to_string(device) + ": the shard's weights need " +
+                           gib(weight_bytes) + " GiB but the device has " + gib(free) +
+                           " GiB free (of " + gib(total) + " GiB); lower the node's memory_gib "
+                           "to what CUDA can allocate or spread the model over more workers");
+}
 
 using cuda::DeviceBuffer;
 using cuda::DeviceWeight;

@@ -14,6 +14,10 @@
 namespace fm {
 
 Result<cuda::DeviceBuffer> UploadFloats(const std::vector<float>& v);
+// Whether `weight_bytes` of a shard fit the `free` bytes of cuda:`device` (of `total`), before
+// any upload: ResourceExhausted naming both in GiB otherwise (on a GB10 memory_gib above the
+// ~121 GiB CUDA can allocate lets the planner place a shard the device cannot hold).
+Status CheckShardFits(size_t weight_bytes, size_t free, size_t total, int device);
 // max(n, 1) floats, uninitialized.
 Result<cuda::DeviceBuffer> AllocFloats(int64_t n);
 

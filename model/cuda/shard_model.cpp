@@ -132,6 +132,8 @@ class CudaShardModel final : public ShardModel {
 
 Status CudaShardModel::Bind(const Checkpoint& ckpt) {
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  FM_ASSIGN_OR_RETURN(const cuda::DeviceMemory mem, cuda::MemoryInfo());
+  FM_RETURN_IF_ERROR(CheckShardFits(ckpt.selected_bytes(), mem.free, mem.total, device_));
   const ShardSelection& sel = ckpt.selection();
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.hidden_size;
   begin_ = sel.layer_begin;

@@ -20,6 +20,7 @@
 #include "common/thread_pool.h"
 #include "kernels/cuda/device.h"
 #include "model/checkpoint.h"
+#include "model/cuda/device_weights.h"
 #include "model/cuda/shard_model.h"
 #include "model/forward.h"
 #include "model/kv_cache.h"
@@ -105,6 +106,18 @@ TEST_F(CudaShardTest, WithoutADeviceCreateSaysSo) {
   EXPECT_NE(m.status().ToString().find("cuda:0: this host has 0 CUDA device(s)"),
             std::string::npos)
       << m.status().ToString();
+}
+
+// Before any upload the shard's weight bytes are held against the device's free memory.
+TEST(CudaShardFit, ShardLargerThanTheFreeDeviceMemoryIsRefusedNamingBoth) {
+  const size_t gib = size_t{1} << 30;
+  EXPECT_TRUE(CheckShardFits(100 * gib, 121 * gib, 128 * gib, 0).ok());
+  const Status s = CheckShardFits(130 * gib + gib / 5, 121 * gib, 128 * gib, 1);
+  EXPECT_EQ(s.code(), Code::kResourceExhausted);
+  EXPECT_NE(s.message().find("cuda:1: the shard's weights need 130.2 GiB but the device has "
+                             "121.0 GiB free (of 128.0 GiB)"),
+            std::string::npos)
+      << s.ToString();
 }
 
 TEST_F(CudaShardTest, DecodeMatchesCpuOverThreeWindows) {

@@ -14,6 +14,7 @@ namespace fm::cuda {
 int DeviceCount() { return 1; }
 std::string DeviceDescription(int) { return "CPU emulation"; }
 Status Synchronize() { return Status::Ok(); }
+Result<DeviceMemory> MemoryInfo() { return DeviceMemory{size_t{8} << 30, size_t{8} << 30}; }
 Status SetDevice(int index) {
   if (index == 0) return Status::Ok();
   return InvalidArgument("cuda:" + std::to_string(index) + ": this host has 1 CUDA device(s)");
