@@ -90,22 +90,20 @@ class CudaShardModel final : public ShardModel {
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec; }
 
  private:
-  // One row of a step: a token of a sequence (rows of one sequence in position order).
-  struct Row {
-    const SequenceCache* seq;
-  };
   Status AllocScratch();
   Result<std::unique_ptr<AttentionCache>> NewCache(int64_t ratio, int64_t max_context) const;
   int RatioIndex(int64_t ratio) const;  // where `ratio`'s values are in RowScalars.ratio
+  // The rows of a step: rows[t] is the sequence of token t (a sequence's tokens in order).
+  using Rows = std::span<const SequenceCache* const>;
   // rows.size() tokens through every layer of the shard; s.x holds their X [T, hc, H] and is
-  // updated. Position-dependent values come from `in` only, so a step can be captured once
-  // and replayed.
-  Status Step(std::span<const Row> rows, const DevStepInputs& in) const;
-  Status LayerStep(const DevLayer& l, std::span<const Row> rows, const DevStepInputs& in) const;
+  // updated. Position-dependent values come from `in` only, so a step can be captured once and
+  // replayed.
+  Status Step(Rows rows, const DevStepInputs& in) const;
+  Status LayerStep(const DevLayer& l, Rows rows, const DevStepInputs& in) const;
   // s.x -> s.y, post, comb for T rows
   Status HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T) const;
   Status HcPostUpdate(int64_t T) const;  // s.x <- hc_post(s.x, s.out)
-  Status Attention(const DevLayer& l, std::span<const Row> rows, const DevStepInputs& in) const;
+  Status Attention(const DevLayer& l, Rows rows, const DevStepInputs& in) const;
   // One compressor's push; a completed window appends its entry at row `entry` of `entries`.
   Status PushCompressor(const DevCompressor& w, DevCompressorState* st, const float* a,
                         const float* z, const cuda::CompressorStep* step, const float* freq,
@@ -241,25 +239,21 @@ std::unique_ptr<SequenceCache> CudaShardModel::NewSequence(int64_t max_context) 
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::unique_ptr<AttentionCache>> caches;
   const int64_t ctx = std::min(max_context, max_positions_);
+  // Out of device memory: a sequence that can hold nothing, so its first step says so.
+  auto unusable = [&](const Status& why) {
+    FM_LOG(kError, "forward") << "cuda:" << device_ << " sequence cache: " << why.ToString();
+    return std::make_unique<SequenceCache>(begin_, std::vector<std::unique_ptr<AttentionCache>>(),
+                                           nullptr, 0);
+  };
   for (int64_t l = begin_; l < end_; ++l) {
     Result<std::unique_ptr<AttentionCache>> c = NewCache(cfg_.compress_ratio(l), ctx);
-    if (!c.ok()) {
-      // Out of device memory: a sequence that can hold nothing, so its first step says so.
-      FM_LOG(kError, "forward") << "cuda:" << device_ << " sequence cache: " << c.status().ToString();
-      return std::make_unique<SequenceCache>(begin_, std::vector<std::unique_ptr<AttentionCache>>(),
-                                             nullptr, 0);
-    }
+    if (!c.ok()) return unusable(c.status());
     caches.push_back(std::move(c).value());
   }
   if (!caches.empty()) {
-    auto* first = static_cast<DeviceAttentionCache*>(caches[0].get());
     Result<DeviceBuffer> in = DeviceBuffer::Alloc(sizeof(StepInputs));
-    if (!in.ok()) {
-      FM_LOG(kError, "forward") << "cuda:" << device_ << " sequence cache: " << in.status().ToString();
-      return std::make_unique<SequenceCache>(begin_, std::vector<std::unique_ptr<AttentionCache>>(),
-                                             nullptr, 0);
-    }
-    first->inputs = std::move(in).value();
+    if (!in.ok()) return unusable(in.status());
+    static_cast<DeviceAttentionCache*>(caches[0].get())->inputs = std::move(in).value();
   }
   return std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, ctx);
 }
@@ -301,13 +295,12 @@ Status CudaShardModel::PushCompressor(const DevCompressor& w, DevCompressorState
   float* ga = s_.pool_a.as<float>();
   float* gz = s_.pool_z.as<float>();
   float* entry = s_.entry.as<float>();
-  const int32_t* count = s_.count.as<int32_t>();
+  int32_t* count = s_.count.as<int32_t>();
   FM_RETURN_IF_ERROR(cuda::CompressorStore(a, z, w.ape.as<float>(), r, w.width(), step, pa, pz));
   // On the window's last token: pool its slots (and the previous window's, overlapping), norm,
   // RoPE at the window's first position, append; on the others every launch below does nothing
   // that is kept (the gather counts 0 slots and the row is -1).
-  FM_RETURN_IF_ERROR(cuda::CompressorGather(pa, pz, r, d, w.overlap, step, ga, gz,
-                                            s_.count.as<int32_t>()));
+  FM_RETURN_IF_ERROR(cuda::CompressorGather(pa, pz, r, d, w.overlap, step, ga, gz, count));
   FM_RETURN_IF_ERROR(cuda::CompressorPool(ga, gz, 2 * r, d, entry, count));
   FM_RETURN_IF_ERROR(cuda::RmsNorm(entry, w.norm.as<float>(), entry, 1, d, eps));
   FM_RETURN_IF_ERROR(cuda::RopeInterleaved(entry, 1, 1, d, cfg_.qk_rope_head_dim,
@@ -315,8 +308,7 @@ Status CudaShardModel::PushCompressor(const DevCompressor& w, DevCompressorState
   return cuda::ScatterRow(entry, d, entries, d, &step->entry);
 }
 
-Status CudaShardModel::Attention(const DevLayer& l, std::span<const Row> rows,
-                                 const DevStepInputs& in) const {
+Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInputs& in) const {
   const int64_t nH = cfg_.num_attention_heads, D = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, W = cfg_.sliding_window;
   const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim, QL = cfg_.q_lora_rank;
@@ -360,7 +352,7 @@ Status CudaShardModel::Attention(const DevLayer& l, std::span<const Row> rows,
   float* o = s_.o.as<float>();
   for (int64_t t = 0; t < T; ++t) {
     const int i = static_cast<int>(t);
-    auto* c = static_cast<DeviceAttentionCache*>(rows[t].seq->layer(l.layer));
+    auto* c = static_cast<DeviceAttentionCache*>(rows[t]->layer(l.layer));
     // 4: the compressors; a completed window appends an entry.
     if (l.ratio > 1) {
       FM_RETURN_IF_ERROR(PushCompressor(l.comp, &c->comp, s_.ca.as<float>() + t * cw,
@@ -411,7 +403,8 @@ Status CudaShardModel::Attention(const DevLayer& l, std::span<const Row> rows,
     if (SliceRows(l.wo_a.view(), g * R, R, &wg)) {
       FM_RETURN_IF_ERROR(cuda::Gemm(wg, o + g * gin, nH * D, u + g * R, G * R, T));
     } else {
-      FM_RETURN_IF_ERROR(cuda::Gemm(l.wo_a.view(), o + g * gin, nH * D, s_.ug.as<float>(), G * R, T));
+      FM_RETURN_IF_ERROR(
+          cuda::Gemm(l.wo_a.view(), o + g * gin, nH * D, s_.ug.as<float>(), G * R, T));
       FM_RETURN_IF_ERROR(cuda::CopyRows(s_.ug.as<float>() + g * R, G * R, u + g * R, G * R, T, R));
     }
   }
@@ -474,8 +467,7 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
   return cuda::AddVectors(routed, out, out, T * H);
 }
 
-Status CudaShardModel::LayerStep(const DevLayer& l, std::span<const Row> rows,
-                                 const DevStepInputs& in) const {
+Status CudaShardModel::LayerStep(const DevLayer& l, Rows rows, const DevStepInputs& in) const {
   const int64_t T = static_cast<int64_t>(rows.size());
   FM_RETURN_IF_ERROR(HcPreNorm(l.hc_attn, l.attn_norm, T));
   FM_RETURN_IF_ERROR(Attention(l, rows, in));
@@ -485,7 +477,7 @@ Status CudaShardModel::LayerStep(const DevLayer& l, std::span<const Row> rows,
   return HcPostUpdate(T);
 }
 
-Status CudaShardModel::Step(std::span<const Row> rows, const DevStepInputs& in) const {
+Status CudaShardModel::Step(Rows rows, const DevStepInputs& in) const {
   for (const auto& l : layers_) {
     Status st = LayerStep(*l, rows, in);
     if (!st.ok()) return st.Wrap("layer " + std::to_string(l->layer) + " on cuda:" +
@@ -529,7 +521,7 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     FM_RETURN_IF_ERROR(f->inputs.CopyFromHostAsync(&in, sizeof in));
     FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x, row_floats * sizeof(float)));
     if (f->graph.empty()) {
-      const Row row{items[0].cache};
+      const SequenceCache* row = items[0].cache;
       const DevStepInputs dev(f->inputs);
       FM_ASSIGN_OR_RETURN(f->graph,
                           cuda::Graph::Capture(stream_, [&] { return Step({&row, 1}, dev); }));
@@ -542,12 +534,12 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
   }
   // Otherwise every token of the batch, in order, in steps of up to kMaxStepRows rows: each
   // projection one Gemm over the step's rows, the attention core row by row.
-  std::vector<Row> rows;
+  std::vector<const SequenceCache*> rows;
   std::vector<int64_t> pos;
   for (const BatchItem& item : items) {
     const int64_t p0 = first(item)->pos;
     for (size_t t = 0; t < item.tokens.size(); ++t) {
-      rows.push_back({item.cache});
+      rows.push_back(item.cache);
       pos.push_back(p0 + static_cast<int64_t>(t));
     }
   }
@@ -561,7 +553,7 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, T * row_floats * sizeof(float)));
     FM_RETURN_IF_ERROR(Step(std::span(rows).subspan(r0, T), dev));
     FM_RETURN_IF_ERROR(s_.x.CopyToHost(x + r0 * row_floats, T * row_floats * sizeof(float)));
-    for (size_t t = 0; t < T; ++t) advance(rows[r0 + t].seq);
+    for (size_t t = 0; t < T; ++t) advance(rows[r0 + t]);
   }
   for (const BatchItem& item : items) item.cache->Advance(static_cast<int64_t>(item.tokens.size()));
   return stream_.Synchronize();

@@ -72,6 +72,18 @@ class CudaShardTest : public ::testing::Test {
     return modeltest::RandomTokens(n, seed, 512);
   }
 
+  // Tokens [from, to) of toks decoded one at a time on both; every step's logits appended.
+  static void DecodeBoth(const Pair& p, SequenceCache* cs, SequenceCache* gs,
+                         const std::vector<int32_t>& toks, int from, int to,
+                         std::vector<float>* cpu, std::vector<float>* gpu) {
+    for (int t = from; t < to; ++t) {
+      const BatchItem ci{cs, std::span(toks).subspan(t, 1)}, gi{gs, std::span(toks).subspan(t, 1)};
+      ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, cpu).ok());
+      const Status st = modeltest::RunItems(*p.gpu, {&gi, 1}, gpu);
+      ASSERT_TRUE(st.ok()) << "token " << t << ": " << st.ToString();
+    }
+  }
+
   // n tokens decoded one at a time on both; every step's logits compared.
   void DecodeMatchesCpu(int n) {
     ThreadPool pool(2);
@@ -80,13 +92,7 @@ class CudaShardTest : public ::testing::Test {
     const auto toks = Tokens(n, 21);
     auto cc = p.cpu->NewSequence(1024), gc = p.gpu->NewSequence(1024);
     std::vector<float> cpu, gpu;
-    for (int t = 0; t < n; ++t) {
-      const BatchItem ci{cc.get(), std::span(toks).subspan(t, 1)};
-      const BatchItem gi{gc.get(), std::span(toks).subspan(t, 1)};
-      ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &cpu).ok());
-      const Status st = modeltest::RunItems(*p.gpu, {&gi, 1}, &gpu);
-      ASSERT_TRUE(st.ok()) << "token " << t << ": " << st.ToString();
-    }
+    ASSERT_NO_FATAL_FAILURE(DecodeBoth(p, cc.get(), gc.get(), toks, 0, n, &cpu, &gpu));
     EXPECT_EQ(gc->next_pos(), n);
     EXPECT_GT(gc->bytes(), 0u);
     for (float v : gpu) ASSERT_TRUE(std::isfinite(v));
@@ -175,11 +181,7 @@ TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(ga->next_pos(), 40);
   EXPECT_EQ(gb->next_pos(), 9);
-  for (int t = 40; t < 42; ++t) {
-    const BatchItem ci{ca.get(), std::span(a).subspan(t, 1)}, gi{ga.get(), std::span(a).subspan(t, 1)};
-    ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &cpu).ok());
-    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&gi, 1}, &gpu).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(DecodeBoth(p, ca.get(), ga.get(), a, 40, 42, &cpu, &gpu));
   EXPECT_LT(RelErr(gpu, cpu), 1e-3);
 }
 
@@ -209,11 +211,7 @@ TEST_F(CudaShardTest, ExpertExecutorPathMatchesCpu) {
   ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &cpu).ok());
   const Status st = modeltest::RunItems(*p.gpu, {&gi, 1}, &gpu);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  for (int t = 12; t < 16; ++t) {
-    const BatchItem cd{cc.get(), std::span(toks).subspan(t, 1)}, gd{gc.get(), std::span(toks).subspan(t, 1)};
-    ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&cd, 1}, &cpu).ok());
-    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&gd, 1}, &gpu).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(DecodeBoth(p, cc.get(), gc.get(), toks, 12, 16, &cpu, &gpu));
   EXPECT_LT(RelErr(gpu, cpu), 1e-3);
 }
 
