@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "cli/commands.h"
+#include "common/heap_policy.h"
 
 namespace fm::cli {
 namespace {
@@ -33,6 +34,7 @@ void Usage() {
 
 int main(int argc, char** argv) {
   using namespace fm::cli;
+  fm::HoldFreedHeapMemory();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     Usage();
     return argc < 2 ? 2 : 0;

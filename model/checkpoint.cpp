@@ -91,7 +91,7 @@ class CheckpointImpl final : public Checkpoint {
   };
 
   static Result<std::unique_ptr<Checkpoint>> Open(const std::string& dir,
-                                                  const ShardSelection& sel_in);
+                                                  const ShardSelection& sel_in, TensorBytes where);
 
   const ModelConfig& config() const override { return cfg_; }
   const ShardSelection& selection() const override { return sel_; }
@@ -137,7 +137,8 @@ class CheckpointImpl final : public Checkpoint {
 };
 
 Result<std::unique_ptr<Checkpoint>> CheckpointImpl::Open(const std::string& dir,
-                                                         const ShardSelection& sel_in) {
+                                                         const ShardSelection& sel_in,
+                                                         TensorBytes where) {
   std::unique_ptr<CheckpointImpl> ck(new CheckpointImpl());
   ck->dir_ = dir;
   const std::string config_path = dir + "/config.json";
@@ -205,7 +206,7 @@ Result<std::unique_ptr<Checkpoint>> CheckpointImpl::Open(const std::string& dir,
   std::unordered_map<const TensorSpec*, Entry> found;
   for (const auto& [file, list] : by_shard) {
     const std::string path = dir + "/" + file;
-    FM_ASSIGN_OR_RETURN(auto shard, SafetensorsFile::Open(path));
+    FM_ASSIGN_OR_RETURN(auto shard, SafetensorsFile::Open(path, where));
     for (const TensorSpec* s : list) {
       const SafetensorsTensor* t = shard->header().Find(s->name);
       if (!t)
@@ -234,22 +235,21 @@ Result<std::unique_ptr<Checkpoint>> CheckpointImpl::Open(const std::string& dir,
     if (it == found.end()) continue;
     ck->selected_bytes_ += it->second.view.nbytes;
     ck->order_.push_back(s.name);
-    if (s.role == TensorRole::kTid2eid) FM_RETURN_IF_ERROR(ck->CheckTid2eid(it->second));
     ck->entries_.emplace(s.name, std::move(it->second));
   }
-  // Read the selection ahead in file order, coalescing neighbours.
+  // Read the selection in file order, coalescing neighbours.
   for (const auto& f : ck->files_) {
-    uint64_t run_begin = 0, run_end = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> runs;
     for (const auto& t : f->header().tensors) {
       if (!ck->entries_.count(t.name)) continue;
-      if (t.begin > run_end) {
-        if (run_end > run_begin) f->Prefetch(run_begin, run_end);
-        run_begin = t.begin;
-      }
-      run_end = std::max(run_end, t.end);
+      if (runs.empty() || t.begin > runs.back().second) runs.push_back({t.begin, t.end});
+      else runs.back().second = std::max(runs.back().second, t.end);
     }
-    if (run_end > run_begin) f->Prefetch(run_begin, run_end);
+    FM_RETURN_IF_ERROR(f->Load(runs));
   }
+  for (const auto& s : specs)
+    if (s.role == TensorRole::kTid2eid && ck->entries_.count(s.name))
+      FM_RETURN_IF_ERROR(ck->CheckTid2eid(ck->entries_.at(s.name)));
   FM_LOG(kInfo, "checkpoint") << dir << ": " << ck->order_.size() << " tensors, "
                               << ck->selected_bytes_ << " of " << ck->total_bytes_
                               << " bytes selected from " << ck->files_.size() << " shard(s)";
@@ -343,8 +343,8 @@ Result<std::vector<int64_t>> CheckpointImpl::GetI64(const std::string& name) con
 }  // namespace
 
 Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir,
-                                                     const ShardSelection& sel) {
-  return CheckpointImpl::Open(dir, sel);
+                                                     const ShardSelection& sel, TensorBytes where) {
+  return CheckpointImpl::Open(dir, sel, where);
 }
 
 }  // namespace fm

@@ -1,7 +1,7 @@
 // Checkpoint: an official-layout DeepSeek-V4 checkpoint directory (config.json,
-// model.safetensors.index.json, *.safetensors shards, tokenizer.json), memory-mapped read-only.
+// model.safetensors.index.json, *.safetensors shards, tokenizer.json), read-only.
 // Only the tensors of the selected shard (layer range, expert subset, embed/head/MTP) are
-// mapped and touched; weights stay quantized (QWeight views straight into the mapping).
+// read; weights stay quantized (QWeight views straight into the loaded bytes).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "common/tensor.h"
 #include "model/config.h"
+#include "model/safetensors.h"
 
 namespace fm {
 
@@ -27,9 +28,11 @@ struct ShardSelection {
 class Checkpoint {
  public:
   // Opens dir, parses config.json and the index, validates every selected tensor's presence,
-  // dtype and shape against config.json (errors name the file and the tensor), maps the shards.
+  // dtype and shape against config.json (errors name the file and the tensor), and reads the
+  // selected tensors into private memory (or, kMapped, maps the shards: shapes-only tools).
   static Result<std::unique_ptr<Checkpoint>> Open(const std::string& dir,
-                                                  const ShardSelection& sel = {});
+                                                  const ShardSelection& sel = {},
+                                                  TensorBytes where = TensorBytes::kPrivate);
   virtual ~Checkpoint() = default;
 
   virtual const ModelConfig& config() const = 0;

@@ -33,7 +33,7 @@ bool IsScale(TensorRole r) { return r == TensorRole::kFp8Scale || r == TensorRol
 }  // namespace
 
 Result<InspectReport> InspectCheckpoint(const std::string& dir) {
-  FM_ASSIGN_OR_RETURN(auto ck, Checkpoint::Open(dir));
+  FM_ASSIGN_OR_RETURN(auto ck, Checkpoint::Open(dir, {}, TensorBytes::kMapped));  // shapes only
   const ModelConfig& c = ck->config();
   InspectReport r;
   r.cfg = c;

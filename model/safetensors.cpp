@@ -162,12 +162,13 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* bytes, size_t av
 
 // ---- SafetensorsFile -------------------------------------------------------------------
 
-Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path,
+                                                               TensorBytes where) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return NotFound(path + ": cannot open shard: " + std::strerror(errno));
-  struct FdCloser {
+  struct FdCloser {   // kPrivate keeps the descriptor (released: -1) for Load
     int fd;
-    ~FdCloser() { ::close(fd); }
+    ~FdCloser() { if (fd >= 0) ::close(fd); }
   } closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
@@ -194,28 +195,60 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
   }
   FM_ASSIGN_OR_RETURN(SafetensorsHeader header,
                       ParseSafetensorsHeader(head.data(), head.size(), size, path));
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  // kPrivate reserves address space only (MAP_NORESERVE): pages exist once Load writes them,
+  // so a worker pays memory for its own tensors, not for the whole shard file.
+  void* base = where == TensorBytes::kMapped
+                   ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0)
+                   : ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) return Internal(path + ": mmap failed: " + std::strerror(errno));
-  // Tensors are read in the order the kernels need them, not sequentially: no readahead
-  // beyond what Prefetch asks for, so that unselected neighbours stay on disk.
-  ::madvise(base, size, MADV_RANDOM);
+  // Mapped tensors are read in the order the kernels need them, not sequentially: no
+  // readahead beyond what Load asks for, so that unselected neighbours stay on disk.
+  if (where == TensorBytes::kMapped) ::madvise(base, size, MADV_RANDOM);
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
   f->header_ = std::move(header);
+  f->where_ = where;
   f->base_ = static_cast<const uint8_t*>(base);
   f->size_ = size;
+  if (where == TensorBytes::kPrivate) {
+    f->fd_ = fd;
+    closer.fd = -1;
+  }
   return f;
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
-void SafetensorsFile::Prefetch(uint64_t begin, uint64_t end) const {
+Status SafetensorsFile::Load(const std::vector<std::pair<uint64_t, uint64_t>>& runs) {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t a = (header_.data_offset + begin) / page * page;
-  const uint64_t b = std::min<uint64_t>(header_.data_offset + end, size_);
-  if (b > a) ::madvise(const_cast<uint8_t*>(base_) + a, b - a, MADV_WILLNEED);
+  uint8_t* base = const_cast<uint8_t*>(base_);
+  for (const auto& [begin, end] : runs) {
+    const uint64_t a = header_.data_offset + begin, b = std::min(header_.data_offset + end, size_);
+    if (b <= a) continue;
+    if (where_ == TensorBytes::kMapped) {
+      ::madvise(base + a / page * page, b - a / page * page, MADV_WILLNEED);
+      continue;
+    }
+    if (fd_ < 0) return Internal(path_ + ": tensor data loaded twice");
+    for (uint64_t at = a; at < b;) {
+      const ssize_t r = ::pread(fd_, base + at, std::min<uint64_t>(b - at, 1u << 30), static_cast<off_t>(at));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        return InvalidArgument(path_ + ": read of tensor data at byte " + std::to_string(at) +
+                               " failed: " + (r < 0 ? std::strerror(errno) : "file shrank"));
+      at += static_cast<uint64_t>(r);
+    }
+  }
+  if (where_ == TensorBytes::kPrivate && fd_ >= 0) {
+    ::mprotect(base, size_, PROT_READ);   // weights are never written; a stray write faults
+    ::close(fd_);
+    fd_ = -1;
+  }
+  return Status::Ok();
 }
 
 size_t SafetensorsFile::ResidentBytes() const {
