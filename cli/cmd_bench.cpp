@@ -307,7 +307,7 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   FM_ASSIGN_OR_RETURN(InspectReport report, InspectCheckpoint(o.model));
   ShardSelection sel;
   sel.mtp = false;
-  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel));
+  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel, TensorBytes::kMapped));  // uploaded once
   FM_ASSIGN_OR_RETURN(auto shard,
                       CreateCudaShardModel(*ckpt, o.cuda_device,
                                            o.eager ? CudaStepMode::kEager : CudaStepMode::kGraph));

@@ -226,6 +226,8 @@ SafetensorsFile::~SafetensorsFile() {
 Status SafetensorsFile::Load(const std::vector<std::pair<uint64_t, uint64_t>>& runs) {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   uint8_t* base = const_cast<uint8_t*>(base_);
+  if (where_ == TensorBytes::kPrivate && fd_ < 0)
+    return Internal(path_ + ": tensor data loaded twice");
   for (const auto& [begin, end] : runs) {
     const uint64_t a = header_.data_offset + begin, b = std::min(header_.data_offset + end, size_);
     if (b <= a) continue;
@@ -233,9 +235,9 @@ Status SafetensorsFile::Load(const std::vector<std::pair<uint64_t, uint64_t>>& r
       ::madvise(base + a / page * page, b - a / page * page, MADV_WILLNEED);
       continue;
     }
-    if (fd_ < 0) return Internal(path_ + ": tensor data loaded twice");
     for (uint64_t at = a; at < b;) {
-      const ssize_t r = ::pread(fd_, base + at, std::min<uint64_t>(b - at, 1u << 30), static_cast<off_t>(at));
+      const ssize_t r =
+          ::pread(fd_, base + at, std::min<uint64_t>(b - at, 1u << 30), static_cast<off_t>(at));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0)
         return InvalidArgument(path_ + ": read of tensor data at byte " + std::to_string(at) +
@@ -243,7 +245,7 @@ Status SafetensorsFile::Load(const std::vector<std::pair<uint64_t, uint64_t>>& r
       at += static_cast<uint64_t>(r);
     }
   }
-  if (where_ == TensorBytes::kPrivate && fd_ >= 0) {
+  if (where_ == TensorBytes::kPrivate) {
     ::mprotect(base, size_, PROT_READ);   // weights are never written; a stray write faults
     ::close(fd_);
     fd_ = -1;

@@ -24,7 +24,12 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   sel.head = p.head;
   sel.mtp = false;   // MTP speculative decoding is not served yet: keep its bytes out
   sel.experts = p.experts;
-  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(p.model_dir, sel));
+  // A device shard reads its weights once, to upload them: mapped, their host copy is page
+  // cache the kernel may reclaim (a GB10's memory is the GPU's too). A CPU shard streams its
+  // weights every step: private memory (TensorBytes).
+  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(p.model_dir, sel,
+                                                  p.cuda_device >= 0 ? TensorBytes::kMapped
+                                                                     : TensorBytes::kPrivate));
   Result<std::unique_ptr<ShardModel>> made = p.cuda_device >= 0
                                                   ? CreateCudaShardModel(*ckpt, p.cuda_device)
                                                   : ShardModel::Create(*ckpt, &pool_);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "common/numfmt.h"
 #include "kernels/cpu/matvec.h"
@@ -17,6 +18,40 @@ namespace fm {
 namespace {
 
 using namespace testing_ck;
+
+// kPrivate: Load reads exactly the asked runs into private memory (bytes outside them stay
+// zero), and a file that shrank after Open is an error naming the file, not a crash.
+TEST(Safetensors, PrivateBytesAreReadByLoadAndAShrunkFileIsAnError) {
+  const std::string d = TempDir("private");
+  fs::create_directories(d);
+  const std::string p = d + "/a.safetensors";
+  auto w = SafetensorsWriter::Create(p, {{"x", DType::kF32, {4}}, {"y", DType::kF32, {4}}});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const float x[4] = {1, 2, 3, 4}, y[4] = {5, 6, 7, 8};
+  ASSERT_TRUE((*w)->Append(x, 16).ok());
+  ASSERT_TRUE((*w)->Append(y, 16).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  {
+    auto f = SafetensorsFile::Open(p, TensorBytes::kPrivate);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    const SafetensorsTensor* ty = (*f)->header().Find("y");
+    ASSERT_TRUE((*f)->Load({{ty->begin, ty->end}}).ok());
+    float got[4];
+    std::memcpy(got, (*f)->data(*ty), 16);
+    EXPECT_EQ(got[3], 8.0f);
+    std::memcpy(got, (*f)->data(*(*f)->header().Find("x")), 16);
+    EXPECT_EQ(got[0], 0.0f);   // not asked for: never read
+    EXPECT_FALSE((*f)->Load({}).ok()) << "a second Load has no file to read from";
+  }
+  auto f = SafetensorsFile::Open(p, TensorBytes::kPrivate);
+  ASSERT_TRUE(f.ok());
+  ASSERT_EQ(::truncate(p.c_str(), static_cast<off_t>((*f)->header().data_offset + 20)), 0);
+  const SafetensorsTensor* ty = (*f)->header().Find("y");
+  const Status st = (*f)->Load({{0, ty->end}});
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.ToString().find(p), std::string::npos) << st.ToString();
+  EXPECT_NE(st.ToString().find("file shrank"), std::string::npos) << st.ToString();
+}
 
 ModelConfig RealConfig() {
   ModelConfig c;
@@ -334,6 +369,16 @@ TEST(Checkpoint, PartialLoadTouchesOnlyTheSelection) {
   // Page rounding at every tensor edge (a few hundred tensors) is the only overhead allowed.
   EXPECT_LT(resident, selected + (*ck)->tensor_names().size() * 2 * 4096 + (1u << 20));
   EXPECT_LT(resident * 5, (*ck)->total_bytes()) << "selection is ~8% of the model";
+
+  // The same selection mapped instead of read: every tensor has the same bytes.
+  auto mapped = Checkpoint::Open(d, sel, TensorBytes::kMapped);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  for (const auto& n : (*ck)->tensor_names()) {
+    auto a = (*ck)->Get(n), b = (*mapped)->Get(n);
+    ASSERT_EQ(a->nbytes, b->nbytes) << n;
+    EXPECT_NE(a->data, b->data) << n;
+    EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes), 0) << n;
+  }
 }
 
 }  // namespace
