@@ -83,6 +83,7 @@ void DecodeShapes(benchmark::internal::Benchmark* b) {
       b->Args({kFormatFP4, 2048, 4096, T, thr, 0});
       b->Args({kFormatFP4, 4096, 2048, T, thr, 0});
       b->Args({kFormatBF16, 4096, 4096, T, thr, 0});
+      b->Args({kFormatBF16, 16384, 2048, T, thr, 0});   // the head: 4 KiB rows
       b->Args({kFormatF32, 2048, 4096, T, thr, 0});
     }
   b->Args({kFormatFP8, 4096, 4096, 256, 2, 0});

@@ -215,7 +215,6 @@ struct RowF32 {
   // The fast decode's input scaling (none for this format) and whether two rows share it.
   static f32x16 ScaleX(f32x16 x) { return x; }
   static bool SameXScale(const RowF32&, const RowF32&) { return true; }
-  static constexpr bool kPrefetch = false;   // wide rows: the hardware prefetcher keeps up
   static constexpr int64_t kBlockChunks = 8;
   static constexpr int64_t kChunkBytes = 64;
   const float* p;
@@ -232,7 +231,6 @@ struct RowBF16 {
   // The fast decode's input scaling (none for this format) and whether two rows share it.
   static f32x16 ScaleX(f32x16 x) { return x; }
   static bool SameXScale(const RowBF16&, const RowBF16&) { return true; }
-  static constexpr bool kPrefetch = false;
   static constexpr int64_t kBlockChunks = 8;
   static constexpr int64_t kChunkBytes = 32;
   const uint16_t* p;
@@ -252,7 +250,6 @@ struct RowBF16 {
 };
 
 struct RowFP8 {
-  static constexpr bool kPrefetch = true;
   // Fast decode: x * factor instead of every weight * factor; the rows of a tile must agree.
   f32x16 ScaleX(f32x16 x) const { return x * factor; }
   static bool SameXScale(const RowFP8& a, const RowFP8& b) { return a.factor == b.factor; }
@@ -312,7 +309,6 @@ struct RowFP4 {
   // The fast decode's input scaling (none for this format) and whether two rows share it.
   static f32x16 ScaleX(f32x16 x) { return x; }
   static bool SameXScale(const RowFP4&, const RowFP4&) { return true; }
-  static constexpr bool kPrefetch = true;
   static constexpr int64_t kBlockChunks = 2;
   static constexpr int64_t kChunkBytes = 8;
   const uint8_t* p;
@@ -349,14 +345,14 @@ void Tile(const QWeight& w, int64_t r0, const float* x, const XBounds& xb, int64
   const float* xt[TB];
   for (int t = 0; t < TB; ++t) xt[t] = x + (t0 + t) * cols;
   f32x16 acc[RB][TB] = {};
-  // The tile's rows are one contiguous region read at RB fronts; FP8/FP4 rows of 1-2 KiB are
-  // too short for the hardware prefetcher to pick up, so each front prefetches the same place
-  // in the next tile's rows (the next region), a little ahead. The 2-4x wider BF16/F32 rows do
-  // without (bench_matvec: prefetching them was no faster, at times slower).
+  // The tile's rows are one contiguous region read at RB fronts; rows of 1-8 KiB are too
+  // short for the hardware prefetcher (which stops at 4 KiB pages) to pick up, so each front
+  // prefetches the same place in the next tile's rows (the next region), a little ahead.
+  // bench_matvec, 2 threads: the BF16 head's 4 KiB rows 36-45 -> 50-55 GB/s with it.
   const int64_t ahead = RB * cols / kLanes * Row::kChunkBytes + kPrefetchBytes;
   // kSlow: std::true_type / std::false_type, the decode variant of this block.
   auto step = [&](int64_t j, auto kSlow) {
-    if (Row::kPrefetch && (j * Row::kChunkBytes) % 64 == 0)  // one per cache line of each front
+    if ((j * Row::kChunkBytes) % 64 == 0)  // one per cache line of each front
       for (int i = 0; i < RB; ++i) __builtin_prefetch(row[i].bytes_at(j * Row::kChunkBytes + ahead));
     f32x16 wv[RB];
     for (int i = 0; i < RB; ++i) wv[i] = row[i].template Chunk<kSlow()>(j);
