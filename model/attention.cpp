@@ -209,32 +209,34 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
   const int64_t N = static_cast<int64_t>(rows.size());
   if (N == 0) return Status::Ok();
 
-  // 1-2: queries and the shared kv, all rows at once (Matmul is row-independent).
+  // 1-2: queries and the shared kv, all rows at once (Matmul is row-independent). The products
+  // of x run as one MatmulMany pass, then those of cq: 2 thread rendezvous instead of up to 9.
   std::vector<float> cq(N * QL), q(N * nH * D), kv(N * D);
-  Matmul(w.wq_a, x, N, cq.data(), pool);
-  RmsNormRows_rd(cq.data(), w.q_norm.data(), N, QL, eps, cq.data());
-  Matmul(w.wq_b, cq.data(), N, q.data(), pool);
-  RmsNormRows_rd(q.data(), nullptr, N * nH, D, eps, q.data());
-  Matmul(w.wkv, x, N, kv.data(), pool);
-  RmsNormRows_rd(kv.data(), w.kv_norm.data(), N, D, eps, kv.data());
-
   std::vector<float> ca, cz, ia, iz, iq, iw;
+  std::vector<MatmulJob> of_x = {{&w.wq_a, x, N, cq.data()}, {&w.wkv, x, N, kv.data()}};
   if (ratio > 1) {
     ca.resize(N * w.compressor.width());
     cz.resize(N * w.compressor.width());
-    Matmul(w.compressor.wkv, x, N, ca.data(), pool);
-    Matmul(w.compressor.wgate, x, N, cz.data(), pool);
+    of_x.push_back({&w.compressor.wkv, x, N, ca.data()});
+    of_x.push_back({&w.compressor.wgate, x, N, cz.data()});
   }
   if (ratio == 4) {
     ia.resize(N * w.index_compressor.width());
     iz.resize(N * w.index_compressor.width());
     iq.resize(N * nI * dI);
     iw.resize(N * nI);
-    Matmul(w.index_compressor.wkv, x, N, ia.data(), pool);
-    Matmul(w.index_compressor.wgate, x, N, iz.data(), pool);
-    Matmul(w.index_wq_b, cq.data(), N, iq.data(), pool);
-    Matmul(w.index_weights_proj, x, N, iw.data(), pool);
+    of_x.push_back({&w.index_compressor.wkv, x, N, ia.data()});
+    of_x.push_back({&w.index_compressor.wgate, x, N, iz.data()});
+    of_x.push_back({&w.index_weights_proj, x, N, iw.data()});
   }
+  MatmulMany(of_x, pool);
+  RmsNormRows_rd(cq.data(), w.q_norm.data(), N, QL, eps, cq.data());
+  RmsNormRows_rd(kv.data(), w.kv_norm.data(), N, D, eps, kv.data());
+  std::vector<MatmulJob> of_cq = {{&w.wq_b, cq.data(), N, q.data()}};
+  if (ratio == 4) of_cq.push_back({&w.index_wq_b, cq.data(), N, iq.data()});
+  MatmulMany(of_cq, pool);
+  RmsNormRows_rd(q.data(), nullptr, N * nH, D, eps, q.data());
+
   const float* freq = w.rope_inv_freq.data();
   ForRange(pool, N, 1, [&](size_t b, size_t e) {
     for (size_t r = b; r < e; ++r) {
