@@ -235,6 +235,12 @@ Status SafetensorsFile::Load(const std::vector<std::pair<uint64_t, uint64_t>>& r
       ::madvise(base + a / page * page, b - a / page * page, MADV_WILLNEED);
       continue;
     }
+    // Huge pages for the run's 2 MiB-aligned interior only (none beyond the run's bytes): a
+    // decode step reads every page of its weights, and 4 KiB pages cost it a page walk each.
+    constexpr uint64_t kHuge = 2u << 20;
+    const uint64_t ha = (reinterpret_cast<uint64_t>(base) + a + kHuge - 1) / kHuge * kHuge;
+    const uint64_t hb = (reinterpret_cast<uint64_t>(base) + b) / kHuge * kHuge;
+    if (hb > ha) ::madvise(reinterpret_cast<void*>(ha), hb - ha, MADV_HUGEPAGE);
     for (uint64_t at = a; at < b;) {
       const ssize_t r =
           ::pread(fd_, base + at, std::min<uint64_t>(b - at, 1u << 30), static_cast<off_t>(at));
