@@ -103,8 +103,8 @@ void RunExpertFfn(const ExpertWeights& e, float swiglu_limit, const float* x, in
                   ThreadPool* pool) {
   const int64_t I = e.w1.rows;
   std::vector<float> gate(T * I), up(T * I);
-  Matmul(e.w1, x, T, gate.data(), pool);
-  Matmul(e.w3, x, T, up.data(), pool);
+  const MatmulJob w1_w3[] = {{&e.w1, x, T, gate.data()}, {&e.w3, x, T, up.data()}};
+  MatmulMany(w1_w3, pool);   // one pass for both: one thread rendezvous
   SwigluClamp_n(gate.data(), up.data(), T * I, swiglu_limit, gate.data());
   Matmul(e.w2, gate.data(), T, y, pool);
 }
