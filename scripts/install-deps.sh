@@ -7,6 +7,7 @@ PKGS=(
   clang libclang-rt-14-dev          # libFuzzer + sanitizer runtimes
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev                      # Boost.Asio (header-only)
+  libboost-context-dev              # fibers of the CUDA emulation (tests/gpu/emulate.sh)
   libssl-dev                        # libcrypto: HMAC-SHA256 data-plane authentication
   libyaml-cpp-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,6 +1,8 @@
 // CPU stand-in for the part of CUDA that kernels/cuda/*.cu use, so tests/gpu/emulate.sh can run
 // the real kernel code on a machine without a GPU. The threads of a block are fibers
-// (ucontext) on the calling thread: each runs until its next __syncthreads or its return, then
+// (Boost.Context: a switch is a few instructions, where ucontext's swapcontext made a
+// sigprocmask system call each, half the emulation's time) on the calling thread: each runs
+// until its next __syncthreads or its return, then
 // the next one runs, so every live thread reaches a barrier before any passes it; blocks run one
 // after another. Warp shuffles go through shared slots and two barriers.
 // Streams are one queue: a launch runs at once, except while a graph is being captured
@@ -9,7 +11,7 @@
 // It checks indexing, layouts, reductions and barrier structure; not timing, the memory model,
 // FMA contraction or alignment faults.
 #pragma once
-#include <ucontext.h>
+#include <boost/context/fiber.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -42,20 +44,32 @@ inline float emu_shuffle_slots[1024];
 #define __forceinline__ inline
 #define __shared__ static  // blocks run one at a time, so one static copy is the block's
 
-// The fibers of the running block and the scheduler they yield to.
+// The fibers of the running block: each thread's own (suspended) fiber and, while it runs,
+// the scheduler's, which it resumes to yield.
 struct EmuFiber {
-  ucontext_t ctx;
+  boost::context::fiber self, scheduler;
   std::vector<char> stack;
-  bool done = false;
 };
 inline std::vector<EmuFiber> emu_fibers;
-inline ucontext_t emu_scheduler;
 inline unsigned emu_current = 0;
 inline std::function<void()> emu_body;
 
 inline void __syncthreads() {
-  swapcontext(&emu_fibers[emu_current].ctx, &emu_scheduler);
+  EmuFiber& f = emu_fibers[emu_current];
+  f.scheduler = std::move(f.scheduler).resume();
 }
+
+// Hands Boost.Context a thread's own stack, kept for the next block (no allocation a launch).
+struct EmuStack {
+  std::vector<char>* stack;
+  boost::context::stack_context allocate() {
+    boost::context::stack_context sc;
+    sc.size = stack->size();
+    sc.sp = stack->data() + stack->size();
+    return sc;
+  }
+  void deallocate(boost::context::stack_context&) noexcept {}
+};
 
 // Every live thread of the block takes part (kernels shuffle only where whole warps are live).
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
@@ -76,11 +90,6 @@ inline float __int_as_float(int i) {
   return f;
 }
 
-inline void EmuFiberMain() {
-  emu_body();
-  emu_fibers[emu_current].done = true;  // then uc_link returns to the scheduler
-}
-
 // Set while a graph is captured: launches are appended here instead of run.
 inline std::vector<std::function<void()>>* emu_capture = nullptr;
 
@@ -94,22 +103,23 @@ void EmuRun(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     for (unsigned t = 0; t < block.x; ++t) {
       EmuFiber& f = emu_fibers[t];
       if (f.stack.empty()) f.stack.resize(kStack);
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack.data();
-      f.ctx.uc_stack.ss_size = f.stack.size();
-      f.ctx.uc_link = &emu_scheduler;
-      makecontext(&f.ctx, EmuFiberMain, 0);
-      f.done = false;
+      f.self = boost::context::fiber(std::allocator_arg, EmuStack{&f.stack},
+                                     [&f](boost::context::fiber&& scheduler) {
+                                       f.scheduler = std::move(scheduler);
+                                       emu_body();
+                                       return std::move(f.scheduler);
+                                     });
     }
-    // One round resumes every live fiber once: all of them reach the same barrier (or return).
+    // One round resumes every live fiber once: all of them reach the same barrier (or return;
+    // a returned fiber's resume gives back an empty one).
     for (bool live = true; live;) {
       live = false;
       for (unsigned t = 0; t < block.x; ++t) {
-        if (emu_fibers[t].done) continue;
+        if (!emu_fibers[t].self) continue;
         emu_current = t;
         threadIdx = dim3(t);
-        swapcontext(&emu_scheduler, &emu_fibers[t].ctx);
-        live = live || !emu_fibers[t].done;
+        emu_fibers[t].self = std::move(emu_fibers[t].self).resume();
+        live = live || static_cast<bool>(emu_fibers[t].self);
       }
     }
   }
