@@ -1,10 +1,10 @@
 // CPU stand-in for the part of CUDA that kernels/cuda/*.cu use, so tests/gpu/emulate.sh can run
-// the real kernel code on a machine without a GPU. The threads of a block are fibers
-// (Boost.Context: a switch is a few instructions, where ucontext's swapcontext made a
-// sigprocmask system call each, half the emulation's time) on the calling thread: each runs
-// until its next __syncthreads or its return, then
-// the next one runs, so every live thread reaches a barrier before any passes it; blocks run one
-// after another. Warp shuffles go through shared slots and two barriers.
+// the real kernel code on a machine without a GPU. The threads of a block are fibers on the
+// calling thread: each runs until its next __syncthreads or its return, then the next one
+// runs, so every live thread reaches a barrier before any passes it; blocks run one after
+// another. Warp shuffles go through shared slots and two barriers. The fibers are
+// Boost.Context's: a switch is a few instructions, where ucontext's swapcontext made a
+// sigprocmask system call per switch (most of the emulation's time on this project's VMs).
 // Streams are one queue: a launch runs at once, except while a graph is being captured
 // (device_emu.cpp Graph::Capture), when it is recorded with its arguments by value and runs on
 // each replay, as a CUDA graph bakes them.
