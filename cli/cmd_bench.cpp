@@ -9,6 +9,12 @@
 //     mem_bw_gbps             streaming read bandwidth, measured here with the same threads
 //                             after each of 8 decode rounds (median)
 //     bw_efficiency           weight traffic / bandwidth of each round, the median round
+//   and extrapolates to the full model (FullModelConfig: all 43 layers of DeepSeek-V4-Flash for
+//   a `mkmodel --preset flash --layers N` checkpoint, else the checkpoint itself):
+//     head_ms                 embed + Logits of one token, timed alone (median of 8)
+//     layer_ms                (time per token - head_ms) / the checkpoint's layers
+//     full_model_ms_per_token layer_ms * the full model's layers + head_ms
+//     full_model_floor_ms     the full model's weight bytes per token / the measured bandwidth
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -32,6 +38,7 @@
 #include "model/inspect.h"
 #include "model/forward.h"
 #include "model/kv_cache.h"
+#include "model/mkmodel.h"
 #include "model/moe.h"
 
 namespace fm::cli {
@@ -48,12 +55,18 @@ const char* kUsage =
     "  --device cuda:N: the shard resident on GPU N; bandwidth = a device read probe; also\n"
     "          prefill tok/s (the context as batched device steps). --eager: launch every\n"
     "          kernel of each decode step instead of replaying the sequence's CUDA graph.\n"
+    "  Also: head_ms (embed + logits of a token, timed alone), layer_ms = (ms per token -\n"
+    "          head_ms) / layers, and the full model's predicted ms per token = layer_ms *\n"
+    "          its layers + head_ms next to its floor (its bytes per token / bandwidth); the\n"
+    "          full model is DeepSeek-V4-Flash (43 layers) for `mkmodel --preset flash\n"
+    "          --layers N`, else the checkpoint itself.\n"
     "usage: flashmesh bench cluster --config FILE [--model DIR] [--json] ...\n"
     "  cluster: the YAML's cluster vs the single process in one run (see bench cluster --help).\n";
 
 constexpr size_t kProbeBytes = size_t{256} << 20;  // well beyond any CPU cache
 constexpr int64_t kDecodeRounds = 8;   // decode rounds, each followed by a probe
 constexpr int kProbePasses = 3;        // best of, per probe
+constexpr int kHeadReps = 8;           // embed + logits timed alone, median of
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -209,6 +222,25 @@ class GreedyDecode {
   }
   Status Prefill() { return context_ > 0 ? Run(prompt_) : Status::Ok(); }
   Status Step() { return Run({&next_, 1}); }
+  // Seconds of what a step does besides the layers (embed the token, logits of the last row,
+  // their argmax), timed alone after some steps: the median of `reps`. Leaves the decode state
+  // as it was; the argmax must be the last step's token.
+  Result<double> HeadSeconds(int reps) {
+    const int64_t row = cfg_.hc_mult * cfg_.hidden_size;
+    std::vector<float> embedded(static_cast<size_t>(row));
+    std::vector<double> secs;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      FM_RETURN_IF_ERROR(shard_->Embed({&next_, 1}, embedded.data()));
+      FM_RETURN_IF_ERROR(shard_->Logits(x_.data() + x_.size() - row, 1, logits_.data()));
+      const int64_t best = Argmax(logits_.data(), cfg_.vocab_size);
+      secs.push_back(Seconds(t0, std::chrono::steady_clock::now()));
+      if (best != next_)  // the same row gave the last step's token: logits are deterministic
+        return Internal("bench decode: logits of the last row gave token " + std::to_string(best) +
+                        ", the step gave " + std::to_string(next_));
+    }
+    return Median(secs);
+  }
 
  private:
   Status Run(std::span<const int32_t> toks) {
@@ -229,6 +261,50 @@ class GreedyDecode {
   std::vector<float> logits_, x_;
   int32_t next_ = 0;
 };
+
+// A decode run extrapolated to the full model (the header comment): the layers' share of a
+// token spread evenly over the checkpoint's layers.
+struct FullModelPrediction {
+  int64_t layers = 0, full_layers = 0;
+  double head_ms = 0, layer_ms = 0, full_ms = 0, full_bytes = 0, floor_ms = 0;
+};
+
+FullModelPrediction Predict(const ModelConfig& cfg, double token_s, double head_s, double bw_gbps) {
+  const ModelConfig full = FullModelConfig(cfg);
+  FullModelPrediction p;
+  p.layers = cfg.num_hidden_layers;
+  p.full_layers = full.num_hidden_layers;
+  p.head_ms = head_s * 1e3;
+  p.layer_ms = (token_s - head_s) * 1e3 / static_cast<double>(p.layers);
+  p.full_ms = p.layer_ms * static_cast<double>(p.full_layers) + p.head_ms;
+  p.full_bytes = static_cast<double>(DecodeBytesPerToken(full));
+  p.floor_ms = bw_gbps > 0 ? p.full_bytes / (bw_gbps * 1e9) * 1e3 : 0.0;
+  return p;
+}
+
+// The prediction's JSON fields (after the others, before the closing brace).
+std::string PredictionJson(const FullModelPrediction& p) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                ", \"layers\": %lld, \"head_ms\": %.4f, \"layer_ms\": %.4f, "
+                "\"full_model_layers\": %lld, \"full_model_ms_per_token\": %.4f, "
+                "\"full_model_tok_per_s\": %.4f, \"full_model_bytes_per_token\": %.0f, "
+                "\"full_model_floor_ms\": %.4f",
+                static_cast<long long>(p.layers), p.head_ms, p.layer_ms,
+                static_cast<long long>(p.full_layers), p.full_ms, 1e3 / p.full_ms, p.full_bytes,
+                p.floor_ms);
+  return buf;
+}
+
+void PrintPrediction(const FullModelPrediction& p) {
+  std::printf("head             %.3f ms a token (embed + logits, timed alone)\n", p.head_ms);
+  std::printf("per layer        %.3f ms ((ms per token - head) / %lld layers)\n", p.layer_ms,
+              static_cast<long long>(p.layers));
+  std::printf("full model       %lld layers: %.2f ms a token predicted (%.2f tok/s); floor %.3f ms "
+              "(%.2f GB a token at the measured bandwidth)\n",
+              static_cast<long long>(p.full_layers), p.full_ms, 1e3 / p.full_ms, p.floor_ms,
+              p.full_bytes / 1e9);
+}
 
 Status RunDecode(const DecodeOptions& o) {
   ShardSelection sel;
@@ -278,10 +354,12 @@ Status RunDecode(const DecodeOptions& o) {
   const double tok_per_s = static_cast<double>(o.tokens) / decode_s;
   const double bytes_per_token = static_cast<double>(dense_bytes) + routed_bytes / o.tokens;
   const double eff = Median(effs), mem_bw = Median(bws);
+  FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
+  const FullModelPrediction pred = Predict(cfg, decode_s / o.tokens, head_s, mem_bw);
   if (o.json) {
     std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
-                "\"bw_efficiency\": %.4f}\n",
-                tok_per_s, bytes_per_token, mem_bw, eff);
+                "\"bw_efficiency\": %.4f%s}\n",
+                tok_per_s, bytes_per_token, mem_bw, eff, PredictionJson(pred).c_str());
   } else {
     std::printf("model            %s (%.2f GB resident)\n", o.model.c_str(), resident / 1e9);
     std::printf("threads          %d\n", pool.size());
@@ -296,6 +374,7 @@ Status RunDecode(const DecodeOptions& o) {
     std::printf("memory bandwidth %.2f GB/s (median of the probes after each round, same threads)\n", mem_bw);
     std::printf("bw_efficiency    %.3f (median round; rounds %.3f .. %.3f)\n", eff,
                 *std::min_element(effs.begin(), effs.end()), *std::max_element(effs.begin(), effs.end()));
+    PrintPrediction(pred);
   }
   return Status::Ok();
 }
@@ -324,10 +403,13 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   const double tok_per_s = static_cast<double>(o.tokens) / secs;
   const double bytes = static_cast<double>(report.bytes_per_token());
   const double eff = bw > 0 ? tok_per_s * bytes / (bw * 1e9) : 0.0;
+  FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
+  const FullModelPrediction pred = Predict(ckpt->config(), secs / o.tokens, head_s, bw);
   if (o.json) {
     std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
-                "\"bw_efficiency\": %.4f, \"prefill_tok_per_s\": %.4f, \"cuda_graph\": %s}\n",
-                tok_per_s, bytes, bw, eff, prefill_tok_per_s, o.eager ? "false" : "true");
+                "\"bw_efficiency\": %.4f, \"prefill_tok_per_s\": %.4f, \"cuda_graph\": %s%s}\n",
+                tok_per_s, bytes, bw, eff, prefill_tok_per_s, o.eager ? "false" : "true",
+                PredictionJson(pred).c_str());
   } else {
     std::printf("model            %s on cuda:%d (%s)\n", o.model.c_str(), o.cuda_device,
                 o.eager ? "eager launches" : "CUDA graph per step");
@@ -339,6 +421,7 @@ Status RunDecodeCuda(const DecodeOptions& o) {
     std::printf("weight traffic   %.2f GB/s\n", tok_per_s * bytes / 1e9);
     std::printf("memory bandwidth %.2f GB/s (device read probe after the decode)\n", bw);
     std::printf("bw_efficiency    %.3f\n", eff);
+    PrintPrediction(pred);
   }
   return Status::Ok();
 }

@@ -97,11 +97,14 @@ class TensorFiller {
   TensorFiller(const ModelConfig& cfg, uint64_t seed, ThreadPool* pool)
       : cfg_(cfg), seed_(seed), pool_(pool) {}
 
-  // Bytes of `s`. For a quantized weight, the bytes of its scale go to *scale_out.
-  std::vector<uint8_t> Fill(const TensorSpec& s, DType dt, std::vector<uint8_t>* scale_out);
+  // Appends the bytes of `s` to out; for a quantized weight, the bytes of its scale go to
+  // *scale_out (its next spec). Float tensors go out in chunks of rows (at most kChunkBytes).
+  Status Write(const TensorSpec& s, DType dt, SafetensorsWriter* out,
+               std::vector<uint8_t>* scale_out);
 
  private:
-  std::vector<uint8_t> Floats(const TensorSpec& s, DType dt);
+  static constexpr size_t kChunkBytes = size_t{64} << 20;
+  std::vector<uint8_t> Floats(const TensorSpec& s, DType dt, int64_t row_begin, int64_t row_end);
   std::vector<uint8_t> Tid2eid(const TensorSpec& s);
   void Fp8(const TensorSpec& s, std::vector<uint8_t>* w, std::vector<uint8_t>* scale);
   void Fp4(const TensorSpec& s, std::vector<uint8_t>* w, std::vector<uint8_t>* scale);
@@ -132,17 +135,22 @@ float SmallValue(TensorRole role, Rng& rng, int64_t in, int64_t i, const ModelCo
   }
 }
 
-std::vector<uint8_t> TensorFiller::Floats(const TensorSpec& s, DType dt) {
-  const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1;
-  const int64_t cols = s.shape.size() == 2 ? s.shape[1] : s.shape.at(0);
+int64_t FloatRows(const TensorSpec& s) { return s.shape.size() == 2 ? s.shape[0] : 1; }
+int64_t FloatCols(const TensorSpec& s) { return s.shape.size() == 2 ? s.shape[1] : s.shape.at(0); }
+
+// Rows [row_begin, row_end) of a float tensor (a 1-D tensor is one row).
+std::vector<uint8_t> TensorFiller::Floats(const TensorSpec& s, DType dt, int64_t row_begin,
+                                          int64_t row_end) {
+  const int64_t cols = FloatCols(s);
   const size_t es = DTypeSize(dt);
-  std::vector<uint8_t> out(static_cast<size_t>(rows * cols) * es);
+  std::vector<uint8_t> out(static_cast<size_t>((row_end - row_begin) * cols) * es);
   const uint64_t tseed = HashName(s.name, seed_);
-  ForRows(rows, [&](int64_t r) {
+  ForRows(row_end - row_begin, [&](int64_t i_row) {
+    const int64_t r = row_begin + i_row;
     Rng rng(tseed, static_cast<uint64_t>(r));
     for (int64_t i = 0; i < cols; ++i) {
       const float v = SmallValue(s.role, rng, cols, i, cfg_);
-      uint8_t* p = out.data() + static_cast<size_t>(r * cols + i) * es;
+      uint8_t* p = out.data() + static_cast<size_t>(i_row * cols + i) * es;
       if (dt == DType::kBF16) {
         const uint16_t b = F32ToBf16(v);
         std::memcpy(p, &b, 2);
@@ -229,15 +237,25 @@ void TensorFiller::Fp4(const TensorSpec& s, std::vector<uint8_t>* w,
   });
 }
 
-std::vector<uint8_t> TensorFiller::Fill(const TensorSpec& s, DType dt,
-                                        std::vector<uint8_t>* scale_out) {
+Status TensorFiller::Write(const TensorSpec& s, DType dt, SafetensorsWriter* out,
+                           std::vector<uint8_t>* scale_out) {
   std::vector<uint8_t> w;
   switch (s.role) {
-    case TensorRole::kFp8Weight: Fp8(s, &w, scale_out); return w;
-    case TensorRole::kFp4Weight: Fp4(s, &w, scale_out); return w;
-    case TensorRole::kTid2eid: return Tid2eid(s);
-    default: return Floats(s, dt);
+    case TensorRole::kFp8Weight: Fp8(s, &w, scale_out); break;
+    case TensorRole::kFp4Weight: Fp4(s, &w, scale_out); break;
+    case TensorRole::kTid2eid: w = Tid2eid(s); break;
+    default: {
+      const int64_t rows = FloatRows(s);
+      const size_t row_bytes = static_cast<size_t>(FloatCols(s)) * DTypeSize(dt);
+      const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / row_bytes));
+      for (int64_t r = 0; r < rows; r += chunk) {
+        w = Floats(s, dt, r, std::min(rows, r + chunk));
+        FM_RETURN_IF_ERROR(out->Append(w.data(), w.size()));
+      }
+      return Status::Ok();
+    }
   }
+  return out->Append(w.data(), w.size());
 }
 
 // The output directory and any missing parents (`mkmodel ... out/small` on a fresh clone).
@@ -279,11 +297,31 @@ ModelConfig BaseConfig() {
 uint8_t QuantizeE4m3(float x) { return E4m3Nearest(x); }
 uint8_t QuantizeFp4(float x) { return Fp4Nearest(x); }
 
-std::vector<std::string> MkmodelPresets() { return {"tiny", "small", "bench"}; }
+std::vector<std::string> MkmodelPresets() { return {"tiny", "small", "bench", "flash"}; }
 
-Result<ModelConfig> PresetConfig(const std::string& preset) {
+Result<ModelConfig> PresetConfig(const std::string& preset, int64_t layers) {
   ModelConfig c = BaseConfig();
-  if (preset == "tiny") {
+  if (preset == "flash") {
+    if (layers < 1 || layers > kFlashLayers)
+      return InvalidArgument("mkmodel: --preset flash needs --layers N in [1, " +
+                             std::to_string(kFlashLayers) + "] (the real model's first N layers), got " +
+                             std::to_string(layers));
+  } else if (layers != 0) {
+    return InvalidArgument("mkmodel: --layers is only for --preset flash ('" + preset +
+                           "' has a fixed layer count)");
+  }
+  if (preset == "flash") {
+    c.vocab_size = 129280, c.hidden_size = 4096, c.num_hidden_layers = layers;
+    // The real model's first `layers` layers: window-only 0-1, then ratio 4 / 128 alternating;
+    // hash routed 0-2. The MTP block (window-only) follows.
+    for (int64_t l = 0; l < layers; ++l) c.compress_ratios.push_back(l < 2 ? 0 : l % 2 ? 128 : 4);
+    c.compress_ratios.push_back(0);
+    c.num_hash_layers = std::min<int64_t>(3, layers), c.num_attention_heads = 64;
+    c.head_dim = 512, c.qk_rope_head_dim = 64;
+    c.q_lora_rank = 1024, c.o_lora_rank = 1024, c.o_groups = 8;
+    c.n_routed_experts = 256, c.num_experts_per_tok = 6, c.moe_intermediate_size = 2048;
+    c.sliding_window = 128, c.index_n_heads = 64, c.index_head_dim = 128, c.index_topk = 512;
+  } else if (preset == "tiny") {
     c.vocab_size = 512, c.hidden_size = 64, c.num_hidden_layers = 6;
     c.compress_ratios = {0, 0, 4, 128, 4, 128, 0};
     c.num_hash_layers = 2, c.num_attention_heads = 4, c.head_dim = 32, c.qk_rope_head_dim = 16;
@@ -305,7 +343,8 @@ Result<ModelConfig> PresetConfig(const std::string& preset) {
     c.n_routed_experts = 64, c.num_experts_per_tok = 6, c.moe_intermediate_size = 1024;
     c.sliding_window = 128, c.index_n_heads = 8, c.index_head_dim = 128, c.index_topk = 64;
   } else {
-    return InvalidArgument("mkmodel: unknown preset '" + preset + "' (want tiny, small or bench)");
+    return InvalidArgument("mkmodel: unknown preset '" + preset +
+                           "' (want tiny, small, bench or flash)");
   }
   return c;
 }
@@ -418,8 +457,7 @@ Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& cfg,
         FM_RETURN_IF_ERROR(writer->Append(pending_scale.data(), pending_scale.size()));
         continue;
       }
-      const std::vector<uint8_t> data = filler.Fill(s, dtype[i], &pending_scale);
-      FM_RETURN_IF_ERROR(writer->Append(data.data(), data.size()));
+      FM_RETURN_IF_ERROR(filler.Write(s, dtype[i], writer.get(), &pending_scale));
     }
     FM_RETURN_IF_ERROR(writer->Finish());
   }
@@ -432,11 +470,31 @@ Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& cfg,
   return Status::Ok();
 }
 
-Status WritePresetCheckpoint(const std::string& dir, const std::string& preset, uint64_t seed) {
-  FM_ASSIGN_OR_RETURN(ModelConfig cfg, PresetConfig(preset));
+ModelConfig FullModelConfig(const ModelConfig& cfg) {
+  if (cfg.num_hidden_layers < 1 || cfg.num_hidden_layers > kFlashLayers) return cfg;
+  const Result<ModelConfig> prefix = PresetConfig("flash", cfg.num_hidden_layers);
+  if (!prefix.ok() || ConfigJson(*prefix) != ConfigJson(cfg)) return cfg;
+  return *PresetConfig("flash", kFlashLayers);
+}
+
+uint64_t DecodeBytesPerToken(const ModelConfig& cfg) {
+  const ModelBytes b = ComputeModelBytes(cfg);
+  uint64_t total = b.embed / static_cast<uint64_t>(cfg.vocab_size) + b.head;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    total += b.layer_total(l, cfg.num_experts_per_tok);
+  return total;
+}
+
+Status WritePresetCheckpoint(const std::string& dir, const std::string& preset, uint64_t seed,
+                             int64_t layers) {
+  FM_ASSIGN_OR_RETURN(ModelConfig cfg, PresetConfig(preset, layers));
   MkmodelOptions opt;
   opt.seed = seed;
-  opt.num_shards = preset == "bench" ? 4 : preset == "small" ? 3 : 2;
+  // ~3.4 GB a flash shard (a layer's experts), as the official shards are a few GB each.
+  opt.num_shards = preset == "flash"  ? static_cast<int>(layers) + 2
+                   : preset == "bench" ? 4
+                   : preset == "small" ? 3
+                                       : 2;
   opt.bf16_small_tensors = preset == "tiny";
   return WriteRandomCheckpoint(dir, cfg, opt);
 }

@@ -1,6 +1,7 @@
 // mkmodel: random but well-scaled checkpoints in exactly the official layout (config.json,
 // model.safetensors.index.json, >= 2 shards, FP8/FP4 weights with their scales, tokenizer.json),
-// deterministic for a given seed. Writing streams tensor by tensor (bench is 1-3 GB).
+// deterministic for a given seed. Writing streams tensor by tensor, the large float tensors in
+// row chunks (flash's embed and head are 1 GB each), so memory stays far below the model's size.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,9 +12,25 @@
 
 namespace fm {
 
-// "tiny" (< 1 MB, unit tests), "small" (< 50 MB, integration tests), "bench" (1-3 GB).
+// "tiny" (< 1 MB, unit tests), "small" (< 50 MB, integration tests), "bench" (1-3 GB),
+// "flash": DeepSeek-V4-Flash's own config (configs/models/deepseek-v4-flash/config.json) cut to
+// its first `layers` layers (1 .. kFlashLayers; compress_ratios and hash layers as the real
+// model's first layers, its MTP block kept): per-layer costs of the real shapes on any device.
+// Files: 3.4 GB a layer (256 FP4 experts), 3.4 GB the MTP block, 2.1 GB embed + head.
+// `layers` is for flash only (0 = the preset's own count for the others).
 std::vector<std::string> MkmodelPresets();
-Result<ModelConfig> PresetConfig(const std::string& preset);
+constexpr int64_t kFlashLayers = 43;  // the real model's num_hidden_layers
+Result<ModelConfig> PresetConfig(const std::string& preset, int64_t layers = 0);
+
+// The model whose first layers a checkpoint of config `cfg` holds: the real DeepSeek-V4-Flash
+// (PresetConfig("flash", kFlashLayers)) when cfg is its geometry with fewer or all layers (the
+// flash preset, or the real checkpoint), else cfg itself.
+ModelConfig FullModelConfig(const ModelConfig& cfg);
+
+// Bytes one decode step reads with the official dtypes, from the config alone: one embedding
+// row, every main layer's dense tensors and top-k routed experts, the head. What `inspect`
+// reports for a checkpoint in the official dtypes (every preset but tiny).
+uint64_t DecodeBytesPerToken(const ModelConfig& cfg);
 
 // config.json text with the official field names; ParseModelConfig(ConfigJson(c)) == c.
 std::string ConfigJson(const ModelConfig& cfg);
@@ -32,7 +49,8 @@ struct MkmodelOptions {
 Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& cfg,
                              const MkmodelOptions& opt);
 // Preset shortcut: the shard count grows with the preset's size; tiny uses bf16_small_tensors.
-Status WritePresetCheckpoint(const std::string& dir, const std::string& preset, uint64_t seed);
+Status WritePresetCheckpoint(const std::string& dir, const std::string& preset, uint64_t seed,
+                             int64_t layers = 0);
 
 // The quantizers mkmodel uses (fast, table based); equal to F32ToE4m3 / F32ToFp4 of
 // common/numfmt.h for every finite input (tested).

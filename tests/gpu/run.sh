@@ -1,48 +1,182 @@
 #!/usr/bin/env bash
-# GPU check for a machine with an NVIDIA GPU: configures with CUDA on for the local GPU's
-# architecture only (one nvcc pass per .cu), builds the gpu tests and `flashmesh`, runs
-# `ctest -L gpu` (kernels vs CPU twins, the device shard vs the CPU shard, NCCL), the GEMV
-# bandwidth bench and the device decode bench on the bench preset, prints nvidia-smi.
-# Usage: tests/gpu/run.sh [build-dir]  (default build-gpu).
-# Exit status 0 only if every step passed. Takes about 3-5 minutes on an H200 host (16 cores).
+# GPU checks for a machine with an NVIDIA GPU (docs/gpu.md "Running the GPU checks"):
+#   tests/gpu/run.sh [BUILD_DIR]      configure (CUDA on, the local GPU's architecture only) and
+#                                     build here, then check (needs the Debian -dev packages;
+#                                     default build dir build-gpu)
+#   tests/gpu/run.sh --prebuilt       check what tests/gpu/pack.sh put in .devrun/ on a build
+#                                     machine: no configure, no build (the GPU machine's way)
+#   add --profile: an ncu per-kernel table of eager decode steps instead of the checks
+# The checks: each GPU test binary (kernels vs their CPU twins, the device shard vs the CPU
+# shard, NCCL), bench_cuda_gemv, `bench decode --device cuda:0` on the bench preset (CUDA graph
+# and eager) and on `mkmodel --preset flash --layers 2` (the real shapes: per-layer time and the
+# 43-layer prediction), test_integration DeviceShard.*. Without a GPU each GPU step reports
+# "skipped: no GPU" (--prebuilt still checks that every packed binary loads).
+# Prints a table last; full logs go to $OUT if set, else a fresh /tmp/fm-gpu.* (printed).
+# Checkpoints are written once to /tmp/fm-gpu-models (bench 2.3 GB, flash 2 layers 13 GB).
+# Exit status 0 only if no step failed. About 3-5 minutes on an H200 host.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-BUILD=${1:-build-gpu}
-JOBS=${JOBS:-$(nproc)}
-failed=()
-step() {
-  echo "== $*"
-  local t0=$SECONDS
-  if "$@"; then echo "== ok ($((SECONDS - t0)) s)"; else echo "== FAILED ($((SECONDS - t0)) s): $*"; failed+=("$1 ${2:-}"); return 1; fi
+mode=build build=build-gpu profile=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --prebuilt) mode=prebuilt ;;
+    --profile) profile=1 ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    -*) echo "run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) build=$1 ;;
+  esac
+  shift
+done
+logs=${OUT:-$(mktemp -d /tmp/fm-gpu.XXXXXX)}
+models=/tmp/fm-gpu-models
+mkdir -p "$logs" "$models"
+
+rows=() failed=0
+row() {  # step result seconds detail
+  rows+=("$(printf '%-26s %-22s %5s  %s' "$1" "$2" "$3" "$4")")
+  case $2 in FAILED*) failed=1 ;; esac
 }
 
-# compute_cap "9.0" -> 90 (H100/H200), "12.1" -> 121 (GB10).
-ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
-ARCH=${ARCH:-90}
-echo "run.sh: CUDA architecture $ARCH, $JOBS jobs, build dir $BUILD"
+gpu=$(nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+echo "run.sh: $mode mode, GPU: ${gpu:-none}, logs in $logs"
 
-step cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHMESH_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$ARCH" || exit 1
-targets=(test_cuda_kernels test_cuda_shard bench_cuda_gemv)
-grep -q "test_nccl_smoke" "$BUILD/build.ninja" && targets+=(test_nccl_smoke test_nccl_communicator)
-if step cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"; then
-  step ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300
-  step "$BUILD/tests/gpu/bench_cuda_gemv"
-fi
-if step cmake --build "$BUILD" -j "$JOBS" --target flashmesh; then
-  # Device decode: tok/s and weight traffic / device read bandwidth (bw_efficiency).
-  [ -f "$BUILD/bench-model/config.json" ] ||
-    step "$BUILD/cli/flashmesh" mkmodel --preset bench "$BUILD/bench-model"
-  # The same with every kernel launched per step: the CUDA graph's gain, measured in one run.
-  for mode in "" --eager; do
-    step "$BUILD/cli/flashmesh" bench decode --model "$BUILD/bench-model" --device cuda:0 \
-      --context 64 --tokens 64 $mode
+# Where each binary is: the build tree, or .devrun/bin with the packed libraries.
+if [ $mode = prebuilt ]; then
+  [ -x .devrun/bin/flashmesh ] || { echo "run.sh: no .devrun/bin/flashmesh: run tests/gpu/pack.sh on the build machine first" >&2; exit 1; }
+  nccl=$(find /usr /opt -name 'libnccl.so.2*' 2>/dev/null | head -1)
+  export LD_LIBRARY_PATH=$PWD/.devrun/lib${nccl:+:$(dirname "$nccl")}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  echo "run.sh: binaries of $(cat .devrun/commit), NCCL ${nccl:-not found}"
+  bin() { echo ".devrun/bin/$1"; }
+  t0=$SECONDS missing=""
+  for b in .devrun/bin/*; do
+    ldd "$b" | grep -q 'not found' && missing+=" $(basename "$b"): $(ldd "$b" | awk '/not found/{print $1}' | tr '\n' ' ')"
   done
+  if [ -n "$missing" ]; then row "packed libraries" "FAILED" $((SECONDS - t0)) "unresolved:$missing"
+  elif ! .devrun/bin/flashmesh --help >"$logs/flashmesh-help.log" 2>&1; then row "packed libraries" "FAILED" $((SECONDS - t0)) "flashmesh --help: $(tail -1 "$logs/flashmesh-help.log")"
+  else row "packed libraries" "ok" $((SECONDS - t0)) "$(ls .devrun/bin | wc -l) binaries resolve all libraries"
+  fi
+else
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+  arch=${arch:-90}  # compute_cap 9.0 -> 90 (H100/H200), 12.1 -> 121 (GB10)
+  t0=$SECONDS
+  if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHMESH_CUDA=ON \
+       -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$logs/configure.log" 2>&1 &&
+     cmake --build "$build" -j "$(nproc)" --target flashmesh test_cuda_kernels test_cuda_shard \
+       bench_cuda_gemv test_integration $(grep -o 'test_nccl_[a-z]*:' "$build/build.ninja" | sort -u | tr -d :) \
+       >"$logs/build.log" 2>&1; then
+    row "configure + build" "ok" $((SECONDS - t0)) "sm_$arch, $build"
+  else
+    row "configure + build" "FAILED" $((SECONDS - t0)) "see $logs/configure.log, build.log"
+    printf '%s\n' "${rows[@]}"
+    exit 1
+  fi
+  bin() { find "$build/cli" "$build/tests/gpu" "$build/tests/integration" -maxdepth 1 -name "$1" -type f 2>/dev/null | head -1; }
 fi
-nvidia-smi
 
-if [ ${#failed[@]} -ne 0 ]; then
-  echo "run.sh: FAILED steps: ${failed[*]}"
-  exit 1
+# gtest_step NAME TIMEOUT [FILTER]: one test binary, its counts from the log.
+gtest_step() {
+  local name=$1 limit=$2 filter=${3:-*} exe t0=$SECONDS rc
+  exe=$(bin "$1")
+  [ -n "$exe" ] && [ -x "$exe" ] || { row "$name" "skipped: not built" 0 ""; return; }
+  [ -n "$gpu" ] || { row "$name" "skipped: no GPU" 0 ""; return; }
+  timeout "$limit" "$exe" --gtest_filter="$filter" >"$logs/$name.log" 2>&1
+  rc=$?
+  local counts
+  counts="$(grep -c '^\[       OK \] .* ms)$' "$logs/$name.log") passed, $(grep -c '^\[  SKIPPED \] .* ms)$' "$logs/$name.log") skipped, $(grep -c '^\[  FAILED  \] .* ms)$' "$logs/$name.log") failed"
+  if [ $rc -eq 0 ]; then row "$name" "ok" $((SECONDS - t0)) "$counts"; else row "$name" "FAILED (rc $rc)" $((SECONDS - t0)) "$counts"; fi
+}
+
+# mkmodel_step NAME ARGS...: writes $models/NAME once (config.json is written last).
+mkmodel_step() {
+  local name=$1 t0=$SECONDS
+  shift
+  [ -n "$gpu" ] || { row "mkmodel $name" "skipped: no GPU" 0 "only the device benches use it"; return 1; }
+  if [ -f "$models/$name/config.json" ]; then row "mkmodel $name" "ok" 0 "already in $models"; return 0; fi
+  rm -rf "${models:?}/$name"
+  if timeout 300 "$(bin flashmesh)" mkmodel "$@" "$models/$name" >"$logs/mkmodel-$name.log" 2>&1; then
+    row "mkmodel $name" "ok" $((SECONDS - t0)) "$(du -sh "$models/$name" | cut -f1)"
+  else
+    row "mkmodel $name" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/mkmodel-$name.log")"
+    return 1
+  fi
+}
+
+# bench_step LABEL MODEL ARGS...: bench decode on cuda:0, the JSON's main figures in the table.
+bench_step() {
+  local label=$1 model=$2 t0=$SECONDS out
+  shift 2
+  [ -n "$gpu" ] || { row "$label" "skipped: no GPU" 0 ""; return; }
+  [ -f "$models/$model/config.json" ] || { row "$label" "skipped: no checkpoint" 0 ""; return; }
+  if out=$(timeout 300 "$(bin flashmesh)" bench decode --model "$models/$model" --device cuda:0 --json "$@" 2>"$logs/$label.err"); then
+    echo "$out" >"$logs/$label.json"
+    row "$label" "ok" $((SECONDS - t0)) "$(python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+print("%.0f tok/s, bw_eff %.3f, layer %.3f ms, head %.3f ms, %d-layer model %.2f ms/tok (floor %.2f)" % (
+    j["tok_per_s"], j["bw_efficiency"], j["layer_ms"], j["head_ms"], j["full_model_layers"],
+    j["full_model_ms_per_token"], j["full_model_floor_ms"]))' "$out")"
+  else
+    row "$label" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/$label.err")"
+  fi
+}
+
+# Per-kernel device time of eager decode steps on the bench preset: ncu's gpu__time_duration of
+# 660 kernels (2 tokens) after the prefill and warm-up, clocks left alone; a table by kernel.
+profile() {
+  local ncu t0=$SECONDS
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$gpu" ] || { row "ncu profile" "skipped: no GPU" 0 ""; return; }
+  [ -n "$ncu" ] || { row "ncu profile" "FAILED" 0 "no ncu on this machine"; return; }
+  mkmodel_step bench --preset bench || return
+  timeout 400 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+    --launch-skip 700 --launch-count 660 "$(bin flashmesh)" bench decode --model "$models/bench" \
+    --device cuda:0 --context 8 --tokens 4 --eager >"$logs/ncu.csv" 2>"$logs/ncu.err" ||
+    { row "ncu profile" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/ncu.err")"; return; }
+  python3 - "$logs/ncu.csv" >"$logs/profile.txt" <<'PY'
+import collections, csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, rows = rows[0], rows[1:]
+k, v, u = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+to_us = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+total, calls = collections.defaultdict(float), collections.Counter()
+for r in rows:
+    name = r[k].split("(")[0][:60]
+    total[name] += float(r[v].replace(",", "")) * to_us[r[u]]
+    calls[name] += 1
+all_us = sum(total.values())
+print(f"{sum(calls.values())} kernels, {all_us:.1f} us")
+for name, us in sorted(total.items(), key=lambda x: -x[1]):
+    print(f"{us:10.1f} us {100 * us / all_us:5.1f}%  n={calls[name]:4d}  avg {us / calls[name]:7.2f} us  {name}")
+PY
+  row "ncu profile" "ok" $((SECONDS - t0)) "$(head -1 "$logs/profile.txt"), table in $logs/profile.txt"
+  head -16 "$logs/profile.txt"
+}
+
+if [ $profile = 1 ]; then
+  profile
+else
+  gtest_step test_cuda_kernels 300
+  gtest_step test_cuda_shard 300
+  gtest_step test_nccl_smoke 120
+  gtest_step test_nccl_communicator 120
+  if [ -z "$gpu" ]; then row bench_cuda_gemv "skipped: no GPU" 0 ""
+  else
+    t0=$SECONDS
+    if timeout 180 "$(bin bench_cuda_gemv)" >"$logs/bench_cuda_gemv.log" 2>&1; then row bench_cuda_gemv "ok" $((SECONDS - t0)) "table in $logs/bench_cuda_gemv.log"
+    else row bench_cuda_gemv "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/bench_cuda_gemv.log")"; fi
+  fi
+  mkmodel_step bench --preset bench
+  bench_step "decode bench graph" bench --context 64 --tokens 64
+  bench_step "decode bench eager" bench --context 64 --tokens 64 --eager
+  mkmodel_step flash2 --preset flash --layers 2
+  bench_step "decode flash2 graph" flash2 --context 256 --tokens 32
+  gtest_step test_integration 300 'DeviceShard.*'
 fi
-echo "run.sh: all steps passed"
+[ -n "$gpu" ] && nvidia-smi >"$logs/nvidia-smi.txt" 2>&1
+
+{
+  echo "==== GPU checks: ${gpu:-no GPU}, $mode, logs $logs"
+  printf '%-26s %-22s %5s  %s\n' step result s detail
+  printf '%s\n' "${rows[@]}"
+} | tee "$logs/summary.txt"
+exit $failed

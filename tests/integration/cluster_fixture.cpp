@@ -32,7 +32,13 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-std::string FlashmeshBinary() { return FM_FLASHMESH_BINARY; }
+// A flashmesh next to this test binary (a copy packed by tests/gpu/pack.sh, run on another
+// machine), else the one this build made.
+std::string FlashmeshBinary() {
+  std::error_code ec;
+  const auto beside = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "flashmesh";
+  return !ec && std::filesystem::exists(beside) ? beside.string() : FM_FLASHMESH_BINARY;
+}
 
 Process::Process(std::vector<std::string> args, std::string log_path) : log_path_(std::move(log_path)) {
   std::string bin = FlashmeshBinary();
