@@ -15,7 +15,7 @@ int CmdMkmodel(int argc, char** argv) {
       "  writes a random, well-scaled checkpoint in the official DeepSeek-V4 layout to OUT\n"
       "  tiny < 1 MB, small ~43 MB, bench ~2.3 GB (8 layers at reduced shapes)\n"
       "  flash: DeepSeek-V4-Flash's real shapes and config, its first N layers (--layers N,\n"
-      "         required, 1..43) + the MTP block: 3.4 GB a layer + 5.5 GB; for measuring\n"
+      "         required, 1..43) + the MTP block: 3.6 GB a layer + 5.7 GB; for measuring\n"
       "         per-layer costs (bench decode). --layers is accepted only with flash.\n";
   std::string preset, out;
   uint64_t seed = 0;

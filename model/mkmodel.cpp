@@ -490,7 +490,7 @@ Status WritePresetCheckpoint(const std::string& dir, const std::string& preset, 
   FM_ASSIGN_OR_RETURN(ModelConfig cfg, PresetConfig(preset, layers));
   MkmodelOptions opt;
   opt.seed = seed;
-  // ~3.4 GB a flash shard (a layer's experts), as the official shards are a few GB each.
+  // ~3.6 GB a flash shard (about a layer), as the official shards are a few GB each.
   opt.num_shards = preset == "flash"  ? static_cast<int>(layers) + 2
                    : preset == "bench" ? 4
                    : preset == "small" ? 3

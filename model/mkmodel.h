@@ -16,7 +16,7 @@ namespace fm {
 // "flash": DeepSeek-V4-Flash's own config (configs/models/deepseek-v4-flash/config.json) cut to
 // its first `layers` layers (1 .. kFlashLayers; compress_ratios and hash layers as the real
 // model's first layers, its MTP block kept): per-layer costs of the real shapes on any device.
-// Files: 3.4 GB a layer (256 FP4 experts), 3.4 GB the MTP block, 2.1 GB embed + head.
+// Files: 3.6 GB a layer (256 FP4 experts), 3.6 GB the MTP block, 2.1 GB embed + head.
 // `layers` is for flash only (0 = the preset's own count for the others).
 std::vector<std::string> MkmodelPresets();
 constexpr int64_t kFlashLayers = 43;  // the real model's num_hidden_layers
