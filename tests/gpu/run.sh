@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) mode=prebuilt ;;
     --profile) profile=1 ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) build=$1 ;;
   esac
@@ -172,6 +172,7 @@ else
   gtest_step test_nccl_smoke 120
   gtest_step test_nccl_communicator 120
   if [ -z "$gpu" ]; then row bench_cuda_gemv "skipped: no GPU" 0 ""
+  elif [ ! -x "$(bin bench_cuda_gemv)" ]; then row bench_cuda_gemv "skipped: not built" 0 ""
   else
     t0=$SECONDS
     if timeout 180 "$(bin bench_cuda_gemv)" >"$logs/bench_cuda_gemv.log" 2>&1; then row bench_cuda_gemv "ok" $((SECONDS - t0)) "table in $logs/bench_cuda_gemv.log"
