@@ -301,16 +301,14 @@ std::vector<std::string> MkmodelPresets() { return {"tiny", "small", "bench", "f
 
 Result<ModelConfig> PresetConfig(const std::string& preset, int64_t layers) {
   ModelConfig c = BaseConfig();
+  if (preset != "flash" && layers != 0)
+    return InvalidArgument("mkmodel: --layers is only for --preset flash ('" + preset +
+                           "' has a fixed layer count)");
   if (preset == "flash") {
     if (layers < 1 || layers > kFlashLayers)
       return InvalidArgument("mkmodel: --preset flash needs --layers N in [1, " +
                              std::to_string(kFlashLayers) + "] (the real model's first N layers), got " +
                              std::to_string(layers));
-  } else if (layers != 0) {
-    return InvalidArgument("mkmodel: --layers is only for --preset flash ('" + preset +
-                           "' has a fixed layer count)");
-  }
-  if (preset == "flash") {
     c.vocab_size = 129280, c.hidden_size = 4096, c.num_hidden_layers = layers;
     // The real model's first `layers` layers: window-only 0-1, then ratio 4 / 128 alternating;
     // hash routed 0-2. The MTP block (window-only) follows.
