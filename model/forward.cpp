@@ -67,6 +67,23 @@ Status CheckTokenIds(const ModelConfig& cfg, std::span<const int32_t> tokens,
   return Status::Ok();
 }
 
+Result<std::vector<SampledToken>> ShardModel::SampleNext(const float* x, int64_t rows,
+                                                         std::span<Sampler* const> samplers) const {
+  if (rows != static_cast<int64_t>(samplers.size()))
+    return InvalidArgument("SampleNext: " + std::to_string(rows) + " rows but " +
+                           std::to_string(samplers.size()) + " samplers");
+  const int64_t V = config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(rows * V));
+  FM_RETURN_IF_ERROR(Logits(x, rows, logits.data()));
+  std::vector<SampledToken> out;
+  out.reserve(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    FM_ASSIGN_OR_RETURN(SampledToken t, samplers[r]->Sample(std::span(&logits[r * V], V)));
+    out.push_back(t);
+  }
+  return out;
+}
+
 Result<std::vector<int32_t>> CheckBatchItems(const ModelConfig& cfg, int64_t layer_begin,
                                              int64_t layer_end, std::span<const BatchItem> items,
                                              bool mtp) {

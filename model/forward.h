@@ -13,6 +13,7 @@
 #include "common/thread_pool.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/sampler.h"
 
 namespace fm {
 
@@ -77,6 +78,13 @@ class ShardModel {
   virtual Status ForwardLayers(std::span<const BatchItem> items, float* x) const = 0;
   // X [rows, hc, H] (state after the last layer) -> logits [rows, vocab]. Needs has_head().
   virtual Status Logits(const float* x, int64_t rows, float* logits) const = 0;
+
+  // The head and each row's sampler: X [rows, hc, H] -> the token samplers[r] draws for row r
+  // (rows == samplers.size()), each sampler's RNG advanced as by Sampler::Sample. The CPU shard
+  // computes the logits and calls Sample; a device shard samples where the logits are, so only
+  // (id, logprob) per row reach the host. Needs has_head(); errors as Logits and Sample.
+  virtual Result<std::vector<SampledToken>> SampleNext(const float* x, int64_t rows,
+                                                       std::span<Sampler* const> samplers) const;
 
   // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
   virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;

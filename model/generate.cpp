@@ -21,9 +21,9 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Runs tokens through the whole model on `cache` and writes the logits of the last row.
-Status Step(const ShardModel& model, SequenceCache* cache, std::span<const int32_t> tokens,
-            std::vector<float>* x, std::vector<float>* logits) {
+// Runs tokens through the whole model on `cache` and draws the next token from the last row.
+Result<SampledToken> Step(const ShardModel& model, SequenceCache* cache,
+                          std::span<const int32_t> tokens, Sampler* sampler, std::vector<float>* x) {
   const ModelConfig& cfg = model.config();
   const int64_t row = cfg.hc_mult * cfg.hidden_size;
   const int64_t T = static_cast<int64_t>(tokens.size());
@@ -31,7 +31,10 @@ Status Step(const ShardModel& model, SequenceCache* cache, std::span<const int32
   FM_RETURN_IF_ERROR(model.Embed(tokens, x->data()));
   BatchItem item{cache, tokens};
   FM_RETURN_IF_ERROR(model.ForwardLayers(std::span<const BatchItem>(&item, 1), x->data()));
-  return model.Logits(x->data() + (T - 1) * row, 1, logits->data());
+  Sampler* const samplers[] = {sampler};
+  FM_ASSIGN_OR_RETURN(std::vector<SampledToken> next,
+                      model.SampleNext(x->data() + (T - 1) * row, 1, samplers));
+  return next[0];
 }
 
 }  // namespace
@@ -61,11 +64,10 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
   std::unique_ptr<SequenceCache> cache = model.NewSequence(max_context);
-  std::vector<float> x, logits(cfg.vocab_size);
+  std::vector<float> x;
   auto t0 = std::chrono::steady_clock::now();
-  FM_RETURN_IF_ERROR(Step(model, cache.get(), prompt, &x, &logits));
+  FM_ASSIGN_OR_RETURN(SampledToken tok, Step(model, cache.get(), prompt, &sampler, &x));
   while (true) {
-    FM_ASSIGN_OR_RETURN(SampledToken tok, sampler.Sample(logits));
     res.tokens.push_back(tok.id);
     if (res.tokens.size() == 1) {
       res.prefill_seconds = SecondsSince(t0);
@@ -83,7 +85,8 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
       res.finish = FinishReason::kLength;
       break;
     }
-    FM_RETURN_IF_ERROR(Step(model, cache.get(), std::span<const int32_t>(&tok.id, 1), &x, &logits));
+    FM_ASSIGN_OR_RETURN(tok, Step(model, cache.get(), std::span<const int32_t>(&tok.id, 1),
+                                  &sampler, &x));
   }
   if (res.tokens.size() > 1) res.decode_seconds = SecondsSince(t0);
   return res;

@@ -54,6 +54,10 @@ Result<Sampler> Sampler::Create(const SamplerConfig& cfg) {
 }
 
 Result<SampledToken> Sampler::Sample(std::span<const float> logits) {
+  return SampleWith(logits, is_greedy() ? 0.0 : DrawUniform());
+}
+
+Result<SampledToken> Sampler::SampleWith(std::span<const float> logits, double u) const {
   const int64_t n = static_cast<int64_t>(logits.size());
   int64_t best = -1;
   for (int64_t i = 0; i < n; ++i) {
@@ -109,12 +113,12 @@ Result<SampledToken> Sampler::Sample(std::span<const float> logits) {
       }
     }
   }
-  const double u = rng_.Uniform() * total;
+  const double target = u * total;
   double cum = 0.0;
   int64_t pick = keep - 1;  // rounding can leave u just above the last cumulative sum
   for (int64_t j = 0; j < keep; ++j) {
     cum += weight(order[j]);
-    if (u < cum) {
+    if (target < cum) {
       pick = j;
       break;
     }

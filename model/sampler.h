@@ -46,6 +46,11 @@ class Sampler {
   // Draws one token from logits [vocab]; advances the RNG by one draw when not greedy.
   // NaN logits or no finite logit are InvalidArgument.
   Result<SampledToken> Sample(std::span<const float> logits);
+  // The draw Sample makes (advances the RNG): a device sampler takes it as its uniform, so the
+  // RNG's sequence is the same wherever the pick runs.
+  double DrawUniform() { return rng_.Uniform(); }
+  // Sample with the draw given: Sample(l) == SampleWith(l, is_greedy() ? 0 : DrawUniform()).
+  Result<SampledToken> SampleWith(std::span<const float> logits, double u) const;
 
  private:
   explicit Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) {}

@@ -195,7 +195,6 @@ Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> s
   if (!model_->has_head()) return Internal("this shard has no head");
   if (slices.empty()) return std::vector<SampledId>{};
   const int64_t rf = row_floats();
-  const int64_t vocab = model_->config().vocab_size;
   // Only the last row of each slice reaches the head: [B, hc, H] -> [B, vocab].
   std::vector<float> last(slices.size() * rf);
   int64_t row = 0;
@@ -203,16 +202,18 @@ Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> s
     row += static_cast<int64_t>(slices[i].tokens.size());
     std::memcpy(&last[i * rf], x + (row - 1) * rf, rf * sizeof(float));
   }
-  std::vector<float> logits(slices.size() * vocab);
-  FM_RETURN_IF_ERROR(model_->Logits(last.data(), static_cast<int64_t>(slices.size()), logits.data()));
+  std::vector<Sampler*> samplers;
+  samplers.reserve(slices.size());
+  for (const auto& s : slices) {
+    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    samplers.push_back(seq->sampler.get());
+  }
+  FM_ASSIGN_OR_RETURN(std::vector<SampledToken> picked,
+                      model_->SampleNext(last.data(), static_cast<int64_t>(slices.size()), samplers));
   std::vector<SampledId> out;
   out.reserve(slices.size());
-  for (size_t i = 0; i < slices.size(); ++i) {
-    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(slices[i].seq_id));
-    FM_ASSIGN_OR_RETURN(SampledToken t,
-                        seq->sampler->Sample(std::span<const float>(&logits[i * vocab], vocab)));
-    out.push_back({slices[i].seq_id, t.id, t.logprob});
-  }
+  for (size_t i = 0; i < slices.size(); ++i)
+    out.push_back({slices[i].seq_id, picked[i].id, picked[i].logprob});
   return out;
 }
 

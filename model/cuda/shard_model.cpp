@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/sample_ops.h"
 #include "model/kv_cache.h"
 #include "model/layer.h"
 
@@ -68,7 +69,8 @@ struct Scratch {
   DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, idx, o, u, ug, pool_a, pool_z, entry;
   DeviceBuffer count;  // int32: the slots a compressor pools this step
   DeviceBuffer gl, ids, rw, h1, h3, contrib, routed, sh1, sh3;
-  DeviceBuffer head_y, logits;
+  DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
+  DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
 };
 
 class CudaShardModel final : public ShardModel {
@@ -87,6 +89,8 @@ class CudaShardModel final : public ShardModel {
   Status Embed(std::span<const int32_t> tokens, float* x) const override;
   Status ForwardLayers(std::span<const BatchItem> items, float* x) const override;
   Status Logits(const float* x, int64_t rows, float* logits) const override;
+  Result<std::vector<SampledToken>> SampleNext(const float* x, int64_t rows,
+                                               std::span<Sampler* const> samplers) const override;
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec; }
 
  private:
@@ -109,6 +113,8 @@ class CudaShardModel final : public ShardModel {
                         const float* z, const cuda::CompressorStep* step, const float* freq,
                         float* entries) const;
   Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
+  // X [T, hc, H] (host) -> s.logits [T, vocab]: hc_head, the final norm and the head.
+  Status Head(const float* x, int64_t T) const;
 
   ModelConfig cfg_;
   int device_;
@@ -206,12 +212,18 @@ Status CudaShardModel::AllocScratch() {
       {&s.pool_z, 2 * max_ratio * std::max(D, dI)}, {&s.entry, std::max(D, dI)}, {&s.count, 1},
       {&s.gl, C * E}, {&s.ids, C * k}, {&s.rw, C * k}, {&s.h1, C * k * I}, {&s.h3, C * k * I},
       {&s.contrib, C * k * H}, {&s.routed, C * H}, {&s.sh1, C * Is}, {&s.sh3, C * Is},
-      {&s.head_y, H}, {&s.logits, cfg_.vocab_size}};
+      {&s.head_y, C * H}, {&s.logits, C * cfg_.vocab_size}};
   for (const Want& w : wants) {
     FM_ASSIGN_OR_RETURN(*w.b, AllocFloats(w.floats));
   }
   FM_ASSIGN_OR_RETURN(s.idx, DeviceBuffer::Alloc(static_cast<size_t>(max_keys) * 4));
   FM_ASSIGN_OR_RETURN(s.inputs, DeviceBuffer::Alloc(sizeof(StepInputs)));
+  if (has_head_) {
+    FM_ASSIGN_OR_RETURN(s.sample_params, DeviceBuffer::Alloc(C * sizeof(cuda::SampleParams)));
+    FM_ASSIGN_OR_RETURN(s.sample_out, DeviceBuffer::Alloc(C * sizeof(cuda::SampleResult)));
+    FM_ASSIGN_OR_RETURN(s.sample_scratch,
+                        DeviceBuffer::Alloc(cuda::SampleScratchBytes(C, cfg_.vocab_size)));
+  }
   return Status::Ok();
 }
 
@@ -559,25 +571,89 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
   return stream_.Synchronize();
 }
 
+Status CudaShardModel::Head(const float* x, int64_t T) const {
+  const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
+  FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x, static_cast<size_t>(T * n * H) * sizeof(float)));
+  FM_RETURN_IF_ERROR(cuda::Gemm(hc_head_.fn.view(), s_.x.as<float>(), n * H, s_.mix.as<float>(),
+                                hc_head_.fn.rows, T));
+  FM_RETURN_IF_ERROR(cuda::HcHead(s_.x.as<float>(), s_.mix.as<float>(), hc_head_.base.as<float>(),
+                                  hc_head_.head_scale, T, n, H, eh, eps, s_.head_y.as<float>()));
+  FM_RETURN_IF_ERROR(cuda::RmsNorm(s_.head_y.as<float>(), norm_.as<float>(),
+                                   s_.head_y.as<float>(), T, H, eps));
+  return cuda::Gemm(head_.view(), s_.head_y.as<float>(), H, s_.logits.as<float>(), V, T);
+}
+
 Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const {
   if (!has_head_) return InvalidArgument("Logits: this shard does not hold the head");
   if (rows <= 0) return InvalidArgument("Logits: rows " + std::to_string(rows) + " must be > 0");
   std::lock_guard<std::mutex> lock(mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
   cuda::StreamScope on_stream(stream_);
-  const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
-  for (int64_t r = 0; r < rows; ++r) {
-    FM_RETURN_IF_ERROR(s_.x.CopyFromHost(x + r * n * H, n * H * sizeof(float)));
-    FM_RETURN_IF_ERROR(cuda::Gemv(hc_head_.fn.view(), s_.x.as<float>(), s_.mix.as<float>()));
-    FM_RETURN_IF_ERROR(cuda::HcHead(s_.x.as<float>(), s_.mix.as<float>(), hc_head_.base.as<float>(),
-                                    hc_head_.head_scale, 1, n, H, eh, eps, s_.head_y.as<float>()));
-    FM_RETURN_IF_ERROR(cuda::RmsNorm(s_.head_y.as<float>(), norm_.as<float>(),
-                                     s_.head_y.as<float>(), 1, H, eps));
-    FM_RETURN_IF_ERROR(cuda::Gemv(head_.view(), s_.head_y.as<float>(), s_.logits.as<float>()));
-    FM_RETURN_IF_ERROR(s_.logits.CopyToHost(logits + r * V, V * sizeof(float)));
+  const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
+    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
+    FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
+    FM_RETURN_IF_ERROR(s_.logits.CopyToHost(logits + r0 * V, static_cast<size_t>(T * V) * sizeof(float)));
   }
   return stream_.Synchronize();
+}
+
+// The CPU sampler's errors for a device result (model/sampler.cpp's words).
+Status SampleError(const cuda::SampleResult& r, int64_t vocab) {
+  switch (r.status) {
+    case cuda::kSampleNaN: return InvalidArgument("logits[" + std::to_string(r.id) + "] is NaN");
+    case cuda::kSampleNoFinite:
+      return InvalidArgument("logits: no finite value among " + std::to_string(vocab));
+    case cuda::kSamplePosInf: return InvalidArgument("logits[" + std::to_string(r.id) + "] is +inf");
+  }
+  return Internal("device sampler: status " + std::to_string(r.status));
+}
+
+Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
+    const float* x, int64_t rows, std::span<Sampler* const> samplers) const {
+  if (!has_head_) return InvalidArgument("SampleNext: this shard does not hold the head");
+  if (rows <= 0 || rows != static_cast<int64_t>(samplers.size()))
+    return InvalidArgument("SampleNext: rows " + std::to_string(rows) + " with " +
+                           std::to_string(samplers.size()) + " samplers");
+  std::lock_guard<std::mutex> lock(mu_);
+  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  cuda::StreamScope on_stream(stream_);
+  const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
+  std::vector<SampledToken> out;
+  out.reserve(rows);
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
+    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
+    cuda::SampleParams params[kMaxStepRows];
+    for (int64_t t = 0; t < T; ++t) {  // the draws, in row order, as the CPU path makes them
+      Sampler* s = samplers[r0 + t];
+      const SamplerConfig& c = s->config();
+      params[t] = cuda::SampleParams{c.temperature, c.top_p, c.top_k, s->is_greedy() ? 1 : 0,
+                                     s->is_greedy() ? 0.0 : s->DrawUniform()};
+    }
+    FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
+    FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
+    FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, V,
+                                        s_.sample_params.as<cuda::SampleParams>(),
+                                        s_.sample_scratch.as<void>(),
+                                        s_.sample_out.as<cuda::SampleResult>()));
+    cuda::SampleResult res[kMaxStepRows];
+    FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
+    for (int64_t t = 0; t < T; ++t) {
+      if (res[t].status == cuda::kSampleOk) {
+        out.push_back(SampledToken{res[t].id, res[t].logprob});
+      } else if (res[t].status == cuda::kSampleNeedsHost) {
+        // A top-k / top-p set beyond the device's candidates: this row's logits, on the host.
+        std::vector<float> lg(V);
+        FM_RETURN_IF_ERROR(s_.logits.CopyToHost(lg.data(), V * sizeof(float), t * V * sizeof(float)));
+        FM_ASSIGN_OR_RETURN(SampledToken tok, samplers[r0 + t]->SampleWith(lg, params[t].u));
+        out.push_back(tok);
+      } else {
+        return SampleError(res[t], V);
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace

@@ -185,6 +185,47 @@ TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
   EXPECT_LT(RelErr(gpu, cpu), 1e-3);
 }
 
+// Sampling where the logits are (SampleNext): the device's picks equal the host Sampler's over
+// the device's own logits, for greedy, top-k and top-p rows in one call, over three draws (the
+// RNG advances the same way on both sides).
+TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  const auto a = Tokens(5, 41);
+  auto ga = p.gpu->NewSequence(64);
+  const BatchItem item{ga.get(), a};
+  std::vector<float> lg, state;
+  ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&item, 1}, &lg, &state).ok());
+  const ModelConfig& cfg = p.gpu->config();
+  const int64_t V = cfg.vocab_size, row = cfg.hc_mult * cfg.hidden_size;
+  std::vector<SamplerConfig> configs(3);
+  configs[0].greedy = true;
+  configs[1].temperature = 0.9f, configs[1].top_k = 8, configs[1].seed = 3;
+  configs[2].temperature = 1.1f, configs[2].top_p = 0.8f, configs[2].seed = 4;
+  std::vector<Sampler> dev, host;
+  for (const SamplerConfig& c : configs) {
+    dev.push_back(*Sampler::Create(c));
+    host.push_back(*Sampler::Create(c));
+  }
+  // Rows 2, 3 and 4 of the prefill's final state, one per sampler.
+  const std::vector<float> x(state.begin() + 2 * row, state.end());
+  std::vector<float> logits(3 * V);
+  ASSERT_TRUE(p.gpu->Logits(x.data(), 3, logits.data()).ok());
+  for (int draw = 0; draw < 3; ++draw) {
+    Sampler* const ds[] = {&dev[0], &dev[1], &dev[2]};
+    auto got = p.gpu->SampleNext(x.data(), 3, ds);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    for (int r = 0; r < 3; ++r) {
+      auto want = host[r].Sample(std::span(&logits[r * V], V));
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      EXPECT_EQ((*got)[r].id, want->id) << "draw " << draw << " row " << r;
+      EXPECT_NEAR((*got)[r].logprob, want->logprob, 1e-5) << "draw " << draw << " row " << r;
+    }
+  }
+}
+
 // With an expert executor (what EP sets) the routed experts run outside the device: each layer
 // copies its rows' inputs, ids and weights out and the routed sum back; steps are eager. Here
 // the executor runs the experts on the CPU: a prefill of 12 rows then decode match the CPU.

@@ -25,6 +25,22 @@ Sampler Make(SamplerConfig cfg) {
   return *s;
 }
 
+// Sample draws exactly once per non-greedy pick, so SampleWith(l, DrawUniform()) on a twin
+// sampler (what the device path does) gives the same tokens in the same order.
+TEST(Sampler, SampleWithTheDrawEqualsSample) {
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f, 1.5f, 0.3f, -INFINITY, 0.9f};
+  SamplerConfig cfg;
+  cfg.temperature = 1.4f, cfg.top_k = 5, cfg.top_p = 0.9f, cfg.seed = 77;
+  Sampler a = Make(cfg), b = Make(cfg);
+  for (int i = 0; i < 50; ++i) {
+    auto x = a.Sample(logits);
+    auto y = b.SampleWith(logits, b.DrawUniform());
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->id, y->id) << "draw " << i;
+    EXPECT_EQ(x->logprob, y->logprob) << "draw " << i;
+  }
+}
+
 TEST(Rng, KnownSequence) {
   // splitmix64(0) starts with 0xE220A8397B1DCDAF: the first word of the xoshiro state.
   // xoshiro256** output 0 is rotl(s1 * 5, 7) * 9, independent of s0: check it from s1.
@@ -245,6 +261,41 @@ std::string GenerateTest::dir_;
 Checkpoint* GenerateTest::ckpt_ = nullptr;
 ThreadPool* GenerateTest::pool_ = nullptr;
 ShardModel* GenerateTest::model_ = nullptr;
+
+// SampleNext (the head and the samplers in one call, what a device shard overrides) picks what
+// Logits + Sampler::Sample pick, draw for draw, and refuses a sampler count that is not the rows.
+TEST_F(GenerateTest, SampleNextEqualsLogitsThenSample) {
+  const ModelConfig& c = model_->config();
+  const int64_t row = c.hc_mult * c.hidden_size, V = c.vocab_size;
+  const std::vector<int32_t> tokens = {3, 1, 4, 1, 5};
+  auto cache = model_->NewSequence(8);
+  std::vector<float> x(tokens.size() * row), logits(2 * V);
+  ASSERT_TRUE(model_->Embed(tokens, x.data()).ok());
+  BatchItem item{cache.get(), tokens};
+  ASSERT_TRUE(model_->ForwardLayers(std::span<const BatchItem>(&item, 1), x.data()).ok());
+  const float* last2 = x.data() + 3 * row;
+  ASSERT_TRUE(model_->Logits(last2, 2, logits.data()).ok());
+  SamplerConfig k, p;
+  k.temperature = 0.9f, k.top_k = 5, k.seed = 8;
+  p.temperature = 1.2f, p.top_p = 0.7f, p.seed = 9;
+  Sampler a = Make(k), b = Make(p), ra = Make(k), rb = Make(p);
+  for (int draw = 0; draw < 4; ++draw) {
+    Sampler* const both[] = {&a, &b};
+    auto got = model_->SampleNext(last2, 2, both);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    auto wa = ra.Sample(std::span(logits.data(), V)), wb = rb.Sample(std::span(&logits[V], V));
+    ASSERT_TRUE(wa.ok() && wb.ok());
+    EXPECT_EQ((*got)[0].id, wa->id);
+    EXPECT_EQ((*got)[0].logprob, wa->logprob);
+    EXPECT_EQ((*got)[1].id, wb->id);
+    EXPECT_EQ((*got)[1].logprob, wb->logprob);
+  }
+  Sampler* const one[] = {&a};
+  const auto bad = model_->SampleNext(last2, 2, one);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("2 rows but 1 samplers"), std::string::npos)
+      << bad.status().ToString();
+}
 
 TEST_F(GenerateTest, GreedyDecodeMatchesPrefillArgmax) {
   const std::vector<int32_t> prompt = {0, 17, 42, 99};

@@ -89,6 +89,18 @@ inline float __int_as_float(int i) {
   std::memcpy(&f, &i, sizeof f);
   return f;
 }
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Blocks and their threads run one at a time, so an atomic is the plain read-modify-write.
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p += v;
+  return old;
+}
 
 // Set while a graph is captured: launches are appended here instead of run.
 inline std::vector<std::function<void()>>* emu_capture = nullptr;

@@ -1,0 +1,368 @@
+// Sampling on the device (sample_ops.h): the twin of model/sampler.cpp's Sampler::Sample.
+// Launch 1 (SampleChunkKernel): the vocabulary in chunks, one block each, per row: the chunk's
+// max and argmax, first NaN and +inf, and its softmax sums relative to the chunk max. Launch 2
+// (SampleFinishKernel): one block per row merges the chunks in order and picks: greedy directly;
+// untruncated by a cumulative walk in id order (chunk sums, then sub-range sums, then elements);
+// top-k / top-p on the sorted candidates of a radix select.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/sample_ops.h"
+
+namespace fm::cuda {
+namespace {
+
+constexpr int kSampleThreads = 256;
+constexpr int64_t kSampleChunk = 2048;  // logits per chunk block (more when the vocab needs it)
+constexpr int kSampleMaxChunks = 256;
+
+struct ChunkStats {
+  float max;      // the chunk's largest logit other than -inf (-inf when none)
+  int32_t arg;    // its lowest id, -1 when none
+  int32_t nan;    // the chunk's first NaN id, -1 when none
+  int32_t inf;    // the chunk's first +inf id, -1 when none
+  double sum_g;   // sum exp(l - max): log_softmax's denominator, relative to max
+  double sum_w;   // sum exp(l / T - max / T): the sampling weights, relative to max / T
+};
+
+int64_t ChunkSize(int64_t vocab) {
+  const int64_t need = (vocab + kSampleMaxChunks - 1) / kSampleMaxChunks;
+  return need > kSampleChunk ? need : kSampleChunk;
+}
+int64_t NumChunks(int64_t vocab) {
+  const int64_t c = ChunkSize(vocab);
+  return (vocab + c - 1) / c;
+}
+
+// Whether logit v at id i beats (bv, bi): larger, ties to the lower id; i < 0 is "none".
+__device__ bool Beats(float v, int i, float bv, int bi) {
+  if (i < 0) return false;
+  if (bi < 0) return true;
+  return v > bv || (v == bv && i < bi);
+}
+
+__device__ int MinId(int a, int b) { return a < 0 ? b : (b < 0 ? a : (a < b ? a : b)); }
+
+// Sum of v over the block's threads in a fixed tree; every thread gets the same value.
+__device__ double BlockSum(double v, double* sh) {
+  const int tid = threadIdx.x;
+  sh[tid] = v;
+  __syncthreads();
+  for (int s = kSampleThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) sh[tid] += sh[tid + s];
+    __syncthreads();
+  }
+  const double r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+// Grid (chunks, rows). Chunk c of row r: ids [c * chunk, min((c + 1) * chunk, vocab)).
+__global__ void SampleChunkKernel(const float* logits, int64_t vocab, int64_t chunk, int nchunks,
+                                  const SampleParams* params, ChunkStats* stats) {
+  __shared__ float best_v[kSampleThreads];
+  __shared__ int best_i[kSampleThreads], nan_i[kSampleThreads], inf_i[kSampleThreads];
+  __shared__ double sums[kSampleThreads];
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.y, lo = blockIdx.x * chunk;
+  const int64_t hi = lo + chunk < vocab ? lo + chunk : vocab;
+  const float* l = logits + row * vocab;
+  float bv = 0.0f;
+  int bi = -1, ni = -1, ii = -1;
+  for (int64_t i = lo + tid; i < hi; i += kSampleThreads) {
+    const float v = l[i];
+    if (v != v) ni = MinId(ni, static_cast<int>(i));
+    else if (v != -INFINITY && Beats(v, static_cast<int>(i), bv, bi)) bv = v, bi = static_cast<int>(i);
+    if (v == INFINITY) ii = MinId(ii, static_cast<int>(i));
+  }
+  best_v[tid] = bv, best_i[tid] = bi, nan_i[tid] = ni, inf_i[tid] = ii;
+  __syncthreads();
+  for (int s = kSampleThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) {
+      if (Beats(best_v[tid + s], best_i[tid + s], best_v[tid], best_i[tid]))
+        best_v[tid] = best_v[tid + s], best_i[tid] = best_i[tid + s];
+      nan_i[tid] = MinId(nan_i[tid], nan_i[tid + s]);
+      inf_i[tid] = MinId(inf_i[tid], inf_i[tid + s]);
+    }
+    __syncthreads();
+  }
+  const float m = best_i[0] < 0 ? -INFINITY : best_v[0];
+  const SampleParams p = params[row];
+  const double inv_t = p.greedy ? 1.0 : 1.0 / static_cast<double>(p.temperature);
+  const double top = static_cast<double>(m) * inv_t;
+  double g = 0.0, w = 0.0;
+  if (m != -INFINITY) {
+    for (int64_t i = lo + tid; i < hi; i += kSampleThreads) {
+      const double v = l[i];
+      g += exp(v - static_cast<double>(m));
+      if (!p.greedy) w += exp(v * inv_t - top);
+    }
+  }
+  g = BlockSum(g, sums);
+  w = BlockSum(w, sums);
+  if (tid == 0)
+    stats[row * nchunks + blockIdx.x] = ChunkStats{m, best_i[0], nan_i[0], inf_i[0], g, w};
+}
+
+// Where a cumulative sum passes a target.
+struct Crossing {
+  int64_t index;  // the first element whose cumulative passes (the last one when none does)
+  double cum;     // the cumulative up to and including it
+  bool found;
+};
+
+// The weights a walk reads: exp(l * inv_t - top) of ids lo + j (ids == null) or of the sorted
+// candidates ids[j] (low 32 bits: 0xFFFFFFFF - id).
+struct Weights {
+  const float* logits;
+  const unsigned long long* cand;
+  int64_t lo;
+  double inv_t, top;
+  __device__ int64_t Id(int64_t j) const {
+    return cand ? static_cast<int64_t>(0xFFFFFFFFu - static_cast<unsigned>(cand[j])) : lo + j;
+  }
+  __device__ double At(int64_t j) const {
+    return exp(static_cast<double>(logits[Id(j)]) * inv_t - top);
+  }
+};
+
+__device__ bool Passes(double cum, double target, bool inclusive) {
+  return inclusive ? cum >= target : target < cum;
+}
+
+// Walks items [0, n) of `w` from `base`: the first j whose cumulative passes `target`. Sub-range
+// sums per thread (contiguous, in order), thread 0 finds the sub-range, then steps element by
+// element from it (on past it if rounding made the sub-range sum pass but not its elements).
+__device__ Crossing FirstCrossing(const Weights& w, int64_t n, double base, double target,
+                                  bool inclusive, double* sh) {
+  __shared__ Crossing result;
+  const int tid = threadIdx.x;
+  const int64_t per = (n + kSampleThreads - 1) / kSampleThreads;
+  double s = 0.0;
+  for (int64_t j = tid * per; j < (tid + 1) * per && j < n; ++j) s += w.At(j);
+  sh[tid] = s;
+  __syncthreads();
+  if (tid == 0) {
+    double cum = base;
+    int t = 0;
+    while (t < kSampleThreads - 1 && !Passes(cum + sh[t], target, inclusive)) cum += sh[t++];
+    Crossing c{n - 1, cum, false};
+    for (int64_t j = t * per; j < n; ++j) {
+      c.cum += w.At(j);
+      c.index = j;
+      if (Passes(c.cum, target, inclusive)) {
+        c.found = true;
+        break;
+      }
+    }
+    result = c;
+  }
+  __syncthreads();
+  const Crossing c = result;
+  __syncthreads();
+  return c;
+}
+
+// Orderable bits of a (non-NaN) float: a larger float has a larger key.
+__device__ unsigned OrderKey(float f) {
+  const unsigned b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// cand[0, m) = the m best ids of l[0, n) by (logit desc, id asc), sorted so, as
+// key << 32 | (0xFFFFFFFF - id); cand holds mpad (a power of two >= m) entries.
+__device__ void TopCandidates(const float* l, int64_t n, int m, int mpad, unsigned long long* cand,
+                              int* hist, int* off) {
+  __shared__ unsigned prefix, mask;
+  __shared__ int need;
+  const int tid = threadIdx.x;
+  if (tid == 0) prefix = 0, mask = 0, need = m;
+  // Radix select on the key, most significant byte first: the key K of the m-th best, and how
+  // many of the ids with key K (the lowest ids first) complete the m.
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    hist[tid] = 0;
+    __syncthreads();
+    for (int64_t i = tid; i < n; i += kSampleThreads) {
+      const unsigned k = OrderKey(l[i]);
+      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      int above = 0, d = 255;
+      while (above + hist[d] < need) above += hist[d--];
+      need -= above;
+      prefix |= static_cast<unsigned>(d) << shift;
+      mask |= 255u << shift;
+    }
+    __syncthreads();
+  }
+  const unsigned K = prefix;
+  const int take_eq = need, n_gt = m - need;
+  // Compaction in id order: contiguous ranges per thread, offsets by a scan in thread order.
+  const int64_t per = (n + kSampleThreads - 1) / kSampleThreads;
+  const int64_t lo = tid * per, hi = lo + per < n ? lo + per : n;
+  int gt = 0, eq = 0;
+  for (int64_t i = lo; i < hi; ++i) {
+    const unsigned k = OrderKey(l[i]);
+    gt += k > K;
+    eq += k == K;
+  }
+  off[tid] = gt, off[kSampleThreads + tid] = eq;
+  __syncthreads();
+  if (tid == 0) {
+    int a = 0, b = 0;
+    for (int t = 0; t < kSampleThreads; ++t) {
+      const int g = off[t], e = off[kSampleThreads + t];
+      off[t] = a, off[kSampleThreads + t] = b;
+      a += g, b += e;
+    }
+  }
+  __syncthreads();
+  int og = off[tid], oe = off[kSampleThreads + tid];
+  for (int64_t i = lo; i < hi; ++i) {
+    const unsigned k = OrderKey(l[i]);
+    const unsigned long long c = (static_cast<unsigned long long>(k) << 32) |
+                                 (0xFFFFFFFFu - static_cast<unsigned>(i));
+    if (k > K) cand[og++] = c;
+    else if (k == K && oe < take_eq) cand[n_gt + oe++] = c;
+  }
+  for (int j = m + tid; j < mpad; j += kSampleThreads) cand[j] = 0;
+  __syncthreads();
+  // Bitonic sort, descending.
+  for (int size = 2; size <= mpad; size <<= 1) {
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int j = tid; j < mpad; j += kSampleThreads) {
+        const int partner = j ^ stride;
+        if (partner > j) {
+          const bool desc = (j & size) == 0;
+          const unsigned long long a = cand[j], b = cand[partner];
+          if (desc ? a < b : a > b) cand[j] = b, cand[partner] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// One block per row: merges the row's chunk stats in order and draws its token.
+__global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t chunk,
+                                   int nchunks, const SampleParams* params,
+                                   const ChunkStats* stats, SampleResult* out) {
+  __shared__ unsigned long long cand[kSampleMaxCandidates];
+  __shared__ double sh[kSampleThreads];
+  __shared__ int hist[256], off[2 * kSampleThreads];
+  __shared__ float M;
+  __shared__ int status, arg, done;
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x;
+  const float* l = logits + row * vocab;
+  const ChunkStats* cs = stats + row * nchunks;
+  const SampleParams p = params[row];
+  SampleResult* res = out + row;
+  if (tid == 0) {
+    float bv = 0.0f;
+    int bi = -1, ni = -1, ii = -1;
+    for (int c = 0; c < nchunks; ++c) {
+      if (Beats(cs[c].max, cs[c].arg, bv, bi)) bv = cs[c].max, bi = cs[c].arg;
+      ni = MinId(ni, cs[c].nan);
+      ii = MinId(ii, cs[c].inf);
+    }
+    M = bv, arg = bi, done = 1;
+    if (ni >= 0) *res = SampleResult{ni, 0.0f, kSampleNaN};
+    else if (bi < 0) *res = SampleResult{-1, 0.0f, kSampleNoFinite};
+    else if (ii >= 0) *res = SampleResult{ii, 0.0f, kSamplePosInf};
+    else if (p.greedy) {
+      double sum = 0.0;
+      for (int c = 0; c < nchunks; ++c)
+        if (cs[c].arg >= 0) sum += cs[c].sum_g * exp(static_cast<double>(cs[c].max) - bv);
+      *res = SampleResult{bi, static_cast<float>(-log(sum)), kSampleOk};
+    } else {
+      done = 0;
+    }
+  }
+  __syncthreads();
+  if (done) return;
+  const double inv_t = 1.0 / static_cast<double>(p.temperature);
+  const double top = static_cast<double>(M) * inv_t;
+  double all = 0.0;  // every id's weight: the chunk sums moved from max / T to M / T, in order
+  for (int c = 0; c < nchunks; ++c)
+    if (cs[c].arg >= 0) all += cs[c].sum_w * exp(static_cast<double>(cs[c].max) * inv_t - top);
+  const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  if (!top_k && p.top_p >= 1.0f) {
+    // Untruncated: the first id whose cumulative weight in id order exceeds u * total.
+    const double target = p.u * all;
+    double base = 0.0;
+    int c = 0;
+    for (; c < nchunks - 1; ++c) {
+      const double wc =
+          cs[c].arg >= 0 ? cs[c].sum_w * exp(static_cast<double>(cs[c].max) * inv_t - top) : 0.0;
+      if (target < base + wc) break;
+      base += wc;
+    }
+    // From chunk c on to the end of the vocabulary (a walk past c only if rounding asks).
+    const Weights w{l, nullptr, c * chunk, inv_t, top};
+    const Crossing x = FirstCrossing(w, vocab - c * chunk, base, target, false, sh);
+    if (tid == 0)
+      *res = SampleResult{static_cast<int32_t>(w.Id(x.index)),
+                          static_cast<float>(log(w.At(x.index) / all)), kSampleOk};
+    return;
+  }
+  if (top_k && p.top_k > kSampleMaxCandidates) {
+    if (tid == 0) *res = SampleResult{-1, 0.0f, kSampleNeedsHost};
+    return;
+  }
+  const int m = top_k ? p.top_k : static_cast<int>(vocab < kSampleMaxCandidates ? vocab : kSampleMaxCandidates);
+  int mpad = 1;
+  while (mpad < m) mpad <<= 1;
+  TopCandidates(l, vocab, m, mpad, cand, hist, off);
+  const Weights w{l, cand, 0, inv_t, top};
+  int64_t keep = m;
+  double total = all;
+  if (top_k) {  // the candidates' weights in sorted order
+    const Crossing x = FirstCrossing(w, m, 0.0, INFINITY, true, sh);
+    total = x.cum;
+  }
+  if (p.top_p < 1.0f) {  // the shortest sorted prefix whose weight reaches top_p * total
+    const Crossing x = FirstCrossing(w, m, 0.0, static_cast<double>(p.top_p) * total, true, sh);
+    if (!x.found && !top_k && m < vocab) {  // the prefix is longer than the candidates
+      if (tid == 0) *res = SampleResult{-1, 0.0f, kSampleNeedsHost};
+      return;
+    }
+    keep = x.index + 1;
+    total = x.cum;
+  }
+  const Crossing x = FirstCrossing(w, keep, 0.0, p.u * total, false, sh);
+  if (tid == 0)
+    *res = SampleResult{static_cast<int32_t>(w.Id(x.index)),
+                        static_cast<float>(log(w.At(x.index) / total)), kSampleOk};
+}
+
+}  // namespace
+
+size_t SampleScratchBytes(int64_t rows, int64_t vocab) {
+  return static_cast<size_t>(rows > 0 ? rows : 1) * NumChunks(vocab > 0 ? vocab : 1) * sizeof(ChunkStats);
+}
+
+Status SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
+                  void* scratch, SampleResult* out) {
+  if (!logits || !params || !scratch || !out)
+    return InvalidArgument("SampleRows: null logits, params, scratch or out");
+  if (rows <= 0 || rows > 65535)
+    return InvalidArgument("SampleRows: rows " + std::to_string(rows) + " outside [1, 65535]");
+  if (vocab <= 0 || vocab > (int64_t{1} << 31) - 1)
+    return InvalidArgument("SampleRows: vocab " + std::to_string(vocab) + " outside [1, 2^31)");
+  const int64_t chunk = ChunkSize(vocab);
+  const int nchunks = static_cast<int>(NumChunks(vocab));
+  auto* stats = static_cast<ChunkStats*>(scratch);
+  SampleChunkKernel<<<dim3(nchunks, static_cast<unsigned>(rows)), kSampleThreads, 0,
+                      CurrentStream()>>>(logits, vocab, chunk, nchunks, params, stats);
+  FM_RETURN_IF_ERROR(LaunchStatus("SampleChunkKernel"));
+  SampleFinishKernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, CurrentStream()>>>(
+      logits, vocab, chunk, nchunks, params, stats, out);
+  return LaunchStatus("SampleFinishKernel");
+}
+
+}  // namespace fm::cuda

@@ -1,0 +1,159 @@
+// Device sampling (kernels/cuda/sample_ops.h SampleRows) against the CPU Sampler
+// (model/sampler.h SampleWith) given the same uniform draw: greedy, temperature alone, top-k,
+// top-p, both, ties, -inf logits, several rows in one call, the errors, and the hand-off to the
+// host when the candidate set is larger than the device keeps. Device tests skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/sample_ops.h"
+#include "model/sampler.h"
+#include "tests/gpu/cuda_test_util.h"
+
+namespace fm {
+namespace {
+
+using namespace cudatest;
+using cuda::DeviceBuffer;
+using cuda::SampleParams;
+using cuda::SampleResult;
+
+// Runs SampleRows over logits [rows, vocab] and returns each row's result.
+std::vector<SampleResult> DeviceSample(const std::vector<float>& logits, int64_t vocab,
+                                       const std::vector<SampleParams>& params) {
+  const int64_t rows = static_cast<int64_t>(params.size());
+  DeviceBuffer l = ToDevice(logits);
+  DeviceBuffer p = ToDevice(params);
+  auto scratch = DeviceBuffer::Alloc(cuda::SampleScratchBytes(rows, vocab));
+  auto out = DeviceBuffer::Alloc(rows * sizeof(SampleResult));
+  EXPECT_TRUE(scratch.ok() && out.ok());
+  std::vector<SampleResult> res(rows);
+  if (!scratch.ok() || !out.ok()) return res;
+  const Status st = cuda::SampleRows(l.as<float>(), rows, vocab, p.as<SampleParams>(),
+                                     scratch->data(), out->as<SampleResult>());
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(out->CopyToHost(res.data(), rows * sizeof(SampleResult)).ok());
+  return res;
+}
+
+SampleParams ParamsOf(const SamplerConfig& c, double u) {
+  const bool greedy = c.greedy || c.temperature == 0.0f;
+  return SampleParams{c.temperature, c.top_p, c.top_k, greedy ? 1 : 0, greedy ? 0.0 : u};
+}
+
+// Each config x several draws: the device picks the CPU's token with the CPU's logprob.
+void ExpectMatchesCpu(const std::vector<float>& logits, int64_t vocab,
+                      const std::vector<SamplerConfig>& configs, std::mt19937* rng) {
+  std::uniform_real_distribution<double> unif(0.0, 1.0);
+  std::vector<SampleParams> params;
+  std::vector<SampledToken> want;
+  for (const SamplerConfig& c : configs) {
+    auto s = Sampler::Create(c);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    for (int d = 0; d < 3; ++d) {
+      const double u = unif(*rng);
+      auto t = s->SampleWith(std::span(logits.data(), vocab), u);
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      want.push_back(*t);
+      params.push_back(ParamsOf(c, u));
+    }
+  }
+  // Every (config, draw) is one row over the same logits.
+  std::vector<float> rows;
+  for (size_t i = 0; i < params.size(); ++i) rows.insert(rows.end(), logits.begin(), logits.end());
+  const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const SamplerConfig& c = configs[i / 3];
+    const std::string what = "row " + std::to_string(i) + " (T " + std::to_string(c.temperature) +
+                             " k " + std::to_string(c.top_k) + " p " + std::to_string(c.top_p) +
+                             " greedy " + std::to_string(c.greedy) + ")";
+    ASSERT_EQ(got[i].status, cuda::kSampleOk) << what;
+    EXPECT_EQ(got[i].id, want[i].id) << what;
+    EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-5 * std::max(1.0f, std::fabs(want[i].logprob)))
+        << what;
+  }
+}
+
+std::vector<SamplerConfig> AllKinds() {
+  std::vector<SamplerConfig> c(7);
+  c[0].greedy = true;
+  c[1].temperature = 0.8f;
+  c[2].temperature = 1.3f, c[2].top_k = 5;
+  c[3].temperature = 0.7f, c[3].top_p = 0.9f;
+  c[4].temperature = 1.0f, c[4].top_k = 40, c[4].top_p = 0.5f;
+  c[5].temperature = 0.0f;  // greedy by temperature
+  c[6].temperature = 2.0f, c[6].top_k = 1;
+  return c;
+}
+
+TEST(CudaSample, RejectsBadArguments) {
+  SampleResult r;
+  SampleParams p;
+  float f = 0.0f;
+  Status s = cuda::SampleRows(&f, 0, 4, &p, &r, &r);
+  EXPECT_NE(s.message().find("rows 0"), std::string::npos) << s.ToString();
+  s = cuda::SampleRows(&f, 1, 0, &p, &r, &r);
+  EXPECT_NE(s.message().find("vocab 0"), std::string::npos) << s.ToString();
+  s = cuda::SampleRows(nullptr, 1, 4, &p, &r, &r);
+  EXPECT_NE(s.message().find("null"), std::string::npos) << s.ToString();
+}
+
+TEST(CudaSample, MatchesCpuSamplerOnRandomLogits) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  // One chunk, and several chunks of the vocabulary (2048 logits a chunk).
+  for (int64_t vocab : {int64_t{300}, int64_t{5000}}) {
+    const std::vector<float> logits = RandomNormal(vocab, rng, 2.0f);
+    ExpectMatchesCpu(logits, vocab, AllKinds(), &rng);
+  }
+}
+
+TEST(CudaSample, TiesAndNegativeInfinityFollowTheCpuOrder) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(5);
+  const int64_t vocab = 2600;
+  std::vector<float> logits = RandomNormal(vocab, rng);
+  for (int64_t i = 0; i < vocab; i += 3) logits[i] = 1.5f;  // many equal logits: ties by id
+  for (int64_t i = 1; i < vocab; i += 7) logits[i] = -INFINITY;
+  logits[2500] = 4.0f, logits[2501] = 4.0f;  // the argmax tie: the lower id wins
+  ExpectMatchesCpu(logits, vocab, AllKinds(), &rng);
+}
+
+TEST(CudaSample, ErrorsNameTheLogit) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t vocab = 4100;
+  std::vector<float> rows(3 * vocab, 0.5f);
+  rows[3000] = NAN, rows[4000] = NAN;                     // row 0: NaN at 3000
+  for (int64_t i = 0; i < vocab; ++i) rows[vocab + i] = -INFINITY;  // row 1: nothing finite
+  rows[2 * vocab + 2049] = INFINITY;                      // row 2: +inf at 2049
+  std::vector<SampleParams> params(3);
+  for (auto& p : params) p.greedy = 1;
+  const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
+  EXPECT_EQ(got[0].status, cuda::kSampleNaN);
+  EXPECT_EQ(got[0].id, 3000);
+  EXPECT_EQ(got[1].status, cuda::kSampleNoFinite);
+  EXPECT_EQ(got[2].status, cuda::kSamplePosInf);
+  EXPECT_EQ(got[2].id, 2049);
+}
+
+TEST(CudaSample, LargeCandidateSetsGoToTheHost) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(9);
+  const int64_t vocab = 6000;
+  const std::vector<float> flat = RandomNormal(vocab, rng, 0.01f);  // top-p 0.99 needs ~5900
+  std::vector<float> rows = flat;
+  rows.insert(rows.end(), flat.begin(), flat.end());
+  std::vector<SampleParams> params(2);
+  params[0].top_k = cuda::kSampleMaxCandidates + 1, params[0].u = 0.3;
+  params[1].top_p = 0.99f, params[1].u = 0.3;
+  const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
+  EXPECT_EQ(got[0].status, cuda::kSampleNeedsHost);
+  EXPECT_EQ(got[1].status, cuda::kSampleNeedsHost);
+}
+
+}  // namespace
+}  // namespace fm
