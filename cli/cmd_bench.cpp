@@ -196,35 +196,29 @@ Result<size_t> TouchWeights(const Checkpoint& ckpt) {
   return total;
 }
 
-int64_t Argmax(const float* v, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (v[i] > v[best]) best = i;
-  return best;
-}
-
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
 // One sequence decoding greedily on `shard`: a random prompt of `context` tokens (Prefill), then
-// one token at a time (Step: the previous argmax in, the last row's logits out). With context 0
+// one token at a time (Step: the previous pick in, the last row's greedy pick out through
+// SampleNext, on the device for a device shard, as a serving last stage does). With context 0
 // the first prompt token is the first step's input.
 class GreedyDecode {
  public:
   GreedyDecode(ShardModel* shard, int64_t context, int64_t tokens)
       : shard_(shard), cfg_(shard->config()), cache_(shard->NewSequence(context + tokens + 1)),
         prompt_(static_cast<size_t>(std::max<int64_t>(context, 1))), context_(context),
-        logits_(static_cast<size_t>(cfg_.vocab_size)) {
+        greedy_(*Sampler::Create(SamplerConfig{.greedy = true})) {
     std::mt19937 rng(1234);
     for (auto& t : prompt_) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size));
     next_ = prompt_[0];
   }
   Status Prefill() { return context_ > 0 ? Run(prompt_) : Status::Ok(); }
   Status Step() { return Run({&next_, 1}); }
-  // Seconds of what a step does besides the layers (embed the token, logits of the last row,
-  // their argmax), timed alone after some steps: the median of `reps`. Leaves the decode state
-  // as it was; the argmax must be the last step's token.
+  // Seconds of what a step does besides the layers (embed the token, the head and the greedy
+  // pick of the last row), timed alone after some steps: the median of `reps`. Leaves the decode
+  // state as it was; the pick must be the last step's token.
   Result<double> HeadSeconds(int reps) {
     const int64_t row = cfg_.hc_mult * cfg_.hidden_size;
     std::vector<float> embedded(static_cast<size_t>(row));
@@ -232,12 +226,11 @@ class GreedyDecode {
     for (int i = 0; i < reps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       FM_RETURN_IF_ERROR(shard_->Embed({&next_, 1}, embedded.data()));
-      FM_RETURN_IF_ERROR(shard_->Logits(x_.data() + x_.size() - row, 1, logits_.data()));
-      const int64_t best = Argmax(logits_.data(), cfg_.vocab_size);
+      FM_ASSIGN_OR_RETURN(const int32_t best, Pick(x_.data() + x_.size() - row));
       secs.push_back(Seconds(t0, std::chrono::steady_clock::now()));
       if (best != next_)  // the same row gave the last step's token: logits are deterministic
-        return Internal("bench decode: logits of the last row gave token " + std::to_string(best) +
-                        ", the step gave " + std::to_string(next_));
+        return Internal("bench decode: the head of the last row gave token " +
+                        std::to_string(best) + ", the step gave " + std::to_string(next_));
     }
     return Median(secs);
   }
@@ -249,16 +242,21 @@ class GreedyDecode {
     FM_RETURN_IF_ERROR(shard_->Embed(toks, x_.data()));
     BatchItem item{cache_.get(), toks};
     FM_RETURN_IF_ERROR(shard_->ForwardLayers({&item, 1}, x_.data()));
-    FM_RETURN_IF_ERROR(shard_->Logits(x_.data() + (n - 1) * row, 1, logits_.data()));
-    next_ = static_cast<int32_t>(Argmax(logits_.data(), cfg_.vocab_size));
+    FM_ASSIGN_OR_RETURN(next_, Pick(x_.data() + (n - 1) * row));
     return Status::Ok();
+  }
+  Result<int32_t> Pick(const float* last_row) {
+    Sampler* const s[] = {&greedy_};
+    FM_ASSIGN_OR_RETURN(std::vector<SampledToken> t, shard_->SampleNext(last_row, 1, s));
+    return t[0].id;
   }
   ShardModel* shard_;
   const ModelConfig& cfg_;
   std::unique_ptr<SequenceCache> cache_;
   std::vector<int32_t> prompt_;
   int64_t context_;
-  std::vector<float> logits_, x_;
+  Sampler greedy_;
+  std::vector<float> x_;
   int32_t next_ = 0;
 };
 
@@ -297,7 +295,7 @@ std::string PredictionJson(const FullModelPrediction& p) {
 }
 
 void PrintPrediction(const FullModelPrediction& p) {
-  std::printf("head             %.3f ms a token (embed + logits, timed alone)\n", p.head_ms);
+  std::printf("head             %.3f ms a token (embed + head + greedy pick, timed alone)\n", p.head_ms);
   std::printf("per layer        %.3f ms ((ms per token - head) / %lld layers)\n", p.layer_ms,
               static_cast<long long>(p.layers));
   std::printf("full model       %lld layers: %.2f ms a token predicted (%.2f tok/s); floor %.3f ms "
