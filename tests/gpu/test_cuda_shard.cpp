@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -240,6 +241,51 @@ TEST_F(CudaShardTest, PipelineStageMatchesCpuStage) {
   const Status st = p.gpu->ForwardLayers({&gi, 1}, xg.data());
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_LT(RelErr(xg, xc), 1e-3);
+}
+
+// Kernel launches of one eager decode step (T = 1) per layer, on a prefix stage [0, l) of the
+// tiny preset for each l (its layers cover every ratio kind: 0, 4 with the indexer, 128): layer
+// l's launches are stage [0, l+1)'s minus stage [0, l)'s, so the first layer also carries the
+// stage's one extra launch (its first hc_pre has no hc_post before it to fuse into). The count is
+// the same at every position (a fixed launch sequence, the premise of replaying graphs).
+// The bound is what the fused non-product kernels reach while the products are still one Gemm
+// each (docs/gpu.md "Launches of a decode layer"); folding them into GemmMany calls takes every
+// layer to <= 15.
+TEST_F(CudaShardTest, DecodeStepLaunchesPerLayer) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t layers = 6;
+  constexpr int64_t kMaxLaunchesPerLayer = 41;
+  std::vector<int64_t> stage(layers + 1, 0);  // launches of one step of stage [0, l)
+  std::vector<int64_t> ratio(layers, 0);
+  for (int64_t l = 1; l <= layers; ++l) {
+    ShardSelection sel;
+    sel.layer_end = l;
+    sel.embed = false;
+    sel.head = false;
+    auto ck = Checkpoint::Open(*dir_, sel);
+    ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+    auto m = CreateCudaShardModel(**ck, 0, CudaStepMode::kEager);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const ModelConfig& cfg = (*m)->config();
+    ratio[l - 1] = cfg.compress_ratio(l - 1);
+    auto seq = (*m)->NewSequence(1024);
+    std::vector<float> x(cfg.hc_mult * cfg.hidden_size, 0.5f);
+    const std::vector<int32_t> toks = Tokens(6, 9);
+    for (int t = 0; t < 6; ++t) {  // positions 0..5: ring rows, a ratio-4 entry at 3
+      const BatchItem item{seq.get(), std::span(toks).subspan(t, 1)};
+      const int64_t before = cuda::KernelLaunches();
+      ASSERT_TRUE((*m)->ForwardLayers({&item, 1}, x.data()).ok());
+      const int64_t n = cuda::KernelLaunches() - before;
+      if (t == 0) stage[l] = n;
+      EXPECT_EQ(n, stage[l]) << "stage [0, " << l << ") at position " << t;
+    }
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t n = stage[l + 1] - stage[l];
+    std::printf("layer %lld (ratio %lld): %lld launches\n", static_cast<long long>(l),
+                static_cast<long long>(ratio[l]), static_cast<long long>(n));
+    EXPECT_LE(n, kMaxLaunchesPerLayer) << "layer " << l;
+  }
 }
 
 TEST_F(CudaShardTest, BadRequestsAreErrorsAndMoveNothing) {
