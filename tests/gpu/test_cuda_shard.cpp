@@ -254,7 +254,7 @@ TEST_F(CudaShardTest, PipelineStageMatchesCpuStage) {
 TEST_F(CudaShardTest, DecodeStepLaunchesPerLayer) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const int64_t layers = 6;
-  constexpr int64_t kMaxLaunchesPerLayer = 41;
+  constexpr int64_t kMaxLaunchesPerLayer = 33;  // 25 / 33 / 27 for ratio 0 / 4 / 128 (was 36 / 58 / 44)
   std::vector<int64_t> stage(layers + 1, 0);  // launches of one step of stage [0, l)
   std::vector<int64_t> ratio(layers, 0);
   for (int64_t l = 1; l <= layers; ++l) {
