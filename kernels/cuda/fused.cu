@@ -206,16 +206,23 @@ __global__ void AttnPrepKernel(AttnPrepArgs a, int T) {
   }
 }
 
+// Row t's field of a RowSteps pointer.
+template <class T>
+__device__ const T* RowField(const T* row0, int64_t stride, int64_t t) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(row0) + t * stride);
+}
+
 // One compressor's token: store its row, and on the window's last token pool the gathered
-// slots (CompressorGather's order), norm, RoPE and append the entry.
-__device__ void CompressorRow(const CompressorRowArgs& c, const CompressorStep* st,
-                              const float* freqs, int64_t rd, float eps) {
+// slots (previous window's first half, then this window's), norm, RoPE and append the entry.
+__device__ void CompressorRow(const CompressorRowArgs& c, int64_t t, float* pend_a, float* pend_z,
+                              float* entries, const CompressorStep* st, const float* freqs,
+                              int64_t rd, float eps) {
   __shared__ float ent[kMaxEntryDim];
   const int64_t r = c.ratio, d = c.dim, width = c.overlap ? 2 * d : d;
   const int64_t row = (st->parity * r + st->slot) * width;
   for (int64_t i = threadIdx.x; i < width; i += kThreads) {
-    c.pend_a[row + i] = c.a[i];
-    c.pend_z[row + i] = c.z[i] + c.ape[st->slot * width + i];
+    pend_a[row + i] = c.a[t * width + i];
+    pend_z[row + i] = c.z[t * width + i] + c.ape[st->slot * width + i];
   }
   __syncthreads();
   if (!st->emit) return;
@@ -227,13 +234,12 @@ __device__ void CompressorRow(const CompressorRowArgs& c, const CompressorStep* 
   };
   float ss = 0.0f;
   for (int64_t ch = threadIdx.x; ch < d; ch += kThreads) {
-    float m = c.pend_z[src(0, ch)];
-    for (int64_t j = 1; j < n; ++j) m = c.pend_z[src(j, ch)] > m ? c.pend_z[src(j, ch)] : m;
+    float m = pend_z[src(0, ch)];
+    for (int64_t j = 1; j < n; ++j) m = pend_z[src(j, ch)] > m ? pend_z[src(j, ch)] : m;
     float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += expf(c.pend_z[src(j, ch)] - m);
+    for (int64_t j = 0; j < n; ++j) sum += expf(pend_z[src(j, ch)] - m);
     float acc = 0.0f;
-    for (int64_t j = 0; j < n; ++j)
-      acc += (expf(c.pend_z[src(j, ch)] - m) / sum) * c.pend_a[src(j, ch)];
+    for (int64_t j = 0; j < n; ++j) acc += (expf(pend_z[src(j, ch)] - m) / sum) * pend_a[src(j, ch)];
     ent[ch] = acc;
     ss += acc * acc;
   }
@@ -242,47 +248,115 @@ __device__ void CompressorRow(const CompressorRowArgs& c, const CompressorStep* 
   __syncthreads();
   RopeRow(ent, d, rd, st->window_pos, freqs, false);
   __syncthreads();
-  float* out = c.entries + static_cast<int64_t>(st->entry) * d;
+  float* out = entries + static_cast<int64_t>(st->entry) * d;
   for (int64_t ch = threadIdx.x; ch < d; ch += kThreads) out[ch] = ent[ch];
 }
 
-// Block 0: the ring store; block 1: comp; block 2: index_comp.
-__global__ void CacheRowKernel(const float* kv, int64_t d, float* keys, const int32_t* ring_row,
-                               CompressorRowArgs comp, CompressorRowArgs index_comp,
-                               const CompressorStep* st, const float* freqs, int64_t rd,
-                               float eps) {
+// Block (0, y): row0 + y's ring store; (1, y): its compressor; (2, y): the indexer's.
+__global__ void CacheRowsKernel(const RowCache* table, int64_t row0, const float* kv, int64_t d,
+                                int64_t window, RowSteps steps, CompressorRowArgs comp,
+                                CompressorRowArgs index_comp, const float* freqs, int64_t rd,
+                                float eps) {
+  const int64_t t = row0 + blockIdx.y;
+  const RowCache rc = table[t];
   if (blockIdx.x == 0) {
-    const int64_t r = ring_row[0];
+    const int64_t r = *RowField(steps.ring_row, steps.stride, t);
     if (r >= 0)
-      for (int64_t c = threadIdx.x; c < d; c += kThreads) keys[r * d + c] = kv[c];
-  } else {
-    CompressorRow(blockIdx.x == 1 ? comp : index_comp, st, freqs, rd, eps);
+      for (int64_t c = threadIdx.x; c < d; c += kThreads) rc.keys[r * d + c] = kv[t * d + c];
+    return;
+  }
+  const CompressorStep* st = RowField(steps.comp, steps.stride, t);
+  if (blockIdx.x == 1)
+    CompressorRow(comp, t, rc.pend_a, rc.pend_z, rc.keys + window * d, st, freqs, rd, eps);
+  else
+    CompressorRow(index_comp, t, rc.ipend_a, rc.ipend_z, rc.ikeys, st, freqs, rd, eps);
+}
+
+constexpr int kIndexBlocks = 16;  // blocks scoring one row's keys
+constexpr int kTopKMaxN = static_cast<int>(kMaxIndexerEntries);
+
+// NaN ranks lowest.
+__device__ float RankKey(float v) { return v != v ? -INFINITY : v; }
+
+// Blocks (b, y) score keys b * 256 + tid, stepping 16 * 256, of row row0 + y; the row's last
+// block picks its top k: e is chosen when fewer than k keys come before it (score descending,
+// index ascending), then thread 0 writes the chosen ascending.
+__global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const float* iq,
+                                  const float* iw, int nh, int64_t di, float scale,
+                                  RowSteps steps, int k, int32_t* picks, int32_t* counters) {
+  __shared__ bool chosen[kTopKMaxN];
+  __shared__ bool last;
+  const int64_t t = row0 + blockIdx.y;
+  const RowCache rc = table[t];
+  if (rc.max_entries <= k) return;  // this sequence attends every entry
+  const int visible = *RowField(steps.visible, steps.stride, t);
+  const int n = max(0, min(visible, rc.max_entries));
+  const float* q = iq + t * nh * di;
+  const float* w = iw + t * nh;
+  for (int e = blockIdx.x * kThreads + threadIdx.x; e < n; e += kIndexBlocks * kThreads) {
+    const float* key = rc.ikeys + e * di;
+    float acc = 0.0f;
+    for (int h = 0; h < nh; ++h) {
+      float dot = 0.0f;
+      for (int64_t c = 0; c < di; ++c) dot += q[h * di + c] * key[c];
+      acc += ((dot > 0.0f ? dot : 0.0f) * scale) * w[h];
+    }
+    rc.score[e] = acc;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counters + t, 1) == kIndexBlocks - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) counters[t] = 0;
+  const volatile float* score = rc.score;
+  for (int e = threadIdx.x; e < n; e += kThreads) {
+    const float ke = RankKey(score[e]);
+    int before = 0;
+    for (int j = 0; j < n && before < k; ++j) {
+      const float kj = RankKey(score[j]);
+      if (kj > ke || (kj == ke && j < e)) ++before;
+    }
+    chosen[e] = before < k;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int m = 0;
+    for (int e = 0; e < n && m < k; ++e)
+      if (chosen[e]) picks[t * k + m++] = e;
   }
 }
 
-// Key row i of the query (KeyIndex's order).
-__device__ int64_t KeyRow(const AttentionArgs& a, int64_t i, int64_t nwin) {
-  if (i < nwin) return (a.win[0] + i) % a.window;
-  return a.window + (a.picks ? a.picks[i - nwin] : i - nwin);
-}
-
-// One block per head: warp w takes keys w, w + 8, ...; per key the lanes split the dot product,
-// then the warp's online softmax (max m, sum l, acc [d]) moves on; the warps merge in order.
-__global__ void SinkAttentionRopeKernel(AttentionArgs a) {
+// One block per (head h, row row0 + y): warp w takes keys w, w + 8, ...; per key the lanes
+// split the dot product, then the warp's online softmax (max m, sum l, acc [d]) moves on; the
+// warps merge in order, and the output is rotated back before it is written.
+__global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
   __shared__ float acc[kWarps][kAttnMaxDim];
   __shared__ float wm[kWarps], wl[kWarps];
   __shared__ float o_s[kAttnMaxDim];
-  const int64_t h = blockIdx.x, d = a.d;
+  const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t nwin = a.win[1], ne = a.entries ? a.entries[0] : 0;
-  int64_t n = nwin + ne < a.max_keys ? nwin + ne : a.max_keys;
-  if (a.count && a.count[0] < n) n = a.count[0] < 0 ? 0 : a.count[0];
-  const float* qh = a.q + h * d;
+  const RowCache rc = a.table[t];
+  const int32_t* win = RowField(a.steps.win, a.steps.stride, t);
+  const int64_t nwin = win[1], ne = a.entries ? *RowField(a.steps.entries, a.steps.stride, t) : 0;
+  const bool indexed = a.topk > 0 && rc.max_entries > a.topk;
+  const int64_t max_keys = a.window + (!a.entries ? 0 : indexed ? a.topk : rc.max_entries);
+  const int64_t counted = *RowField(a.steps.keys, a.steps.stride, t);
+  int64_t n = nwin + ne < max_keys ? nwin + ne : max_keys;
+  n = counted < n ? (counted < 0 ? 0 : counted) : n;
+  const int32_t* picks = indexed ? a.picks + t * a.topk : nullptr;
+  const float* qh = a.q + (t * a.nh + h) * d;
   for (int64_t c = lane; c < d; c += 32) acc[warp][c] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (int64_t i0 = 0; i0 < n; i0 += kWarps) {  // the same trip count in every warp
     const int64_t i = i0 + warp;
-    const float* k = i < n ? a.kv + KeyRow(a, i, nwin) * d : nullptr;
+    const float* k = nullptr;
+    if (i < n) {
+      const int64_t row = i < nwin ? (win[0] + i) % a.window
+                                   : a.window + (picks ? picks[i - nwin] : i - nwin);
+      k = rc.keys + row * d;
+    }
     float dot = 0.0f;
     if (k)
       for (int64_t c = lane; c < d; c += 32) dot += qh[c] * k[c];
@@ -314,9 +388,9 @@ __global__ void SinkAttentionRopeKernel(AttentionArgs a) {
     o_s[c] = v / den;
   }
   __syncthreads();
-  RopeRow(o_s, d, a.rd, a.pos[0], a.freqs, true);
+  RopeRow(o_s, d, a.rd, a.pos[t], a.freqs, true);
   __syncthreads();
-  for (int64_t c = threadIdx.x; c < d; c += kThreads) a.o[h * d + c] = o_s[c];
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) a.o[(t * a.nh + h) * d + c] = o_s[c];
 }
 
 Status CheckRope(const char* op, int64_t d, int64_t rd) {
@@ -368,43 +442,76 @@ Status AttnPrep(const AttnPrepArgs& a, int64_t T) {
   return LaunchStatus("AttnPrepKernel");
 }
 
-Status CacheRow(const float* kv, int64_t d, float* keys, const int32_t* ring_row,
-                const CompressorRowArgs* comp, const CompressorRowArgs* index_comp,
-                const CompressorStep* step, const float* freqs, int64_t rd, float eps) {
-  if (d < 1) return InvalidArgument("CacheRow: head_dim " + std::to_string(d) + " < 1");
-  if (!kv || !keys || !ring_row) return InvalidArgument("CacheRow: null device pointer");
-  if (index_comp && !comp) return InvalidArgument("CacheRow: index compressor without compressor");
+Status CheckRows(const char* op, const RowCache* table, int64_t row0, int64_t rows) {
+  if (row0 < 0 || rows < 0 || rows > 65535)
+    return InvalidArgument(std::string(op) + ": rows [" + std::to_string(row0) + ", +" +
+                           std::to_string(rows) + ") (want row0 >= 0, 0 <= rows <= 65535)");
+  if (rows > 0 && !table) return InvalidArgument(std::string(op) + ": null row table");
+  return Status::Ok();
+}
+
+Status CacheRows(const RowCache* table, int64_t row0, int64_t rows, const float* kv, int64_t d,
+                 int64_t window, const RowSteps& steps, const CompressorRowArgs* comp,
+                 const CompressorRowArgs* index_comp, const float* freqs, int64_t rd, float eps) {
+  FM_RETURN_IF_ERROR(CheckRows("CacheRows", table, row0, rows));
+  if (d < 1 || window < 1)
+    return InvalidArgument("CacheRows: head_dim " + std::to_string(d) + ", window " +
+                           std::to_string(window) + " (want both >= 1)");
+  if (index_comp && !comp) return InvalidArgument("CacheRows: index compressor without compressor");
+  if (!kv || !steps.ring_row) return InvalidArgument("CacheRows: null device pointer");
   for (const CompressorRowArgs* c : {comp, index_comp}) {
     if (!c) continue;
     if (c->ratio < 1 || c->dim < 1 || c->dim > kMaxEntryDim)
-      return InvalidArgument("CacheRow: compressor ratio " + std::to_string(c->ratio) + ", dim " +
+      return InvalidArgument("CacheRows: compressor ratio " + std::to_string(c->ratio) + ", dim " +
                              std::to_string(c->dim) + " (want ratio >= 1, dim in [1, " +
                              std::to_string(kMaxEntryDim) + "])");
-    FM_RETURN_IF_ERROR(CheckRope("CacheRow", c->dim, rd));
-    if (!c->a || !c->z || !c->ape || !c->norm || !c->pend_a || !c->pend_z || !c->entries ||
-        !step || !freqs)
-      return InvalidArgument("CacheRow: null device pointer in a compressor");
+    FM_RETURN_IF_ERROR(CheckRope("CacheRows", c->dim, rd));
+    if (!c->a || !c->z || !c->ape || !c->norm || !steps.comp || !freqs)
+      return InvalidArgument("CacheRows: null device pointer in a compressor");
   }
-  const unsigned blocks = 1 + (comp ? 1 : 0) + (index_comp ? 1 : 0);
+  if (comp && comp->dim != d)
+    return InvalidArgument("CacheRows: compressor dim " + std::to_string(comp->dim) +
+                           " != head_dim " + std::to_string(d));
+  if (rows == 0) return Status::Ok();
+  const dim3 grid(1 + (comp ? 1 : 0) + (index_comp ? 1 : 0), static_cast<unsigned>(rows));
   const CompressorRowArgs none{};
-  CacheRowKernel<<<blocks, kThreads, 0, CurrentStream()>>>(
-      kv, d, keys, ring_row, comp ? *comp : none, index_comp ? *index_comp : none, step, freqs,
-      rd, eps);
-  return LaunchStatus("CacheRowKernel");
+  CacheRowsKernel<<<grid, kThreads, 0, CurrentStream()>>>(
+      table, row0, kv, d, window, steps, comp ? *comp : none, index_comp ? *index_comp : none,
+      freqs, rd, eps);
+  return LaunchStatus("CacheRowsKernel");
 }
 
-Status SinkAttentionRope(const AttentionArgs& a) {
-  if (a.nh < 0 || a.d < 1 || a.d > kAttnMaxDim || a.window < 1 || a.max_keys < 0)
-    return InvalidArgument("SinkAttentionRope: heads " + std::to_string(a.nh) + ", head_dim " +
+Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
+                   const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
+                   int64_t k, int32_t* picks, int32_t* counters) {
+  FM_RETURN_IF_ERROR(CheckRows("IndexerTopK", table, row0, rows));
+  if (nh < 1 || di < 1 || k < 1)
+    return InvalidArgument("IndexerTopK: heads " + std::to_string(nh) + ", head_dim " +
+                           std::to_string(di) + ", k " + std::to_string(k) + " (want all >= 1)");
+  if (rows == 0) return Status::Ok();
+  if (!iq || !iw || !steps.visible || !picks || !counters)
+    return InvalidArgument("IndexerTopK: null device pointer");
+  IndexerTopKKernel<<<dim3(kIndexBlocks, static_cast<unsigned>(rows)), kThreads, 0,
+                      CurrentStream()>>>(table, row0, iq, iw, static_cast<int>(nh), di, scale,
+                                         steps, static_cast<int>(k), picks, counters);
+  return LaunchStatus("IndexerTopKKernel");
+}
+
+Status SinkAttentionRows(const AttentionArgs& a, int64_t row0, int64_t rows) {
+  FM_RETURN_IF_ERROR(CheckRows("SinkAttentionRows", a.table, row0, rows));
+  if (a.nh < 0 || a.d < 1 || a.d > kAttnMaxDim || a.window < 1 || a.topk < 0)
+    return InvalidArgument("SinkAttentionRows: heads " + std::to_string(a.nh) + ", head_dim " +
                            std::to_string(a.d) + ", window " + std::to_string(a.window) +
-                           ", max keys " + std::to_string(a.max_keys) + " (want head_dim in [1, " +
-                           std::to_string(kAttnMaxDim) + "], window >= 1)");
-  FM_RETURN_IF_ERROR(CheckRope("SinkAttentionRope", a.d, a.rd));
-  if (a.nh == 0) return Status::Ok();
-  if (!a.q || !a.kv || !a.win || !a.sink || !a.pos || !a.freqs || !a.o)
-    return InvalidArgument("SinkAttentionRope: null device pointer");
-  SinkAttentionRopeKernel<<<static_cast<unsigned>(a.nh), kThreads, 0, CurrentStream()>>>(a);
-  return LaunchStatus("SinkAttentionRopeKernel");
+                           ", topk " + std::to_string(a.topk) + " (want head_dim in [1, " +
+                           std::to_string(kAttnMaxDim) + "], window >= 1, topk >= 0)");
+  FM_RETURN_IF_ERROR(CheckRope("SinkAttentionRows", a.d, a.rd));
+  if (a.nh == 0 || rows == 0) return Status::Ok();
+  if (!a.q || !a.steps.win || !a.steps.keys || (a.entries && !a.steps.entries) ||
+      (a.topk > 0 && !a.picks) || !a.sink || !a.pos || !a.freqs || !a.o)
+    return InvalidArgument("SinkAttentionRows: null device pointer");
+  SinkAttentionRowsKernel<<<dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(rows)),
+                            kThreads, 0, CurrentStream()>>>(a, row0);
+  return LaunchStatus("SinkAttentionRowsKernel");
 }
 
 }  // namespace fm::cuda

@@ -49,52 +49,91 @@ struct AttnPrepArgs {
 };
 Status AttnPrep(const AttnPrepArgs& a, int64_t T);
 
-// One compressor of one token (model/compressor.h): its row into the pending rows and, when the
-// token completes a window, the pooled, RMSNorm'd and RoPE'd entry into its row of `entries`.
-struct CompressorRowArgs {
-  const float* a;  // [width]: this token's kv and gate products
-  const float* z;
-  const float* ape;  // [r, width]
-  const float* norm;  // [dim]
-  float* pend_a;  // [2, r, width]
+// One sequence's caches of one layer as the attention-side kernels of a step read them: row t of
+// a step reads table[t] (device memory written by the host before the step), so one launch
+// serves rows of different sequences and a captured step replays over a new table.
+struct RowCache {
+  float* keys;    // [window + max_entries, d]: ring row s % window, then entry e at window + e
+  float* ikeys;   // [max_entries, di]: the indexer's entries (ratio 4)
+  float* score;   // [max_entries]: the indexer's scores
+  float* pend_a;  // [2, r, width] each: the compressor's pending rows
   float* pend_z;
-  float* entries;  // [max_entries, dim]
+  float* ipend_a;  // the indexer compressor's
+  float* ipend_z;
+  int32_t max_entries;
+  int32_t unused;
+};
+
+// Where row t's position scalars are (model/cuda/step_inputs.h RowScalars): each pointer is row
+// 0's field, row t's lies `stride` bytes further per row.
+struct RowSteps {
+  const int32_t* ring_row;  // the ring row of this token's kv (< 0: none)
+  const int32_t* win;       // {win_start, nwin}
+  const int32_t* visible;   // compressed entries that exist
+  const int32_t* entries;   // entries attended
+  const int32_t* keys;      // nwin + entries (or nwin on layers without entries)
+  const CompressorStep* comp;
+  int64_t stride;
+};
+
+// One compressor of a layer (model/compressor.h) for the step's rows: row t's token stores its
+// a, z into the pending rows and, when it completes a window, the pooled, RMSNorm'd and RoPE'd
+// entry is appended (at keys + window * dim, or ikeys for the indexer's compressor).
+struct CompressorRowArgs {
+  const float* a;  // [T, width]: the step's kv and gate products
+  const float* z;
+  const float* ape;   // [r, width]
+  const float* norm;  // [dim]
   int64_t ratio, dim;
   bool overlap;  // width = 2 * dim, pooling the previous window's first half too
 };
-// The cache updates of one token, one launch: kv [d] into ring row *ring_row of keys [*, d]
-// (when >= 0), and up to two compressors (comp; index_comp when non-null) at `step`, their
-// entries RoPE'd at step->window_pos (freqs [rd/2], eps for the RMSNorm). dim <= 1024.
-Status CacheRow(const float* kv, int64_t d, float* keys, const int32_t* ring_row,
-                const CompressorRowArgs* comp, const CompressorRowArgs* index_comp,
-                const CompressorStep* step, const float* freqs, int64_t rd, float eps);
+// The cache updates of rows [row0, row0 + rows), one launch: kv [T, d] row t into ring row
+// ring_row(t) of table[t].keys, and the layer's compressors (comp; index_comp when non-null,
+// which must then have dim == the indexer's di) at step comp(t), their entries RoPE'd at the
+// step's window_pos (freqs [rd/2], eps for the RMSNorm). dim <= 1024. Rows of one sequence
+// must go one launch each, in order (a later row's ring store overwrites what an earlier row
+// reads; the compressor's pending rows chain from token to token).
+Status CacheRows(const RowCache* table, int64_t row0, int64_t rows, const float* kv, int64_t d,
+                 int64_t window, const RowSteps& steps, const CompressorRowArgs* comp,
+                 const CompressorRowArgs* index_comp, const float* freqs, int64_t rd, float eps);
 
-// Decode attention of one token with its key index built in the kernel and the output's inverse
-// RoPE as its epilogue (kernels/cpu/attention_core.h SinkAttentionHeads, then the inverse RoPE):
-// the keys are the window ring rows (win = {win_start, nwin}: (win_start + i) % window, oldest
-// first), then the entry rows window + (picks ? picks[j] : j) for j < *entries (entries null:
-// none) of kv [*, d], at most max_keys and *count (when non-null) of them. For head h < nh:
-// s_i = scale * q_h . k_i, p = softmax over (s, sink_h), sink in the denominator only,
-// o_h = sum_i p_i k_i, then rotated by -pos * freqs (the last rd channels). One block per head,
-// its warps over interleaved keys with an online softmax each, merged in warp order. d <= 512;
-// no keys gives o = 0.
+constexpr int64_t kMaxIndexerEntries = 16384;  // IndexerTopK's bound on max_entries
+
+// The Lightning indexer for rows [row0, row0 + rows) whose table[t].max_entries > k (the others
+// attend every entry and are skipped): score[e] = sum_h (relu(q_h . k_e) * scale) * w[h] over
+// the first visible(t) keys of table[t].ikeys, q = iq [T, nh, di] row t, w = iw [T, nh] row t;
+// then picks[t, :] = the k best (ties to the lower index, NaN lowest) in ascending index order
+// (min(visible, k) of them). Each row's keys are spread over a fixed number of blocks; the last
+// of them (counters[t], reset by it) ranks. max_entries <= kMaxIndexerEntries; counters [T] start at 0.
+Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
+                   const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
+                   int64_t k, int32_t* picks, int32_t* counters);
+
+// Decode attention of rows [row0, row0 + rows) with the key index built in the kernel and the
+// output's inverse RoPE as its epilogue (kernels/cpu/attention_core.h SinkAttentionHeads, then
+// the inverse RoPE): row t's keys are table[t].keys's window ring rows (win(t) = {win_start,
+// nwin}: (win_start + i) % window, oldest first), then with entries the entry rows window + e
+// for e = picks[t, j] (indexer rows: max_entries > topk) or e = j, j < entries(t); at most
+// keys(t). For head h < nh: s_i = scale * q_h . k_i, p = softmax over (s, sink_h), sink in the
+// denominator only, o_h = sum_i p_i k_i, then rotated by -pos[t] * freqs (the last rd
+// channels). One block per (head, row), its warps over interleaved keys with an online softmax
+// each, merged in warp order. d <= 512; no keys gives o = 0.
 struct AttentionArgs {
-  const float* q;  // [nh, d]
+  const float* q;  // [T, nh, d]
   int64_t nh, d;
-  const float* kv;
-  const int32_t* win;
+  const RowCache* table;
   int64_t window;
-  const int32_t* entries;
+  bool entries;   // the layer has compressed entries
+  int64_t topk;   // > 0: the indexer's k (picks [T, topk]); 0: no indexer
   const int32_t* picks;
-  int64_t max_keys;
-  const int32_t* count;
+  RowSteps steps;
   const float* sink;
   float scale;
-  const int32_t* pos;  // [1]
+  const int32_t* pos;  // [T]
   const float* freqs;
   int64_t rd;
-  float* o;  // [nh, d]
+  float* o;  // [T, nh, d]
 };
-Status SinkAttentionRope(const AttentionArgs& a);
+Status SinkAttentionRows(const AttentionArgs& a, int64_t row0, int64_t rows);
 
 }  // namespace fm::cuda

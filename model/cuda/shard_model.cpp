@@ -47,9 +47,10 @@ class DeviceAttentionCache final : public AttentionCache {
   DeviceBuffer score;   // [max_entries]: indexer scores of the current query
   DevCompressorState comp, index_comp;
   size_t bytes_held = 0;
-  // The first layer's cache also holds the sequence's one-token step: its inputs and, once
-  // captured, its graph through every layer of the shard (the graph bakes this sequence's buffers).
+  // The first layer's cache also holds the sequence's one-token step: its inputs, its row table
+  // and, once captured, its graph through every layer of the shard.
   DeviceBuffer inputs;  // StepInputs
+  DeviceBuffer table;   // cuda::RowCache [layers]: this sequence's caches
   cuda::Graph graph;
 };
 
@@ -61,10 +62,11 @@ Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size
   return s;
 }
 
-// Scratch of one step of up to kMaxStepRows rows, sized once for the model. The indexer's picks
-// serve one row at a time.
+// Scratch of one step of up to kMaxStepRows rows, sized once for the model.
 struct Scratch {
   DeviceBuffer inputs;  // StepInputs of an eager step
+  DeviceBuffer table;   // cuda::RowCache [layers, rows] of an eager step
+  DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
   DeviceBuffer x, x_new, mix, y, post, comb, out;
   DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials and its int32 block counter
   DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u, ug;
@@ -99,14 +101,18 @@ class CudaShardModel final : public ShardModel {
   // rows.size() tokens through every layer of the shard; s.x holds their X [T, hc, H] and is
   // updated. Position-dependent values come from `in` only, so a step can be captured once and
   // replayed.
-  Status Step(Rows rows, const DevStepInputs& in) const;
+  // table: cuda::RowCache [layers, rows.size()], the rows' caches (RowTable).
+  Status Step(Rows rows, const DevStepInputs& in, const cuda::RowCache* table) const;
+  Result<std::vector<cuda::RowCache>> RowTable(Rows rows) const;
   // `next`: the layer after l in this shard (its hc_pre fuses with l's last hc_post), or null.
-  Status LayerStep(const DevLayer& l, const DevLayer* next, Rows rows,
-                   const DevStepInputs& in) const;
+  Status LayerStep(const DevLayer& l, const DevLayer* next, Rows rows, const DevStepInputs& in,
+                   const cuda::RowCache* table) const;
   // s.x -> s.y, post, comb for T rows; with_post: s.x <- hc_post(s.x, s.out) first.
   Status HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T, bool with_post) const;
   Status HcPostUpdate(int64_t T) const;  // s.x <- hc_post(s.x, s.out)
-  Status Attention(const DevLayer& l, Rows rows, const DevStepInputs& in) const;
+  // table: the layer's cuda::RowCache [rows.size()].
+  Status Attention(const DevLayer& l, Rows rows, const DevStepInputs& in,
+                   const cuda::RowCache* table) const;
   Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
 
   ModelConfig cfg_;
@@ -192,7 +198,7 @@ Status CudaShardModel::AllocScratch() {
       {&s.hc_part, cuda::HcFusedPartials(C, n, H)}, {&s.cq, C * QL},
       {&s.q, C * nH * D}, {&s.kv, C * D}, {&s.ca, C * 2 * D}, {&s.cz, C * 2 * D},
       {&s.ia, C * 2 * dI}, {&s.iz, C * 2 * dI}, {&s.iq, C * nI * dI}, {&s.iw, C * nI},
-      {&s.picks, std::max<int64_t>(cfg_.index_topk, 1)}, {&s.o, C * nH * D}, {&s.u, C * G * R},
+      {&s.picks, C * std::max<int64_t>(cfg_.index_topk, 1)}, {&s.o, C * nH * D}, {&s.u, C * G * R},
       {&s.ug, C * G * R},
       {&s.gl, C * E}, {&s.ids, C * k}, {&s.rw, C * k}, {&s.h1, C * k * I}, {&s.h3, C * k * I},
       {&s.contrib, C * k * H}, {&s.routed, C * H}, {&s.sh1, C * Is}, {&s.sh3, C * Is},
@@ -200,8 +206,11 @@ Status CudaShardModel::AllocScratch() {
   for (const Want& w : wants) {
     FM_ASSIGN_OR_RETURN(*w.b, AllocFloats(w.floats));
   }
-  const int32_t zero = 0;  // the counter starts at 0; each HcPostPre's last block resets it
-  FM_ASSIGN_OR_RETURN(s.hc_count, cuda::Upload(&zero, sizeof zero));
+  // Block counters start at 0; each kernel's last block resets its own.
+  const std::vector<int32_t> zeros(kMaxStepRows, 0);
+  FM_ASSIGN_OR_RETURN(s.hc_count, cuda::Upload(zeros.data(), sizeof(int32_t)));
+  FM_ASSIGN_OR_RETURN(s.index_count, cuda::Upload(zeros.data(), zeros.size() * sizeof(int32_t)));
+  FM_ASSIGN_OR_RETURN(s.table, DeviceBuffer::Alloc(layers_.size() * C * sizeof(cuda::RowCache)));
   FM_ASSIGN_OR_RETURN(s.inputs, DeviceBuffer::Alloc(sizeof(StepInputs)));
   return Status::Ok();
 }
@@ -245,6 +254,9 @@ std::unique_ptr<SequenceCache> CudaShardModel::NewSequence(int64_t max_context) 
     Result<DeviceBuffer> in = DeviceBuffer::Alloc(sizeof(StepInputs));
     if (!in.ok()) return unusable(in.status());
     static_cast<DeviceAttentionCache*>(caches[0].get())->inputs = std::move(in).value();
+    Result<DeviceBuffer> table = DeviceBuffer::Alloc(caches.size() * sizeof(cuda::RowCache));
+    if (!table.ok()) return unusable(table.status());
+    static_cast<DeviceAttentionCache*>(caches[0].get())->table = std::move(table).value();
   }
   return std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, ctx);
 }
@@ -277,14 +289,14 @@ Status CudaShardModel::HcPostUpdate(int64_t T) const {
   return Status::Ok();
 }
 
-Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInputs& in) const {
+Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInputs& in,
+                                 const cuda::RowCache* table) const {
   const int64_t nH = cfg_.num_attention_heads, D = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, W = cfg_.sliding_window;
   const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim, QL = cfg_.q_lora_rank;
   const int64_t H = cfg_.hidden_size, T = static_cast<int64_t>(rows.size());
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const int ri = RatioIndex(l.ratio);
-  const int64_t cw = l.comp.width(), iw = l.index_comp.width();
   const float* y = s_.y.as<float>();
   const float* freq = l.freq.as<float>();
   const int32_t* p = in.pos();
@@ -315,54 +327,43 @@ Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInpu
                                 l.ratio == 4 ? s_.iq.as<float>() : nullptr, hw, nI, dI,
                                 1.0f / std::sqrt(static_cast<float>(nI)), p, freq, rd, eps};
   FM_RETURN_IF_ERROR(cuda::AttnPrep(prep, T));
-  // 3-7 row by row, in order: each query sees its sequence's caches after its own token.
-  float* o = s_.o.as<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    const int i = static_cast<int>(t);
-    auto* c = static_cast<DeviceAttentionCache*>(rows[t]->layer(l.layer));
-    // 3-4: this token's kv into the ring (the window below reads it as its newest row) and the
-    // compressors' rows; a completed window appends an entry.
-    auto comp_row = [&](const DevCompressor& w, DevCompressorState* st, const float* a,
-                        const float* z, float* entries) {
-      return cuda::CompressorRowArgs{a, z, w.ape.as<float>(), w.norm.as<float>(),
-                                     st->pend_a.as<float>(), st->pend_z.as<float>(), entries,
-                                     w.ratio, w.dim, w.overlap};
-    };
-    cuda::CompressorRowArgs comp{}, index_comp{};
-    if (l.ratio > 1)
-      comp = comp_row(l.comp, &c->comp, s_.ca.as<float>() + t * cw, s_.cz.as<float>() + t * cw,
-                      c->keys.as<float>() + W * D);
-    if (l.ratio == 4)
-      index_comp = comp_row(l.index_comp, &c->index_comp, s_.ia.as<float>() + t * iw,
-                            s_.iz.as<float>() + t * iw, c->ikeys.as<float>());
-    FM_RETURN_IF_ERROR(cuda::CacheRow(kv + t * D, D, c->keys.as<float>(), in.ring_row(i),
-                                      l.ratio > 1 ? &comp : nullptr,
-                                      l.ratio == 4 ? &index_comp : nullptr,
-                                      l.ratio > 1 ? in.comp(i, ri) : nullptr, freq, rd, eps));
-    // 5-6: the key rows: the window, oldest first, then the attended compressed entries: on
-    // ratio 4 the indexer's top-k once the cache can hold more entries than index_topk (with
-    // fewer visible, the top-k is all of them in order, as on CPU).
-    const bool indexer = l.ratio == 4 && c->max_entries > cfg_.index_topk;
-    const int64_t max_entries = l.ratio <= 1 ? 0 : indexer ? cfg_.index_topk : c->max_entries;
-    const int32_t* picks = nullptr;
-    if (indexer) {
-      FM_RETURN_IF_ERROR(cuda::IndexerScores(s_.iq.as<float>() + t * nI * dI, hw + t * nI, nI, dI,
-                                             c->ikeys.as<float>(), c->max_entries,
-                                             1.0f / std::sqrt(static_cast<float>(dI)),
-                                             c->score.as<float>(), in.visible(i, ri)));
-      FM_RETURN_IF_ERROR(cuda::TopKAscending(c->score.as<float>(), c->max_entries,
-                                             cfg_.index_topk, s_.picks.as<int32_t>(),
-                                             in.visible(i, ri)));
-      picks = s_.picks.as<int32_t>();
-    }
-    // 7: sink attention over the key rows it indexes itself, the output's inverse RoPE last.
-    const cuda::AttentionArgs attn{q + t * nH * D, nH, D, c->keys.as<float>(), in.window(i), W,
-                                   l.ratio > 1 ? in.entries(i, ri) : nullptr, picks,
-                                   W + max_entries, l.ratio > 1 ? in.keys(i, ri) : in.nwin(i),
-                                   l.sink.as<float>(), 1.0f / std::sqrt(static_cast<float>(D)),
-                                   p + t, freq, rd, o + t * nH * D};
-    FM_RETURN_IF_ERROR(cuda::SinkAttentionRope(attn));
+  // 3-7: the cache updates, the indexer and the attention core, each one launch over the rows
+  // (their caches from the row table), or row by row in order when a sequence has several rows
+  // in the step (each of its queries sees its caches after its own token).
+  const cuda::RowSteps steps{in.ring_row(0), in.window(0), in.visible(0, ri), in.entries(0, ri),
+                             l.ratio > 1 ? in.keys(0, ri) : in.nwin(0), in.comp(0, ri),
+                             sizeof(RowScalars)};
+  const cuda::CompressorRowArgs comp{s_.ca.as<float>(), s_.cz.as<float>(), l.comp.ape.as<float>(),
+                                     l.comp.norm.as<float>(), l.comp.ratio, l.comp.dim,
+                                     l.comp.overlap};
+  const cuda::CompressorRowArgs index_comp{s_.ia.as<float>(), s_.iz.as<float>(),
+                                           l.index_comp.ape.as<float>(),
+                                           l.index_comp.norm.as<float>(), l.index_comp.ratio,
+                                           l.index_comp.dim, l.index_comp.overlap};
+  const int64_t topk = l.ratio == 4 ? cfg_.index_topk : 0;
+  int32_t* picks = s_.picks.as<int32_t>();
+  const cuda::AttentionArgs attn{q, nH, D, table, W, l.ratio > 1, topk, picks, steps,
+                                 l.sink.as<float>(), 1.0f / std::sqrt(static_cast<float>(D)), p,
+                                 freq, rd, s_.o.as<float>()};
+  auto core = [&](int64_t row0, int64_t n) -> Status {
+    FM_RETURN_IF_ERROR(cuda::CacheRows(table, row0, n, kv, D, W, steps,
+                                       l.ratio > 1 ? &comp : nullptr,
+                                       l.ratio == 4 ? &index_comp : nullptr, freq, rd, eps));
+    if (topk > 0)
+      FM_RETURN_IF_ERROR(cuda::IndexerTopK(table, row0, n, s_.iq.as<float>(), hw, nI, dI,
+                                           1.0f / std::sqrt(static_cast<float>(dI)), steps, topk,
+                                           picks, s_.index_count.as<int32_t>()));
+    return cuda::SinkAttentionRows(attn, row0, n);
+  };
+  const bool distinct = std::all_of(rows.begin(), rows.end(), [&](const SequenceCache* r) {
+    return std::count(rows.begin(), rows.end(), r) == 1;
+  });
+  if (distinct) {
+    FM_RETURN_IF_ERROR(core(0, T));
+  } else {
+    for (int64_t t = 0; t < T; ++t) FM_RETURN_IF_ERROR(core(t, 1));
   }
+  float* o = s_.o.as<float>();
   // 8: grouped output projection (as the CPU: all of wo_a when a group starts inside an FP8
   // scale block, keeping that group's rows).
   const int64_t gin = nH * D / G;
@@ -437,22 +438,41 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
 }
 
 Status CudaShardModel::LayerStep(const DevLayer& l, const DevLayer* next, Rows rows,
-                                 const DevStepInputs& in) const {
+                                 const DevStepInputs& in, const cuda::RowCache* table) const {
   const int64_t T = static_cast<int64_t>(rows.size());
-  FM_RETURN_IF_ERROR(Attention(l, rows, in));
+  FM_RETURN_IF_ERROR(Attention(l, rows, in, table));
   FM_RETURN_IF_ERROR(HcPreNorm(l.hc_ffn, l.ffn_norm, T, true));
   FM_RETURN_IF_ERROR(Moe(l, T, in));
   if (next) return HcPreNorm(next->hc_attn, next->attn_norm, T, true);
   return HcPostUpdate(T);
 }
 
-Status CudaShardModel::Step(Rows rows, const DevStepInputs& in) const {
+Result<std::vector<cuda::RowCache>> CudaShardModel::RowTable(Rows rows) const {
+  std::vector<cuda::RowCache> table;
+  for (int64_t l = begin_; l < end_; ++l) {
+    for (const SequenceCache* row : rows) {
+      auto* c = static_cast<DeviceAttentionCache*>(row->layer(l));
+      if (c->ratio == 4 && c->max_entries > cfg_.index_topk && c->max_entries > cuda::kMaxIndexerEntries)
+        return InvalidArgument("layer " + std::to_string(l) + ": the indexer ranks at most " +
+                               std::to_string(cuda::kMaxIndexerEntries) + " entries on the device, a " +
+                               "sequence cache holds " + std::to_string(c->max_entries));
+      table.push_back({c->keys.as<float>(), c->ikeys.as<float>(), c->score.as<float>(),
+                       c->comp.pend_a.as<float>(), c->comp.pend_z.as<float>(),
+                       c->index_comp.pend_a.as<float>(), c->index_comp.pend_z.as<float>(),
+                       static_cast<int32_t>(c->max_entries), 0});
+    }
+  }
+  return table;
+}
+
+Status CudaShardModel::Step(Rows rows, const DevStepInputs& in,
+                            const cuda::RowCache* table) const {
   const int64_t T = static_cast<int64_t>(rows.size());
   FM_RETURN_IF_ERROR(HcPreNorm(layers_[0]->hc_attn, layers_[0]->attn_norm, T, false));
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DevLayer& l = *layers_[i];
     const DevLayer* next = i + 1 < layers_.size() ? layers_[i + 1].get() : nullptr;
-    Status st = LayerStep(l, next, rows, in);
+    Status st = LayerStep(l, next, rows, in, table + i * rows.size());
     if (!st.ok()) return st.Wrap("layer " + std::to_string(l.layer) + " on cuda:" +
                                  std::to_string(device_));
   }
@@ -495,9 +515,13 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x, row_floats * sizeof(float)));
     if (f->graph.empty()) {
       const SequenceCache* row = items[0].cache;
+      FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable({&row, 1}));
+      FM_RETURN_IF_ERROR(f->table.CopyFromHost(table.data(), table.size() * sizeof table[0]));
       const DevStepInputs dev(f->inputs);
-      FM_ASSIGN_OR_RETURN(f->graph,
-                          cuda::Graph::Capture(stream_, [&] { return Step({&row, 1}, dev); }));
+      const auto* dev_table = f->table.as<const cuda::RowCache>();
+      FM_ASSIGN_OR_RETURN(f->graph, cuda::Graph::Capture(stream_, [&] {
+                            return Step({&row, 1}, dev, dev_table);
+                          }));
     }
     FM_RETURN_IF_ERROR(f->graph.Launch(stream_));
     FM_RETURN_IF_ERROR(s_.x.CopyToHost(x, row_floats * sizeof(float)));
@@ -522,9 +546,12 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     StepInputs in{};
     for (size_t t = 0; t < T; ++t)
       SetStepRow(cfg_, ratios_, static_cast<int>(t), pos[r0 + t], tokens[r0 + t], &in);
+    const Rows step_rows = std::span(rows).subspan(r0, T);
+    FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable(step_rows));
     FM_RETURN_IF_ERROR(s_.inputs.CopyFromHostAsync(&in, sizeof in));
+    FM_RETURN_IF_ERROR(s_.table.CopyFromHost(table.data(), table.size() * sizeof table[0]));
     FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, T * row_floats * sizeof(float)));
-    FM_RETURN_IF_ERROR(Step(std::span(rows).subspan(r0, T), dev));
+    FM_RETURN_IF_ERROR(Step(step_rows, dev, s_.table.as<const cuda::RowCache>()));
     FM_RETURN_IF_ERROR(s_.x.CopyToHost(x + r0 * row_floats, T * row_floats * sizeof(float)));
     for (size_t t = 0; t < T; ++t) advance(rows[r0 + t]);
   }
