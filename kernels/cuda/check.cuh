@@ -2,6 +2,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
@@ -18,8 +20,15 @@ inline Status CudaStatus(cudaError_t err, const char* call) {
 // The stream this thread's launches go to (device.h StreamScope; null = the default stream).
 cudaStream_t CurrentStream();
 
+// Kernel launches of this process (device.h KernelLaunches): every launcher checks its one
+// launch with LaunchStatus, which counts it.
+inline std::atomic<int64_t> launches_made{0};
+
 // After a kernel launch: a bad configuration shows up here, not at the launch.
-inline Status LaunchStatus(const char* kernel) { return CudaStatus(cudaGetLastError(), kernel); }
+inline Status LaunchStatus(const char* kernel) {
+  launches_made.fetch_add(1, std::memory_order_relaxed);
+  return CudaStatus(cudaGetLastError(), kernel);
+}
 
 }  // namespace fm::cuda
 

@@ -15,6 +15,8 @@ thread_local cudaStream_t current_stream = nullptr;
 
 cudaStream_t CurrentStream() { return current_stream; }
 
+int64_t KernelLaunches() { return launches_made.load(std::memory_order_relaxed); }
+
 int DeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -24,6 +24,9 @@ Result<DeviceMemory> MemoryInfo();
 // Makes device `index` current for this thread (its allocations and launches go there);
 // InvalidArgument naming the index and the device count when there is no such device.
 Status SetDevice(int index);
+// Kernels this process has launched so far through kernels/cuda (each launcher's launch counts
+// once when it is issued: a capture counts its kernels, a graph replay counts none).
+int64_t KernelLaunches();
 
 // Owns `size()` bytes of device memory (cudaMalloc'd, so 256-byte aligned); move-only.
 class DeviceBuffer {

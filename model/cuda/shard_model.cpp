@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/fused_ops.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sample_ops.h"
 #include "model/kv_cache.h"
@@ -47,9 +48,10 @@ class DeviceAttentionCache final : public AttentionCache {
   DeviceBuffer score;   // [max_entries]: indexer scores of the current query
   DevCompressorState comp, index_comp;
   size_t bytes_held = 0;
-  // The first layer's cache also holds the sequence's one-token step: its inputs and, once
-  // captured, its graph through every layer of the shard (the graph bakes this sequence's buffers).
+  // The first layer's cache also holds the sequence's one-token step: its inputs, its row table
+  // and, once captured, its graph through every layer of the shard.
   DeviceBuffer inputs;  // StepInputs
+  DeviceBuffer table;   // cuda::RowCache [layers]: this sequence's caches
   cuda::Graph graph;
 };
 
@@ -61,13 +63,14 @@ Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size
   return s;
 }
 
-// Scratch of one step of up to kMaxStepRows rows, sized once for the model. Per-query buffers
-// (picks, idx, pool, entry, count) serve one row at a time.
+// Scratch of one step of up to kMaxStepRows rows, sized once for the model.
 struct Scratch {
   DeviceBuffer inputs;  // StepInputs of an eager step
+  DeviceBuffer table;   // cuda::RowCache [layers, rows] of an eager step
+  DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
   DeviceBuffer x, x_new, mix, y, post, comb, out;
-  DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, idx, o, u, ug, pool_a, pool_z, entry;
-  DeviceBuffer count;  // int32: the slots a compressor pools this step
+  DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials and its int32 block counter
+  DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u, ug;
   DeviceBuffer gl, ids, rw, h1, h3, contrib, routed, sh1, sh3;
   DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
   DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
@@ -102,16 +105,18 @@ class CudaShardModel final : public ShardModel {
   // rows.size() tokens through every layer of the shard; s.x holds their X [T, hc, H] and is
   // updated. Position-dependent values come from `in` only, so a step can be captured once and
   // replayed.
-  Status Step(Rows rows, const DevStepInputs& in) const;
-  Status LayerStep(const DevLayer& l, Rows rows, const DevStepInputs& in) const;
-  // s.x -> s.y, post, comb for T rows
-  Status HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T) const;
+  // table: cuda::RowCache [layers, rows.size()], the rows' caches (RowTable).
+  Status Step(Rows rows, const DevStepInputs& in, const cuda::RowCache* table) const;
+  Result<std::vector<cuda::RowCache>> RowTable(Rows rows) const;
+  // `next`: the layer after l in this shard (its hc_pre fuses with l's last hc_post), or null.
+  Status LayerStep(const DevLayer& l, const DevLayer* next, Rows rows, const DevStepInputs& in,
+                   const cuda::RowCache* table) const;
+  // s.x -> s.y, post, comb for T rows; with_post: s.x <- hc_post(s.x, s.out) first.
+  Status HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T, bool with_post) const;
   Status HcPostUpdate(int64_t T) const;  // s.x <- hc_post(s.x, s.out)
-  Status Attention(const DevLayer& l, Rows rows, const DevStepInputs& in) const;
-  // One compressor's push; a completed window appends its entry at row `entry` of `entries`.
-  Status PushCompressor(const DevCompressor& w, DevCompressorState* st, const float* a,
-                        const float* z, const cuda::CompressorStep* step, const float* freq,
-                        float* entries) const;
+  // table: the layer's cuda::RowCache [rows.size()].
+  Status Attention(const DevLayer& l, Rows rows, const DevStepInputs& in,
+                   const cuda::RowCache* table) const;
   Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
   // X [T, hc, H] (host) -> s.logits [T, vocab]: hc_head, the final norm and the head.
   Status Head(const float* x, int64_t T) const;
@@ -188,15 +193,6 @@ Status CudaShardModel::AllocScratch() {
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, k = cfg_.num_experts_per_tok;
   const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim;
   const int64_t I = cfg_.moe_intermediate_size, E = cfg_.n_routed_experts;
-  // Key rows of one query: the window plus the most entries any layer attends (ratio 4: the
-  // indexer's top-k; other ratios: every entry of the longest context).
-  int64_t max_ratio = 1, max_entries = 0;
-  for (int64_t r : cfg_.compress_ratios) {
-    max_ratio = std::max(max_ratio, r);
-    if (r > 1)
-      max_entries = std::max(max_entries, r == 4 ? cfg_.index_topk : cfg_.max_position_embeddings / r);
-  }
-  const int64_t max_keys = cfg_.sliding_window + max_entries;
   Scratch& s = s_;
   // Shared-expert width: from the first layer's weight (every layer has the same config).
   const int64_t Is = layers_.empty() ? I : layers_[0]->s1.rows;
@@ -204,19 +200,23 @@ Status CudaShardModel::AllocScratch() {
   const int64_t C = kMaxStepRows;
   const Want wants[] = {
       {&s.x, C * n * H}, {&s.x_new, C * n * H}, {&s.mix, C * (2 + n) * n}, {&s.y, C * H},
-      {&s.post, C * n}, {&s.comb, C * n * n}, {&s.out, C * H}, {&s.cq, C * QL},
+      {&s.post, C * n}, {&s.comb, C * n * n}, {&s.out, C * H},
+      {&s.hc_part, cuda::HcFusedPartials(C, n, H)}, {&s.cq, C * QL},
       {&s.q, C * nH * D}, {&s.kv, C * D}, {&s.ca, C * 2 * D}, {&s.cz, C * 2 * D},
       {&s.ia, C * 2 * dI}, {&s.iz, C * 2 * dI}, {&s.iq, C * nI * dI}, {&s.iw, C * nI},
-      {&s.picks, std::max<int64_t>(cfg_.index_topk, 1)}, {&s.o, C * nH * D}, {&s.u, C * G * R},
-      {&s.ug, C * G * R}, {&s.pool_a, 2 * max_ratio * std::max(D, dI)},
-      {&s.pool_z, 2 * max_ratio * std::max(D, dI)}, {&s.entry, std::max(D, dI)}, {&s.count, 1},
+      {&s.picks, C * std::max<int64_t>(cfg_.index_topk, 1)}, {&s.o, C * nH * D}, {&s.u, C * G * R},
+      {&s.ug, C * G * R},
       {&s.gl, C * E}, {&s.ids, C * k}, {&s.rw, C * k}, {&s.h1, C * k * I}, {&s.h3, C * k * I},
       {&s.contrib, C * k * H}, {&s.routed, C * H}, {&s.sh1, C * Is}, {&s.sh3, C * Is},
       {&s.head_y, C * H}, {&s.logits, C * cfg_.vocab_size}};
   for (const Want& w : wants) {
     FM_ASSIGN_OR_RETURN(*w.b, AllocFloats(w.floats));
   }
-  FM_ASSIGN_OR_RETURN(s.idx, DeviceBuffer::Alloc(static_cast<size_t>(max_keys) * 4));
+  // Block counters start at 0; each kernel's last block resets its own.
+  const std::vector<int32_t> zeros(kMaxStepRows, 0);
+  FM_ASSIGN_OR_RETURN(s.hc_count, cuda::Upload(zeros.data(), sizeof(int32_t)));
+  FM_ASSIGN_OR_RETURN(s.index_count, cuda::Upload(zeros.data(), zeros.size() * sizeof(int32_t)));
+  FM_ASSIGN_OR_RETURN(s.table, DeviceBuffer::Alloc(layers_.size() * C * sizeof(cuda::RowCache)));
   FM_ASSIGN_OR_RETURN(s.inputs, DeviceBuffer::Alloc(sizeof(StepInputs)));
   if (has_head_) {
     FM_ASSIGN_OR_RETURN(s.sample_params, DeviceBuffer::Alloc(C * sizeof(cuda::SampleParams)));
@@ -266,6 +266,9 @@ std::unique_ptr<SequenceCache> CudaShardModel::NewSequence(int64_t max_context) 
     Result<DeviceBuffer> in = DeviceBuffer::Alloc(sizeof(StepInputs));
     if (!in.ok()) return unusable(in.status());
     static_cast<DeviceAttentionCache*>(caches[0].get())->inputs = std::move(in).value();
+    Result<DeviceBuffer> table = DeviceBuffer::Alloc(caches.size() * sizeof(cuda::RowCache));
+    if (!table.ok()) return unusable(table.status());
+    static_cast<DeviceAttentionCache*>(caches[0].get())->table = std::move(table).value();
   }
   return std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, ctx);
 }
@@ -277,15 +280,17 @@ Status CudaShardModel::Embed(std::span<const int32_t> tokens, float* x) const {
   return Status::Ok();
 }
 
-Status CudaShardModel::HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T) const {
+Status CudaShardModel::HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T,
+                                 bool with_post) const {
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
-  FM_RETURN_IF_ERROR(cuda::Gemm(hc.fn.view(), s_.x.as<float>(), n * H, s_.mix.as<float>(),
-                                (2 + n) * n, T));
-  FM_RETURN_IF_ERROR(cuda::HcPre(s_.x.as<float>(), s_.mix.as<float>(), hc.base.as<float>(),
-                                 hc.scale.as<float>(), T, n, H, cfg_.hc_sinkhorn_iters, eh, eps,
-                                 s_.y.as<float>(), s_.post.as<float>(), s_.comb.as<float>()));
-  return cuda::RmsNorm(s_.y.as<float>(), norm.as<float>(), s_.y.as<float>(), T, H, eps);
+  FM_RETURN_IF_ERROR(cuda::HcPostPre(
+      s_.x.as<float>(), with_post ? s_.out.as<float>() : nullptr, s_.x_new.as<float>(),
+      hc.fn.data.as<float>(), hc.base.as<float>(), hc.scale.as<float>(), norm.as<float>(), T, n,
+      H, cfg_.hc_sinkhorn_iters, eh, eps, s_.post.as<float>(), s_.comb.as<float>(),
+      s_.y.as<float>(), s_.hc_part.as<float>(), s_.hc_count.as<int32_t>()));
+  if (with_post) std::swap(s_.x, s_.x_new);
+  return Status::Ok();
 }
 
 Status CudaShardModel::HcPostUpdate(int64_t T) const {
@@ -296,38 +301,14 @@ Status CudaShardModel::HcPostUpdate(int64_t T) const {
   return Status::Ok();
 }
 
-Status CudaShardModel::PushCompressor(const DevCompressor& w, DevCompressorState* st,
-                                      const float* a, const float* z,
-                                      const cuda::CompressorStep* step, const float* freq,
-                                      float* entries) const {
-  const int64_t r = w.ratio, d = w.dim;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  float* pa = st->pend_a.as<float>();
-  float* pz = st->pend_z.as<float>();
-  float* ga = s_.pool_a.as<float>();
-  float* gz = s_.pool_z.as<float>();
-  float* entry = s_.entry.as<float>();
-  int32_t* count = s_.count.as<int32_t>();
-  FM_RETURN_IF_ERROR(cuda::CompressorStore(a, z, w.ape.as<float>(), r, w.width(), step, pa, pz));
-  // On the window's last token: pool its slots (and the previous window's, overlapping), norm,
-  // RoPE at the window's first position, append; on the others every launch below does nothing
-  // that is kept (the gather counts 0 slots and the row is -1).
-  FM_RETURN_IF_ERROR(cuda::CompressorGather(pa, pz, r, d, w.overlap, step, ga, gz, count));
-  FM_RETURN_IF_ERROR(cuda::CompressorPool(ga, gz, 2 * r, d, entry, count));
-  FM_RETURN_IF_ERROR(cuda::RmsNorm(entry, w.norm.as<float>(), entry, 1, d, eps));
-  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(entry, 1, 1, d, cfg_.qk_rope_head_dim,
-                                           &step->window_pos, freq, false));
-  return cuda::ScatterRow(entry, d, entries, d, &step->entry);
-}
-
-Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInputs& in) const {
+Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInputs& in,
+                                 const cuda::RowCache* table) const {
   const int64_t nH = cfg_.num_attention_heads, D = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, W = cfg_.sliding_window;
   const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim, QL = cfg_.q_lora_rank;
   const int64_t H = cfg_.hidden_size, T = static_cast<int64_t>(rows.size());
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const int ri = RatioIndex(l.ratio);
-  const int64_t cw = l.comp.width(), iw = l.index_comp.width();
   const float* y = s_.y.as<float>();
   const float* freq = l.freq.as<float>();
   const int32_t* p = in.pos();
@@ -338,13 +319,12 @@ Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInpu
   auto gemm = [T](const DeviceWeight& w, const float* x, int64_t xs, float* out) {
     return cuda::Gemm(w.view(), x, xs, out, w.rows, T);
   };
-  // 1-2: queries and the shared kv of every row.
+  // 1-2: queries and the shared kv of every row (the products, then one launch for every
+  // row's norms, RoPE and the indexer weights' scale).
   FM_RETURN_IF_ERROR(gemm(l.wq_a, y, H, cq));
   FM_RETURN_IF_ERROR(cuda::RmsNorm(cq, l.q_norm.as<float>(), cq, T, QL, eps));
   FM_RETURN_IF_ERROR(gemm(l.wq_b, cq, QL, q));
-  FM_RETURN_IF_ERROR(cuda::RmsNorm(q, nullptr, q, T * nH, D, eps));
   FM_RETURN_IF_ERROR(gemm(l.wkv, y, H, kv));
-  FM_RETURN_IF_ERROR(cuda::RmsNorm(kv, l.kv_norm.as<float>(), kv, T, D, eps));
   if (l.ratio > 1) {
     FM_RETURN_IF_ERROR(gemm(l.comp.wkv, y, H, s_.ca.as<float>()));
     FM_RETURN_IF_ERROR(gemm(l.comp.wgate, y, H, s_.cz.as<float>()));
@@ -354,58 +334,48 @@ Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInpu
     FM_RETURN_IF_ERROR(gemm(l.index_comp.wgate, y, H, s_.iz.as<float>()));
     FM_RETURN_IF_ERROR(gemm(l.index_wq_b, cq, QL, s_.iq.as<float>()));
     FM_RETURN_IF_ERROR(gemm(l.index_proj, y, H, hw));
-    FM_RETURN_IF_ERROR(cuda::ScaleVector(hw, 1.0f / std::sqrt(static_cast<float>(nI)), hw, T * nI));
   }
-  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(q, T, nH, D, rd, p, freq, false));
-  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(kv, T, 1, D, rd, p, freq, false));
-  if (l.ratio == 4)
-    FM_RETURN_IF_ERROR(cuda::RopeInterleaved(s_.iq.as<float>(), T, nI, dI, rd, p, freq, false));
-  // 3-7 row by row, in order: each query sees its sequence's caches after its own token.
+  const cuda::AttnPrepArgs prep{q, nH, D, kv, l.kv_norm.as<float>(),
+                                l.ratio == 4 ? s_.iq.as<float>() : nullptr, hw, nI, dI,
+                                1.0f / std::sqrt(static_cast<float>(nI)), p, freq, rd, eps};
+  FM_RETURN_IF_ERROR(cuda::AttnPrep(prep, T));
+  // 3-7: the cache updates, the indexer and the attention core, each one launch over the rows
+  // (their caches from the row table), or row by row in order when a sequence has several rows
+  // in the step (each of its queries sees its caches after its own token).
+  const cuda::RowSteps steps{in.ring_row(0), in.window(0), in.visible(0, ri), in.entries(0, ri),
+                             l.ratio > 1 ? in.keys(0, ri) : in.nwin(0), in.comp(0, ri),
+                             sizeof(RowScalars)};
+  const cuda::CompressorRowArgs comp{s_.ca.as<float>(), s_.cz.as<float>(), l.comp.ape.as<float>(),
+                                     l.comp.norm.as<float>(), l.comp.ratio, l.comp.dim,
+                                     l.comp.overlap};
+  const cuda::CompressorRowArgs index_comp{s_.ia.as<float>(), s_.iz.as<float>(),
+                                           l.index_comp.ape.as<float>(),
+                                           l.index_comp.norm.as<float>(), l.index_comp.ratio,
+                                           l.index_comp.dim, l.index_comp.overlap};
+  const int64_t topk = l.ratio == 4 ? cfg_.index_topk : 0;
+  int32_t* picks = s_.picks.as<int32_t>();
+  const cuda::AttentionArgs attn{q, nH, D, table, W, l.ratio > 1, topk, picks, steps,
+                                 l.sink.as<float>(), 1.0f / std::sqrt(static_cast<float>(D)), p,
+                                 freq, rd, s_.o.as<float>()};
+  auto core = [&](int64_t row0, int64_t n) -> Status {
+    FM_RETURN_IF_ERROR(cuda::CacheRows(table, row0, n, kv, D, W, steps,
+                                       l.ratio > 1 ? &comp : nullptr,
+                                       l.ratio == 4 ? &index_comp : nullptr, freq, rd, eps));
+    if (topk > 0)
+      FM_RETURN_IF_ERROR(cuda::IndexerTopK(table, row0, n, s_.iq.as<float>(), hw, nI, dI,
+                                           1.0f / std::sqrt(static_cast<float>(dI)), steps, topk,
+                                           picks, s_.index_count.as<int32_t>()));
+    return cuda::SinkAttentionRows(attn, row0, n);
+  };
+  const bool distinct = std::all_of(rows.begin(), rows.end(), [&](const SequenceCache* r) {
+    return std::count(rows.begin(), rows.end(), r) == 1;
+  });
+  if (distinct) {
+    FM_RETURN_IF_ERROR(core(0, T));
+  } else {
+    for (int64_t t = 0; t < T; ++t) FM_RETURN_IF_ERROR(core(t, 1));
+  }
   float* o = s_.o.as<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    const int i = static_cast<int>(t);
-    auto* c = static_cast<DeviceAttentionCache*>(rows[t]->layer(l.layer));
-    // 4: the compressors; a completed window appends an entry.
-    if (l.ratio > 1) {
-      FM_RETURN_IF_ERROR(PushCompressor(l.comp, &c->comp, s_.ca.as<float>() + t * cw,
-                                        s_.cz.as<float>() + t * cw, in.comp(i, ri), freq,
-                                        c->keys.as<float>() + W * D));
-    }
-    if (l.ratio == 4) {
-      FM_RETURN_IF_ERROR(PushCompressor(l.index_comp, &c->index_comp, s_.ia.as<float>() + t * iw,
-                                        s_.iz.as<float>() + t * iw, in.comp(i, ri), freq,
-                                        c->ikeys.as<float>()));
-    }
-    // 3: this token's kv into the ring (the window below reads it as its newest row).
-    FM_RETURN_IF_ERROR(cuda::ScatterRow(kv + t * D, D, c->keys.as<float>(), D, in.ring_row(i)));
-    // 5-6: the key rows: the window, oldest first, then the attended compressed entries: on
-    // ratio 4 the indexer's top-k once the cache can hold more entries than index_topk (with
-    // fewer visible, the top-k is all of them in order, as on CPU).
-    const bool indexer = l.ratio == 4 && c->max_entries > cfg_.index_topk;
-    const int64_t max_entries = l.ratio <= 1 ? 0 : indexer ? cfg_.index_topk : c->max_entries;
-    const int64_t max_keys = W + max_entries;
-    const int32_t* picks = nullptr;
-    if (indexer) {
-      FM_RETURN_IF_ERROR(cuda::IndexerScores(s_.iq.as<float>() + t * nI * dI, hw + t * nI, nI, dI,
-                                             c->ikeys.as<float>(), c->max_entries,
-                                             1.0f / std::sqrt(static_cast<float>(dI)),
-                                             c->score.as<float>(), in.visible(i, ri)));
-      FM_RETURN_IF_ERROR(cuda::TopKAscending(c->score.as<float>(), c->max_entries,
-                                             cfg_.index_topk, s_.picks.as<int32_t>(),
-                                             in.visible(i, ri)));
-      picks = s_.picks.as<int32_t>();
-    }
-    int32_t* idx = s_.idx.as<int32_t>();
-    FM_RETURN_IF_ERROR(cuda::KeyIndex(in.window(i), W, l.ratio > 1 ? in.entries(i, ri) : nullptr,
-                                      picks, W, max_keys, idx));
-    // 7: sink attention.
-    FM_RETURN_IF_ERROR(cuda::SinkAttention(q + t * nH * D, nH, c->keys.as<float>(), idx, max_keys,
-                                           D, l.sink.as<float>(),
-                                           1.0f / std::sqrt(static_cast<float>(D)),
-                                           o + t * nH * D,
-                                           l.ratio > 1 ? in.keys(i, ri) : in.nwin(i)));
-  }
-  FM_RETURN_IF_ERROR(cuda::RopeInterleaved(o, T, nH, D, rd, p, freq, true));
   // 8: grouped output projection (as the CPU: all of wo_a when a group starts inside an FP8
   // scale block, keeping that group's rows).
   const int64_t gin = nH * D / G;
@@ -479,20 +449,43 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
   return cuda::AddVectors(routed, out, out, T * H);
 }
 
-Status CudaShardModel::LayerStep(const DevLayer& l, Rows rows, const DevStepInputs& in) const {
+Status CudaShardModel::LayerStep(const DevLayer& l, const DevLayer* next, Rows rows,
+                                 const DevStepInputs& in, const cuda::RowCache* table) const {
   const int64_t T = static_cast<int64_t>(rows.size());
-  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_attn, l.attn_norm, T));
-  FM_RETURN_IF_ERROR(Attention(l, rows, in));
-  FM_RETURN_IF_ERROR(HcPostUpdate(T));
-  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_ffn, l.ffn_norm, T));
+  FM_RETURN_IF_ERROR(Attention(l, rows, in, table));
+  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_ffn, l.ffn_norm, T, true));
   FM_RETURN_IF_ERROR(Moe(l, T, in));
+  if (next) return HcPreNorm(next->hc_attn, next->attn_norm, T, true);
   return HcPostUpdate(T);
 }
 
-Status CudaShardModel::Step(Rows rows, const DevStepInputs& in) const {
-  for (const auto& l : layers_) {
-    Status st = LayerStep(*l, rows, in);
-    if (!st.ok()) return st.Wrap("layer " + std::to_string(l->layer) + " on cuda:" +
+Result<std::vector<cuda::RowCache>> CudaShardModel::RowTable(Rows rows) const {
+  std::vector<cuda::RowCache> table;
+  for (int64_t l = begin_; l < end_; ++l) {
+    for (const SequenceCache* row : rows) {
+      auto* c = static_cast<DeviceAttentionCache*>(row->layer(l));
+      if (c->ratio == 4 && c->max_entries > cfg_.index_topk && c->max_entries > cuda::kMaxIndexerEntries)
+        return InvalidArgument("layer " + std::to_string(l) + ": the indexer ranks at most " +
+                               std::to_string(cuda::kMaxIndexerEntries) + " entries on the device, a " +
+                               "sequence cache holds " + std::to_string(c->max_entries));
+      table.push_back({c->keys.as<float>(), c->ikeys.as<float>(), c->score.as<float>(),
+                       c->comp.pend_a.as<float>(), c->comp.pend_z.as<float>(),
+                       c->index_comp.pend_a.as<float>(), c->index_comp.pend_z.as<float>(),
+                       static_cast<int32_t>(c->max_entries), 0});
+    }
+  }
+  return table;
+}
+
+Status CudaShardModel::Step(Rows rows, const DevStepInputs& in,
+                            const cuda::RowCache* table) const {
+  const int64_t T = static_cast<int64_t>(rows.size());
+  FM_RETURN_IF_ERROR(HcPreNorm(layers_[0]->hc_attn, layers_[0]->attn_norm, T, false));
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const DevLayer& l = *layers_[i];
+    const DevLayer* next = i + 1 < layers_.size() ? layers_[i + 1].get() : nullptr;
+    Status st = LayerStep(l, next, rows, in, table + i * rows.size());
+    if (!st.ok()) return st.Wrap("layer " + std::to_string(l.layer) + " on cuda:" +
                                  std::to_string(device_));
   }
   return Status::Ok();
@@ -534,9 +527,13 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x, row_floats * sizeof(float)));
     if (f->graph.empty()) {
       const SequenceCache* row = items[0].cache;
+      FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable({&row, 1}));
+      FM_RETURN_IF_ERROR(f->table.CopyFromHost(table.data(), table.size() * sizeof table[0]));
       const DevStepInputs dev(f->inputs);
-      FM_ASSIGN_OR_RETURN(f->graph,
-                          cuda::Graph::Capture(stream_, [&] { return Step({&row, 1}, dev); }));
+      const auto* dev_table = f->table.as<const cuda::RowCache>();
+      FM_ASSIGN_OR_RETURN(f->graph, cuda::Graph::Capture(stream_, [&] {
+                            return Step({&row, 1}, dev, dev_table);
+                          }));
     }
     FM_RETURN_IF_ERROR(f->graph.Launch(stream_));
     FM_RETURN_IF_ERROR(s_.x.CopyToHost(x, row_floats * sizeof(float)));
@@ -561,9 +558,12 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     StepInputs in{};
     for (size_t t = 0; t < T; ++t)
       SetStepRow(cfg_, ratios_, static_cast<int>(t), pos[r0 + t], tokens[r0 + t], &in);
+    const Rows step_rows = std::span(rows).subspan(r0, T);
+    FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable(step_rows));
     FM_RETURN_IF_ERROR(s_.inputs.CopyFromHostAsync(&in, sizeof in));
+    FM_RETURN_IF_ERROR(s_.table.CopyFromHost(table.data(), table.size() * sizeof table[0]));
     FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, T * row_floats * sizeof(float)));
-    FM_RETURN_IF_ERROR(Step(std::span(rows).subspan(r0, T), dev));
+    FM_RETURN_IF_ERROR(Step(step_rows, dev, s_.table.as<const cuda::RowCache>()));
     FM_RETURN_IF_ERROR(s_.x.CopyToHost(x + r0 * row_floats, T * row_floats * sizeof(float)));
     for (size_t t = 0; t < T; ++t) advance(rows[r0 + t]);
   }

@@ -11,17 +11,18 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 CXX="g++ -std=c++20 -O1 -Wno-unknown-pragmas -Itests/gpu/emu -I."
 objs=()
-for k in gemv elementwise router hc attention indexer step sample; do
+for k in gemv elementwise router hc attention indexer step fused sample; do
   # kernel<<<grid, block[, shared, stream]>>>(args)  ->  EmuLaunch(kernel, EmuConfig{...}, args)
   perl -0777 -pe 's/(\w+)<<<(.*?)>>>\(/EmuLaunch($1, EmuConfig{$2}, /sg' "kernels/cuda/$k.cu" > "$OUT/$k.cpp"
   objs+=("$OUT/$k.cpp")
 done
 common=(common/status.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
 $CXX -o "$OUT/test_cuda_kernels_emu" tests/gpu/test_cuda_kernels.cpp \
-  tests/gpu/test_cuda_model_ops.cpp tests/gpu/test_cuda_step_ops.cpp tests/gpu/test_cuda_sample.cpp \
-  model/sampler.cpp "${objs[@]}" tests/gpu/emu/device_emu.cpp \
+  tests/gpu/test_cuda_model_ops.cpp tests/gpu/test_cuda_step_ops.cpp tests/gpu/test_cuda_fused.cpp \
+  tests/gpu/test_cuda_sample.cpp model/sampler.cpp "${objs[@]}" tests/gpu/emu/device_emu.cpp \
   kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp kernels/cpu/swiglu.cpp \
   kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp kernels/cpu/compressor_pool.cpp \
+  kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp kernels/cpu/hc_ref.cpp \
   "${common[@]}" -lgtest -lgtest_main -lboost_context -pthread
 $CXX -march=native -o "$OUT/test_cuda_shard_emu" tests/gpu/test_cuda_shard.cpp \
   model/cuda/shard_model.cpp model/cuda/device_weights.cpp model/cuda/step_inputs.cpp model/*.cpp "${objs[@]}" tests/gpu/emu/device_emu.cpp \

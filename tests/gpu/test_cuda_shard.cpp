@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -185,6 +186,62 @@ TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
   EXPECT_LT(RelErr(gpu, cpu), 1e-3);
 }
 
+// A decode step of three sequences (different lengths, one past the indexer's top-k) is one
+// device step whose attention-side kernels each take all three rows through the row table: the
+// logits match the CPU's, and a step of two sequences launches the same kernels but for Moe's
+// per-row expert products.
+TEST_F(CudaShardTest, DecodeBatchOfSequencesIsOneLaunchSequence) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  const int lens[3] = {23, 5, 12};
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<std::unique_ptr<SequenceCache>> cs, gs;
+  std::vector<float> cpu, gpu;
+  for (int s = 0; s < 3; ++s) {
+    toks.push_back(Tokens(lens[s] + 4, 60 + s));
+    cs.push_back(p.cpu->NewSequence(256));
+    gs.push_back(p.gpu->NewSequence(256));
+    const auto pre = std::span(toks[s]).first(lens[s]);
+    const BatchItem ci{cs[s].get(), pre}, gi{gs[s].get(), pre};
+    std::vector<float> unused;
+    ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &unused).ok());
+    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&gi, 1}, &unused).ok());
+  }
+  // Steps of all three, then one of the first two: ForwardLayers' launches each time.
+  const auto& cfg = p.gpu->config();
+  std::vector<int64_t> launches;
+  for (int step = 0; step < 4; ++step) {
+    const int n = step < 3 ? 3 : 2;
+    std::vector<BatchItem> citems, gitems;
+    std::vector<int32_t> ids;
+    for (int s = 0; s < n; ++s) {
+      const auto tok = std::span(toks[s]).subspan(lens[s] + step, 1);
+      citems.push_back({cs[s].get(), tok});
+      gitems.push_back({gs[s].get(), tok});
+      ids.push_back(tok[0]);
+    }
+    ASSERT_TRUE(modeltest::RunItems(*p.cpu, citems, &cpu).ok());
+    std::vector<float> x(n * cfg.hc_mult * cfg.hidden_size), lg(n * cfg.vocab_size);
+    ASSERT_TRUE(p.gpu->Embed(ids, x.data()).ok());
+    const int64_t before = cuda::KernelLaunches();
+    const Status st = p.gpu->ForwardLayers(gitems, x.data());
+    launches.push_back(cuda::KernelLaunches() - before);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(p.gpu->Logits(x.data(), n, lg.data()).ok());
+    gpu.insert(gpu.end(), lg.begin(), lg.end());
+  }
+  EXPECT_LT(RelErr(gpu, cpu), 1e-3);
+  EXPECT_EQ(launches[1], launches[0]);
+  EXPECT_EQ(launches[2], launches[0]);
+  // Every attention-side kernel takes the batch's rows in one launch; what still grows with the
+  // batch is Moe's per-row GemvExperts (W1, W3, W2: 3 a row and layer) until one-launch expert
+  // kernels replace them, and then this difference is 0.
+  const int64_t per_row_moe = 3 * 6;
+  EXPECT_EQ(launches[0] - launches[3], per_row_moe) << "a step of 3 rows vs one of 2";
+}
+
 // Sampling where the logits are (SampleNext): the device's picks equal the host Sampler's over
 // the device's own logits, for greedy, top-k and top-p rows in one call, over three draws (the
 // RNG advances the same way on both sides).
@@ -281,6 +338,51 @@ TEST_F(CudaShardTest, PipelineStageMatchesCpuStage) {
   const Status st = p.gpu->ForwardLayers({&gi, 1}, xg.data());
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_LT(RelErr(xg, xc), 1e-3);
+}
+
+// Kernel launches of one eager decode step (T = 1) per layer, on a prefix stage [0, l) of the
+// tiny preset for each l (its layers cover every ratio kind: 0, 4 with the indexer, 128): layer
+// l's launches are stage [0, l+1)'s minus stage [0, l)'s, so the first layer also carries the
+// stage's one extra launch (its first hc_pre has no hc_post before it to fuse into). The count is
+// the same at every position (a fixed launch sequence, the premise of replaying graphs).
+// The bound is what the fused non-product kernels reach while the products are still one Gemm
+// each (docs/gpu.md "Launches of a decode layer"); folding them into GemmMany calls takes every
+// layer to <= 15.
+TEST_F(CudaShardTest, DecodeStepLaunchesPerLayer) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t layers = 6;
+  constexpr int64_t kMaxLaunchesPerLayer = 32;  // 25 / 32 / 27 for ratio 0 / 4 / 128 (was 36 / 58 / 44)
+  std::vector<int64_t> stage(layers + 1, 0);  // launches of one step of stage [0, l)
+  std::vector<int64_t> ratio(layers, 0);
+  for (int64_t l = 1; l <= layers; ++l) {
+    ShardSelection sel;
+    sel.layer_end = l;
+    sel.embed = false;
+    sel.head = false;
+    auto ck = Checkpoint::Open(*dir_, sel);
+    ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+    auto m = CreateCudaShardModel(**ck, 0, CudaStepMode::kEager);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const ModelConfig& cfg = (*m)->config();
+    ratio[l - 1] = cfg.compress_ratio(l - 1);
+    auto seq = (*m)->NewSequence(1024);
+    std::vector<float> x(cfg.hc_mult * cfg.hidden_size, 0.5f);
+    const std::vector<int32_t> toks = Tokens(6, 9);
+    for (int t = 0; t < 6; ++t) {  // positions 0..5: ring rows, a ratio-4 entry at 3
+      const BatchItem item{seq.get(), std::span(toks).subspan(t, 1)};
+      const int64_t before = cuda::KernelLaunches();
+      ASSERT_TRUE((*m)->ForwardLayers({&item, 1}, x.data()).ok());
+      const int64_t n = cuda::KernelLaunches() - before;
+      if (t == 0) stage[l] = n;
+      EXPECT_EQ(n, stage[l]) << "stage [0, " << l << ") at position " << t;
+    }
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t n = stage[l + 1] - stage[l];
+    std::printf("layer %lld (ratio %lld): %lld launches\n", static_cast<long long>(l),
+                static_cast<long long>(ratio[l]), static_cast<long long>(n));
+    EXPECT_LE(n, kMaxLaunchesPerLayer) << "layer " << l;
+  }
 }
 
 TEST_F(CudaShardTest, BadRequestsAreErrorsAndMoveNothing) {

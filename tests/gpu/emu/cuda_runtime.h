@@ -35,7 +35,7 @@ inline int max(int a, int b) { return a > b ? a : b; }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
 
-inline dim3 threadIdx, blockIdx;
+inline dim3 threadIdx, blockIdx, gridDim;
 inline float emu_shuffle_slots[1024];
 
 #define __global__
@@ -84,6 +84,16 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 template <class T>
 T __ldg(const T* p) { return *p; }
 
+// Blocks run one after another, each to its end: every write of an earlier block is done and
+// visible, so the fence has nothing to order, and an atomic is a plain read-modify-write (a
+// "last block" check sees the true last block, gridDim - 1).
+inline void __threadfence() {}
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+
 inline float __int_as_float(int i) {
   float f;
   std::memcpy(&f, &i, sizeof f);
@@ -93,13 +103,6 @@ inline unsigned __float_as_uint(float f) {
   unsigned u;
   std::memcpy(&u, &f, sizeof u);
   return u;
-}
-
-// Blocks and their threads run one at a time, so an atomic is the plain read-modify-write.
-inline int atomicAdd(int* p, int v) {
-  const int old = *p;
-  *p += v;
-  return old;
 }
 
 // Set while a graph is captured: launches are appended here instead of run.
@@ -112,6 +115,7 @@ void EmuRun(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
   emu_body = [&] { kernel(args...); };
   for (unsigned b = 0; b < grid.x * grid.y; ++b) {
     blockIdx = dim3(b % grid.x, b / grid.x);
+    gridDim = grid;
     for (unsigned t = 0; t < block.x; ++t) {
       EmuFiber& f = emu_fibers[t];
       if (f.stack.empty()) f.stack.resize(kStack);

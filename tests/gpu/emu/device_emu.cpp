@@ -6,12 +6,14 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
 
 int DeviceCount() { return 1; }
+int64_t KernelLaunches() { return launches_made.load(std::memory_order_relaxed); }
 std::string DeviceDescription(int) { return "CPU emulation"; }
 Status Synchronize() { return Status::Ok(); }
 Result<DeviceMemory> MemoryInfo() { return DeviceMemory{size_t{8} << 30, size_t{8} << 30}; }

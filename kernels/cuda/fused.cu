@@ -1,0 +1,517 @@
+// Fused kernels of the device decode layer (kernels/cuda/fused_ops.h). Blocks of 256 threads
+// (8 warps); block sums are warp butterflies then the warp sums in warp order, so every result
+// depends only on the shapes, never on timing.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/fused_ops.h"
+
+namespace fm::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kHcCols = 32;  // columns h of every stream per HcPostPre block
+constexpr int kHcMaxStreams = 16;
+constexpr int kMaxEntryDim = 1024;
+constexpr int kAttnMaxDim = 512;
+
+__device__ float SigmoidF(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+__device__ float WarpSum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Sum over the block (warp butterflies, then the warp sums in warp order); all threads get it.
+__device__ float BlockSum(float v) {
+  __shared__ float warp_sums[kWarps];
+  v = WarpSum(v);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
+  __syncthreads();
+  return total;
+}
+
+// In place on the rd/2 pairs at the end of a row of width d: (a, b) rotated by pos * freqs[i]
+// (negated when inverse), angle in f32 as RopeInterleaved. Block-strided over the pairs.
+__device__ void RopeRow(float* row, int64_t d, int64_t rd, int32_t pos, const float* freqs,
+                        bool inverse) {
+  for (int64_t i = threadIdx.x; i < rd / 2; i += kThreads) {
+    float s, c;
+    sincosf(static_cast<float>(pos) * freqs[i], &s, &c);
+    if (inverse) s = -s;
+    float* p = row + (d - rd) + 2 * i;
+    const float a = p[0], b = p[1];
+    p[0] = a * c - b * s;
+    p[1] = a * s + b * c;
+  }
+}
+
+// comb[j*n+k]: softmax over k + eh, then columns / (sum + eh), then (iters-1) x (rows, columns);
+// the order of kernels/cpu/hc.h.
+__device__ void SinkhornComb(float* comb, int n, int iters, float eh) {
+  for (int j = 0; j < n; ++j) {
+    float* row = comb + j * n;
+    float mx = row[0];
+    for (int k = 1; k < n; ++k) mx = fmaxf(mx, row[k]);
+    float sum = 0.0f;
+    for (int k = 0; k < n; ++k) {
+      row[k] = expf(row[k] - mx);
+      sum += row[k];
+    }
+    for (int k = 0; k < n; ++k) row[k] = row[k] / sum + eh;
+  }
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0)
+      for (int j = 0; j < n; ++j) {
+        float s = 0.0f;
+        for (int k = 0; k < n; ++k) s += comb[j * n + k];
+        for (int k = 0; k < n; ++k) comb[j * n + k] /= s + eh;
+      }
+    for (int k = 0; k < n; ++k) {
+      float s = 0.0f;
+      for (int j = 0; j < n; ++j) s += comb[j * n + k];
+      for (int j = 0; j < n; ++j) comb[j * n + k] /= s + eh;
+    }
+  }
+}
+
+struct HcArgs {
+  const float* x;
+  const float* out;
+  float* x_new;
+  const float* fn;
+  const float* base;
+  const float* scale;
+  const float* norm;
+  int T, n;
+  int64_t H;
+  int iters;
+  float hc_eps, rms_eps;
+  float* post;
+  float* comb;
+  float* y;
+  float* partials;  // [blocks, T, M + 1]
+  int32_t* counter;
+};
+
+// Block b: columns [32b, 32b+32) of every stream; writes X' there, then warp w reduces rows
+// m = w, w + 8, ... of fn (row M: the squares) over the slice; the last block finishes the rows.
+__global__ void HcPostPreKernel(HcArgs a) {
+  __shared__ float pre[kHcMaxStreams];
+  __shared__ float comb_s[kHcMaxStreams * kHcMaxStreams];
+  __shared__ bool last;
+  const int n = a.n, M = (2 + n) * n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t H = a.H, h0 = static_cast<int64_t>(blockIdx.x) * kHcCols;
+  const int cols = static_cast<int>(H - h0 < kHcCols ? H - h0 : kHcCols);
+  const float* xs = a.out ? a.x_new : a.x;  // X'
+  if (a.out) {
+    for (int i = threadIdx.x; i < a.T * n * cols; i += kThreads) {
+      const int t = i / (n * cols), k = (i / cols) % n, h = i % cols;
+      const float* xt = a.x + static_cast<int64_t>(t) * n * H;
+      const float* ct = a.comb + t * n * n;
+      float acc = a.post[t * n + k] * a.out[t * H + h0 + h];
+      for (int j = 0; j < n; ++j) acc += ct[j * n + k] * xt[j * H + h0 + h];
+      a.x_new[(static_cast<int64_t>(t) * n + k) * H + h0 + h] = acc;
+    }
+    __syncthreads();
+  }
+  for (int t = 0; t < a.T; ++t) {
+    const float* xt = xs + static_cast<int64_t>(t) * n * H;
+    for (int m0 = 0; m0 <= M; m0 += kWarps) {
+      const int m = m0 + warp;
+      float v = 0.0f;
+      if (m <= M)
+        for (int i = lane; i < n * cols; i += 32) {
+          const int64_t col = (i / cols) * H + h0 + i % cols;
+          v += (m < M ? a.fn[m * n * H + col] : xt[col]) * xt[col];
+        }
+      v = WarpSum(v);
+      if (m <= M && lane == 0) a.partials[(static_cast<int64_t>(blockIdx.x) * a.T + t) * (M + 1) + m] = v;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *a.counter = 0;
+  const volatile float* parts = a.partials;
+  const volatile float* xv = xs;
+  for (int t = 0; t < a.T; ++t) {
+    if (threadIdx.x == 0) {
+      float mix[(2 + kHcMaxStreams) * kHcMaxStreams + 1];
+      for (int m = 0; m <= M; ++m) {
+        float s = 0.0f;
+        for (unsigned b = 0; b < gridDim.x; ++b) s += parts[(static_cast<int64_t>(b) * a.T + t) * (M + 1) + m];
+        mix[m] = s;
+      }
+      const float rinv = 1.0f / sqrtf(mix[M] / static_cast<float>(n * H) + a.rms_eps);
+      for (int i = 0; i < n; ++i) {
+        pre[i] = SigmoidF(mix[i] * rinv * a.scale[0] + a.base[i]) + a.hc_eps;
+        a.post[t * n + i] = 2.0f * SigmoidF(mix[n + i] * rinv * a.scale[1] + a.base[n + i]);
+      }
+      for (int c = 0; c < n * n; ++c)
+        comb_s[c] = mix[2 * n + c] * rinv * a.scale[2] + a.base[2 * n + c];
+      SinkhornComb(comb_s, n, a.iters, a.hc_eps);
+      for (int c = 0; c < n * n; ++c) a.comb[t * n * n + c] = comb_s[c];
+    }
+    __syncthreads();
+    float* yt = a.y + t * H;
+    float ss = 0.0f;
+    for (int64_t h = threadIdx.x; h < H; h += kThreads) {
+      float acc = 0.0f;
+      for (int i = 0; i < n; ++i) acc += pre[i] * xv[(static_cast<int64_t>(t) * n + i) * H + h];
+      yt[h] = acc;
+      ss += acc * acc;
+    }
+    const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(H) + a.rms_eps);
+    for (int64_t h = threadIdx.x; h < H; h += kThreads) yt[h] = a.norm[h] * (yt[h] * inv);
+    __syncthreads();
+  }
+}
+
+// row[0..d) = g * row / sqrt(mean(row^2) + eps) (g = weight, or 1 when null), then RoPE.
+__device__ void NormRopeRow(float* row, int64_t d, const float* weight, float eps, int64_t rd,
+                            int32_t pos, const float* freqs) {
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) ss += row[c] * row[c];
+  const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(d) + eps);
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) {
+    const float v = row[c] * inv;
+    row[c] = weight ? weight[c] * v : v;
+  }
+  __syncthreads();
+  RopeRow(row, d, rd, pos, freqs, false);
+}
+
+// Blocks: T * nh query heads, then T kv rows, then T * ni indexer heads.
+__global__ void AttnPrepKernel(AttnPrepArgs a, int T) {
+  const int64_t b = blockIdx.x, nq = T * a.nh;
+  if (b < nq) {
+    NormRopeRow(a.q + b * a.d, a.d, nullptr, a.eps, a.rd, a.pos[b / a.nh], a.freqs);
+  } else if (b < nq + T) {
+    const int64_t t = b - nq;
+    NormRopeRow(a.kv + t * a.d, a.d, a.kv_norm, a.eps, a.rd, a.pos[t], a.freqs);
+  } else {
+    const int64_t head = b - nq - T, t = head / a.ni;
+    RopeRow(a.iq + head * a.di, a.di, a.rd, a.pos[t], a.freqs, false);
+    if (threadIdx.x == 0) a.iw[head] *= a.iw_scale;
+  }
+}
+
+// Row t's field of a RowSteps pointer.
+template <class T>
+__device__ const T* RowField(const T* row0, int64_t stride, int64_t t) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(row0) + t * stride);
+}
+
+// One compressor's token: store its row, and on the window's last token pool the gathered
+// slots (previous window's first half, then this window's), norm, RoPE and append the entry.
+__device__ void CompressorRow(const CompressorRowArgs& c, int64_t t, float* pend_a, float* pend_z,
+                              float* entries, const CompressorStep* st, const float* freqs,
+                              int64_t rd, float eps) {
+  __shared__ float ent[kMaxEntryDim];
+  const int64_t r = c.ratio, d = c.dim, width = c.overlap ? 2 * d : d;
+  const int64_t row = (st->parity * r + st->slot) * width;
+  for (int64_t i = threadIdx.x; i < width; i += kThreads) {
+    pend_a[row + i] = c.a[t * width + i];
+    pend_z[row + i] = c.z[t * width + i] + c.ape[st->slot * width + i];
+  }
+  __syncthreads();
+  if (!st->emit) return;
+  const bool prev = c.overlap && st->has_prev;
+  const int64_t n = prev ? 2 * r : r;
+  auto src = [&](int64_t j, int64_t ch) {  // slot j of the gathered window, channel ch
+    if (prev && j < r) return ((st->parity ^ 1) * r + j) * width + ch;
+    return (st->parity * r + (prev ? j - r : j)) * width + (c.overlap ? d : 0) + ch;
+  };
+  float ss = 0.0f;
+  for (int64_t ch = threadIdx.x; ch < d; ch += kThreads) {
+    float m = pend_z[src(0, ch)];
+    for (int64_t j = 1; j < n; ++j) m = pend_z[src(j, ch)] > m ? pend_z[src(j, ch)] : m;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) sum += expf(pend_z[src(j, ch)] - m);
+    float acc = 0.0f;
+    for (int64_t j = 0; j < n; ++j) acc += (expf(pend_z[src(j, ch)] - m) / sum) * pend_a[src(j, ch)];
+    ent[ch] = acc;
+    ss += acc * acc;
+  }
+  const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(d) + eps);
+  for (int64_t ch = threadIdx.x; ch < d; ch += kThreads) ent[ch] = c.norm[ch] * (ent[ch] * inv);
+  __syncthreads();
+  RopeRow(ent, d, rd, st->window_pos, freqs, false);
+  __syncthreads();
+  float* out = entries + static_cast<int64_t>(st->entry) * d;
+  for (int64_t ch = threadIdx.x; ch < d; ch += kThreads) out[ch] = ent[ch];
+}
+
+// Block (0, y): row0 + y's ring store; (1, y): its compressor; (2, y): the indexer's.
+__global__ void CacheRowsKernel(const RowCache* table, int64_t row0, const float* kv, int64_t d,
+                                int64_t window, RowSteps steps, CompressorRowArgs comp,
+                                CompressorRowArgs index_comp, const float* freqs, int64_t rd,
+                                float eps) {
+  const int64_t t = row0 + blockIdx.y;
+  const RowCache rc = table[t];
+  if (blockIdx.x == 0) {
+    const int64_t r = *RowField(steps.ring_row, steps.stride, t);
+    if (r >= 0)
+      for (int64_t c = threadIdx.x; c < d; c += kThreads) rc.keys[r * d + c] = kv[t * d + c];
+    return;
+  }
+  const CompressorStep* st = RowField(steps.comp, steps.stride, t);
+  if (blockIdx.x == 1)
+    CompressorRow(comp, t, rc.pend_a, rc.pend_z, rc.keys + window * d, st, freqs, rd, eps);
+  else
+    CompressorRow(index_comp, t, rc.ipend_a, rc.ipend_z, rc.ikeys, st, freqs, rd, eps);
+}
+
+constexpr int kIndexBlocks = 16;  // blocks scoring one row's keys
+constexpr int kTopKMaxN = static_cast<int>(kMaxIndexerEntries);
+
+// NaN ranks lowest.
+__device__ float RankKey(float v) { return v != v ? -INFINITY : v; }
+
+// Blocks (b, y) score keys b * 256 + tid, stepping 16 * 256, of row row0 + y; the row's last
+// block picks its top k: e is chosen when fewer than k keys come before it (score descending,
+// index ascending), then thread 0 writes the chosen ascending.
+__global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const float* iq,
+                                  const float* iw, int nh, int64_t di, float scale,
+                                  RowSteps steps, int k, int32_t* picks, int32_t* counters) {
+  __shared__ bool chosen[kTopKMaxN];
+  __shared__ bool last;
+  const int64_t t = row0 + blockIdx.y;
+  const RowCache rc = table[t];
+  if (rc.max_entries <= k) return;  // this sequence attends every entry
+  const int visible = *RowField(steps.visible, steps.stride, t);
+  const int n = max(0, min(visible, rc.max_entries));
+  const float* q = iq + t * nh * di;
+  const float* w = iw + t * nh;
+  for (int e = blockIdx.x * kThreads + threadIdx.x; e < n; e += kIndexBlocks * kThreads) {
+    const float* key = rc.ikeys + e * di;
+    float acc = 0.0f;
+    for (int h = 0; h < nh; ++h) {
+      float dot = 0.0f;
+      for (int64_t c = 0; c < di; ++c) dot += q[h * di + c] * key[c];
+      acc += ((dot > 0.0f ? dot : 0.0f) * scale) * w[h];
+    }
+    rc.score[e] = acc;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counters + t, 1) == kIndexBlocks - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) counters[t] = 0;
+  const volatile float* score = rc.score;
+  for (int e = threadIdx.x; e < n; e += kThreads) {
+    const float ke = RankKey(score[e]);
+    int before = 0;
+    for (int j = 0; j < n && before < k; ++j) {
+      const float kj = RankKey(score[j]);
+      if (kj > ke || (kj == ke && j < e)) ++before;
+    }
+    chosen[e] = before < k;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int m = 0;
+    for (int e = 0; e < n && m < k; ++e)
+      if (chosen[e]) picks[t * k + m++] = e;
+  }
+}
+
+// One block per (head h, row row0 + y): warp w takes keys w, w + 8, ...; per key the lanes
+// split the dot product, then the warp's online softmax (max m, sum l, acc [d]) moves on; the
+// warps merge in order, and the output is rotated back before it is written.
+__global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
+  __shared__ float acc[kWarps][kAttnMaxDim];
+  __shared__ float wm[kWarps], wl[kWarps];
+  __shared__ float o_s[kAttnMaxDim];
+  const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const RowCache rc = a.table[t];
+  const int32_t* win = RowField(a.steps.win, a.steps.stride, t);
+  const int64_t nwin = win[1], ne = a.entries ? *RowField(a.steps.entries, a.steps.stride, t) : 0;
+  const bool indexed = a.topk > 0 && rc.max_entries > a.topk;
+  const int64_t max_keys = a.window + (!a.entries ? 0 : indexed ? a.topk : rc.max_entries);
+  const int64_t counted = *RowField(a.steps.keys, a.steps.stride, t);
+  int64_t n = nwin + ne < max_keys ? nwin + ne : max_keys;
+  n = counted < n ? (counted < 0 ? 0 : counted) : n;
+  const int32_t* picks = indexed ? a.picks + t * a.topk : nullptr;
+  const float* qh = a.q + (t * a.nh + h) * d;
+  for (int64_t c = lane; c < d; c += 32) acc[warp][c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t i0 = 0; i0 < n; i0 += kWarps) {  // the same trip count in every warp
+    const int64_t i = i0 + warp;
+    const float* k = nullptr;
+    if (i < n) {
+      const int64_t row = i < nwin ? (win[0] + i) % a.window
+                                   : a.window + (picks ? picks[i - nwin] : i - nwin);
+      k = rc.keys + row * d;
+    }
+    float dot = 0.0f;
+    if (k)
+      for (int64_t c = lane; c < d; c += 32) dot += qh[c] * k[c];
+    const float s = WarpSum(dot) * a.scale;
+    if (!k) continue;
+    if (s > m) {  // a new max rescales what came before (exp(-inf) = 0 on the first key)
+      const float r = expf(m - s);
+      for (int64_t c = lane; c < d; c += 32) acc[warp][c] = acc[warp][c] * r + k[c];
+      l = l * r + 1.0f;
+      m = s;
+    } else {  // NaN scores land here and poison l and acc, as on the CPU
+      const float p = expf(s - m);
+      for (int64_t c = lane; c < d; c += 32) acc[warp][c] += p * k[c];
+      l += p;
+    }
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+  __syncthreads();
+  float mx = a.sink[h];
+  for (int w = 0; w < kWarps; ++w) mx = wm[w] > mx ? wm[w] : mx;
+  float den = expf(a.sink[h] - mx);
+  for (int w = 0; w < kWarps; ++w) den += wl[w] * expf(wm[w] - mx);
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w) v += acc[w][c] * expf(wm[w] - mx);
+    o_s[c] = v / den;
+  }
+  __syncthreads();
+  RopeRow(o_s, d, a.rd, a.pos[t], a.freqs, true);
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) a.o[(t * a.nh + h) * d + c] = o_s[c];
+}
+
+Status CheckRope(const char* op, int64_t d, int64_t rd) {
+  if (rd <= 0 || rd % 2 != 0 || rd > d)
+    return InvalidArgument(std::string(op) + ": rope dims " + std::to_string(rd) +
+                           " must be even, > 0 and <= the row width " + std::to_string(d));
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t HcFusedPartials(int64_t T, int64_t n, int64_t H) {
+  return (H + kHcCols - 1) / kHcCols * T * ((2 + n) * n + 1);
+}
+
+Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn,
+                 const float* base, const float* scale, const float* norm, int64_t T, int64_t n,
+                 int64_t H, int64_t iters, float hc_eps, float rms_eps, float* post, float* comb,
+                 float* y, float* partials, int32_t* counter) {
+  if (T < 0 || n < 1 || n > kHcMaxStreams || H < 1 || iters < 1)
+    return InvalidArgument("HcPostPre: tokens " + std::to_string(T) + ", hc streams " +
+                           std::to_string(n) + ", hidden " + std::to_string(H) + ", sinkhorn iters " +
+                           std::to_string(iters) + " (want tokens >= 0, streams in [1, " +
+                           std::to_string(kHcMaxStreams) + "], hidden >= 1, iters >= 1)");
+  if (T == 0) return Status::Ok();
+  if (!x || !fn || !base || !scale || !norm || !post || !comb || !y || !partials || !counter ||
+      (out && !x_new))
+    return InvalidArgument("HcPostPre: null device pointer");
+  if (out && x_new == x) return InvalidArgument("HcPostPre: x_new must not alias x");
+  const HcArgs a{x, out, x_new, fn, base, scale, norm, static_cast<int>(T), static_cast<int>(n),
+                 H, static_cast<int>(iters), hc_eps, rms_eps, post, comb, y, partials, counter};
+  HcPostPreKernel<<<static_cast<unsigned>((H + kHcCols - 1) / kHcCols), kThreads, 0,
+                    CurrentStream()>>>(a);
+  return LaunchStatus("HcPostPreKernel");
+}
+
+Status AttnPrep(const AttnPrepArgs& a, int64_t T) {
+  if (T < 0 || a.nh < 1 || a.d < 1 || (a.iq && (a.ni < 1 || a.di < 1)))
+    return InvalidArgument("AttnPrep: tokens " + std::to_string(T) + ", heads " +
+                           std::to_string(a.nh) + " x " + std::to_string(a.d) + ", indexer heads " +
+                           std::to_string(a.ni) + " x " + std::to_string(a.di));
+  FM_RETURN_IF_ERROR(CheckRope("AttnPrep", a.iq && a.di < a.d ? a.di : a.d, a.rd));
+  if (T == 0) return Status::Ok();
+  if (!a.q || !a.kv || !a.kv_norm || !a.pos || !a.freqs || (a.iq && !a.iw))
+    return InvalidArgument("AttnPrep: null device pointer");
+  const int64_t blocks = T * (a.nh + 1 + (a.iq ? a.ni : 0));
+  AttnPrepKernel<<<static_cast<unsigned>(blocks), kThreads, 0, CurrentStream()>>>(
+      a, static_cast<int>(T));
+  return LaunchStatus("AttnPrepKernel");
+}
+
+Status CheckRows(const char* op, const RowCache* table, int64_t row0, int64_t rows) {
+  if (row0 < 0 || rows < 0 || rows > 65535)
+    return InvalidArgument(std::string(op) + ": rows [" + std::to_string(row0) + ", +" +
+                           std::to_string(rows) + ") (want row0 >= 0, 0 <= rows <= 65535)");
+  if (rows > 0 && !table) return InvalidArgument(std::string(op) + ": null row table");
+  return Status::Ok();
+}
+
+Status CacheRows(const RowCache* table, int64_t row0, int64_t rows, const float* kv, int64_t d,
+                 int64_t window, const RowSteps& steps, const CompressorRowArgs* comp,
+                 const CompressorRowArgs* index_comp, const float* freqs, int64_t rd, float eps) {
+  FM_RETURN_IF_ERROR(CheckRows("CacheRows", table, row0, rows));
+  if (d < 1 || window < 1)
+    return InvalidArgument("CacheRows: head_dim " + std::to_string(d) + ", window " +
+                           std::to_string(window) + " (want both >= 1)");
+  if (index_comp && !comp) return InvalidArgument("CacheRows: index compressor without compressor");
+  if (!kv || !steps.ring_row) return InvalidArgument("CacheRows: null device pointer");
+  for (const CompressorRowArgs* c : {comp, index_comp}) {
+    if (!c) continue;
+    if (c->ratio < 1 || c->dim < 1 || c->dim > kMaxEntryDim)
+      return InvalidArgument("CacheRows: compressor ratio " + std::to_string(c->ratio) + ", dim " +
+                             std::to_string(c->dim) + " (want ratio >= 1, dim in [1, " +
+                             std::to_string(kMaxEntryDim) + "])");
+    FM_RETURN_IF_ERROR(CheckRope("CacheRows", c->dim, rd));
+    if (!c->a || !c->z || !c->ape || !c->norm || !steps.comp || !freqs)
+      return InvalidArgument("CacheRows: null device pointer in a compressor");
+  }
+  if (comp && comp->dim != d)
+    return InvalidArgument("CacheRows: compressor dim " + std::to_string(comp->dim) +
+                           " != head_dim " + std::to_string(d));
+  if (rows == 0) return Status::Ok();
+  const dim3 grid(1 + (comp ? 1 : 0) + (index_comp ? 1 : 0), static_cast<unsigned>(rows));
+  const CompressorRowArgs none{};
+  CacheRowsKernel<<<grid, kThreads, 0, CurrentStream()>>>(
+      table, row0, kv, d, window, steps, comp ? *comp : none, index_comp ? *index_comp : none,
+      freqs, rd, eps);
+  return LaunchStatus("CacheRowsKernel");
+}
+
+Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
+                   const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
+                   int64_t k, int32_t* picks, int32_t* counters) {
+  FM_RETURN_IF_ERROR(CheckRows("IndexerTopK", table, row0, rows));
+  if (nh < 1 || di < 1 || k < 1)
+    return InvalidArgument("IndexerTopK: heads " + std::to_string(nh) + ", head_dim " +
+                           std::to_string(di) + ", k " + std::to_string(k) + " (want all >= 1)");
+  if (rows == 0) return Status::Ok();
+  if (!iq || !iw || !steps.visible || !picks || !counters)
+    return InvalidArgument("IndexerTopK: null device pointer");
+  IndexerTopKKernel<<<dim3(kIndexBlocks, static_cast<unsigned>(rows)), kThreads, 0,
+                      CurrentStream()>>>(table, row0, iq, iw, static_cast<int>(nh), di, scale,
+                                         steps, static_cast<int>(k), picks, counters);
+  return LaunchStatus("IndexerTopKKernel");
+}
+
+Status SinkAttentionRows(const AttentionArgs& a, int64_t row0, int64_t rows) {
+  FM_RETURN_IF_ERROR(CheckRows("SinkAttentionRows", a.table, row0, rows));
+  if (a.nh < 0 || a.d < 1 || a.d > kAttnMaxDim || a.window < 1 || a.topk < 0)
+    return InvalidArgument("SinkAttentionRows: heads " + std::to_string(a.nh) + ", head_dim " +
+                           std::to_string(a.d) + ", window " + std::to_string(a.window) +
+                           ", topk " + std::to_string(a.topk) + " (want head_dim in [1, " +
+                           std::to_string(kAttnMaxDim) + "], window >= 1, topk >= 0)");
+  FM_RETURN_IF_ERROR(CheckRope("SinkAttentionRows", a.d, a.rd));
+  if (a.nh == 0 || rows == 0) return Status::Ok();
+  if (!a.q || !a.steps.win || !a.steps.keys || (a.entries && !a.steps.entries) ||
+      (a.topk > 0 && !a.picks) || !a.sink || !a.pos || !a.freqs || !a.o)
+    return InvalidArgument("SinkAttentionRows: null device pointer");
+  SinkAttentionRowsKernel<<<dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(rows)),
+                            kThreads, 0, CurrentStream()>>>(a, row0);
+  return LaunchStatus("SinkAttentionRowsKernel");
+}
+
+}  // namespace fm::cuda
