@@ -197,6 +197,51 @@ TEST_F(HttpApiTest, CompletionsWithTextAndTokenPrompts) {
   EXPECT_EQ(ParseBody(r)["choices"][0]["text"], text_want.text);
 }
 
+// Every SSE event's JSON object, in order ([DONE] excluded).
+std::vector<Json> Events(const std::string& body) {
+  std::vector<Json> out;
+  for (size_t p = 0; (p = body.find("data: {", p)) != std::string::npos; ++p)
+    out.push_back(Json::parse(body.substr(p + 6, body.find("\n\n", p) - p - 6)));
+  return out;
+}
+
+TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
+  auto stub = Connect(cluster_->api());
+  Generation want = Generate(stub.get(), GreedyText("hello world", 5));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  Json body = ChatBody("hello world", 5);
+  body["stream"] = true;
+  body["logprobs"] = true;
+  body["top_logprobs"] = 1;
+  HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::vector<Json> events = Events(r.body);
+  ASSERT_EQ(events.size(), 1u + 5 + 1) << r.body;
+  for (size_t i = 0; i < 5; ++i) {
+    const Json& lp = events[1 + i]["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(lp.size(), 1u) << events[1 + i];
+    EXPECT_EQ(static_cast<float>(lp[0]["logprob"].get<double>()), want.logprobs[i]);
+    ASSERT_EQ(lp[0]["top_logprobs"].size(), 1u);
+    EXPECT_EQ(lp[0]["top_logprobs"][0]["token"], lp[0]["token"]);
+  }
+
+  Generation ids_want = Generate(stub.get(), TokensRequest({9, 8, 7}, 6));
+  ASSERT_TRUE(ids_want.status.ok()) << ids_want.status.error_message();
+  Json c = {{"prompt", {9, 8, 7}}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+  r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  events = Events(r.body);
+  ASSERT_EQ(events.size(), 6u + 1) << "one per token, then the finish";
+  std::string text;
+  for (const auto& e : events) {
+    EXPECT_EQ(e["object"], "text_completion");
+    text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, ids_want.text);
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
+}
+
 TEST_F(HttpApiTest, StopStringIsCutFromTheText) {
   auto stub = Connect(cluster_->api());
   Generation full = Generate(stub.get(), GreedyText("hello world", 24));
@@ -220,8 +265,7 @@ TEST_F(HttpApiTest, StopStringIsCutFromTheText) {
       text = j["choices"][0]["message"]["content"];
       finish = j["choices"][0]["finish_reason"];
     } else {
-      for (size_t p = 0; (p = r.body.find("data: {", p)) != std::string::npos; ++p) {
-        Json c = Json::parse(r.body.substr(p + 6, r.body.find("\n\n", p) - p - 6));
+      for (const Json& c : Events(r.body)) {
         if (c["choices"][0]["delta"].contains("content")) text += c["choices"][0]["delta"]["content"].get<std::string>();
         if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
       }
