@@ -5,8 +5,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/log.h"
-
 namespace fm {
 namespace {
 
@@ -73,7 +71,6 @@ struct HttpApi::Job {
   RequestMeter meter;
   std::string id;
   std::time_t created = 0;
-  int32_t prompt_tokens = 0;
   std::string text;     // decoded so far
   size_t sent = 0;      // bytes of text already streamed
   size_t hold = 0;      // longest stop string - 1
@@ -207,7 +204,6 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   job.req = std::move(decoded).value();
   auto params = ToParams(job.req);
   if (!params.ok()) return fail(params.status());
-  job.prompt_tokens = static_cast<int32_t>(params->prompt.size());
   for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());

@@ -11,7 +11,6 @@
 
 #include <boost/asio/ip/tcp.hpp>
 
-#include "common/log.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/openai_request.h"
 
