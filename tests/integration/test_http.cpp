@@ -9,11 +9,13 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/http_client.h"
 
@@ -433,6 +435,27 @@ TEST_F(HttpApiTest, HealthFollowsTheCluster) {
   EXPECT_TRUE(Eventually([&] { return HttpCall(port(), "GET", "/health").status == 200; }, 60s)) << cluster_->Logs();
   EXPECT_TRUE(Eventually([&] { return GrpcHealth(cluster_->api(), inference) == HealthCheckResponse::SERVING; }, 5s));
   EXPECT_EQ(HttpCall(port(), "POST", "/v1/chat/completions", ChatBody("back", 2).dump()).status, 200);
+}
+
+TEST_F(HttpApiTest, GrpcReflectionListsTheServices) {
+  auto channel = grpc::CreateChannel(cluster_->api(), grpc::InsecureChannelCredentials());
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("");
+  ASSERT_TRUE(stream->Write(req));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::set<std::string> names;
+  for (const auto& s : resp.list_services_response().service()) names.insert(s.name());
+  EXPECT_TRUE(names.count("flashmesh.v1.Inference")) << resp.DebugString();
+  EXPECT_TRUE(names.count("grpc.health.v1.Health")) << resp.DebugString();
+  while (stream->Read(&resp)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 // The official `openai` npm package (installed by .ci/run into .npm/) streams a chat completion.
