@@ -135,6 +135,11 @@ void PrintUsage(FILE* f) {
     std::string left = std::string(fl.name) + (fl.value ? std::string(" ") + fl.value : "");
     std::fprintf(f, "  %-22s %s\n", left.c_str(), fl.help);
   }
+  std::fprintf(f,
+               "\nThe same cluster speaks OpenAI's HTTP API when coordinator.http (or serve --http) is set:\n"
+               "  curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+               "    -d '{\"model\": \"flashmesh\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'\n"
+               "  (any OpenAI client with base URL http://127.0.0.1:8080/v1; docs/api.md, README)\n");
 }
 
 Result<std::vector<int32_t>> ParseIds(const std::string& s) {

@@ -1,5 +1,5 @@
-// flashmesh serve --model DIR [--listen ADDR]: single process, coordinator + one in-process
-// worker holding the whole model; the reference every distributed run is compared with.
+// flashmesh serve --model DIR [--listen ADDR] [--http ADDR]: single process, coordinator + one
+// in-process worker holding the whole model; the reference every distributed run is compared with.
 #include <cstdio>
 #include <thread>
 
@@ -15,13 +15,15 @@ namespace fm::cli {
 
 int CmdServe(int argc, char** argv) {
   const char* usage =
-      "usage: flashmesh serve --model DIR [--listen HOST:PORT] [--max-batch N]\n"
+      "usage: flashmesh serve --model DIR [--listen HOST:PORT] [--http HOST:PORT] [--max-batch N]\n"
       "                       [--max-context N] [--max-tokens N] [--max-queue N]\n"
       "                       [--threads N] [--token-file FILE] [--log-level LEVEL]\n"
       "  one process: the coordinator plus one worker holding every layer. --listen defaults\n"
-      "  to 127.0.0.1:7070; port 0 picks a free port (printed as 'listening on HOST:PORT').\n";
+      "  to 127.0.0.1:7070; port 0 picks a free port (printed as 'listening on HOST:PORT').\n"
+      "  --http: also serve the OpenAI-compatible HTTP API, /health and /metrics there\n"
+      "  (printed as 'http listening on HOST:PORT').\n";
   auto flags = Flags::Parse(argc, argv,
-                            {"model", "listen", "max-batch", "max-context", "max-tokens",
+                            {"model", "listen", "http", "max-batch", "max-context", "max-tokens",
                              "max-queue", "threads", "token-file", "log-level"},
                             {"help"});
   if (!flags.ok()) {
@@ -42,6 +44,7 @@ int CmdServe(int argc, char** argv) {
   }
   CoordinatorSetup setup;
   setup.listen = flags->Get("listen", "127.0.0.1:7070");
+  setup.http = flags->Get("http");
   setup.model_dir = flags->Get("model");
   auto model = LoadModelConfig(setup.model_dir + "/config.json");
   if (!model.ok()) {
@@ -110,6 +113,11 @@ int CmdServe(int argc, char** argv) {
   std::string host = flags->Get("listen", "127.0.0.1:7070");
   host = host.substr(0, host.rfind(':'));
   std::printf("listening on %s:%d\n", host.c_str(), (*coord)->port());
+  if (!flags->Get("http").empty()) {
+    std::string http_host = flags->Get("http");
+    http_host = http_host.substr(0, http_host.rfind(':'));
+    std::printf("http listening on %s:%d\n", http_host.c_str(), (*coord)->http_port());
+  }
   std::fflush(stdout);
   int sig = WaitForShutdownSignal();
   FM_LOG(kInfo, "serve") << "stopping (signal " << sig << ")";

@@ -39,9 +39,9 @@ Result<std::vector<std::string>> ReadApiTokens(const std::string& path) {
 }
 
 ApiService::ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Cluster* cluster,
-                       Scheduler* scheduler, ApiOptions options)
+                       Scheduler* scheduler, Metrics* metrics, ApiOptions options)
     : model_(model), tokenizer_(tokenizer), cluster_(cluster), scheduler_(scheduler),
-      options_(std::move(options)) {}
+      metrics_(metrics), options_(std::move(options)) {}
 
 Status ApiService::Authenticate(grpc::ServerContext* ctx) const {
   if (options_.api_tokens.empty()) return Status::Ok();
@@ -121,28 +121,39 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
 
 grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1::GenerateRequest* req,
                                   grpc::ServerWriter<flashmesh::v1::GenerateResponse>* writer) {
-  if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
+  RequestMeter meter(metrics_, "grpc");
+  auto fail = [&](const Status& s) {
+    meter.Failed(s);
+    return ToGrpc(s);
+  };
+  if (Status a = Authenticate(ctx); !a.ok()) return fail(a);
   auto params = Validate(*req);
-  if (!params.ok()) return ToGrpc(params.status());
+  if (!params.ok()) return fail(params.status());
   auto stream = scheduler_->Submit(std::move(params).value());
-  if (!stream.ok()) return ToGrpc(stream.status());
+  if (!stream.ok()) return fail(stream.status());
   RequestStream::Event ev;
+  flashmesh::v1::Finish cancelled;
+  cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
   while (true) {
     if (ctx->IsCancelled()) {
       (*stream)->Cancel();
+      meter.Finished(cancelled);
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     }
     if (!(*stream)->Pop(&ev, kPollInterval)) continue;
     flashmesh::v1::GenerateResponse out;
-    if (ev.kind == RequestStream::Event::kError) return ToGrpc(ev.error);
+    if (ev.kind == RequestStream::Event::kError) return fail(ev.error);
     if (ev.kind == RequestStream::Event::kToken) {
+      meter.Token();
       *out.mutable_token() = ev.token;
       if (!writer->Write(out)) {
         (*stream)->Cancel();
+        meter.Finished(cancelled);
         return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       }
       continue;
     }
+    meter.Finished(ev.finish);
     *out.mutable_finish() = ev.finish;
     writer->Write(out);
     return grpc::Status::OK;

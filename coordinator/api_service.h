@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "coordinator/cluster.h"
+#include "coordinator/metrics.h"
 #include "coordinator/scheduler.h"
 #include "flashmesh/v1/api.grpc.pb.h"
 #include "model/config.h"
@@ -25,7 +26,7 @@ struct ApiOptions {
 class ApiService final : public flashmesh::v1::Inference::Service {
  public:
   ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Cluster* cluster,
-             Scheduler* scheduler, ApiOptions options);
+             Scheduler* scheduler, Metrics* metrics, ApiOptions options);
 
   grpc::Status Generate(grpc::ServerContext* ctx, const flashmesh::v1::GenerateRequest* req,
                         grpc::ServerWriter<flashmesh::v1::GenerateResponse>* writer) override;
@@ -44,6 +45,7 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   const Tokenizer* tokenizer_;
   Cluster* cluster_;
   Scheduler* scheduler_;
+  Metrics* metrics_;
   ApiOptions options_;
 };
 

@@ -169,6 +169,8 @@ Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConf
     return Status::Ok();
   };
   FM_RETURN_IF_ERROR(claim(cfg.coordinator.listen, "coordinator.listen", root["coordinator"]["listen"]));
+  if (cfg.coordinator.http)
+    FM_RETURN_IF_ERROR(claim(*cfg.coordinator.http, "coordinator.http", root["coordinator"]["http"]));
   for (size_t i = 0; i < cfg.nodes.size(); ++i) {
     const std::string path = "nodes[" + std::to_string(i) + "]";
     const YAML::Node n = root["nodes"][i];
@@ -186,9 +188,12 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
   FM_ASSIGN_OR_RETURN(cfg->model, p.Path(model, "model"));
 
   FM_ASSIGN_OR_RETURN(const YAML::Node coord, p.Required(root, "", "coordinator"));
-  FM_RETURN_IF_ERROR(p.Keys(coord, "coordinator", {"listen"}));
+  FM_RETURN_IF_ERROR(p.Keys(coord, "coordinator", {"listen", "http"}));
   FM_ASSIGN_OR_RETURN(const YAML::Node listen, p.Required(coord, "coordinator", "listen"));
   FM_ASSIGN_OR_RETURN(cfg->coordinator.listen, p.Address(listen, "coordinator.listen"));
+  if (const YAML::Node http = coord["http"]; http.IsDefined() && !http.IsNull()) {
+    FM_ASSIGN_OR_RETURN(cfg->coordinator.http, p.Address(http, "coordinator.http"));
+  }
 
   if (const YAML::Node par = root["parallel"]; par.IsDefined() && !par.IsNull()) {
     if (par.IsScalar()) {

@@ -3,7 +3,7 @@
 // and names the key, e.g. "gb10x2.yaml:7:5: nodes[1].memory_gib: expected a number, got 'lots'".
 //
 //   model: DIR                       required; relative paths resolve against the YAML's dir
-//   coordinator: { listen: H:P }     required
+//   coordinator: { listen: H:P, http: H:P }   listen required; http (OpenAI API) optional
 //   parallel: auto | { pipeline_stages: S, expert_parallel: K }      default auto
 //   transport: tcp | nccl            default tcp
 //   activation_dtype: f32 | bf16     stage-to-stage frames; default f32 (bit-exact)
@@ -13,6 +13,7 @@
 //   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,8 @@ struct HeartbeatConfig {
 };
 
 struct CoordinatorConfig {
-  HostPort listen;
+  HostPort listen;                 // gRPC API
+  std::optional<HostPort> http;    // HTTP API (OpenAI-compatible, /health, /metrics); none when unset
 };
 
 struct ClusterConfig {

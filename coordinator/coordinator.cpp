@@ -1,6 +1,8 @@
 #include "coordinator/coordinator.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +15,7 @@ namespace fm {
 Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::string& model_override) {
   CoordinatorSetup s;
   s.listen = cfg.coordinator.listen.ToString();
+  if (cfg.coordinator.http) s.http = cfg.coordinator.http->ToString();
   s.model_dir = model_override.empty() ? cfg.model : model_override;
   FM_ASSIGN_OR_RETURN(s.model, LoadModelConfig(s.model_dir + "/config.json"));
   FM_ASSIGN_OR_RETURN(s.plan, PlanShards(s.model, cfg));
@@ -57,9 +60,26 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorSetup setup) 
   }
   c->cluster_ = std::make_unique<Cluster>(s.plan, s.addresses, s.cluster);
   c->scheduler_ = std::make_unique<Scheduler>(c->cluster_.get(), c->tokenizer_.get(), s.limits);
+  c->scheduler_->SetStepObserver([m = &c->metrics_](const std::string& node, double seconds) {
+    m->StepLatency(node, seconds);
+  });
   c->api_ = std::make_unique<ApiService>(s.model, c->tokenizer_.get(), c->cluster_.get(),
-                                         c->scheduler_.get(), s.api);
+                                         c->scheduler_.get(), &c->metrics_, s.api);
+  // Process-wide switches of gRPC, read when the server is built.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   FM_ASSIGN_OR_RETURN(c->server_, StartGrpcServer(s.listen, c->api_.get(), &c->port_));
+  if (!s.http.empty()) {
+    c->http_api_ = std::make_unique<HttpApi>(c->tokenizer_.get(), c->cluster_.get(), c->scheduler_.get(),
+                                             c->api_.get(), &c->metrics_, s.api);
+    FM_ASSIGN_OR_RETURN(c->http_server_,
+                        HttpServer::Start(s.http, s.http_limits, [api = c->http_api_.get()](
+                                                                     const HttpRequest& req, HttpResponder* out) {
+                          api->Handle(req, out);
+                        }));
+    FM_LOG(kInfo, "coordinator") << "HTTP API on port " << c->http_server_->port();
+  }
+  c->health_thread_ = std::thread([p = c.get()] { p->WatchHealth(); });
   c->cluster_->Start();
   FM_LOG(kInfo, "coordinator") << "serving " << s.model_dir << " on port " << c->port_ << ": "
                                << s.plan.pipeline_stages << " stage(s), " << s.plan.workers.size()
@@ -67,7 +87,30 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorSetup setup) 
   return c;
 }
 
+void Coordinator::WatchHealth() {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  std::unique_lock<std::mutex> lock(health_mu_);
+  bool first = true, serving = false;
+  while (!stopping_) {
+    const bool ready = cluster_->Ready().ok();
+    if (first || ready != serving) {
+      health->SetServingStatus(ready);   // "" (the server as a whole)
+      health->SetServingStatus(flashmesh::v1::Inference::service_full_name(), ready);
+      serving = ready;
+      first = false;
+    }
+    health_cv_.wait_for(lock, std::chrono::milliseconds(100));
+  }
+}
+
 void Coordinator::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    stopping_ = true;
+  }
+  health_cv_.notify_all();
+  if (health_thread_.joinable()) health_thread_.join();
+  if (http_server_) http_server_->Shutdown();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 

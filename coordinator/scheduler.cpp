@@ -116,7 +116,9 @@ void Scheduler::Loop() {
     }
     Status ready = cluster_->Ready();
     if (!ready.ok()) {
-      if (!live_.empty() || !in_flight_.empty()) FailAll(ready);
+      // Also when idle: a node that comes back has forgotten the step order (prev_step_id),
+      // so the survivors must forget it too or the next step waits for one it never saw.
+      if (!live_.empty() || !in_flight_.empty() || last_step_id_ != 0) FailAll(ready);
       std::deque<std::unique_ptr<Request>> queued;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -231,8 +233,13 @@ void Scheduler::Launch() {
       StepCall::PerNode* pn = call->nodes[i].get();
       ++outstanding_rpcs_;
       pn->ctx.set_deadline(std::chrono::system_clock::now() + kStepTimeout);
+      const auto sent = std::chrono::steady_clock::now();
+      NodeHandle* node = nodes[i].get();
       nodes[i]->stub()->async()->StepBatch(&pn->ctx, &pn->req, &pn->resp,
-                                           [this, call, pn](grpc::Status s) {
+                                           [this, call, pn, sent, node](grpc::Status s) {
+                                             if (step_observer_ && s.ok())
+                                               step_observer_(node->name(), std::chrono::duration<double>(
+                                                   std::chrono::steady_clock::now() - sent).count());
                                              {
                                                std::lock_guard<std::mutex> lock(call->mu);
                                                pn->status = std::move(s);

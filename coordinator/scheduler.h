@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,11 @@ class Scheduler {
   Result<std::shared_ptr<RequestStream>> Submit(GenerateParams params);
   int active() const { return active_count_; }
   int queued() const { return queued_count_; }
+  // Called with each StepBatch round trip (node name, seconds) from gRPC's callback threads;
+  // set it before the first Submit.
+  void SetStepObserver(std::function<void(const std::string& node, double seconds)> fn) {
+    step_observer_ = std::move(fn);
+  }
 
  private:
   struct Request {
@@ -116,6 +122,7 @@ class Scheduler {
   uint64_t last_step_id_ = 0;         // the step launched last; 0 after a reset
   std::atomic<int> active_count_{0}, queued_count_{0};
   std::atomic<int> outstanding_rpcs_{0};
+  std::function<void(const std::string&, double)> step_observer_;
   std::thread thread_;
 };
 

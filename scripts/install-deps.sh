@@ -9,6 +9,7 @@ PKGS=(
   libboost-dev                      # Boost.Asio (header-only)
   libboost-context-dev              # fibers of the CUDA emulation (tests/gpu/emulate.sh)
   libssl-dev                        # libcrypto: HMAC-SHA256 data-plane authentication
+  prometheus-cpp-dev                # /metrics: registry + text exposition format
   libyaml-cpp-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
@@ -16,8 +17,12 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js + npm run the official `openai` client in the HTTP API test; a machine that already
+# has them (e.g. from NodeSource, whose nodejs bundles npm) keeps its own.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PKGS[@]} packages present"
+  echo "install-deps: all ${#PKGS[@]} packages and node/npm present"
   exit 0
 fi
 SUDO=""

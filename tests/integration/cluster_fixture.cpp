@@ -139,8 +139,11 @@ const std::string& SmallModel() {
 Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
   api_port_ = FreePort();
   std::ostringstream y;
+  if (spec.http) http_port_ = FreePort();
   y << "model: " << SmallModel() << "\n"
-    << "coordinator: { listen: 127.0.0.1:" << api_port_ << " }\n"
+    << "coordinator: { listen: 127.0.0.1:" << api_port_;
+  if (spec.http) y << ", http: 127.0.0.1:" << http_port_;
+  y << " }\n"
     << "parallel: { pipeline_stages: " << spec.stages
     << ", expert_parallel: " << spec.expert_parallel << " }\n"
     << "transport: " << spec.transport << "\n"

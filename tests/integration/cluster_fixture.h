@@ -66,6 +66,7 @@ struct ClusterSpec {
   std::string transport = "tcp";                     // "nccl": node i on cuda:(i % gpus)
   std::string device = "cpu";                        // every node's device with transport tcp
   int gpus = 1;
+  bool http = false;                                 // coordinator.http on a fresh port
 };
 
 // A cluster: YAML, one worker process per plan slot (stage-major), and the coordinator.
@@ -76,6 +77,7 @@ class Cluster {
   // security.cluster_secret_file (rewrite it before StartWorker to give a worker another secret).
   std::string secret_file() const { return dir_.path() + "/cluster.secret"; }
   std::string api() const { return "127.0.0.1:" + std::to_string(api_port_); }
+  int http_port() const { return http_port_; }   // 0 without spec.http
   std::string node(int i) const { return "w" + std::to_string(i); }
   void StartWorker(int i);
   void StartCoordinator();
@@ -90,6 +92,7 @@ class Cluster {
   ClusterSpec spec_;
   std::string yaml_;
   int api_port_ = 0;
+  int http_port_ = 0;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<Process> coordinator_;
 };

@@ -152,6 +152,19 @@ TEST(ClusterConfig, DuplicateNamesAndAddresses) {
               "nodes[0].control: address 127.0.0.1:7070 is already used by coordinator.listen");
   ExpectError(Edit("transport: tcp\n", "transport: tcp\ntransport: nccl\n"), 5,
               "transport: duplicate key");
+  ExpectError(Edit("{ listen: 127.0.0.1:7070 }", "{ listen: 127.0.0.1:7070, http: 127.0.0.1:7070 }"), 2,
+              "coordinator.http: address 127.0.0.1:7070 is already used by coordinator.listen");
+}
+
+TEST(ClusterConfig, CoordinatorHttpIsOptional) {
+  auto none = Parse(kGood);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->coordinator.http.has_value());
+  auto http = Parse(Edit("{ listen: 127.0.0.1:7070 }", "{ listen: 127.0.0.1:7070, http: 0.0.0.0:8080 }"));
+  ASSERT_TRUE(http.ok()) << http.status().ToString();
+  ASSERT_TRUE(http->coordinator.http.has_value());
+  EXPECT_EQ(http->coordinator.http->ToString(), "0.0.0.0:8080");
+  ExpectError(Edit("{ listen: 127.0.0.1:7070 }", "{ listen: 127.0.0.1:7070, http: 8080 }"), 2, "coordinator.http");
 }
 
 TEST(ClusterConfig, BadValues) {

@@ -1,0 +1,334 @@
+#include "coordinator/http_api.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace fm {
+namespace {
+
+using Json = nlohmann::json;
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+const char* FinishName(flashmesh::v1::FinishReason r) {
+  return r == flashmesh::v1::FINISH_REASON_LENGTH ? "length" : "stop";
+}
+
+Json Usage(const flashmesh::v1::Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens()},
+          {"completion_tokens", u.completion_tokens()},
+          {"total_tokens", u.prompt_tokens() + u.completion_tokens()}};
+}
+
+void ReplyError(HttpResponder* out, const Status& s) {
+  OpenAiError e = ErrorFromStatus(s);
+  HttpResponder::Headers extra;
+  if (e.http_status == 429 || e.http_status == 503) extra.emplace_back("Retry-After", "1");
+  if (e.http_status == 401) extra.emplace_back("WWW-Authenticate", "Bearer");
+  out->Reply(e.http_status, "application/json", e.ToJson(), extra);
+}
+
+// The length of `text` that can be sent while `hold` trailing bytes might still become part of
+// a stop string, backed off to a UTF-8 character boundary.
+size_t Releasable(const std::string& text, size_t hold, size_t sent) {
+  size_t n = text.size() > hold ? text.size() - hold : 0;
+  while (n > sent && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  return std::max(n, sent);
+}
+
+// The logprobs entry of one token: chat's {token, logprob, bytes, top_logprobs} (the chosen
+// token is the only alternative the workers report) or completions' parallel arrays.
+Json ChatLogprob(const std::string& token, float logprob, int64_t top) {
+  Json bytes = Json::array();
+  for (unsigned char c : token) bytes.push_back(c);
+  Json e = {{"token", token}, {"logprob", logprob}, {"bytes", bytes}, {"top_logprobs", Json::array()}};
+  if (top > 0) e["top_logprobs"].push_back({{"token", token}, {"logprob", logprob}, {"bytes", bytes}});
+  return e;
+}
+
+Json CompletionLogprobs(const Json& entries, size_t offset0) {
+  Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
+  size_t offset = offset0;
+  for (const auto& e : entries) {
+    tokens.push_back(e["token"]);
+    lps.push_back(e["logprob"]);
+    tops.push_back(Json{{e["token"].get<std::string>(), e["logprob"]}});
+    offsets.push_back(offset);
+    offset += e["token"].get<std::string>().size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+}  // namespace
+
+// One generation request: what it asked for, its stream, and what it produced so far.
+struct HttpApi::Job {
+  OpenAiRequest req;
+  std::shared_ptr<RequestStream> stream;
+  RequestMeter meter;
+  std::string id;
+  std::time_t created = 0;
+  std::string text;     // decoded so far
+  size_t sent = 0;      // bytes of text already streamed
+  size_t hold = 0;      // longest stop string - 1
+  Json logprobs = Json::array();   // entries of the tokens not yet streamed (all when not streaming)
+  explicit Job(Metrics* m) : meter(m, "http") {}
+  // The fields every response object and stream chunk starts with.
+  Json Envelope(const std::string& object, const std::string& model) const {
+    return {{"id", id}, {"object", object}, {"created", created}, {"model", model}};
+  }
+};
+
+HttpApi::HttpApi(const Tokenizer* tokenizer, Cluster* cluster, Scheduler* scheduler,
+                 const ApiService* grpc_api, Metrics* metrics, ApiOptions options)
+    : tokenizer_(tokenizer), cluster_(cluster), scheduler_(scheduler), grpc_api_(grpc_api),
+      metrics_(metrics), options_(std::move(options)) {}
+
+void HttpApi::Handle(const HttpRequest& req, HttpResponder* out) {
+  struct Route { const char* path; const char* method; };
+  static const Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
+                                  {"/v1/models", "GET"}, {"/health", "GET"}, {"/metrics", "GET"}};
+  const Route* route = nullptr;
+  for (const auto& r : kRoutes)
+    if (req.path == r.path) route = &r;
+  if (!route) return ReplyError(out, NotFound("path: " + req.path + " is not an endpoint of this server"));
+  if (req.method != route->method) {
+    OpenAiError e = ErrorFromStatus(InvalidArgument("method: " + req.method + " (" + req.path + " takes " + route->method + ")"));
+    out->Reply(405, "application/json", e.ToJson(), {{"Allow", route->method}});
+    return;
+  }
+  // Probes and scrapers carry no API token (as vLLM's /health and /metrics).
+  if (req.path == std::string("/health")) return Health(out);
+  if (req.path == std::string("/metrics")) {
+    out->Reply(200, "text/plain; version=0.0.4; charset=utf-8", metrics_->Render(cluster_, scheduler_));
+    return;
+  }
+  if (Status a = Authenticate(req); !a.ok()) {
+    metrics_->Failed("http", a);
+    return ReplyError(out, a);
+  }
+  if (req.path == std::string("/v1/models")) return Models(out);
+  Generate(req, out, req.path == std::string("/v1/chat/completions"));
+}
+
+Status HttpApi::Authenticate(const HttpRequest& req) const {
+  if (options_.api_tokens.empty()) return Status::Ok();
+  std::string value = req.Header("authorization");
+  if (value.empty()) return Unauthenticated("missing 'Authorization: Bearer <token>' header");
+  const std::string prefix = "Bearer ";
+  if (value.rfind(prefix, 0) == 0) {
+    std::string token = value.substr(prefix.size());
+    for (const auto& t : options_.api_tokens)
+      if (t == token) return Status::Ok();
+  }
+  return Unauthenticated("invalid bearer token");
+}
+
+void HttpApi::Health(HttpResponder* out) const {
+  Status ready = cluster_->Ready();
+  if (ready.ok()) {
+    out->Reply(200, "application/json", Dump({{"status", "ok"}}));
+  } else {
+    out->Reply(503, "application/json", Dump({{"status", "unavailable"}, {"reason", ready.message()}}));
+  }
+}
+
+void HttpApi::Models(HttpResponder* out) const {
+  Json model = {{"id", options_.model_name}, {"object", "model"}, {"created", started_},
+                {"owned_by", "flashmesh"}, {"max_model_len", options_.max_context}};
+  out->Reply(200, "application/json", Dump({{"object", "list"}, {"data", Json::array({model})}}));
+}
+
+Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
+  flashmesh::v1::GenerateRequest g;
+  const std::string input = r.chat ? "messages" : "prompt";
+  if (r.chat || r.prompt_ids.empty()) {
+    if (!tokenizer_) return InvalidArgument(input + ": this model has no tokenizer.json; send prompt as token ids");
+    std::string text;
+    if (r.chat) {
+      FM_ASSIGN_OR_RETURN(text, tokenizer_->ApplyChatTemplate(r.messages));
+    } else {   // a completion continues BOS + the prompt, as vLLM does
+      FM_ASSIGN_OR_RETURN(std::string bos, tokenizer_->TokenBytes(tokenizer_->bos_id()));
+      text = bos + r.prompt;
+    }
+    auto ids = tokenizer_->Encode(text);
+    if (!ids.ok()) return ids.status().Wrap(input);
+    g.mutable_tokens()->mutable_ids()->Add(ids->begin(), ids->end());
+  } else {
+    g.mutable_tokens()->mutable_ids()->Add(r.prompt_ids.begin(), r.prompt_ids.end());
+  }
+  const int64_t prompt = g.tokens().ids_size();
+  int64_t max_tokens = r.max_tokens;
+  if (max_tokens == 0) max_tokens = std::max<int64_t>(1, std::min(options_.max_tokens, options_.max_context - prompt));
+  if (max_tokens > options_.max_tokens)
+    return InvalidArgument("max_tokens: " + std::to_string(max_tokens) + " outside [1, " +
+                           std::to_string(options_.max_tokens) + "] (limits.max_tokens)");
+  g.set_max_tokens(static_cast<int32_t>(max_tokens));
+  auto* s = g.mutable_sampling();
+  s->set_greedy(r.temperature == 0);
+  s->set_temperature(static_cast<float>(r.temperature));
+  s->set_top_p(static_cast<float>(r.top_p));
+  s->set_top_k(static_cast<int32_t>(r.top_k));
+  if (r.seed) {
+    s->set_seed(*r.seed);
+    s->set_has_seed(true);
+  }
+  for (const auto& stop : r.stop) g.add_stop(stop);
+  g.set_ignore_eos(r.ignore_eos);
+  auto params = grpc_api_->Validate(g);
+  if (params.ok()) return params;
+  // The gRPC validator names gRPC's fields: say the request's instead.
+  std::string msg = params.status().message();
+  if (msg.rfind("input.tokens.ids", 0) == 0) msg = "prompt" + msg.substr(16);
+  else if (msg.rfind("input", 0) == 0) msg = input + msg.substr(5);
+  return Status(params.status().code(), msg);
+}
+
+std::string HttpApi::TokenString(int32_t id, const std::string& piece) const {
+  if (!tokenizer_) return piece;
+  auto bytes = tokenizer_->TokenBytes(id);
+  return bytes.ok() ? *bytes : piece;
+}
+
+void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
+  Job job(metrics_);
+  auto fail = [&](const Status& s) {
+    job.meter.Failed(s);
+    ReplyError(out, s);
+  };
+  auto decoded = DecodeOpenAiRequest(http.body, chat);
+  if (!decoded.ok()) return fail(decoded.status());
+  job.req = std::move(decoded).value();
+  auto params = ToParams(job.req);
+  if (!params.ok()) return fail(params.status());
+  for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
+  auto stream = scheduler_->Submit(std::move(params).value());
+  if (!stream.ok()) return fail(stream.status());
+  job.stream = *stream;
+  char id[32];
+  std::snprintf(id, sizeof id, "%s%016llx", chat ? "chatcmpl-" : "cmpl-",
+                static_cast<unsigned long long>(next_id_++));
+  job.id = id;
+  job.created = std::time(nullptr);
+  if (job.req.stream) Stream(&job, out);
+  else Collect(&job, out);
+}
+
+void HttpApi::Collect(Job* job, HttpResponder* out) {
+  RequestStream::Event ev;
+  while (true) {
+    if (out->Abandoned()) {
+      job->stream->Cancel();
+      flashmesh::v1::Finish cancelled;
+      cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
+      job->meter.Finished(cancelled);
+      return;
+    }
+    if (!job->stream->Pop(&ev, kPollInterval)) continue;
+    if (ev.kind == RequestStream::Event::kError) {
+      job->meter.Failed(ev.error);
+      return ReplyError(out, ev.error);
+    }
+    if (ev.kind == RequestStream::Event::kToken) {
+      job->meter.Token();
+      job->text += ev.token.text();
+      if (job->req.logprobs)
+        job->logprobs.push_back(ChatLogprob(TokenString(ev.token.id(), ev.token.text()), ev.token.logprob(),
+                                            job->req.top_logprobs));
+      continue;
+    }
+    break;
+  }
+  job->meter.Finished(ev.finish);
+  std::string text = job->text;
+  if (!ev.finish.stop_string().empty()) text = text.substr(0, text.find(ev.finish.stop_string()));
+  Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishName(ev.finish.reason())}};
+  Json body;
+  if (job->req.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    if (job->req.logprobs) choice["logprobs"] = {{"content", job->logprobs}};
+    body = job->Envelope("chat.completion", options_.model_name);
+  } else {
+    choice["text"] = text;
+    if (job->req.logprobs) choice["logprobs"] = CompletionLogprobs(job->logprobs, 0);
+    body = job->Envelope("text_completion", options_.model_name);
+  }
+  body["choices"] = Json::array({choice});
+  body["usage"] = Usage(ev.finish.usage());
+  out->Reply(200, "application/json", Dump(body));
+}
+
+void HttpApi::Stream(Job* job, HttpResponder* out) {
+  const bool chat = job->req.chat;
+  const std::string object = chat ? "chat.completion.chunk" : "text_completion";
+  // One SSE event: "data: <json>\n\n"; every chunk carries usage: null when usage is asked for.
+  auto send = [&](Json choice, const Json* usage) {
+    Json chunk = job->Envelope(object, options_.model_name);
+    chunk["choices"] = choice.is_null() ? Json::array() : Json::array({choice});
+    if (job->req.include_usage) chunk["usage"] = usage ? *usage : Json(nullptr);
+    return out->Send("data: " + Dump(chunk) + "\n\n");
+  };
+  // A choice carrying the text released so far (and the logprobs of the tokens since the last).
+  auto piece = [&](size_t upto, const char* finish) {
+    std::string delta = job->text.substr(job->sent, upto - job->sent);
+    Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+    if (chat) {
+      choice["delta"] = finish && delta.empty() ? Json::object() : Json{{"content", delta}};
+      if (!job->logprobs.empty()) choice["logprobs"] = {{"content", job->logprobs}};
+    } else {
+      choice["text"] = delta;
+      if (!job->logprobs.empty()) choice["logprobs"] = CompletionLogprobs(job->logprobs, job->sent);
+    }
+    job->sent = upto;
+    job->logprobs = Json::array();
+    return choice;
+  };
+  if (!out->StartStream(200, "text/event-stream")) return job->stream->Cancel();
+  if (chat) {
+    Json first = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+                  {"finish_reason", nullptr}};
+    if (!send(first, nullptr)) return job->stream->Cancel();
+  }
+  RequestStream::Event ev;
+  while (true) {
+    if (out->Abandoned()) {
+      job->stream->Cancel();
+      flashmesh::v1::Finish cancelled;
+      cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
+      job->meter.Finished(cancelled);
+      return;
+    }
+    if (!job->stream->Pop(&ev, kPollInterval)) continue;
+    if (ev.kind == RequestStream::Event::kError) {
+      job->meter.Failed(ev.error);
+      out->Send("data: " + ErrorFromStatus(ev.error).ToJson() + "\n\ndata: [DONE]\n\n");
+      return;
+    }
+    if (ev.kind == RequestStream::Event::kFinish) break;
+    job->meter.Token();
+    job->text += ev.token.text();
+    if (job->req.logprobs)
+      job->logprobs.push_back(ChatLogprob(TokenString(ev.token.id(), ev.token.text()), ev.token.logprob(),
+                                          job->req.top_logprobs));
+    // Never past the start of a stop string this token completed (the finish event follows).
+    size_t upto = Releasable(job->text, job->hold, job->sent);
+    for (const auto& stop : job->req.stop)
+      upto = std::min(upto, std::max(job->sent, job->text.find(stop, job->sent > job->hold ? job->sent - job->hold : 0)));
+    send(piece(upto, nullptr), nullptr);
+  }
+  job->meter.Finished(ev.finish);
+  size_t end = job->text.size();
+  if (!ev.finish.stop_string().empty()) end = std::max(job->sent, job->text.find(ev.finish.stop_string()));
+  // The held-back rest (if any) and the finish reason in one last chunk, as OpenAI does.
+  send(piece(end, FinishName(ev.finish.reason())), nullptr);
+  if (job->req.include_usage) {
+    Json usage = Usage(ev.finish.usage());
+    send(Json(nullptr), &usage);
+  }
+  out->Send("data: [DONE]\n\n");
+}
+
+}  // namespace fm

@@ -1,0 +1,49 @@
+// HttpApi: the routes of the coordinator's HTTP server (docs/api.md, "HTTP API"):
+//   POST /v1/chat/completions, POST /v1/completions   OpenAI-compatible, streaming as SSE
+//   GET  /v1/models                                   the served model and its max context
+//   GET  /health                                      200 when the cluster can generate, else 503
+//   GET  /metrics                                     Prometheus text format (metrics.h)
+// Requests go through the same validation, scheduler and bearer tokens as the gRPC API; a
+// client that goes away cancels its request (the scheduler frees the sequence on every worker).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <ctime>
+#include <string>
+
+#include "coordinator/api_service.h"
+#include "coordinator/http_server.h"
+#include "coordinator/metrics.h"
+#include "coordinator/openai_request.h"
+
+namespace fm {
+
+class HttpApi {
+ public:
+  HttpApi(const Tokenizer* tokenizer, Cluster* cluster, Scheduler* scheduler,
+          const ApiService* grpc_api, Metrics* metrics, ApiOptions options);
+  void Handle(const HttpRequest& req, HttpResponder* out);
+
+ private:
+  struct Job;   // one generation request in flight
+  void Generate(const HttpRequest& req, HttpResponder* out, bool chat);
+  void Stream(Job* job, HttpResponder* out);
+  void Collect(Job* job, HttpResponder* out);
+  void Models(HttpResponder* out) const;
+  void Health(HttpResponder* out) const;
+  Status Authenticate(const HttpRequest& req) const;
+  // The prompt ids and scheduler parameters of a decoded request (errors name its fields).
+  Result<GenerateParams> ToParams(const OpenAiRequest& r) const;
+  std::string TokenString(int32_t id, const std::string& piece) const;
+
+  const Tokenizer* tokenizer_;
+  Cluster* cluster_;
+  Scheduler* scheduler_;
+  const ApiService* grpc_api_;
+  Metrics* metrics_;
+  ApiOptions options_;
+  std::time_t started_ = std::time(nullptr);
+  std::atomic<uint64_t> next_id_{1};
+};
+
+}  // namespace fm

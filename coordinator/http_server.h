@@ -1,0 +1,99 @@
+// HttpServer: the coordinator's HTTP/1.1 listener (OpenAI-compatible API, /health, /metrics).
+// A Boost.Asio acceptor; one thread per connection (at most max_connections; the next one is
+// answered 503 and closed), requests parsed by Boost.Beast (http_request.h). Every socket wait
+// is a poll with a deadline, so a slow or silent client can hold a connection for at most
+// read_timeout per request and idle_timeout between requests, and a response for at most
+// response_timeout; Shutdown ends every connection within ~100 ms of its handler returning.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/http_request.h"
+
+namespace fm {
+
+struct HttpLimits {
+  size_t max_header_bytes = 16 << 10;
+  size_t max_body_bytes = 4 << 20;
+  int max_connections = 64;
+  std::chrono::milliseconds idle_timeout{30000};       // keep-alive connection without a request
+  std::chrono::milliseconds read_timeout{30000};       // from a request's first byte to its end
+  std::chrono::milliseconds response_timeout{600000};  // one response, streams included
+};
+
+// One response in progress. A handler either calls Reply once, or StartStream once and then
+// Send for each piece of the body (the stream ends when the handler returns; the connection
+// closes, which is how the client sees the end of an HTTP/1.1 body without a length).
+class HttpResponder {
+ public:
+  using Headers = std::vector<std::pair<std::string, std::string>>;
+  // False when the client is gone or the response timed out.
+  bool Reply(int status, const std::string& content_type, const std::string& body,
+             const Headers& extra = {});
+  bool StartStream(int status, const std::string& content_type, const Headers& extra = {});
+  bool Send(std::string_view bytes);
+  // The client closed its side (or reset), the response deadline passed, or the server stops:
+  // a handler waiting for tokens polls this to cancel its request.
+  bool Abandoned();
+
+ private:
+  friend class HttpServer;
+  HttpResponder(int fd, std::chrono::steady_clock::time_point deadline, const std::atomic<bool>* stop)
+      : fd_(fd), deadline_(deadline), stop_(stop) {}
+  bool SendAll(std::string_view bytes);
+  int fd_;
+  std::chrono::steady_clock::time_point deadline_;
+  const std::atomic<bool>* stop_;
+  bool keep_alive_ = true;
+  bool replied_ = false;
+  bool failed_ = false;
+};
+
+using HttpHandler = std::function<void(const HttpRequest&, HttpResponder*)>;
+
+class HttpServer {
+ public:
+  // Listens on `listen` (host:port; port 0 picks one).
+  static Result<std::unique_ptr<HttpServer>> Start(const std::string& listen, HttpLimits limits,
+                                                   HttpHandler handler);
+  ~HttpServer();
+  int port() const { return port_; }
+  // Stops accepting and waits for every connection thread (handlers must return promptly once
+  // Abandoned() is true).
+  void Shutdown();
+
+ private:
+  struct Impl;
+  struct Connection {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  HttpServer() = default;
+  void AcceptLoop();
+  void Serve(int fd);
+  // Reads one request; false when the connection should close (after an error reply if any).
+  bool ReadRequest(int fd, std::string* buffer, HttpRequest* req);
+  void Reap(bool all);
+
+  std::unique_ptr<Impl> impl_;
+  HttpLimits limits_;
+  HttpHandler handler_;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> open_{0};
+  std::mutex mu_;   // guards connections_
+  std::list<std::unique_ptr<Connection>> connections_;
+  std::thread accept_thread_;
+};
+
+}  // namespace fm

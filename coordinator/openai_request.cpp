@@ -1,0 +1,287 @@
+#include "coordinator/openai_request.h"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace fm {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr int64_t kMaxStopStrings = 4;   // OpenAI's limit
+constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's limit
+
+const char* TypeName(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::number_float: return "a number";
+    default: return "an integer";
+  }
+}
+
+Status WrongType(const std::string& field, const char* expected, const Json& v) {
+  return InvalidArgument(field + ": expected " + expected + ", got " + TypeName(v));
+}
+
+// The value of `key` when present and not null (OpenAI treats null as absent).
+const Json* Field(const Json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+Result<double> Number(const Json& v, const std::string& field) {
+  if (!v.is_number()) return WrongType(field, "a number", v);
+  double d = v.get<double>();
+  if (!std::isfinite(d)) return InvalidArgument(field + ": not a finite number");
+  return d;
+}
+
+Result<int64_t> Integer(const Json& v, const std::string& field) {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return InvalidArgument(field + ": " + v.dump() + " is too large");
+    return v.get<int64_t>();
+  }
+  // 3.0 is an integer for JSON clients that only have doubles (JavaScript).
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
+  }
+  return WrongType(field, "an integer", v);
+}
+
+Result<bool> Boolean(const Json& v, const std::string& field) {
+  if (!v.is_boolean()) return WrongType(field, "a boolean", v);
+  return v.get<bool>();
+}
+
+Result<std::string> String(const Json& v, const std::string& field) {
+  if (!v.is_string()) return WrongType(field, "a string", v);
+  return v.get<std::string>();
+}
+
+// Message content: a string, or an array of {type: "text", text} parts (concatenated).
+Result<std::string> Content(const Json& v, const std::string& field) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) return WrongType(field, "a string or an array of text parts", v);
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string part = field + "[" + std::to_string(i) + "]";
+    if (!v[i].is_object()) return WrongType(part, "an object", v[i]);
+    const Json* type = Field(v[i], "type");
+    if (!type) return InvalidArgument(part + ".type: missing");
+    FM_ASSIGN_OR_RETURN(std::string t, String(*type, part + ".type"));
+    if (t != "text") return InvalidArgument(part + ".type: \"" + t + "\" is not supported (only \"text\")");
+    const Json* body = Field(v[i], "text");
+    if (!body) return InvalidArgument(part + ".text: missing");
+    FM_ASSIGN_OR_RETURN(std::string s, String(*body, part + ".text"));
+    text += s;
+  }
+  return text;
+}
+
+Status DecodeMessages(const Json& v, OpenAiRequest* r) {
+  if (!v.is_array()) return WrongType("messages", "an array", v);
+  if (v.empty()) return InvalidArgument("messages: empty");
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string field = "messages[" + std::to_string(i) + "]";
+    if (!v[i].is_object()) return WrongType(field, "an object", v[i]);
+    const Json* role = Field(v[i], "role");
+    if (!role) return InvalidArgument(field + ".role: missing");
+    ChatMessage m;
+    FM_ASSIGN_OR_RETURN(m.role, String(*role, field + ".role"));
+    if (m.role != "system" && m.role != "user" && m.role != "assistant")
+      return InvalidArgument(field + ".role: \"" + m.role + "\" is not supported (system, user, assistant)");
+    if (const Json* c = Field(v[i], "content")) {
+      FM_ASSIGN_OR_RETURN(m.content, Content(*c, field + ".content"));
+    }
+    r->messages.push_back(std::move(m));
+  }
+  return Status::Ok();
+}
+
+// A prompt: a string, or an array of token ids (or an array holding one of either).
+Status DecodePrompt(const Json& v, OpenAiRequest* r) {
+  const Json* p = &v;
+  if (v.is_array() && v.size() == 1 && (v[0].is_string() || v[0].is_array())) p = &v[0];
+  if (p->is_string()) {
+    r->prompt = p->get<std::string>();
+    if (r->prompt.empty()) return InvalidArgument("prompt: empty");
+    return Status::Ok();
+  }
+  if (!p->is_array()) return WrongType("prompt", "a string or an array of token ids", *p);
+  if (p->empty()) return InvalidArgument("prompt: empty");
+  for (size_t i = 0; i < p->size(); ++i) {
+    const std::string field = "prompt[" + std::to_string(i) + "]";
+    if ((*p)[i].is_string()) return InvalidArgument("prompt: batches of prompts are not supported (one prompt per request)");
+    FM_ASSIGN_OR_RETURN(int64_t id, Integer((*p)[i], field));
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) return InvalidArgument(field + ": " + std::to_string(id) + " is not a token id");
+    r->prompt_ids.push_back(static_cast<int32_t>(id));
+  }
+  return Status::Ok();
+}
+
+Status DecodeStop(const Json& v, OpenAiRequest* r) {
+  if (v.is_string()) {
+    if (v.get<std::string>().empty()) return InvalidArgument("stop: empty string");
+    r->stop.push_back(v.get<std::string>());
+    return Status::Ok();
+  }
+  if (!v.is_array()) return WrongType("stop", "a string or an array of strings", v);
+  if (static_cast<int64_t>(v.size()) > kMaxStopStrings)
+    return InvalidArgument("stop: " + std::to_string(v.size()) + " strings (at most " + std::to_string(kMaxStopStrings) + ")");
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string field = "stop[" + std::to_string(i) + "]";
+    FM_ASSIGN_OR_RETURN(std::string s, String(v[i], field));
+    if (s.empty()) return InvalidArgument(field + ": empty string");
+    r->stop.push_back(std::move(s));
+  }
+  return Status::Ok();
+}
+
+Status DecodeSampling(const Json& j, OpenAiRequest* r) {
+  if (const Json* v = Field(j, "temperature")) {
+    FM_ASSIGN_OR_RETURN(r->temperature, Number(*v, "temperature"));
+    if (r->temperature < 0 || r->temperature > 2) return InvalidArgument("temperature: " + v->dump() + " outside [0, 2]");
+  }
+  if (const Json* v = Field(j, "top_p")) {
+    FM_ASSIGN_OR_RETURN(r->top_p, Number(*v, "top_p"));
+    if (!(r->top_p > 0 && r->top_p <= 1)) return InvalidArgument("top_p: " + v->dump() + " outside (0, 1]");
+  }
+  if (const Json* v = Field(j, "top_k")) {
+    FM_ASSIGN_OR_RETURN(r->top_k, Integer(*v, "top_k"));
+    if (r->top_k == -1) r->top_k = 0;   // vLLM's "off"
+    if (r->top_k < 0 || r->top_k > std::numeric_limits<int32_t>::max())
+      return InvalidArgument("top_k: " + v->dump() + " (0 or -1 = off, else a positive count)");
+  }
+  if (const Json* v = Field(j, "seed")) {
+    FM_ASSIGN_OR_RETURN(int64_t seed, Integer(*v, "seed"));
+    r->seed = static_cast<uint64_t>(seed);
+  }
+  return Status::Ok();
+}
+
+Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
+  r->chat = chat;
+  if (const Json* v = Field(j, "model")) {
+    FM_ASSIGN_OR_RETURN(r->model, String(*v, "model"));
+  }
+  if (chat) {
+    const Json* m = Field(j, "messages");
+    if (!m) return InvalidArgument("messages: missing");
+    FM_RETURN_IF_ERROR(DecodeMessages(*m, r));
+  } else {
+    const Json* p = Field(j, "prompt");
+    if (!p) return InvalidArgument("prompt: missing");
+    FM_RETURN_IF_ERROR(DecodePrompt(*p, r));
+  }
+  if (const Json* v = Field(j, "n")) {
+    FM_ASSIGN_OR_RETURN(int64_t n, Integer(*v, "n"));
+    if (n != 1) return InvalidArgument("n: " + std::to_string(n) + " (only n = 1 is supported)");
+  }
+  // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI's API.
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (const Json* v = Field(j, key)) {
+      FM_ASSIGN_OR_RETURN(r->max_tokens, Integer(*v, key));
+      if (r->max_tokens < 1) return InvalidArgument(std::string(key) + ": " + std::to_string(r->max_tokens) + " (must be >= 1)");
+    }
+  }
+  FM_RETURN_IF_ERROR(DecodeSampling(j, r));
+  if (const Json* v = Field(j, "stop")) FM_RETURN_IF_ERROR(DecodeStop(*v, r));
+  if (const Json* v = Field(j, "stream")) {
+    FM_ASSIGN_OR_RETURN(r->stream, Boolean(*v, "stream"));
+  }
+  if (const Json* v = Field(j, "stream_options")) {
+    if (!v->is_object()) return WrongType("stream_options", "an object", *v);
+    if (const Json* u = Field(*v, "include_usage")) {
+      FM_ASSIGN_OR_RETURN(r->include_usage, Boolean(*u, "stream_options.include_usage"));
+    }
+  }
+  if (const Json* v = Field(j, "logprobs")) {
+    if (chat) {
+      FM_ASSIGN_OR_RETURN(r->logprobs, Boolean(*v, "logprobs"));
+    } else {   // completions: logprobs is the number of alternatives
+      FM_ASSIGN_OR_RETURN(int64_t n, Integer(*v, "logprobs"));
+      if (n < 0 || n > kMaxTopLogprobs) return InvalidArgument("logprobs: " + std::to_string(n) + " outside [0, 20]");
+      r->logprobs = true;
+      r->top_logprobs = n;
+    }
+  }
+  if (const Json* v = Field(j, "top_logprobs"); v && chat) {
+    FM_ASSIGN_OR_RETURN(r->top_logprobs, Integer(*v, "top_logprobs"));
+    if (r->top_logprobs < 0 || r->top_logprobs > kMaxTopLogprobs)
+      return InvalidArgument("top_logprobs: " + std::to_string(r->top_logprobs) + " outside [0, 20]");
+    if (!r->logprobs) return InvalidArgument("top_logprobs: needs logprobs: true");
+  }
+  if (const Json* v = Field(j, "ignore_eos")) {
+    FM_ASSIGN_OR_RETURN(r->ignore_eos, Boolean(*v, "ignore_eos"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
+  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("body: not valid JSON");
+  if (!j.is_object()) return WrongType("body", "a JSON object", j);
+  OpenAiRequest r;
+  FM_RETURN_IF_ERROR(DecodeObject(j, chat, &r));
+  return r;
+}
+
+std::string OpenAiError::ToJson() const {
+  Json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return Json{{"error", e}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+OpenAiError ErrorFromStatus(const Status& s) {
+  OpenAiError e;
+  e.message = s.message();
+  switch (s.code()) {
+    case Code::kInvalidArgument:
+    case Code::kOutOfRange: {
+      e.http_status = 400;
+      e.type = "invalid_request_error";
+      size_t colon = s.message().find(": ");
+      if (colon != std::string::npos && s.message().find(' ') >= colon) e.param = s.message().substr(0, colon);
+      break;
+    }
+    case Code::kUnauthenticated:
+      e.http_status = 401;
+      e.type = "authentication_error";
+      e.code = "invalid_api_key";
+      break;
+    case Code::kResourceExhausted:
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      e.code = "queue_full";
+      break;
+    case Code::kNotFound:
+      e.http_status = 404;
+      e.type = "not_found_error";
+      break;
+    case Code::kUnavailable:
+      e.http_status = 503;
+      e.type = "service_unavailable";
+      break;
+    case Code::kDeadlineExceeded:
+      e.http_status = 504;
+      e.type = "timeout";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+  }
+  return e;
+}
+
+}  // namespace fm

@@ -1,0 +1,56 @@
+// The JSON bodies of the OpenAI-compatible HTTP API (docs/api.md, "HTTP API"): decoding of
+// /v1/chat/completions and /v1/completions requests into OpenAiRequest, and OpenAI's error
+// object. Plain JSON in, plain structs out (no gRPC, no tokenizer): the fuzz target decodes
+// untrusted bodies with exactly this code. As OpenAI does, unknown fields are ignored; a known
+// field with the wrong type or an out-of-range value is InvalidArgument whose message starts
+// with the field's name ("temperature: ...", "messages[1].role: ...").
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "model/tokenizer.h"
+
+namespace fm {
+
+struct OpenAiRequest {
+  bool chat = true;                      // /v1/chat/completions; false: /v1/completions
+  std::string model;                     // informative: one model is served
+  std::vector<ChatMessage> messages;     // chat
+  std::string prompt;                    // completions, text prompt
+  std::vector<int32_t> prompt_ids;       // completions, token-id prompt (non-empty when used)
+  int64_t max_tokens = 0;                // 0 = unset: as many as the limits allow
+  double temperature = 1.0;              // OpenAI's default; 0 = greedy
+  double top_p = 1.0;
+  int64_t top_k = 0;                     // extension (vLLM's); 0 = off
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;            // stream_options.include_usage
+  bool logprobs = false;                 // chat: logprobs: true; completions: logprobs: N >= 0
+  int64_t top_logprobs = 0;
+  bool ignore_eos = false;               // extension (vLLM's)
+};
+
+// Decodes a request body. InvalidArgument names the field (see above).
+Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat);
+
+// OpenAI's error object: {"error": {"message", "type", "param", "code"}}.
+struct OpenAiError {
+  int http_status = 500;
+  std::string message;
+  std::string type;    // invalid_request_error, authentication_error, ...
+  std::string param;   // the field, "" = null
+  std::string code;    // "" = null
+  std::string ToJson() const;
+};
+
+// The HTTP status and error object of a flashmesh Status: InvalidArgument and OutOfRange 400
+// (param = the field the message starts with), Unauthenticated 401, ResourceExhausted 429,
+// Unavailable 503, NotFound 404, DeadlineExceeded 504, anything else 500.
+OpenAiError ErrorFromStatus(const Status& s);
+
+}  // namespace fm

@@ -1,0 +1,64 @@
+// libFuzzer target: the coordinator's HTTP request parsing (Beast, with the server's limits)
+// and the OpenAI request decoding of whatever body it yields. Neither may crash; a decoded
+// request must satisfy what the decoder promises, and every error must render as valid JSON
+// naming a field that is in its message.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/http_request.h"
+#include "coordinator/openai_request.h"
+
+namespace {
+
+void CheckDecoded(const std::string& body, bool chat) {
+  auto r = fm::DecodeOpenAiRequest(body, chat);
+  if (!r.ok()) {
+    fm::OpenAiError e = fm::ErrorFromStatus(r.status());
+    if (e.http_status != 400) std::abort();
+    if (!e.param.empty() && r.status().message().rfind(e.param + ": ", 0) != 0) std::abort();
+    if (nlohmann::json::parse(e.ToJson(), nullptr, false).is_discarded()) std::abort();
+    return;
+  }
+  if (chat && r->messages.empty()) std::abort();
+  if (!chat && r->prompt.empty() && r->prompt_ids.empty()) std::abort();
+  if (r->max_tokens < 0 || r->top_k < 0 || !(r->top_p > 0 && r->top_p <= 1)) std::abort();
+  if (!(r->temperature >= 0 && r->temperature <= 2) || r->top_logprobs < 0 || r->top_logprobs > 20) std::abort();
+  for (const auto& s : r->stop)
+    if (s.empty()) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  // Byte 0: which endpoint decodes the body; byte 1: the size of the pieces the socket delivers.
+  const bool chat = data[0] & 1;
+  const size_t piece = 1 + data[1] % 64;
+  data += 2;
+  size -= 2;
+  fm::HttpRequestParser parser(/*max_header_bytes=*/1024, /*max_body_bytes=*/8192);
+  std::string buffer;
+  size_t off = 0;
+  while (true) {
+    auto state = parser.Feed(&buffer);
+    if (state == fm::HttpRequestParser::State::kError) {
+      const int s = parser.error_status();
+      if (s != 400 && s != 413 && s != 431) std::abort();
+      return 0;
+    }
+    if (state == fm::HttpRequestParser::State::kDone) break;
+    if (off == size) return 0;   // the client stopped mid-request
+    const size_t n = std::min(piece, size - off);
+    buffer.append(reinterpret_cast<const char*>(data) + off, n);
+    off += n;
+  }
+  const fm::HttpRequest& req = parser.request();
+  if (req.body.size() > 8192) std::abort();
+  CheckDecoded(req.body, chat);
+  // The raw bytes as a body too: the JSON decoder sees arbitrary text, not only what HTTP framed.
+  CheckDecoded(std::string(reinterpret_cast<const char*>(data), size), chat);
+  return 0;
+}

@@ -1,0 +1,119 @@
+#include "tests/integration/http_client.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace fm::it {
+namespace {
+
+int Dial(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void SendAll(int fd, const std::string& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+// Appends what arrives within `timeout_ms` (one read): 1 data, 0 nothing yet, -1 EOF or error.
+int ReadSome(int fd, std::string* out, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return 0;
+  char buf[8192];
+  ssize_t n = recv(fd, buf, sizeof buf, 0);
+  if (n <= 0) return -1;
+  out->append(buf, static_cast<size_t>(n));
+  return 1;
+}
+
+}  // namespace
+
+HttpResult HttpRaw(int port, const std::string& request, std::chrono::milliseconds timeout) {
+  HttpResult r;
+  int fd = Dial(port);
+  if (fd < 0) return r;
+  SendAll(fd, request);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (ReadSome(fd, &r.raw, static_cast<int>(std::max<long long>(1, left.count()))) <= 0) break;
+  }
+  close(fd);
+  size_t end = r.raw.find("\r\n\r\n");
+  if (r.raw.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return r;
+  r.status = std::stoi(r.raw.substr(9, 3));
+  size_t line = r.raw.find("\r\n") + 2;
+  while (line < end) {
+    size_t eol = r.raw.find("\r\n", line);
+    std::string h = r.raw.substr(line, eol - line);
+    size_t colon = h.find(':');
+    std::string name = h.substr(0, colon);
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    size_t v = h.find_first_not_of(' ', colon + 1);
+    r.headers[name] = v == std::string::npos ? "" : h.substr(v);
+    line = eol + 2;
+  }
+  r.body = r.raw.substr(end + 4);
+  return r;
+}
+
+HttpResult HttpCall(int port, const std::string& method, const std::string& path, const std::string& body,
+                    const std::vector<std::string>& headers, std::chrono::milliseconds timeout) {
+  return HttpRaw(port, [&] {
+    std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+    for (const auto& h : headers) req += h + "\r\n";
+    if (!body.empty() || method == "POST")
+      req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    return req + "\r\n" + body;
+  }(), timeout);
+}
+
+std::string PostJson(const std::string& path, const std::string& body, const std::vector<std::string>& headers) {
+  std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  for (const auto& h : headers) req += h + "\r\n";
+  return req + "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+HttpStream::HttpStream(int port, const std::string& request) : fd_(Dial(port)) {
+  if (fd_ >= 0) SendAll(fd_, request);
+}
+
+HttpStream::~HttpStream() { Close(); }
+
+void HttpStream::Close() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+std::string HttpStream::ReadUntil(const std::string& needle, int count, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto seen = [&] {
+    int n = 0;
+    for (size_t at = got_.find(needle); at != std::string::npos; at = got_.find(needle, at + needle.size())) ++n;
+    return n;
+  };
+  while (fd_ >= 0 && seen() < count && std::chrono::steady_clock::now() < deadline)
+    if (ReadSome(fd_, &got_, 100) < 0) break;
+  return got_;
+}
+
+}  // namespace fm::it

@@ -1,0 +1,534 @@
+// The coordinator's HTTP API (OpenAI-compatible completions, /v1/models, /health, /metrics) and
+// the standard gRPC health service, against a 2-stage cluster: answers equal the gRPC API's,
+// SSE framing byte for byte, errors, cancellation, queue limits, auth, metrics, and the official
+// `openai` npm client.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/http_client.h"
+
+namespace fm::it {
+namespace {
+
+using namespace std::chrono_literals;
+using Json = nlohmann::json;
+using grpc::health::v1::HealthCheckResponse;
+
+Json ChatBody(const std::string& prompt, int max_tokens) {
+  return {{"model", "flashmesh"},
+          {"messages", Json::array({{{"role", "user"}, {"content", prompt}}})},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true}};
+}
+
+flashmesh::v1::GenerateRequest GreedyText(const std::string& text, int max_tokens, bool raw = false) {
+  flashmesh::v1::GenerateRequest req;
+  req.set_text(text);
+  req.set_raw(raw);
+  req.set_max_tokens(max_tokens);
+  req.set_ignore_eos(true);
+  req.mutable_sampling()->set_greedy(true);
+  return req;
+}
+
+Json ParseBody(const HttpResult& r) {
+  Json j = Json::parse(r.body, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON: " << r.raw;
+  return j;
+}
+
+// Prometheus text format 0.0.4: every line a comment (# HELP / # TYPE) or `name{labels} value`;
+// samples keyed by "name{labels}" as printed.
+std::map<std::string, double> ParseMetrics(const std::string& text) {
+  static const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*\})?) (\S+)$)");
+  static const std::regex comment(R"(^# (HELP [a-zA-Z_:][a-zA-Z0-9_:]* .*|TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram|summary|untyped))$)");
+  std::map<std::string, double> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    EXPECT_NE(eol, std::string::npos) << "the exposition must end with a newline";
+    if (eol == std::string::npos) break;
+    std::string line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (line.empty()) continue;
+    std::smatch m;
+    if (line[0] == '#') {
+      EXPECT_TRUE(std::regex_match(line, comment)) << "bad comment line: " << line;
+      continue;
+    }
+    EXPECT_TRUE(std::regex_match(line, m, sample)) << "bad sample line: " << line;
+    if (!m.empty()) out[m[1]] = std::stod(m[4]);
+  }
+  return out;
+}
+
+std::map<std::string, double> Scrape(int port) {
+  HttpResult r = HttpCall(port, "GET", "/metrics");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+  return ParseMetrics(r.body);
+}
+
+HealthCheckResponse::ServingStatus GrpcHealth(const std::string& api, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(api, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  HealthCheckResponse resp;
+  grpc::Status s = stub->Check(&ctx, req, &resp);
+  return s.ok() ? resp.status() : HealthCheckResponse::UNKNOWN;
+}
+
+template <typename Pred>
+bool Eventually(Pred pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return pred();
+}
+
+class HttpApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ClusterSpec spec;
+    spec.stages = 2;
+    spec.max_context = 4096;
+    spec.max_tokens = 4000;
+    spec.http = true;
+    cluster_ = new Cluster(spec);
+    cluster_->StartAll();
+    ASSERT_TRUE(WaitHealthy(cluster_->api(), 90s)) << cluster_->Logs();
+  }
+  static void TearDownTestSuite() { delete cluster_; }
+  int port() const { return cluster_->http_port(); }
+  static Cluster* cluster_;
+};
+Cluster* HttpApiTest::cluster_ = nullptr;
+
+TEST_F(HttpApiTest, ChatCompletionEqualsGrpcGenerate) {
+  auto stub = Connect(cluster_->api());
+  Generation want = Generate(stub.get(), GreedyText("hello world", 8));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  Json body = ChatBody("hello world", 8);
+  body["logprobs"] = true;
+  body["some_future_field"] = {{"ignored", true}};   // unknown fields are ignored, as OpenAI does
+  HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.headers["content-type"], "application/json");
+  Json j = ParseBody(r);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  ASSERT_EQ(j["choices"].size(), 1u);
+  const Json& c = j["choices"][0];
+  EXPECT_EQ(c["message"]["role"], "assistant");
+  EXPECT_EQ(c["message"]["content"], want.text);
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], want.finish.usage().prompt_tokens());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(j["usage"]["total_tokens"], want.finish.usage().prompt_tokens() + 8);
+  ASSERT_EQ(c["logprobs"]["content"].size(), 8u);
+  for (size_t i = 0; i < 8; ++i)
+    EXPECT_EQ(static_cast<float>(c["logprobs"]["content"][i]["logprob"].get<double>()), want.logprobs[i]) << i;
+}
+
+TEST_F(HttpApiTest, StreamedChatIsByteExactSse) {
+  auto stub = Connect(cluster_->api());
+  Generation want = Generate(stub.get(), GreedyText("The cat", 6));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  Json body = ChatBody("The cat", 6);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.headers["content-type"], "text/event-stream");
+  EXPECT_EQ(r.headers.count("content-length"), 0u) << "an SSE body ends with the connection";
+  // id, created and model come from the first event; everything else is rebuilt from gRPC.
+  ASSERT_EQ(r.body.rfind("data: {", 0), 0u) << r.body;
+  Json first = Json::parse(r.body.substr(6, r.body.find("\n\n") - 6));
+  auto chunk = [&](Json choices, Json usage) {
+    Json c = {{"id", first["id"]}, {"object", "chat.completion.chunk"}, {"created", first["created"]},
+              {"model", first["model"]}, {"choices", choices}, {"usage", usage}};
+    return "data: " + c.dump() + "\n\n";
+  };
+  auto choice = [](Json delta, Json finish) {
+    return Json::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+  };
+  std::string expected = chunk(choice({{"role", "assistant"}, {"content", ""}}, nullptr), nullptr);
+  for (const auto& piece : want.pieces) expected += chunk(choice({{"content", piece}}, nullptr), nullptr);
+  expected += chunk(choice(Json::object(), "length"), nullptr);
+  const int prompt = want.finish.usage().prompt_tokens();
+  expected += chunk(Json::array(), {{"prompt_tokens", prompt}, {"completion_tokens", 6}, {"total_tokens", prompt + 6}});
+  expected += "data: [DONE]\n\n";
+  EXPECT_EQ(r.body, expected);
+}
+
+TEST_F(HttpApiTest, CompletionsWithTextAndTokenPrompts) {
+  auto stub = Connect(cluster_->api());
+  Generation ids_want = Generate(stub.get(), TokensRequest({5, 6, 7}, 5));
+  ASSERT_TRUE(ids_want.status.ok()) << ids_want.status.error_message();
+  Json body = {{"model", "m"}, {"prompt", {5, 6, 7}}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}};
+  HttpResult r = HttpCall(port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  Json j = ParseBody(r);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], ids_want.text);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+
+  Generation text_want = Generate(stub.get(), GreedyText("Once upon", 5, /*raw=*/true));
+  ASSERT_TRUE(text_want.status.ok()) << text_want.status.error_message();
+  body["prompt"] = "Once upon";
+  r = HttpCall(port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ParseBody(r)["choices"][0]["text"], text_want.text);
+}
+
+// Every SSE event's JSON object, in order ([DONE] excluded).
+std::vector<Json> Events(const std::string& body) {
+  std::vector<Json> out;
+  for (size_t p = 0; (p = body.find("data: {", p)) != std::string::npos; ++p)
+    out.push_back(Json::parse(body.substr(p + 6, body.find("\n\n", p) - p - 6)));
+  return out;
+}
+
+TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
+  auto stub = Connect(cluster_->api());
+  Generation want = Generate(stub.get(), GreedyText("hello world", 5));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  Json body = ChatBody("hello world", 5);
+  body["stream"] = true;
+  body["logprobs"] = true;
+  body["top_logprobs"] = 1;
+  HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::vector<Json> events = Events(r.body);
+  ASSERT_EQ(events.size(), 1u + 5 + 1) << r.body;
+  for (size_t i = 0; i < 5; ++i) {
+    const Json& lp = events[1 + i]["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(lp.size(), 1u) << events[1 + i];
+    EXPECT_EQ(static_cast<float>(lp[0]["logprob"].get<double>()), want.logprobs[i]);
+    ASSERT_EQ(lp[0]["top_logprobs"].size(), 1u);
+    EXPECT_EQ(lp[0]["top_logprobs"][0]["token"], lp[0]["token"]);
+  }
+
+  Generation ids_want = Generate(stub.get(), TokensRequest({9, 8, 7}, 6));
+  ASSERT_TRUE(ids_want.status.ok()) << ids_want.status.error_message();
+  Json c = {{"prompt", {9, 8, 7}}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+  r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  events = Events(r.body);
+  ASSERT_EQ(events.size(), 6u + 1) << "one per token, then the finish";
+  std::string text;
+  for (const auto& e : events) {
+    EXPECT_EQ(e["object"], "text_completion");
+    text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, ids_want.text);
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
+}
+
+TEST_F(HttpApiTest, StopStringIsCutFromTheText) {
+  auto stub = Connect(cluster_->api());
+  Generation full = Generate(stub.get(), GreedyText("hello world", 24));
+  ASSERT_TRUE(full.status.ok()) << full.status.error_message();
+  // The last non-empty piece (whole UTF-8 characters) after the first: the answer is the text
+  // before its first occurrence.
+  std::string stop;
+  for (size_t i = 1; i < full.pieces.size(); ++i)
+    if (!full.pieces[i].empty()) stop = full.pieces[i];
+  ASSERT_FALSE(stop.empty()) << "the greedy text has too few characters: " << full.text;
+  const std::string before = full.text.substr(0, full.text.find(stop));
+  Json body = ChatBody("hello world", 24);
+  body["stop"] = stop;
+  for (bool stream : {false, true}) {
+    body["stream"] = stream;
+    HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    std::string text, finish;
+    if (!stream) {
+      Json j = ParseBody(r);
+      text = j["choices"][0]["message"]["content"];
+      finish = j["choices"][0]["finish_reason"];
+    } else {
+      for (const Json& c : Events(r.body)) {
+        if (c["choices"][0]["delta"].contains("content")) text += c["choices"][0]["delta"]["content"].get<std::string>();
+        if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+      }
+    }
+    EXPECT_EQ(text, before) << "stream " << stream << ", stop '" << stop << "'";
+    EXPECT_EQ(finish, "stop");
+  }
+}
+
+TEST_F(HttpApiTest, ModelsAndHealth) {
+  HttpResult r = HttpCall(port(), "GET", "/v1/models");
+  ASSERT_EQ(r.status, 200) << r.raw;
+  Json j = ParseBody(r);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], SmallModel());
+  EXPECT_EQ(j["data"][0]["max_model_len"], 4096);
+  r = HttpCall(port(), "GET", "/health");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ParseBody(r)["status"], "ok");
+}
+
+TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
+  const Json good = ChatBody("hi", 2);
+  auto with = [&](const char* key, Json v) {
+    Json b = good;
+    b[key] = v;
+    return b.dump();
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"messages\": [", "body"},
+      {"[1, 2]", "body"},
+      {with("messages", "hi"), "messages"},
+      {with("messages", Json::array({{{"role", "wizard"}, {"content", "x"}}})), "messages[0].role"},
+      {with("messages", Json::array({{{"role", "user"}, {"content", 5}}})), "messages[0].content"},
+      {with("temperature", "hot"), "temperature"},
+      {with("temperature", 7), "temperature"},
+      {with("top_p", 1.5), "top_p"},
+      {with("n", 2), "n"},
+      {with("max_tokens", "8"), "max_tokens"},
+      {with("max_tokens", 100000), "max_tokens"},
+      {with("stop", 5), "stop"},
+      {with("stream", "yes"), "stream"},
+      {with("seed", 1.5), "seed"},
+      {with("logprobs", 1), "logprobs"},
+  };
+  for (const auto& [body, param] : cases) {
+    HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 400) << body << "\n" << r.raw;
+    Json e = ParseBody(r)["error"];
+    EXPECT_EQ(e["type"], "invalid_request_error") << body;
+    EXPECT_EQ(e["param"], param) << body;
+    EXPECT_TRUE(e["code"].is_null()) << body;
+    EXPECT_EQ(e["message"].get<std::string>().rfind(param + ": ", 0), 0u) << e["message"] << " vs " << param;
+  }
+  HttpResult r = HttpCall(port(), "POST", "/v1/completions", Json{{"prompt", {1, -4}}, {"max_tokens", 2}}.dump());
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_EQ(ParseBody(r)["error"]["param"], "prompt[1]");
+  // Malformed HTTP, an oversized body, unknown paths and methods: clear errors, no harm done.
+  r = HttpRaw(port(), "GARBAGE\r\n\r\n", 5s);
+  EXPECT_EQ(r.status, 400) << r.raw;
+  r = HttpRaw(port(), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{", 5s);
+  EXPECT_EQ(r.status, 413) << r.raw;
+  r = HttpRaw(port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(64 << 10, 'a') + "\r\n\r\n", 5s);
+  EXPECT_EQ(r.status, 431) << r.raw.substr(0, 200);
+  EXPECT_EQ(HttpCall(port(), "GET", "/v2/nothing").status, 404);
+  r = HttpCall(port(), "GET", "/v1/chat/completions");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.headers["allow"], "POST");
+  r = HttpCall(port(), "POST", "/v1/chat/completions", good.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ParseBody(r)["usage"]["completion_tokens"], 2);
+}
+
+TEST_F(HttpApiTest, KeepAliveServesSeveralRequestsOnOneConnection) {
+  const std::string body = ChatBody("hi", 2).dump();
+  std::string one = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::string last = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  HttpResult r = HttpRaw(port(), one + one + last, 30s);   // pipelined
+  size_t n = 0;
+  for (size_t p = 0; (p = r.raw.find("HTTP/1.1 200 OK\r\n", p)) != std::string::npos; ++p) ++n;
+  EXPECT_EQ(n, 3u) << r.raw;
+}
+
+TEST_F(HttpApiTest, ConnectionsBeyondTheCapAre503AndTheServerRecovers) {
+  // 64 idle connections (HttpLimits::max_connections) hold every slot.
+  std::vector<std::unique_ptr<HttpStream>> idle;
+  for (int i = 0; i < 64; ++i) idle.push_back(std::make_unique<HttpStream>(port(), ""));
+  HttpResult r;
+  EXPECT_TRUE(Eventually([&] { return (r = HttpCall(port(), "GET", "/health", "", {}, 5s)).status == 503; }, 5s));
+  EXPECT_NE(r.body.find("too many connections"), std::string::npos) << r.raw;
+  idle.clear();
+  EXPECT_TRUE(Eventually([&] { return HttpCall(port(), "GET", "/health", "", {}, 5s).status == 200; }, 5s));
+}
+
+TEST_F(HttpApiTest, ClientDisconnectMidStreamFreesTheSequence) {
+  auto stub = Connect(cluster_->api());
+  const auto before = Scrape(port());
+  Json body = ChatBody("tell me a long story", 4000);
+  body["stream"] = true;
+  HttpStream s(port(), PostJson("/v1/chat/completions", body.dump()));
+  std::string got = s.ReadUntil("data: ", 4, 60s);
+  ASSERT_NE(got.find("HTTP/1.1 200 OK"), std::string::npos) << got;
+  ASSERT_EQ(got.find("[DONE]"), std::string::npos) << "finished before the disconnect";
+  EXPECT_EQ(Status(stub.get()).active_requests(), 1);
+  s.Close();
+  bool freed = Eventually([&] {
+    auto st = Status(stub.get());
+    if (st.active_requests() != 0 || st.nodes_size() != 2) return false;
+    for (const auto& n : st.nodes())
+      if (n.active_sequences() != 0) return false;
+    return true;
+  }, 10s);
+  EXPECT_TRUE(freed) << Status(stub.get()).DebugString();
+  const auto after = Scrape(port());
+  const std::string key = "flashmesh_requests_total{api=\"http\",finish_reason=\"cancelled\"}";
+  EXPECT_EQ(after.at(key) - (before.count(key) ? before.at(key) : 0), 1);
+}
+
+TEST_F(HttpApiTest, MetricsMoveByTheExpectedAmounts) {
+  auto m0 = Scrape(port());
+  const int n = 3, tokens = 4;
+  int prompt = 0;
+  for (int i = 0; i < n; ++i) {
+    HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", ChatBody("count " + std::to_string(i), tokens).dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    prompt += ParseBody(r)["usage"]["prompt_tokens"].get<int>();
+  }
+  EXPECT_EQ(HttpCall(port(), "POST", "/v1/chat/completions", "{").status, 400);
+  auto m1 = Scrape(port());
+  auto delta = [&](const std::string& key) {
+    EXPECT_TRUE(m1.count(key)) << key;
+    return m1[key] - (m0.count(key) ? m0[key] : 0);
+  };
+  EXPECT_EQ(delta("flashmesh_requests_total{api=\"http\",finish_reason=\"length\"}"), n);
+  EXPECT_EQ(delta("flashmesh_request_errors_total{api=\"http\",code=\"400\"}"), 1);
+  EXPECT_EQ(delta("flashmesh_prompt_tokens_total"), prompt);
+  EXPECT_EQ(delta("flashmesh_generation_tokens_total"), n * tokens);
+  EXPECT_EQ(delta("flashmesh_time_to_first_token_seconds_count"), n);
+  EXPECT_EQ(delta("flashmesh_inter_token_latency_seconds_count"), n * (tokens - 1));
+  EXPECT_GE(delta("flashmesh_node_step_latency_seconds_count{node=\"w0\"}"), n * tokens);
+  EXPECT_GT(delta("flashmesh_node_data_plane_bytes_total{direction=\"sent\",node=\"w0\"}"), 0);
+  EXPECT_EQ(m1["flashmesh_node_up{node=\"w0\"}"], 1);
+  EXPECT_EQ(m1["flashmesh_node_up{node=\"w1\"}"], 1);
+  EXPECT_EQ(m1["flashmesh_queue_depth"], 0);
+  EXPECT_EQ(m1["flashmesh_active_sequences"], 0);
+  EXPECT_EQ(m1["flashmesh_cluster_ready"], 1);
+  EXPECT_TRUE(m1.count("flashmesh_node_kv_cache_bytes{node=\"w1\"}"));
+}
+
+TEST_F(HttpApiTest, HealthFollowsTheCluster) {
+  const std::string inference = "flashmesh.v1.Inference";
+  EXPECT_EQ(GrpcHealth(cluster_->api(), ""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(GrpcHealth(cluster_->api(), inference), HealthCheckResponse::SERVING);
+  cluster_->KillWorker(1, SIGKILL);
+  HttpResult r;
+  EXPECT_TRUE(Eventually([&] { return (r = HttpCall(port(), "GET", "/health")).status == 503; }, 10s)) << r.raw;
+  EXPECT_NE(ParseBody(r)["reason"].get<std::string>().find("w1"), std::string::npos) << r.body;
+  EXPECT_TRUE(Eventually([&] {
+    return GrpcHealth(cluster_->api(), "") == HealthCheckResponse::NOT_SERVING &&
+           GrpcHealth(cluster_->api(), inference) == HealthCheckResponse::NOT_SERVING;
+  }, 5s));
+  cluster_->StartWorker(1);
+  EXPECT_TRUE(Eventually([&] { return HttpCall(port(), "GET", "/health").status == 200; }, 60s)) << cluster_->Logs();
+  EXPECT_TRUE(Eventually([&] { return GrpcHealth(cluster_->api(), inference) == HealthCheckResponse::SERVING; }, 5s));
+  EXPECT_EQ(HttpCall(port(), "POST", "/v1/chat/completions", ChatBody("back", 2).dump()).status, 200);
+}
+
+TEST_F(HttpApiTest, GrpcReflectionListsTheServices) {
+  auto channel = grpc::CreateChannel(cluster_->api(), grpc::InsecureChannelCredentials());
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("");
+  ASSERT_TRUE(stream->Write(req));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::set<std::string> names;
+  for (const auto& s : resp.list_services_response().service()) names.insert(s.name());
+  EXPECT_TRUE(names.count("flashmesh.v1.Inference")) << resp.DebugString();
+  EXPECT_TRUE(names.count("grpc.health.v1.Health")) << resp.DebugString();
+  while (stream->Read(&resp)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// The official `openai` npm package (installed by .ci/run into .npm/) streams a chat completion.
+TEST_F(HttpApiTest, OfficialOpenAiNodeClientStreamsTheGrpcText) {
+  const std::string modules = std::string(FM_SOURCE_DIR) + "/.npm/node_modules";
+  const std::string env = "NODE_PATH='" + modules + "' ";
+  if (std::system("node --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (std::system((env + "node -e \"require('openai')\" >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "the openai npm package is not in " << modules << " (npm install --prefix .npm openai@4)";
+  auto stub = Connect(cluster_->api());
+  Generation want = Generate(stub.get(), GreedyText("hello world", 10));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  const std::string cmd = env + "timeout 90 node " + FM_SOURCE_DIR + "/tests/integration/openai_stream.cjs " +
+                          "http://127.0.0.1:" + std::to_string(port()) + "/v1 flashmesh 'hello world' 10 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  Json j = Json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["text"], want.text);
+  EXPECT_EQ(j["finish"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 10);
+  EXPECT_EQ(j["chunks"], 1 + 10 + 1 + 1) << "role, one per token, finish, usage";
+}
+
+TEST(HttpLimits, FullQueueIs429WithRetryAfter) {
+  ClusterSpec spec;
+  spec.stages = 2;
+  spec.max_batch = 1;
+  spec.max_queue = 1;
+  spec.max_context = 8192;
+  spec.max_tokens = 4000;
+  spec.http = true;
+  Cluster cluster(spec);
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 90s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  Json body = ChatBody("long", 4000);
+  body["stream"] = true;
+  // One request generating, one queued behind it: the third finds the queue full.
+  HttpStream running(cluster.http_port(), PostJson("/v1/chat/completions", body.dump()));
+  ASSERT_NE(running.ReadUntil("data: ", 2, 60s).find("data: "), std::string::npos);
+  HttpStream queued(cluster.http_port(), PostJson("/v1/chat/completions", body.dump()));
+  ASSERT_TRUE(Eventually([&] { return Status(stub.get()).queued_requests() == 1; }, 10s));
+  HttpResult r = HttpCall(cluster.http_port(), "POST", "/v1/chat/completions", ChatBody("x", 2).dump());
+  EXPECT_EQ(r.status, 429) << r.raw;
+  EXPECT_EQ(r.headers["retry-after"], "1");
+  Json e = ParseBody(r)["error"];
+  EXPECT_EQ(e["type"], "rate_limit_error");
+  EXPECT_NE(e["message"].get<std::string>().find("max_queue"), std::string::npos);
+}
+
+TEST(HttpAuth, BearerTokensOfTheTokenFile) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/tokens") << "# API tokens\ns3cret\n";
+  const int http = FreePort();
+  Server server({"--token-file", dir.path() + "/tokens", "--http", "127.0.0.1:" + std::to_string(http)});
+  // Probes need no token.
+  ASSERT_TRUE(Eventually([&] { return HttpCall(http, "GET", "/health").status == 200; }, 60s))
+      << server.process()->Log();
+  const std::string body = ChatBody("hi", 2).dump();
+  HttpResult r = HttpCall(http, "POST", "/v1/chat/completions", body);
+  EXPECT_EQ(r.status, 401) << r.raw;
+  EXPECT_EQ(ParseBody(r)["error"]["type"], "authentication_error");
+  EXPECT_EQ(HttpCall(http, "POST", "/v1/chat/completions", body, {"Authorization: Bearer wrong"}).status, 401);
+  EXPECT_EQ(HttpCall(http, "GET", "/v1/models").status, 401);
+  r = HttpCall(http, "POST", "/v1/chat/completions", body, {"Authorization: Bearer s3cret"});
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(HttpCall(http, "GET", "/metrics").status, 200);
+}
+
+}  // namespace
+}  // namespace fm::it

@@ -1,0 +1,152 @@
+// The HTTP API's request parsing without a server: HttpRequestParser (Beast, with limits) and
+// DecodeOpenAiRequest / ErrorFromStatus (coordinator/openai_request.h).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/http_request.h"
+#include "coordinator/openai_request.h"
+
+namespace fm {
+namespace {
+
+using State = HttpRequestParser::State;
+
+TEST(HttpRequestParser, ParsesAcrossArbitrarySplitsAndKeepsPipelinedBytes) {
+  const std::string one = "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer t\r\n"
+                          "Content-Length: 4\r\n\r\n{\"a\"";
+  const std::string next = "GET /health HTTP/1.1\r\n";
+  for (size_t split = 1; split < one.size(); ++split) {
+    HttpRequestParser p(1024, 1024);
+    std::string buffer = one.substr(0, split);
+    EXPECT_EQ(p.Feed(&buffer), State::kNeedMore) << split;
+    buffer += one.substr(split) + next;
+    ASSERT_EQ(p.Feed(&buffer), State::kDone) << split;
+    EXPECT_EQ(buffer, next) << "bytes of the next request stay";
+    EXPECT_EQ(p.request().method, "POST");
+    EXPECT_EQ(p.request().path, "/v1/chat/completions");
+    EXPECT_EQ(p.request().Header("authorization"), "Bearer t");
+    EXPECT_EQ(p.request().body, "{\"a\"");
+    EXPECT_TRUE(p.request().keep_alive);
+  }
+}
+
+TEST(HttpRequestParser, ChunkedBodyAndConnectionClose) {
+  HttpRequestParser p(1024, 1024);
+  std::string b = "POST /v1/completions HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                  "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+  ASSERT_EQ(p.Feed(&b), State::kDone);
+  EXPECT_EQ(p.request().body, "abcde");
+  EXPECT_FALSE(p.request().keep_alive);
+}
+
+TEST(HttpRequestParser, LimitsAndGarbageAreErrorsWithTheirStatus) {
+  struct Case { std::string bytes; int status; };
+  const Case cases[] = {
+      {"GARBAGE\r\n\r\n", 400},
+      {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n", 400},
+      {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2000\r\n\r\n", 413},
+      {"GET / HTTP/1.1\r\nX: " + std::string(2000, 'a') + "\r\n\r\n", 431},
+  };
+  for (const auto& c : cases) {
+    HttpRequestParser p(1024, 1024);
+    std::string b = c.bytes;
+    EXPECT_EQ(p.Feed(&b), State::kError) << c.bytes.substr(0, 60);
+    EXPECT_EQ(p.error_status(), c.status) << c.bytes.substr(0, 60);
+    EXPECT_FALSE(p.error().empty());
+  }
+}
+
+TEST(DecodeOpenAiRequest, ChatFieldsAndDefaults) {
+  auto r = DecodeOpenAiRequest(R"({"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+      "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
+      "seed": 42, "stop": "\n", "stream": true, "stream_options": {"include_usage": true},
+      "logprobs": true, "top_logprobs": 2, "n": 1, "frequency_penalty": 0.3, "user": null})",
+                               /*chat=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->messages.size(), 2u);
+  EXPECT_EQ(r->messages[1].role, "user");
+  EXPECT_EQ(r->messages[1].content, "ab");
+  EXPECT_EQ(r->max_tokens, 7) << "max_completion_tokens wins";
+  EXPECT_EQ(r->temperature, 0);
+  EXPECT_EQ(r->top_p, 0.5);
+  EXPECT_EQ(r->top_k, 0) << "-1 is vLLM's off";
+  EXPECT_EQ(r->seed.value(), 42u);
+  EXPECT_EQ(r->stop, std::vector<std::string>{"\n"});
+  EXPECT_TRUE(r->stream && r->include_usage && r->logprobs);
+  EXPECT_EQ(r->top_logprobs, 2);
+
+  auto d = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "hi"}]})", true);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->max_tokens, 0);
+  EXPECT_EQ(d->temperature, 1.0) << "OpenAI's default";
+  EXPECT_FALSE(d->seed.has_value());
+  EXPECT_FALSE(d->stream);
+}
+
+TEST(DecodeOpenAiRequest, CompletionPrompts) {
+  auto ids = DecodeOpenAiRequest(R"({"prompt": [1, 2.0, 3], "logprobs": 0})", false);
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  EXPECT_EQ(ids->prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(ids->logprobs);
+  auto one = DecodeOpenAiRequest(R"({"prompt": ["hello"]})", false);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->prompt, "hello");
+  auto nested = DecodeOpenAiRequest(R"({"prompt": [[7, 8]]})", false);
+  ASSERT_TRUE(nested.ok());
+  EXPECT_EQ(nested->prompt_ids, (std::vector<int32_t>{7, 8}));
+}
+
+TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
+  struct Case { const char* body; bool chat; const char* param; };
+  const Case cases[] = {
+      {"{", true, "body"},
+      {"3", true, "body"},
+      {R"({})", true, "messages"},
+      {R"({"messages": []})", true, "messages"},
+      {R"({"messages": [{"content": "x"}]})", true, "messages[0].role"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", true, "messages[0].content[0].type"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": -1})", true, "temperature"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_p": 0})", true, "top_p"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_k": -2})", true, "top_k"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", true, "max_tokens"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2.5})", true, "max_completion_tokens"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", true, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": ["a", ""]})", true, "stop[1]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]})", true, "stop"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}})", true, "stream_options.include_usage"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})", true, "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "seed": 18446744073709551615})", true, "seed"},
+      {R"({"prompt": ""})", false, "prompt"},
+      {R"({"prompt": [1, "a"]})", false, "prompt"},
+      {R"({"prompt": [1, -1]})", false, "prompt[1]"},
+      {R"({"prompt": "x", "logprobs": 21})", false, "logprobs"},
+  };
+  for (const auto& c : cases) {
+    auto r = DecodeOpenAiRequest(c.body, c.chat);
+    ASSERT_FALSE(r.ok()) << c.body;
+    OpenAiError e = ErrorFromStatus(r.status());
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << r.status().message();
+    auto j = nlohmann::json::parse(e.ToJson());
+    EXPECT_EQ(j["error"]["param"], c.param);
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_TRUE(j["error"]["code"].is_null());
+  }
+}
+
+TEST(ErrorFromStatus, StatusCodesAndTypes) {
+  EXPECT_EQ(ErrorFromStatus(Unauthenticated("no token")).http_status, 401);
+  EXPECT_EQ(ErrorFromStatus(Unauthenticated("no token")).code, "invalid_api_key");
+  EXPECT_EQ(ErrorFromStatus(ResourceExhausted("queue full")).http_status, 429);
+  EXPECT_EQ(ErrorFromStatus(Unavailable("node w1 is down")).http_status, 503);
+  EXPECT_EQ(ErrorFromStatus(Internal("x")).http_status, 500);
+  EXPECT_EQ(ErrorFromStatus(InvalidArgument("input: 70 prompt tokens leave no room")).param, "input");
+  EXPECT_EQ(ErrorFromStatus(InvalidArgument("the whole thing: bad")).param, "") << "not a field name";
+}
+
+}  // namespace
+}  // namespace fm
