@@ -11,13 +11,13 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 CXX="g++ -std=c++20 -O1 -Wno-unknown-pragmas -Itests/gpu/emu -I."
 objs=()
-for k in gemv elementwise router hc attention indexer step; do
-  # kernel<<<grid, block[, shared, stream]>>>(args)  ->  EmuLaunch(kernel, EmuConfig{...}, args)
-  perl -0777 -pe 's/(\w+)<<<(.*?)>>>\(/EmuLaunch($1, EmuConfig{$2}, /sg' "kernels/cuda/$k.cu" > "$OUT/$k.cpp"
+for k in gemv experts elementwise router hc attention indexer step; do
+  # kernel[<NT>]<<<grid, block[, shared, stream]>>>(args)  ->  EmuLaunch(kernel, EmuConfig{...}, args)
+  perl -0777 -pe 's/(\w+(?:<\w+>)?)<<<(.*?)>>>\(/EmuLaunch($1, EmuConfig{$2}, /sg' "kernels/cuda/$k.cu" > "$OUT/$k.cpp"
   objs+=("$OUT/$k.cpp")
 done
 common=(common/status.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
-$CXX -o "$OUT/test_cuda_kernels_emu" tests/gpu/test_cuda_kernels.cpp \
+$CXX -o "$OUT/test_cuda_kernels_emu" tests/gpu/test_cuda_kernels.cpp tests/gpu/test_cuda_gemm.cpp \
   tests/gpu/test_cuda_model_ops.cpp tests/gpu/test_cuda_step_ops.cpp "${objs[@]}" tests/gpu/emu/device_emu.cpp \
   kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp kernels/cpu/swiglu.cpp \
   kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp kernels/cpu/compressor_pool.cpp \
