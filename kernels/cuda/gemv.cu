@@ -153,17 +153,17 @@ Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std
   return Status::Ok();
 }
 
-Status LaunchTasks(std::span<const GemvTask> tasks, int64_t T, const float* norm, float eps,
+Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float* norm, float eps,
                    const std::string& who) {
-  if (tasks.empty() || tasks.size() > static_cast<size_t>(kMaxGemvTasks))
-    return InvalidArgument(who + ": " + std::to_string(tasks.size()) + " tasks (want 1.." +
+  if (ntasks < 1 || ntasks > kMaxGemvTasks || !tasks)
+    return InvalidArgument(who + ": " + std::to_string(ntasks) + " tasks (want 1.." +
                            std::to_string(kMaxGemvTasks) + ")");
   if (T < 0) return InvalidArgument(who + ": tokens " + std::to_string(T) + " < 0");
   if (norm && !(eps >= 0.0f)) return InvalidArgument(who + ": eps must be >= 0");
   GemvLaunch p{};
   int64_t blocks = 0;
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    const std::string name = tasks.size() > 1 ? who + " task " + std::to_string(i) : who;
+  for (int64_t i = 0; i < ntasks; ++i) {
+    const std::string name = ntasks > 1 ? who + " task " + std::to_string(i) : who;
     if (T == 0) {
       FM_RETURN_IF_ERROR(ValidateWeight(tasks[i].w, name));
       continue;
@@ -178,7 +178,7 @@ Status LaunchTasks(std::span<const GemvTask> tasks, int64_t T, const float* norm
   }
   if (T == 0) return Status::Ok();
   if (blocks > 0x7FFFFFFF) return InvalidArgument(who + ": " + std::to_string(blocks) + " blocks");
-  p.ntasks = static_cast<int>(tasks.size());
+  p.ntasks = static_cast<int>(ntasks);
   p.T = T;
   p.norm = norm;
   p.eps = eps;
@@ -219,13 +219,13 @@ Result<DeviceWeight> UploadWeight(const QWeight& host) {
 Status Gemm(const QWeight& w, const float* x, int64_t x_stride, float* y, int64_t y_stride,
             int64_t T) {
   const GemvTask task{w, x, x_stride, y, y_stride};
-  return LaunchTasks(std::span<const GemvTask>(&task, 1), T, nullptr, 0.0f, "Gemm");
+  return LaunchTasks(&task, 1, T, nullptr, 0.0f, "Gemm");
 }
 
 Status Gemv(const QWeight& w, const float* x, float* y) { return Gemm(w, x, 0, y, 0, 1); }
 
-Status GemmMany(std::span<const GemvTask> tasks, int64_t T, const float* norm, float eps) {
-  return LaunchTasks(tasks, T, norm, eps, "GemmMany");
+Status GemmMany(const GemvTask* tasks, int64_t n, int64_t T, const float* norm, float eps) {
+  return LaunchTasks(tasks, n, T, norm, eps, "GemmMany");
 }
 
 }  // namespace fm::cuda

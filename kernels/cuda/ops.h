@@ -9,7 +9,6 @@
 // bit-exactly. No CUDA types here, so plain C++ code can include it.
 #pragma once
 #include <cstdint>
-#include <span>
 
 #include "common/status.h"
 #include "common/tensor.h"
@@ -54,8 +53,8 @@ constexpr int kMaxGemvTasks = 8;
 // [cols], every task then has the same cols) xn = norm * (x / sqrt(mean(x^2) + eps)), rms in
 // RmsNorm's order (so RmsNorm then Gemm gives the same bits). Without norm each task's output is
 // bit-identical to Gemm of that task alone. At most kMaxGemvTasks tasks; the table is passed by
-// value, so a captured graph bakes it.
-Status GemmMany(std::span<const GemvTask> tasks, int64_t T, const float* norm = nullptr,
+// value, so a captured graph bakes it. (A pointer and a count: the .cu files build as C++17.)
+Status GemmMany(const GemvTask* tasks, int64_t n, int64_t T, const float* norm = nullptr,
                 float eps = 0.0f);
 
 // y[r, :] = g * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows; g = weight[dim], or 1 when

@@ -126,7 +126,7 @@ TEST(CudaGemmMany, TasksEqualTheirOwnGemm) {
         one.push_back(Zeros(T * dw[i].rows));
         tasks.push_back({dw[i].view(), dx.as<float>(), cols, many.back().as<float>(), dw[i].rows});
       }
-      ASSERT_OK(cuda::GemmMany(tasks, T, norm ? dg.as<float>() : nullptr, 1e-6f));
+      ASSERT_OK(cuda::GemmMany(tasks.data(), tasks.size(), T, norm ? dg.as<float>() : nullptr, 1e-6f));
       const float* xin = dx.as<float>();
       if (norm) {
         ASSERT_OK(cuda::RmsNorm(dx.as<float>(), dg.as<float>(), dn.as<float>(), T, cols, 1e-6f));
@@ -163,7 +163,7 @@ TEST(CudaGemmMany, GroupedRowSlicesEqualPerGroupGemm) {
   for (int64_t g = 0; g < G; ++g)
     tasks.push_back({dw->view(), dox.as<float>() + g * gin, G * gin, du.as<float>() + g * R, G * R,
                      g * R, R});
-  ASSERT_OK(cuda::GemmMany(tasks, T));
+  ASSERT_OK(cuda::GemmMany(tasks.data(), tasks.size(), T));
   const std::vector<float> u = ToHost(du, T * G * R);
   for (int64_t g = 0; g < G; ++g) {
     ASSERT_OK(cuda::Gemm(dw->view(), dox.as<float>() + g * gin, G * gin, dfull.as<float>(), G * R, T));
@@ -179,22 +179,22 @@ TEST(CudaArgs, GemmManyRejectsBadTasks) {
   float* f = reinterpret_cast<float*>(bytes.data());
   const QWeight w{WeightFormat::kBF16, 4, 64, bytes.data(), nullptr};
   const QWeight w2{WeightFormat::kBF16, 4, 32, bytes.data(), nullptr};
-  Status s = cuda::GemmMany({}, 1);
+  Status s = cuda::GemmMany(nullptr, 0, 1);
   EXPECT_NE(s.message().find("0 tasks (want 1..8)"), std::string::npos) << s.ToString();
   std::vector<cuda::GemvTask> nine(9, cuda::GemvTask{w, f, 64, f, 4});
-  s = cuda::GemmMany(nine, 1);
+  s = cuda::GemmMany(nine.data(), nine.size(), 1);
   EXPECT_NE(s.message().find("9 tasks"), std::string::npos) << s.ToString();
   std::vector<cuda::GemvTask> t = {{w, f, 64, f, 4}, {w, f, 64, f, 4, 3, 2}};
-  s = cuda::GemmMany(t, 2);
+  s = cuda::GemmMany(t.data(), t.size(), 2);
   EXPECT_NE(s.message().find("GemmMany task 1: rows [3, +2) outside the weight's 4 rows"),
             std::string::npos) << s.ToString();
   t = {{w, f, 64, f, 4}, {w2, f, 64, f, 4}};
-  s = cuda::GemmMany(t, 2, f, 1e-6f);
+  s = cuda::GemmMany(t.data(), t.size(), 2, f, 1e-6f);
   EXPECT_NE(s.message().find("task 1: cols 32 differ from task 0's 64"), std::string::npos) << s.ToString();
   t = {{w, f, 64, f, 4}, {w, nullptr, 64, f, 4}};
-  s = cuda::GemmMany(t, 2);
+  s = cuda::GemmMany(t.data(), t.size(), 2);
   EXPECT_NE(s.message().find("task 1: x and y must be device pointers"), std::string::npos) << s.ToString();
-  s = cuda::GemmMany(t, 2, f, -1.0f);
+  s = cuda::GemmMany(t.data(), t.size(), 2, f, -1.0f);
   EXPECT_NE(s.message().find("eps must be >= 0"), std::string::npos) << s.ToString();
 }
 
