@@ -98,7 +98,7 @@ __device__ void ExpertTile(const ExpertsLaunch& p, WeightFormat format, bool vec
 }
 
 template <int NT>
-__global__ void __launch_bounds__(kGemvThreads) ExpertsKernel(const ExpertsLaunch p) {
+__global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1) ExpertsKernel(const ExpertsLaunch p) {
   const int64_t s = blockIdx.y, key = SlotKey(p, s);
   for (int64_t e = 0; e < s; ++e)
     if (SlotKey(p, e) == key) return;  // the expert's first slot serves this one
@@ -113,10 +113,13 @@ __global__ void __launch_bounds__(kGemvThreads) ExpertsKernel(const ExpertsLaunc
       p.y[s * p.y_stride + r] = __int_as_float(0x7fc00000);
     return;
   }
-  ExpertMat m[2];
-  for (int i = 0; i < 2; ++i)
-    m[i] = is_shared ? p.shared[i] : ExpertMat{p.datas[i] ? p.datas[i][key] : nullptr,
-                                               p.scales[i] ? p.scales[i][key] : nullptr};
+  // Two named matrices, not an array: a run-time index would put it in local memory. Scales
+  // are null for BF16/F32 experts.
+  auto routed = [&](int i) {
+    return ExpertMat{p.datas[i][key], p.scales[i] ? p.scales[i][key] : nullptr};
+  };
+  const ExpertMat m0 = is_shared ? p.shared[0] : routed(0);
+  const ExpertMat m1 = !p.up_gate ? m0 : is_shared ? p.shared[1] : routed(1);
   const int lane = threadIdx.x % 32;
   const int64_t r_out = block_row + (threadIdx.x / 32) * per_warp;
   const int64_t left = out_rows - r_out;
@@ -125,10 +128,10 @@ __global__ void __launch_bounds__(kGemvThreads) ExpertsKernel(const ExpertsLaunc
   WarpRows rows;
 #pragma unroll
   for (int j = 0; j < kWarpRows; ++j) {
-    const int mi = p.up_gate ? j % 2 : 0;
+    const ExpertMat& m = p.up_gate && j % 2 == 1 ? m1 : m0;
     const int64_t r = r_out + (p.up_gate ? j / 2 : j);
-    rows.data[j] = m[mi].data;
-    rows.scale[j] = m[mi].scale;
+    rows.data[j] = m.data;
+    rows.scale[j] = m.scale;
     rows.row[j] = r < out_rows ? r : out_rows - 1;
   }
   const WeightFormat format = is_shared ? p.shared_format : p.format;

@@ -272,7 +272,7 @@ void RunExperts(const Experts& x, const std::vector<int32_t>& ids, int64_t T, in
   *c = ToHost(dc, T * (k + 1) * x.H);
 }
 
-// Both launches against MatvecRef + SwigluClampRef for T = 1..17 with repeated experts and one
+// Both launches against MatvecRef + SwigluClampRef for T = 1..32 with repeated experts and one
 // id outside [0, E) (NaN rows); every slot has the bits of the same token run alone (T = 1).
 TEST(CudaExperts, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
@@ -281,7 +281,7 @@ TEST(CudaExperts, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
   MakeExperts(&x, rng);
   const int64_t k = 3, hs = 80, S = k + 1;
   const float limit = 2.0f;
-  for (int64_t T : {1, 3, 8, 17}) {
+  for (int64_t T : kTokenCounts) {
     std::uniform_int_distribution<int> pick(0, 4);
     std::vector<int32_t> ids(T * k);
     for (auto& e : ids) e = pick(rng);
