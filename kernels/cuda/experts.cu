@@ -98,7 +98,7 @@ __device__ void ExpertTile(const ExpertsLaunch& p, WeightFormat format, bool vec
 }
 
 template <int NT>
-__global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1) ExpertsKernel(const ExpertsLaunch p) {
+__global__ void __launch_bounds__(kGemvThreads) ExpertsKernel(const ExpertsLaunch p) {
   const int64_t s = blockIdx.y, key = SlotKey(p, s);
   for (int64_t e = 0; e < s; ++e)
     if (SlotKey(p, e) == key) return;  // the expert's first slot serves this one

@@ -85,7 +85,7 @@ __device__ void TaskTile(const GemvTaskK& k, const WarpRows& rows, int64_t r_rel
 // of it, all T tokens in tiles of NT. Warps past the task's last row stream its last row again
 // (never stored), so every warp takes the same path through the barriers.
 template <int NT>
-__global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1) GemvTasksKernel(const GemvLaunch p) {
+__global__ void __launch_bounds__(kGemvThreads, 1) GemvTasksKernel(const GemvLaunch p) {
   int i = 0;
   while (i + 1 < p.ntasks && blockIdx.x >= p.block_end[i]) ++i;
   const GemvTaskK& k = p.task[i];
