@@ -127,13 +127,15 @@ __global__ void HcPostKernel(const float* x, const float* out, const float* post
 }
 
 // One thread per (t, h): y[h] = sum_j w[j] * contrib[j][h], j ascending.
+// contrib rows per token: k, or k + 1 with the shared expert's row last (added with weight 1).
 __global__ void MoeCombineKernel(const float* contrib, const float* w, int64_t T, int k,
-                                 int64_t H, float* y) {
+                                 bool add_shared, int64_t H, float* y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
   if (i >= T * H) return;
-  const int64_t h = i % H, t = i / H;
+  const int64_t h = i % H, t = i / H, slots = k + (add_shared ? 1 : 0);
   float acc = 0.0f;
-  for (int j = 0; j < k; ++j) acc += w[t * k + j] * contrib[(t * k + j) * H + h];
+  for (int j = 0; j < k; ++j) acc += w[t * k + j] * contrib[(t * slots + j) * H + h];
+  if (add_shared) acc += contrib[(t * slots + k) * H + h];
   y[i] = acc;
 }
 
@@ -183,14 +185,15 @@ Status HcPost(const float* x, const float* out, const float* post, const float* 
   return LaunchStatus("HcPostKernel");
 }
 
-Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y) {
+Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y,
+                  bool add_shared) {
   if (T < 0 || k < 1 || H < 1)
     return InvalidArgument("MoeCombine: tokens " + std::to_string(T) + ", top_k " + std::to_string(k) +
                            ", hidden " + std::to_string(H) + " (want tokens >= 0, top_k >= 1, hidden >= 1)");
   if (T == 0) return Status::Ok();
   if (!contrib || !w || !y) return InvalidArgument("MoeCombine: null device pointer");
   MoeCombineKernel<<<BlocksFor(T * H, kElemThreads), kElemThreads, 0, CurrentStream()>>>(
-      contrib, w, T, static_cast<int>(k), H, y);
+      contrib, w, T, static_cast<int>(k), add_shared, H, y);
   return LaunchStatus("MoeCombineKernel");
 }
 

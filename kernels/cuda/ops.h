@@ -29,13 +29,33 @@ Result<DeviceWeight> UploadWeight(const QWeight& host);
 
 // y[rows] = W[rows, cols] x[cols], W dequantized on the fly exactly as MatvecRef does (FP8 e4m3
 // with e8m0 128x128 block scales incl. partial edge blocks, FP4 e2m1 with e8m0 per-32 scales,
-// BF16, F32). w.data/w.scale, x and y are device pointers. One warp per output row.
+// BF16, F32). w.data/w.scale, x and y are device pointers. Four rows a warp (gemv.cu).
 Status Gemv(const QWeight& w, const float* x, float* y);
 // T products with the same weight: y[t * y_stride + r] = W x_t with x_t = x + t * x_stride, each
-// bit-identical to Gemv(w, x_t, ...) (the same warp code per row and token); launched so that a
-// row block's T products run next to each other (the weight is read from memory ~once per call).
+// bit-identical to Gemv(w, x_t, ...) whatever T is (when x and x_stride keep every x_t 16-byte
+// aligned, or none). Each weight element is decoded once per 8 tokens.
 Status Gemm(const QWeight& w, const float* x, int64_t x_stride, float* y, int64_t y_stride,
             int64_t T);
+
+// One product of GemmMany: rows [row0, row0 + rows) of w (rows 0: to the end) times the T rows
+// x + t * x_stride into y + t * y_stride (y[.., 0] is row row0). row0 may start anywhere, also
+// inside an FP8 128-row scale block (the grouped wo_a: one task per group).
+struct GemvTask {
+  QWeight w;
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  int64_t row0 = 0, rows = 0;
+};
+constexpr int kMaxGemvTasks = 8;
+// One launch: for every task i and t < T, y_i[t] = W_i xn_i[t] with xn = x, or with norm (device
+// [cols], every task then has the same cols) xn = norm * (x / sqrt(mean(x^2) + eps)), rms in
+// RmsNorm's order (so RmsNorm then Gemm gives the same bits). Without norm each task's output is
+// bit-identical to Gemm of that task alone. At most kMaxGemvTasks tasks; the table is passed by
+// value, so a captured graph bakes it. (A pointer and a count: the .cu files build as C++17.)
+Status GemmMany(const GemvTask* tasks, int64_t n, int64_t T, const float* norm = nullptr,
+                float eps = 0.0f);
 
 // y[r, :] = g * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows; g = weight[dim], or 1 when
 // weight is null. y may equal x. One block per row.
@@ -76,8 +96,11 @@ Status HcHead(const float* x, const float* mix, const float* base, float scale, 
 // hc_post: x_new [T, n, H] = post[k] * out[T, H] + sum_j comb[j*n+k] * x[j]; no aliasing.
 Status HcPost(const float* x, const float* out, const float* post, const float* comb, int64_t T,
               int64_t n, int64_t H, float* x_new);
-// y [T, H] = sum_j w[T, j] * contrib[T, j, H], j ascending (the routed experts' outputs).
-Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y);
+// y [T, H] = sum_j w[T, j] * contrib[T, j, H], j ascending (the routed experts' outputs). With
+// add_shared, contrib is [T, k + 1, H] (ExpertsDown's slots) and the shared row j == k is added
+// last with weight 1.
+Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y,
+                  bool add_shared = false);
 
 // Decode attention of one token (kernels/cpu/attention_core.h SinkAttentionHeads_hd): for head
 // h < nh, s_i = scale * q_h . k_i over the keys k_i = kv[idx[i]] (rows of width d; the window
@@ -141,13 +164,35 @@ Status CompressorGather(const float* pend_a, const float* pend_z, int64_t r, int
                         bool overlap, const CompressorStep* step, float* ga, float* gz,
                         int32_t* count);
 
-// Routed experts' GEMV for one token: for j < k, y[j, :rows] = W_{ids[j]} x_j with x_j = x + j *
-// x_stride (x_stride 0: every expert reads the same x). datas/scales: device arrays of E data and
-// scale pointers (DeviceWeight buffers, one format and shape [rows, cols] for all). ids: device
-// int32 [k], each checked in-kernel against E (out of range: that row of y is NaN).
-Status GemvExperts(WeightFormat format, int64_t rows, int64_t cols, const void* const* datas,
-                   const uint8_t* const* scales, int64_t E, const int32_t* ids, int64_t k,
-                   const float* x, int64_t x_stride, float* y);
+// Routed experts of one shape on the device: E weights [rows, cols] of one format; datas/scales
+// are device arrays of E device pointers (DeviceWeight buffers, 256-byte aligned).
+struct DevExperts {
+  WeightFormat format = WeightFormat::kF32;
+  int64_t rows = 0, cols = 0, E = 0;
+  const void* const* datas = nullptr;
+  const uint8_t* const* scales = nullptr;
+};
+// The shared expert's weights (device QWeights): w1, w3 [Is, H], w2 [H, Is].
+struct SharedExpert {
+  QWeight w1, w3, w2;
+};
+// Slot s = t * S + j of a step, S = k (+1 with a shared expert): token t's j-th routed expert
+// e = ids[t * k + j] for j < k, the shared expert for j == k. Both launches below group the slots
+// by expert (the block of an expert's first slot serves all its slots, up to 8 per pass over the
+// weight), so each expert's weight is read about once per step, and a slot's result does not
+// depend on T or on the other slots (bit-identical to Gemm of its expert alone).
+//
+// h[s, :I] = silu(min(W1_e x_t, limit)) * clip(W3_e x_t, -limit, limit) for every slot (rows of
+// h_stride >= max(I, Is) floats; x_t = x + t * x_stride); an id outside [0, E) gives a NaN row.
+// W1 and W3 in one pass, SwiGLU in the epilogue, one launch. k may be 0 with a shared expert
+// (only the shared slots; w1/w3 and ids unused). limit: > 0, +inf for no clamp.
+Status ExpertsUpGate(const DevExperts& w1, const DevExperts& w3, const int32_t* ids, int64_t T,
+                     int64_t k, const float* x, int64_t x_stride, float limit,
+                     const SharedExpert* shared, float* h, int64_t h_stride);
+// contrib[s, :H] = W2_e h[s, :] for every slot (the shared expert's w2 at its slots; rows of H
+// floats); an id outside [0, E) gives a NaN row. One launch.
+Status ExpertsDown(const DevExperts& w2, const int32_t* ids, int64_t T, int64_t k, const float* h,
+                   int64_t h_stride, const SharedExpert* shared, float* contrib);
 
 // Read bandwidth of the current device in GB/s: `passes` reads of a `bytes` buffer (>= 1 MiB;
 // take several times the L2 size), timed with events after one warm-up pass.

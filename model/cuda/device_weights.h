@@ -1,6 +1,6 @@
 // The device copy of a shard's layers (model/cuda/shard_model.h): each bound LayerWeights
 // (model/layer.h) uploaded once in its checkpoint formats, plus the per-expert pointer arrays
-// GemvExperts reads. Plain C++ over kernels/cuda.
+// ExpertsUpGate and ExpertsDown read. Plain C++ over kernels/cuda.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -40,7 +40,7 @@ struct DevCompressor {
 };
 
 // One expert projection over all E experts: the per-expert buffers and the device arrays of their
-// pointers that GemvExperts reads.
+// pointers that ExpertsUpGate and ExpertsDown read.
 struct DevExpertSet {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0, cols = 0;

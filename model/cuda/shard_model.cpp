@@ -71,7 +71,7 @@ struct Scratch {
   DeviceBuffer x, x_new, mix, y, post, comb, out;
   DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials and its int32 block counter
   DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u, ug;
-  DeviceBuffer gl, ids, rw, h1, h3, contrib, routed, sh1, sh3;
+  DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
   DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
   DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
 };
@@ -206,8 +206,8 @@ Status CudaShardModel::AllocScratch() {
       {&s.ia, C * 2 * dI}, {&s.iz, C * 2 * dI}, {&s.iq, C * nI * dI}, {&s.iw, C * nI},
       {&s.picks, C * std::max<int64_t>(cfg_.index_topk, 1)}, {&s.o, C * nH * D}, {&s.u, C * G * R},
       {&s.ug, C * G * R},
-      {&s.gl, C * E}, {&s.ids, C * k}, {&s.rw, C * k}, {&s.h1, C * k * I}, {&s.h3, C * k * I},
-      {&s.contrib, C * k * H}, {&s.routed, C * H}, {&s.sh1, C * Is}, {&s.sh3, C * Is},
+      {&s.gl, C * E}, {&s.ids, C * k}, {&s.rw, C * k}, {&s.h, C * (k + 1) * std::max(I, Is)},
+      {&s.contrib, C * (k + 1) * H}, {&s.routed, C * H},
       {&s.head_y, C * H}, {&s.logits, C * cfg_.vocab_size}};
   for (const Want& w : wants) {
     FM_ASSIGN_OR_RETURN(*w.b, AllocFloats(w.floats));
@@ -405,48 +405,37 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
                                       l.hash ? l.tid2eid.as<int64_t>() : nullptr, in.tokens(),
                                       cfg_.vocab_size, T, E, k,
                                       static_cast<float>(cfg_.routed_scaling_factor), ids, rw));
-  float* routed = s_.routed.as<float>();
+  // The shared expert is slot k of each token in the expert launches (slot 0 of k = 0 under EP).
+  const cuda::SharedExpert shared{l.s1.view(), l.s3.view(), l.s2.view()};
+  const int64_t hs = std::max(l.w1.rows, l.s1.rows);
+  float* h = s_.h.as<float>();
+  float* contrib = s_.contrib.as<float>();
+  float* out = s_.out.as<float>();
   if (exec_ || !l.all_experts) {
     // Expert parallelism: the executor works on host rows (a copy each way per layer).
     if (!exec_) return InvalidArgument("layer " + std::to_string(l.layer) +
                                           ": not every routed expert is on this device and no "
                                           "expert executor is set");
-    std::vector<float> xh(T * H), out(T * H), wh(T * k);
+    std::vector<float> xh(T * H), routed(T * H), wh(T * k);
     std::vector<int32_t> idh(T * k);
     FM_RETURN_IF_ERROR(s_.y.CopyToHost(xh.data(), xh.size() * sizeof(float)));
     FM_RETURN_IF_ERROR(s_.ids.CopyToHost(idh.data(), idh.size() * sizeof(int32_t)));
     FM_RETURN_IF_ERROR(s_.rw.CopyToHost(wh.data(), wh.size() * sizeof(float)));
-    FM_RETURN_IF_ERROR(exec_->RunRouted(l.layer, xh.data(), T, idh.data(), wh.data(), out.data()));
-    FM_RETURN_IF_ERROR(s_.routed.CopyFromHost(out.data(), out.size() * sizeof(float)));
-  } else {
-    const int64_t I = l.w1.rows;
-    float* h1 = s_.h1.as<float>();
-    float* h3 = s_.h3.as<float>();
-    float* contrib = s_.contrib.as<float>();
-    auto experts = [&](const DevExpertSet& set, int64_t t, const float* x, int64_t stride,
-                       float* out) {
-      return cuda::GemvExperts(set.format, set.rows, set.cols, set.datas.as<const void* const>(),
-                               set.scales.as<const uint8_t* const>(), E, ids + t * k, k, x,
-                               stride, out);
-    };
-    for (int64_t t = 0; t < T; ++t) {
-      FM_RETURN_IF_ERROR(experts(l.w1, t, y + t * H, 0, h1 + t * k * I));
-      FM_RETURN_IF_ERROR(experts(l.w3, t, y + t * H, 0, h3 + t * k * I));
-    }
-    FM_RETURN_IF_ERROR(cuda::SwiGluClamped(h1, h3, h1, T * k * I, limit));
-    for (int64_t t = 0; t < T; ++t)
-      FM_RETURN_IF_ERROR(experts(l.w2, t, h1 + t * k * I, I, contrib + t * k * H));
-    FM_RETURN_IF_ERROR(cuda::MoeCombine(contrib, rw, T, k, H, routed));
+    FM_RETURN_IF_ERROR(exec_->RunRouted(l.layer, xh.data(), T, idh.data(), wh.data(), routed.data()));
+    FM_RETURN_IF_ERROR(s_.routed.CopyFromHost(routed.data(), routed.size() * sizeof(float)));
+    const cuda::DevExperts none;
+    FM_RETURN_IF_ERROR(cuda::ExpertsUpGate(none, none, nullptr, T, 0, y, H, limit, &shared, h, hs));
+    FM_RETURN_IF_ERROR(cuda::ExpertsDown(none, nullptr, T, 0, h, hs, &shared, contrib));
+    return cuda::AddVectors(s_.routed.as<float>(), contrib, out, T * H);
   }
-  // The shared expert, then out = routed + shared.
-  const int64_t Is = l.s1.rows;
-  float* out = s_.out.as<float>();
-  FM_RETURN_IF_ERROR(cuda::Gemm(l.s1.view(), y, H, s_.sh1.as<float>(), Is, T));
-  FM_RETURN_IF_ERROR(cuda::Gemm(l.s3.view(), y, H, s_.sh3.as<float>(), Is, T));
-  FM_RETURN_IF_ERROR(cuda::SwiGluClamped(s_.sh1.as<float>(), s_.sh3.as<float>(),
-                                         s_.sh1.as<float>(), T * Is, limit));
-  FM_RETURN_IF_ERROR(cuda::Gemm(l.s2.view(), s_.sh1.as<float>(), Is, out, H, T));
-  return cuda::AddVectors(routed, out, out, T * H);
+  auto set = [&](const DevExpertSet& w) {
+    return cuda::DevExperts{w.format, w.rows, w.cols, E, w.datas.as<const void* const>(),
+                            w.scales.as<const uint8_t* const>()};
+  };
+  FM_RETURN_IF_ERROR(
+      cuda::ExpertsUpGate(set(l.w1), set(l.w3), ids, T, k, y, H, limit, &shared, h, hs));
+  FM_RETURN_IF_ERROR(cuda::ExpertsDown(set(l.w2), ids, T, k, h, hs, &shared, contrib));
+  return cuda::MoeCombine(contrib, rw, T, k, H, out, /*add_shared=*/true);
 }
 
 Status CudaShardModel::LayerStep(const DevLayer& l, const DevLayer* next, Rows rows,

@@ -1,10 +1,16 @@
 // GEMV bandwidth on the GPU for the model's decode shapes: bytes of weights + scales read per
-// call / time per call. Each shape rotates over enough weight copies (>= 512 MiB) that L2
-// (50 MiB on H100/H200) cannot hold them, so the number is DRAM bandwidth, as in decode.
-// Usage: bench_cuda_gemv  (prints one line per shape; exit 1 on a CUDA error; 0 devices: skip).
+// call / time per call, and that as a fraction of the device's read probe (MeasureReadBandwidth).
+// Every case rotates over enough weight copies (>= 512 MiB) that L2 (50-60 MiB on H100/H200)
+// cannot hold them, so the number is DRAM bandwidth, as in decode. Cases: Gemm of each shape at
+// T = 1, 2, 4, 8, 32 tokens (bytes counted once: each weight is read once a call); GemmMany of
+// the attention's products of x (one launch); the MoE step's ExpertsUpGate (W1 + W3 of k = 6 of
+// 256 FP4 experts and the FP8 shared expert, I = 2048, H = 4096) and ExpertsDown.
+// Usage: bench_cuda_gemv  (one line per case; exit 1 on a CUDA error; 0 devices: skip).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -30,60 +36,185 @@ const Shape kShapes[] = {
     {"hc_attn_fn     F32", WeightFormat::kF32, 24, 16384},
 };
 
-size_t ElemBytesTimes2(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kF32: return 8;
-    case WeightFormat::kBF16: return 4;
-    case WeightFormat::kFP8Block: return 2;
-    case WeightFormat::kFP4Block32: return 1;
-  }
-  return 0;
+// The attention's products of the normed x at DeepSeek-V4-Flash's shapes (a ratio-4 layer:
+// wq_a, wkv, the compressor's and the indexer compressor's wkv/wgate, the indexer's head weights).
+const Shape kAttnX[] = {
+    {"wq_a", WeightFormat::kFP8Block, 1024, 4096},   {"wkv", WeightFormat::kFP8Block, 512, 4096},
+    {"c.wkv", WeightFormat::kFP8Block, 1024, 4096},  {"c.wgate", WeightFormat::kFP8Block, 1024, 4096},
+    {"ic.wkv", WeightFormat::kFP8Block, 256, 4096},  {"ic.wgate", WeightFormat::kFP8Block, 256, 4096},
+    {"i.proj", WeightFormat::kBF16, 64, 4096},
+};
+
+double g_probe = 0;  // GB/s
+
+// Host bytes of a weight of small codes (no NaN/inf patterns), scales near 1.
+struct HostBytes {
+  std::vector<uint8_t> data, scale;
+  QWeight w;
+};
+HostBytes MakeHost(const Shape& s) {
+  HostBytes h;
+  h.w = QWeight{s.format, s.rows, s.cols, nullptr, nullptr};
+  const size_t n = static_cast<size_t>(s.rows * s.cols);
+  const size_t bytes = s.format == WeightFormat::kF32 ? 4 * n : s.format == WeightFormat::kBF16 ? 2 * n
+                       : s.format == WeightFormat::kFP8Block ? n : n / 2;
+  h.data.resize(bytes);
+  std::mt19937 rng(1);
+  for (auto& b : h.data) b = static_cast<uint8_t>(rng() & 0x37);
+  if (s.format == WeightFormat::kFP8Block)
+    h.scale.assign(static_cast<size_t>((s.rows + 127) / 128 * ((s.cols + 127) / 128)), 127);
+  if (s.format == WeightFormat::kFP4Block32) h.scale.assign(n / 32, 127);
+  h.w.data = h.data.data();
+  h.w.scale = h.scale.empty() ? nullptr : h.scale.data();
+  return h;
 }
 
-Status BenchShape(const Shape& s) {
-  QWeight host{s.format, s.rows, s.cols, nullptr, nullptr};
-  const size_t n = static_cast<size_t>(s.rows * s.cols);
-  std::vector<uint8_t> data(n * ElemBytesTimes2(s.format) / 2), scale;
-  std::mt19937 rng(1);
-  // Small codes only (no NaN/inf patterns): low 6 bits of each byte, scales near 1.
-  for (auto& b : data) b = static_cast<uint8_t>(rng() & 0x37);
-  if (s.format == WeightFormat::kFP8Block)
-    scale.assign(static_cast<size_t>((s.rows + 127) / 128 * ((s.cols + 127) / 128)), 127);
-  if (s.format == WeightFormat::kFP4Block32) scale.assign(n / 32, 127);
-  host.data = data.data();
-  host.scale = scale.empty() ? nullptr : scale.data();
-
-  const size_t bytes = host.bytes();
-  const int copies = static_cast<int>(std::max<size_t>(1, (512ull << 20) / bytes + 1));
-  std::vector<cuda::DeviceWeight> weights;
+Result<std::vector<cuda::DeviceWeight>> Copies(const HostBytes& h, int copies) {
+  std::vector<cuda::DeviceWeight> v;
   for (int i = 0; i < copies; ++i) {
-    FM_ASSIGN_OR_RETURN(cuda::DeviceWeight w, cuda::UploadWeight(host));
-    weights.push_back(std::move(w));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceWeight w, cuda::UploadWeight(h.w));
+    v.push_back(std::move(w));
   }
-  std::vector<float> xh(s.cols, 0.5f);
-  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, cuda::Upload(xh.data(), xh.size() * 4));
-  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, cuda::DeviceBuffer::Alloc(s.rows * 4));
+  return v;
+}
 
-  for (int i = 0; i < copies; ++i)  // warm-up: first-touch and launch setup
-    FM_RETURN_IF_ERROR(cuda::Gemv(weights[i].view(), x.as<float>(), y.as<float>()));
+int CopiesFor(size_t bytes) { return static_cast<int>(std::max<size_t>(2, (512ull << 20) / bytes + 1)); }
+
+Result<cuda::DeviceBuffer> Floats(size_t n, float v) {
+  std::vector<float> h(n, v);
+  return cuda::Upload(h.data(), n * 4);
+}
+
+// The mean over `iters` calls of call(i) after a warm-up round of `warm` calls, timed
+// with events; prints one line.
+Status Time(const std::string& name, size_t bytes, int warm, const std::function<Status(int)>& call) {
+  for (int i = 0; i < warm; ++i) FM_RETURN_IF_ERROR(call(i));
   cudaEvent_t start, stop;
   FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
   FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  const int iters = std::max(20, 4 * copies);
+  const int iters = std::max(20, 4 * warm);
   FM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
-  for (int i = 0; i < iters; ++i)
-    FM_RETURN_IF_ERROR(cuda::Gemv(weights[i % copies].view(), x.as<float>(), y.as<float>()));
+  for (int i = 0; i < iters; ++i) FM_RETURN_IF_ERROR(call(i));
   FM_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
   FM_RETURN_IF_ERROR(cuda::Synchronize());
   float ms = 0;
   FM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  const double us = 1000.0 * ms / iters;
-  std::printf("%s [%6lld, %5lld] %8.2f MiB  %8.2f us  %7.1f GB/s\n", s.name,
-              static_cast<long long>(s.rows), static_cast<long long>(s.cols),
-              bytes / double(1 << 20), us, bytes / (us * 1e3));
+  const double us = 1000.0 * ms / iters, gbs = bytes / (us * 1e3);
+  std::printf("%-34s %8.2f MiB %9.2f us %8.1f GB/s  %.2f of probe\n", name.c_str(),
+              bytes / double(1 << 20), us, gbs, gbs / g_probe);
   return Status::Ok();
+}
+
+Status BenchShape(const Shape& s) {
+  const HostBytes h = MakeHost(s);
+  const size_t bytes = h.w.bytes();
+  const int copies = CopiesFor(bytes);
+  FM_ASSIGN_OR_RETURN(auto weights, Copies(h, copies));
+  for (int64_t T : {1, 2, 4, 8, 32}) {
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * s.cols, 0.5f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * s.rows, 0.0f));
+    char name[64];
+    std::snprintf(name, sizeof name, "%s T=%-2lld [%lld, %lld]", s.name, static_cast<long long>(T),
+                  static_cast<long long>(s.rows), static_cast<long long>(s.cols));
+    FM_RETURN_IF_ERROR(Time(name, bytes, copies, [&](int i) {
+      return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, T);
+    }));
+  }
+  return Status::Ok();
+}
+
+Status BenchAttnX() {
+  const int n = static_cast<int>(std::size(kAttnX));
+  size_t bytes = 0;
+  std::vector<HostBytes> hosts;
+  for (const Shape& s : kAttnX) {
+    hosts.push_back(MakeHost(s));
+    bytes += hosts.back().w.bytes();
+  }
+  const int copies = CopiesFor(bytes);
+  std::vector<std::vector<cuda::DeviceWeight>> w;
+  int64_t out = 0;
+  for (const HostBytes& h : hosts) {
+    FM_ASSIGN_OR_RETURN(auto c, Copies(h, copies));
+    w.push_back(std::move(c));
+    out += h.w.rows;
+  }
+  for (int64_t T : {1, 4}) {
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * 4096, 0.5f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * out, 0.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer g, Floats(4096, 1.0f));
+    const std::string name = "GemmMany attn x (7) T=" + std::to_string(T);
+    FM_RETURN_IF_ERROR(Time(name, bytes, copies, [&](int i) {
+      std::vector<cuda::GemvTask> tasks;
+      int64_t off = 0;
+      for (int j = 0; j < n; ++j) {
+        const QWeight v = w[j][i % copies].view();
+        tasks.push_back({v, x.as<float>(), 4096, y.as<float>() + off * T, v.rows});
+        off += v.rows;
+      }
+      return cuda::GemmMany(tasks.data(), tasks.size(), T, g.as<float>(), 1e-6f);
+    }));
+  }
+  return Status::Ok();
+}
+
+// k = 6 of 256 FP4 experts (I = 2048, H = 4096) plus the FP8 shared expert, one token a step;
+// the chosen experts change every call, so their weights come from DRAM.
+Status BenchExperts() {
+  const int64_t E = 256, k = 6, I = 2048, H = 4096;
+  const HostBytes up = MakeHost({"", WeightFormat::kFP4Block32, I, H});
+  const HostBytes down = MakeHost({"", WeightFormat::kFP4Block32, H, I});
+  const HostBytes s_up = MakeHost({"", WeightFormat::kFP8Block, I, H});
+  const HostBytes s_down = MakeHost({"", WeightFormat::kFP8Block, H, I});
+  FM_ASSIGN_OR_RETURN(auto w1, Copies(up, E));
+  FM_ASSIGN_OR_RETURN(auto w3, Copies(up, E));
+  FM_ASSIGN_OR_RETURN(auto w2, Copies(down, E));
+  FM_ASSIGN_OR_RETURN(auto s1, Copies(s_up, 1));
+  FM_ASSIGN_OR_RETURN(auto s3, Copies(s_up, 1));
+  FM_ASSIGN_OR_RETURN(auto s2, Copies(s_down, 1));
+  auto table = [&](const std::vector<cuda::DeviceWeight>& w, bool scale) {
+    std::vector<const void*> p;
+    for (const auto& d : w) p.push_back(scale ? d.scale.data() : d.data.data());
+    return cuda::Upload(p.data(), p.size() * sizeof(void*));
+  };
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer p1, table(w1, false));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer q1, table(w1, true));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer p3, table(w3, false));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer q3, table(w3, true));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer p2, table(w2, false));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer q2, table(w2, true));
+  auto set = [&](const cuda::DeviceBuffer& p, const cuda::DeviceBuffer& q, int64_t rows, int64_t cols) {
+    return cuda::DevExperts{WeightFormat::kFP4Block32, rows, cols, E, p.as<const void* const>(),
+                            q.as<const uint8_t* const>()};
+  };
+  const cuda::SharedExpert shared{s1[0].view(), s3[0].view(), s2[0].view()};
+  // 64 id sets of 6 distinct experts each, rotated: 384 expert picks > 256, beyond L2.
+  const int sets = 64;
+  std::mt19937 rng(5);
+  std::vector<int32_t> ids(sets * k);
+  for (int i = 0; i < sets; ++i) {
+    std::vector<int32_t> all(E);
+    for (int e = 0; e < E; ++e) all[e] = e;
+    std::shuffle(all.begin(), all.end(), rng);
+    std::copy(all.begin(), all.begin() + k, ids.begin() + i * k);
+  }
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer dids, cuda::Upload(ids.data(), ids.size() * 4));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(H, 0.5f));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer h, Floats((k + 1) * I, 0.5f));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer c, Floats((k + 1) * H, 0.0f));
+  const size_t up_bytes = 2 * (k * up.w.bytes() + s_up.w.bytes());
+  const size_t down_bytes = k * down.w.bytes() + s_down.w.bytes();
+  FM_RETURN_IF_ERROR(Time("ExpertsUpGate k=6+shared T=1", up_bytes, sets, [&](int i) {
+    return cuda::ExpertsUpGate(set(p1, q1, I, H), set(p3, q3, I, H),
+                               dids.as<int32_t>() + (i % sets) * k, 1, k, x.as<float>(), H,
+                               10.0f, &shared, h.as<float>(), I);
+  }));
+  return Time("ExpertsDown   k=6+shared T=1", down_bytes, sets, [&](int i) {
+    return cuda::ExpertsDown(set(p2, q2, H, I), dids.as<int32_t>() + (i % sets) * k, 1, k,
+                             h.as<float>(), I, &shared, c.as<float>());
+  });
 }
 
 }  // namespace
@@ -95,12 +226,21 @@ int main() {
     return 0;
   }
   std::printf("bench_cuda_gemv on %s\n", fm::cuda::DeviceDescription(0).c_str());
-  for (const auto& s : fm::kShapes) {
-    const fm::Status st = BenchShape(s);
-    if (!st.ok()) {
-      std::fprintf(stderr, "bench_cuda_gemv: %s: %s\n", s.name, st.ToString().c_str());
-      return 1;
-    }
+  auto probe = fm::cuda::MeasureReadBandwidth(1ull << 30, 10);
+  if (!probe.ok()) {
+    std::fprintf(stderr, "bench_cuda_gemv: read probe: %s\n", probe.status().ToString().c_str());
+    return 1;
+  }
+  fm::g_probe = *probe;
+  std::printf("device read probe: %.1f GB/s\n", fm::g_probe);
+  fm::Status st;
+  for (const auto& s : fm::kShapes)
+    if (st.ok()) st = fm::BenchShape(s);
+  if (st.ok()) st = fm::BenchAttnX();
+  if (st.ok()) st = fm::BenchExperts();
+  if (!st.ok()) {
+    std::fprintf(stderr, "bench_cuda_gemv: %s\n", st.ToString().c_str());
+    return 1;
   }
   return 0;
 }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/numfmt.h"
+#include "common/tensor.h"
 #include "kernels/cuda/device.h"
 
 namespace fm {
@@ -74,6 +76,56 @@ inline DeviceBuffer Zeros(size_t floats) {
   auto r = DeviceBuffer::Alloc(floats * sizeof(float));
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? std::move(r).value() : DeviceBuffer();
+}
+
+inline std::vector<uint8_t> RandomScales(size_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> d(124, 130);  // 2^-3 .. 2^3
+  std::vector<uint8_t> v(n);
+  for (auto& s : v) s = static_cast<uint8_t>(d(rng));
+  return v;
+}
+
+// Host bytes of a random weight plus the QWeight over them.
+struct HostWeight {
+  std::vector<uint8_t> data, scale;
+  QWeight w;
+};
+
+inline HostWeight RandomWeight(WeightFormat format, int64_t rows, int64_t cols, std::mt19937& rng) {
+  HostWeight h;
+  const size_t n = static_cast<size_t>(rows * cols);
+  const std::vector<float> vals = RandomNormal(n, rng);
+  switch (format) {
+    case WeightFormat::kF32:
+      h.data.resize(n * 4);
+      std::memcpy(h.data.data(), vals.data(), n * 4);
+      break;
+    case WeightFormat::kBF16:
+      h.data.resize(n * 2);
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t b = F32ToBf16(vals[i]);
+        std::memcpy(h.data.data() + 2 * i, &b, 2);
+      }
+      break;
+    case WeightFormat::kFP8Block:
+      h.data.resize(n);
+      for (size_t i = 0; i < n; ++i) h.data[i] = F32ToE4m3(vals[i]);
+      h.scale = RandomScales(static_cast<size_t>((rows + 127) / 128 * ((cols + 127) / 128)), rng);
+      break;
+    case WeightFormat::kFP4Block32: {
+      std::uniform_int_distribution<int> byte(0, 255);  // every nibble is a valid e2m1 code
+      h.data.resize(n / 2);
+      for (auto& b : h.data) b = static_cast<uint8_t>(byte(rng));
+      h.scale = RandomScales(static_cast<size_t>(rows * (cols / 32)), rng);
+      break;
+    }
+  }
+  h.w.format = format;
+  h.w.rows = rows;
+  h.w.cols = cols;
+  h.w.data = h.data.data();
+  h.w.scale = h.scale.empty() ? nullptr : h.scale.data();
+  return h;
 }
 
 }  // namespace cudatest

@@ -42,6 +42,7 @@ inline float emu_shuffle_slots[1024];
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __shared__ static  // blocks run one at a time, so one static copy is the block's
 
 // The fibers of the running block: each thread's own (suspended) fiber and, while it runs,
