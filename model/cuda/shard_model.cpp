@@ -70,7 +70,7 @@ struct Scratch {
   DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
   DeviceBuffer x, x_new, mix, y, post, comb, out;
   DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials and its int32 block counter
-  DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u, ug;
+  DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u;
   DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
   DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
   DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
@@ -205,7 +205,6 @@ Status CudaShardModel::AllocScratch() {
       {&s.q, C * nH * D}, {&s.kv, C * D}, {&s.ca, C * 2 * D}, {&s.cz, C * 2 * D},
       {&s.ia, C * 2 * dI}, {&s.iz, C * 2 * dI}, {&s.iq, C * nI * dI}, {&s.iw, C * nI},
       {&s.picks, C * std::max<int64_t>(cfg_.index_topk, 1)}, {&s.o, C * nH * D}, {&s.u, C * G * R},
-      {&s.ug, C * G * R},
       {&s.gl, C * E}, {&s.ids, C * k}, {&s.rw, C * k}, {&s.h, C * (k + 1) * std::max(I, Is)},
       {&s.contrib, C * (k + 1) * H}, {&s.routed, C * H},
       {&s.head_y, C * H}, {&s.logits, C * cfg_.vocab_size}};
@@ -316,25 +315,28 @@ Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInpu
   float* q = s_.q.as<float>();
   float* kv = s_.kv.as<float>();
   float* hw = s_.iw.as<float>();
-  auto gemm = [T](const DeviceWeight& w, const float* x, int64_t xs, float* out) {
-    return cuda::Gemm(w.view(), x, xs, out, w.rows, T);
+  // Every row's output of w over x (rows of xs floats) into out, rows of w.rows floats.
+  auto task = [](const DeviceWeight& w, const float* x, int64_t xs, float* out) {
+    return cuda::GemvTask{w.view(), x, xs, out, w.rows};
   };
-  // 1-2: queries and the shared kv of every row (the products, then one launch for every
-  // row's norms, RoPE and the indexer weights' scale).
-  FM_RETURN_IF_ERROR(gemm(l.wq_a, y, H, cq));
-  FM_RETURN_IF_ERROR(cuda::RmsNorm(cq, l.q_norm.as<float>(), cq, T, QL, eps));
-  FM_RETURN_IF_ERROR(gemm(l.wq_b, cq, QL, q));
-  FM_RETURN_IF_ERROR(gemm(l.wkv, y, H, kv));
+  // 1-2: queries and the shared kv of every row: the products of y in one launch, those of cq
+  // (through q_norm, in the same launch) in another, then one launch for every row's norms,
+  // RoPE and the indexer weights' scale.
+  std::vector<cuda::GemvTask> of_y = {task(l.wq_a, y, H, cq), task(l.wkv, y, H, kv)};
+  std::vector<cuda::GemvTask> of_cq = {task(l.wq_b, cq, QL, q)};
   if (l.ratio > 1) {
-    FM_RETURN_IF_ERROR(gemm(l.comp.wkv, y, H, s_.ca.as<float>()));
-    FM_RETURN_IF_ERROR(gemm(l.comp.wgate, y, H, s_.cz.as<float>()));
+    of_y.push_back(task(l.comp.wkv, y, H, s_.ca.as<float>()));
+    of_y.push_back(task(l.comp.wgate, y, H, s_.cz.as<float>()));
   }
   if (l.ratio == 4) {
-    FM_RETURN_IF_ERROR(gemm(l.index_comp.wkv, y, H, s_.ia.as<float>()));
-    FM_RETURN_IF_ERROR(gemm(l.index_comp.wgate, y, H, s_.iz.as<float>()));
-    FM_RETURN_IF_ERROR(gemm(l.index_wq_b, cq, QL, s_.iq.as<float>()));
-    FM_RETURN_IF_ERROR(gemm(l.index_proj, y, H, hw));
+    of_y.push_back(task(l.index_comp.wkv, y, H, s_.ia.as<float>()));
+    of_y.push_back(task(l.index_comp.wgate, y, H, s_.iz.as<float>()));
+    of_y.push_back(task(l.index_proj, y, H, hw));
+    of_cq.push_back(task(l.index_wq_b, cq, QL, s_.iq.as<float>()));
   }
+  FM_RETURN_IF_ERROR(cuda::GemmMany(of_y.data(), static_cast<int64_t>(of_y.size()), T));
+  FM_RETURN_IF_ERROR(cuda::GemmMany(of_cq.data(), static_cast<int64_t>(of_cq.size()), T,
+                                    l.q_norm.as<float>(), eps));
   const cuda::AttnPrepArgs prep{q, nH, D, kv, l.kv_norm.as<float>(),
                                 l.ratio == 4 ? s_.iq.as<float>() : nullptr, hw, nI, dI,
                                 1.0f / std::sqrt(static_cast<float>(nI)), p, freq, rd, eps};
@@ -376,21 +378,18 @@ Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInpu
     for (int64_t t = 0; t < T; ++t) FM_RETURN_IF_ERROR(core(t, 1));
   }
   float* o = s_.o.as<float>();
-  // 8: grouped output projection (as the CPU: all of wo_a when a group starts inside an FP8
-  // scale block, keeping that group's rows).
+  // 8: grouped output projection: group g's rows [g R, (g + 1) R) of wo_a over its slice of o
+  // (a row slice may start inside an FP8 scale block), kMaxGemvTasks groups a launch; then wo_b.
   const int64_t gin = nH * D / G;
   float* u = s_.u.as<float>();
-  for (int64_t g = 0; g < G; ++g) {
-    QWeight wg;
-    if (SliceRows(l.wo_a.view(), g * R, R, &wg)) {
-      FM_RETURN_IF_ERROR(cuda::Gemm(wg, o + g * gin, nH * D, u + g * R, G * R, T));
-    } else {
-      FM_RETURN_IF_ERROR(
-          cuda::Gemm(l.wo_a.view(), o + g * gin, nH * D, s_.ug.as<float>(), G * R, T));
-      FM_RETURN_IF_ERROR(cuda::CopyRows(s_.ug.as<float>() + g * R, G * R, u + g * R, G * R, T, R));
-    }
+  std::vector<cuda::GemvTask> groups;
+  for (int64_t g = 0; g < G; ++g)
+    groups.push_back({l.wo_a.view(), o + g * gin, nH * D, u + g * R, G * R, g * R, R});
+  for (size_t g0 = 0; g0 < groups.size(); g0 += cuda::kMaxGemvTasks) {
+    const int64_t n = std::min<int64_t>(cuda::kMaxGemvTasks, groups.size() - g0);
+    FM_RETURN_IF_ERROR(cuda::GemmMany(groups.data() + g0, n, T));
   }
-  return gemm(l.wo_b, u, G * R, s_.out.as<float>());
+  return cuda::Gemm(l.wo_b.view(), u, G * R, s_.out.as<float>(), l.wo_b.rows, T);
 }
 
 Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const {

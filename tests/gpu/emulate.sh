@@ -4,28 +4,64 @@
 # test_cuda_kernels (each kernel vs its CPU twin) and test_cuda_shard (the device ShardModel vs
 # the CPU one). Checks kernel indexing, quant layouts, reductions and the step's orchestration;
 # not a substitute for tests/gpu/run.sh.
+# Each source compiles on its own, JOBS at a time (through ccache when installed), into
+# $EMU_BUILD (default build-emu/), so a rerun after an edit recompiles only what changed.
 # Usage: tests/gpu/emulate.sh [gtest args, e.g. --gtest_filter=CudaRope.*]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
-CXX="g++ -std=c++20 -O1 -Wno-unknown-pragmas -Itests/gpu/emu -I."
-objs=()
-for k in gemv elementwise router hc attention indexer step fused sample; do
+OUT=${EMU_BUILD:-build-emu}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT/src"
+CXX="g++ -std=c++20 -O1 -Wno-unknown-pragmas -Wno-psabi -Itests/gpu/emu -I."
+command -v ccache >/dev/null && CXX="ccache $CXX"
+
+kernels=()
+for cu in kernels/cuda/*.cu; do
+  k=$(basename "$cu" .cu)
+  # device.cu is the CUDA runtime glue (emu/device_emu.cpp stands in); membw times a real device.
+  case "$k" in device|membw) continue ;; esac
   # kernel<<<grid, block[, shared, stream]>>>(args)  ->  EmuLaunch(kernel, EmuConfig{...}, args)
-  perl -0777 -pe 's/(\w+)<<<(.*?)>>>\(/EmuLaunch($1, EmuConfig{$2}, /sg' "kernels/cuda/$k.cu" > "$OUT/$k.cpp"
-  objs+=("$OUT/$k.cpp")
+  # (kernel may name a template instance: Kernel<4><<<...>>>)
+  perl -0777 -pe 's/(\w+(?:<[^<>;()]*>)?)<<<(.*?)>>>\(/EmuLaunch($1, EmuConfig{$2}, /sg' "$cu" \
+    > "$OUT/src/$k.cpp.new"
+  # Keep the old file (and its timestamp) when nothing changed.
+  if cmp -s "$OUT/src/$k.cpp.new" "$OUT/src/$k.cpp"; then rm "$OUT/src/$k.cpp.new"
+  else mv "$OUT/src/$k.cpp.new" "$OUT/src/$k.cpp"; fi
+  kernels+=("$OUT/src/$k.cpp")
 done
 common=(common/status.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
-$CXX -o "$OUT/test_cuda_kernels_emu" tests/gpu/test_cuda_kernels.cpp \
-  tests/gpu/test_cuda_model_ops.cpp tests/gpu/test_cuda_step_ops.cpp tests/gpu/test_cuda_fused.cpp \
-  tests/gpu/test_cuda_sample.cpp model/sampler.cpp "${objs[@]}" tests/gpu/emu/device_emu.cpp \
-  kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp kernels/cpu/swiglu.cpp \
-  kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp kernels/cpu/compressor_pool.cpp \
-  kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp kernels/cpu/hc_ref.cpp \
-  "${common[@]}" -lgtest -lgtest_main -lboost_context -pthread
-$CXX -march=native -o "$OUT/test_cuda_shard_emu" tests/gpu/test_cuda_shard.cpp \
-  model/cuda/shard_model.cpp model/cuda/device_weights.cpp model/cuda/step_inputs.cpp model/*.cpp "${objs[@]}" tests/gpu/emu/device_emu.cpp \
-  kernels/cpu/*.cpp "${common[@]}" -lgtest -lgtest_main -lpcre2-8 -lboost_context -pthread
+kernel_test=(tests/gpu/test_cuda_*.cpp)
+kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard.cpp}")
+kernel_srcs=("${kernel_test[@]}" model/sampler.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
+             kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
+             kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
+             kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp
+             kernels/cpu/hc_ref.cpp "${common[@]}")
+shard_srcs=(tests/gpu/test_cuda_shard.cpp model/cuda/shard_model.cpp model/cuda/device_weights.cpp
+            model/cuda/step_inputs.cpp model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
+            kernels/cpu/*.cpp "${common[@]}")
+
+# "FLAVOUR FLAGS SRC" lines -> objects under $OUT/FLAVOUR/, JOBS compiles at a time.
+compile() {
+  local flavour=$1 flags=$2 src=$3
+  local obj="$OUT/$flavour/${src//\//_}.o"
+  mkdir -p "$OUT/$flavour"
+  $CXX $flags -c "$src" -o "$obj"
+}
+export -f compile
+export OUT CXX
+objs_of() {  # flavour srcs... -> the object paths, in order
+  local flavour=$1; shift
+  for s in "$@"; do [ -n "$s" ] && echo "$OUT/$flavour/${s//\//_}.o"; done
+}
+{
+  for s in "${kernel_srcs[@]}"; do [ -n "$s" ] && echo "plain|-O1|$s"; done
+  for s in "${shard_srcs[@]}"; do echo "native|-march=native|$s"; done
+} | sort -u | xargs -P "$JOBS" -I{} bash -c 'IFS="|" read -r f fl s <<<"{}"; compile "$f" "$fl" "$s"'
+mapfile -t kobjs < <(objs_of plain "${kernel_srcs[@]}")
+mapfile -t sobjs < <(objs_of native "${shard_srcs[@]}")
+g++ -o "$OUT/test_cuda_kernels_emu" "${kobjs[@]}" -lgtest -lgtest_main -lboost_context -pthread
+g++ -o "$OUT/test_cuda_shard_emu" "${sobjs[@]}" -lgtest -lgtest_main -lpcre2-8 -lboost_context \
+  -pthread
 "$OUT/test_cuda_kernels_emu" "$@"
 "$OUT/test_cuda_shard_emu" "$@"
