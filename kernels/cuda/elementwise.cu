@@ -1,4 +1,4 @@
-// Row and element ops on CUDA: RMSNorm, clamped SwiGLU, interleaved RoPE (see ops.h).
+// Row and element ops on CUDA (ops.h): RMSNorm and the vector sum.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -42,36 +42,10 @@ __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int
   }
 }
 
-// out = silu(min(g, L)) * clip(u, -L, L); comparisons written so NaN passes through.
-__global__ void SwiGluClampedKernel(const float* gate, const float* up, float* out, int64_t n,
-                                    float limit) {
+// y[i] = a[i] + b[i], one thread per element.
+__global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
-  if (i >= n) return;
-  float g = gate[i], u = up[i];
-  if (g > limit) g = limit;
-  if (u > limit) u = limit;
-  if (u < -limit) u = -limit;
-  out[i] = g / (1.0f + expf(-g)) * u;
-}
-
-// One thread per (token, head, pair i): (a, b) -> (a cos - b sin, a sin + b cos).
-__global__ void RopeInterleavedKernel(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
-                                      int64_t rd, const int32_t* pos, const float* freqs,
-                                      bool inverse) {
-  const int64_t half = rd / 2;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
-  if (idx >= tokens * heads * half) return;
-  const int64_t i = idx % half;
-  const int64_t head = idx / half;  // token * heads + h
-  const int64_t t = head / heads;
-  const float angle = static_cast<float>(pos[t]) * freqs[i];
-  float s, c;
-  sincosf(angle, &s, &c);
-  if (inverse) s = -s;
-  float* p = x + head * head_dim + (head_dim - rd) + 2 * i;
-  const float a = p[0], b = p[1];
-  p[0] = a * c - b * s;
-  p[1] = a * s + b * c;
+  if (i < n) y[i] = a[i] + b[i];
 }
 
 }  // namespace
@@ -90,33 +64,12 @@ Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int6
   return LaunchStatus("RmsNormKernel");
 }
 
-Status SwiGluClamped(const float* gate, const float* up, float* out, int64_t n, float limit) {
-  if (n < 0) return InvalidArgument("SwiGluClamped: n " + std::to_string(n) + " < 0");
-  if (!(limit > 0.0f)) return InvalidArgument("SwiGluClamped: limit must be > 0 (+inf: no clamp)");
+Status AddVectors(const float* a, const float* b, float* y, int64_t n) {
+  if (n < 0) return InvalidArgument("AddVectors: n " + std::to_string(n) + " < 0");
   if (n == 0) return Status::Ok();
-  if (!gate || !up || !out)
-    return InvalidArgument("SwiGluClamped: gate, up and out must be device pointers, got null");
-  SwiGluClampedKernel<<<BlocksFor(n, kElemThreads), kElemThreads, 0, CurrentStream()>>>(
-      gate, up, out, n, limit);
-  return LaunchStatus("SwiGluClampedKernel");
-}
-
-Status RopeInterleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rd,
-                       const int32_t* pos, const float* freqs, bool inverse) {
-  const std::string shape = "RopeInterleaved: tokens " + std::to_string(tokens) + ", heads " +
-                            std::to_string(heads) + ", head_dim " + std::to_string(head_dim) +
-                            ", rd " + std::to_string(rd);
-  if (tokens < 0 || heads <= 0 || head_dim <= 0)
-    return InvalidArgument(shape + ": need tokens >= 0, heads > 0, head_dim > 0");
-  if (rd <= 0 || rd % 2 != 0 || rd > head_dim)
-    return InvalidArgument(shape + ": rd must be even, > 0 and <= head_dim");
-  if (tokens == 0) return Status::Ok();
-  if (!x || !pos || !freqs)
-    return InvalidArgument("RopeInterleaved: x, pos and freqs must be device pointers, got null");
-  RopeInterleavedKernel<<<BlocksFor(tokens * heads * (rd / 2), kElemThreads), kElemThreads, 0,
-                          CurrentStream()>>>(
-      x, tokens, heads, head_dim, rd, pos, freqs, inverse);
-  return LaunchStatus("RopeInterleavedKernel");
+  if (!a || !b || !y) return InvalidArgument("AddVectors: null device pointer");
+  AddKernel<<<BlocksFor(n, kElemThreads), kElemThreads, 0, CurrentStream()>>>(a, b, y, n);
+  return LaunchStatus("AddKernel");
 }
 
 }  // namespace fm::cuda

@@ -38,7 +38,7 @@ __device__ float BlockSum(float v) {
 }
 
 // In place on the rd/2 pairs at the end of a row of width d: (a, b) rotated by pos * freqs[i]
-// (negated when inverse), angle in f32 as RopeInterleaved. Block-strided over the pairs.
+// (negated when inverse), angle in f32 as kernels/cpu/rope.h. Block-strided over the pairs.
 __device__ void RopeRow(float* row, int64_t d, int64_t rd, int32_t pos, const float* freqs,
                         bool inverse) {
   for (int64_t i = threadIdx.x; i < rd / 2; i += kThreads) {

@@ -32,7 +32,8 @@ Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn
 // The query/key preparation of attention for T rows after their products, one launch:
 // q [T, nh, d]: each head RMSNorm'd (no weight) then RoPE'd at pos[t]; kv [T, d]: RMSNorm with
 // kv_norm then RoPE'd; with the indexer (iq non-null): iq [T, ni, di] RoPE'd and iw [T, ni]
-// scaled by iw_scale. RoPE as RopeInterleaved (the last rd channels, freqs [rd/2]).
+// scaled by iw_scale. RoPE: the pairs of the last rd channels rotate by pos * freqs[i], freqs
+// [rd/2], as kernels/cpu/rope.h.
 struct AttnPrepArgs {
   float* q;
   int64_t nh, d;

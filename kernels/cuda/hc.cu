@@ -1,6 +1,6 @@
 // Hyper-connection ops and the MoE combine on CUDA (ops.h): twins of kernels/cpu/hc.h and
-// MoeCombine_kH. One block per token for the ops that reduce over the row; the small weight
-// math (sigmoids, Sinkhorn over n x n) runs on thread 0 in the CPU's order.
+// MoeCombine_kH. One block per token for hc_head, which reduces over the row; its weights run on
+// thread 0 in the CPU's order. (hc_post + the next hc_pre: fused.cu HcPostPre.)
 #include <cuda_runtime.h>
 
 #include <string>
@@ -40,63 +40,7 @@ __device__ float BlockRmsInv(const float* x, int64_t len, float eps) {
   return 1.0f / sqrtf(mean + eps);
 }
 
-// comb[j*n+k]: softmax over k + eh, then columns / (sum + eh), then (iters-1) x (rows, columns).
-__device__ void SinkhornComb(float* comb, int n, int iters, float eh) {
-  for (int j = 0; j < n; ++j) {
-    float* row = comb + j * n;
-    float mx = row[0];
-    for (int k = 1; k < n; ++k) mx = fmaxf(mx, row[k]);
-    float sum = 0.0f;
-    for (int k = 0; k < n; ++k) {
-      row[k] = expf(row[k] - mx);
-      sum += row[k];
-    }
-    for (int k = 0; k < n; ++k) row[k] = row[k] / sum + eh;
-  }
-  for (int it = 0; it < iters; ++it) {
-    if (it > 0)
-      for (int j = 0; j < n; ++j) {
-        float s = 0.0f;
-        for (int k = 0; k < n; ++k) s += comb[j * n + k];
-        const float d = s + eh;
-        for (int k = 0; k < n; ++k) comb[j * n + k] /= d;
-      }
-    for (int k = 0; k < n; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < n; ++j) s += comb[j * n + k];
-      const float d = s + eh;
-      for (int j = 0; j < n; ++j) comb[j * n + k] /= d;
-    }
-  }
-}
-
-// One block per token: rinv of X[n*H], the hc_pre weights (thread 0), y = sum_i pre_i X[i].
-__global__ void HcPreKernel(const float* x, const float* mix, const float* base,
-                            const float* scale, int n, int64_t H, int iters, float hc_eps,
-                            float rms_eps, float* y, float* post, float* comb) {
-  __shared__ float pre[kHcMaxStreams];
-  const int64_t t = blockIdx.x;
-  const float* xt = x + t * n * H;
-  const float rinv = BlockRmsInv(xt, n * H, rms_eps);
-  if (threadIdx.x == 0) {
-    const float* m = mix + t * (2 + n) * n;
-    float* pt = post + t * n;
-    float* ct = comb + t * n * n;
-    for (int i = 0; i < n; ++i) {
-      pre[i] = SigmoidF(m[i] * rinv * scale[0] + base[i]) + hc_eps;
-      pt[i] = 2.0f * SigmoidF(m[n + i] * rinv * scale[1] + base[n + i]);
-    }
-    for (int c = 0; c < n * n; ++c) ct[c] = m[2 * n + c] * rinv * scale[2] + base[2 * n + c];
-    SinkhornComb(ct, n, iters, hc_eps);
-  }
-  __syncthreads();
-  for (int64_t h = threadIdx.x; h < H; h += kHcThreads) {
-    float acc = 0.0f;
-    for (int i = 0; i < n; ++i) acc += pre[i] * xt[i * H + h];
-    y[t * H + h] = acc;
-  }
-}
-
+// One block per token: rinv of X[n*H], the hc_head weights (thread 0), y = sum_i pre_i X[i].
 __global__ void HcHeadKernel(const float* x, const float* mix, const float* base, float scale,
                              int n, int64_t H, float hc_eps, float rms_eps, float* y) {
   __shared__ float pre[kHcMaxStreams];
@@ -149,20 +93,6 @@ Status CheckStreams(const char* op, int64_t T, int64_t n, int64_t H) {
 }
 
 }  // namespace
-
-Status HcPre(const float* x, const float* mix, const float* base, const float* scale, int64_t T,
-             int64_t n, int64_t H, int64_t iters, float hc_eps, float rms_eps, float* y,
-             float* post, float* comb) {
-  FM_RETURN_IF_ERROR(CheckStreams("HcPre", T, n, H));
-  if (iters < 1) return InvalidArgument("HcPre: sinkhorn iters " + std::to_string(iters) + " < 1");
-  if (T == 0) return Status::Ok();
-  if (!x || !mix || !base || !scale || !y || !post || !comb)
-    return InvalidArgument("HcPre: null device pointer");
-  HcPreKernel<<<static_cast<unsigned>(T), kHcThreads, 0, CurrentStream()>>>(
-      x, mix, base, scale, static_cast<int>(n), H, static_cast<int>(iters), hc_eps, rms_eps, y,
-      post, comb);
-  return LaunchStatus("HcPreKernel");
-}
 
 Status HcHead(const float* x, const float* mix, const float* base, float scale, int64_t T,
               int64_t n, int64_t H, float hc_eps, float rms_eps, float* y) {

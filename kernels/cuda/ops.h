@@ -1,8 +1,8 @@
 // CUDA twins of the CPU ops. Host launchers over device pointers, queued on this thread's
 // current stream (device.h StreamScope; the default stream otherwise), asynchronous:
-// DeviceBuffer::CopyToHost or Stream::Synchronize waits. Counts that change from step to step
-// can be read from device memory (the optional `count` arguments and the position-driven step
-// kernels), so a step captured once as a CUDA graph (device.h Graph) replays at any position.
+// DeviceBuffer::CopyToHost or Stream::Synchronize waits. What changes from step to step (token
+// ids, positions: RouterTopK's tokens, CompressorStep, fused_ops.h's row scalars) is read from
+// device memory, so a step captured once as a CUDA graph (device.h Graph) replays at any position.
 // Launchers check their arguments and return InvalidArgument naming the bad one before touching
 // the device, and turn launch errors into a Status. Every reduction runs in a fixed order, so
 // results are deterministic run to run; they match the CPU references within float rounding, not
@@ -62,17 +62,6 @@ Status GemmMany(const GemvTask* tasks, int64_t n, int64_t T, const float* norm =
 Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim,
                float eps);
 
-// out[i] = silu(min(gate[i], limit)) * clip(up[i], -limit, limit), i < n; NaN propagates.
-// out may equal gate or up. Pass limit = +inf for the unclamped SwiGLU.
-Status SwiGluClamped(const float* gate, const float* up, float* out, int64_t n, float limit);
-
-// In place on x[tokens, heads, head_dim]: for i < rd/2 the pair (D-rd+2i, D-rd+2i+1) of each
-// head rotates by angle pos[t] * freqs[i] (angle in f32, as the CPU computes it); inverse
-// rotates by -angle. pos[tokens] (int32) and freqs[rd/2] are device arrays; the frequencies
-// (YaRN included) are computed once on the host. The first D-rd channels are untouched.
-Status RopeInterleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rd,
-                       const int32_t* pos, const float* freqs, bool inverse);
-
 // The MoE router for T tokens (kernels/cpu/router.h): s = sqrt(softplus(logits[t, :E])); ids[t]
 // = the top_k experts by s + bias (descending, ties to the lower index), or, on hash layers,
 // the token's row tid2eid[tokens[t], :k] (tid2eid [vocab, k], entries checked by the loader to be
@@ -84,13 +73,8 @@ Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid
                   const int32_t* tokens, int64_t vocab, int64_t T, int64_t E, int64_t k,
                   float routed_scale, int32_t* ids, float* w);
 
-// hc_pre for T tokens (kernels/cpu/hc.h): x [T, n, H], mix [T, (2+n)*n] = fn . flatten(x) (a
-// Gemv by the caller, not yet scaled by 1/rms), base [(2+n)*n], scale [3] -> y [T, H] (the
-// collapsed row), post [T, n], comb [T, n, n] (Sinkhorn, iters >= 1). n <= 16.
-Status HcPre(const float* x, const float* mix, const float* base, const float* scale, int64_t T,
-             int64_t n, int64_t H, int64_t iters, float hc_eps, float rms_eps, float* y,
-             float* post, float* comb);
-// hc_head: mix [T, n] = fn . flatten(x), base [n] -> y [T, H] (before the final norm).
+// hc_head for T tokens (kernels/cpu/hc.h): x [T, n, H], mix [T, n] = fn . flatten(x) (a Gemm by
+// the caller, not yet scaled by 1/rms), base [n] -> y [T, H] (before the final norm). n <= 16.
 Status HcHead(const float* x, const float* mix, const float* base, float scale, int64_t T,
               int64_t n, int64_t H, float hc_eps, float rms_eps, float* y);
 // hc_post: x_new [T, n, H] = post[k] * out[T, H] + sum_j comb[j*n+k] * x[j]; no aliasing.
@@ -102,49 +86,11 @@ Status HcPost(const float* x, const float* out, const float* post, const float* 
 Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y,
                   bool add_shared = false);
 
-// Decode attention of one token (kernels/cpu/attention_core.h SinkAttentionHeads_hd): for head
-// h < nh, s_i = scale * q_h . k_i over the keys k_i = kv[idx[i]] (rows of width d; the window
-// ring and the selected compressed rows, gathered by index), p = softmax over (s, sink_h) with
-// the sink in the denominator only, o_h = sum_i p_i k_i. n <= 4096; n == 0 gives o = 0. With
-// `count` (device int32), min(*count, n) keys are used (n is then the bound of idx).
-Status SinkAttention(const float* q, int64_t nh, const float* kv, const int32_t* idx, int64_t n,
-                     int64_t d, const float* sink, float scale, float* o,
-                     const int32_t* count = nullptr);
-
-// The Lightning indexer (kernels/cpu/indexer.h): score[e] = sum_h (relu(q_h . k_e) * scale) *
-// w[h] for keys [n, d]; then the k best (ties to the lower index, NaN lowest) in ascending index
-// order, n <= 16384 (a single block). With `count` (device int32) the first m = min(*count, n)
-// scores take part: TopKAscending then writes min(m, k) indices (all of 0..m-1 when m <= k).
-Status IndexerScores(const float* q, const float* w, int64_t nh, int64_t d, const float* keys,
-                     int64_t n, float scale, float* score, const int32_t* count = nullptr);
-Status TopKAscending(const float* score, int64_t n, int64_t k, int32_t* out,
-                     const int32_t* count = nullptr);
-// The compressor's pooling (kernels/cpu/compressor_pool.h) over n gathered slots a, z [n, d]:
-// pooled[c] = sum_j softmax_j(z[j][c]) * a[j][c], j ascending. With `count` (device int32),
-// min(*count, n) slots; none gives pooled = 0.
-Status CompressorPool(const float* a, const float* z, int64_t n, int64_t d, float* pooled,
-                      const int32_t* count = nullptr);
-
-// ---- glue of the device decode step (step.cu) ----
-// dst[r * dst_stride + c] = src[r * src_stride + c] for r < rows, c < width (no overlap).
-Status CopyRows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
-                int64_t rows, int64_t width);
 // y[i] = a[i] + b[i]; y may equal a or b.
 Status AddVectors(const float* a, const float* b, float* y, int64_t n);
-// y[i] = x[i] * s; y may equal x.
-Status ScaleVector(const float* x, float s, float* y, int64_t n);
-// The key rows of one decode query, counts on the device: win = {win_start, nwin}; idx[i] =
-// (win_start + i) % window for i < nwin (the window ring, oldest first), then entry_row0 +
-// (picks ? picks[j] : j) for j < *entries compressed entries (entries null: none; picks: entry
-// numbers, e.g. TopKAscending's). max_keys bounds nwin + *entries (idx's length).
-Status KeyIndex(const int32_t* win, int64_t window, const int32_t* entries,
-                const int32_t* picks, int64_t entry_row0, int64_t max_keys, int32_t* idx);
-// dst[*row * stride + c] = src[c] for c < width, when *row >= 0 (row: device int32).
-Status ScatterRow(const float* src, int64_t width, float* dst, int64_t stride,
-                  const int32_t* row);
 
 // Where one token stands in its compressor's window of r positions (device memory, written by
-// the host before each step): the compressor kernels below read it instead of the position.
+// the host before each step): CacheRows (fused_ops.h) reads it instead of the position.
 struct CompressorStep {
   int32_t slot;        // pos % r: the pending row this token fills
   int32_t parity;      // (pos / r) % 2: which of the two pending buffers holds this window
@@ -153,16 +99,6 @@ struct CompressorStep {
   int32_t entry;       // emit ? pos / r : -1, the entry row it appends
   int32_t window_pos;  // pos + 1 - r: the entry's RoPE position
 };
-// pend_a[parity, slot] = a, pend_z[parity, slot] = z + ape[slot] (rows of width; pend_* are
-// [2, r, width], the window being filled and the one before it).
-Status CompressorStore(const float* a, const float* z, const float* ape, int64_t r,
-                       int64_t width, const CompressorStep* step, float* pend_a, float* pend_z);
-// When the token completes a window: ga, gz [n, d] = the slots CompressorPool pools (overlapping:
-// the previous window's first d channels, once there is one, then this window's last d; width
-// 2d) and *count = n; otherwise *count = 0.
-Status CompressorGather(const float* pend_a, const float* pend_z, int64_t r, int64_t d,
-                        bool overlap, const CompressorStep* step, float* ga, float* gz,
-                        int32_t* count);
 
 // Routed experts of one shape on the device: E weights [rows, cols] of one format; datas/scales
 // are device arrays of E device pointers (DeviceWeight buffers, 256-byte aligned).

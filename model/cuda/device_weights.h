@@ -28,7 +28,7 @@ struct DevHc {  // hc_{attn,ffn,head}_{fn,base,scale}
   cuda::DeviceBuffer scale;       // hc_pre: scale[3]
 };
 
-// hc_* weights of HcPre (scale[3]) or of hc_head (scale[0] by value).
+// hc_* weights of hc_pre (HcPostPre: scale[3]) or of hc_head (scale[0] by value).
 Result<DevHc> UploadHc(const HcWeights& w);
 
 struct DevCompressor {

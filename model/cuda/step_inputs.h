@@ -28,7 +28,7 @@ struct RatioScalars {
 
 struct RowScalars {
   int32_t ring_row;         // pos % sliding_window: where this token's kv goes
-  int32_t win_start, nwin;  // the window rows the query sees (KeyIndex reads the pair)
+  int32_t win_start, nwin;  // the window rows the query sees (SinkAttentionRows reads the pair)
   RatioScalars ratio[kMaxRatios];  // in the order of the shard's ratio list
 };
 

@@ -1,5 +1,5 @@
-// CUDA kernels vs their CPU references. Device tests skip without a GPU; the decoder and
-// argument-check tests run everywhere (they never touch the device).
+// CUDA kernels vs their CPU references, and CUDA graph capture/replay. Device tests skip without
+// a GPU; the decoder and argument-check tests run everywhere (they never touch the device).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -110,21 +110,15 @@ TEST(CudaArgs, GemvAndUploadRejectBadWeights) {
 
 TEST(CudaArgs, ElementwiseOpsRejectBadShapes) {
   float dummy[4] = {};
-  int32_t pos[1] = {0};
-  Status s = cuda::RopeInterleaved(dummy, 1, 1, 64, 63, pos, dummy, false);
-  EXPECT_EQ(s.code(), Code::kInvalidArgument);
-  EXPECT_NE(s.message().find("rd 63"), std::string::npos) << s.ToString();
-  s = cuda::RopeInterleaved(dummy, 1, 1, 64, 128, pos, dummy, false);
-  EXPECT_NE(s.message().find("rd must be even, > 0 and <= head_dim"), std::string::npos) << s.ToString();
-  s = cuda::RmsNorm(dummy, nullptr, dummy, 2, 0, 1e-6f);
+  Status s = cuda::RmsNorm(dummy, nullptr, dummy, 2, 0, 1e-6f);
   EXPECT_NE(s.message().find("dim 0"), std::string::npos) << s.ToString();
-  s = cuda::SwiGluClamped(dummy, dummy, dummy, 4, 0.0f);
-  EXPECT_NE(s.message().find("limit must be > 0"), std::string::npos) << s.ToString();
-  s = cuda::SwiGluClamped(nullptr, dummy, dummy, 4, 10.0f);
-  EXPECT_NE(s.message().find("device pointers"), std::string::npos) << s.ToString();
+  s = cuda::AddVectors(dummy, dummy, dummy, -1);
+  EXPECT_NE(s.message().find("AddVectors: n -1 < 0"), std::string::npos) << s.ToString();
+  s = cuda::AddVectors(dummy, nullptr, dummy, 4);
+  EXPECT_NE(s.message().find("null device pointer"), std::string::npos) << s.ToString();
   // Empty work is valid and touches nothing.
   EXPECT_TRUE(cuda::RmsNorm(nullptr, nullptr, nullptr, 0, 8, 1e-6f).ok());
-  EXPECT_TRUE(cuda::SwiGluClamped(nullptr, nullptr, nullptr, 0, 10.0f).ok());
+  EXPECT_TRUE(cuda::AddVectors(nullptr, nullptr, nullptr, 0).ok());
 }
 
 TEST(CudaDevice, AllocWithoutDeviceIsAStatus) {
@@ -296,120 +290,50 @@ TEST(CudaRmsNorm, InPlaceEqualsOutOfPlace) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
 }
 
-// ---- clamped SwiGLU -----------------------------------------------------------------------
+// ---- CUDA graphs ----------------------------------------------------------------------
 
-double RefSwiGlu(double g, double u, double limit) {
-  g = std::min(g, limit);
-  u = std::clamp(u, -limit, limit);
-  return g / (1.0 + std::exp(-g)) * u;
-}
-
-std::vector<float> DeviceSwiGlu(const std::vector<float>& g, const std::vector<float>& u,
-                                float limit) {
-  DeviceBuffer dg = ToDevice(g), du = ToDevice(u);
-  auto dout = DeviceBuffer::Alloc(g.size() * 4);
-  EXPECT_TRUE(dout.ok());
-  if (!dout.ok()) return {};
-  const Status s = cuda::SwiGluClamped(dg.as<float>(), du.as<float>(), dout->as<float>(),
-                                       static_cast<int64_t>(g.size()), limit);
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return ToHost(*dout, g.size());
-}
-
-TEST(CudaSwiGlu, MatchesHostReference) {
+// A captured graph records the launches, not their results: replays read the device memory of
+// the moment (an input changed after the capture is honoured); a blocking copy inside the
+// capture fails it with the CUDA error. AddVectors' sums of small integers are exact.
+TEST(CudaGraph, ReplayReadsTheDeviceInputsOfEachLaunch) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  std::mt19937 rng(8);
-  for (int64_t n : {1, 1000, 4097}) {
-    const std::vector<float> g = RandomNormal(n, rng, 8.0f), u = RandomNormal(n, rng, 8.0f);
-    std::vector<float> want(n);
-    for (int64_t i = 0; i < n; ++i) want[i] = static_cast<float>(RefSwiGlu(g[i], u[i], 10.0));
-    ExpectClose(DeviceSwiGlu(g, u, 10.0f), want, 1e-5, "swiglu n=" + std::to_string(n));
-  }
+  auto stream = cuda::Stream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  DeviceBuffer a = ToDevice(std::vector<float>{1, 2, 3, 4});
+  DeviceBuffer y = ToDevice(std::vector<float>(8, 0.0f));
+  auto graph = cuda::Graph::Capture(*stream, [&] {
+    // y[0..4) += a (in place), y[4..8) = a + a.
+    FM_RETURN_IF_ERROR(cuda::AddVectors(a.as<float>(), y.as<float>(), y.as<float>(), 4));
+    return cuda::AddVectors(a.as<float>(), a.as<float>(), y.as<float>() + 4, 4);
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  EXPECT_EQ(graph->nodes(), 2u);
+  EXPECT_EQ(ToHost(y, 8), std::vector<float>(8, 0.0f)) << "capturing ran a kernel";
+  ASSERT_OK(graph->Launch(*stream));
+  ASSERT_OK(stream->Synchronize());
+  EXPECT_EQ(ToHost(y, 8), (std::vector<float>{1, 2, 3, 4, 2, 4, 6, 8}));
+  const std::vector<float> a2 = {10, 20, 30, 40};
+  ASSERT_OK(a.CopyFromHost(a2.data(), a2.size() * sizeof(float)));
+  ASSERT_OK(graph->Launch(*stream));
+  ASSERT_OK(stream->Synchronize());
+  EXPECT_EQ(ToHost(y, 8), (std::vector<float>{11, 22, 33, 44, 20, 40, 60, 80}));
+
+  float host[4];
+  auto bad = cuda::Graph::Capture(*stream, [&] { return a.CopyToHost(host, sizeof host); });
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("capturing a CUDA graph"), std::string::npos)
+      << bad.status().ToString();
+  // The stream works again after the failed capture.
+  ASSERT_OK(graph->Launch(*stream));
+  ASSERT_OK(stream->Synchronize());
+  EXPECT_EQ(ToHost(y, 8), (std::vector<float>{21, 42, 63, 84, 20, 40, 60, 80}));
 }
 
-TEST(CudaSwiGlu, ClampsGateAboveAndUpBothWays) {
-  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const std::vector<float> g = {20.0f, 20.0f, -50.0f, 0.0f, 1.0f, NAN};
-  const std::vector<float> u = {-30.0f, 30.0f, 3.0f, 5.0f, 2.0f, 1.0f};
-  const std::vector<float> got = DeviceSwiGlu(g, u, 10.0f);
-  ASSERT_EQ(got.size(), 6u);
-  const double silu10 = 10.0 / (1.0 + std::exp(-10.0));  // 9.99954602...
-  EXPECT_NEAR(got[0], -10.0 * silu10, 1e-4);
-  EXPECT_NEAR(got[1], 10.0 * silu10, 1e-4);
-  EXPECT_NEAR(got[2], -50.0 / (1.0 + std::exp(50.0)) * 3.0, 1e-12);  // gate not clamped below
-  EXPECT_EQ(got[3], 0.0f);
-  EXPECT_NEAR(got[4], 2.0 / (1.0 + std::exp(-1.0)), 1e-6);
-  EXPECT_TRUE(std::isnan(got[5]));
-}
-
-// ---- interleaved RoPE ---------------------------------------------------------------------
-
-std::vector<float> RopeFreqs(int64_t rd, double theta) {
-  std::vector<float> f(rd / 2);
-  for (int64_t i = 0; i < rd / 2; ++i) f[i] = static_cast<float>(std::pow(theta, -2.0 * i / rd));
-  return f;
-}
-
-void RefRope(std::vector<float>& x, int64_t tokens, int64_t heads, int64_t d, int64_t rd,
-             const std::vector<int32_t>& pos, const std::vector<float>& freqs, bool inverse) {
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < rd / 2; ++i) {
-        const float angle = static_cast<float>(pos[t]) * freqs[i];  // f32, as the kernel
-        const double c = std::cos(double(angle)), s = (inverse ? -1 : 1) * std::sin(double(angle));
-        float* p = &x[(t * heads + h) * d + d - rd + 2 * i];
-        const double a = p[0], b = p[1];
-        p[0] = static_cast<float>(a * c - b * s);
-        p[1] = static_cast<float>(a * s + b * c);
-      }
-}
-
-struct RopeCase {
-  int64_t tokens, heads, d, rd;
-  double theta;
-};
-const RopeCase kRopeCases[] = {{3, 1, 512, 64, 10000.0}, {3, 4, 128, 64, 160000.0},
-                               {3, 2, 16, 16, 10000.0}};
-const std::vector<int32_t> kPositions = {0, 7, 65537};
-
-TEST(CudaRope, MatchesHostReference) {
-  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  std::mt19937 rng(11);
-  for (const RopeCase& rc : kRopeCases)
-    for (bool inverse : {false, true}) {
-      const std::vector<float> x = RandomNormal(rc.tokens * rc.heads * rc.d, rng);
-      const std::vector<float> freqs = RopeFreqs(rc.rd, rc.theta);
-      DeviceBuffer dx = ToDevice(x), dpos = ToDevice(kPositions), df = ToDevice(freqs);
-      ASSERT_OK(cuda::RopeInterleaved(dx.as<float>(), rc.tokens, rc.heads, rc.d, rc.rd,
-                                      dpos.as<int32_t>(), df.as<float>(), inverse));
-      const std::vector<float> got = ToHost(dx, x.size());
-      std::vector<float> want = x;
-      RefRope(want, rc.tokens, rc.heads, rc.d, rc.rd, kPositions, freqs, inverse);
-      const std::string what = "rope D=" + std::to_string(rc.d) + " rd=" + std::to_string(rc.rd);
-      ExpectClose(got, want, 1e-5, what);
-      for (int64_t t = 0; t < rc.tokens; ++t)
-        for (int64_t h = 0; h < rc.heads; ++h)
-          for (int64_t c = 0; c < rc.d; ++c) {
-            const int64_t i = (t * rc.heads + h) * rc.d + c;
-            // Position 0 is the identity; the first D-rd channels are never touched.
-            if (kPositions[t] == 0 || c < rc.d - rc.rd) {
-              ASSERT_TRUE(SameBits(got[i], x[i])) << what << " t=" << t << " c=" << c;
-            }
-          }
-    }
-}
-
-TEST(CudaRope, InverseUndoesForward) {
-  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  std::mt19937 rng(12);
-  const int64_t tokens = 3, heads = 8, d = 512, rd = 64;
-  const std::vector<float> x = RandomNormal(tokens * heads * d, rng);
-  DeviceBuffer dx = ToDevice(x), dpos = ToDevice(kPositions), df = ToDevice(RopeFreqs(rd, 1e4));
-  ASSERT_OK(cuda::RopeInterleaved(dx.as<float>(), tokens, heads, d, rd, dpos.as<int32_t>(),
-                                  df.as<float>(), false));
-  ASSERT_OK(cuda::RopeInterleaved(dx.as<float>(), tokens, heads, d, rd, dpos.as<int32_t>(),
-                                  df.as<float>(), true));
-  ExpectClose(ToHost(dx, x.size()), x, 1e-5, "rope^-1(rope(x))");
+TEST(CudaGraph, TheDefaultStreamCannotBeCaptured) {
+  cuda::Stream none;
+  auto g = cuda::Graph::Capture(none, [] { return Status::Ok(); });
+  EXPECT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("default stream"), std::string::npos) << g.status().ToString();
 }
 
 }  // namespace
