@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 
 #include "kernels/cuda/device.h"
@@ -17,6 +18,14 @@ namespace fm {
 
 constexpr int kMaxStepRows = 32;  // tokens of one device step (longer prefills run in chunks)
 constexpr int kMaxRatios = 4;     // distinct compress ratios > 1 in one shard
+
+// The row counts of the captured decode steps (vLLM's batch-size buckets): a decode step of B
+// sequences runs as the smallest bucket >= B, the rows past B padding. Powers of two: at most
+// half a step is padding, and six graphs cover every B.
+constexpr int kStepBuckets[] = {1, 2, 4, 8, 16, 32};
+static_assert(kStepBuckets[std::size(kStepBuckets) - 1] == kMaxStepRows);
+int StepBucket(int64_t rows);       // the smallest bucket >= rows (1 <= rows <= kMaxStepRows)
+int StepBucketIndex(int64_t rows);  // its index in kStepBuckets
 
 // One compress ratio's values at a position.
 struct RatioScalars {
