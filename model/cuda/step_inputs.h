@@ -2,7 +2,7 @@
 // (token) of a step, its position and id and everything the kernels derive from the position
 // (ring row, window, compressor slots, entry counts). The host fills a StepInputs and copies it to
 // the device before the step; the kernels read these fields instead of taking them by value, so
-// the one-token step of a sequence is captured once as a CUDA graph and replayed at every
+// a decode step is captured once as a CUDA graph (per batch-size bucket) and replayed at every
 // position. Plain C++ (the device buffer has exactly this layout).
 #pragma once
 #include <cstddef>
