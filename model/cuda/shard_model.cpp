@@ -48,11 +48,6 @@ class DeviceAttentionCache final : public AttentionCache {
   DeviceBuffer score;   // [max_entries]: indexer scores of the current query
   DevCompressorState comp, index_comp;
   size_t bytes_held = 0;
-  // The first layer's cache also holds the sequence's one-token step: its inputs, its row table
-  // and, once captured, its graph through every layer of the shard.
-  DeviceBuffer inputs;  // StepInputs
-  DeviceBuffer table;   // cuda::RowCache [layers]: this sequence's caches
-  cuda::Graph graph;
 };
 
 Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size_t* bytes) {
@@ -65,8 +60,8 @@ Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size
 
 // Scratch of one step of up to kMaxStepRows rows, sized once for the model.
 struct Scratch {
-  DeviceBuffer inputs;  // StepInputs of an eager step
-  DeviceBuffer table;   // cuda::RowCache [layers, rows] of an eager step
+  DeviceBuffer inputs;  // StepInputs of a step (the graphs read it: rewritten before each replay)
+  DeviceBuffer table;   // cuda::RowCache [layers, rows] of a step (the graphs' too)
   DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
   DeviceBuffer x, x_new, mix, y, post, comb, out;
   DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials and its int32 block counter
@@ -102,20 +97,21 @@ class CudaShardModel final : public ShardModel {
   int RatioIndex(int64_t ratio) const;  // where `ratio`'s values are in RowScalars.ratio
   // The rows of a step: rows[t] is the sequence of token t (a sequence's tokens in order).
   using Rows = std::span<const SequenceCache* const>;
-  // rows.size() tokens through every layer of the shard; s.x holds their X [T, hc, H] and is
-  // updated. Position-dependent values come from `in` only, so a step can be captured once and
-  // replayed.
-  // table: cuda::RowCache [layers, rows.size()], the rows' caches (RowTable).
-  Status Step(Rows rows, const DevStepInputs& in, const cuda::RowCache* table) const;
+  // T tokens through every layer of the shard; s.x holds their X [T, hc, H] and is updated.
+  // Position-dependent values come from `in` and the caches from `table` (cuda::RowCache
+  // [layers, T], RowTable) only, so a step can be captured once and replayed over other rows.
+  // distinct: every row is another sequence's (the attention side takes all rows in one launch).
+  Status Step(int64_t T, bool distinct, const DevStepInputs& in,
+              const cuda::RowCache* table) const;
   Result<std::vector<cuda::RowCache>> RowTable(Rows rows) const;
   // `next`: the layer after l in this shard (its hc_pre fuses with l's last hc_post), or null.
-  Status LayerStep(const DevLayer& l, const DevLayer* next, Rows rows, const DevStepInputs& in,
-                   const cuda::RowCache* table) const;
+  Status LayerStep(const DevLayer& l, const DevLayer* next, int64_t T, bool distinct,
+                   const DevStepInputs& in, const cuda::RowCache* table) const;
   // s.x -> s.y, post, comb for T rows; with_post: s.x <- hc_post(s.x, s.out) first.
   Status HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T, bool with_post) const;
   Status HcPostUpdate(int64_t T) const;  // s.x <- hc_post(s.x, s.out)
-  // table: the layer's cuda::RowCache [rows.size()].
-  Status Attention(const DevLayer& l, Rows rows, const DevStepInputs& in,
+  // table: the layer's cuda::RowCache [T].
+  Status Attention(const DevLayer& l, int64_t T, bool distinct, const DevStepInputs& in,
                    const cuda::RowCache* table) const;
   Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
   // X [T, hc, H] (host) -> s.logits [T, vocab]: hc_head, the final norm and the head.
@@ -137,6 +133,10 @@ class CudaShardModel final : public ShardModel {
   ExpertExecutor* exec_ = nullptr;  // null: routed experts on the device
   mutable std::mutex mu_;           // one step at a time: the scratch is shared
   mutable Scratch s_;
+  // kGraph: the decode step graph of each bucket of kStepBuckets (empty until its first step),
+  // and the caches of the buckets' padding rows (a sequence that never advances past 0).
+  mutable cuda::Graph graphs_[std::size(kStepBuckets)];
+  std::unique_ptr<SequenceCache> pad_;
 };
 
 Status CudaShardModel::Bind(const Checkpoint& ckpt) {
@@ -180,6 +180,19 @@ Status CudaShardModel::Bind(const Checkpoint& ckpt) {
   max_positions_ = cfg_.max_position_embeddings;
   FM_ASSIGN_OR_RETURN(stream_, cuda::Stream::Create());
   FM_RETURN_IF_ERROR(AllocScratch());
+  if (mode_ == CudaStepMode::kGraph && !layers_.empty()) {
+    // The padding rows' caches: at position 0 a row writes ring row 0 and compressor slot 0 and
+    // reads one window row; a context of the largest ratio gives every cache kind an entry row.
+    int64_t ctx = 1;
+    for (const int64_t r : ratios_) ctx = std::max(ctx, r);
+    std::vector<std::unique_ptr<AttentionCache>> caches;
+    for (int64_t l = begin_; l < end_; ++l) {
+      FM_ASSIGN_OR_RETURN(std::unique_ptr<AttentionCache> c,
+                          NewCache(cfg_.compress_ratio(l), ctx));
+      caches.push_back(std::move(c));
+    }
+    pad_ = std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, ctx);
+  }
   FM_RETURN_IF_ERROR(cuda::Synchronize());
   FM_LOG(kInfo, "forward") << "cuda:" << device_ << " (" << cuda::DeviceDescription(device_)
                            << ") shard: layers [" << begin_ << ", " << end_ << ")"
@@ -261,14 +274,6 @@ std::unique_ptr<SequenceCache> CudaShardModel::NewSequence(int64_t max_context) 
     if (!c.ok()) return unusable(c.status());
     caches.push_back(std::move(c).value());
   }
-  if (!caches.empty()) {
-    Result<DeviceBuffer> in = DeviceBuffer::Alloc(sizeof(StepInputs));
-    if (!in.ok()) return unusable(in.status());
-    static_cast<DeviceAttentionCache*>(caches[0].get())->inputs = std::move(in).value();
-    Result<DeviceBuffer> table = DeviceBuffer::Alloc(caches.size() * sizeof(cuda::RowCache));
-    if (!table.ok()) return unusable(table.status());
-    static_cast<DeviceAttentionCache*>(caches[0].get())->table = std::move(table).value();
-  }
   return std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, ctx);
 }
 
@@ -300,12 +305,12 @@ Status CudaShardModel::HcPostUpdate(int64_t T) const {
   return Status::Ok();
 }
 
-Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInputs& in,
-                                 const cuda::RowCache* table) const {
+Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
+                                 const DevStepInputs& in, const cuda::RowCache* table) const {
   const int64_t nH = cfg_.num_attention_heads, D = cfg_.head_dim, rd = cfg_.qk_rope_head_dim;
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, W = cfg_.sliding_window;
   const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim, QL = cfg_.q_lora_rank;
-  const int64_t H = cfg_.hidden_size, T = static_cast<int64_t>(rows.size());
+  const int64_t H = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const int ri = RatioIndex(l.ratio);
   const float* y = s_.y.as<float>();
@@ -369,9 +374,6 @@ Status CudaShardModel::Attention(const DevLayer& l, Rows rows, const DevStepInpu
                                            picks, s_.index_count.as<int32_t>()));
     return cuda::SinkAttentionRows(attn, row0, n);
   };
-  const bool distinct = std::all_of(rows.begin(), rows.end(), [&](const SequenceCache* r) {
-    return std::count(rows.begin(), rows.end(), r) == 1;
-  });
   if (distinct) {
     FM_RETURN_IF_ERROR(core(0, T));
   } else {
@@ -437,10 +439,10 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
   return cuda::MoeCombine(contrib, rw, T, k, H, out, /*add_shared=*/true);
 }
 
-Status CudaShardModel::LayerStep(const DevLayer& l, const DevLayer* next, Rows rows,
-                                 const DevStepInputs& in, const cuda::RowCache* table) const {
-  const int64_t T = static_cast<int64_t>(rows.size());
-  FM_RETURN_IF_ERROR(Attention(l, rows, in, table));
+Status CudaShardModel::LayerStep(const DevLayer& l, const DevLayer* next, int64_t T,
+                                 bool distinct, const DevStepInputs& in,
+                                 const cuda::RowCache* table) const {
+  FM_RETURN_IF_ERROR(Attention(l, T, distinct, in, table));
   FM_RETURN_IF_ERROR(HcPreNorm(l.hc_ffn, l.ffn_norm, T, true));
   FM_RETURN_IF_ERROR(Moe(l, T, in));
   if (next) return HcPreNorm(next->hc_attn, next->attn_norm, T, true);
@@ -465,14 +467,13 @@ Result<std::vector<cuda::RowCache>> CudaShardModel::RowTable(Rows rows) const {
   return table;
 }
 
-Status CudaShardModel::Step(Rows rows, const DevStepInputs& in,
+Status CudaShardModel::Step(int64_t T, bool distinct, const DevStepInputs& in,
                             const cuda::RowCache* table) const {
-  const int64_t T = static_cast<int64_t>(rows.size());
   FM_RETURN_IF_ERROR(HcPreNorm(layers_[0]->hc_attn, layers_[0]->attn_norm, T, false));
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DevLayer& l = *layers_[i];
     const DevLayer* next = i + 1 < layers_.size() ? layers_[i + 1].get() : nullptr;
-    Status st = LayerStep(l, next, rows, in, table + i * rows.size());
+    Status st = LayerStep(l, next, T, distinct, in, table + i * T);
     if (!st.ok()) return st.Wrap("layer " + std::to_string(l.layer) + " on cuda:" +
                                  std::to_string(device_));
   }
@@ -505,32 +506,14 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     for (int64_t l = begin_; l < end_; ++l)
       ++static_cast<DeviceAttentionCache*>(seq->layer(l))->pos;
   };
-  if (items.size() == 1 && items[0].tokens.size() == 1 && mode_ == CudaStepMode::kGraph &&
-      !exec_) {
-    // One decode token: the sequence's graph (captured on its first such step), replayed.
-    DeviceAttentionCache* f = first(items[0]);
-    StepInputs in{};
-    SetStepRow(cfg_, ratios_, 0, f->pos, tokens[0], &in);
-    FM_RETURN_IF_ERROR(f->inputs.CopyFromHostAsync(&in, sizeof in));
-    FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x, row_floats * sizeof(float)));
-    if (f->graph.empty()) {
-      const SequenceCache* row = items[0].cache;
-      FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable({&row, 1}));
-      FM_RETURN_IF_ERROR(f->table.CopyFromHost(table.data(), table.size() * sizeof table[0]));
-      const DevStepInputs dev(f->inputs);
-      const auto* dev_table = f->table.as<const cuda::RowCache>();
-      FM_ASSIGN_OR_RETURN(f->graph, cuda::Graph::Capture(stream_, [&] {
-                            return Step({&row, 1}, dev, dev_table);
-                          }));
-    }
-    FM_RETURN_IF_ERROR(f->graph.Launch(stream_));
-    FM_RETURN_IF_ERROR(s_.x.CopyToHost(x, row_floats * sizeof(float)));
-    advance(items[0].cache);
-    items[0].cache->Advance(1);
-    return stream_.Synchronize();
-  }
-  // Otherwise every token of the batch, in order, in steps of up to kMaxStepRows rows: each
-  // projection one Gemm over the step's rows, the attention core row by row.
+  // Every token of the batch, in order, in steps of up to kMaxStepRows rows: each projection one
+  // Gemm over the step's rows, the attention side one launch over them (row by row when a
+  // sequence has several rows in the step). A decode step (one token of each of distinct
+  // sequences: CheckBatchItems' rule) replays its bucket's graph, the rows past the real ones
+  // padding rows over pad_ (row 0's token and X, position 0) whose results are dropped.
+  const bool graph = mode_ == CudaStepMode::kGraph && !exec_ &&
+                     std::all_of(items.begin(), items.end(),
+                                 [](const BatchItem& i) { return i.tokens.size() == 1; });
   std::vector<const SequenceCache*> rows;
   std::vector<int64_t> pos;
   for (const BatchItem& item : items) {
@@ -543,15 +526,33 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
   const DevStepInputs dev(s_.inputs);
   for (size_t r0 = 0; r0 < rows.size(); r0 += kMaxStepRows) {
     const size_t T = std::min<size_t>(kMaxStepRows, rows.size() - r0);
+    const size_t S = graph ? StepBucket(T) : T;  // the step's rows, padding included
+    std::vector<const SequenceCache*> step_rows(rows.begin() + r0, rows.begin() + r0 + T);
+    std::vector<float> xs(x + r0 * row_floats, x + (r0 + T) * row_floats);
     StepInputs in{};
-    for (size_t t = 0; t < T; ++t)
-      SetStepRow(cfg_, ratios_, static_cast<int>(t), pos[r0 + t], tokens[r0 + t], &in);
-    const Rows step_rows = std::span(rows).subspan(r0, T);
+    for (size_t t = 0; t < S; ++t) {
+      const bool real = t < T;
+      SetStepRow(cfg_, ratios_, static_cast<int>(t), real ? pos[r0 + t] : 0,
+                 tokens[r0 + (real ? t : 0)], &in);
+      if (real) continue;
+      step_rows.push_back(pad_.get());
+      xs.insert(xs.end(), x + r0 * row_floats, x + (r0 + 1) * row_floats);
+    }
     FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable(step_rows));
     FM_RETURN_IF_ERROR(s_.inputs.CopyFromHostAsync(&in, sizeof in));
     FM_RETURN_IF_ERROR(s_.table.CopyFromHost(table.data(), table.size() * sizeof table[0]));
-    FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, T * row_floats * sizeof(float)));
-    FM_RETURN_IF_ERROR(Step(step_rows, dev, s_.table.as<const cuda::RowCache>()));
+    FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(xs.data(), xs.size() * sizeof(float)));
+    // A sequence's rows are adjacent; the padding rows share pad_ but their results are dropped.
+    const bool distinct = graph || std::adjacent_find(step_rows.begin(), step_rows.end()) ==
+                                       step_rows.end();
+    auto step = [&] {
+      return Step(static_cast<int64_t>(S), distinct, dev, s_.table.as<const cuda::RowCache>());
+    };
+    cuda::Graph* g = graph ? &graphs_[StepBucketIndex(S)] : nullptr;  // captured on first use
+    if (g && g->empty()) {
+      FM_ASSIGN_OR_RETURN(*g, cuda::Graph::Capture(stream_, step));
+    }
+    FM_RETURN_IF_ERROR(g ? g->Launch(stream_) : step());
     FM_RETURN_IF_ERROR(s_.x.CopyToHost(x + r0 * row_floats, T * row_floats * sizeof(float)));
     for (size_t t = 0; t < T; ++t) advance(rows[r0 + t]);
   }

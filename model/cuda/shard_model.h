@@ -2,11 +2,12 @@
 // device memory (uploaded once, in their checkpoint formats), each sequence's decode state on the
 // device (window ring, compressed entries, indexer keys, compressor pending rows), and the
 // T = 1 step of every layer queued on one stream from kernels/cuda with no host round trip
-// inside it. What depends on the position (rows, counts, the token) is written by the host into
-// a small device buffer before each step, so each sequence's step is captured once as a CUDA
-// graph and replayed at every position. A prefill of T tokens runs T such steps (decode ==
-// prefill, as on CPU). Same interface and
-// results as the CPU ShardModel within float rounding (tests/gpu: logits within 1e-3).
+// inside it. What depends on the position (rows, counts, the token) and which sequences' caches a
+// step's rows use are written by the host into small device buffers before each step, so a
+// decode step of B sequences is captured once per batch-size bucket as a CUDA graph and replayed
+// for any sequences at any positions. A prefill of T tokens runs in batched steps (decode ==
+// prefill, as on CPU). Same interface and results as the CPU ShardModel within float rounding
+// (tests/gpu: logits within 1e-3).
 #pragma once
 #include <memory>
 
@@ -16,7 +17,8 @@
 
 namespace fm {
 
-// kGraph: a sequence's step is captured as a CUDA graph on its first token and replayed (the
+// kGraph: a decode step of B sequences (one token each) replays the CUDA graph of its bucket
+// (docs/gpu.md: 1, 2, 4, ... 32 rows, padded), captured on the bucket's first step (the
 // default); kEager: every step launches its kernels (vLLM's enforce-eager: for comparing and
 // debugging). With an expert executor (EP) the step is eager: it waits for the host mid-layer.
 enum class CudaStepMode { kGraph, kEager };

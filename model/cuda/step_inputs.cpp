@@ -28,4 +28,12 @@ void SetStepRow(const ModelConfig& cfg, std::span<const int64_t> ratios, int t, 
   }
 }
 
+int StepBucketIndex(int64_t rows) {
+  int i = 0;
+  while (i + 1 < static_cast<int>(std::size(kStepBuckets)) && kStepBuckets[i] < rows) ++i;
+  return i;
+}
+
+int StepBucket(int64_t rows) { return kStepBuckets[StepBucketIndex(rows)]; }
+
 }  // namespace fm

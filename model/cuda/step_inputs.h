@@ -2,11 +2,12 @@
 // (token) of a step, its position and id and everything the kernels derive from the position
 // (ring row, window, compressor slots, entry counts). The host fills a StepInputs and copies it to
 // the device before the step; the kernels read these fields instead of taking them by value, so
-// the one-token step of a sequence is captured once as a CUDA graph and replayed at every
+// a decode step is captured once as a CUDA graph (per batch-size bucket) and replayed at every
 // position. Plain C++ (the device buffer has exactly this layout).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 
 #include "kernels/cuda/device.h"
@@ -17,6 +18,14 @@ namespace fm {
 
 constexpr int kMaxStepRows = 32;  // tokens of one device step (longer prefills run in chunks)
 constexpr int kMaxRatios = 4;     // distinct compress ratios > 1 in one shard
+
+// The row counts of the captured decode steps (vLLM's batch-size buckets): a decode step of B
+// sequences runs as the smallest bucket >= B, the rows past B padding. Powers of two: at most
+// half a step is padding, and six graphs cover every B.
+constexpr int kStepBuckets[] = {1, 2, 4, 8, 16, 32};
+static_assert(kStepBuckets[std::size(kStepBuckets) - 1] == kMaxStepRows);
+int StepBucket(int64_t rows);       // the smallest bucket >= rows (1 <= rows <= kMaxStepRows)
+int StepBucketIndex(int64_t rows);  // its index in kStepBuckets
 
 // One compress ratio's values at a position.
 struct RatioScalars {

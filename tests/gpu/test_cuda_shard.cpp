@@ -1,7 +1,8 @@
 // The device ShardModel (model/cuda/shard_model.h) against the CPU ShardModel on the tiny preset
 // (layers [0,0,4,128,4,128], window 16, indexer top-4): decode logits within 1e-3 relative over
-// three windows and past a ratio-128 entry (each sequence's step a replayed CUDA graph), graph
-// replay == eager launches bit for bit, a batched prefill of two sequences over two device steps
+// three windows and past a ratio-128 entry (each step a replay of the bucket-1 CUDA graph), graph
+// replay == eager launches bit for bit for one sequence and for decode batches on the bucket
+// graphs, a batched prefill of two sequences over two device steps
 // then decode, the expert-executor (EP) path, a pipeline stage, and the errors. Without a CUDA
 // device only the no-device error runs.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "model/checkpoint.h"
 #include "model/cuda/device_weights.h"
 #include "model/cuda/shard_model.h"
+#include "model/cuda/step_inputs.h"
 #include "model/forward.h"
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
@@ -138,7 +141,7 @@ TEST_F(CudaShardTest, DecodeMatchesCpuPastARatio128Entry) {
 }
 
 // The graph replays exactly the eager launches: the same bits at every step, on a second
-// sequence too (its own graph over its own caches) while the first one's stays valid.
+// sequence too (the bucket-1 graph over its caches) interleaved with the first.
 TEST_F(CudaShardTest, GraphReplayEqualsEagerLaunchesBitForBit) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   auto ck = Checkpoint::Open(*dir_, {});
@@ -162,6 +165,78 @@ TEST_F(CudaShardTest, GraphReplayEqualsEagerLaunchesBitForBit) {
   }
   ASSERT_EQ(g.size(), e.size());
   EXPECT_EQ(std::memcmp(g.data(), e.data(), g.size() * sizeof(float)), 0);
+}
+
+// Decode batches on the bucket graphs (one per batch-size bucket, over the shard's row table):
+// steps of 1, 2, 3 (bucket 4: one padding row) and 5 (bucket 8: three) sequences, sequences
+// joining and leaving between steps so a bucket's graph serves other sequences, each step the
+// eager launches' bits (final manifold) and the CPU's logits within 1e-3; the padding rows write
+// no real sequence's cache (the later steps would differ from eager's if they did).
+TEST_F(CudaShardTest, BucketGraphsEqualEagerBitForBitAsSequencesJoinAndLeave) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);  // p.gpu: kGraph
+  ASSERT_TRUE(p.gpu);
+  auto eager = CreateCudaShardModel(*p.ckpt, 0, CudaStepMode::kEager);
+  ASSERT_TRUE(eager.ok()) << eager.status().ToString();
+  // Prefills of 2+ tokens (eager), so the first step of a bucket is its capture; two past a window.
+  const int lens[6] = {3, 17, 2, 9, 22, 5};
+  const std::vector<std::vector<int>> steps = {{0},       {0, 1},    {0, 1, 2}, {1, 2, 3, 4, 5},
+                                               {3, 0, 5}, {2, 4},    {5, 3, 1}, {4, 0, 1, 2, 3},
+                                               {5}};
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<std::unique_ptr<SequenceCache>> cs, gs, es;
+  for (int s = 0; s < 6; ++s) {
+    toks.push_back(Tokens(lens[s] + 8, 70 + s));
+    cs.push_back(p.cpu->NewSequence(256));
+    gs.push_back(p.gpu->NewSequence(256));
+    es.push_back((*eager)->NewSequence(256));
+    const auto pre = std::span(toks[s]).first(lens[s]);
+    const BatchItem ci{cs[s].get(), pre}, gi{gs[s].get(), pre}, ei{es[s].get(), pre};
+    std::vector<float> unused;
+    ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &unused).ok());
+    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&gi, 1}, &unused).ok());
+    ASSERT_TRUE(modeltest::RunItems(**eager, {&ei, 1}, &unused).ok());
+  }
+  const ModelConfig& cfg = p.gpu->config();
+  std::vector<float> cpu, gpu;
+  std::set<int> captured;  // buckets
+  for (size_t step = 0; step < steps.size(); ++step) {
+    std::vector<BatchItem> citems, gitems, eitems;
+    std::vector<int32_t> ids;
+    for (const int s : steps[step]) {
+      const auto tok = std::span(toks[s]).subspan(gs[s]->next_pos(), 1);
+      ids.push_back(tok[0]);
+      citems.push_back({cs[s].get(), tok});
+      gitems.push_back({gs[s].get(), tok});
+      eitems.push_back({es[s].get(), tok});
+    }
+    std::vector<float> unused, ex;
+    ASSERT_TRUE(modeltest::RunItems(*p.cpu, citems, &cpu).ok());
+    const int64_t n = static_cast<int64_t>(gitems.size());
+    std::vector<float> gx(n * cfg.hc_mult * cfg.hidden_size), lg(n * cfg.vocab_size);
+    ASSERT_TRUE(p.gpu->Embed(ids, gx.data()).ok());
+    const int64_t before = cuda::KernelLaunches();
+    const Status st = p.gpu->ForwardLayers(gitems, gx.data());
+    ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.ToString();
+    // The first step of a bucket captures its graph (launches recorded), later ones replay it:
+    // no kernel launched from the host.
+    const int64_t launched = cuda::KernelLaunches() - before;
+    if (captured.insert(StepBucket(n)).second) {
+      EXPECT_GT(launched, 0) << "step " << step;
+    } else {
+      EXPECT_EQ(launched, 0) << "step " << step << ": a replay of bucket " << StepBucket(n);
+    }
+    ASSERT_TRUE(p.gpu->Logits(gx.data(), n, lg.data()).ok());
+    gpu.insert(gpu.end(), lg.begin(), lg.end());
+    ASSERT_TRUE(modeltest::RunItems(**eager, eitems, &unused, &ex).ok());
+    ASSERT_EQ(gx.size(), ex.size());
+    EXPECT_EQ(std::memcmp(gx.data(), ex.data(), gx.size() * sizeof(float)), 0)
+        << "step " << step << " of " << steps[step].size() << " sequences";
+  }
+  for (float v : gpu) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LT(RelErr(gpu, cpu), 1e-3);
+  for (int s = 0; s < 6; ++s) EXPECT_EQ(gs[s]->next_pos(), es[s]->next_pos()) << "sequence " << s;
 }
 
 TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
@@ -195,6 +270,10 @@ TEST_F(CudaShardTest, DecodeBatchOfSequencesIsOneLaunchSequence) {
   ThreadPool pool(2);
   Pair p = Open(&pool);
   ASSERT_TRUE(p.gpu);
+  // Eager: a graph replay launches nothing from the host (that case is the bucket test's).
+  auto eager = CreateCudaShardModel(*p.ckpt, 0, CudaStepMode::kEager);
+  ASSERT_TRUE(eager.ok()) << eager.status().ToString();
+  p.gpu = std::move(eager).value();
   const int lens[3] = {23, 5, 12};
   std::vector<std::vector<int32_t>> toks;
   std::vector<std::unique_ptr<SequenceCache>> cs, gs;
