@@ -255,7 +255,7 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
   __shared__ double sh[kSampleThreads];
   __shared__ int hist[256], off[2 * kSampleThreads];
   __shared__ float M;
-  __shared__ int status, arg, done;
+  __shared__ int done;
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
   const float* l = logits + row * vocab;
@@ -270,7 +270,7 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
       ni = MinId(ni, cs[c].nan);
       ii = MinId(ii, cs[c].inf);
     }
-    M = bv, arg = bi, done = 1;
+    M = bv, done = 1;
     if (ni >= 0) *res = SampleResult{ni, 0.0f, kSampleNaN};
     else if (bi < 0) *res = SampleResult{-1, 0.0f, kSampleNoFinite};
     else if (ii >= 0) *res = SampleResult{ii, 0.0f, kSamplePosInf};

@@ -202,7 +202,7 @@ TEST(CudaArgs, GemmManyRejectsBadTasks) {
 
 // E routed FP4 experts w1, w3 [I, H], w2 [H, I] and an FP8 shared expert (Is), host and device.
 struct Experts {
-  int64_t E, I, H, Is;
+  int64_t E = 0, I = 0, H = 0, Is = 0;
   std::vector<HostWeight> w1, w3, w2;
   HostWeight s1, s3, s2;
   std::vector<cuda::DeviceWeight> d1, d3, d2;
@@ -277,7 +277,8 @@ void RunExperts(const Experts& x, const std::vector<int32_t>& ids, int64_t T, in
 TEST(CudaExperts, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(61);
-  Experts x{5, 64, 96, 80};
+  Experts x;
+  x.E = 5, x.I = 64, x.H = 96, x.Is = 80;
   MakeExperts(&x, rng);
   const int64_t k = 3, hs = 80, S = k + 1;
   const float limit = 2.0f;
@@ -331,7 +332,8 @@ TEST(CudaExperts, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
 TEST(CudaExperts, DownSlotEqualsGemmOfItsExpert) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(3);
-  Experts x{3, 64, 96, 64};
+  Experts x;
+  x.E = 3, x.I = 64, x.H = 96, x.Is = 64;
   MakeExperts(&x, rng);
   const int64_t T = 2, k = 2, hs = 64;
   const std::vector<int32_t> ids = {2, 0, 0, 1};
@@ -355,7 +357,8 @@ TEST(CudaExperts, DownSlotEqualsGemmOfItsExpert) {
 TEST(CudaExperts, SharedOnlyAndCombineWithSharedRow) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(17);
-  Experts x{2, 64, 96, 80};
+  Experts x;
+  x.E = 2, x.I = 64, x.H = 96, x.Is = 80;
   MakeExperts(&x, rng);
   const int64_t T = 3, hs = 80;
   const std::vector<float> in = RandomNormal(T * x.H, rng);
