@@ -43,19 +43,24 @@ ApiService::ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Clu
     : model_(model), tokenizer_(tokenizer), cluster_(cluster), scheduler_(scheduler),
       metrics_(metrics), options_(std::move(options)) {}
 
+Status CheckBearerToken(const std::string* value, const std::vector<std::string>& tokens,
+                        const std::string& what) {
+  if (tokens.empty()) return Status::Ok();
+  if (!value) return Unauthenticated("missing " + what);
+  const std::string prefix = "Bearer ";
+  if (value->rfind(prefix, 0) == 0 &&
+      std::find(tokens.begin(), tokens.end(), value->substr(prefix.size())) != tokens.end())
+    return Status::Ok();
+  return Unauthenticated("invalid bearer token");
+}
+
 Status ApiService::Authenticate(grpc::ServerContext* ctx) const {
-  if (options_.api_tokens.empty()) return Status::Ok();
+  static const std::string kMetadata = "'authorization: Bearer <token>' metadata";
   auto it = ctx->client_metadata().find("authorization");
   if (it == ctx->client_metadata().end())
-    return Unauthenticated("missing 'authorization: Bearer <token>' metadata");
-  std::string value(it->second.data(), it->second.size());
-  const std::string prefix = "Bearer ";
-  if (value.rfind(prefix, 0) == 0) {
-    std::string token = value.substr(prefix.size());
-    for (const auto& t : options_.api_tokens)
-      if (t == token) return Status::Ok();
-  }
-  return Unauthenticated("invalid bearer token");
+    return CheckBearerToken(nullptr, options_.api_tokens, kMetadata);
+  const std::string value(it->second.data(), it->second.size());
+  return CheckBearerToken(&value, options_.api_tokens, kMetadata);
 }
 
 Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest& req) const {

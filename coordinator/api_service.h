@@ -23,6 +23,12 @@ struct ApiOptions {
   std::string model_name;
 };
 
+// The value of an Authorization header (HTTP) or metadata entry (gRPC; null when absent) against
+// the accepted tokens (empty: no auth): Ok for "Bearer <one of tokens>", Unauthenticated
+// otherwise ("missing <what>" when absent).
+Status CheckBearerToken(const std::string* value, const std::vector<std::string>& tokens,
+                        const std::string& what);
+
 class ApiService final : public flashmesh::v1::Inference::Service {
  public:
   ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Cluster* cluster,

@@ -115,16 +115,9 @@ void HttpApi::Handle(const HttpRequest& req, HttpResponder* out) {
 }
 
 Status HttpApi::Authenticate(const HttpRequest& req) const {
-  if (options_.api_tokens.empty()) return Status::Ok();
-  std::string value = req.Header("authorization");
-  if (value.empty()) return Unauthenticated("missing 'Authorization: Bearer <token>' header");
-  const std::string prefix = "Bearer ";
-  if (value.rfind(prefix, 0) == 0) {
-    std::string token = value.substr(prefix.size());
-    for (const auto& t : options_.api_tokens)
-      if (t == token) return Status::Ok();
-  }
-  return Unauthenticated("invalid bearer token");
+  const std::string value = req.Header("authorization");
+  return CheckBearerToken(value.empty() ? nullptr : &value, options_.api_tokens,
+                          "'Authorization: Bearer <token>' header");
 }
 
 void HttpApi::Health(HttpResponder* out) const {
@@ -217,16 +210,19 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   else Collect(&job, out);
 }
 
+bool HttpApi::CancelIfAbandoned(Job* job, HttpResponder* out) {
+  if (!out->Abandoned()) return false;
+  job->stream->Cancel();  // the scheduler frees the sequence on every worker
+  flashmesh::v1::Finish cancelled;
+  cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
+  job->meter.Finished(cancelled);
+  return true;
+}
+
 void HttpApi::Collect(Job* job, HttpResponder* out) {
   RequestStream::Event ev;
   while (true) {
-    if (out->Abandoned()) {
-      job->stream->Cancel();
-      flashmesh::v1::Finish cancelled;
-      cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
-      job->meter.Finished(cancelled);
-      return;
-    }
+    if (CancelIfAbandoned(job, out)) return;
     if (!job->stream->Pop(&ev, kPollInterval)) continue;
     if (ev.kind == RequestStream::Event::kError) {
       job->meter.Failed(ev.error);
@@ -294,13 +290,7 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
   }
   RequestStream::Event ev;
   while (true) {
-    if (out->Abandoned()) {
-      job->stream->Cancel();
-      flashmesh::v1::Finish cancelled;
-      cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
-      job->meter.Finished(cancelled);
-      return;
-    }
+    if (CancelIfAbandoned(job, out)) return;
     if (!job->stream->Pop(&ev, kPollInterval)) continue;
     if (ev.kind == RequestStream::Event::kError) {
       job->meter.Failed(ev.error);

@@ -29,6 +29,8 @@ class HttpApi {
   void Generate(const HttpRequest& req, HttpResponder* out, bool chat);
   void Stream(Job* job, HttpResponder* out);
   void Collect(Job* job, HttpResponder* out);
+  // The client went away: its request is cancelled and counted so (true), or it is still there.
+  bool CancelIfAbandoned(Job* job, HttpResponder* out);
   void Models(HttpResponder* out) const;
   void Health(HttpResponder* out) const;
   Status Authenticate(const HttpRequest& req) const;
