@@ -528,20 +528,21 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     const size_t T = std::min<size_t>(kMaxStepRows, rows.size() - r0);
     const size_t S = graph ? StepBucket(T) : T;  // the step's rows, padding included
     std::vector<const SequenceCache*> step_rows(rows.begin() + r0, rows.begin() + r0 + T);
-    std::vector<float> xs(x + r0 * row_floats, x + (r0 + T) * row_floats);
     StepInputs in{};
+    const size_t row_bytes = row_floats * sizeof(float);
+    // The real rows' X straight from the caller's buffer; a padding row takes row 0's.
+    FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, T * row_bytes));
     for (size_t t = 0; t < S; ++t) {
       const bool real = t < T;
       SetStepRow(cfg_, ratios_, static_cast<int>(t), real ? pos[r0 + t] : 0,
                  tokens[r0 + (real ? t : 0)], &in);
       if (real) continue;
       step_rows.push_back(pad_.get());
-      xs.insert(xs.end(), x + r0 * row_floats, x + (r0 + 1) * row_floats);
+      FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, row_bytes, t * row_bytes));
     }
     FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable(step_rows));
     FM_RETURN_IF_ERROR(s_.inputs.CopyFromHostAsync(&in, sizeof in));
     FM_RETURN_IF_ERROR(s_.table.CopyFromHost(table.data(), table.size() * sizeof table[0]));
-    FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(xs.data(), xs.size() * sizeof(float)));
     // A sequence's rows are adjacent; the padding rows share pad_ but their results are dropped.
     const bool distinct = graph || std::adjacent_find(step_rows.begin(), step_rows.end()) ==
                                        step_rows.end();
