@@ -210,20 +210,20 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   else Collect(&job, out);
 }
 
-bool HttpApi::CancelIfAbandoned(Job* job, HttpResponder* out) {
-  if (!out->Abandoned()) return false;
+bool HttpApi::NextEvent(Job* job, HttpResponder* out, RequestStream::Event* ev) {
+  while (!out->Abandoned())
+    if (job->stream->Pop(ev, kPollInterval)) return true;
   job->stream->Cancel();  // the scheduler frees the sequence on every worker
   flashmesh::v1::Finish cancelled;
   cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
   job->meter.Finished(cancelled);
-  return true;
+  return false;
 }
 
 void HttpApi::Collect(Job* job, HttpResponder* out) {
   RequestStream::Event ev;
   while (true) {
-    if (CancelIfAbandoned(job, out)) return;
-    if (!job->stream->Pop(&ev, kPollInterval)) continue;
+    if (!NextEvent(job, out, &ev)) return;
     if (ev.kind == RequestStream::Event::kError) {
       job->meter.Failed(ev.error);
       return ReplyError(out, ev.error);
@@ -290,8 +290,7 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
   }
   RequestStream::Event ev;
   while (true) {
-    if (CancelIfAbandoned(job, out)) return;
-    if (!job->stream->Pop(&ev, kPollInterval)) continue;
+    if (!NextEvent(job, out, &ev)) return;
     if (ev.kind == RequestStream::Event::kError) {
       job->meter.Failed(ev.error);
       out->Send("data: " + ErrorFromStatus(ev.error).ToJson() + "\n\ndata: [DONE]\n\n");

@@ -29,8 +29,9 @@ class HttpApi {
   void Generate(const HttpRequest& req, HttpResponder* out, bool chat);
   void Stream(Job* job, HttpResponder* out);
   void Collect(Job* job, HttpResponder* out);
-  // The client went away: its request is cancelled and counted so (true), or it is still there.
-  bool CancelIfAbandoned(Job* job, HttpResponder* out);
+  // The request's next event (true), or false when the client went away first: the request is
+  // then cancelled and counted so.
+  bool NextEvent(Job* job, HttpResponder* out, RequestStream::Event* ev);
   void Models(HttpResponder* out) const;
   void Health(HttpResponder* out) const;
   Status Authenticate(const HttpRequest& req) const;
