@@ -9,6 +9,10 @@
 //     mem_bw_gbps             streaming read bandwidth, measured here with the same threads
 //                             after each of 8 decode rounds (median)
 //     bw_efficiency           weight traffic / bandwidth of each round, the median round
+//   With --streams B > 1, B sequences decode together (one step = B rows, as a serving batch):
+//     tok_per_s               every stream's tokens per second together; weight bytes are
+//                             those of a step (dense once, the distinct experts of its rows)
+//     streams_speedup         (device) that aggregate over the single stream's, same run
 //   and extrapolates to the full model (FullModelConfig: all 43 layers of DeepSeek-V4-Flash for
 //   a `mkmodel --preset flash --layers N` checkpoint, else the checkpoint itself):
 //     head_ms                 embed + Logits of one token, timed alone (median of 8)
@@ -46,12 +50,14 @@ namespace {
 
 const char* kUsage =
     "usage: flashmesh bench decode --model DIR [--context N] [--tokens N] [--threads N]\n"
-    "                              [--device cpu|cuda:N [--eager]] [--json]\n"
+    "                              [--streams B] [--device cpu|cuda:N [--eager]] [--json]\n"
     "  decode: prefill N context tokens (default 64), decode --tokens tokens (default 32)\n"
     "          one at a time, report decode tok/s, weight bytes read per token, the measured\n"
     "          memory bandwidth (a probe after each of 8 decode rounds) and bw_efficiency =\n"
     "          tok/s * bytes/token / bandwidth of the median round.\n"
     "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n"
+    "  --streams B: B sequences decode together, a step of B rows (default 1); tok/s counts\n"
+    "          them all; on a device also the single stream first and streams_speedup.\n"
     "  --device cuda:N: the shard resident on GPU N; bandwidth = a device read probe; also\n"
     "          prefill tok/s (the context as batched device steps). --eager: launch every\n"
     "          kernel of each decode step instead of replaying the sequence's CUDA graph.\n"
@@ -76,7 +82,7 @@ double Median(std::vector<double> v) {
 
 struct DecodeOptions {
   std::string model;
-  int64_t context = 64, tokens = 32;
+  int64_t context = 64, tokens = 32, streams = 1;
   int threads = 0;
   int cuda_device = -1;  // --device cuda:N; -1 = CPU
   bool eager = false;    // --eager: no CUDA graph
@@ -118,11 +124,12 @@ Result<DecodeOptions> ParseDecode(int argc, char** argv) {
       } else {
         return InvalidArgument("--device: '" + d + "', want cpu or cuda:N");
       }
-    } else if (a == "--context" || a == "--tokens" || a == "--threads") {
+    } else if (a == "--context" || a == "--tokens" || a == "--threads" || a == "--streams") {
       FM_ASSIGN_OR_RETURN(const char* v, value());
-      FM_ASSIGN_OR_RETURN(int64_t n, ParseCount(a.c_str(), v, a == "--tokens" ? 1 : 0));
+      FM_ASSIGN_OR_RETURN(int64_t n, ParseCount(a.c_str(), v, a == "--tokens" || a == "--streams"));
       if (a == "--context") o.context = n;
       else if (a == "--tokens") o.tokens = n;
+      else if (a == "--streams") o.streams = n;
       else o.threads = static_cast<int>(n);
     } else {
       return InvalidArgument("bench decode: unknown option '" + a + "'");
@@ -130,6 +137,7 @@ Result<DecodeOptions> ParseDecode(int argc, char** argv) {
   }
   if (o.model.empty()) return InvalidArgument("bench decode: --model DIR is required");
   if (o.eager && o.cuda_device < 0) return InvalidArgument("--eager: only with --device cuda:N");
+  if (o.streams > 256) return InvalidArgument("--streams: " + std::to_string(o.streams) + " > 256");
   return o;
 }
 
@@ -200,64 +208,93 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
-// One sequence decoding greedily on `shard`: a random prompt of `context` tokens (Prefill), then
-// one token at a time (Step: the previous pick in, the last row's greedy pick out through
-// SampleNext, on the device for a device shard, as a serving last stage does). With context 0
-// the first prompt token is the first step's input.
+// `streams` sequences decoding greedily on `shard`: each a random prompt of `context` tokens
+// (Prefill, one sequence at a time), then steps of one token per sequence, all in one batch (the
+// previous picks in, each row's greedy pick out through SampleNext, on the device for a device
+// shard, as a serving last stage does). With context 0 a prompt's first token is the first input.
 class GreedyDecode {
  public:
-  GreedyDecode(ShardModel* shard, int64_t context, int64_t tokens)
-      : shard_(shard), cfg_(shard->config()), cache_(shard->NewSequence(context + tokens + 1)),
-        prompt_(static_cast<size_t>(std::max<int64_t>(context, 1))), context_(context),
-        greedy_(*Sampler::Create(SamplerConfig{.greedy = true})) {
+  GreedyDecode(ShardModel* shard, int64_t context, int64_t tokens, int64_t streams)
+      : shard_(shard), cfg_(shard->config()), context_(context),
+        greedy_(static_cast<size_t>(streams), *Sampler::Create(SamplerConfig{.greedy = true})),
+        next_(static_cast<size_t>(streams)) {
     std::mt19937 rng(1234);
-    for (auto& t : prompt_) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size));
-    next_ = prompt_[0];
+    for (int64_t b = 0; b < streams; ++b) {
+      caches_.push_back(shard->NewSequence(context + tokens + 1));
+      prompts_.emplace_back(static_cast<size_t>(std::max<int64_t>(context, 1)));
+      for (auto& t : prompts_.back())
+        t = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size));
+      next_[b] = prompts_.back()[0];
+    }
   }
-  Status Prefill() { return context_ > 0 ? Run(prompt_) : Status::Ok(); }
-  Status Step() { return Run({&next_, 1}); }
-  // Seconds of what a step does besides the layers (embed the token, the head and the greedy
-  // pick of the last row), timed alone after some steps: the median of `reps`. Leaves the decode
-  // state as it was; the pick must be the last step's token.
+  Status Prefill() {
+    for (size_t b = 0; context_ > 0 && b < caches_.size(); ++b) {
+      BatchItem item{caches_[b].get(), prompts_[b]};
+      FM_RETURN_IF_ERROR(Run({&item, 1}, prompts_[b], b));
+    }
+    return Status::Ok();
+  }
+  Status Step() {
+    std::vector<BatchItem> items;
+    for (size_t b = 0; b < caches_.size(); ++b) items.push_back({caches_[b].get(), {&next_[b], 1}});
+    return Run(items, std::vector<int32_t>(next_), 0);
+  }
+  // Seconds of what a step does besides the layers for one token (embed it, the head and the
+  // greedy pick of the last row), timed alone after some steps: the median of `reps`. Leaves the
+  // decode state as it was; the pick must be the last stream's token of the last step.
   Result<double> HeadSeconds(int reps) {
     const int64_t row = cfg_.hc_mult * cfg_.hidden_size;
     std::vector<float> embedded(static_cast<size_t>(row));
     std::vector<double> secs;
     for (int i = 0; i < reps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      FM_RETURN_IF_ERROR(shard_->Embed({&next_, 1}, embedded.data()));
-      FM_ASSIGN_OR_RETURN(const int32_t best, Pick(x_.data() + x_.size() - row));
+      FM_RETURN_IF_ERROR(shard_->Embed({&next_.back(), 1}, embedded.data()));
+      Sampler* const s[] = {&greedy_.back()};
+      FM_ASSIGN_OR_RETURN(std::vector<SampledToken> best,
+                          shard_->SampleNext(x_.data() + x_.size() - row, 1, s));
       secs.push_back(Seconds(t0, std::chrono::steady_clock::now()));
-      if (best != next_)  // the same row gave the last step's token: logits are deterministic
+      if (best[0].id != next_.back())  // the same row gave the last step's token
         return Internal("bench decode: the head of the last row gave token " +
-                        std::to_string(best) + ", the step gave " + std::to_string(next_));
+                        std::to_string(best[0].id) + ", the step gave " +
+                        std::to_string(next_.back()));
     }
     return Median(secs);
   }
 
  private:
-  Status Run(std::span<const int32_t> toks) {
+  // Embeds `toks` (the items' tokens in order), runs the layers, and picks the next token of each
+  // item's last row into next_[first], next_[first + 1], ...
+  Status Run(std::span<const BatchItem> items, const std::vector<int32_t>& toks, size_t first) {
     const int64_t n = static_cast<int64_t>(toks.size()), row = cfg_.hc_mult * cfg_.hidden_size;
     x_.resize(static_cast<size_t>(n * row));
     FM_RETURN_IF_ERROR(shard_->Embed(toks, x_.data()));
-    BatchItem item{cache_.get(), toks};
-    FM_RETURN_IF_ERROR(shard_->ForwardLayers({&item, 1}, x_.data()));
-    FM_ASSIGN_OR_RETURN(next_, Pick(x_.data() + (n - 1) * row));
+    FM_RETURN_IF_ERROR(shard_->ForwardLayers(items, x_.data()));
+    // Each item's last row, gathered when an item has several (a prefill).
+    std::vector<float> last;
+    const float* rows = x_.data();
+    if (static_cast<int64_t>(items.size()) != n) {
+      int64_t end = 0;
+      for (const BatchItem& it : items) {
+        end += static_cast<int64_t>(it.tokens.size());
+        last.insert(last.end(), x_.begin() + (end - 1) * row, x_.begin() + end * row);
+      }
+      rows = last.data();
+    }
+    std::vector<Sampler*> s;
+    for (size_t i = 0; i < items.size(); ++i) s.push_back(&greedy_[first + i]);
+    FM_ASSIGN_OR_RETURN(std::vector<SampledToken> t,
+                        shard_->SampleNext(rows, static_cast<int64_t>(items.size()), s));
+    for (size_t i = 0; i < t.size(); ++i) next_[first + i] = t[i].id;
     return Status::Ok();
-  }
-  Result<int32_t> Pick(const float* last_row) {
-    Sampler* const s[] = {&greedy_};
-    FM_ASSIGN_OR_RETURN(std::vector<SampledToken> t, shard_->SampleNext(last_row, 1, s));
-    return t[0].id;
   }
   ShardModel* shard_;
   const ModelConfig& cfg_;
-  std::unique_ptr<SequenceCache> cache_;
-  std::vector<int32_t> prompt_;
   int64_t context_;
-  Sampler greedy_;
+  std::vector<std::unique_ptr<SequenceCache>> caches_;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::vector<Sampler> greedy_;
+  std::vector<int32_t> next_;
   std::vector<float> x_;
-  int32_t next_ = 0;
 };
 
 // A decode run extrapolated to the full model (the header comment): the layers' share of a
@@ -325,7 +362,7 @@ Status RunDecode(const DecodeOptions& o) {
   FM_ASSIGN_OR_RETURN(const size_t dense_bytes, DenseBytesPerToken(*ckpt));
   FM_ASSIGN_OR_RETURN(const size_t resident, TouchWeights(*ckpt));
 
-  GreedyDecode decode(shard.get(), o.context, o.tokens);
+  GreedyDecode decode(shard.get(), o.context, o.tokens, o.streams);
   const auto t0 = std::chrono::steady_clock::now();
   FM_RETURN_IF_ERROR(decode.Prefill());
   const auto t1 = std::chrono::steady_clock::now();
@@ -349,26 +386,28 @@ Status RunDecode(const DecodeOptions& o) {
     decode_s += Seconds(t2, t3);
     routed_bytes += static_cast<double>(counter.bytes());
   }
-  const double tok_per_s = static_cast<double>(o.tokens) / decode_s;
+  const double tok_per_s = static_cast<double>(o.tokens * o.streams) / decode_s;
   const double bytes_per_token = static_cast<double>(dense_bytes) + routed_bytes / o.tokens;
   const double eff = Median(effs), mem_bw = Median(bws);
   FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
   const FullModelPrediction pred = Predict(cfg, decode_s / o.tokens, head_s, mem_bw);
   if (o.json) {
-    std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
-                "\"bw_efficiency\": %.4f%s}\n",
-                tok_per_s, bytes_per_token, mem_bw, eff, PredictionJson(pred).c_str());
+    std::printf("{\"tok_per_s\": %.4f, \"streams\": %lld, \"weight_bytes_per_token\": %.0f, "
+                "\"mem_bw_gbps\": %.4f, \"bw_efficiency\": %.4f%s}\n",
+                tok_per_s, static_cast<long long>(o.streams), bytes_per_token, mem_bw, eff,
+                PredictionJson(pred).c_str());
   } else {
     std::printf("model            %s (%.2f GB resident)\n", o.model.c_str(), resident / 1e9);
     std::printf("threads          %d\n", pool.size());
     std::printf("prefill          %lld tokens in %.3f s\n", static_cast<long long>(o.context),
                 Seconds(t0, t1));
-    std::printf("decode           %lld tokens in %.3f s: %.2f tok/s (%lld rounds)\n",
-                static_cast<long long>(o.tokens), decode_s, tok_per_s, static_cast<long long>(rounds));
-    std::printf("weight bytes/tok %.1f MB (dense %.1f MB + routed experts %.1f MB)\n",
+    std::printf("decode           %lld steps of %lld streams in %.3f s: %.2f tok/s (%lld rounds)\n",
+                static_cast<long long>(o.tokens), static_cast<long long>(o.streams), decode_s,
+                tok_per_s, static_cast<long long>(rounds));
+    std::printf("weight bytes     %.1f MB a step (dense %.1f MB + routed experts %.1f MB)\n",
                 bytes_per_token / 1e6, dense_bytes / 1e6,
                 routed_bytes / o.tokens / 1e6);
-    std::printf("weight traffic   %.2f GB/s\n", tok_per_s * bytes_per_token / 1e9);
+    std::printf("weight traffic   %.2f GB/s\n", o.tokens / decode_s * bytes_per_token / 1e9);
     std::printf("memory bandwidth %.2f GB/s (median of the probes after each round, same threads)\n", mem_bw);
     std::printf("bw_efficiency    %.3f (median round; rounds %.3f .. %.3f)\n", eff,
                 *std::min_element(effs.begin(), effs.end()), *std::max_element(effs.begin(), effs.end()));
@@ -377,9 +416,21 @@ Status RunDecode(const DecodeOptions& o) {
   return Status::Ok();
 }
 
-// The device shard: the same decode loop timed end to end (each step ends with the logits on
-// the host), the weight bytes from inspect's per-token figure (top-k distinct experts a layer),
-// and the device's read bandwidth measured after the decode.
+// Steps per second of `decode` after its prefill and one warm-up step (first launches, lazy
+// module loading); *prefill_s: the prefill's seconds.
+Result<double> TimedSteps(GreedyDecode& decode, int64_t steps, double* prefill_s) {
+  const auto p0 = std::chrono::steady_clock::now();
+  FM_RETURN_IF_ERROR(decode.Prefill());
+  *prefill_s = Seconds(p0, std::chrono::steady_clock::now());
+  FM_RETURN_IF_ERROR(decode.Step());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) FM_RETURN_IF_ERROR(decode.Step());
+  return static_cast<double>(steps) / Seconds(t0, std::chrono::steady_clock::now());
+}
+
+// The device shard: the same decode loop timed end to end, the weight bytes from inspect's
+// per-token figure (top-k distinct experts a layer), the device's read bandwidth measured after
+// the decode; with --streams B, then B streams together on the same shard.
 Status RunDecodeCuda(const DecodeOptions& o) {
   FM_ASSIGN_OR_RETURN(InspectReport report, InspectCheckpoint(o.model));
   ShardSelection sel;
@@ -388,37 +439,42 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   FM_ASSIGN_OR_RETURN(auto shard,
                       CreateCudaShardModel(*ckpt, o.cuda_device,
                                            o.eager ? CudaStepMode::kEager : CudaStepMode::kGraph));
-  GreedyDecode decode(shard.get(), o.context, o.tokens);
-  const auto p0 = std::chrono::steady_clock::now();
-  FM_RETURN_IF_ERROR(decode.Prefill());
-  const double prefill_tok_per_s =
-      static_cast<double>(o.context) / Seconds(p0, std::chrono::steady_clock::now());
-  FM_RETURN_IF_ERROR(decode.Step());  // warm-up: first launches, lazy module loading
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < o.tokens; ++i) FM_RETURN_IF_ERROR(decode.Step());
-  const double secs = Seconds(t0, std::chrono::steady_clock::now());
+  GreedyDecode decode(shard.get(), o.context, o.tokens, 1);
+  double prefill_s = 0.0;
+  FM_ASSIGN_OR_RETURN(const double tok_per_s, TimedSteps(decode, o.tokens, &prefill_s));
+  const double prefill_tok_per_s = static_cast<double>(o.context) / prefill_s;
   FM_ASSIGN_OR_RETURN(const double bw, CudaReadBandwidthGbps(o.cuda_device));
-  const double tok_per_s = static_cast<double>(o.tokens) / secs;
   const double bytes = static_cast<double>(report.bytes_per_token());
   const double eff = bw > 0 ? tok_per_s * bytes / (bw * 1e9) : 0.0;
   FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
-  const FullModelPrediction pred = Predict(ckpt->config(), secs / o.tokens, head_s, bw);
+  const FullModelPrediction pred = Predict(ckpt->config(), 1.0 / tok_per_s, head_s, bw);
+  double streams_tok_per_s = tok_per_s;
+  if (o.streams > 1) {
+    GreedyDecode batch(shard.get(), o.context, o.tokens, o.streams);
+    FM_ASSIGN_OR_RETURN(const double steps_per_s, TimedSteps(batch, o.tokens, &prefill_s));
+    streams_tok_per_s = steps_per_s * static_cast<double>(o.streams);
+  }
   if (o.json) {
     std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
-                "\"bw_efficiency\": %.4f, \"prefill_tok_per_s\": %.4f, \"cuda_graph\": %s%s}\n",
+                "\"bw_efficiency\": %.4f, \"prefill_tok_per_s\": %.4f, \"cuda_graph\": %s, "
+                "\"streams\": %lld, \"streams_tok_per_s\": %.4f, \"streams_speedup\": %.4f%s}\n",
                 tok_per_s, bytes, bw, eff, prefill_tok_per_s, o.eager ? "false" : "true",
+                static_cast<long long>(o.streams), streams_tok_per_s, streams_tok_per_s / tok_per_s,
                 PredictionJson(pred).c_str());
   } else {
     std::printf("model            %s on cuda:%d (%s)\n", o.model.c_str(), o.cuda_device,
                 o.eager ? "eager launches" : "CUDA graph per step");
     std::printf("prefill          %lld tokens: %.2f tok/s\n", static_cast<long long>(o.context),
                 prefill_tok_per_s);
-    std::printf("decode           %lld tokens in %.3f s: %.2f tok/s\n",
-                static_cast<long long>(o.tokens), secs, tok_per_s);
+    std::printf("decode           %lld tokens: %.2f tok/s\n", static_cast<long long>(o.tokens),
+                tok_per_s);
     std::printf("weight bytes/tok %.1f MB\n", bytes / 1e6);
     std::printf("weight traffic   %.2f GB/s\n", tok_per_s * bytes / 1e9);
     std::printf("memory bandwidth %.2f GB/s (device read probe after the decode)\n", bw);
     std::printf("bw_efficiency    %.3f\n", eff);
+    if (o.streams > 1)
+      std::printf("%lld streams       %.2f tok/s together, %.2fx the single stream\n",
+                  static_cast<long long>(o.streams), streams_tok_per_s, streams_tok_per_s / tok_per_s);
     PrintPrediction(pred);
   }
   return Status::Ok();

@@ -77,7 +77,7 @@ __device__ void ExpertTile(const ExpertsLaunch& p, WeightFormat format, bool vec
     xs[t] = p.x + (p.up_gate ? s / Slots(p) : s) * p.x_stride;
   }
   float acc[kWarpRows][NT];
-  StreamRows<NT>(format, vec, rows, cols, xs, nullptr, inv, lane, acc);
+  StreamRows<NT>(format, vec, rows, cols, xs, nullptr, inv, lane, 0, 1, acc);
   if (p.up_gate) {
 #pragma unroll
     for (int o = 0; o < kWarpRows / 2; ++o)
@@ -97,8 +97,11 @@ __device__ void ExpertTile(const ExpertsLaunch& p, WeightFormat format, bool vec
   }
 }
 
+// T = 1 (the decode step) caps registers at 128 for two blocks an SM; the wider tiles would
+// spill under that cap (ptxas -v), so they keep one block an SM.
 template <int NT>
-__global__ void __launch_bounds__(kGemvThreads) ExpertsKernel(const ExpertsLaunch p) {
+__global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
+    ExpertsKernel(const ExpertsLaunch p) {
   const int64_t s = blockIdx.y, key = SlotKey(p, s);
   for (int64_t e = 0; e < s; ++e)
     if (SlotKey(p, e) == key) return;  // the expert's first slot serves this one

@@ -15,6 +15,9 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kHcCols = 32;  // columns h of every stream per HcPostPre block
 constexpr int kHcMaxStreams = 16;
+constexpr int kHcMaxMix = (2 + kHcMaxStreams) * kHcMaxStreams + 1;  // mix rows + the squares
+constexpr int kHcTokens = 4;  // tokens the last HcPostPre block finishes together
+constexpr int kHcWarpPairs = 4;  // (token, mix row) sums a warp of that block reduces at once
 constexpr int kMaxEntryDim = 1024;
 constexpr int kAttnMaxDim = 512;
 
@@ -52,35 +55,6 @@ __device__ void RopeRow(float* row, int64_t d, int64_t rd, int32_t pos, const fl
   }
 }
 
-// comb[j*n+k]: softmax over k + eh, then columns / (sum + eh), then (iters-1) x (rows, columns);
-// the order of kernels/cpu/hc.h.
-__device__ void SinkhornComb(float* comb, int n, int iters, float eh) {
-  for (int j = 0; j < n; ++j) {
-    float* row = comb + j * n;
-    float mx = row[0];
-    for (int k = 1; k < n; ++k) mx = fmaxf(mx, row[k]);
-    float sum = 0.0f;
-    for (int k = 0; k < n; ++k) {
-      row[k] = expf(row[k] - mx);
-      sum += row[k];
-    }
-    for (int k = 0; k < n; ++k) row[k] = row[k] / sum + eh;
-  }
-  for (int it = 0; it < iters; ++it) {
-    if (it > 0)
-      for (int j = 0; j < n; ++j) {
-        float s = 0.0f;
-        for (int k = 0; k < n; ++k) s += comb[j * n + k];
-        for (int k = 0; k < n; ++k) comb[j * n + k] /= s + eh;
-      }
-    for (int k = 0; k < n; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < n; ++j) s += comb[j * n + k];
-      for (int j = 0; j < n; ++j) comb[j * n + k] /= s + eh;
-    }
-  }
-}
-
 struct HcArgs {
   const float* x;
   const float* out;
@@ -100,11 +74,99 @@ struct HcArgs {
   int32_t* counter;
 };
 
+// The last HcPostPre block, tokens t0..t0+nt-1: mix[t][m] = the blocks' partials summed (warp w
+// takes pairs (t, m) = w, w + 8, ...; lane l blocks l, l + 32, ... in order, then a butterfly),
+// pre/post and the Sinkhorn comb (thread j of a token normalizes row j, thread k column k, in
+// kernels/cpu/hc.h's order), then y = RMSNorm(sum_i pre[i] X'_i) token by token.
+__device__ void HcFinishTokens(const HcArgs& a, const float* xs, int t0, int nt, int M) {
+  __shared__ float mix[kHcTokens][kHcMaxMix];
+  __shared__ float comb_s[kHcTokens][kHcMaxStreams * kHcMaxStreams];
+  __shared__ float pre[kHcTokens][kHcMaxStreams];
+  const int n = a.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // A warp takes kHcWarpPairs pairs at once, so a lane has all their loads in flight together
+  // (the tail is a chain of latencies, not of bandwidth); the same trips in every warp.
+  const int pairs = nt * (M + 1);
+  for (int pair0 = 0; pair0 < pairs; pair0 += kWarps * kHcWarpPairs) {
+    float v[kHcWarpPairs];
+#pragma unroll
+    for (int k = 0; k < kHcWarpPairs; ++k) {
+      const int pair = pair0 + warp + kWarps * k, t = pair / (M + 1), m = pair % (M + 1);
+      v[k] = 0.0f;
+      if (pair < pairs)
+#pragma unroll 4
+        for (unsigned b = lane; b < gridDim.x; b += 32)
+          v[k] += __ldcg(a.partials + (static_cast<int64_t>(b) * a.T + t0 + t) * (M + 1) + m);
+    }
+#pragma unroll
+    for (int k = 0; k < kHcWarpPairs; ++k) {
+      const int pair = pair0 + warp + kWarps * k;
+      v[k] = WarpSum(v[k]);
+      if (lane == 0 && pair < pairs) mix[pair / (M + 1)][pair % (M + 1)] = v[k];
+    }
+  }
+  __syncthreads();
+  const int t = threadIdx.x / n, j = threadIdx.x % n;  // token t's row / column j
+  const bool mine = threadIdx.x < nt * n;
+  float* c = comb_s[mine ? t : 0];
+  if (mine) {
+    const float* mx = mix[t];
+    const float rinv = 1.0f / sqrtf(mx[M] / static_cast<float>(n * a.H) + a.rms_eps);
+    pre[t][j] = SigmoidF(mx[j] * rinv * a.scale[0] + a.base[j]) + a.hc_eps;
+    a.post[(t0 + t) * n + j] = 2.0f * SigmoidF(mx[n + j] * rinv * a.scale[1] + a.base[n + j]);
+    // Row j: softmax + eh, with the logits of the row.
+    float* row = c + j * n;
+    float top = -INFINITY;
+    for (int k = 0; k < n; ++k) {
+      row[k] = mx[2 * n + j * n + k] * rinv * a.scale[2] + a.base[2 * n + j * n + k];
+      top = fmaxf(top, row[k]);
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < n; ++k) {
+      row[k] = expf(row[k] - top);
+      sum += row[k];
+    }
+    for (int k = 0; k < n; ++k) row[k] = row[k] / sum + a.hc_eps;
+  }
+  __syncthreads();
+  for (int it = 0; it < a.iters; ++it) {
+    if (it > 0) {
+      if (mine) {
+        float s = 0.0f;
+        for (int k = 0; k < n; ++k) s += c[j * n + k];
+        for (int k = 0; k < n; ++k) c[j * n + k] /= s + a.hc_eps;
+      }
+      __syncthreads();
+    }
+    if (mine) {
+      float s = 0.0f;
+      for (int r = 0; r < n; ++r) s += c[r * n + j];
+      for (int r = 0; r < n; ++r) c[r * n + j] /= s + a.hc_eps;
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < nt * n * n; i += kThreads)
+    a.comb[static_cast<int64_t>(t0) * n * n + i] = comb_s[i / (n * n)][i % (n * n)];
+  for (int u = 0; u < nt; ++u) {
+    const int64_t tt = t0 + u;
+    float* yt = a.y + tt * a.H;
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int64_t h = threadIdx.x; h < a.H; h += kThreads) {
+      float acc = 0.0f;
+      for (int i = 0; i < n; ++i) acc += pre[u][i] * __ldcg(xs + (tt * n + i) * a.H + h);
+      yt[h] = acc;
+      ss += acc * acc;
+    }
+    const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(a.H) + a.rms_eps);
+#pragma unroll 4
+    for (int64_t h = threadIdx.x; h < a.H; h += kThreads) yt[h] = a.norm[h] * (yt[h] * inv);
+  }
+  __syncthreads();  // the next tokens reuse the shared arrays
+}
+
 // Block b: columns [32b, 32b+32) of every stream; writes X' there, then warp w reduces rows
 // m = w, w + 8, ... of fn (row M: the squares) over the slice; the last block finishes the rows.
 __global__ void HcPostPreKernel(HcArgs a) {
-  __shared__ float pre[kHcMaxStreams];
-  __shared__ float comb_s[kHcMaxStreams * kHcMaxStreams];
   __shared__ bool last;
   const int n = a.n, M = (2 + n) * n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t H = a.H, h0 = static_cast<int64_t>(blockIdx.x) * kHcCols;
@@ -127,6 +189,7 @@ __global__ void HcPostPreKernel(HcArgs a) {
       const int m = m0 + warp;
       float v = 0.0f;
       if (m <= M)
+#pragma unroll 4
         for (int i = lane; i < n * cols; i += 32) {
           const int64_t col = (i / cols) * H + h0 + i % cols;
           v += (m < M ? a.fn[m * n * H + col] : xt[col]) * xt[col];
@@ -142,38 +205,9 @@ __global__ void HcPostPreKernel(HcArgs a) {
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) *a.counter = 0;
-  const volatile float* parts = a.partials;
-  const volatile float* xv = xs;
-  for (int t = 0; t < a.T; ++t) {
-    if (threadIdx.x == 0) {
-      float mix[(2 + kHcMaxStreams) * kHcMaxStreams + 1];
-      for (int m = 0; m <= M; ++m) {
-        float s = 0.0f;
-        for (unsigned b = 0; b < gridDim.x; ++b) s += parts[(static_cast<int64_t>(b) * a.T + t) * (M + 1) + m];
-        mix[m] = s;
-      }
-      const float rinv = 1.0f / sqrtf(mix[M] / static_cast<float>(n * H) + a.rms_eps);
-      for (int i = 0; i < n; ++i) {
-        pre[i] = SigmoidF(mix[i] * rinv * a.scale[0] + a.base[i]) + a.hc_eps;
-        a.post[t * n + i] = 2.0f * SigmoidF(mix[n + i] * rinv * a.scale[1] + a.base[n + i]);
-      }
-      for (int c = 0; c < n * n; ++c)
-        comb_s[c] = mix[2 * n + c] * rinv * a.scale[2] + a.base[2 * n + c];
-      SinkhornComb(comb_s, n, a.iters, a.hc_eps);
-      for (int c = 0; c < n * n; ++c) a.comb[t * n * n + c] = comb_s[c];
-    }
-    __syncthreads();
-    float* yt = a.y + t * H;
-    float ss = 0.0f;
-    for (int64_t h = threadIdx.x; h < H; h += kThreads) {
-      float acc = 0.0f;
-      for (int i = 0; i < n; ++i) acc += pre[i] * xv[(static_cast<int64_t>(t) * n + i) * H + h];
-      yt[h] = acc;
-      ss += acc * acc;
-    }
-    const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(H) + a.rms_eps);
-    for (int64_t h = threadIdx.x; h < H; h += kThreads) yt[h] = a.norm[h] * (yt[h] * inv);
-    __syncthreads();
+  for (int t0 = 0; t0 < a.T; t0 += kHcTokens) {
+    const int nt = a.T - t0 < kHcTokens ? a.T - t0 : kHcTokens;
+    HcFinishTokens(a, xs, t0, nt, M);
   }
 }
 

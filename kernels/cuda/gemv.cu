@@ -2,8 +2,9 @@
 // weight-streaming core of gemv_core.cuh (4 rows a warp, 8 rows of 16-byte loads in flight a
 // lane, each weight decoded once for up to 4 tokens). One kernel serves Gemv, Gemm and
 // GemmMany: a launch carries up to kMaxGemvTasks products (their own weights, x and y) by
-// value, so a captured graph bakes them, and blocks map to (task, 32-row block) through a
-// prefix table.
+// value, so a captured graph bakes them, and blocks map to (task, row block) through a prefix
+// table. A task with few rows splits each row among 2-8 warps of its block (its `slices`), so
+// even a [1024, 4096] product keeps every SM streaming.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -26,6 +27,7 @@ struct GemvTaskK {
   int64_t x_stride;
   float* y;
   int64_t y_stride;
+  int slices;  // warps sharing each row group (1, 2, 4 or 8); a block has 8 / slices groups
 };
 
 struct GemvLaunch {
@@ -59,10 +61,13 @@ __device__ void TileInvRms(const float* x, int64_t x_stride, int64_t t0, int64_t
   }
 }
 
-// Tokens t0..t0+NT-1 (those >= T repeat token t0 and are not stored) of the warp's rows.
+// Tokens t0..t0+NT-1 (those >= T repeat token t0 and are not stored) of the warp's rows, its
+// slice of them; with slices, the group's first warp sums the slices' sums in slice order.
 template <int NT>
 __device__ void TaskTile(const GemvTaskK& k, const WarpRows& rows, int64_t r_rel, int nrows,
-                         int64_t t0, int64_t T, const float* g, const float* inv_sh, int lane) {
+                         int64_t t0, int64_t T, const float* g, const float* inv_sh, int lane,
+                         int slice) {
+  __shared__ float slice_sums[kGemvWarps][kWarpRows][NT];
   const float* xs[NT];
   float inv[NT];
 #pragma unroll
@@ -71,27 +76,42 @@ __device__ void TaskTile(const GemvTaskK& k, const WarpRows& rows, int64_t r_rel
     inv[t] = g ? inv_sh[t] : 1.0f;
   }
   float acc[kWarpRows][NT];
-  StreamRows<NT>(k.format, k.vec, rows, k.cols, xs, g, inv, lane, acc);
+  StreamRows<NT>(k.format, k.vec, rows, k.cols, xs, g, inv, lane, slice, k.slices, acc);
+  const int warp = threadIdx.x / 32;
 #pragma unroll
   for (int i = 0; i < kWarpRows; ++i)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const float s = WarpSum(acc[i][t]);
-      if (lane == 0 && i < nrows && t0 + t < T) k.y[(t0 + t) * k.y_stride + r_rel + i] = s;
+      float s = WarpSum(acc[i][t]);
+      if (k.slices == 1) {
+        if (lane == 0 && i < nrows && t0 + t < T) k.y[(t0 + t) * k.y_stride + r_rel + i] = s;
+      } else if (lane == 0) {
+        slice_sums[warp][i][t] = s;
+      }
     }
+  if (k.slices == 1) return;
+  __syncthreads();
+  if (slice == 0 && lane < kWarpRows * NT) {
+    const int i = lane / NT, t = lane % NT;
+    float s = slice_sums[warp][i][t];
+    for (int w = 1; w < k.slices; ++w) s += slice_sums[warp + w][i][t];
+    if (i < nrows && t0 + t < T) k.y[(t0 + t) * k.y_stride + r_rel + i] = s;
+  }
+  __syncthreads();  // slice_sums is rewritten by the next tile
 }
 
-// Block b: task i with block_end[i-1] <= b < block_end[i], rows 32 (b - block_end[i-1]) .. + 31
-// of it, all T tokens in tiles of NT. Warps past the task's last row stream its last row again
-// (never stored), so every warp takes the same path through the barriers.
+// Block b: task i with block_end[i-1] <= b < block_end[i], its row block b - block_end[i-1] (8 /
+// slices groups of 4 rows), all T tokens in tiles of NT. Warps past the task's last row stream
+// its last row again (never stored), so every warp takes the same path through the barriers.
+// Two blocks an SM: the register cap (128) holds every tile without spills (ptxas -v).
 template <int NT>
-__global__ void __launch_bounds__(kGemvThreads, 1) GemvTasksKernel(const GemvLaunch p) {
+__global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLaunch p) {
   int i = 0;
   while (i + 1 < p.ntasks && blockIdx.x >= p.block_end[i]) ++i;
   const GemvTaskK& k = p.task[i];
   const int64_t block = blockIdx.x - (i > 0 ? p.block_end[i - 1] : 0);
-  const int lane = threadIdx.x % 32;
-  const int64_t r_rel = block * kBlockRows + (threadIdx.x / 32) * kWarpRows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, slice = warp % k.slices;
+  const int64_t r_rel = (block * (kGemvWarps / k.slices) + warp / k.slices) * kWarpRows;
   const int64_t left = k.rows - r_rel;
   const int nrows = left <= 0 ? 0 : left < kWarpRows ? static_cast<int>(left) : kWarpRows;
   WarpRows rows;
@@ -104,7 +124,7 @@ __global__ void __launch_bounds__(kGemvThreads, 1) GemvTasksKernel(const GemvLau
   __shared__ float inv_sh[NT];
   for (int64_t t0 = 0; t0 < p.T; t0 += NT) {
     if (p.norm) TileInvRms(k.x, k.x_stride, t0, p.T - t0 < NT ? p.T - t0 : NT, k.cols, p.eps, inv_sh);
-    TaskTile<NT>(k, rows, r_rel, nrows, t0, p.T, p.norm, inv_sh, lane);
+    TaskTile<NT>(k, rows, r_rel, nrows, t0, p.T, p.norm, inv_sh, lane, slice);
     if (p.norm) __syncthreads();  // inv_sh is rewritten by the next tile
   }
 }
@@ -129,6 +149,16 @@ size_t ScaleBytes(const QWeight& w) {
   }
 }
 
+// Warps sharing each 4-row group of a [rows, cols] product: doubled from 1 while the launch's
+// warps stay under kTargetWarps and each lane keeps at least one 16-byte vector of every row
+// (for the shapes only, so a token's bits never depend on T).
+int RowSlices(int64_t rows, int64_t cols, WeightFormat format) {
+  const int64_t groups = (rows + kWarpRows - 1) / kWarpRows, vectors = cols / VecElems(format);
+  int s = 1;
+  while (s < kGemvWarps && groups * s < kTargetWarps && vectors >= 64 * s) s *= 2;
+  return s;
+}
+
 // Checks task i and fills its kernel view; `who` names the op in errors.
 Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std::string& who,
                    GemvTaskK* k) {
@@ -149,7 +179,7 @@ Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std
   *k = GemvTaskK{w.format, x_vec && (!norm || Aligned16(norm)) && Aligned16(w.data) &&
                                VectorCols(w.format, w.cols),
                  w.data, w.scale, task.row0, rows, w.cols, task.x, task.x_stride, task.y,
-                 task.y_stride};
+                 task.y_stride, RowSlices(rows, w.cols, w.format)};
   return Status::Ok();
 }
 
@@ -173,7 +203,8 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
       return InvalidArgument(name + ": cols " + std::to_string(tasks[i].w.cols) +
                              " differ from task 0's " + std::to_string(tasks[0].w.cols) +
                              " (the norm weight has one length)");
-    blocks += (p.task[i].rows + kBlockRows - 1) / kBlockRows;
+    const int64_t block_rows = kGemvWarps / p.task[i].slices * kWarpRows;
+    blocks += (p.task[i].rows + block_rows - 1) / block_rows;
     p.block_end[i] = blocks;
   }
   if (T == 0) return Status::Ok();

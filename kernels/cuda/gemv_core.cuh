@@ -1,11 +1,12 @@
 // The weight-streaming core shared by gemv.cu (Gemm, GemmMany) and experts.cu: a warp streams
 // kWarpRows weight rows at once, each lane with kWarpRows * kLoadsAhead independent 16-byte
 // loads in flight, decodes every weight element once and applies it to up to kTokenTile token
-// vectors (one f32 accumulator per row and token). A lane takes the row's 16-byte vectors lane,
-// lane + 32, ... in ascending order and folds each vector's dot (a fixed chain over its
-// elements) into its accumulator once, and the warp sums lanes with a fixed xor butterfly: a
-// token's result depends on neither the tile size nor the other rows or tokens, so a row of
-// Gemm over T tokens has the bits of Gemv of that token alone.
+// vectors (one f32 accumulator per row and token). A lane takes its share of the row's 16-byte
+// vectors in ascending order (with rows split among `slices` warps, every 32 slices-th) and folds
+// each vector's dot (a fixed chain over its elements) into its accumulator once; the warp sums
+// lanes with a fixed xor butterfly and the caller sums slices in order. The slice count depends on
+// the weight's shape only, so a token's result depends on neither the tile size nor the other
+// rows or tokens: a row of Gemm over T tokens has the bits of Gemv of that token alone.
 #pragma once
 #include <cuda_runtime.h>
 #ifdef __CUDACC__
@@ -25,8 +26,10 @@ constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kWarpRows = 4;     // weight rows a warp streams together (they share x loads)
 constexpr int kLoadsAhead = 2;   // 16-byte loads per row a lane issues before the first use
-constexpr int kBlockRows = kGemvWarps * kWarpRows;
 constexpr int kTokenTile = 4;    // most tokens one pass over the weight serves
+// Warps a launch wants resident to keep ~64 KB of loads in flight per SM on a 132-SM H100/H200
+// (16 warps an SM); a product with fewer row groups splits each row among warps (gemv.cu).
+constexpr int64_t kTargetWarps = 2048;
 // DecodeE2m1x4 yields e2m1 * 2^-14 (an exact f16 bit pattern); sums are scaled back once.
 constexpr float kE2m1Unscale = 16384.0f;
 
@@ -136,7 +139,9 @@ __device__ __forceinline__ void AccVector(const uint4 (&q)[kWarpRows],
   for (int i = 0; i < kWarpRows; ++i)
 #pragma unroll
     for (int t = 0; t < NT; ++t) p[i][t] = 0.0f;
-#pragma unroll
+  // Chunks one at a time beyond one token: unrolled, the decoded chunks of all rows and the x of
+  // every token would be live at once and spill (ptxas -v); 2 at a time fits T = 1.
+#pragma unroll(NT == 1 ? 2 : 1)
   for (int j = 0; j < kElems / 4; ++j) {
     float w[kWarpRows][4];
 #pragma unroll
@@ -174,11 +179,12 @@ __device__ __forceinline__ void AccVector(const uint4 (&q)[kWarpRows],
   }
 }
 
-// The vector path: cols a multiple of VecElems(F), data and every x_t 16-byte aligned.
+// The vector path: cols a multiple of VecElems(F), data and every x_t 16-byte aligned. The lane
+// takes vectors first, first + step, ... (first = lane + 32 slice, step = 32 slices).
 template <WeightFormat F, int NT>
 __device__ __forceinline__ void StreamRowsVec(const WarpRows& rows, int64_t cols,
                                               const float* const (&xs)[NT], const float* g,
-                                              const float (&inv)[NT], int lane,
+                                              const float (&inv)[NT], int64_t first, int step,
                                               float (&acc)[kWarpRows][NT]) {
   const int64_t nvec = cols / VecElems(F);
   const uint4* wr[kWarpRows];
@@ -188,17 +194,19 @@ __device__ __forceinline__ void StreamRowsVec(const WarpRows& rows, int64_t cols
     wr[i] = RowVectors<F>(rows.data[i], rows.row[i], cols);
     sr[i] = RowScales<F>(rows.scale[i], rows.row[i], cols);
   }
-  int64_t v = lane;
-  for (; v + 32 * (kLoadsAhead - 1) < nvec; v += 32 * kLoadsAhead) {
+  int64_t v = first;
+#pragma unroll 1
+  for (; v + step * (kLoadsAhead - 1) < nvec; v += step * kLoadsAhead) {
     uint4 q[kLoadsAhead][kWarpRows];
 #pragma unroll
     for (int u = 0; u < kLoadsAhead; ++u)
 #pragma unroll
-      for (int i = 0; i < kWarpRows; ++i) q[u][i] = __ldg(wr[i] + v + 32 * u);
+      for (int i = 0; i < kWarpRows; ++i) q[u][i] = __ldg(wr[i] + v + step * u);
 #pragma unroll
-    for (int u = 0; u < kLoadsAhead; ++u) AccVector<F, NT>(q[u], sr, v + 32 * u, xs, g, inv, acc);
+    for (int u = 0; u < kLoadsAhead; ++u) AccVector<F, NT>(q[u], sr, v + step * u, xs, g, inv, acc);
   }
-  for (; v < nvec; v += 32) {
+#pragma unroll 1
+  for (; v < nvec; v += step) {
     uint4 q[kWarpRows];
 #pragma unroll
     for (int i = 0; i < kWarpRows; ++i) q[i] = __ldg(wr[i] + v);
@@ -225,13 +233,15 @@ __device__ __forceinline__ float WeightAt(WeightFormat format, const void* data,
   return 0.0f;
 }
 
-// Any format, shape and alignment: lane takes columns lane, lane + 32, ...
+// Any format, shape and alignment: the lane takes columns first, first + step, ...
 template <int NT>
 __device__ __forceinline__ void StreamRowsScalar(WeightFormat format, const WarpRows& rows,
                                                  int64_t cols, const float* const (&xs)[NT],
                                                  const float* g, const float (&inv)[NT],
-                                                 int lane, float (&acc)[kWarpRows][NT]) {
-  for (int64_t c = lane; c < cols; c += 32) {
+                                                 int64_t first, int step,
+                                                 float (&acc)[kWarpRows][NT]) {
+#pragma unroll 1
+  for (int64_t c = first; c < cols; c += step) {
     float w[kWarpRows];
 #pragma unroll
     for (int i = 0; i < kWarpRows; ++i)
@@ -246,26 +256,29 @@ __device__ __forceinline__ void StreamRowsScalar(WeightFormat format, const Warp
 }
 
 // One lane's partials acc[i][t] of rows x tokens (zeroed here), on the format's vector path
-// when `vec`, else the scalar one.
+// when `vec`, else the scalar one. A row's vectors (scalar path: columns) are dealt to `slices`
+// warps, lane l of slice w taking l + 32 w, then every 32 slices-th; the caller sums the slices.
 template <int NT>
 __device__ __forceinline__ void StreamRows(WeightFormat format, bool vec, const WarpRows& rows,
                                            int64_t cols, const float* const (&xs)[NT],
                                            const float* g, const float (&inv)[NT], int lane,
-                                           float (&acc)[kWarpRows][NT]) {
+                                           int slice, int slices, float (&acc)[kWarpRows][NT]) {
 #pragma unroll
   for (int i = 0; i < kWarpRows; ++i)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[i][t] = 0.0f;
-  if (!vec) return StreamRowsScalar<NT>(format, rows, cols, xs, g, inv, lane, acc);
+  const int64_t first = lane + 32 * slice;
+  const int step = 32 * slices;
+  if (!vec) return StreamRowsScalar<NT>(format, rows, cols, xs, g, inv, first, step, acc);
   switch (format) {
     case WeightFormat::kFP8Block:
-      return StreamRowsVec<WeightFormat::kFP8Block, NT>(rows, cols, xs, g, inv, lane, acc);
+      return StreamRowsVec<WeightFormat::kFP8Block, NT>(rows, cols, xs, g, inv, first, step, acc);
     case WeightFormat::kFP4Block32:
-      return StreamRowsVec<WeightFormat::kFP4Block32, NT>(rows, cols, xs, g, inv, lane, acc);
+      return StreamRowsVec<WeightFormat::kFP4Block32, NT>(rows, cols, xs, g, inv, first, step, acc);
     case WeightFormat::kBF16:
-      return StreamRowsVec<WeightFormat::kBF16, NT>(rows, cols, xs, g, inv, lane, acc);
+      return StreamRowsVec<WeightFormat::kBF16, NT>(rows, cols, xs, g, inv, first, step, acc);
     case WeightFormat::kF32:
-      return StreamRowsVec<WeightFormat::kF32, NT>(rows, cols, xs, g, inv, lane, acc);
+      return StreamRowsVec<WeightFormat::kF32, NT>(rows, cols, xs, g, inv, first, step, acc);
   }
 }
 

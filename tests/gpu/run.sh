@@ -124,27 +124,28 @@ bench_step() {
     row "$label" "ok" $((SECONDS - t0)) "$(python3 -c '
 import json, sys
 j = json.loads(sys.argv[1])
-print("%.0f tok/s, bw_eff %.3f, layer %.3f ms, head %.3f ms, %d-layer model %.2f ms/tok (floor %.2f)" % (
+print("%.0f tok/s, bw_eff %.3f, layer %.3f ms, head %.3f ms, %d-layer model %.2f ms/tok (floor %.2f); %d streams %.2fx" % (
     j["tok_per_s"], j["bw_efficiency"], j["layer_ms"], j["head_ms"], j["full_model_layers"],
-    j["full_model_ms_per_token"], j["full_model_floor_ms"]))' "$out")"
+    j["full_model_ms_per_token"], j["full_model_floor_ms"], j["streams"], j["streams_speedup"]))' "$out")"
   else
     row "$label" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/$label.err")"
   fi
 }
 
-# Per-kernel device time of eager decode steps on the bench preset: ncu's gpu__time_duration of
-# 660 kernels (2 tokens) after the prefill and warm-up, clocks left alone; a table by kernel.
+# Per-kernel device time of eager decode steps: ncu's gpu__time_duration of COUNT kernels after
+# the first SKIP (the prefill and warm-up steps; well inside the 16 decode steps), clocks left
+# alone; a table by kernel. profile MODEL SKIP COUNT (the checkpoint written by mkmodel_step).
 profile() {
-  local ncu t0=$SECONDS
+  local model=$1 skip=$2 count=$3 ncu t0=$SECONDS
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  [ -n "$gpu" ] || { row "ncu profile" "skipped: no GPU" 0 ""; return; }
-  [ -n "$ncu" ] || { row "ncu profile" "FAILED" 0 "no ncu on this machine"; return; }
-  mkmodel_step bench --preset bench || return
+  [ -n "$gpu" ] || { row "ncu profile $model" "skipped: no GPU" 0 ""; return; }
+  [ -n "$ncu" ] || { row "ncu profile $model" "FAILED" 0 "no ncu on this machine"; return; }
+  [ -f "$models/$model/config.json" ] || { row "ncu profile $model" "skipped: no checkpoint" 0 ""; return; }
   timeout 400 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
-    --launch-skip 700 --launch-count 660 "$(bin flashmesh)" bench decode --model "$models/bench" \
-    --device cuda:0 --context 8 --tokens 4 --eager >"$logs/ncu.csv" 2>"$logs/ncu.err" ||
-    { row "ncu profile" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/ncu.err")"; return; }
-  python3 - "$logs/ncu.csv" >"$logs/profile.txt" <<'PY'
+    --launch-skip "$skip" --launch-count "$count" "$(bin flashmesh)" bench decode --model "$models/$model" \
+    --device cuda:0 --context 8 --tokens 16 --eager >"$logs/ncu-$model.csv" 2>"$logs/ncu-$model.err" ||
+    { row "ncu profile $model" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/ncu-$model.err")"; return; }
+  python3 - "$logs/ncu-$model.csv" >"$logs/profile-$model.txt" <<'PY'
 import collections, csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head, rows = rows[0], rows[1:]
@@ -160,12 +161,15 @@ print(f"{sum(calls.values())} kernels, {all_us:.1f} us")
 for name, us in sorted(total.items(), key=lambda x: -x[1]):
     print(f"{us:10.1f} us {100 * us / all_us:5.1f}%  n={calls[name]:4d}  avg {us / calls[name]:7.2f} us  {name}")
 PY
-  row "ncu profile" "ok" $((SECONDS - t0)) "$(head -1 "$logs/profile.txt"), table in $logs/profile.txt"
-  head -16 "$logs/profile.txt"
+  row "ncu profile $model" "ok" $((SECONDS - t0)) "$(head -1 "$logs/profile-$model.txt"), table in $logs/profile-$model.txt"
+  echo "== $model"
+  head -20 "$logs/profile-$model.txt"
 }
 
 if [ $profile = 1 ]; then
-  profile
+  # Launches of a step: ~14 a layer + the head; bench preset 8 layers, flash2 2.
+  mkmodel_step bench --preset bench && profile bench 400 600
+  mkmodel_step flash2 --preset flash --layers 2 && profile flash2 120 330
 else
   gtest_step test_cuda_kernels 300
   gtest_step test_cuda_shard 300
@@ -179,10 +183,10 @@ else
     else row bench_cuda_gemv "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/bench_cuda_gemv.log")"; fi
   fi
   mkmodel_step bench --preset bench
-  bench_step "decode bench graph" bench --context 64 --tokens 64
+  bench_step "decode bench graph" bench --context 64 --tokens 64 --streams 8
   bench_step "decode bench eager" bench --context 64 --tokens 64 --eager
   mkmodel_step flash2 --preset flash --layers 2
-  bench_step "decode flash2 graph" flash2 --context 256 --tokens 32
+  bench_step "decode flash2 graph" flash2 --context 256 --tokens 32 --streams 8
   gtest_step test_integration 300 'DeviceShard.*'
 fi
 [ -n "$gpu" ] && nvidia-smi >"$logs/nvidia-smi.txt" 2>&1

@@ -43,7 +43,7 @@ TEST(CudaFused, HcPostPreMatchesCpu) {
   const int64_t n = 4, iters = 20, M = (2 + n) * n;
   const float eh = 1e-6f, eps = 1e-6f;
   for (int64_t H : {64, 100, 256, 2048}) {
-    for (int64_t T : {1, 3}) {
+    for (int64_t T : {1, 3, 9}) {
       for (bool post_first : {false, true}) {
         SCOPED_TRACE("H " + std::to_string(H) + " T " + std::to_string(T) +
                      (post_first ? " with hc_post" : ""));

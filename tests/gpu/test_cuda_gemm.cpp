@@ -62,7 +62,7 @@ void CheckTokens(WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng) 
 }
 
 // Every format, vector and scalar paths, partial FP8 blocks (rows and cols not multiples of
-// 128), tails where the format allows them, T = 1..32.
+// 128), tails where the format allows them, rows split among warps, T = 1..32.
 TEST(CudaGemmTokens, EveryTokenHasItsGemvBitsForAnyT) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(2024);
@@ -73,6 +73,9 @@ TEST(CudaGemmTokens, EveryTokenHasItsGemvBitsForAnyT) {
   CheckTokens(WeightFormat::kBF16, 5, 1001, rng);        // scalar: odd cols
   CheckTokens(WeightFormat::kF32, 9, 36, rng);
   CheckTokens(WeightFormat::kF32, 3, 7, rng);
+  // Few rows, long rows: each row split among 8 warps (FP8), 2 (BF16, scalar path: odd cols).
+  CheckTokens(WeightFormat::kFP8Block, 20, 4096, rng);
+  CheckTokens(WeightFormat::kBF16, 7, 1001, rng);
 }
 
 // A NaN in one token's x gives NaN only in that token's outputs; a NaN scale byte only in its rows.

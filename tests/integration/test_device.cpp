@@ -97,11 +97,12 @@ TEST(DeviceShard, BenchDecodeOnADeviceRunsOrSaysWhy) {
   EXPECT_NE(out.find("--eager: only with --device cuda:N"), std::string::npos) << out;
   for (const char* mode : {"--json", "--eager"}) {
     const int rc = RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--device", "cuda:0",
-                                 "--context", "8", "--tokens", "4", "--json", mode},
+                                 "--context", "8", "--tokens", "4", "--streams", "3", "--json", mode},
                                 &out, 120s);
     if (Gpus() > 0) {
       EXPECT_EQ(rc, 0) << out;
       EXPECT_NE(out.find("\"tok_per_s\""), std::string::npos) << out;
+      EXPECT_NE(out.find("\"streams\": 3, \"streams_tok_per_s\""), std::string::npos) << out;
       EXPECT_NE(out.find(std::string("\"cuda_graph\": ") + (mode[2] == 'e' ? "false" : "true")),
                 std::string::npos)
           << out;
@@ -110,6 +111,20 @@ TEST(DeviceShard, BenchDecodeOnADeviceRunsOrSaysWhy) {
       EXPECT_NE(out.find("cuda:0"), std::string::npos) << out;
     }
   }
+}
+
+// Streams on the CPU: 3 sequences decode as one batch, each step picks a token for each, and
+// the JSON counts all of them; --streams 0 is a usage error naming the flag.
+TEST(BenchDecode, StreamsDecodeTogetherOnTheCpu) {
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--context", "4", "--tokens",
+                          "3", "--streams", "3", "--threads", "1", "--json"},
+                         &out, 120s),
+            0)
+      << out;
+  EXPECT_NE(out.find("\"streams\": 3,"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--streams", "0"}, &out), 2);
+  EXPECT_NE(out.find("--streams: '0' is not an integer >= 1"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -84,6 +84,8 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 
 template <class T>
 T __ldg(const T* p) { return *p; }
+template <class T>
+T __ldcg(const T* p) { return *p; }
 
 // Blocks run one after another, each to its end: every write of an earlier block is done and
 // visible, so the fence has nothing to order, and an atomic is a plain read-modify-write (a
