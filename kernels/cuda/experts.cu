@@ -48,11 +48,11 @@ __device__ __forceinline__ int64_t Slots(const ExpertsLaunch& p) {
 }
 
 // The expert of slot s: its routed id, E for the shared expert, or -1 - s for an id outside
-// [0, E) (a group of its own).
-__device__ int64_t SlotKey(const ExpertsLaunch& p, int64_t s) {
-  const int64_t t = s / Slots(p), j = s % Slots(p);
-  if (j == p.k) return p.E;
-  const int32_t e = p.ids[t * p.k + j];
+// [0, E) (a group of its own). 32-bit: slots are grid.y (< 65536), and every block scans them.
+__device__ int SlotKey(const ExpertsLaunch& p, int s) {
+  const int per_token = static_cast<int>(Slots(p)), t = s / per_token, j = s % per_token;
+  if (j == p.k) return static_cast<int>(p.E);
+  const int32_t e = p.ids[t * static_cast<int>(p.k) + j];
   return e >= 0 && e < p.E ? e : -1 - s;
 }
 
@@ -102,9 +102,16 @@ __device__ void ExpertTile(const ExpertsLaunch& p, WeightFormat format, bool vec
 template <int NT>
 __global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
     ExpertsKernel(const ExpertsLaunch p) {
-  const int64_t s = blockIdx.y, key = SlotKey(p, s);
-  for (int64_t e = 0; e < s; ++e)
-    if (SlotKey(p, e) == key) return;  // the expert's first slot serves this one
+  const int s = static_cast<int>(blockIdx.y), key = SlotKey(p, s);
+  // The expert's first slot serves this one: the block's threads look at the slots before s
+  // together (a decode step of 32 sequences has 224 slots, each block asks).
+  __shared__ int served;
+  if (threadIdx.x == 0) served = 0;
+  __syncthreads();
+  for (int e = threadIdx.x; e < s; e += kGemvThreads)
+    if (SlotKey(p, e) == key) served = 1;
+  __syncthreads();
+  if (served) return;
   const bool is_shared = key == p.E;
   const int64_t out_rows = is_shared ? p.shared_rows : p.rows;
   const int per_warp = p.up_gate ? kWarpRows / 2 : kWarpRows;
@@ -142,10 +149,10 @@ __global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
   const int64_t cols = is_shared ? p.shared_cols : p.cols;
   __shared__ int64_t tile[NT];
   __shared__ int64_t tile_n, tile_next;
-  const int64_t slots = p.T * Slots(p);
-  for (int64_t next = s; next < slots;) {
+  const int slots = static_cast<int>(p.T * Slots(p));
+  for (int next = s; next < slots;) {
     if (threadIdx.x == 0) {  // the next (up to) NT slots of this expert, ascending
-      int64_t n = 0, e = next;
+      int n = 0, e = next;
       for (; e < slots && n < NT; ++e)
         if (SlotKey(p, e) == key) tile[n++] = e;
       tile_n = n;
@@ -238,7 +245,11 @@ Status Launch(const char* who, const DevExperts& a, const DevExperts* b, const Q
   p.x = x, p.x_stride = x_stride, p.y = y, p.y_stride = y_stride;
   const int64_t block_rows = kGemvWarps * (p.up_gate ? kWarpRows / 2 : kWarpRows);
   const dim3 grid(static_cast<unsigned>((out_rows + block_rows - 1) / block_rows), static_cast<unsigned>(slots));
-  switch (TokenTile(T)) {  // an expert has at most T slots in practice (one per token)
+  // An expert has at most T slots in practice (one per token). While the step's routed picks
+  // do not outnumber the experts (decode batches: T k <= E), nearly every expert has one slot,
+  // and a wider tile would multiply its decode work by idle tokens; only the shared expert
+  // then makes T passes (over weights L2 keeps).
+  switch (k > 0 && T * k <= a.E ? 1 : TokenTile(T)) {
     case 1: ExpertsKernel<1><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
     case 2: ExpertsKernel<2><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
     default: ExpertsKernel<4><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;

@@ -17,7 +17,6 @@ constexpr int kHcCols = 32;  // columns h of every stream per HcPostPre block
 constexpr int kHcMaxStreams = 16;
 constexpr int kHcMaxMix = (2 + kHcMaxStreams) * kHcMaxStreams + 1;  // mix rows + the squares
 constexpr int kHcTokens = 4;  // tokens the last HcPostPre block finishes together
-constexpr int kHcWarpPairs = 4;  // (token, mix row) sums a warp of that block reduces at once
 constexpr int kMaxEntryDim = 1024;
 constexpr int kAttnMaxDim = 512;
 
@@ -83,26 +82,14 @@ __device__ void HcFinishTokens(const HcArgs& a, const float* xs, int t0, int nt,
   __shared__ float comb_s[kHcTokens][kHcMaxStreams * kHcMaxStreams];
   __shared__ float pre[kHcTokens][kHcMaxStreams];
   const int n = a.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  // A warp takes kHcWarpPairs pairs at once, so a lane has all their loads in flight together
-  // (the tail is a chain of latencies, not of bandwidth); the same trips in every warp.
-  const int pairs = nt * (M + 1);
-  for (int pair0 = 0; pair0 < pairs; pair0 += kWarps * kHcWarpPairs) {
-    float v[kHcWarpPairs];
-#pragma unroll
-    for (int k = 0; k < kHcWarpPairs; ++k) {
-      const int pair = pair0 + warp + kWarps * k, t = pair / (M + 1), m = pair % (M + 1);
-      v[k] = 0.0f;
-      if (pair < pairs)
-#pragma unroll 4
-        for (unsigned b = lane; b < gridDim.x; b += 32)
-          v[k] += __ldcg(a.partials + (static_cast<int64_t>(b) * a.T + t0 + t) * (M + 1) + m);
-    }
-#pragma unroll
-    for (int k = 0; k < kHcWarpPairs; ++k) {
-      const int pair = pair0 + warp + kWarps * k;
-      v[k] = WarpSum(v[k]);
-      if (lane == 0 && pair < pairs) mix[pair / (M + 1)][pair % (M + 1)] = v[k];
-    }
+  for (int pair0 = 0; pair0 < nt * (M + 1); pair0 += kWarps) {  // the same trips in every warp
+    const int pair = pair0 + warp, t = pair / (M + 1), m = pair % (M + 1);
+    float v = 0.0f;
+    if (pair < nt * (M + 1))
+      for (unsigned b = lane; b < gridDim.x; b += 32)
+        v += __ldcg(a.partials + (static_cast<int64_t>(b) * a.T + t0 + t) * (M + 1) + m);
+    v = WarpSum(v);
+    if (lane == 0 && pair < nt * (M + 1)) mix[t][m] = v;
   }
   __syncthreads();
   const int t = threadIdx.x / n, j = threadIdx.x % n;  // token t's row / column j
@@ -150,7 +137,6 @@ __device__ void HcFinishTokens(const HcArgs& a, const float* xs, int t0, int nt,
     const int64_t tt = t0 + u;
     float* yt = a.y + tt * a.H;
     float ss = 0.0f;
-#pragma unroll 4
     for (int64_t h = threadIdx.x; h < a.H; h += kThreads) {
       float acc = 0.0f;
       for (int i = 0; i < n; ++i) acc += pre[u][i] * __ldcg(xs + (tt * n + i) * a.H + h);
@@ -158,7 +144,6 @@ __device__ void HcFinishTokens(const HcArgs& a, const float* xs, int t0, int nt,
       ss += acc * acc;
     }
     const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(a.H) + a.rms_eps);
-#pragma unroll 4
     for (int64_t h = threadIdx.x; h < a.H; h += kThreads) yt[h] = a.norm[h] * (yt[h] * inv);
   }
   __syncthreads();  // the next tokens reuse the shared arrays
@@ -189,7 +174,6 @@ __global__ void HcPostPreKernel(HcArgs a) {
       const int m = m0 + warp;
       float v = 0.0f;
       if (m <= M)
-#pragma unroll 4
         for (int i = lane; i < n * cols; i += 32) {
           const int64_t col = (i / cols) * H + h0 + i % cols;
           v += (m < M ? a.fn[m * n * H + col] : xt[col]) * xt[col];

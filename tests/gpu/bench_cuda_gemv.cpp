@@ -4,7 +4,8 @@
 // cannot hold them, so the number is DRAM bandwidth, as in decode. Cases: Gemm of each shape at
 // T = 1, 2, 4, 8, 32 tokens (bytes counted once: each weight is read once a call); GemmMany of
 // the attention's products of x (one launch); the MoE step's ExpertsUpGate (W1 + W3 of k = 6 of
-// 256 FP4 experts and the FP8 shared expert, I = 2048, H = 4096) and ExpertsDown.
+// 256 FP4 experts and the FP8 shared expert, I = 2048, H = 4096) and ExpertsDown, for 1 and 8
+// tokens; HcPostPre at the real manifold.
 // Usage: bench_cuda_gemv  (one line per case; exit 1 on a CUDA error; 0 devices: skip).
 #include <cuda_runtime.h>
 
@@ -12,9 +13,12 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/fused_ops.h"
 #include "kernels/cuda/ops.h"
 
 namespace fm {
@@ -190,31 +194,71 @@ Status BenchExperts() {
                             q.as<const uint8_t* const>()};
   };
   const cuda::SharedExpert shared{s1[0].view(), s3[0].view(), s2[0].view()};
-  // 64 id sets of 6 distinct experts each, rotated: 384 expert picks > 256, beyond L2.
+  // 64 id sets of T tokens x 6 distinct experts each, rotated: 384 expert picks or more > 256,
+  // beyond L2. T = 8: a decode step of 8 streams (48 picks, mostly distinct experts).
   const int sets = 64;
-  std::mt19937 rng(5);
-  std::vector<int32_t> ids(sets * k);
-  for (int i = 0; i < sets; ++i) {
-    std::vector<int32_t> all(E);
-    for (int e = 0; e < E; ++e) all[e] = e;
-    std::shuffle(all.begin(), all.end(), rng);
-    std::copy(all.begin(), all.begin() + k, ids.begin() + i * k);
+  for (const int64_t T : {1, 8}) {
+    std::mt19937 rng(5);
+    std::vector<int32_t> ids(sets * T * k);
+    for (int i = 0; i < sets * T; ++i) {
+      std::vector<int32_t> all(E);
+      for (int e = 0; e < E; ++e) all[e] = e;
+      std::shuffle(all.begin(), all.end(), rng);
+      std::copy(all.begin(), all.begin() + k, ids.begin() + i * k);
+    }
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer dids, cuda::Upload(ids.data(), ids.size() * 4));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * H, 0.5f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer h, Floats(T * (k + 1) * I, 0.5f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer c, Floats(T * (k + 1) * H, 0.0f));
+    // Bytes: the distinct experts of a set (T = 8: about 48) + the shared expert, once.
+    const size_t distinct = T == 1 ? k : std::set<int32_t>(ids.begin(), ids.begin() + T * k).size();
+    const size_t up_bytes = 2 * (distinct * up.w.bytes() + s_up.w.bytes());
+    const size_t down_bytes = distinct * down.w.bytes() + s_down.w.bytes();
+    const std::string t = " T=" + std::to_string(T);
+    FM_RETURN_IF_ERROR(Time("ExpertsUpGate k=6+shared" + t, up_bytes, sets, [&](int i) {
+      return cuda::ExpertsUpGate(set(p1, q1, I, H), set(p3, q3, I, H),
+                                 dids.as<int32_t>() + (i % sets) * T * k, T, k, x.as<float>(), H,
+                                 10.0f, &shared, h.as<float>(), I);
+    }));
+    FM_RETURN_IF_ERROR(Time("ExpertsDown   k=6+shared" + t, down_bytes, sets, [&](int i) {
+      return cuda::ExpertsDown(set(p2, q2, H, I), dids.as<int32_t>() + (i % sets) * T * k, T, k,
+                               h.as<float>(), I, &shared, c.as<float>());
+    }));
   }
-  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer dids, cuda::Upload(ids.data(), ids.size() * 4));
-  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(H, 0.5f));
-  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer h, Floats((k + 1) * I, 0.5f));
-  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer c, Floats((k + 1) * H, 0.0f));
-  const size_t up_bytes = 2 * (k * up.w.bytes() + s_up.w.bytes());
-  const size_t down_bytes = k * down.w.bytes() + s_down.w.bytes();
-  FM_RETURN_IF_ERROR(Time("ExpertsUpGate k=6+shared T=1", up_bytes, sets, [&](int i) {
-    return cuda::ExpertsUpGate(set(p1, q1, I, H), set(p3, q3, I, H),
-                               dids.as<int32_t>() + (i % sets) * k, 1, k, x.as<float>(), H,
-                               10.0f, &shared, h.as<float>(), I);
-  }));
-  return Time("ExpertsDown   k=6+shared T=1", down_bytes, sets, [&](int i) {
-    return cuda::ExpertsDown(set(p2, q2, H, I), dids.as<int32_t>() + (i % sets) * k, 1, k,
-                             h.as<float>(), I, &shared, c.as<float>());
-  });
+  return Status::Ok();
+}
+
+// HcPostPre at the real manifold (hc 4 x H 4096, a [24, 16384] F32 mix weight) for T = 1 and
+// 8 rows, with the model's 20 Sinkhorn iterations and with 1 (the difference is the Sinkhorn's
+// share); bytes: the mix weight and X read once.
+Status BenchHcPostPre() {
+  const int64_t n = 4, H = 4096, M = (2 + n) * n;
+  for (const int64_t T : {1, 8}) {
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * n * H, 0.01f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer out, Floats(T * H, 0.01f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer xn, Floats(T * n * H, 0.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer fn, Floats(M * n * H, 0.001f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer base, Floats(M, 0.1f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer scale, Floats(3, 1.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer norm, Floats(H, 1.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer post, Floats(T * n, 1.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer comb, Floats(T * n * n, 0.25f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * H, 0.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer part, Floats(cuda::HcFusedPartials(T, n, H), 0.0f));
+    std::vector<int32_t> zero{0};
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::Upload(zero.data(), 4));
+    const size_t bytes = (M + 2 * T) * n * H * 4;
+    for (const int64_t iters : {20, 1}) {
+      const std::string name = "HcPostPre T=" + std::to_string(T) + " sinkhorn " + std::to_string(iters);
+      FM_RETURN_IF_ERROR(Time(name, bytes, 8, [&](int) {
+        return cuda::HcPostPre(x.as<float>(), out.as<float>(), xn.as<float>(), fn.as<float>(),
+                               base.as<float>(), scale.as<float>(), norm.as<float>(), T, n, H,
+                               iters, 1e-6f, 1e-6f, post.as<float>(), comb.as<float>(),
+                               y.as<float>(), part.as<float>(), counter.as<int32_t>());
+      }));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -238,6 +282,7 @@ int main() {
     if (st.ok()) st = fm::BenchShape(s);
   if (st.ok()) st = fm::BenchAttnX();
   if (st.ok()) st = fm::BenchExperts();
+  if (st.ok()) st = fm::BenchHcPostPre();
   if (!st.ok()) {
     std::fprintf(stderr, "bench_cuda_gemv: %s\n", st.ToString().c_str());
     return 1;
