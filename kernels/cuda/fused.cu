@@ -14,9 +14,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kHcCols = 32;  // columns h of every stream per HcPostPre block
-constexpr int kHcMaxStreams = 16;
+constexpr int kHcMaxStreams = 5;  // HcPostPre: a token's n x n comb fits a warp's lanes
 constexpr int kHcMaxMix = (2 + kHcMaxStreams) * kHcMaxStreams + 1;  // mix rows + the squares
-constexpr int kHcTokens = 4;  // tokens the last HcPostPre block finishes together
+constexpr int kHcTokens = kWarps;  // tokens the last HcPostPre block finishes together, a warp each
+constexpr int kHcYPer = 16;  // columns of y a thread of that block holds: H = 4096 in one pass
 constexpr int kMaxEntryDim = 1024;
 constexpr int kAttnMaxDim = 512;
 
@@ -73,13 +74,15 @@ struct HcArgs {
   int32_t* counter;
 };
 
-// The last HcPostPre block, tokens t0..t0+nt-1: mix[t][m] = the blocks' partials summed (warp w
-// takes pairs (t, m) = w, w + 8, ...; lane l blocks l, l + 32, ... in order, then a butterfly),
-// pre/post and the Sinkhorn comb (thread j of a token normalizes row j, thread k column k, in
-// kernels/cpu/hc.h's order), then y = RMSNorm(sum_i pre[i] X'_i) token by token.
+// The last HcPostPre block, tokens t0..t0+nt-1 (nt <= kWarps): mix[t][m] = the blocks' partials
+// summed (warp w takes pairs (t, m) = w, w + 8, ...; lane l blocks l, l + 32, ... in order, then a
+// butterfly); warp u then takes token u's pre/post and Sinkhorn comb, entry (j, k) in lane j n + k
+// (each row and column sum gathered by shuffles in kernels/cpu/hc.h's order: the bits of one
+// thread, without a block barrier an iteration); then y = RMSNorm(sum_i pre[i] X'_i) token by
+// token over the whole block, kHcYPer columns a thread with all their loads in flight. Every
+// warp runs every shuffle (idle warps on dummy values): the emulation's shuffles are block-wide.
 __device__ void HcFinishTokens(const HcArgs& a, const float* xs, int t0, int nt, int M) {
   __shared__ float mix[kHcTokens][kHcMaxMix];
-  __shared__ float comb_s[kHcTokens][kHcMaxStreams * kHcMaxStreams];
   __shared__ float pre[kHcTokens][kHcMaxStreams];
   const int n = a.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int pair0 = 0; pair0 < nt * (M + 1); pair0 += kWarps) {  // the same trips in every warp
@@ -92,61 +95,67 @@ __device__ void HcFinishTokens(const HcArgs& a, const float* xs, int t0, int nt,
     if (lane == 0 && pair < nt * (M + 1)) mix[t][m] = v;
   }
   __syncthreads();
-  const int t = threadIdx.x / n, j = threadIdx.x % n;  // token t's row / column j
-  const bool mine = threadIdx.x < nt * n;
-  float* c = comb_s[mine ? t : 0];
-  if (mine) {
-    const float* mx = mix[t];
-    const float rinv = 1.0f / sqrtf(mx[M] / static_cast<float>(n * a.H) + a.rms_eps);
-    pre[t][j] = SigmoidF(mx[j] * rinv * a.scale[0] + a.base[j]) + a.hc_eps;
-    a.post[(t0 + t) * n + j] = 2.0f * SigmoidF(mx[n + j] * rinv * a.scale[1] + a.base[n + j]);
-    // Row j: softmax + eh, with the logits of the row.
-    float* row = c + j * n;
-    float top = -INFINITY;
-    for (int k = 0; k < n; ++k) {
-      row[k] = mx[2 * n + j * n + k] * rinv * a.scale[2] + a.base[2 * n + j * n + k];
-      top = fmaxf(top, row[k]);
-    }
-    float sum = 0.0f;
-    for (int k = 0; k < n; ++k) {
-      row[k] = expf(row[k] - top);
-      sum += row[k];
-    }
-    for (int k = 0; k < n; ++k) row[k] = row[k] / sum + a.hc_eps;
+  const bool live = warp < nt;
+  const int64_t tw = t0 + (live ? warp : 0);  // warp's token
+  const float* mx = mix[live ? warp : 0];
+  const float rinv = 1.0f / sqrtf(mx[M] / static_cast<float>(n * a.H) + a.rms_eps);
+  if (live && lane < n) {
+    pre[warp][lane] = SigmoidF(mx[lane] * rinv * a.scale[0] + a.base[lane]) + a.hc_eps;
+    a.post[tw * n + lane] = 2.0f * SigmoidF(mx[n + lane] * rinv * a.scale[1] + a.base[n + lane]);
   }
-  __syncthreads();
+  const bool entry = lane < n * n;
+  const int j = entry ? lane / n : 0, k = entry ? lane % n : 0;
+  float c = entry ? mx[2 * n + lane] * rinv * a.scale[2] + a.base[2 * n + lane] : 0.0f;
+  float top = -INFINITY, sum = 0.0f;
+  for (int q = 0; q < n; ++q) top = fmaxf(top, __shfl_sync(0xffffffffu, c, j * n + q));
+  c = expf(c - top);
+  for (int q = 0; q < n; ++q) sum += __shfl_sync(0xffffffffu, c, j * n + q);
+  c = c / sum + a.hc_eps;
   for (int it = 0; it < a.iters; ++it) {
     if (it > 0) {
-      if (mine) {
-        float s = 0.0f;
-        for (int k = 0; k < n; ++k) s += c[j * n + k];
-        for (int k = 0; k < n; ++k) c[j * n + k] /= s + a.hc_eps;
-      }
-      __syncthreads();
+      float r = 0.0f;
+      for (int q = 0; q < n; ++q) r += __shfl_sync(0xffffffffu, c, j * n + q);
+      c /= r + a.hc_eps;
     }
-    if (mine) {
-      float s = 0.0f;
-      for (int r = 0; r < n; ++r) s += c[r * n + j];
-      for (int r = 0; r < n; ++r) c[r * n + j] /= s + a.hc_eps;
-    }
-    __syncthreads();
+    float col = 0.0f;
+    for (int q = 0; q < n; ++q) col += __shfl_sync(0xffffffffu, c, q * n + k);
+    c /= col + a.hc_eps;
   }
-  for (int i = threadIdx.x; i < nt * n * n; i += kThreads)
-    a.comb[static_cast<int64_t>(t0) * n * n + i] = comb_s[i / (n * n)][i % (n * n)];
+  if (live && entry) a.comb[tw * n * n + lane] = c;
+  __syncthreads();  // pre
   for (int u = 0; u < nt; ++u) {
     const int64_t tt = t0 + u;
     float* yt = a.y + tt * a.H;
     float ss = 0.0f;
-    for (int64_t h = threadIdx.x; h < a.H; h += kThreads) {
-      float acc = 0.0f;
-      for (int i = 0; i < n; ++i) acc += pre[u][i] * __ldcg(xs + (tt * n + i) * a.H + h);
-      yt[h] = acc;
-      ss += acc * acc;
+    for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
+      float acc[kHcYPer];
+#pragma unroll
+      for (int q = 0; q < kHcYPer; ++q) acc[q] = 0.0f;
+      for (int i = 0; i < n; ++i) {  // stream by stream: kHcYPer loads in flight
+        const float* xi = xs + (tt * n + i) * a.H;
+#pragma unroll
+        for (int q = 0; q < kHcYPer; ++q)
+          if (h0 + q * kThreads < a.H) acc[q] += pre[u][i] * __ldcg(xi + h0 + q * kThreads);
+      }
+#pragma unroll
+      for (int q = 0; q < kHcYPer; ++q)
+        if (h0 + q * kThreads < a.H) {
+          yt[h0 + q * kThreads] = acc[q];
+          ss += acc[q] * acc[q];
+        }
     }
     const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(a.H) + a.rms_eps);
-    for (int64_t h = threadIdx.x; h < a.H; h += kThreads) yt[h] = a.norm[h] * (yt[h] * inv);
+    for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
+      float v[kHcYPer];
+#pragma unroll
+      for (int q = 0; q < kHcYPer; ++q)
+        v[q] = h0 + q * kThreads < a.H ? yt[h0 + q * kThreads] : 0.0f;
+#pragma unroll
+      for (int q = 0; q < kHcYPer; ++q)
+        if (h0 + q * kThreads < a.H) yt[h0 + q * kThreads] = a.norm[h0 + q * kThreads] * (v[q] * inv);
+    }
   }
-  __syncthreads();  // the next tokens reuse the shared arrays
+  __syncthreads();  // the next tokens reuse mix and pre
 }
 
 // Block b: columns [32b, 32b+32) of every stream; writes X' there, then warp w reduces rows

@@ -43,7 +43,7 @@ TEST(CudaFused, HcPostPreMatchesCpu) {
   const int64_t n = 4, iters = 20, M = (2 + n) * n;
   const float eh = 1e-6f, eps = 1e-6f;
   for (int64_t H : {64, 100, 256, 2048}) {
-    for (int64_t T : {1, 3, 9}) {
+    for (int64_t T : {1, 3, 9, 17}) {
       for (bool post_first : {false, true}) {
         SCOPED_TRACE("H " + std::to_string(H) + " T " + std::to_string(T) +
                      (post_first ? " with hc_post" : ""));
@@ -93,9 +93,12 @@ TEST(CudaFused, HcPostPreMatchesCpu) {
 TEST(CudaFused, HcPostPreRejectsBadShapes) {
   float f = 0;
   int32_t c = 0;
-  const Status st = cuda::HcPostPre(&f, nullptr, &f, &f, &f, &f, &f, 1, 17, 64, 20, 1e-6f, 1e-6f,
+  const Status st = cuda::HcPostPre(&f, nullptr, &f, &f, &f, &f, &f, 1, 6, 64, 20, 1e-6f, 1e-6f,
                                     &f, &f, &f, &f, &c);
-  EXPECT_NE(st.ToString().find("hc streams 17"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.ToString().find("hc streams 6, hidden 64, sinkhorn iters 20 (want tokens >= 0, "
+                               "streams in [1, 5]"),
+            std::string::npos)
+      << st.ToString();
 }
 
 // q heads norm + RoPE, kv norm (weighted) + RoPE, indexer q RoPE and weights' scale, T rows at

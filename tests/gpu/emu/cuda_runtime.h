@@ -82,6 +82,16 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return other;
 }
 
+// Lane src of the caller's warp; every live thread of the block takes part, as above.
+inline float __shfl_sync(unsigned, float v, int src) {
+  const unsigned t = threadIdx.x;
+  emu_shuffle_slots[t] = v;
+  __syncthreads();
+  const float other = emu_shuffle_slots[(t & ~31u) | static_cast<unsigned>(src & 31)];
+  __syncthreads();
+  return other;
+}
+
 template <class T>
 T __ldg(const T* p) { return *p; }
 template <class T>
