@@ -38,8 +38,9 @@ std::string FormatCandidates(const std::vector<PlanCandidate>& all, const Plan& 
                 static_cast<long long>(q.context), static_cast<long long>(q.batch),
                 static_cast<long long>(q.prompt));
   out += line;
-  std::snprintf(line, sizeof line, "%-13s %-4s %9s %9s %8s %9s %9s %9s  %s\n", "layout", "fits",
-                "tok/s b1", "tok/s bB", "TTFT s", "read GB", "wire KB", "wire ms", "");
+  const std::string batch = "tok/s b" + std::to_string(q.batch);
+  std::snprintf(line, sizeof line, "%-13s %-4s %9s %9s %8s %9s %9s %9s\n", "layout", "fits",
+                "tok/s b1", batch.c_str(), "TTFT s", "read GB", "wire KB", "wire ms");
   out += line;
   bool tp_shown = false;
   for (const PlanCandidate& c : all) {
