@@ -60,10 +60,10 @@ std::string FormatCandidates(const std::vector<PlanCandidate>& all, const Plan& 
       continue;
     }
     const Prediction& p = *c.prediction;
-    std::snprintf(line, sizeof line, "%-13s %-4s %9.2f %9.2f %8.3f %9.2f %9.1f %9.3f  %s\n",
+    std::snprintf(line, sizeof line, "%-13s %-4s %9.2f %9.2f %8.3f %9.2f %9.1f %9.3f",
                   name.c_str(), "yes", p.tok_s, p.tok_s_batch, p.ttft_s,
-                  p.busiest_read_bytes / 1e9, p.wire_bytes() / 1e3, p.wire_s * 1e3, note.c_str());
-    out += line;
+                  p.busiest_read_bytes / 1e9, p.wire_bytes() / 1e3, p.wire_s * 1e3);
+    out += line + (note.empty() ? "" : "  " + note) + "\n";
   }
   out += "  read GB: weight + KV bytes the busiest worker reads a token (batch 1); wire: bytes\n"
          "  all workers send a token (hops + EP + TP) and the wire part of a token's time\n";

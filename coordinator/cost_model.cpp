@@ -74,16 +74,19 @@ double TpBytesPerToken(const ModelConfig& c) {
               static_cast<double>(c.num_experts_per_tok) * H);
 }
 
-// One step of `rows` tokens through stage st. decode: KV read at q.context; prefill: attention
-// over an average of rows / 2 positions and logits for the last row only.
+// One step of `rows` tokens through stage st. decode: one row per sequence, KV read at
+// `context`; prefill: one sequence's rows, attention over rows / 2 positions on average, logits
+// for the last row only.
 StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, int64_t rows,
                    int64_t context, bool prefill) {
   StageTime t;
   const int g = st.group;
   const double E = static_cast<double>(c.n_routed_experts), k = static_cast<double>(c.num_experts_per_tok);
   const int64_t attn_ctx = prefill ? std::max<int64_t>(rows / 2, 1) : context;
-  // Rows on the busiest member: all of them (pp, tp) or ceil(rows / g) (EP, data-parallel).
-  const int64_t own = st.tp || g == 1 ? rows : (rows + g - 1) / g;
+  // EP spreads sequences over the members (data-parallel attention): a prefill's rows all
+  // live on one member, a decode step's on min(rows, g). pp and tp: every row on every member.
+  const int64_t holders = st.tp || g == 1 || prefill ? 1 : std::min<int64_t>(rows, g);
+  const int64_t own = (rows + holders - 1) / holders;   // rows on the busiest member
   auto phase = [&](double bytes, double macs) {   // memory or compute, whichever is slower
     return std::max(bytes / st.bytes_per_s, 2 * macs / st.flops);
   };
@@ -114,7 +117,7 @@ StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, i
       if (g > 1) {
         const double payload = EpBytesPerRow(c, g) * rows;
         t.ep_bytes += payload;
-        t.wire_s += kEpExchanges * st.latency + payload / std::min<int64_t>(rows, g) / st.link;
+        t.wire_s += kEpExchanges * st.latency + payload / holders / st.link;
         t.exchanges += kEpExchanges;
       }
     }
