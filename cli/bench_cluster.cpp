@@ -326,7 +326,8 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
                   o.config.c_str(), setup.plan.pipeline_stages, setup.plan.expert_parallel,
                   setup.plan.workers.size(),
                   setup.model_dir.c_str(), static_cast<long long>(o.threads));
-      std::printf("                       single    cluster   ratio   predicted: single   cluster   ratio\n");
+      std::printf("                       single    cluster   ratio"
+                  "   predicted: single   cluster   ratio\n");
       std::printf("decode tok/s (batch 1) %9.2f %9.2f %7.3f %19.2f %9.2f %7.3f\n", s.decode_tok_s,
                   c.decode_tok_s, ratio, pred.single.tok_s, pred.cluster.tok_s,
                   pred.cluster.tok_s / pred.single.tok_s);
@@ -334,8 +335,8 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
                   static_cast<long long>(o.streams), s.streams_tok_s, c.streams_tok_s,
                   streams_ratio, pred.single.tok_s_batch, pred.cluster.tok_s_batch,
                   pred.cluster.tok_s_batch / pred.single.tok_s_batch);
-      std::printf("wire bytes per token   %19.0f %27.0f (data plane, all traffic, prefill included)\n",
-                  wire_per_token, pred.wire_per_token);
+      std::printf("wire bytes per token   %19.0f %27.0f (data plane, all traffic, prefill "
+                  "included)\n", wire_per_token, pred.wire_per_token);
       std::printf("EP bytes per token     %19.0f %27.0f (dispatch + combine payloads)\n",
                   ep_per_token, pred.ep_per_token);
       std::printf("tokens match           %19s\n", same ? "yes" : "NO");

@@ -56,10 +56,12 @@ struct StageTime {
 // Expected per-token EP payload: to each remote owner it routes to, the row [H] f32 once, 8
 // bytes a pair, and each remote pair's output [H] f32 back.
 double EpBytesPerRow(const ModelConfig& c, int g) {
-  const double E = static_cast<double>(c.n_routed_experts), k = static_cast<double>(c.num_experts_per_tok);
+  const double E = static_cast<double>(c.n_routed_experts);
+  const double k = static_cast<double>(c.num_experts_per_tok);
   const double per_owner = E / g, H = static_cast<double>(c.hidden_size);
   double none = 1;   // P(one given owner holds none of the row's k distinct experts)
-  for (int64_t i = 0; i < c.num_experts_per_tok; ++i) none *= std::max(0.0, (E - per_owner - i) / (E - i));
+  for (int64_t i = 0; i < c.num_experts_per_tok; ++i)
+    none *= std::max(0.0, (E - per_owner - i) / (E - i));
   const double owners = (g - 1) * (1 - none), pairs = k * (g - 1) / g;
   return owners * H * 4 + pairs * 8 + pairs * H * 4;
 }
@@ -81,7 +83,8 @@ StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, i
                    int64_t context, bool prefill) {
   StageTime t;
   const int g = st.group;
-  const double E = static_cast<double>(c.n_routed_experts), k = static_cast<double>(c.num_experts_per_tok);
+  const double E = static_cast<double>(c.n_routed_experts);
+  const double k = static_cast<double>(c.num_experts_per_tok);
   const int64_t attn_ctx = prefill ? std::max<int64_t>(rows / 2, 1) : context;
   // EP spreads sequences over the members (data-parallel attention): a prefill's rows all
   // live on one member, a decode step's on min(rows, g). pp and tp: every row on every member.
@@ -95,14 +98,16 @@ StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, i
     const double kv = prefill ? 0 : static_cast<double>(KvReadBytes(c, l, context));
     const double attn = static_cast<double>(AttentionMacs(c, l, attn_ctx));
     const double experts = DistinctExperts(c, E / g, rows);   // on each member
-    const double rep = static_cast<double>(L.replicated_bytes), split = static_cast<double>(L.split_bytes);
+    const double rep = static_cast<double>(L.replicated_bytes);
+    const double split = static_cast<double>(L.split_bytes);
     const double ex = static_cast<double>(L.expert_bytes);
     const double dense_macs = static_cast<double>(L.replicated_macs + L.split_macs);
     double bytes = 0;
     if (st.tp) {
       bytes = rep + split / g + experts * ex + kv * rows;
-      t.read_s += phase(bytes, rows * (L.replicated_macs + L.split_macs / g + attn / g +
-                                       k / g * L.expert_macs));
+      const double macs = static_cast<double>(L.replicated_macs) +
+                          (static_cast<double>(L.split_macs) + attn + k * L.expert_macs) / g;
+      t.read_s += phase(bytes, rows * macs);
       const double payload = TpBytesPerToken(c) * rows;
       t.tp_bytes += payload * (g - 1);
       t.wire_s += kTpExchanges * st.latency + payload * (g - 1) / g / st.link;
@@ -196,13 +201,15 @@ uint64_t KvReadBytes(const ModelConfig& c, int64_t layer, int64_t context) {
   const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(context, 1));
   const uint64_t r = static_cast<uint64_t>(std::max<int64_t>(c.compress_ratio(layer), 0));
   uint64_t rows = std::min<uint64_t>(ctx, c.sliding_window) * c.head_dim;
-  if (r == 4) rows += std::min<uint64_t>(ctx / 4, c.index_topk) * c.head_dim + ctx / 4 * c.index_head_dim;
+  if (r == 4)
+    rows += std::min<uint64_t>(ctx / 4, c.index_topk) * c.head_dim + ctx / 4 * c.index_head_dim;
   else if (r > 0) rows += ctx / r * c.head_dim;
   return rows * sizeof(float);
 }
 
 double DistinctExperts(const ModelConfig& c, double experts, int64_t rows) {
-  const double p = static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.n_routed_experts);
+  const double p =
+      static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.n_routed_experts);
   return experts * (1 - std::pow(1 - p, static_cast<double>(rows)));
 }
 
@@ -248,7 +255,8 @@ Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const 
                                "' has no memory bandwidth, compute or link figure" +
                                (p.name == "cpu" ? " (the cpu profile is probed at start)" : ""));
       int sharers = 0;   // members of this group on the node's host read at the same time
-      for (int o = 0; o < g; ++o) sharers += cl.nodes[plan.at(s, o).node_index].data.host == n.data.host;
+      for (int o = 0; o < g; ++o)
+        sharers += cl.nodes[plan.at(s, o).node_index].data.host == n.data.host;
       st.bytes_per_s = std::min(st.bytes_per_s, p.effective_bytes_per_s() / sharers);
       st.flops = std::min(st.flops, p.compute_tflops * 1e12 / sharers);
       st.link = std::min(st.link, p.link_bytes_per_s());

@@ -26,7 +26,8 @@ namespace fm {
 
 // One main layer's weights as a tensor-parallel group divides them (official dtypes).
 struct LayerShape {
-  uint64_t replicated_bytes = 0;  // on every member: wq_a, wkv, norms, compressors, indexer, hc, router
+  uint64_t replicated_bytes = 0;  // on every member: wq_a, wkv, norms, compressors, indexer, hc
+                                  // mixes, router
   uint64_t split_bytes = 0;       // 1/t per member: wq_b, wo_a, wo_b, shared expert
   uint64_t expert_bytes = 0;      // one routed expert (w1, w2, w3 and scales)
   uint64_t replicated_macs = 0;   // multiply-adds per token of the matrices above

@@ -10,9 +10,9 @@
 // - gb10 (DGX Spark): 273 GB/s LPDDR5x and 128 GB are NVIDIA's specification (DESIGN.md uses
 //   ~273; the measured ~270 is what we take); 200 Gb/s is its ConnectX-7 RoCE port.
 //   decode_eff 0.85 is an assumption (no GB10 was lent to this project): with it tp2 of the
-//   real model predicts ~31 tok/s, the low end of the 30-45 tok/s vLLM reports on two Sparks. compute 100 TFLOPS: 1/8 of
-//   the 1 PFLOP sparse-FP4 specification (dense BF16 class), an estimate. The 10 us latency is
-//   an assumption for one small message over RoCE with NCCL.
+//   real model predicts ~31 tok/s, the low end of the 30-45 tok/s vLLM reports on two Sparks.
+//   compute 100 TFLOPS: 1/8 of the 1 PFLOP sparse-FP4 specification (dense BF16 class), an
+//   estimate. The 10 us latency is an assumption for one small message over RoCE with NCCL.
 // - h200: 4.8 TB/s HBM3e is the specification; 4430 GB/s is the project's device read probe
 //   (`bench decode --device`, docs/performance.md "GPU decode"); decode_eff 0.17 is what the
 //   project's CUDA decode reached at the real model's shapes on it (same section, 2026-12-04):
@@ -36,7 +36,7 @@ struct HardwareProfile {
   std::string name;               // the built-in it starts from: gb10 | h200 | cpu
   double mem_bw_gbps = 0;         // device memory read bandwidth, GB/s (1e9 B/s); 0 = not probed
   double decode_efficiency = 1;   // share of mem_bw a decode step reaches, (0, 1]
-  double memory_gb = 0;           // device memory, GB (1e9 B); informative (planning uses memory_gib)
+  double memory_gb = 0;           // device memory, GB (1e9 B); shown (planning uses memory_gib)
   double compute_tflops = 0;      // matrix throughput for prefill, 1e12 FLOP/s
   double link_gbps = 0;           // network bandwidth, Gb/s (1e9 bit/s)
   double link_latency_us = 0;     // one message, one way

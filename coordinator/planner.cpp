@@ -239,7 +239,8 @@ std::string FormatPlanTable(const Plan& plan) {
     std::string also = w.embed ? "embed" : "";
     if (w.head) also += std::string(also.empty() ? "" : ", ") + "head, mtp";
     std::snprintf(line, sizeof line, "%-16s %5d %3d %-10s %-11s %9s %7s %8s  %s\n",
-                  w.node.c_str(), w.stage, tp ? w.tp_rank : w.ep_rank, Layers(w.layer_begin, w.layer_end).c_str(),
+                  w.node.c_str(), w.stage, tp ? w.tp_rank : w.ep_rank,
+                  Layers(w.layer_begin, w.layer_end).c_str(),
                   experts.c_str(), (Gib(w.weight_bytes) + "G").c_str(),
                   (Gib(w.kv_bytes) + "G").c_str(), (Gib(w.free_gib() * kGiB) + "G").c_str(),
                   also.c_str());
