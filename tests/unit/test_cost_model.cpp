@@ -264,5 +264,24 @@ TEST(CostModel, AutoPicksTheFastestLayoutThatRuns) {
   EXPECT_EQ(q->pipeline_stages, 2);
 }
 
+TEST(CostModel, CpuProfilesAreProbedAndOverridesKept) {
+  ClusterConfig cl = ToyCluster(3);
+  cl.nodes[0].profile = *BuiltinHardwareProfile("cpu");
+  cl.nodes[1].profile = *BuiltinHardwareProfile("cpu");
+  cl.nodes[1].profile.mem_bw_gbps = 12.5;   // as a YAML override sets it
+  cl.nodes[2].profile = *BuiltinHardwareProfile("gb10");
+  const ClusterConfig probed = WithProbedProfiles(cl);
+  EXPECT_TRUE(probed.nodes[0].profile.probed);
+  EXPECT_GT(probed.nodes[0].profile.mem_bw_gbps, 0);
+  EXPECT_GT(probed.nodes[0].profile.compute_tflops, 0);
+  EXPECT_EQ(probed.nodes[1].profile.mem_bw_gbps, 12.5);
+  EXPECT_EQ(probed.nodes[1].profile.compute_tflops, probed.nodes[0].profile.compute_tflops);
+  EXPECT_FALSE(probed.nodes[2].profile.probed);
+  EXPECT_EQ(probed.nodes[2].profile.mem_bw_gbps, 270);
+  // The probe runs once: a second call gives the same figure.
+  EXPECT_EQ(WithProbedProfiles(cl).nodes[0].profile.mem_bw_gbps,
+            probed.nodes[0].profile.mem_bw_gbps);
+}
+
 }  // namespace
 }  // namespace fm
