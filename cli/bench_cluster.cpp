@@ -4,7 +4,9 @@
 // identical greedy requests between the two (batch 1, then --streams concurrent ones) and
 // reports decode tok/s of both, their ratio, the data-plane bytes per generated token, and
 // whether both produced the same tokens. Both sides run through the same API, scheduler and
-// worker code, so the ratio isolates the pipeline: hops, frames and per-stage RPCs.
+// worker code, so the ratio isolates the pipeline: hops, frames and per-stage RPCs. Next to
+// each measured figure it prints the cost model's prediction (coordinator/cost_model.h) for
+// the same run, with the nodes' profiles (cpu: probed before anything starts).
 #include "cli/bench_cluster.h"
 
 #include <arpa/inet.h>
@@ -26,6 +28,7 @@
 #include "cli/daemon_flags.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/cost_model.h"
 #include "worker/grpc_status.h"
 
 namespace fm::cli {
@@ -42,7 +45,8 @@ const char* kUsage =
     "  starts the cluster of FILE (every worker and the coordinator) and a single-process\n"
     "  `serve` of the same model, then measures both in the same run: decode tok/s at batch 1\n"
     "  (best of 5, alternating), aggregate tok/s of --streams concurrent requests (default 8),\n"
-    "  data-plane bytes per generated token (and the EP dispatch + combine part of them);\n"
+    "  data-plane bytes per generated token (and the EP dispatch + combine part of them),\n"
+    "  each next to the cost model's prediction for the same run (docs/performance.md);\n"
     "  --tokens new tokens per request (default 64),\n"
     "  --prompt prompt tokens (default 16), --threads kernel threads per process (default:\n"
     "  all cores). The YAML's ports must be free.\n";
@@ -184,7 +188,46 @@ struct Side {
   std::vector<int32_t> ids;
 };
 
+// The cost model's figures for this run: both sides, and the cluster's wire bytes per
+// generated token of one request (prefill included, as measured).
+struct Predicted {
+  Prediction single, cluster;
+  double wire_per_token = 0, ep_per_token = 0;
+};
+
+Result<Predicted> PredictRun(const Options& o, const ClusterConfig& cfg,
+                             const CoordinatorSetup& setup) {
+  const ModelConfig& m = setup.model;
+  const ModelShape shape = ComputeModelShape(m);
+  CostQuery q;
+  q.batch = o.streams;
+  q.prompt = o.prompt;
+  q.context = o.prompt + o.tokens / 2;
+  Predicted p;
+  FM_ASSIGN_OR_RETURN(p.cluster, PredictPlan(m, shape, setup.plan, cfg, q));
+  // The single process: every layer on the first node, steps in process (no RPC, no memory
+  // check: `serve` is not planned).
+  Plan one;
+  WorkerPlan w;
+  w.layer_end = m.num_hidden_layers;
+  w.expert_end = m.n_routed_experts;
+  w.embed = w.head = true;
+  one.workers = {w};
+  ClusterConfig alone = cfg;
+  alone.nodes.resize(1);
+  q.control_rpc = false;
+  FM_ASSIGN_OR_RETURN(p.single, PredictPlan(m, shape, one, alone, q));
+  // One request moves prompt + tokens - 1 rows through every layer.
+  const double rows = static_cast<double>(o.prompt + o.tokens - 1);
+  const int act = cfg.activation_dtype == "bf16" ? 2 : 4;
+  p.ep_per_token = p.cluster.ep_bytes * rows / o.tokens;
+  p.wire_per_token = RequestHopBytes(m, setup.plan, o.prompt, o.tokens, act) / o.tokens +
+                     p.ep_per_token + p.cluster.tp_bytes * rows / o.tokens;
+  return p;
+}
+
 Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetup& setup) {
+  FM_ASSIGN_OR_RETURN(const Predicted pred, PredictRun(o, cfg, setup));
   const std::string threads = std::to_string(o.threads);
   std::vector<std::string> model;
   if (!o.model.empty()) model = {"--model", o.model};
@@ -265,20 +308,37 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
             {"ep_bytes_per_token", ep_per_token}}},     // EP dispatch + combine payloads
           {"decode_ratio", ratio},
           {"streams_ratio", streams_ratio},
-          {"tokens_match", same}};
+          {"tokens_match", same},
+          {"predicted",
+           {{"single", {{"decode_tok_s", pred.single.tok_s},
+                        {"streams_tok_s", pred.single.tok_s_batch}}},
+            {"cluster", {{"decode_tok_s", pred.cluster.tok_s},
+                         {"streams_tok_s", pred.cluster.tok_s_batch},
+                         {"wire_bytes_per_token", pred.wire_per_token},
+                         {"ep_bytes_per_token", pred.ep_per_token}}},
+            {"decode_ratio", pred.cluster.tok_s / pred.single.tok_s},
+            {"streams_ratio", pred.cluster.tok_s_batch / pred.single.tok_s_batch},
+            // measured / predicted cluster decode tok/s at batch 1
+            {"cluster_decode_measured_over_predicted", c.decode_tok_s / pred.cluster.tok_s}}}};
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       std::printf("cluster %s: %d stage(s) x %d EP, %zu worker(s); %s; %lld threads per process\n",
                   o.config.c_str(), setup.plan.pipeline_stages, setup.plan.expert_parallel,
                   setup.plan.workers.size(),
                   setup.model_dir.c_str(), static_cast<long long>(o.threads));
-      std::printf("                       single    cluster   ratio\n");
-      std::printf("decode tok/s (batch 1) %9.2f %9.2f %7.3f\n", s.decode_tok_s, c.decode_tok_s, ratio);
-      std::printf("tok/s, %2lld streams     %9.2f %9.2f %7.3f\n", static_cast<long long>(o.streams),
-                  s.streams_tok_s, c.streams_tok_s, streams_ratio);
-      std::printf("wire bytes per token   %19.0f (data plane, all traffic, prefill included)\n",
-                  wire_per_token);
-      std::printf("EP bytes per token     %19.0f (dispatch + combine payloads)\n", ep_per_token);
+      std::printf("                       single    cluster   ratio"
+                  "   predicted: single   cluster   ratio\n");
+      std::printf("decode tok/s (batch 1) %9.2f %9.2f %7.3f %19.2f %9.2f %7.3f\n", s.decode_tok_s,
+                  c.decode_tok_s, ratio, pred.single.tok_s, pred.cluster.tok_s,
+                  pred.cluster.tok_s / pred.single.tok_s);
+      std::printf("tok/s, %2lld streams     %9.2f %9.2f %7.3f %19.2f %9.2f %7.3f\n",
+                  static_cast<long long>(o.streams), s.streams_tok_s, c.streams_tok_s,
+                  streams_ratio, pred.single.tok_s_batch, pred.cluster.tok_s_batch,
+                  pred.cluster.tok_s_batch / pred.single.tok_s_batch);
+      std::printf("wire bytes per token   %19.0f %27.0f (data plane, all traffic, prefill "
+                  "included)\n", wire_per_token, pred.wire_per_token);
+      std::printf("EP bytes per token     %19.0f %27.0f (dispatch + combine payloads)\n",
+                  ep_per_token, pred.ep_per_token);
       std::printf("tokens match           %19s\n", same ? "yes" : "NO");
     }
     if (!same) return Internal("the cluster's tokens differ from the single process's");
@@ -307,12 +367,14 @@ int BenchCluster(int argc, char** argv) {
     std::fprintf(stderr, "bench cluster: %s\n", cfg.status().message().c_str());
     return 1;
   }
-  auto setup = SetupFromConfig(*cfg, o->model);
+  // Probe the cpu profiles now, before the children compete for the memory bandwidth.
+  const ClusterConfig probed = WithProbedProfiles(*cfg);
+  auto setup = SetupFromConfig(probed, o->model);
   if (!setup.ok()) {
     std::fprintf(stderr, "bench cluster: %s\n", setup.status().message().c_str());
     return 1;
   }
-  const Status st = Measure(*o, *cfg, *setup);
+  const Status st = Measure(*o, probed, *setup);
   if (!st.ok()) {
     std::fprintf(stderr, "bench cluster: %s\n", st.ToString().c_str());
     return 1;

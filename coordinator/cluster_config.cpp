@@ -116,6 +116,46 @@ class Parser {
   std::string base_dir_;
 };
 
+// nodes[].profile: a built-in name, or { name: NAME, field: value, ... } overriding its fields.
+Result<HardwareProfile> ParseProfile(const Parser& p, const YAML::Node& n, const std::string& path,
+                                     const char* default_name) {
+  auto builtin = [&](const YAML::Node& at, const std::string& name) -> Result<HardwareProfile> {
+    Result<HardwareProfile> b = BuiltinHardwareProfile(name);
+    if (!b.ok()) return p.Error(at, path, b.status().message());
+    return b;
+  };
+  if (!n.IsDefined() || n.IsNull()) return builtin(n, default_name);
+  if (n.IsScalar()) {
+    FM_ASSIGN_OR_RETURN(std::string name, p.String(n, path));
+    return builtin(n, name);
+  }
+  FM_RETURN_IF_ERROR(p.Keys(n, path, {"name", "mem_bw_gbps", "decode_efficiency", "memory_gb",
+                                      "compute_tflops", "link_gbps", "link_latency_us"}));
+  FM_ASSIGN_OR_RETURN(const YAML::Node name_node, p.Required(n, path, "name"));
+  FM_ASSIGN_OR_RETURN(std::string name, p.String(name_node, path + ".name"));
+  FM_ASSIGN_OR_RETURN(HardwareProfile prof, builtin(name_node, name));
+  struct {
+    const char* key;
+    double* value;
+    bool allow_zero;   // a latency may be 0; bandwidths, memory, compute may not
+    double max;        // the efficiency is a share
+  } fields[] = {{"mem_bw_gbps", &prof.mem_bw_gbps, false, 0},
+                {"decode_efficiency", &prof.decode_efficiency, false, 1},
+                {"memory_gb", &prof.memory_gb, false, 0},
+                {"compute_tflops", &prof.compute_tflops, false, 0},
+                {"link_gbps", &prof.link_gbps, false, 0},
+                {"link_latency_us", &prof.link_latency_us, true, 0}};
+  for (const auto& f : fields) {
+    const YAML::Node v = n[f.key];
+    if (!v.IsDefined()) continue;
+    const std::string fp = path + "." + f.key;
+    FM_ASSIGN_OR_RETURN(*f.value, p.Number(v, fp, f.allow_zero));
+    if (f.max > 0 && *f.value > f.max)
+      return p.Error(v, fp, "must be in (0, 1], got " + v.Scalar());
+  }
+  return prof;
+}
+
 Status ParseNodes(const Parser& p, const YAML::Node& list, ClusterConfig* cfg) {
   if (!list.IsSequence() || list.size() == 0)
     return p.Error(list, "nodes", "expected a non-empty list of nodes");
@@ -123,7 +163,8 @@ Status ParseNodes(const Parser& p, const YAML::Node& list, ClusterConfig* cfg) {
   for (size_t i = 0; i < list.size(); ++i) {
     const YAML::Node n = list[i];
     const std::string path = "nodes[" + std::to_string(i) + "]";
-    FM_RETURN_IF_ERROR(p.Keys(n, path, {"name", "control", "data", "device", "memory_gib"}));
+    FM_RETURN_IF_ERROR(
+        p.Keys(n, path, {"name", "control", "data", "device", "memory_gib", "profile"}));
     NodeConfig node;
     node.line = p.Line(n);
     FM_ASSIGN_OR_RETURN(const YAML::Node name, p.Required(n, path, "name"));
@@ -153,6 +194,8 @@ Status ParseNodes(const Parser& p, const YAML::Node& list, ClusterConfig* cfg) {
     }
     FM_ASSIGN_OR_RETURN(const YAML::Node mem, p.Required(n, path, "memory_gib"));
     FM_ASSIGN_OR_RETURN(node.memory_gib, p.Number(mem, path + ".memory_gib", false));
+    FM_ASSIGN_OR_RETURN(node.profile, ParseProfile(p, n["profile"], path + ".profile",
+                                                   DefaultProfileName(node.cuda_device)));
     cfg->nodes.push_back(std::move(node));
   }
   return Status::Ok();

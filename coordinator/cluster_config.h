@@ -7,7 +7,9 @@
 //   parallel: auto | { pipeline_stages: S, expert_parallel: K }      default auto
 //   transport: tcp | nccl            default tcp
 //   activation_dtype: f32 | bf16     stage-to-stage frames; default f32 (bit-exact)
-//   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib }, ... ]  required
+//   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib,
+//              profile: gb10 | h200 | cpu | { name: NAME, FIELD: value, ... } }, ... ]  required;
+//          profile (hardware_profile.h) defaults to cpu for device cpu, gb10 for cuda:N
 //   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096 }
 //   security: { token_file, cluster_secret_file, tls: { cert, key, ca } }    all optional
 //   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "coordinator/hardware_profile.h"
 
 namespace fm {
 
@@ -39,6 +42,7 @@ struct NodeConfig {
   std::string device;     // "cpu" or "cuda:N" as written
   int cuda_device = -1;   // N of cuda:N; -1 for cpu
   double memory_gib = 0;  // memory the worker may use for weights + KV (GiB)
+  HardwareProfile profile = *BuiltinHardwareProfile("cpu");  // for the cost model
   int line = 0;           // 1-based line of this node in the YAML (for later error messages)
 };
 

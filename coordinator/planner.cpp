@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "coordinator/cost_model.h"
 #include "model/tensor_schema.h"
 
 namespace fm {
@@ -25,19 +26,26 @@ std::string Layers(int64_t a, int64_t b) {
   return "[" + std::to_string(a) + ", " + std::to_string(b) + ")";
 }
 
+// split: per main layer, the bytes a tensor-parallel group divides (empty when tp == 1).
 Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const ModelBytes& mb,
-                       int stages, int k) {
+                       const std::vector<uint64_t>& split, int stages, int ep, int tp) {
   const int64_t L = m.num_hidden_layers, E = m.n_routed_experts;
+  const int k = ep * tp;   // workers of a stage
   const int64_t workers = int64_t{stages} * k;
+  const std::string layout = tp > 1 ? " x tensor_parallel " + std::to_string(tp)
+                                    : " x expert_parallel " + std::to_string(ep);
   if (workers != static_cast<int64_t>(cl.nodes.size()))
-    return InvalidArgument("parallel: pipeline_stages " + std::to_string(stages) +
-                           " x expert_parallel " + std::to_string(k) + " = " +
+    return InvalidArgument("parallel: pipeline_stages " + std::to_string(stages) + layout + " = " +
                            std::to_string(workers) + " workers, but the cluster has " +
                            std::to_string(cl.nodes.size()) + " nodes");
   if (k > E)
-    return InvalidArgument("parallel.expert_parallel " + std::to_string(k) +
-                           " exceeds n_routed_experts " + std::to_string(E) +
-                           ": every member of an EP group needs at least one expert");
+    return InvalidArgument("parallel." + std::string(tp > 1 ? "tensor" : "expert") + "_parallel " +
+                           std::to_string(k) + " exceeds n_routed_experts " + std::to_string(E) +
+                           ": every member of a group needs at least one expert");
+  if (tp > 1 && (m.o_groups % tp != 0 || m.num_attention_heads % tp != 0))
+    return InvalidArgument("parallel.tensor_parallel " + std::to_string(tp) +
+                           " must divide o_groups " + std::to_string(m.o_groups) +
+                           " and num_attention_heads " + std::to_string(m.num_attention_heads));
   if (stages > L)
     return InvalidArgument("parallel.pipeline_stages " + std::to_string(stages) +
                            " exceeds num_hidden_layers " + std::to_string(L) +
@@ -45,18 +53,26 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
   // Member r holds experts [r*E/k, (r+1)*E/k): contiguous, sizes differ by at most one. The
   // stages are balanced for the largest member.
   const int64_t per_member = (E + k - 1) / k;
-  const int64_t seqs = (cl.limits.max_batch + k - 1) / k;
+  // EP spreads the sequences over the members; TP members each keep every sequence's KV.
+  const int64_t seqs = tp > 1 ? cl.limits.max_batch : (cl.limits.max_batch + k - 1) / k;
   const bool fixed_kv = cl.limits.kv_cache_gib > 0;
   auto kv = [&](int64_t l) -> uint64_t {
     return fixed_kv ? 0 : seqs * KvBytesPerSequence(m, l, cl.limits.max_context);
   };
+  // A member's weights of layer l with n experts: TP keeps 1/tp of the split part (MTP layers
+  // whole).
+  auto weights = [&](int64_t l, int64_t n) -> uint64_t {
+    if (tp == 1 || l >= L) return mb.layer_total(l, n);
+    const uint64_t part = split[static_cast<size_t>(l)];
+    return mb.layer_total(l, n) - part + (part + tp - 1) / tp;
+  };
 
   // cost[l]: bytes a member of the stage holding layer l needs for it; prefix sums.
   std::vector<uint64_t> prefix(L + 1, 0);
-  for (int64_t l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + mb.layer_total(l, per_member) + kv(l);
+  for (int64_t l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + weights(l, per_member) + kv(l);
   uint64_t tail = mb.head;  // last stage: norm/head/hc_head and the MTP layers
   for (int64_t l = L; l < L + m.num_nextn_predict_layers; ++l)
-    tail += mb.layer_total(l, per_member) + kv(l);
+    tail += weights(l, per_member) + kv(l);
   const uint64_t pool = fixed_kv ? static_cast<uint64_t>(cl.limits.kv_cache_gib * kGiB) : 0;
   auto stage_bytes = [&](int s, int64_t a, int64_t b) {
     return prefix[b] - prefix[a] + (s == 0 ? mb.embed : 0) + (s == stages - 1 ? tail : 0) + pool;
@@ -89,7 +105,8 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
 
   Plan plan;
   plan.pipeline_stages = stages;
-  plan.expert_parallel = k;
+  plan.expert_parallel = ep;
+  plan.tensor_parallel = tp;
   plan.total_weight_bytes = mb.total;
   for (int s = 0; s < stages; ++s) {
     for (int r = 0; r < k; ++r) {
@@ -98,7 +115,7 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
       w.node = cl.nodes[w.node_index].name;
       w.memory_gib = cl.nodes[w.node_index].memory_gib;
       w.stage = s;
-      w.ep_rank = r;
+      (tp > 1 ? w.tp_rank : w.ep_rank) = r;
       w.layer_begin = begin[s];
       w.layer_end = begin[s + 1];
       w.expert_begin = r * E / k;
@@ -109,7 +126,7 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
       w.max_sequences = seqs;
       int64_t last = w.head ? L + m.num_nextn_predict_layers : w.layer_end;
       for (int64_t l = w.layer_begin; l < last; ++l) {
-        w.weight_bytes += mb.layer_total(l, experts);
+        w.weight_bytes += weights(l, experts);
         w.kv_bytes += kv(l);
       }
       if (w.embed) w.weight_bytes += mb.embed;
@@ -117,7 +134,8 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
       if (fixed_kv) w.kv_bytes = pool;
       if (w.need_gib() > w.memory_gib)
         return ResourceExhausted(
-            "node '" + w.node + "' (stage " + std::to_string(s) + ", ep " + std::to_string(r) +
+            "node '" + w.node + "' (stage " + std::to_string(s) + (tp > 1 ? ", tp " : ", ep ") +
+            std::to_string(r) +
             ", layers " + Layers(w.layer_begin, w.layer_end) + "): needs " +
             Gib(w.weight_bytes + w.kv_bytes) + " GiB (weights " + Gib(w.weight_bytes) +
             " + KV " + Gib(w.kv_bytes) + ") but has " + Gib(w.memory_gib * kGiB) +
@@ -126,6 +144,16 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
     }
   }
   return plan;
+}
+
+Status CheckInputs(const ModelConfig& model, const ClusterConfig& cluster) {
+  if (cluster.nodes.empty()) return InvalidArgument("plan: the cluster has no nodes");
+  if (model.num_hidden_layers < 1 || model.n_routed_experts < 1)
+    return InvalidArgument("plan: model config has no layers or no routed experts");
+  if (static_cast<int64_t>(model.compress_ratios.size()) <
+      model.num_hidden_layers + model.num_nextn_predict_layers)
+    return InvalidArgument("plan: model config compress_ratios is shorter than the layer count");
+  return Status::Ok();
 }
 
 }  // namespace
@@ -153,46 +181,66 @@ uint64_t KvBytesPerSequence(const ModelConfig& m, int64_t layer, int64_t context
   return bytes;
 }
 
+Result<Plan> PlanLayout(const ModelConfig& model, const ClusterConfig& cluster, int stages, int ep,
+                        int tp) {
+  FM_RETURN_IF_ERROR(CheckInputs(model, cluster));
+  if (stages < 1 || ep < 1 || tp < 1 || (ep > 1 && tp > 1))
+    return InvalidArgument("plan: want stages, expert_parallel, tensor_parallel >= 1 and not "
+                           "both expert_parallel and tensor_parallel above 1");
+  std::vector<uint64_t> split;
+  if (tp > 1)
+    for (const LayerShape& l : ComputeModelShape(model).layers) split.push_back(l.split_bytes);
+  return PlanFixed(model, cluster, ComputeModelBytes(model), split, stages, ep, tp);
+}
+
+ClusterConfig WithProbedProfiles(ClusterConfig cluster) {
+  for (NodeConfig& n : cluster.nodes) ProbeHostProfile(&n.profile);
+  return cluster;
+}
+
 Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) {
-  if (cluster.nodes.empty()) return InvalidArgument("plan: the cluster has no nodes");
-  if (model.num_hidden_layers < 1 || model.n_routed_experts < 1)
-    return InvalidArgument("plan: model config has no layers or no routed experts");
-  if (static_cast<int64_t>(model.compress_ratios.size()) <
-      model.num_hidden_layers + model.num_nextn_predict_layers)
-    return InvalidArgument("plan: model config compress_ratios is shorter than the layer count");
-  const ModelBytes mb = ComputeModelBytes(model);
+  FM_RETURN_IF_ERROR(CheckInputs(model, cluster));
   if (!cluster.parallel.automatic)
-    return PlanFixed(model, cluster, mb, cluster.parallel.pipeline_stages,
-                     cluster.parallel.expert_parallel);
-  const int n = static_cast<int>(cluster.nodes.size());
+    return PlanLayout(model, cluster, cluster.parallel.pipeline_stages,
+                      cluster.parallel.expert_parallel, 1);
+  const ClusterConfig probed = WithProbedProfiles(cluster);
+  std::vector<PlanCandidate> all = PlanCandidates(model, probed, QueryFor(probed));
+  const PlanCandidate* best = nullptr;
   std::string tried;
-  for (int stages = 1; stages <= n; ++stages) {
-    if (n % stages != 0) continue;
-    const int k = n / stages;
-    Result<Plan> p = PlanFixed(model, cluster, mb, stages, k);
-    if (p.ok()) return p;
-    tried += "\n  " + std::to_string(stages) + " x " + std::to_string(k) + ": " +
-             p.status().message();
+  for (const PlanCandidate& c : all) {
+    if (!c.runs) continue;
+    if (!c.plan.ok()) {
+      tried += "\n  " + std::to_string(c.pipeline_stages) + " x " +
+               std::to_string(c.expert_parallel) + ": " + c.plan.status().message();
+      continue;
+    }
+    if (!c.prediction.ok()) return c.prediction.status();
+    if (!best || c.prediction->tok_s > best->prediction->tok_s) best = &c;
   }
+  if (best) return *best->plan;
+  const int n = static_cast<int>(cluster.nodes.size());
   return ResourceExhausted("parallel auto: no layout of the " + std::to_string(n) +
                            " nodes fits (stages x expert_parallel):" + tried);
 }
 
 std::string FormatPlanTable(const Plan& plan) {
+  const bool tp = plan.tensor_parallel > 1;
   std::string out = "plan: " + std::to_string(plan.pipeline_stages) + " stage(s) x " +
-                    std::to_string(plan.expert_parallel) + "-way expert parallel = " +
+                    std::to_string(plan.group()) +
+                    (tp ? "-way tensor parallel = " : "-way expert parallel = ") +
                     std::to_string(plan.workers.size()) + " worker(s); model weights " +
                     Gib(static_cast<double>(plan.total_weight_bytes)) + " GiB\n";
   char line[256];
   std::snprintf(line, sizeof line, "%-16s %5s %3s %-10s %-11s %9s %7s %8s  %s\n", "node", "stage",
-                "ep", "layers", "experts", "weights", "KV", "free", "also");
+                tp ? "tp" : "ep", "layers", "experts", "weights", "KV", "free", "also");
   out += line;
   for (const WorkerPlan& w : plan.workers) {
     const std::string experts = Layers(w.expert_begin, w.expert_end);
     std::string also = w.embed ? "embed" : "";
     if (w.head) also += std::string(also.empty() ? "" : ", ") + "head, mtp";
     std::snprintf(line, sizeof line, "%-16s %5d %3d %-10s %-11s %9s %7s %8s  %s\n",
-                  w.node.c_str(), w.stage, w.ep_rank, Layers(w.layer_begin, w.layer_end).c_str(),
+                  w.node.c_str(), w.stage, tp ? w.tp_rank : w.ep_rank,
+                  Layers(w.layer_begin, w.layer_end).c_str(),
                   experts.c_str(), (Gib(w.weight_bytes) + "G").c_str(),
                   (Gib(w.kv_bytes) + "G").c_str(), (Gib(w.free_gib() * kGiB) + "G").c_str(),
                   also.c_str());
@@ -205,6 +253,7 @@ std::string PlanToJson(const Plan& plan) {
   nlohmann::json j;
   j["pipeline_stages"] = plan.pipeline_stages;
   j["expert_parallel"] = plan.expert_parallel;
+  j["tensor_parallel"] = plan.tensor_parallel;
   j["total_weight_bytes"] = plan.total_weight_bytes;
   j["workers"] = nlohmann::json::array();
   for (const WorkerPlan& w : plan.workers)
@@ -212,6 +261,7 @@ std::string PlanToJson(const Plan& plan) {
                             {"node_index", w.node_index},
                             {"stage", w.stage},
                             {"ep_rank", w.ep_rank},
+                            {"tp_rank", w.tp_rank},
                             {"layers", {w.layer_begin, w.layer_end}},
                             {"experts", {w.expert_begin, w.expert_end}},
                             {"embed", w.embed},

@@ -11,8 +11,14 @@
 // - In an EP group of k, every member holds the dense part of each of its layers (attention,
 //   hc mixes, router, shared expert) and routed experts [r*E/k, (r+1)*E/k). Sequences are
 //   split over members (data-parallel attention): each holds KV for ceil(max_batch / k).
-// - parallel "auto": among (S, k) with S * k == number of nodes and k dividing E, the fewest
-//   stages whose plan fits every node's memory_gib.
+// - Tensor parallel (tensor_parallel t, issue 20): the t members of a stage split each layer's
+//   heads (wq_b, wo_a by groups, wo_b by rows) and the shared expert (ceil(bytes / t) each),
+//   replicate the rest of the dense part, and hold routed experts like an EP group; every
+//   member keeps the KV of all the stage's sequences. t divides o_groups and the heads.
+// - parallel "auto": among the layouts of the nodes (S x ep and S x tp with S * k == nodes;
+//   PlanCandidates in cost_model.h) that fit every node's memory_gib and that the workers can
+//   run (tp only once kTensorParallelExecutes), the one the cost model predicts fastest at
+//   batch 1; ties go to fewer stages. cpu profiles are probed first (ProbeHostProfile).
 // - KV per worker = limits.kv_cache_gib when set, else the decode state (MODEL.md) of
 //   ceil(max_batch / k) sequences at max_context for the worker's layers, f32.
 #pragma once
@@ -31,6 +37,7 @@ struct WorkerPlan {
   int node_index = 0;                  // index into ClusterConfig::nodes
   int stage = 0;
   int ep_rank = 0;                     // member index inside the stage's EP group
+  int tp_rank = 0;                     // member index inside the stage's TP group
   int64_t layer_begin = 0, layer_end = 0;    // main layers [begin, end)
   int64_t expert_begin = 0, expert_end = 0;  // routed experts [begin, end) on every layer held
   bool embed = false;                  // embed.weight (stage 0)
@@ -43,13 +50,19 @@ struct WorkerPlan {
   double free_gib() const { return memory_gib - need_gib(); }
 };
 
+// Whether the workers execute tensor_parallel plans. They do not yet (issue 20 point 1: no
+// head-parallel executor in worker/): tp layouts are planned and predicted, never chosen.
+inline constexpr bool kTensorParallelExecutes = false;
+
 struct Plan {
   int pipeline_stages = 1;
   int expert_parallel = 1;
-  std::vector<WorkerPlan> workers;     // stage-major: workers[stage * expert_parallel + ep_rank]
+  int tensor_parallel = 1;             // > 1: the stage's group splits heads (expert_parallel 1)
+  std::vector<WorkerPlan> workers;     // stage-major: workers[stage * group() + member]
   uint64_t total_weight_bytes = 0;     // the whole model once (ModelBytes::total)
-  const WorkerPlan& at(int stage, int ep_rank) const {
-    return workers.at(static_cast<size_t>(stage) * expert_parallel + ep_rank);
+  int group() const { return expert_parallel * tensor_parallel; }   // workers of a stage
+  const WorkerPlan& at(int stage, int member) const {
+    return workers.at(static_cast<size_t>(stage) * group() + member);
   }
 };
 
@@ -57,14 +70,20 @@ struct Plan {
 // dividing n_routed_experts, or a worker that does not fit: "node 'spark-a' (stage 0, ep 0):
 // needs 130.2 GiB (weights 120.1 + KV 10.1) but memory_gib is 121.0".
 Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster);
+// One layout: `stages` x expert_parallel `ep` x tensor_parallel `tp` (ep or tp is 1), with the
+// same errors. The layouts auto considers, with predictions: PlanCandidates (cost_model.h).
+Result<Plan> PlanLayout(const ModelConfig& model, const ClusterConfig& cluster, int stages, int ep,
+                        int tp);
+// The cluster with every cpu profile's unset figures measured on this host (ProbeHostProfile).
+ClusterConfig WithProbedProfiles(ClusterConfig cluster);
 
 // Decode-state bytes of one sequence at `context` tokens in `layer` (main or MTP index), f32:
 // the window ring, compressed entries, indexer entries (ratio 4) and pending compressor rows.
 uint64_t KvBytesPerSequence(const ModelConfig& model, int64_t layer, int64_t context);
 
-// The table `flashmesh plan` prints: node, stage, ep, layers, experts, weight/KV/free GiB.
+// The table `flashmesh plan` prints: node, stage, ep (tp), layers, experts, weight/KV/free GiB.
 std::string FormatPlanTable(const Plan& plan);
-// The same as JSON text (one object: stages, expert_parallel, workers[...]).
+// The same as JSON text (one object: stages, expert_parallel, tensor_parallel, workers[...]).
 std::string PlanToJson(const Plan& plan);
 
 }  // namespace fm

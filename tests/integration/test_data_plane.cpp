@@ -131,6 +131,13 @@ TEST(BenchCluster, ReportsBothSidesTheirRatioAndTheExactWireBytes) {
   // Two hops, each one frame per step: (4 * 64 + (3 + 3) rows * hc*H * 4) bytes, per 4 tokens.
   EXPECT_DOUBLE_EQ(j.at("cluster").at("wire_bytes_per_token").get<double>(),
                    2.0 * ExpectedHopBytes(3, 4, 4) / 4);
+  // The cost model predicts the same frames, and a pipeline no faster than one process.
+  const auto& predicted = j.at("predicted");
+  EXPECT_DOUBLE_EQ(predicted.at("cluster").at("wire_bytes_per_token").get<double>(),
+                   2.0 * ExpectedHopBytes(3, 4, 4) / 4);
+  EXPECT_EQ(predicted.at("cluster").at("ep_bytes_per_token").get<double>(), 0);
+  EXPECT_GT(predicted.at("decode_ratio").get<double>(), 0.5);
+  EXPECT_LT(predicted.at("decode_ratio").get<double>(), 1);
 }
 
 }  // namespace

@@ -230,6 +230,51 @@ TEST(ClusterConfig, ClusterSecretFile) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ClusterConfig, HardwareProfiles) {
+  // Default by device: cpu (bandwidth left for the probe); cuda:N gets gb10.
+  auto def = Parse(kGood);
+  ASSERT_TRUE(def.ok()) << def.status().ToString();
+  EXPECT_EQ(def->nodes[0].profile.name, "cpu");
+  EXPECT_EQ(def->nodes[0].profile.mem_bw_gbps, 0);
+  EXPECT_EQ(def->nodes[0].profile.decode_efficiency, 0.6);
+  auto cuda = Parse(Edit("    device: cpu", "    device: cuda:1"));
+  ASSERT_TRUE(cuda.ok()) << cuda.status().ToString();
+  EXPECT_EQ(cuda->nodes[1].profile.name, "gb10");
+  EXPECT_EQ(cuda->nodes[1].profile.mem_bw_gbps, 270);
+  EXPECT_EQ(cuda->nodes[1].profile.link_gbps, 200);
+  // A name, or a built-in with fields overridden.
+  auto h200 = Parse(Edit("memory_gib: 20 }", "memory_gib: 20, profile: h200 }"));
+  ASSERT_TRUE(h200.ok()) << h200.status().ToString();
+  EXPECT_EQ(h200->nodes[0].profile.mem_bw_gbps, 4430);
+  auto over = Parse(Edit("    memory_gib: 20.5\n",
+                         "    memory_gib: 20.5\n    profile: { name: gb10, mem_bw_gbps: 250, "
+                         "decode_efficiency: 0.5, link_latency_us: 0 }\n"));
+  ASSERT_TRUE(over.ok()) << over.status().ToString();
+  const HardwareProfile& p = over->nodes[1].profile;
+  EXPECT_EQ(p.name, "gb10");
+  EXPECT_EQ(p.mem_bw_gbps, 250);
+  EXPECT_EQ(p.decode_efficiency, 0.5);
+  EXPECT_EQ(p.link_latency_us, 0);
+  EXPECT_EQ(p.link_gbps, 200);   // not overridden: the built-in's
+  // Errors name the line and the field.
+  ExpectError(Edit("memory_gib: 20 }", "memory_gib: 20, profile: tpu }"), 6,
+              "nodes[0].profile: hardware profile 'tpu': unknown (built-in: gb10, h200, cpu)");
+  ExpectError(Edit("    memory_gib: 20.5\n", "    memory_gib: 20.5\n    profile: { mem_bw_gbps: 9 }\n"),
+              12, "nodes[1].profile.name: missing required field");
+  ExpectError(Edit("    memory_gib: 20.5\n",
+                   "    memory_gib: 20.5\n    profile: { name: cpu, decode_efficiency: 1.5 }\n"),
+              12, "nodes[1].profile.decode_efficiency: must be in (0, 1], got 1.5");
+  ExpectError(Edit("    memory_gib: 20.5\n",
+                   "    memory_gib: 20.5\n    profile: { name: cpu, link_gbps: fast }\n"),
+              12, "nodes[1].profile.link_gbps: expected a number, got 'fast'");
+  ExpectError(Edit("    memory_gib: 20.5\n",
+                   "    memory_gib: 20.5\n    profile: { name: cpu, mem_bw_gbps: 0 }\n"),
+              12, "nodes[1].profile.mem_bw_gbps: must be > 0");
+  ExpectError(Edit("    memory_gib: 20.5\n",
+                   "    memory_gib: 20.5\n    profile: { name: cpu, flops: 1 }\n"),
+              12, "nodes[1].profile.flops: unknown key");
+}
+
 TEST(ClusterConfig, CommittedConfigsParse) {
   const std::filesystem::path dir = std::filesystem::path(FM_SOURCE_DIR) / "configs";
   int n = 0;
