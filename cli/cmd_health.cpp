@@ -54,10 +54,7 @@ int CmdHealth(int argc, char** argv) {
     std::printf("healthy: %d node(s) up\n", resp.nodes_size());
     return 0;
   }
-  for (const auto& n : resp.nodes())
-    if (n.state() != flashmesh::v1::NODE_STATE_UP)
-      std::printf("degraded: node %s is not up%s%s\n", n.name().c_str(), n.error().empty() ? "" : ": ",
-                  n.error().c_str());
+  std::printf("degraded: %s\n", resp.reason().c_str());
   return 1;
 }
 

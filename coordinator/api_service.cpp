@@ -38,6 +38,11 @@ Result<std::vector<std::string>> ReadApiTokens(const std::string& path) {
   return tokens;
 }
 
+Status ClusterHealth(const Cluster& cluster, const Scheduler& scheduler) {
+  FM_RETURN_IF_ERROR(cluster.Ready());
+  return scheduler.Health();
+}
+
 ApiService::ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Cluster* cluster,
                        Scheduler* scheduler, Metrics* metrics, ApiOptions options)
     : model_(model), tokenizer_(tokenizer), cluster_(cluster), scheduler_(scheduler),
@@ -134,6 +139,10 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
   if (Status a = Authenticate(ctx); !a.ok()) return fail(a);
   auto params = Validate(*req);
   if (!params.ok()) return fail(params.status());
+  if (ctx->deadline() != std::chrono::system_clock::time_point::max())
+    params->deadline = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           ctx->deadline() - std::chrono::system_clock::now());
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());
   RequestStream::Event ev;
@@ -182,7 +191,9 @@ grpc::Status ApiService::Tokenize(grpc::ServerContext* ctx, const flashmesh::v1:
 grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh::v1::ClusterStatusRequest*,
                                        flashmesh::v1::ClusterStatusResponse* resp) {
   if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
-  resp->set_healthy(cluster_->Ready().ok());
+  const Status health = ClusterHealth(*cluster_, *scheduler_);
+  resp->set_healthy(health.ok());
+  resp->set_reason(health.message());
   resp->set_active_requests(scheduler_->active());
   resp->set_queued_requests(scheduler_->queued());
   resp->set_model(options_.model_name);

@@ -48,14 +48,6 @@ double NodeHandle::heartbeat_age_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - last_ok_).count();
 }
 
-void NodeHandle::MarkDown(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (state_ == flashmesh::v1::NODE_STATE_DOWN) return;
-  FM_LOG(kWarn, "coordinator") << "node " << plan_.node << " down: " << why;
-  state_ = flashmesh::v1::NODE_STATE_DOWN;
-  error_ = why;
-}
-
 Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std::string>>& addresses,
                  const ClusterOptions& options)
     : options_(options),
@@ -104,6 +96,7 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_kv_cache_bytes(options.kv_cache_bytes);
     spec.set_epoch(epoch_);
     nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec));
+    infos_.push_back({w.node, addresses[i].first, w.ep_rank, w.head});
   }
   // transport nccl: the EP groups and the stage hops are NCCL communicators, which cannot take
   // a restarted member back. Without hops each stage's EP group loads on its own; with hops
@@ -139,22 +132,40 @@ NodeHandle* Cluster::Find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+
+Status NotReady(const NodeHandle& n, NodeState s) {
+  std::string what = s == flashmesh::v1::NODE_STATE_DOWN       ? "is down"
+                     : s == flashmesh::v1::NODE_STATE_LOADING  ? "is loading its shard"
+                     : s == flashmesh::v1::NODE_STATE_DRAINING ? "is draining"
+                                                               : "has not answered yet";
+  std::string err = n.error();
+  return Unavailable("node " + n.name() + " (" + n.control() + ") " + what +
+                     (err.empty() ? "" : ": " + err));
+}
+
+}  // namespace
+
 Status Cluster::Ready() const {
-  for (const auto& n : nodes_) {
-    NodeState s = n->state();
-    if (s == flashmesh::v1::NODE_STATE_UP) continue;
-    std::string what = s == flashmesh::v1::NODE_STATE_DOWN      ? "is down"
-                       : s == flashmesh::v1::NODE_STATE_LOADING ? "is loading its shard"
-                                                                : "has not answered yet";
-    std::string err = n->error();
-    return Unavailable("node " + n->name() + " (" + n->control() + ") " + what +
-                       (err.empty() ? "" : ": " + err));
-  }
+  for (const auto& n : nodes_)
+    if (NodeState s = n->state(); s != flashmesh::v1::NODE_STATE_UP) return NotReady(*n, s);
   return Status::Ok();
 }
 
-void Cluster::SetStateListener(std::function<void(const std::string&, bool)> fn) {
-  listener_ = std::move(fn);
+Status Cluster::Running() const {
+  for (const auto& n : nodes_)
+    if (NodeState s = n->state(); s != flashmesh::v1::NODE_STATE_UP && s != flashmesh::v1::NODE_STATE_DRAINING)
+      return NotReady(*n, s);
+  return Status::Ok();
+}
+
+bool Cluster::down(int worker) const {
+  return nodes_[worker]->state() == flashmesh::v1::NODE_STATE_DOWN;
+}
+
+void Cluster::MarkDown(int worker, const std::string& why) {
+  if (down(worker)) return;   // keep the first cause
+  SetState(nodes_[worker].get(), flashmesh::v1::NODE_STATE_DOWN, why);
 }
 
 void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& error) {
@@ -173,8 +184,7 @@ void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& err
                                  << ", layers [" << node->plan().layer_begin << ", "
                                  << node->plan().layer_end << "))";
   }
-  if (listener_ && (state == flashmesh::v1::NODE_STATE_UP || state == flashmesh::v1::NODE_STATE_DOWN))
-    listener_(node->name(), state == flashmesh::v1::NODE_STATE_UP);
+  if (listener_) listener_();
 }
 
 void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {

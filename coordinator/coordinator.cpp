@@ -92,7 +92,7 @@ void Coordinator::WatchHealth() {
   std::unique_lock<std::mutex> lock(health_mu_);
   bool first = true, serving = false;
   while (!stopping_) {
-    const bool ready = cluster_->Ready().ok();
+    const bool ready = ClusterHealth(*cluster_, *scheduler_).ok();
     if (first || ready != serving) {
       health->SetServingStatus(ready);   // "" (the server as a whole)
       health->SetServingStatus(flashmesh::v1::Inference::service_full_name(), ready);

@@ -77,6 +77,15 @@ bool ShardRuntime::loaded() const {
   return model_ != nullptr;
 }
 
+void ShardRuntime::Unload() {
+  std::lock_guard<std::mutex> lock(mu_);
+  seqs_.clear();
+  ep_.reset();
+  ep_moe_.clear();
+  model_.reset();
+  ckpt_.reset();
+}
+
 const ModelConfig& ShardRuntime::config() const { return model_->config(); }
 
 uint64_t ShardRuntime::weight_bytes() const {
@@ -118,6 +127,11 @@ Status ShardRuntime::StartSequence(uint64_t seq_id, int64_t max_context,
 void ShardRuntime::FreeSequence(uint64_t seq_id) {
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.erase(seq_id);
+}
+
+bool ShardRuntime::HasSequence(uint64_t seq_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seqs_.count(seq_id) > 0;
 }
 
 void ShardRuntime::FreeAll() {
