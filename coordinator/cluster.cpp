@@ -11,6 +11,19 @@ namespace {
 
 using flashmesh::v1::NodeState;
 constexpr auto kLoadTimeout = std::chrono::minutes(10);
+// After a failed LoadShard the next waits 0.5 s, doubling per failure, at most 8 s.
+constexpr auto kLoadBackoff = std::chrono::milliseconds(500);
+constexpr auto kMaxLoadBackoff = std::chrono::milliseconds(8000);
+
+// The same shard, apart from the per-load NCCL ids.
+bool SameShard(flashmesh::v1::ShardSpec a, flashmesh::v1::ShardSpec b) {
+  for (auto* s : {&a, &b}) {
+    s->clear_nccl_unique_id();
+    s->clear_next_nccl_id();
+    s->clear_prev_nccl_id();
+  }
+  return a.SerializeAsString() == b.SerializeAsString();
+}
 
 uint64_t RandomEpoch() {
   std::random_device rd;
@@ -96,6 +109,7 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_kv_cache_bytes(options.kv_cache_bytes);
     spec.set_epoch(epoch_);
     nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec));
+    nodes_.back()->index_ = static_cast<int>(i);
     infos_.push_back({w.node, addresses[i].first, w.ep_rank, w.head});
   }
   // transport nccl: the EP groups and the stage hops are NCCL communicators, which cannot take
@@ -119,6 +133,10 @@ Cluster::~Cluster() {
     stop_ = true;
   }
   stop_cv_.notify_all();
+  for (auto& n : nodes_) {
+    std::lock_guard<std::mutex> lock(n->mu_);
+    if (n->loading_) n->loading_->TryCancel();
+  }
   for (auto& t : threads_) t.join();
 }
 
@@ -194,12 +212,28 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   flashmesh::v1::LoadShardResponse lresp;
   grpc::ClientContext lctx;
   lctx.set_deadline(std::chrono::system_clock::now() + kLoadTimeout);
+  {
+    std::lock_guard<std::mutex> lock(node->mu_);
+    if (stop_) return;
+    node->loading_ = &lctx;   // the destructor cancels it: a stop never waits for a load
+  }
   grpc::Status ls = node->stub()->LoadShard(&lctx, lreq, &lresp);
+  {
+    std::lock_guard<std::mutex> lock(node->mu_);
+    node->loading_ = nullptr;
+  }
   if (ls.ok()) {
     vocab_size_ = lresp.vocab_size();
+    node->load_failures_ = 0;
     SetState(node, flashmesh::v1::NODE_STATE_UP, "");
   } else {
-    SetState(node, flashmesh::v1::NODE_STATE_DOWN, "LoadShard failed: " + ls.error_message());
+    const auto backoff = std::min<std::chrono::milliseconds>(
+        kLoadBackoff * (1 << std::min(node->load_failures_, 5)), kMaxLoadBackoff);
+    ++node->load_failures_;
+    node->next_load_ = std::chrono::steady_clock::now() + backoff;
+    SetState(node, flashmesh::v1::NODE_STATE_DOWN,
+             "LoadShard failed (" + std::to_string(node->load_failures_) + " in a row, next in " +
+                 std::to_string(backoff.count()) + " ms): " + ls.error_message());
   }
 }
 
@@ -263,6 +297,7 @@ void Cluster::Heartbeat(NodeHandle* node) {
     flashmesh::v1::HealthResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout);
+    const auto asked = std::chrono::steady_clock::now();
     grpc::Status s = node->stub()->Health(&ctx, req, &resp);
     auto now = std::chrono::steady_clock::now();
     if (s.ok()) {
@@ -274,13 +309,19 @@ void Cluster::Heartbeat(NodeHandle* node) {
       if (resp.node() != node->name()) {
         SetState(node, flashmesh::v1::NODE_STATE_DOWN,
                  "the worker at " + node->control() + " says it is node '" + resp.node() + "'");
-      } else if (!resp.loaded() || resp.epoch() != epoch_) {
-        if (group) LoadNcclGroup(group, node, seen);
-        else LoadNode(node, node->spec());
-      } else if (resp.draining()) {
-        SetState(node, flashmesh::v1::NODE_STATE_DRAINING, "");
+      } else if (!resp.loaded() || resp.epoch() != epoch_ || !SameShard(resp.shard(), node->spec())) {
+        // Not ours (restarted, another coordinator's, or loaded out of band with another
+        // shard): load ours, no sooner than the backoff after a failed load.
+        if (resp.loaded() && resp.epoch() == epoch_)
+          FM_LOG(kWarn, "coordinator") << "node " << node->name() << " holds another shard than the plan's: reloading";
+        if (now >= node->next_load_) {
+          if (group) LoadNcclGroup(group, node, seen);
+          else LoadNode(node, node->spec());
+        }
       } else {
-        SetState(node, flashmesh::v1::NODE_STATE_UP, "");
+        SetState(node, resp.draining() ? flashmesh::v1::NODE_STATE_DRAINING : flashmesh::v1::NODE_STATE_UP, "");
+        if (held_listener_)
+          held_listener_(node->index_, std::vector<uint64_t>(resp.seq_ids().begin(), resp.seq_ids().end()), asked);
       }
     } else {
       bool ever_ok;

@@ -65,6 +65,10 @@ class NodeHandle {
   std::string error_;
   bool ever_ok_ = false;
   std::chrono::steady_clock::time_point last_ok_;
+  int index_ = 0;                                        // in Cluster::nodes()
+  grpc::ClientContext* loading_ = nullptr;              // its LoadShard in flight (under mu_)
+  int load_failures_ = 0;                                // in a row; heartbeat thread only
+  std::chrono::steady_clock::time_point next_load_{};   // no LoadShard before (backoff)
 };
 
 class Cluster final : public WorkerSet {
@@ -89,6 +93,9 @@ class Cluster final : public WorkerSet {
   bool down(int worker) const override;
   void MarkDown(int worker, const std::string& why) override;
   void OnChange(std::function<void()> fn) override { listener_ = std::move(fn); }
+  void OnHeld(std::function<void(int, std::vector<uint64_t>, Deadline)> fn) override {
+    held_listener_ = std::move(fn);
+  }
   void StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req, Deadline deadline,
                      Done<flashmesh::v1::StartSequenceResponse> done) override;
   void FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req, Deadline deadline,
@@ -124,6 +131,7 @@ class Cluster final : public WorkerSet {
   // transport nccl: per stage (EP groups only) or one of every worker (with stage hops)
   std::vector<std::unique_ptr<NcclGroup>> nccl_groups_;
   std::function<void()> listener_;
+  std::function<void(int, std::vector<uint64_t>, Deadline)> held_listener_;
   std::atomic<int> vocab_size_{0};
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;

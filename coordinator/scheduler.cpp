@@ -65,13 +65,16 @@ Scheduler::Scheduler(WorkerSet* workers, const Tokenizer* tokenizer, SchedulerLi
       limits_(limits),
       signal_(std::make_shared<Signal>()),
       needs_reset_(workers->workers().size(), 0),
-      resetting_(workers->workers().size(), 0) {
+      resetting_(workers->workers().size(), 0),
+      unowned_(workers->workers().size()),
+      stray_(workers->workers().size()) {
+  // The closures posted run on the scheduling thread only, so `this` in them is alive.
   workers_->OnChange([weak = std::weak_ptr<Signal>(signal_)] {
-    if (auto s = weak.lock()) {
-      std::lock_guard<std::mutex> lock(s->mu);
-      s->wake = true;
-      s->cv.notify_all();
-    }
+    if (auto s = weak.lock()) s->Post(nullptr);
+  });
+  workers_->OnHeld([weak = std::weak_ptr<Signal>(signal_), this](int w, std::vector<uint64_t> ids,
+                                                                 Clock::time_point asked) {
+    if (auto s = weak.lock()) s->Post([this, w, ids = std::move(ids), asked] { Reconcile(w, ids, asked); });
   });
   thread_ = std::thread([this] { Loop(); });
 }
@@ -98,11 +101,7 @@ Result<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerateParams params) 
   r->params = std::move(params);
   r->stream = std::make_shared<RequestStream>();
   r->stream->on_cancel_ = [weak = std::weak_ptr<Signal>(signal_)] {
-    if (auto s = weak.lock()) {
-      std::lock_guard<std::mutex> lock(s->mu);
-      s->wake = true;
-      s->cv.notify_all();
-    }
+    if (auto s = weak.lock()) s->Post(nullptr);
   };
   if (tokenizer_) r->decoder.emplace(*tokenizer_);
   r->next = r->params.prompt;
@@ -130,17 +129,19 @@ Status Scheduler::Health() const {
                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                             now - t.first).count()) + " ms)");
   if (resetting_any_) return Unavailable("resetting the workers after a failed step");
+  for (const auto& why : stray_)
+    if (!why.empty()) return Unavailable(why);
   return Status::Ok();
 }
 
-void Scheduler::Post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(signal_->mu);
-    posted_.push_back(std::move(fn));
-    signal_->wake = true;
-  }
-  signal_->cv.notify_all();
+void Scheduler::Signal::Post(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (fn) posted.push_back(std::move(fn));
+  wake = true;
+  cv.notify_all();
 }
+
+void Scheduler::Post(std::function<void()> fn) { signal_->Post(std::move(fn)); }
 
 void Scheduler::Track() {
   std::lock_guard<std::mutex> lock(rpc_mu_);
@@ -162,7 +163,7 @@ void Scheduler::Loop() {
       signal_->cv.wait_until(lock, wake_at, [&] { return signal_->stop || signal_->wake; });
       if (signal_->stop) return;
       signal_->wake = false;
-      posted.swap(posted_);
+      posted.swap(signal_->posted);
     }
     for (auto& fn : posted) fn();
     Tick();
@@ -327,8 +328,9 @@ void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
                                                           : res.status.Wrap("starting the sequence");
     FM_LOG(kWarn, "scheduler") << "request " << id << ": " << r->start_error.ToString();
   }
+  if (r->starting == 0) r->started_at = Clock::now();
   if (r->starting > 0 || r->start_error.ok()) return;
-  FreeOnWorkers(r->started, id);
+  FreeOnWorkers(r->started, {id});
   End(r, r->start_error);
 }
 
@@ -514,7 +516,7 @@ void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std
   ev.finish.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(r->params.prompt.size()));
   ev.finish.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r->generated));
   ev.finish.set_stop_string(stop_string);
-  FreeOnWorkers(r->started, r->id);
+  FreeOnWorkers(r->started, {r->id});
   r->stream->Push(std::move(ev));
   live_.erase(r->id);
   active_count_ = static_cast<int>(live_.size());
@@ -526,22 +528,51 @@ void Scheduler::End(Request* r, const Status& why) {
   active_count_ = static_cast<int>(live_.size());
 }
 
-void Scheduler::FreeOnWorkers(const std::vector<int>& workers, uint64_t id) {
+void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector<uint64_t>& ids) {
   flashmesh::v1::FreeSequenceRequest req;
-  req.add_seq_ids(id);
+  for (uint64_t id : ids) req.add_seq_ids(id);
   const auto deadline = Clock::now() + limits_.control_timeout;
   for (int w : workers) {
     Track();
-    workers_->FreeSequence(w, req, deadline, [this, w, id](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
+    workers_->FreeSequence(w, req, deadline, [this, w](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
       if (!r.ok()) {
         // Its KV stays behind: DOWN fails what runs and resets it once it answers again.
-        Post([this, w, id, r] {
-          FM_LOG(kWarn, "scheduler") << "FreeSequence " << id << ": " << r.status.ToString();
-          workers_->MarkDown(w, "FreeSequence failed: " + r.status.message());
-        });
+        Post([this, w, r] { workers_->MarkDown(w, "FreeSequence failed: " + r.status.message()); });
       }
       Untrack();
     });
+  }
+}
+
+void Scheduler::Reconcile(int worker, const std::vector<uint64_t>& held, Clock::time_point asked) {
+  if (needs_reset_[worker] || resetting_[worker]) return;   // the reset drops everything
+  const std::string node = workers_->workers()[worker].name;
+  std::vector<uint64_t> unowned, stray;
+  for (uint64_t id : held) {
+    if (live_.count(id)) continue;
+    unowned.push_back(id);
+    // Unowned at the last beat too: not a free still on its way.
+    if (std::binary_search(unowned_[worker].begin(), unowned_[worker].end(), id)) stray.push_back(id);
+  }
+  if (!unowned.empty()) FreeOnWorkers({worker}, unowned);
+  unowned_[worker] = unowned;
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    stray_[worker] = stray.empty() ? "" : "node " + node + " holds " + std::to_string(stray.size()) +
+                                             " sequence(s) no request owns (freeing them)";
+  }
+  // Sequences it held before this beat was asked and does not hold now: lost (an out-of-band
+  // Reset, or a restart). One in flight fails with its step.
+  std::vector<Request*> lost;
+  for (auto& [id, r] : live_)
+    if (r->starting == 0 && !r->in_flight && r->started_at < asked &&
+        std::count(r->started.begin(), r->started.end(), worker) &&
+        !std::binary_search(held.begin(), held.end(), id))
+      lost.push_back(r.get());
+  for (Request* r : lost) {
+    FreeOnWorkers(r->started, {r->id});
+    End(r, Unavailable("node " + node + " lost sequence " + std::to_string(r->id) +
+                       " (the worker was reset or restarted)"));
   }
 }
 

@@ -89,7 +89,8 @@ class Scheduler {
   int active() const { return active_count_; }
   int queued() const { return queued_count_; }
   // Ok, or why the scheduler is not healthy: a step overdue (running past half of its
-  // deadline), or workers being reset after a failure.
+  // deadline), workers being reset after a failure, or a worker still holding a sequence no
+  // request owns at two heartbeats in a row.
   Status Health() const;
   // Called with each StepBatch round trip (node name, seconds) from the scheduling thread;
   // set it before the first Submit.
@@ -111,16 +112,20 @@ class Scheduler {
     int member = 0;                // EP rank whose workers hold its KV (0 without EP)
     int starting = 0;              // StartSequence calls not answered yet
     std::vector<int> started;      // workers that hold it
+    Clock::time_point started_at;  // when the last StartSequence answered
     Status start_error;            // the first failed StartSequence
   };
   struct StepCall;   // one micro-batch's RPCs to every worker
 
-  // The scheduling thread's wake-up, shared with the streams' cancel hooks (which may outlive
-  // the scheduler); `mu` also guards incoming_ and posted_.
+  // The scheduling thread's wake-up and its inbox of work from other threads, shared with the
+  // streams' cancel hooks and the cluster's listeners (which may outlive the scheduler); `mu`
+  // also guards incoming_.
   struct Signal {
     std::mutex mu;
     std::condition_variable cv;
     bool wake = false, stop = false;
+    std::vector<std::function<void()>> posted;   // run on the scheduling thread
+    void Post(std::function<void()> fn);
   };
 
   void Loop();
@@ -146,7 +151,10 @@ class Scheduler {
   void Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string);
   void End(Request* r, const Status& why);
   void FailAll(const Status& why);
-  void FreeOnWorkers(const std::vector<int>& workers, uint64_t id);
+  void FreeOnWorkers(const std::vector<int>& workers, const std::vector<uint64_t>& ids);
+  // A worker's heartbeat: frees what it holds that no request owns, ends the requests whose
+  // sequence it lost.
+  void Reconcile(int worker, const std::vector<uint64_t>& held, Clock::time_point asked);
   int num_in_flight() const { return static_cast<int>(in_flight_.size()); }
 
   WorkerSet* workers_;
@@ -155,7 +163,6 @@ class Scheduler {
 
   std::shared_ptr<Signal> signal_;
   std::deque<std::unique_ptr<Request>> incoming_;
-  std::vector<std::function<void()>> posted_;
 
   // Owned by the scheduling thread.
   std::map<uint64_t, std::unique_ptr<Request>> live_;
@@ -166,10 +173,12 @@ class Scheduler {
   std::vector<char> needs_reset_;      // per worker: holds sequences of a failed schedule
   std::vector<char> resetting_;        // per worker: its Reset is in flight
   std::deque<double> recent_row_seconds_;   // per-row time of the last steps, newest last
+  std::vector<std::vector<uint64_t>> unowned_;   // per worker: held, owned by no request, last beat
 
-  mutable std::mutex health_mu_;       // guards the two below (read by Health())
+  mutable std::mutex health_mu_;       // guards the three below (read by Health())
   std::map<uint64_t, std::pair<Clock::time_point, Clock::time_point>> step_times_;  // launch, overdue at
   bool resetting_any_ = false;
+  std::vector<std::string> stray_;     // per worker: why it holds sequences a free did not remove
 
   std::atomic<int> active_count_{0}, queued_count_{0};
   std::mutex rpc_mu_;                  // guards outstanding_rpcs_

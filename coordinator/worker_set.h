@@ -54,6 +54,9 @@ class WorkerSet {
   virtual void MarkDown(int worker, const std::string& why) = 0;
   // `fn` runs (on any thread) after every change of a worker's state; set before Start.
   virtual void OnChange(std::function<void()> fn) = 0;
+  // `fn` runs (on any thread) with each heartbeat of an UP or DRAINING worker: the sequences
+  // it held when asked at `asked`; set before Start.
+  virtual void OnHeld(std::function<void(int worker, std::vector<uint64_t> ids, Deadline asked)> fn) = 0;
 
   // Each calls `done` exactly once, on any thread (possibly before returning).
   virtual void StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req,

@@ -146,6 +146,13 @@ uint64_t ShardRuntime::kv_bytes() const {
   return total;
 }
 
+std::vector<uint64_t> ShardRuntime::sequence_ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  return ids;
+}
+
 int ShardRuntime::active_sequences() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(seqs_.size());

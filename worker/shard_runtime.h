@@ -69,6 +69,7 @@ class ShardRuntime {
   Status StartSequence(uint64_t seq_id, int64_t max_context, const SamplerConfig& sampling);
   void FreeSequence(uint64_t seq_id);
   bool HasSequence(uint64_t seq_id) const;
+  std::vector<uint64_t> sequence_ids() const;   // ascending
   void FreeAll();
   uint64_t kv_bytes() const;
   int active_sequences() const;

@@ -18,6 +18,12 @@ WorkerService::WorkerService(std::string node, std::string model_dir_override, i
 
 WorkerService::~WorkerService() = default;
 
+void WorkerService::Stop() {
+  stopping_ = true;
+  executor_.Stop();
+  FM_LOG(kInfo, "worker") << node_ << ": stopped taking steps";
+}
+
 grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh::v1::LoadShardRequest* req,
                                       flashmesh::v1::LoadShardResponse* resp) {
   std::lock_guard<std::mutex> lock(load_mu_);
@@ -116,6 +122,10 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
     // and the coordinator loads it again).
     runtime_.Unload();
     epoch_ = 0;
+    {
+      std::lock_guard<std::mutex> g(shard_mu_);
+      shard_.Clear();
+    }
     FM_LOG(kError, "worker") << node_ << ": " << st.ToString();
     return WorkerError(ctx, st.Wrap("node " + node_ + " loading its shard"));
   }
@@ -138,6 +148,10 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   if (prev_link_) executor_.SetPrev(NewCommActivationSource(prev_link_.get(), 0));
   receiver_.SetPeer(p.stage > 0 && !prev_link_ ? s.prev_node() : "");
   epoch_ = s.epoch();
+  {
+    std::lock_guard<std::mutex> g(shard_mu_);
+    shard_ = s;
+  }
   draining_ = false;
   resp->set_weight_bytes(runtime_.weight_bytes());
   resp->set_vocab_size(static_cast<int32_t>(runtime_.config().vocab_size));
@@ -156,6 +170,9 @@ grpc::Status WorkerService::Health(grpc::ServerContext*, const flashmesh::v1::He
   resp->set_loaded(runtime_.loaded() && group_ok);
   resp->set_epoch(epoch_);
   resp->set_draining(draining_);
+  for (uint64_t id : runtime_.sequence_ids()) resp->add_seq_ids(id);
+  std::lock_guard<std::mutex> g(shard_mu_);
+  if (runtime_.loaded()) *resp->mutable_shard() = shard_;
   return grpc::Status::OK;
 }
 
@@ -194,7 +211,8 @@ grpc::Status WorkerService::Drain(grpc::ServerContext*, const flashmesh::v1::Dra
 grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
                                           const flashmesh::v1::StartSequenceRequest* req,
                                           flashmesh::v1::StartSequenceResponse* resp) {
-  if (draining_) return WorkerError(ctx, Unavailable("node " + node_ + " is draining"));
+  if (draining_ || stopping_)
+    return WorkerError(ctx, Unavailable("node " + node_ + (stopping_ ? " is stopping" : " is draining")));
   SamplerConfig sp;
   const auto& s = req->sampling();
   sp.greedy = s.greedy();
@@ -220,6 +238,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
                                       const flashmesh::v1::StepBatchRequest* req,
                                       flashmesh::v1::StepBatchResponse* resp) {
   if (!runtime_.loaded()) return WorkerError(ctx, Unavailable("node " + node_ + ": no shard loaded"));
+  if (stopping_) return WorkerError(ctx, Unavailable("node " + node_ + " is stopping"));
   // Refused before it joins the step order: a step that cannot run must not make the next
   // real step wait for it.
   if (req->items_size() == 0 && !runtime_.placement().expert_parallel())

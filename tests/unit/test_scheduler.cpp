@@ -63,6 +63,9 @@ class FakeWorkers final : public WorkerSet {
     Changed();
   }
   void OnChange(std::function<void()> fn) override { listener_ = std::move(fn); }
+  void OnHeld(std::function<void(int, std::vector<uint64_t>, Deadline)> fn) override {
+    held_listener_ = std::move(fn);
+  }
 
   void StartSequence(int w, const flashmesh::v1::StartSequenceRequest& req, Deadline,
                      Done<flashmesh::v1::StartSequenceResponse> done) override {
@@ -78,12 +81,13 @@ class FakeWorkers final : public WorkerSet {
   }
   void FreeSequence(int w, const flashmesh::v1::FreeSequenceRequest& req, Deadline,
                     Done<flashmesh::v1::FreeSequenceResponse> done) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (uint64_t id : req.seq_ids()) held_[w].erase(id);
-      log_.push_back("free w" + std::to_string(w));
-    }
-    done({}, {});
+    Run("free", w, [this, w, req, done] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (uint64_t id : req.seq_ids()) held_[w].erase(id);
+      }
+      done({}, {});
+    });
   }
   void Reset(int w, Deadline, Done<flashmesh::v1::ResetResponse> done) override {
     Run("reset", w, [this, w, done] {
@@ -125,6 +129,24 @@ class FakeWorkers final : public WorkerSet {
   }
 
   // Test controls.
+  // A heartbeat of worker w: what it holds now.
+  void Heartbeat(int w) {
+    const auto asked = Clock::now();
+    std::vector<uint64_t> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ids.assign(held_[w].begin(), held_[w].end());
+    }
+    held_listener_(w, ids, asked);
+  }
+  void AddHeld(int w, uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_[w].insert(id);
+  }
+  void DropHeld(int w, uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_[w].erase(id);
+  }
   void Hold(const std::string& kind) {
     std::lock_guard<std::mutex> lock(mu_);
     holding_.insert(kind);
@@ -212,6 +234,7 @@ class FakeWorkers final : public WorkerSet {
   std::vector<std::string> log_;
   std::vector<int> marked_down_;
   std::function<void()> listener_;
+  std::function<void(int, std::vector<uint64_t>, Deadline)> held_listener_;
 };
 
 GenerateParams Params(std::vector<int32_t> prompt, int64_t max_tokens) {
@@ -499,6 +522,45 @@ TEST(Scheduler, StepDeadlinesFollowRecentStepTimesAndAnOverdueStepDegradesHealth
   w.Release("step");
   EXPECT_TRUE(Collect(b->get()).finished);
   EXPECT_TRUE(s.Health().ok());
+}
+
+TEST(Scheduler, ASequenceNoRequestOwnsIsFreedAndDegradesHealthUntilItIsGone) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.AddHeld(1, 999);   // left behind by someone else
+  w.Heartbeat(1);
+  ASSERT_TRUE(WaitFor([&] { return w.held(1) == 0; }));
+  EXPECT_TRUE(s.Health().ok());
+  // A free that does not take: unowned at two beats in a row is stray.
+  w.Hold("free");
+  w.AddHeld(1, 998);
+  w.Heartbeat(1);
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("free") == 1; }));
+  EXPECT_TRUE(s.Health().ok());
+  w.Heartbeat(1);
+  ASSERT_TRUE(WaitFor([&] { return !s.Health().ok(); }));
+  EXPECT_EQ(s.Health().message(), "node w1 holds 1 sequence(s) no request owns (freeing them)");
+  w.Release("free");
+  w.Heartbeat(1);
+  EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+}
+
+TEST(Scheduler, ARequestWhoseSequenceAWorkerLostBetweenStepsEndsUnavailable) {
+  FakeWorkers w(1);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step");
+  auto a = s.Submit(Params({1}, 3));   // in flight (held)
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
+  auto b = s.Submit(Params({2}, 3));   // started, waiting for the one pipeline slot
+  ASSERT_TRUE(WaitFor([&] { return w.held(0) == 2; }));
+  std::this_thread::sleep_for(5ms);
+  w.DropHeld(0, 2);   // an out-of-band reset took b's sequence
+  w.Heartbeat(0);
+  Outcome ob = Collect(b->get());
+  EXPECT_EQ(ob.error.code(), Code::kUnavailable);
+  EXPECT_EQ(ob.error.message(), "node w0 lost sequence 2 (the worker was reset or restarted)");
+  w.Release("step");
+  EXPECT_EQ(Collect(a->get()).ids, (std::vector<int32_t>{2, 3, 4}));
 }
 
 }  // namespace
