@@ -1,6 +1,7 @@
 #include "coordinator/api_service.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <grpcpp/grpcpp.h>
 
@@ -108,16 +109,23 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
                            std::to_string(options_.max_tokens) + "]");
   p.max_tokens = req.max_tokens();
   const auto& s = req.sampling();
-  if (!(s.temperature() >= 0)) return InvalidArgument("sampling.temperature: " + std::to_string(s.temperature()) + " is negative");
-  if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1))
-    return InvalidArgument("sampling.top_p: " + std::to_string(s.top_p()) + " outside (0, 1]");
-  if (s.top_k() < 0) return InvalidArgument("sampling.top_k: " + std::to_string(s.top_k()) + " is negative");
+  // With greedy the other sampling fields are ignored (api.proto), so not checked either.
+  if (!s.greedy()) {
+    if (!std::isfinite(s.temperature()))
+      return InvalidArgument("sampling.temperature: " + std::to_string(s.temperature()) + " is not a finite number");
+    if (s.temperature() < 0)
+      return InvalidArgument("sampling.temperature: " + std::to_string(s.temperature()) + " is negative");
+    if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1))
+      return InvalidArgument("sampling.top_p: " + std::to_string(s.top_p()) + " outside (0, 1]");
+    if (s.top_k() < 0) return InvalidArgument("sampling.top_k: " + std::to_string(s.top_k()) + " is negative");
+  }
   for (size_t i = 0; i < static_cast<size_t>(req.stop_size()); ++i)
     if (req.stop(i).empty()) return InvalidArgument("stop[" + std::to_string(i) + "]: empty");
-  p.sampling.set_greedy(s.greedy() || s.temperature() == 0);
-  p.sampling.set_temperature(s.temperature());
-  p.sampling.set_top_p(s.has_top_p() ? s.top_p() : 1.f);
-  p.sampling.set_top_k(s.top_k());
+  const bool greedy = s.greedy() || s.temperature() == 0;
+  p.sampling.set_greedy(greedy);
+  p.sampling.set_temperature(greedy ? 0.f : s.temperature());
+  p.sampling.set_top_p(!greedy && s.has_top_p() ? s.top_p() : 1.f);
+  p.sampling.set_top_k(greedy ? 0 : s.top_k());
   if (s.has_seed()) {
     p.sampling.set_seed(s.seed());
   } else {

@@ -29,7 +29,7 @@ namespace fm {
 struct ClusterOptions {
   std::string model_dir;
   std::chrono::milliseconds heartbeat_interval{500};
-  std::chrono::milliseconds down_after{2500};   // <= 3 s: a dead worker is marked within that
+  std::chrono::milliseconds down_after{2500};   // heartbeat.timeout_ms: a silent worker is DOWN after it
   int64_t max_context = 8192;
   uint64_t kv_cache_bytes = 0;                   // per worker; 0 = unlimited
   std::string activation_dtype = "f32";          // data-plane frames between stages: f32 | bf16

@@ -186,6 +186,7 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
                                        "heartbeat"}));
   FM_ASSIGN_OR_RETURN(const YAML::Node model, p.Required(root, "", "model"));
   FM_ASSIGN_OR_RETURN(cfg->model, p.Path(model, "model"));
+  cfg->model_where = p.Where(model);
 
   FM_ASSIGN_OR_RETURN(const YAML::Node coord, p.Required(root, "", "coordinator"));
   FM_RETURN_IF_ERROR(p.Keys(coord, "coordinator", {"listen", "http"}));
