@@ -315,8 +315,11 @@ void Cluster::Heartbeat(NodeHandle* node) {
         if (resp.loaded() && resp.epoch() == epoch_)
           FM_LOG(kWarn, "coordinator") << "node " << node->name() << " holds another shard than the plan's: reloading";
         if (now >= node->next_load_) {
-          if (group) LoadNcclGroup(group, node, seen);
-          else LoadNode(node, node->spec());
+          if (group) {
+            LoadNcclGroup(group, node, seen);
+          } else {
+            LoadNode(node, node->spec());
+          }
         }
       } else {
         SetState(node, resp.draining() ? flashmesh::v1::NODE_STATE_DRAINING : flashmesh::v1::NODE_STATE_UP, "");

@@ -203,7 +203,9 @@ TEST(SelfHealing, StoppingAndContinuingAStageTwentyTimesLeavesNoSequenceOrKvBehi
     s.thread.join();
     EXPECT_TRUE(s.g.status.ok() || s.g.status.error_code() == grpc::StatusCode::UNAVAILABLE)
         << i << ": " << s.g.status.error_message();
-    if (i % 5 == 4) ASSERT_TRUE(WaitHealthy(cluster.api(), 20s)) << cluster.Logs();
+    if (i % 5 == 4) {
+      ASSERT_TRUE(WaitHealthy(cluster.api(), 20s)) << cluster.Logs();
+    }
   }
   ASSERT_TRUE(WaitHealthy(cluster.api(), 20s)) << cluster.Logs();
   EXPECT_EQ(WaitNothingHeld(stub.get(), 10s), "") << cluster.Logs();
