@@ -516,16 +516,19 @@ void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std
   ev.finish.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(r->params.prompt.size()));
   ev.finish.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r->generated));
   ev.finish.set_stop_string(stop_string);
+  // Freed and no longer counted before the client sees its stream end.
   FreeOnWorkers(r->started, {r->id});
-  r->stream->Push(std::move(ev));
+  std::shared_ptr<RequestStream> stream = r->stream;
   live_.erase(r->id);
   active_count_ = static_cast<int>(live_.size());
+  stream->Push(std::move(ev));
 }
 
 void Scheduler::End(Request* r, const Status& why) {
-  r->stream->Push({RequestStream::Event::kError, {}, {}, why});
+  std::shared_ptr<RequestStream> stream = r->stream;
   live_.erase(r->id);
   active_count_ = static_cast<int>(live_.size());
+  stream->Push({RequestStream::Event::kError, {}, {}, why});
 }
 
 void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector<uint64_t>& ids) {
@@ -583,9 +586,10 @@ void Scheduler::FailAll(const Status& why) {
     std::lock_guard<std::mutex> lock(health_mu_);
     step_times_.clear();
   }
-  for (auto& [id, r] : live_) r->stream->Push({RequestStream::Event::kError, {}, {}, why});
-  live_.clear();
+  std::map<uint64_t, std::unique_ptr<Request>> failed;
+  failed.swap(live_);
   active_count_ = 0;
+  for (auto& [id, r] : failed) r->stream->Push({RequestStream::Event::kError, {}, {}, why});
   // Every worker drops what it holds and aborts its waiting steps before anything new starts.
   std::fill(needs_reset_.begin(), needs_reset_.end(), 1);
   SendResets();
