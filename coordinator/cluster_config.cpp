@@ -39,7 +39,7 @@ class Parser {
     if (!map.IsMap()) return Error(map, path, "expected a mapping");
     std::set<std::string> seen;
     for (auto it = map.begin(); it != map.end(); ++it) {
-      const YAML::Node& key = it->first;
+      const YAML::Node key = it->first;   // a copy: it-> is a proxy that dies here
       if (!key.IsScalar()) return Error(key, path, "keys must be plain names");
       const std::string k = key.Scalar();
       const std::string kp = path.empty() ? k : path + "." + k;

@@ -50,12 +50,14 @@ struct Scheduler::StepCall {
   std::vector<RpcResult> results;                        // per worker
   std::vector<flashmesh::v1::StepBatchResponse> responses;
   std::vector<char> done;
-  std::vector<std::function<void()>> cancels;
+  std::vector<std::function<void()>> cancels;   // dropped once done: they may hold this call
   int remaining = 0;
   bool failed = false;
   Clock::time_point first_failure;
-  void Cancel() const {
+  // Cancels what still runs and drops the handles.
+  void Cancel() {
     for (const auto& c : cancels) c();
+    cancels.clear();
   }
 };
 
@@ -450,11 +452,12 @@ void Scheduler::Complete(StepCall* call) {
   }
   if (call->failed) {
     const Status why = Attribute(*call);
-    call->Cancel();
+    call->Cancel();   // FailAll below cancels only what is still in flight
     FM_LOG(kWarn, "scheduler") << "micro-batch " << call->step_id << " failed: " << why.ToString();
     FailAll(why);
     return;
   }
+  call->cancels.clear();
   // The last stage's members sampled their own sequences.
   std::vector<flashmesh::v1::SampledToken> sampled;
   const auto& workers = workers_->workers();
