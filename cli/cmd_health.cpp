@@ -10,8 +10,9 @@ namespace fm::cli {
 int CmdHealth(int argc, char** argv) {
   const char* usage =
       "usage: flashmesh health --server HOST:PORT [--node NAME] [--token-file FILE]\n"
-      "  cluster: exit 0 healthy (can generate now), 1 degraded (coordinator up, some node\n"
-      "  not up), 2 down (coordinator unreachable).\n"
+      "  cluster: exit 0 healthy (docs/operations.md \"Health\"), 1 degraded (the reason is\n"
+      "  printed: a node not up, a step overdue, a reset in progress, a stray sequence),\n"
+      "  2 down (coordinator unreachable).\n"
       "  --node NAME: exit 0 if that node is up, 1 if loading/waiting/draining, 2 if down.\n";
   auto flags = Flags::Parse(argc, argv, {"server", "node", "token-file"}, {"help"});
   if (!flags.ok()) {
@@ -54,10 +55,7 @@ int CmdHealth(int argc, char** argv) {
     std::printf("healthy: %d node(s) up\n", resp.nodes_size());
     return 0;
   }
-  for (const auto& n : resp.nodes())
-    if (n.state() != flashmesh::v1::NODE_STATE_UP)
-      std::printf("degraded: node %s is not up%s%s\n", n.name().c_str(), n.error().empty() ? "" : ": ",
-                  n.error().c_str());
+  std::printf("degraded: %s\n", resp.reason().c_str());
   return 1;
 }
 

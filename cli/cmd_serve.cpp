@@ -122,6 +122,7 @@ int CmdServe(int argc, char** argv) {
   int sig = WaitForShutdownSignal();
   FM_LOG(kInfo, "serve") << "stopping (signal " << sig << ")";
   (*coord)->Shutdown();
+  worker.Stop();
   (*worker_server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

@@ -41,7 +41,8 @@ int CmdStatus(int argc, char** argv) {
       "usage: flashmesh status --server HOST:PORT [--json] [--token-file FILE]\n"
       "  one row per node: state, stage, layers, experts, weight MiB, KV MiB, active\n"
       "  sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent; with expert\n"
-      "  parallelism, each node's 5 most-routed experts\n";
+      "  parallelism, each node's 5 most-routed experts. Exit 0 when healthy, 1 when not (the\n"
+      "  reason is printed), 2 when the coordinator does not answer\n";
   auto flags = Flags::Parse(argc, argv, {"server", "token-file"}, {"json", "help"});
   if (!flags.ok()) {
     std::fprintf(stderr, "status: %s\n%s", flags.status().message().c_str(), usage);
@@ -67,6 +68,7 @@ int CmdStatus(int argc, char** argv) {
   if (flags->Has("json")) {
     nlohmann::json j;
     j["healthy"] = resp.healthy();
+    j["reason"] = resp.reason();
     j["model"] = resp.model();
     j["pipeline_stages"] = resp.pipeline_stages();
     j["expert_parallel"] = resp.expert_parallel();
@@ -98,11 +100,11 @@ int CmdStatus(int argc, char** argv) {
                             {"error", n.error()}});
     }
     std::printf("%s\n", j.dump(2).c_str());
-    return 0;
+    return resp.healthy() ? 0 : 1;
   }
   std::printf("cluster: %s, %d stage(s), %d active / %d queued requests\n",
-              resp.healthy() ? "healthy" : "NOT READY", resp.pipeline_stages(),
-              resp.active_requests(), resp.queued_requests());
+              resp.healthy() ? "healthy" : ("NOT READY (" + resp.reason() + ")").c_str(),
+              resp.pipeline_stages(), resp.active_requests(), resp.queued_requests());
   std::printf("%-14s %-8s %5s %-9s %-9s %10s %9s %6s %8s %7s %10s\n", "NODE", "STATE", "STAGE",
               "LAYERS", "EXPERTS", "WEIGHT_MiB", "KV_MiB", "SEQS", "TOK/S", "HB_AGE", "DATA_MiB");
   for (const auto& n : resp.nodes()) {
@@ -127,7 +129,7 @@ int CmdStatus(int argc, char** argv) {
       std::printf("   (EP sent %s MiB)\n", Mib(n.ep_bytes_sent()).c_str());
     }
   }
-  return 0;
+  return resp.healthy() ? 0 : 1;
 }
 
 }  // namespace fm::cli

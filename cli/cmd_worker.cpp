@@ -78,6 +78,7 @@ int CmdWorker(int argc, char** argv) {
                           << " (control), " << (*data_plane)->listen_address() << " (data)";
   int sig = WaitForShutdownSignal();
   FM_LOG(kInfo, "worker") << "node " << node << " stopping (signal " << sig << ")";
+  service.Stop();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

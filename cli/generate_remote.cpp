@@ -25,7 +25,7 @@ Status GenerateRemote(const RemoteGenerateArgs& args) {
   s->set_top_k(args.gen.sampling.top_k);
   s->set_seed(args.gen.sampling.seed);
   s->set_has_seed(true);   // like the local mode: the seed (default 0) fixes the tokens
-  auto ctx = client.Context(0);
+  auto ctx = client.Context(static_cast<double>(args.timeout_s));
   auto reader = client.stub->Generate(ctx.get(), req);
   flashmesh::v1::GenerateResponse resp;
   std::vector<int32_t> ids;

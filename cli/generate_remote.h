@@ -17,6 +17,7 @@ struct RemoteGenerateArgs {
   std::vector<int32_t> tokens;
   GenerateOptions gen;            // sampling and max_tokens (EOS is the server's)
   bool text = true;               // stream text pieces; else print the ids on one line
+  int64_t timeout_s = 600;        // the whole request's deadline: a frozen server cannot hang it
 };
 
 Status GenerateRemote(const RemoteGenerateArgs& args);

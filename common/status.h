@@ -24,7 +24,8 @@ enum class Code {
 
 const char* CodeName(Code c);
 
-class Status {
+// [[nodiscard]]: a dropped Status or Result is a compile warning (-Wunused-result).
+class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(Code code, std::string msg) : code_(code), msg_(std::move(msg)) {}
@@ -55,7 +56,7 @@ inline Status DeadlineExceeded(std::string m) { return {Code::kDeadlineExceeded,
 
 // Result<T>: a value or a non-ok Status.
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}           // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}    // NOLINT: must be non-ok

@@ -1,6 +1,7 @@
 #include "coordinator/api_service.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <grpcpp/grpcpp.h>
 
@@ -36,6 +37,11 @@ Result<std::vector<std::string>> ReadApiTokens(const std::string& path) {
   }
   if (tokens.empty()) return InvalidArgument(path + ": security.token_file holds no token");
   return tokens;
+}
+
+Status ClusterHealth(const Cluster& cluster, const Scheduler& scheduler) {
+  FM_RETURN_IF_ERROR(cluster.Ready());
+  return scheduler.Health();
 }
 
 ApiService::ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Cluster* cluster,
@@ -103,16 +109,23 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
                            std::to_string(options_.max_tokens) + "]");
   p.max_tokens = req.max_tokens();
   const auto& s = req.sampling();
-  if (!(s.temperature() >= 0)) return InvalidArgument("sampling.temperature: " + std::to_string(s.temperature()) + " is negative");
-  if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1))
-    return InvalidArgument("sampling.top_p: " + std::to_string(s.top_p()) + " outside (0, 1]");
-  if (s.top_k() < 0) return InvalidArgument("sampling.top_k: " + std::to_string(s.top_k()) + " is negative");
+  // With greedy the other sampling fields are ignored (api.proto), so not checked either.
+  if (!s.greedy()) {
+    if (!std::isfinite(s.temperature()))
+      return InvalidArgument("sampling.temperature: " + std::to_string(s.temperature()) + " is not a finite number");
+    if (s.temperature() < 0)
+      return InvalidArgument("sampling.temperature: " + std::to_string(s.temperature()) + " is negative");
+    if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1))
+      return InvalidArgument("sampling.top_p: " + std::to_string(s.top_p()) + " outside (0, 1]");
+    if (s.top_k() < 0) return InvalidArgument("sampling.top_k: " + std::to_string(s.top_k()) + " is negative");
+  }
   for (size_t i = 0; i < static_cast<size_t>(req.stop_size()); ++i)
     if (req.stop(i).empty()) return InvalidArgument("stop[" + std::to_string(i) + "]: empty");
-  p.sampling.set_greedy(s.greedy() || s.temperature() == 0);
-  p.sampling.set_temperature(s.temperature());
-  p.sampling.set_top_p(s.has_top_p() ? s.top_p() : 1.f);
-  p.sampling.set_top_k(s.top_k());
+  const bool greedy = s.greedy() || s.temperature() == 0;
+  p.sampling.set_greedy(greedy);
+  p.sampling.set_temperature(greedy ? 0.f : s.temperature());
+  p.sampling.set_top_p(!greedy && s.has_top_p() ? s.top_p() : 1.f);
+  p.sampling.set_top_k(greedy ? 0 : s.top_k());
   if (s.has_seed()) {
     p.sampling.set_seed(s.seed());
   } else {
@@ -134,6 +147,10 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
   if (Status a = Authenticate(ctx); !a.ok()) return fail(a);
   auto params = Validate(*req);
   if (!params.ok()) return fail(params.status());
+  if (ctx->deadline() != std::chrono::system_clock::time_point::max())
+    params->deadline = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           ctx->deadline() - std::chrono::system_clock::now());
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());
   RequestStream::Event ev;
@@ -182,7 +199,9 @@ grpc::Status ApiService::Tokenize(grpc::ServerContext* ctx, const flashmesh::v1:
 grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh::v1::ClusterStatusRequest*,
                                        flashmesh::v1::ClusterStatusResponse* resp) {
   if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
-  resp->set_healthy(cluster_->Ready().ok());
+  const Status health = ClusterHealth(*cluster_, *scheduler_);
+  resp->set_healthy(health.ok());
+  resp->set_reason(health.message());
   resp->set_active_requests(scheduler_->active());
   resp->set_queued_requests(scheduler_->queued());
   resp->set_model(options_.model_name);

@@ -55,6 +55,10 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   ApiOptions options_;
 };
 
+// The coordinator's health (ClusterStatus.healthy, /health, grpc.health.v1): every node UP and
+// the scheduler healthy (no step overdue, no reset in progress); otherwise why not.
+Status ClusterHealth(const Cluster& cluster, const Scheduler& scheduler);
+
 // Bearer tokens from a token file: one per line, blank lines and '#' comments skipped.
 Result<std::vector<std::string>> ReadApiTokens(const std::string& path);
 

@@ -11,6 +11,19 @@ namespace {
 
 using flashmesh::v1::NodeState;
 constexpr auto kLoadTimeout = std::chrono::minutes(10);
+// After a failed LoadShard the next waits 0.5 s, doubling per failure, at most 8 s.
+constexpr auto kLoadBackoff = std::chrono::milliseconds(500);
+constexpr auto kMaxLoadBackoff = std::chrono::milliseconds(8000);
+
+// The same shard, apart from the per-load NCCL ids.
+bool SameShard(flashmesh::v1::ShardSpec a, flashmesh::v1::ShardSpec b) {
+  for (auto* s : {&a, &b}) {
+    s->clear_nccl_unique_id();
+    s->clear_next_nccl_id();
+    s->clear_prev_nccl_id();
+  }
+  return a.SerializeAsString() == b.SerializeAsString();
+}
 
 uint64_t RandomEpoch() {
   std::random_device rd;
@@ -46,14 +59,6 @@ double NodeHandle::heartbeat_age_s() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ever_ok_) return -1;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - last_ok_).count();
-}
-
-void NodeHandle::MarkDown(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (state_ == flashmesh::v1::NODE_STATE_DOWN) return;
-  FM_LOG(kWarn, "coordinator") << "node " << plan_.node << " down: " << why;
-  state_ = flashmesh::v1::NODE_STATE_DOWN;
-  error_ = why;
 }
 
 Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std::string>>& addresses,
@@ -104,6 +109,8 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_kv_cache_bytes(options.kv_cache_bytes);
     spec.set_epoch(epoch_);
     nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec));
+    nodes_.back()->index_ = static_cast<int>(i);
+    infos_.push_back({w.node, addresses[i].first, w.ep_rank, w.head});
   }
   // transport nccl: the EP groups and the stage hops are NCCL communicators, which cannot take
   // a restarted member back. Without hops each stage's EP group loads on its own; with hops
@@ -126,6 +133,10 @@ Cluster::~Cluster() {
     stop_ = true;
   }
   stop_cv_.notify_all();
+  for (auto& n : nodes_) {
+    std::lock_guard<std::mutex> lock(n->mu_);
+    if (n->loading_) n->loading_->TryCancel();
+  }
   for (auto& t : threads_) t.join();
 }
 
@@ -139,22 +150,40 @@ NodeHandle* Cluster::Find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+
+Status NotReady(const NodeHandle& n, NodeState s) {
+  std::string what = s == flashmesh::v1::NODE_STATE_DOWN       ? "is down"
+                     : s == flashmesh::v1::NODE_STATE_LOADING  ? "is loading its shard"
+                     : s == flashmesh::v1::NODE_STATE_DRAINING ? "is draining"
+                                                               : "has not answered yet";
+  std::string err = n.error();
+  return Unavailable("node " + n.name() + " (" + n.control() + ") " + what +
+                     (err.empty() ? "" : ": " + err));
+}
+
+}  // namespace
+
 Status Cluster::Ready() const {
-  for (const auto& n : nodes_) {
-    NodeState s = n->state();
-    if (s == flashmesh::v1::NODE_STATE_UP) continue;
-    std::string what = s == flashmesh::v1::NODE_STATE_DOWN      ? "is down"
-                       : s == flashmesh::v1::NODE_STATE_LOADING ? "is loading its shard"
-                                                                : "has not answered yet";
-    std::string err = n->error();
-    return Unavailable("node " + n->name() + " (" + n->control() + ") " + what +
-                       (err.empty() ? "" : ": " + err));
-  }
+  for (const auto& n : nodes_)
+    if (NodeState s = n->state(); s != flashmesh::v1::NODE_STATE_UP) return NotReady(*n, s);
   return Status::Ok();
 }
 
-void Cluster::SetStateListener(std::function<void(const std::string&, bool)> fn) {
-  listener_ = std::move(fn);
+Status Cluster::Running() const {
+  for (const auto& n : nodes_)
+    if (NodeState s = n->state(); s != flashmesh::v1::NODE_STATE_UP && s != flashmesh::v1::NODE_STATE_DRAINING)
+      return NotReady(*n, s);
+  return Status::Ok();
+}
+
+bool Cluster::down(int worker) const {
+  return nodes_[worker]->state() == flashmesh::v1::NODE_STATE_DOWN;
+}
+
+void Cluster::MarkDown(int worker, const std::string& why) {
+  if (down(worker)) return;   // keep the first cause
+  SetState(nodes_[worker].get(), flashmesh::v1::NODE_STATE_DOWN, why);
 }
 
 void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& error) {
@@ -173,8 +202,7 @@ void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& err
                                  << ", layers [" << node->plan().layer_begin << ", "
                                  << node->plan().layer_end << "))";
   }
-  if (listener_ && (state == flashmesh::v1::NODE_STATE_UP || state == flashmesh::v1::NODE_STATE_DOWN))
-    listener_(node->name(), state == flashmesh::v1::NODE_STATE_UP);
+  if (listener_) listener_();
 }
 
 void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
@@ -184,12 +212,28 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   flashmesh::v1::LoadShardResponse lresp;
   grpc::ClientContext lctx;
   lctx.set_deadline(std::chrono::system_clock::now() + kLoadTimeout);
+  {
+    std::lock_guard<std::mutex> lock(node->mu_);
+    if (stop_) return;
+    node->loading_ = &lctx;   // the destructor cancels it: a stop never waits for a load
+  }
   grpc::Status ls = node->stub()->LoadShard(&lctx, lreq, &lresp);
+  {
+    std::lock_guard<std::mutex> lock(node->mu_);
+    node->loading_ = nullptr;
+  }
   if (ls.ok()) {
     vocab_size_ = lresp.vocab_size();
+    node->load_failures_ = 0;
     SetState(node, flashmesh::v1::NODE_STATE_UP, "");
   } else {
-    SetState(node, flashmesh::v1::NODE_STATE_DOWN, "LoadShard failed: " + ls.error_message());
+    const auto backoff = std::min<std::chrono::milliseconds>(
+        kLoadBackoff * (1 << std::min(node->load_failures_, 5)), kMaxLoadBackoff);
+    ++node->load_failures_;
+    node->next_load_ = std::chrono::steady_clock::now() + backoff;
+    SetState(node, flashmesh::v1::NODE_STATE_DOWN,
+             "LoadShard failed (" + std::to_string(node->load_failures_) + " in a row, next in " +
+                 std::to_string(backoff.count()) + " ms): " + ls.error_message());
   }
 }
 
@@ -253,6 +297,7 @@ void Cluster::Heartbeat(NodeHandle* node) {
     flashmesh::v1::HealthResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout);
+    const auto asked = std::chrono::steady_clock::now();
     grpc::Status s = node->stub()->Health(&ctx, req, &resp);
     auto now = std::chrono::steady_clock::now();
     if (s.ok()) {
@@ -264,13 +309,22 @@ void Cluster::Heartbeat(NodeHandle* node) {
       if (resp.node() != node->name()) {
         SetState(node, flashmesh::v1::NODE_STATE_DOWN,
                  "the worker at " + node->control() + " says it is node '" + resp.node() + "'");
-      } else if (!resp.loaded() || resp.epoch() != epoch_) {
-        if (group) LoadNcclGroup(group, node, seen);
-        else LoadNode(node, node->spec());
-      } else if (resp.draining()) {
-        SetState(node, flashmesh::v1::NODE_STATE_DRAINING, "");
+      } else if (!resp.loaded() || resp.epoch() != epoch_ || !SameShard(resp.shard(), node->spec())) {
+        // Not ours (restarted, another coordinator's, or loaded out of band with another
+        // shard): load ours, no sooner than the backoff after a failed load.
+        if (resp.loaded() && resp.epoch() == epoch_)
+          FM_LOG(kWarn, "coordinator") << "node " << node->name() << " holds another shard than the plan's: reloading";
+        if (now >= node->next_load_) {
+          if (group) {
+            LoadNcclGroup(group, node, seen);
+          } else {
+            LoadNode(node, node->spec());
+          }
+        }
       } else {
-        SetState(node, flashmesh::v1::NODE_STATE_UP, "");
+        SetState(node, resp.draining() ? flashmesh::v1::NODE_STATE_DRAINING : flashmesh::v1::NODE_STATE_UP, "");
+        if (held_listener_)
+          held_listener_(node->index_, std::vector<uint64_t>(resp.seq_ids().begin(), resp.seq_ids().end()), asked);
       }
     } else {
       bool ever_ok;

@@ -5,6 +5,7 @@
 // again once it succeeds, without restarting the coordinator. With transport nccl, a member of
 // an EP group that needs loading makes the coordinator load its whole group: NCCL cannot take
 // a restarted rank back, so every member gets the same fresh id from the group's rank 0.
+// The Cluster is the Scheduler's WorkerSet: the worker RPCs, async over gRPC (cluster_rpc.cpp).
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -19,6 +20,7 @@
 
 #include "common/status.h"
 #include "coordinator/planner.h"
+#include "coordinator/worker_set.h"
 #include "flashmesh/v1/api.pb.h"
 #include "flashmesh/v1/worker.grpc.pb.h"
 
@@ -27,7 +29,7 @@ namespace fm {
 struct ClusterOptions {
   std::string model_dir;
   std::chrono::milliseconds heartbeat_interval{500};
-  std::chrono::milliseconds down_after{2500};   // <= 3 s: a dead worker is marked within that
+  std::chrono::milliseconds down_after{2500};   // heartbeat.timeout_ms: a silent worker is DOWN after it
   int64_t max_context = 8192;
   uint64_t kv_cache_bytes = 0;                   // per worker; 0 = unlimited
   std::string activation_dtype = "f32";          // data-plane frames between stages: f32 | bf16
@@ -51,8 +53,6 @@ class NodeHandle {
   flashmesh::v1::NodeState state() const;
   std::string error() const;
   double heartbeat_age_s() const;   // -1 = never answered
-  // A step RPC to this node failed at the transport level: DOWN at once.
-  void MarkDown(const std::string& why);
 
  private:
   friend class Cluster;
@@ -65,27 +65,45 @@ class NodeHandle {
   std::string error_;
   bool ever_ok_ = false;
   std::chrono::steady_clock::time_point last_ok_;
+  int index_ = 0;                                        // in Cluster::nodes()
+  grpc::ClientContext* loading_ = nullptr;              // its LoadShard in flight (under mu_)
+  int load_failures_ = 0;                                // in a row; heartbeat thread only
+  std::chrono::steady_clock::time_point next_load_{};   // no LoadShard before (backoff)
 };
 
-class Cluster {
+class Cluster final : public WorkerSet {
  public:
   // nodes[i] pairs plan.workers[i] with its control/data addresses.
   Cluster(const Plan& plan, const std::vector<std::pair<std::string, std::string>>& addresses,
           const ClusterOptions& options);
-  ~Cluster();
+  ~Cluster() override;
 
   void Start();   // heartbeat threads
-  int num_stages() const { return num_stages_; }
   const ClusterOptions& options() const { return options_; }
-  int expert_parallel() const { return expert_parallel_; }
   const std::vector<std::unique_ptr<NodeHandle>>& nodes() const { return nodes_; }
   NodeHandle* Find(const std::string& name) const;
-
-  // Every node UP. Otherwise why not, naming the first node that is not.
-  Status Ready() const;
-  // Called (from a heartbeat thread) whenever a node goes DOWN or comes back UP.
-  void SetStateListener(std::function<void(const std::string& node, bool up)> fn);
   int vocab_size() const { return vocab_size_; }
+
+  // WorkerSet. Ready: every node UP, otherwise why not, naming the first node that is not.
+  int num_stages() const override { return num_stages_; }
+  int expert_parallel() const override { return expert_parallel_; }
+  const std::vector<WorkerInfo>& workers() const override { return infos_; }
+  Status Ready() const override;
+  Status Running() const override;
+  bool down(int worker) const override;
+  void MarkDown(int worker, const std::string& why) override;
+  void OnChange(std::function<void()> fn) override { listener_ = std::move(fn); }
+  void OnHeld(std::function<void(int, std::vector<uint64_t>, Deadline)> fn) override {
+    held_listener_ = std::move(fn);
+  }
+  void StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req, Deadline deadline,
+                     Done<flashmesh::v1::StartSequenceResponse> done) override;
+  void FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req, Deadline deadline,
+                    Done<flashmesh::v1::FreeSequenceResponse> done) override;
+  void Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) override;
+  std::function<void()> StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,
+                                  Deadline deadline,
+                                  Done<flashmesh::v1::StepBatchResponse> done) override;
 
  private:
   // An NCCL EP group: its members in rank order; generation counts whole-group loads.
@@ -109,9 +127,11 @@ class Cluster {
   int expert_parallel_ = 1;
   uint64_t epoch_ = 0;
   std::vector<std::unique_ptr<NodeHandle>> nodes_;
+  std::vector<WorkerInfo> infos_;
   // transport nccl: per stage (EP groups only) or one of every worker (with stage hops)
   std::vector<std::unique_ptr<NcclGroup>> nccl_groups_;
-  std::function<void(const std::string&, bool)> listener_;
+  std::function<void()> listener_;
+  std::function<void(int, std::vector<uint64_t>, Deadline)> held_listener_;
   std::atomic<int> vocab_size_{0};
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;

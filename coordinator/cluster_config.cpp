@@ -39,7 +39,7 @@ class Parser {
     if (!map.IsMap()) return Error(map, path, "expected a mapping");
     std::set<std::string> seen;
     for (auto it = map.begin(); it != map.end(); ++it) {
-      const YAML::Node& key = it->first;
+      const YAML::Node key = it->first;   // a copy: it-> is a proxy that dies here
       if (!key.IsScalar()) return Error(key, path, "keys must be plain names");
       const std::string k = key.Scalar();
       const std::string kp = path.empty() ? k : path + "." + k;
@@ -229,6 +229,7 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
                                        "heartbeat"}));
   FM_ASSIGN_OR_RETURN(const YAML::Node model, p.Required(root, "", "model"));
   FM_ASSIGN_OR_RETURN(cfg->model, p.Path(model, "model"));
+  cfg->model_where = p.Where(model);
 
   FM_ASSIGN_OR_RETURN(const YAML::Node coord, p.Required(root, "", "coordinator"));
   FM_RETURN_IF_ERROR(p.Keys(coord, "coordinator", {"listen", "http"}));

@@ -84,6 +84,7 @@ struct CoordinatorConfig {
 struct ClusterConfig {
   std::string path;            // the YAML file as given
   std::string model;           // checkpoint directory, resolved
+  std::string model_where;     // "file:line:col" of `model:` (for errors about the directory)
   CoordinatorConfig coordinator;
   ParallelConfig parallel;
   TransportKind transport = TransportKind::kTcp;

@@ -17,7 +17,10 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.listen = cfg.coordinator.listen.ToString();
   if (cfg.coordinator.http) s.http = cfg.coordinator.http->ToString();
   s.model_dir = model_override.empty() ? cfg.model : model_override;
-  FM_ASSIGN_OR_RETURN(s.model, LoadModelConfig(s.model_dir + "/config.json"));
+  Result<ModelConfig> model = LoadModelConfig(s.model_dir + "/config.json");
+  if (!model.ok())
+    return model.status().Wrap(model_override.empty() ? cfg.model_where + ": model" : "--model");
+  s.model = std::move(model).value();
   FM_ASSIGN_OR_RETURN(s.plan, PlanShards(s.model, cfg));
   s.cluster.nccl = cfg.transport == TransportKind::kNccl;
   for (const auto& w : s.plan.workers) {
@@ -27,8 +30,7 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   }
   s.cluster.model_dir = s.model_dir;
   auto interval = std::chrono::milliseconds(cfg.heartbeat.interval_ms);
-  s.cluster.down_after = std::min(std::chrono::milliseconds(cfg.heartbeat.timeout_ms),
-                                  std::chrono::milliseconds(2000));
+  s.cluster.down_after = std::chrono::milliseconds(cfg.heartbeat.timeout_ms);   // as configured
   s.cluster.heartbeat_interval = std::min(interval, s.cluster.down_after / 4);
   s.cluster.max_context = cfg.limits.max_context;
   s.cluster.activation_dtype = cfg.activation_dtype;
@@ -92,7 +94,7 @@ void Coordinator::WatchHealth() {
   std::unique_lock<std::mutex> lock(health_mu_);
   bool first = true, serving = false;
   while (!stopping_) {
-    const bool ready = cluster_->Ready().ok();
+    const bool ready = ClusterHealth(*cluster_, *scheduler_).ok();
     if (first || ready != serving) {
       health->SetServingStatus(ready);   // "" (the server as a whole)
       health->SetServingStatus(flashmesh::v1::Inference::service_full_name(), ready);

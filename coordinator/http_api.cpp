@@ -121,7 +121,7 @@ Status HttpApi::Authenticate(const HttpRequest& req) const {
 }
 
 void HttpApi::Health(HttpResponder* out) const {
-  Status ready = cluster_->Ready();
+  Status ready = ClusterHealth(*cluster_, *scheduler_);
   if (ready.ok()) {
     out->Reply(200, "application/json", Dump({{"status", "ok"}}));
   } else {

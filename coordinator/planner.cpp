@@ -16,9 +16,10 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// One decimal, or three significant digits below 1 GiB (0.001 GiB is not "0.0").
 std::string Gib(double bytes) {
   char b[32];
-  std::snprintf(b, sizeof b, "%.1f", bytes / kGiB);
+  std::snprintf(b, sizeof b, bytes >= kGiB ? "%.1f" : "%.3g", bytes / kGiB);
   return b;
 }
 

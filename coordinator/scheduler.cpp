@@ -1,27 +1,18 @@
 #include "coordinator/scheduler.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 
 #include "common/log.h"
-#include "worker/grpc_status.h"
 
 namespace fm {
 namespace {
 
-constexpr auto kStepTimeout = std::chrono::seconds(120);
-constexpr auto kControlTimeout = std::chrono::seconds(2);
 // After the first failed RPC of a micro-batch, how long to wait for the others so that the
-// error names the node that died rather than a peer that could not reach it.
+// error names the node that failed rather than a peer that could not reach it.
 constexpr auto kFailureGrace = std::chrono::milliseconds(300);
-constexpr auto kIdleWake = std::chrono::milliseconds(20);
-
-bool IsChannelError(const grpc::Status& s, const std::string& node) {
-  // Errors a worker returns itself start with "node <name>"; anything else came from the
-  // channel (connection refused/reset, deadline): the node itself is unreachable.
-  return s.error_message().rfind("node " + node, 0) != 0;
-}
+constexpr size_t kRecentSteps = 32;   // steps whose per-row time sizes the next deadlines
+// The longest the scheduling thread sleeps with nothing due (every event also wakes it).
+constexpr auto kMaxSleep = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -41,269 +32,446 @@ void RequestStream::Push(Event ev) {
   cv_.notify_all();
 }
 
+void RequestStream::Cancel() {
+  cancelled_ = true;
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = on_cancel_;
+  }
+  if (hook) hook();
+}
+
 struct Scheduler::StepCall {
-  struct PerNode {
-    grpc::ClientContext ctx;
-    flashmesh::v1::StepBatchRequest req;   // the items of this node's EP member
-    flashmesh::v1::StepBatchResponse resp;
-    grpc::Status status;
-    bool done = false;
-  };
   uint64_t step_id = 0;
   std::vector<uint64_t> seq_ids;
-  std::vector<std::unique_ptr<PerNode>> nodes;
-  std::mutex mu;
+  size_t rows = 0;
+  Clock::time_point launched;
+  std::vector<RpcResult> results;                        // per worker
+  std::vector<flashmesh::v1::StepBatchResponse> responses;
+  std::vector<char> done;
+  std::vector<std::function<void()>> cancels;   // dropped once done: they may hold this call
   int remaining = 0;
   bool failed = false;
-  std::chrono::steady_clock::time_point first_failure;
+  Clock::time_point first_failure;
+  // Cancels what still runs and drops the handles.
+  void Cancel() {
+    for (const auto& c : cancels) c();
+    cancels.clear();
+  }
 };
 
-Scheduler::Scheduler(Cluster* cluster, const Tokenizer* tokenizer, SchedulerLimits limits)
-    : cluster_(cluster), tokenizer_(tokenizer), limits_(limits), thread_([this] { Loop(); }) {}
+Scheduler::Scheduler(WorkerSet* workers, const Tokenizer* tokenizer, SchedulerLimits limits)
+    : workers_(workers),
+      tokenizer_(tokenizer),
+      limits_(limits),
+      signal_(std::make_shared<Signal>()),
+      needs_reset_(workers->workers().size(), 0),
+      resetting_(workers->workers().size(), 0),
+      unowned_(workers->workers().size()),
+      stray_(workers->workers().size()) {
+  // The closures posted run on the scheduling thread only, so `this` in them is alive.
+  workers_->OnChange([weak = std::weak_ptr<Signal>(signal_)] {
+    if (auto s = weak.lock()) s->Post(nullptr);
+  });
+  workers_->OnHeld([weak = std::weak_ptr<Signal>(signal_), this](int w, std::vector<uint64_t> ids,
+                                                                 Clock::time_point asked) {
+    if (auto s = weak.lock()) s->Post([this, w, ids = std::move(ids), asked] { Reconcile(w, ids, asked); });
+  });
+  thread_ = std::thread([this] { Loop(); });
+}
 
 Scheduler::~Scheduler() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(signal_->mu);
+    signal_->stop = true;
   }
-  cv_.notify_all();
+  signal_->cv.notify_all();
   thread_.join();
-  for (auto& [id, call] : in_flight_)
-    for (auto& n : call->nodes) n->ctx.TryCancel();
-  // Callbacks of cancelled RPCs still touch this object: wait for the last one.
-  while (outstanding_rpcs_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const Status stopping = Unavailable("the coordinator is stopping");
+  for (auto& [id, call] : in_flight_) call->Cancel();
+  for (auto& [id, r] : live_) r->stream->Push({RequestStream::Event::kError, {}, {}, stopping});
+  for (auto& r : incoming_) r->stream->Push({RequestStream::Event::kError, {}, {}, stopping});
+  // Callbacks still touch this object: wait for the last one (every RPC has a deadline).
+  std::unique_lock<std::mutex> lock(rpc_mu_);
+  rpc_cv_.wait(lock, [&] { return outstanding_rpcs_ == 0; });
 }
 
 Result<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerateParams params) {
-  FM_RETURN_IF_ERROR(cluster_->Ready());
+  FM_RETURN_IF_ERROR(workers_->Ready());
   auto r = std::make_unique<Request>();
   r->params = std::move(params);
   r->stream = std::make_shared<RequestStream>();
+  r->stream->on_cancel_ = [weak = std::weak_ptr<Signal>(signal_)] {
+    if (auto s = weak.lock()) s->Post(nullptr);
+  };
   if (tokenizer_) r->decoder.emplace(*tokenizer_);
   r->next = r->params.prompt;
   auto stream = r->stream;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(signal_->mu);
+    DropDeadQueuedLocked(Clock::now());
     if (static_cast<int64_t>(incoming_.size()) >= limits_.max_queue)
       return ResourceExhausted("the request queue is full (" + std::to_string(limits_.max_queue) +
                                " waiting; limits.max_queue)");
     incoming_.push_back(std::move(r));
     queued_count_ = static_cast<int>(incoming_.size());
+    signal_->wake = true;
   }
-  cv_.notify_all();
+  signal_->cv.notify_all();
   return stream;
+}
+
+Status Scheduler::Health() const {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  const auto now = Clock::now();
+  for (const auto& [id, t] : step_times_)
+    if (now > t.second)
+      return Unavailable("step " + std::to_string(id) + " is overdue (running for " +
+                         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            now - t.first).count()) + " ms)");
+  if (resetting_any_) return Unavailable("resetting the workers after a failed step");
+  for (const auto& why : stray_)
+    if (!why.empty()) return Unavailable(why);
+  return Status::Ok();
+}
+
+void Scheduler::Signal::Post(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (fn) posted.push_back(std::move(fn));
+  wake = true;
+  cv.notify_all();
+}
+
+void Scheduler::Post(std::function<void()> fn) { signal_->Post(std::move(fn)); }
+
+void Scheduler::Track() {
+  std::lock_guard<std::mutex> lock(rpc_mu_);
+  ++outstanding_rpcs_;
+}
+
+void Scheduler::Untrack() {
+  std::lock_guard<std::mutex> lock(rpc_mu_);
+  --outstanding_rpcs_;
+  rpc_cv_.notify_all();
 }
 
 void Scheduler::Loop() {
   while (true) {
+    std::vector<std::function<void()>> posted;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, kIdleWake);
-      if (stop_) return;
+      const auto wake_at = NextWake();
+      std::unique_lock<std::mutex> lock(signal_->mu);
+      signal_->cv.wait_until(lock, wake_at, [&] { return signal_->stop || signal_->wake; });
+      if (signal_->stop) return;
+      signal_->wake = false;
+      posted.swap(signal_->posted);
     }
-    // Finished (or failed) micro-batches, in step order.
-    std::vector<std::shared_ptr<StepCall>> finished;
-    for (auto& [id, call] : in_flight_) {
-      std::lock_guard<std::mutex> lock(call->mu);
-      if (call->remaining == 0 ||
-          (call->failed && std::chrono::steady_clock::now() - call->first_failure >= kFailureGrace))
-        finished.push_back(call);
-    }
-    for (auto& call : finished) {
-      if (!in_flight_.count(call->step_id)) continue;   // dropped by an earlier FailAll
-      in_flight_.erase(call->step_id);
-      Complete(call.get());
-    }
-    Status ready = cluster_->Ready();
-    if (!ready.ok()) {
-      // Also when idle: a node that comes back has forgotten the step order (prev_step_id),
-      // so the survivors must forget it too or the next step waits for one it never saw.
-      if (!live_.empty() || !in_flight_.empty() || last_step_id_ != 0) FailAll(ready);
-      std::deque<std::unique_ptr<Request>> queued;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        queued.swap(incoming_);
-        queued_count_ = 0;
-      }
-      for (auto& r : queued) r->stream->Push({RequestStream::Event::kError, {}, {}, ready});
-      continue;
-    }
-    // Cancelled sequences that are between steps.
-    std::vector<uint64_t> cancelled;
-    for (auto& [id, r] : live_)
-      if (r->stream->cancelled() && !r->in_flight) cancelled.push_back(id);
-    for (auto id : cancelled) Finish(live_[id].get(), flashmesh::v1::FINISH_REASON_CANCELLED, "");
-    Admit();
-    Launch();
+    for (auto& fn : posted) fn();
+    Tick();
   }
 }
 
+Scheduler::Clock::time_point Scheduler::NextWake() {
+  auto at = Clock::now() + kMaxSleep;
+  for (const auto& [id, call] : in_flight_)
+    if (call->failed) at = std::min(at, call->first_failure + kFailureGrace);
+  std::lock_guard<std::mutex> lock(signal_->mu);
+  for (const auto& r : incoming_) at = std::min(at, r->params.deadline);
+  return at;
+}
+
+void Scheduler::Tick() {
+  const auto now = Clock::now();
+  // A failed micro-batch whose other RPCs had their grace.
+  for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
+    if (it->second->failed && now >= it->second->first_failure + kFailureGrace) {
+      std::shared_ptr<StepCall> call = it->second;
+      in_flight_.erase(it);
+      Complete(call.get());
+      break;   // Complete failed everything in flight
+    }
+  }
+  Status running = workers_->Running();
+  if (!running.ok()) {
+    if (!live_.empty() || !in_flight_.empty()) FailAll(running);
+    FailQueued(running);
+    return;
+  }
+  std::vector<Request*> cancelled;
+  for (auto& [id, r] : live_)
+    if (r->stream->cancelled() && !r->in_flight && r->starting == 0) cancelled.push_back(r.get());
+  for (Request* r : cancelled) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
+  {
+    std::lock_guard<std::mutex> lock(signal_->mu);
+    DropDeadQueuedLocked(now);
+  }
+  SendResets();
+  if (std::any_of(needs_reset_.begin(), needs_reset_.end(), [](char c) { return c; }) ||
+      std::any_of(resetting_.begin(), resetting_.end(), [](char c) { return c; }))
+    return;   // nothing new until every worker forgot the failed schedule
+  // DRAINING: the live sequences finish, nothing new starts.
+  Status ready = workers_->Ready();
+  if (ready.ok()) {
+    Admit();
+  } else {
+    FailQueued(ready);
+  }
+  Launch();
+}
+
+void Scheduler::DropDeadQueuedLocked(Clock::time_point now) {
+  for (auto it = incoming_.begin(); it != incoming_.end();) {
+    RequestStream* s = (*it)->stream.get();
+    if (s->cancelled()) {
+      s->Push({RequestStream::Event::kError, {}, {}, Cancelled("cancelled while queued")});
+    } else if (now >= (*it)->params.deadline) {
+      s->Push({RequestStream::Event::kError, {}, {},
+               DeadlineExceeded("the request's deadline passed while it was queued")});
+    } else {
+      ++it;
+      continue;
+    }
+    it = incoming_.erase(it);
+  }
+  queued_count_ = static_cast<int>(incoming_.size());
+}
+
+void Scheduler::FailQueued(const Status& why) {
+  std::deque<std::unique_ptr<Request>> queued;
+  {
+    std::lock_guard<std::mutex> lock(signal_->mu);
+    queued.swap(incoming_);
+    queued_count_ = 0;
+  }
+  for (auto& r : queued) r->stream->Push({RequestStream::Event::kError, {}, {}, why});
+}
+
+void Scheduler::SendResets() {
+  // A StartSequence still on its way could land after the Reset and leave its sequence behind.
+  if (starts_outstanding_ > 0) return;
+  const auto deadline = Clock::now() + limits_.control_timeout;
+  for (size_t i = 0; i < needs_reset_.size(); ++i) {
+    const int w = static_cast<int>(i);
+    if (!needs_reset_[i] || resetting_[i] || workers_->down(w)) continue;   // down: once it is back
+    needs_reset_[i] = 0;
+    resetting_[i] = 1;
+    Track();
+    workers_->Reset(w, deadline, [this, w](RpcResult r, flashmesh::v1::ResetResponse) {
+      Post([this, w, r] {
+        resetting_[w] = 0;
+        if (r.ok()) return;
+        // It may still hold sequences: DOWN (which fails what runs) until it answers again.
+        needs_reset_[w] = 1;
+        workers_->MarkDown(w, "Reset failed: " + r.status.message());
+      });
+      Untrack();
+    });
+  }
+  const bool any = std::any_of(needs_reset_.begin(), needs_reset_.end(), [](char c) { return c; }) ||
+                   std::any_of(resetting_.begin(), resetting_.end(), [](char c) { return c; });
+  std::lock_guard<std::mutex> lock(health_mu_);
+  resetting_any_ = any;
+}
+
 void Scheduler::Admit() {
+  const auto& workers = workers_->workers();
   while (static_cast<int64_t>(live_.size()) < limits_.max_batch) {
-    std::unique_ptr<Request> r;
+    std::unique_ptr<Request> owned;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(signal_->mu);
+      DropDeadQueuedLocked(Clock::now());
       if (incoming_.empty()) break;
-      r = std::move(incoming_.front());
+      owned = std::move(incoming_.front());
       incoming_.pop_front();
       queued_count_ = static_cast<int>(incoming_.size());
     }
-    if (r->stream->cancelled()) continue;
+    Request* r = owned.get();
     r->id = next_request_id_++;
+    // Data-parallel attention: the sequence lives on one member of every stage's EP group,
+    // the one with the fewest live sequences.
+    std::vector<int> load(workers_->expert_parallel(), 0);
+    for (const auto& [id, q] : live_) ++load[q->member];
+    r->member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    live_[r->id] = std::move(owned);
     flashmesh::v1::StartSequenceRequest req;
     req.set_seq_id(r->id);
     req.set_max_context(static_cast<int32_t>(limits_.max_context));
     *req.mutable_sampling() = r->params.sampling;
-    // Data-parallel attention: the sequence lives on one member of every stage's EP group,
-    // the one with the fewest live sequences.
-    std::vector<int> load(cluster_->expert_parallel(), 0);
-    for (const auto& [id, q] : live_) ++load[q->member];
-    r->member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    Status failed;
-    std::vector<NodeHandle*> started;
-    for (const auto& node : cluster_->nodes()) {
-      if (node->plan().ep_rank != r->member) continue;
-      flashmesh::v1::StartSequenceResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + kControlTimeout);
-      grpc::Status s = node->stub()->StartSequence(&ctx, req, &resp);
-      if (!s.ok()) {
-        failed = FromGrpc(s, IsChannelError(s, node->name())
-                                 ? "node " + node->name() + " (" + node->control() + ") is unavailable"
-                                 : "starting the sequence");
-        break;
-      }
-      started.push_back(node.get());
+    std::vector<int> targets;
+    for (size_t i = 0; i < workers.size(); ++i)
+      if (workers[i].ep_rank == r->member) targets.push_back(static_cast<int>(i));
+    r->starting = static_cast<int>(targets.size());
+    starts_outstanding_ += r->starting;
+    const auto deadline = Clock::now() + limits_.control_timeout;
+    for (int w : targets) {
+      Track();
+      workers_->StartSequence(w, req, deadline,
+                              [this, id = r->id, w](RpcResult res, flashmesh::v1::StartSequenceResponse) {
+                                Post([this, id, w, res] { OnStarted(id, w, res); });
+                                Untrack();
+                              });
     }
-    if (!failed.ok()) {
-      FM_LOG(kWarn, "scheduler") << "request " << r->id << ": " << failed.ToString();
-      for (NodeHandle* n : started) {
-        flashmesh::v1::FreeSequenceRequest freq;
-        freq.add_seq_ids(r->id);
-        flashmesh::v1::FreeSequenceResponse fresp;
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + kControlTimeout);
-        n->stub()->FreeSequence(&ctx, freq, &fresp);
-      }
-      r->stream->Push({RequestStream::Event::kError, {}, {}, failed});
-      continue;
-    }
-    live_[r->id] = std::move(r);
   }
   active_count_ = static_cast<int>(live_.size());
 }
 
+void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
+  --starts_outstanding_;
+  auto it = live_.find(id);
+  if (it == live_.end()) return;   // failed meanwhile: the resets drop it on every worker
+  Request* r = it->second.get();
+  --r->starting;
+  if (res.ok()) {
+    r->started.push_back(worker);
+  } else if (r->start_error.ok()) {
+    if (res.fault == RpcFault::kUnreachable) workers_->MarkDown(worker, res.status.message());
+    r->start_error = res.fault == RpcFault::kUnreachable ? res.status
+                                                          : res.status.Wrap("starting the sequence");
+    FM_LOG(kWarn, "scheduler") << "request " << id << ": " << r->start_error.ToString();
+  }
+  if (r->starting == 0) r->started_at = Clock::now();
+  if (r->starting > 0 || r->start_error.ok()) return;
+  FreeOnWorkers(r->started, {id});
+  End(r, r->start_error);
+}
+
+Scheduler::Clock::time_point Scheduler::StepDeadline(Clock::time_point now, size_t rows) const {
+  if (recent_row_seconds_.empty()) return now + limits_.first_step;
+  const double per_row = *std::max_element(recent_row_seconds_.begin(), recent_row_seconds_.end());
+  return now + limits_.step_floor +
+         std::chrono::duration_cast<Clock::duration>(
+             std::chrono::duration<double>(limits_.step_multiple * per_row * static_cast<double>(rows)));
+}
+
 void Scheduler::Launch() {
-  const int stages = cluster_->num_stages();
+  const int stages = workers_->num_stages();
+  const auto& workers = workers_->workers();
   while (num_in_flight() < stages) {
     std::vector<Request*> ready;
     for (auto& [id, r] : live_)
-      if (!r->in_flight && !r->stream->cancelled() && !r->next.empty()) ready.push_back(r.get());
+      if (r->starting == 0 && !r->in_flight && !r->stream->cancelled() && !r->next.empty())
+        ready.push_back(r.get());
     if (ready.empty()) return;
     // Spread the ready sequences over the free pipeline slots.
     const size_t slots = static_cast<size_t>(stages - num_in_flight());
     const size_t take = (ready.size() + slots - 1) / slots;
     auto call = std::make_shared<StepCall>();
     call->step_id = next_step_id_++;
-    std::vector<flashmesh::v1::StepItem> items(take);
+    std::vector<std::pair<int, flashmesh::v1::StepItem>> items(take);   // (member, item)
     for (size_t i = 0; i < take; ++i) {
       Request* r = ready[i];
-      flashmesh::v1::StepItem* item = &items[i];
-      item->set_seq_id(r->id);
-      item->mutable_tokens()->Add(r->next.begin(), r->next.end());
+      items[i].first = r->member;
+      items[i].second.set_seq_id(r->id);
+      items[i].second.mutable_tokens()->Add(r->next.begin(), r->next.end());
+      call->rows += r->next.size();
       r->next.clear();
       r->in_flight = true;
       call->seq_ids.push_back(r->id);
     }
+    // With nothing in flight every worker has run every step sent: no order to keep (and a
+    // worker reset out of band meanwhile is not left waiting for a step it forgot).
+    const uint64_t prev = in_flight_.empty() ? 0 : last_step_id_;
+    last_step_id_ = call->step_id;
     in_flight_[call->step_id] = call;
-    const auto& nodes = cluster_->nodes();
-    call->remaining = static_cast<int>(nodes.size());
+    call->launched = Clock::now();
+    const auto deadline = StepDeadline(call->launched, call->rows);
+    {
+      std::lock_guard<std::mutex> lock(health_mu_);
+      step_times_[call->step_id] = {call->launched, call->launched + (deadline - call->launched) / 2};
+    }
+    const size_t n = workers.size();
+    call->results.resize(n);
+    call->responses.resize(n);
+    call->done.assign(n, 0);
+    call->remaining = static_cast<int>(n);
     // Every worker runs every step (an EP member without sequences still serves its experts),
     // each with its member's items, in the order given by prev_step_id.
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      auto pn = std::make_unique<StepCall::PerNode>();
-      pn->req.set_step_id(call->step_id);
-      pn->req.set_prev_step_id(last_step_id_);
-      for (const auto& item : items)
-        if (live_[item.seq_id()]->member == nodes[i]->plan().ep_rank) *pn->req.add_items() = item;
-      call->nodes.push_back(std::move(pn));
-    }
-    last_step_id_ = call->step_id;
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      StepCall::PerNode* pn = call->nodes[i].get();
-      ++outstanding_rpcs_;
-      pn->ctx.set_deadline(std::chrono::system_clock::now() + kStepTimeout);
-      const auto sent = std::chrono::steady_clock::now();
-      NodeHandle* node = nodes[i].get();
-      nodes[i]->stub()->async()->StepBatch(&pn->ctx, &pn->req, &pn->resp,
-                                           [this, call, pn, sent, node](grpc::Status s) {
-                                             if (step_observer_ && s.ok())
-                                               step_observer_(node->name(), std::chrono::duration<double>(
-                                                   std::chrono::steady_clock::now() - sent).count());
-                                             {
-                                               std::lock_guard<std::mutex> lock(call->mu);
-                                               pn->status = std::move(s);
-                                               pn->done = true;
-                                               --call->remaining;
-                                               if (!pn->status.ok() && !call->failed) {
-                                                 call->failed = true;
-                                                 call->first_failure = std::chrono::steady_clock::now();
-                                               }
-                                             }
-                                             cv_.notify_all();
-                                             --outstanding_rpcs_;
-                                           });
+    for (size_t i = 0; i < n; ++i) {
+      flashmesh::v1::StepBatchRequest req;
+      req.set_step_id(call->step_id);
+      req.set_prev_step_id(prev);
+      for (const auto& [member, item] : items)
+        if (member == workers[i].ep_rank) *req.add_items() = item;
+      Track();
+      const int w = static_cast<int>(i);
+      call->cancels.push_back(workers_->StepBatch(
+          w, req, deadline,
+          [this, call, w](RpcResult r, flashmesh::v1::StepBatchResponse resp) {
+            const double seconds =
+                std::chrono::duration<double>(Clock::now() - call->launched).count();
+            Post([this, call, w, r, resp = std::move(resp), seconds]() mutable {
+              OnStepDone(call, w, std::move(r), std::move(resp), seconds);
+            });
+            Untrack();
+          }));
     }
   }
 }
 
-Status Scheduler::Attribute(const StepCall& call) const {
-  const auto& nodes = cluster_->nodes();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const auto& pn = call.nodes[i];
-    if (pn->done && !pn->status.ok() && IsChannelError(pn->status, nodes[i]->name())) {
-      std::string why = pn->status.error_message();
-      nodes[i]->MarkDown(why);
-      return Unavailable("node " + nodes[i]->name() + " (" + nodes[i]->control() +
-                         ") is unavailable: " + why);
+void Scheduler::OnStepDone(const std::shared_ptr<StepCall>& call, int worker, RpcResult r,
+                           flashmesh::v1::StepBatchResponse resp, double seconds) {
+  if (!in_flight_.count(call->step_id)) return;   // ended by a failure
+  if (r.ok() && step_observer_) step_observer_(workers_->workers()[worker].name, seconds);
+  if (!r.ok() && !call->failed) {
+    call->failed = true;
+    call->first_failure = Clock::now();
+  }
+  call->results[worker] = std::move(r);
+  call->responses[worker] = std::move(resp);
+  call->done[worker] = 1;
+  if (--call->remaining > 0) return;
+  in_flight_.erase(call->step_id);
+  Complete(call.get());
+}
+
+Status Scheduler::Attribute(const StepCall& call) {
+  const size_t n = call.results.size();
+  const std::string step = "step " + std::to_string(call.step_id);
+  // A worker that did not answer is the cause; its peers' errors (waiting for its manifold,
+  // an EP exchange it never joined) are consequences.
+  for (size_t i = 0; i < n; ++i) {
+    if (call.done[i] && call.results[i].fault == RpcFault::kUnreachable) {
+      workers_->MarkDown(static_cast<int>(i), call.results[i].status.message());
+      return Unavailable(call.results[i].status.message());
     }
   }
-  FM_RETURN_IF_ERROR(cluster_->Ready());
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const auto& pn = call.nodes[i];
-    if (pn->done && !pn->status.ok()) return FromGrpc(pn->status, "step " + std::to_string(call.step_id));
-  }
-  return Unavailable("step " + std::to_string(call.step_id) + " did not finish");
+  for (size_t i = 0; i < n; ++i)
+    if (call.done[i] && call.results[i].fault == RpcFault::kLostSequences)
+      return Unavailable(call.results[i].status.message());
+  FM_RETURN_IF_ERROR(workers_->Running());
+  for (size_t i = 0; i < n; ++i)
+    if (call.done[i] && !call.results[i].ok()) return call.results[i].status.Wrap(step);
+  return Internal(step + " failed without an error");
 }
 
 void Scheduler::Complete(StepCall* call) {
-  bool failed;
   {
-    std::lock_guard<std::mutex> lock(call->mu);
-    failed = call->failed;
+    std::lock_guard<std::mutex> lock(health_mu_);
+    step_times_.erase(call->step_id);
   }
-  if (failed) {
-    Status why;
-    {
-      std::lock_guard<std::mutex> lock(call->mu);
-      why = Attribute(*call);
-    }
-    for (auto& n : call->nodes) n->ctx.TryCancel();
+  if (call->failed) {
+    const Status why = Attribute(*call);
+    call->Cancel();   // FailAll below cancels only what is still in flight
     FM_LOG(kWarn, "scheduler") << "micro-batch " << call->step_id << " failed: " << why.ToString();
     FailAll(why);
     return;
   }
+  call->cancels.clear();
   // The last stage's members sampled their own sequences.
   std::vector<flashmesh::v1::SampledToken> sampled;
-  const auto& nodes = cluster_->nodes();
-  for (size_t i = 0; i < nodes.size(); ++i)
-    if (nodes[i]->plan().head)
-      for (const auto& t : call->nodes[i]->resp.tokens()) sampled.push_back(t);
+  const auto& workers = workers_->workers();
+  for (size_t i = 0; i < workers.size(); ++i)
+    if (workers[i].head)
+      for (const auto& t : call->responses[i].tokens()) sampled.push_back(t);
   if (sampled.size() != call->seq_ids.size()) {
     FailAll(Internal("the last stage returned " + std::to_string(sampled.size()) +
                      " tokens for " + std::to_string(call->seq_ids.size()) + " sequences"));
     return;
   }
+  const double seconds = std::chrono::duration<double>(Clock::now() - call->launched).count();
+  recent_row_seconds_.push_back(seconds / static_cast<double>(std::max<size_t>(call->rows, 1)));
+  if (recent_row_seconds_.size() > kRecentSteps) recent_row_seconds_.pop_front();
   for (const auto& t : sampled) {
     auto it = live_.find(t.seq_id());
     if (it == live_.end()) continue;
@@ -351,47 +519,83 @@ void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std
   ev.finish.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(r->params.prompt.size()));
   ev.finish.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r->generated));
   ev.finish.set_stop_string(stop_string);
-  // Free before the final message: once a client sees its stream end, its KV is released on
-  // every worker (status right after a finished stream shows the memory back).
-  uint64_t id = r->id;
-  FreeOnWorkers({id});
-  r->stream->Push(std::move(ev));
-  live_.erase(id);
+  // Freed and no longer counted before the client sees its stream end.
+  FreeOnWorkers(r->started, {r->id});
+  std::shared_ptr<RequestStream> stream = r->stream;
+  live_.erase(r->id);
   active_count_ = static_cast<int>(live_.size());
+  stream->Push(std::move(ev));
 }
 
-void Scheduler::FreeOnWorkers(const std::vector<uint64_t>& ids) {
+void Scheduler::End(Request* r, const Status& why) {
+  std::shared_ptr<RequestStream> stream = r->stream;
+  live_.erase(r->id);
+  active_count_ = static_cast<int>(live_.size());
+  stream->Push({RequestStream::Event::kError, {}, {}, why});
+}
+
+void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector<uint64_t>& ids) {
   flashmesh::v1::FreeSequenceRequest req;
-  for (auto id : ids) req.add_seq_ids(id);
-  for (const auto& node : cluster_->nodes()) {
-    if (node->state() == flashmesh::v1::NODE_STATE_DOWN) continue;
-    flashmesh::v1::FreeSequenceResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kControlTimeout);
-    grpc::Status s = node->stub()->FreeSequence(&ctx, req, &resp);
-    if (!s.ok()) {
-      FM_LOG(kWarn, "scheduler") << "FreeSequence on " << node->name() << ": " << s.error_message();
-    }
+  for (uint64_t id : ids) req.add_seq_ids(id);
+  const auto deadline = Clock::now() + limits_.control_timeout;
+  for (int w : workers) {
+    Track();
+    workers_->FreeSequence(w, req, deadline, [this, w](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
+      if (!r.ok()) {
+        // Its KV stays behind: DOWN fails what runs and resets it once it answers again.
+        Post([this, w, r] { workers_->MarkDown(w, "FreeSequence failed: " + r.status.message()); });
+      }
+      Untrack();
+    });
+  }
+}
+
+void Scheduler::Reconcile(int worker, const std::vector<uint64_t>& held, Clock::time_point asked) {
+  if (needs_reset_[worker] || resetting_[worker]) return;   // the reset drops everything
+  const std::string node = workers_->workers()[worker].name;
+  std::vector<uint64_t> unowned, stray;
+  for (uint64_t id : held) {
+    if (live_.count(id)) continue;
+    unowned.push_back(id);
+    // Unowned at the last beat too: not a free still on its way.
+    if (std::binary_search(unowned_[worker].begin(), unowned_[worker].end(), id)) stray.push_back(id);
+  }
+  if (!unowned.empty()) FreeOnWorkers({worker}, unowned);
+  unowned_[worker] = unowned;
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    stray_[worker] = stray.empty() ? "" : "node " + node + " holds " + std::to_string(stray.size()) +
+                                             " sequence(s) no request owns (freeing them)";
+  }
+  // Sequences it held before this beat was asked and does not hold now: lost (an out-of-band
+  // Reset, or a restart). One in flight fails with its step.
+  std::vector<Request*> lost;
+  for (auto& [id, r] : live_)
+    if (r->starting == 0 && !r->in_flight && r->started_at < asked &&
+        std::count(r->started.begin(), r->started.end(), worker) &&
+        !std::binary_search(held.begin(), held.end(), id))
+      lost.push_back(r.get());
+  for (Request* r : lost) {
+    FreeOnWorkers(r->started, {r->id});
+    End(r, Unavailable("node " + node + " lost sequence " + std::to_string(r->id) +
+                       " (the worker was reset or restarted)"));
   }
 }
 
 void Scheduler::FailAll(const Status& why) {
-  for (auto& [id, call] : in_flight_)
-    for (auto& n : call->nodes) n->ctx.TryCancel();
+  for (auto& [id, call] : in_flight_) call->Cancel();
   in_flight_.clear();
-  last_step_id_ = 0;   // the workers' Reset forgets the step order too
-  for (auto& [id, r] : live_) r->stream->Push({RequestStream::Event::kError, {}, {}, why});
-  live_.clear();
-  active_count_ = 0;
-  // Every sequence lives on every stage: the survivors drop theirs and abort waiting steps.
-  for (const auto& node : cluster_->nodes()) {
-    if (node->state() == flashmesh::v1::NODE_STATE_DOWN) continue;
-    flashmesh::v1::ResetRequest req;
-    flashmesh::v1::ResetResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kControlTimeout);
-    node->stub()->Reset(&ctx, req, &resp);
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    step_times_.clear();
   }
+  std::map<uint64_t, std::unique_ptr<Request>> failed;
+  failed.swap(live_);
+  active_count_ = 0;
+  for (auto& [id, r] : failed) r->stream->Push({RequestStream::Event::kError, {}, {}, why});
+  // Every worker drops what it holds and aborts its waiting steps before anything new starts.
+  std::fill(needs_reset_.begin(), needs_reset_.end(), 1);
+  SendResets();
 }
 
 }  // namespace fm

@@ -1,10 +1,13 @@
-// Scheduler: continuous batching over the pipeline. Requests wait in a bounded queue, are
-// admitted up to max_batch live sequences (StartSequence on every stage), and every live
-// sequence that is not in flight joins the next micro-batch; up to one micro-batch per stage
-// is in flight, so every stage is busy. A micro-batch is one StepBatch to every stage; the
-// last stage's answer carries one sampled id per sequence. Finished or cancelled sequences
-// are freed on every worker. A worker failure ends every live request with UNAVAILABLE
-// naming the node and resets the other workers.
+// Scheduler: continuous batching over the pipeline, on one scheduling thread that never waits
+// on a worker. Requests wait in a bounded queue (a cancelled or expired one leaves it at once)
+// and are admitted up to max_batch live sequences: StartSequence on every stage, async; a
+// sequence steps once every stage holds it. Every live sequence that is not in flight joins
+// the next micro-batch; up to one micro-batch per stage is in flight, so every stage is busy. A
+// micro-batch is one StepBatch to every worker with a deadline sized to the step; the last
+// stage's answer carries one sampled id per sequence. Finished or cancelled sequences are
+// freed on every worker. A failed step ends every live request with the error of the worker
+// it belongs to (RpcFault, not error text) and resets every worker; nothing new starts until
+// every reset is done. While a worker drains, the live requests finish and nothing new starts.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -21,7 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "coordinator/cluster.h"
+#include "coordinator/worker_set.h"
 #include "flashmesh/v1/api.pb.h"
 #include "model/tokenizer.h"
 
@@ -33,6 +36,8 @@ struct GenerateParams {
   int64_t max_tokens = 0;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // The client's deadline: a request still queued then leaves the queue with DEADLINE_EXCEEDED.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 // One request's stream of events, filled by the scheduler, drained by the API handler.
@@ -47,40 +52,54 @@ class RequestStream {
   // Waits up to `timeout` for the next event.
   bool Pop(Event* ev, std::chrono::milliseconds timeout);
   void Push(Event ev);
-  void Cancel() { cancelled_ = true; }
+  // Ends the request (the client left): it leaves the queue, or its sequence is freed.
+  void Cancel();
   bool cancelled() const { return cancelled_; }
 
  private:
+  friend class Scheduler;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> events_;
   std::atomic<bool> cancelled_{false};
+  std::function<void()> on_cancel_;   // wakes the scheduler (if it still exists); set by Submit
 };
 
 struct SchedulerLimits {
   int64_t max_batch = 16;
   int64_t max_queue = 64;
   int64_t max_context = 8192;
+  // A step's deadline: step_floor + step_multiple x (the slowest recent time per row) x its
+  // rows; first_step (no recent steps yet) until the first step has finished.
+  std::chrono::milliseconds step_floor{5000};
+  double step_multiple = 8;
+  std::chrono::milliseconds first_step{30000};
+  std::chrono::milliseconds control_timeout{2000};   // StartSequence, FreeSequence, Reset
 };
 
 class Scheduler {
  public:
   // tokenizer may be null (no text pieces, no stop strings, no EOS detection).
-  Scheduler(Cluster* cluster, const Tokenizer* tokenizer, SchedulerLimits limits);
+  Scheduler(WorkerSet* workers, const Tokenizer* tokenizer, SchedulerLimits limits);
   ~Scheduler();
 
   // Queues a request; RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when the
-  // cluster cannot generate now.
+  // cluster cannot take new requests now.
   Result<std::shared_ptr<RequestStream>> Submit(GenerateParams params);
   int active() const { return active_count_; }
   int queued() const { return queued_count_; }
-  // Called with each StepBatch round trip (node name, seconds) from gRPC's callback threads;
+  // Ok, or why the scheduler is not healthy: a step overdue (running past half of its
+  // deadline), workers being reset after a failure, or a worker still holding a sequence no
+  // request owns at two heartbeats in a row.
+  Status Health() const;
+  // Called with each StepBatch round trip (node name, seconds) from the scheduling thread;
   // set it before the first Submit.
   void SetStepObserver(std::function<void(const std::string& node, double seconds)> fn) {
     step_observer_ = std::move(fn);
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Request {
     uint64_t id = 0;
     GenerateParams params;
@@ -91,37 +110,80 @@ class Scheduler {
     std::vector<int32_t> next;     // tokens of its next step
     bool in_flight = false;
     int member = 0;                // EP rank whose workers hold its KV (0 without EP)
+    int starting = 0;              // StartSequence calls not answered yet
+    std::vector<int> started;      // workers that hold it
+    Clock::time_point started_at;  // when the last StartSequence answered
+    Status start_error;            // the first failed StartSequence
   };
-  struct StepCall;   // one micro-batch's RPCs to every stage
+  struct StepCall;   // one micro-batch's RPCs to every worker
+
+  // The scheduling thread's wake-up and its inbox of work from other threads, shared with the
+  // streams' cancel hooks and the cluster's listeners (which may outlive the scheduler); `mu`
+  // also guards incoming_.
+  struct Signal {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool wake = false, stop = false;
+    std::vector<std::function<void()>> posted;   // run on the scheduling thread
+    void Post(std::function<void()> fn);
+  };
 
   void Loop();
+  // Runs `fn` on the scheduling thread (from an RPC callback).
+  void Post(std::function<void()> fn);
+  void Track();     // an RPC whose callback touches this scheduler is on its way
+  void Untrack();   // its callback is done with it
+  Clock::time_point NextWake();
+  void Tick();
+  // Under signal_->mu: cancelled and expired requests leave the queue, each told why.
+  void DropDeadQueuedLocked(Clock::time_point now);
+  void FailQueued(const Status& why);
+  void SendResets();
   void Admit();
+  void OnStarted(uint64_t id, int worker, const RpcResult& r);
   void Launch();
+  Clock::time_point StepDeadline(Clock::time_point now, size_t rows) const;
+  void OnStepDone(const std::shared_ptr<StepCall>& call, int worker, RpcResult r,
+                  flashmesh::v1::StepBatchResponse resp, double seconds);
   void Complete(StepCall* call);
+  Status Attribute(const StepCall& call);
   void ApplyToken(Request* r, int32_t id, float logprob);
   void Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string);
+  void End(Request* r, const Status& why);
   void FailAll(const Status& why);
-  void FreeOnWorkers(const std::vector<uint64_t>& ids);
-  Status Attribute(const StepCall& call) const;
+  void FreeOnWorkers(const std::vector<int>& workers, const std::vector<uint64_t>& ids);
+  // A worker's heartbeat: frees what it holds that no request owns, ends the requests whose
+  // sequence it lost.
+  void Reconcile(int worker, const std::vector<uint64_t>& held, Clock::time_point asked);
   int num_in_flight() const { return static_cast<int>(in_flight_.size()); }
 
-  Cluster* cluster_;
+  WorkerSet* workers_;
   const Tokenizer* tokenizer_;
   SchedulerLimits limits_;
 
-  std::mutex mu_;                     // guards incoming_, done_calls_, wake_
-  std::condition_variable cv_;
+  std::shared_ptr<Signal> signal_;
   std::deque<std::unique_ptr<Request>> incoming_;
-  std::vector<StepCall*> done_calls_;
-  bool stop_ = false;
 
-  // Owned by the scheduler thread.
+  // Owned by the scheduling thread.
   std::map<uint64_t, std::unique_ptr<Request>> live_;
   std::map<uint64_t, std::shared_ptr<StepCall>> in_flight_;
   uint64_t next_request_id_ = 1, next_step_id_ = 1;
-  uint64_t last_step_id_ = 0;         // the step launched last; 0 after a reset
+  uint64_t last_step_id_ = 0;          // the step launched last; 0 once none is in flight
+  int starts_outstanding_ = 0;         // StartSequence calls not answered, live or abandoned
+  std::vector<char> needs_reset_;      // per worker: holds sequences of a failed schedule
+  std::vector<char> resetting_;        // per worker: its Reset is in flight
+  std::deque<double> recent_row_seconds_;   // per-row time of the last steps, newest last
+  std::vector<std::vector<uint64_t>> unowned_;   // per worker: held, owned by no request, last beat
+
+  mutable std::mutex health_mu_;       // guards the three below (read by Health())
+  std::map<uint64_t, std::pair<Clock::time_point, Clock::time_point>> step_times_;  // launch, overdue at
+  bool resetting_any_ = false;
+  std::vector<std::string> stray_;     // per worker: why it holds sequences a free did not remove
+
   std::atomic<int> active_count_{0}, queued_count_{0};
-  std::atomic<int> outstanding_rpcs_{0};
+  std::mutex rpc_mu_;                  // guards outstanding_rpcs_
+  std::condition_variable rpc_cv_;
+  int outstanding_rpcs_ = 0;
   std::function<void(const std::string&, double)> step_observer_;
   std::thread thread_;
 };

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -95,8 +96,24 @@ Status Positive(Fields& f, const char* key, int64_t v) {
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& origin) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument(origin + ": not valid JSON");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // e.byte: 1-based offset of the character where parsing stopped; name its line:column.
+    const size_t at = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    size_t line = 1, column = 1;
+    for (size_t i = 0; i < at; ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    return InvalidArgument(origin + ":" + std::to_string(line) + ":" + std::to_string(column) +
+                           ": not valid JSON");
+  }
   if (!j.is_object()) return InvalidArgument(origin + ": top level must be a JSON object");
   ModelConfig c;
   Fields f(j, origin);

@@ -174,8 +174,10 @@ void ActivationReceiver::Loop() {
         FM_LOG(kWarn, "worker") << "activation from '" << peer << "': " << st.ToString();
       }
     } else if (f.status().code() == Code::kUnavailable) {
-      // Closed: wait for the previous stage to dial again (it does on its next send).
-      transport_->WaitForPeer(peer, kRecvPoll);
+      // Closed: wait for the previous stage to dial again (it does on its next send). Not yet
+      // (DEADLINE_EXCEEDED) is the usual answer: the loop polls again.
+      if (Status w = transport_->WaitForPeer(peer, kRecvPoll); !w.ok() && w.code() != Code::kDeadlineExceeded)
+        FM_LOG(kWarn, "worker") << "waiting for '" << peer << "' to reconnect: " << w.ToString();
     }
     lock.lock();
   }

@@ -126,10 +126,11 @@ Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
         fr.header.dims[1] != static_cast<uint32_t>(H))
       return InvalidArgument(what + ": malformed dispatch from rank " + std::to_string(r) + " (" +
                              comm_->name(r) + ")");
+    // A rank that routed nothing here sends empty frames: no memcpy from a null pointer.
     std::vector<int32_t> pairs(fp.header.numel());
-    std::memcpy(pairs.data(), fp.payload.data(), fp.payload.size());
+    if (!fp.payload.empty()) std::memcpy(pairs.data(), fp.payload.data(), fp.payload.size());
     std::vector<float> rows(fr.header.numel());
-    std::memcpy(rows.data(), fr.payload.data(), fr.payload.size());
+    if (!fr.payload.empty()) std::memcpy(rows.data(), fr.payload.data(), fr.payload.size());
     FM_RETURN_IF_ERROR(Compute(*w, rows.data(), fr.header.dims[0], pairs.data(), fp.header.dims[0],
                                &results[r])
                            .Wrap("from rank " + std::to_string(r) + " (" + comm_->name(r) + ")"));

@@ -40,6 +40,17 @@ Status FromGrpc(const grpc::Status& s, const std::string& context) {
   return Status(code, context + ": " + s.error_message());
 }
 
+Status FromGrpc(const grpc::Status& s) {
+  const Status st = FromGrpc(s, "");
+  return Status(st.code(), s.error_message());
+}
+
+grpc::Status WorkerError(grpc::ServerContext* ctx, const Status& s, const char* fault) {
+  if (s.ok()) return grpc::Status::OK;
+  ctx->AddTrailingMetadata(kFaultKey, fault);
+  return ToGrpc(s);
+}
+
 Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
                                                       grpc::Service* service, int* bound_port) {
   grpc::ServerBuilder builder;

@@ -12,6 +12,16 @@ namespace fm {
 // Status <-> grpc::Status with the matching code.
 grpc::Status ToGrpc(const Status& s);
 Status FromGrpc(const grpc::Status& s, const std::string& context);
+Status FromGrpc(const grpc::Status& s);
+
+// A worker marks every error it returns itself with this trailing metadata key, so that the
+// coordinator tells "the worker answered with an error" from "the worker did not answer" by
+// the status, never by its text. The value says what kind of error it is.
+inline constexpr char kFaultKey[] = "fm-fault";
+inline constexpr char kFaultWorker[] = "worker";
+// The call names a sequence the worker does not hold (it was reset or restarted meanwhile).
+inline constexpr char kFaultLostSequences[] = "lost-sequences";
+grpc::Status WorkerError(grpc::ServerContext* ctx, const Status& s, const char* fault = kFaultWorker);
 
 // Starts a gRPC server for `service` on `listen` (host:port; port 0 picks one). *bound_port
 // gets the port actually bound.

@@ -77,6 +77,15 @@ bool ShardRuntime::loaded() const {
   return model_ != nullptr;
 }
 
+void ShardRuntime::Unload() {
+  std::lock_guard<std::mutex> lock(mu_);
+  seqs_.clear();
+  ep_.reset();
+  ep_moe_.clear();
+  model_.reset();
+  ckpt_.reset();
+}
+
 const ModelConfig& ShardRuntime::config() const { return model_->config(); }
 
 uint64_t ShardRuntime::weight_bytes() const {
@@ -120,6 +129,11 @@ void ShardRuntime::FreeSequence(uint64_t seq_id) {
   seqs_.erase(seq_id);
 }
 
+bool ShardRuntime::HasSequence(uint64_t seq_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seqs_.count(seq_id) > 0;
+}
+
 void ShardRuntime::FreeAll() {
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.clear();
@@ -130,6 +144,13 @@ uint64_t ShardRuntime::kv_bytes() const {
   uint64_t total = 0;
   for (const auto& [id, s] : seqs_) total += s.cache->bytes();
   return total;
+}
+
+std::vector<uint64_t> ShardRuntime::sequence_ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  return ids;
 }
 
 int ShardRuntime::active_sequences() const {

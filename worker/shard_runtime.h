@@ -60,12 +60,16 @@ class ShardRuntime {
   // With expert parallelism, `ep_group` (outliving the load) carries the MoE all-to-all.
   Status Load(const ShardPlacement& placement, net::Communicator* ep_group = nullptr);
   bool loaded() const;
+  // Drops the shard and every sequence: loaded() is false until the next Load.
+  void Unload();
   const ShardPlacement& placement() const { return placement_; }
   const ModelConfig& config() const;   // needs loaded()
   uint64_t weight_bytes() const;
 
   Status StartSequence(uint64_t seq_id, int64_t max_context, const SamplerConfig& sampling);
   void FreeSequence(uint64_t seq_id);
+  bool HasSequence(uint64_t seq_id) const;
+  std::vector<uint64_t> sequence_ids() const;   // ascending
   void FreeAll();
   uint64_t kv_bytes() const;
   int active_sequences() const;

@@ -42,6 +42,7 @@ Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
   step.deadline = deadline;
   step.slices = std::move(slices);
   std::unique_lock<std::mutex> lock(mu_);
+  if (stopped_) return Unavailable("step " + std::to_string(step_id) + ": the worker is stopping");
   if (waiting_.count(step_id)) return InvalidArgument("step " + std::to_string(step_id) + " is already queued");
   waiting_[step_id] = &step;
   cv_.notify_all();
@@ -98,6 +99,14 @@ void StageExecutor::Reset() {
   inbox_.clear();
   last_run_ = 0;
   runtime_->FreeAll();
+}
+
+void StageExecutor::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  Reset();
 }
 
 void StageExecutor::FailWaitingLocked() {

@@ -67,6 +67,8 @@ class StageExecutor {
   // Fails every waiting step, aborts the running one's EP exchanges, waits for it to end,
   // then drops the inbox and every sequence.
   void Reset();
+  // Reset, and every later RunStep fails at once (the worker is shutting down).
+  void Stop();
 
   double tokens_per_second() const;
   uint64_t rows_processed() const;
@@ -97,6 +99,7 @@ class StageExecutor {
   uint64_t rows_total_ = 0;
   uint64_t last_run_ = 0;             // id of the last step started; 0 after a reset
   bool stop_ = false;
+  bool stopped_ = false;              // Stop(): no step runs any more
   std::thread thread_;
 };
 

@@ -18,7 +18,13 @@ WorkerService::WorkerService(std::string node, std::string model_dir_override, i
 
 WorkerService::~WorkerService() = default;
 
-grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1::LoadShardRequest* req,
+void WorkerService::Stop() {
+  stopping_ = true;
+  executor_.Stop();
+  FM_LOG(kInfo, "worker") << node_ << ": stopped taking steps";
+}
+
+grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh::v1::LoadShardRequest* req,
                                       flashmesh::v1::LoadShardResponse* resp) {
   std::lock_guard<std::mutex> lock(load_mu_);
   const auto& s = req->shard();
@@ -36,10 +42,10 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   if (s.device().rfind("cuda:", 0) == 0) {
     const std::string n = s.device().substr(5);
     if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos)
-      return ToGrpc(InvalidArgument("shard.device: '" + s.device() + "', want cpu or cuda:N"));
+      return WorkerError(ctx, InvalidArgument("shard.device: '" + s.device() + "', want cpu or cuda:N"));
     p.cuda_device = std::stoi(n);
   } else if (!s.device().empty() && s.device() != "cpu") {
-    return ToGrpc(InvalidArgument("shard.device: '" + s.device() + "', want cpu or cuda:N"));
+    return WorkerError(ctx, InvalidArgument("shard.device: '" + s.device() + "', want cpu or cuda:N"));
   }
   p.ep_rank = s.ep_rank();
   p.ep_expert_begin.assign(s.ep_expert_begin().begin(), s.ep_expert_begin().end());
@@ -48,34 +54,34 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   if (s.ep_nodes_size() > 1) {
     if (s.ep_data_size() != s.ep_nodes_size() || s.ep_expert_begin_size() != s.ep_nodes_size() + 1 ||
         p.ep_rank < 0 || p.ep_rank >= s.ep_nodes_size() || s.ep_nodes(p.ep_rank) != node_)
-      return ToGrpc(InvalidArgument("shard.ep_*: inconsistent expert-parallel group for node " + node_));
+      return WorkerError(ctx, InvalidArgument("shard.ep_*: inconsistent expert-parallel group for node " + node_));
     std::vector<net::CommMember> members;
     for (int i = 0; i < s.ep_nodes_size(); ++i) members.push_back({s.ep_nodes(i), s.ep_data(i)});
     if (s.ep_transport() == "nccl") {
       auto group = net::MakeNcclCommunicator(std::move(members), p.ep_rank, s.cuda_device(),
                                              s.nccl_unique_id());
-      if (!group.ok()) return ToGrpc(group.status().Wrap("node " + node_ + ": shard.ep_transport nccl"));
+      if (!group.ok()) return WorkerError(ctx, group.status().Wrap("node " + node_ + ": shard.ep_transport nccl"));
       nccl = group->get();
       ep_group = std::move(group).value();
     } else if (s.ep_transport().empty() || s.ep_transport() == "tcp") {
       auto group = net::MakeTcpCommunicator(data_plane_, std::move(members), p.ep_rank);
-      if (!group.ok()) return ToGrpc(group.status().Wrap("node " + node_));
+      if (!group.ok()) return WorkerError(ctx, group.status().Wrap("node " + node_));
       ep_group = std::move(group).value();
     } else {
-      return ToGrpc(InvalidArgument("shard.ep_transport: '" + s.ep_transport() + "', want tcp or nccl"));
+      return WorkerError(ctx, InvalidArgument("shard.ep_transport: '" + s.ep_transport() + "', want tcp or nccl"));
     }
   } else {
     p.ep_expert_begin.clear();
   }
   if (p.stage < 0 || p.stage >= p.num_stages)
-    return ToGrpc(InvalidArgument("shard.stage " + std::to_string(p.stage) + " outside [0, " +
+    return WorkerError(ctx, InvalidArgument("shard.stage " + std::to_string(p.stage) + " outside [0, " +
                                   std::to_string(p.num_stages) + ")"));
   if (!p.head && (s.next_node().empty() || s.next_data().empty()))
-    return ToGrpc(InvalidArgument("shard.next_node / shard.next_data: empty on a stage without the head"));
+    return WorkerError(ctx, InvalidArgument("shard.next_node / shard.next_data: empty on a stage without the head"));
   if (p.stage > 0 && s.prev_node().empty())
-    return ToGrpc(InvalidArgument("shard.prev_node: empty on stage " + std::to_string(p.stage)));
+    return WorkerError(ctx, InvalidArgument("shard.prev_node: empty on stage " + std::to_string(p.stage)));
   auto dtype = ParseActivationDType(s.activation_dtype().empty() ? "f32" : s.activation_dtype());
-  if (!dtype.ok()) return ToGrpc(dtype.status().Wrap("shard"));
+  if (!dtype.ok()) return WorkerError(ctx, dtype.status().Wrap("shard"));
   // Stage hops over NCCL: a two-rank communicator per hop, the sending stage rank 0.
   std::unique_ptr<net::NcclCommunicator> next_link, prev_link;
   if (s.stage_transport() == "nccl") {
@@ -90,17 +96,17 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
     if (!p.head) {
       auto l = link({{node_, ""}, {s.next_node(), s.next_data()}}, 0, s.next_nccl_id(),
                     "to the next stage");
-      if (!l.ok()) return ToGrpc(l.status());
+      if (!l.ok()) return WorkerError(ctx, l.status());
       next_link = std::move(l).value();
     }
     if (p.stage > 0) {
       auto l = link({{s.prev_node(), ""}, {node_, ""}}, 1, s.prev_nccl_id(),
                     "from the previous stage");
-      if (!l.ok()) return ToGrpc(l.status());
+      if (!l.ok()) return WorkerError(ctx, l.status());
       prev_link = std::move(l).value();
     }
   } else if (!s.stage_transport().empty() && s.stage_transport() != "tcp") {
-    return ToGrpc(InvalidArgument("shard.stage_transport: '" + s.stage_transport() +
+    return WorkerError(ctx, InvalidArgument("shard.stage_transport: '" + s.stage_transport() +
                                   "', want tcp or nccl"));
   }
   {
@@ -112,8 +118,16 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   executor_.SetPrev(nullptr);
   Status st = runtime_.Load(p, ep_group.get());
   if (!st.ok()) {
+    // The old shard's wiring is gone: unloaded, never half-wired (Health says loaded: false
+    // and the coordinator loads it again).
+    runtime_.Unload();
+    epoch_ = 0;
+    {
+      std::lock_guard<std::mutex> g(shard_mu_);
+      shard_.Clear();
+    }
     FM_LOG(kError, "worker") << node_ << ": " << st.ToString();
-    return ToGrpc(st.Wrap("node " + node_ + " loading its shard"));
+    return WorkerError(ctx, st.Wrap("node " + node_ + " loading its shard"));
   }
   ep_group_ = std::move(ep_group);   // the runtime now uses the new group (or none)
   next_link_ = std::move(next_link);
@@ -134,6 +148,10 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext*, const flashmesh::v1:
   if (prev_link_) executor_.SetPrev(NewCommActivationSource(prev_link_.get(), 0));
   receiver_.SetPeer(p.stage > 0 && !prev_link_ ? s.prev_node() : "");
   epoch_ = s.epoch();
+  {
+    std::lock_guard<std::mutex> g(shard_mu_);
+    shard_ = s;
+  }
   draining_ = false;
   resp->set_weight_bytes(runtime_.weight_bytes());
   resp->set_vocab_size(static_cast<int32_t>(runtime_.config().vocab_size));
@@ -152,6 +170,9 @@ grpc::Status WorkerService::Health(grpc::ServerContext*, const flashmesh::v1::He
   resp->set_loaded(runtime_.loaded() && group_ok);
   resp->set_epoch(epoch_);
   resp->set_draining(draining_);
+  for (uint64_t id : runtime_.sequence_ids()) resp->add_seq_ids(id);
+  std::lock_guard<std::mutex> g(shard_mu_);
+  if (runtime_.loaded()) *resp->mutable_shard() = shard_;
   return grpc::Status::OK;
 }
 
@@ -187,10 +208,11 @@ grpc::Status WorkerService::Drain(grpc::ServerContext*, const flashmesh::v1::Dra
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::StartSequence(grpc::ServerContext*,
+grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
                                           const flashmesh::v1::StartSequenceRequest* req,
                                           flashmesh::v1::StartSequenceResponse* resp) {
-  if (draining_) return ToGrpc(Unavailable("node " + node_ + " is draining"));
+  if (draining_ || stopping_)
+    return WorkerError(ctx, Unavailable("node " + node_ + (stopping_ ? " is stopping" : " is draining")));
   SamplerConfig sp;
   const auto& s = req->sampling();
   sp.greedy = s.greedy();
@@ -199,7 +221,7 @@ grpc::Status WorkerService::StartSequence(grpc::ServerContext*,
   sp.top_k = s.top_k();
   sp.seed = s.seed();
   Status st = runtime_.StartSequence(req->seq_id(), req->max_context(), sp);
-  if (!st.ok()) return ToGrpc(st.Wrap("node " + node_));
+  if (!st.ok()) return WorkerError(ctx, st.Wrap("node " + node_));
   resp->set_kv_bytes(runtime_.kv_bytes());
   return grpc::Status::OK;
 }
@@ -215,19 +237,34 @@ grpc::Status WorkerService::FreeSequence(grpc::ServerContext*,
 grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
                                       const flashmesh::v1::StepBatchRequest* req,
                                       flashmesh::v1::StepBatchResponse* resp) {
-  if (!runtime_.loaded()) return ToGrpc(Unavailable("node " + node_ + ": no shard loaded"));
+  if (!runtime_.loaded()) return WorkerError(ctx, Unavailable("node " + node_ + ": no shard loaded"));
+  if (stopping_) return WorkerError(ctx, Unavailable("node " + node_ + " is stopping"));
+  // Refused before it joins the step order: a step that cannot run must not make the next
+  // real step wait for it.
+  if (req->items_size() == 0 && !runtime_.placement().expert_parallel())
+    return WorkerError(ctx, InvalidArgument("node " + node_ + ": step " + std::to_string(req->step_id()) +
+                                            " has no items (only an EP member runs empty steps)"));
+  for (const auto& item : req->items())
+    if (!runtime_.HasSequence(item.seq_id()))
+      return WorkerError(ctx, NotFound("node " + node_ + " does not hold sequence " +
+                                       std::to_string(item.seq_id()) + " of step " +
+                                       std::to_string(req->step_id()) +
+                                       " (the worker was reset or restarted)"),
+                         kFaultLostSequences);
   std::vector<StepSlice> slices(req->items_size());
   for (int i = 0; i < req->items_size(); ++i) {
     slices[i].seq_id = req->items(i).seq_id();
     slices[i].tokens.assign(req->items(i).tokens().begin(), req->items(i).tokens().end());
   }
+  // A tenth before the caller's deadline: a step waiting for a peer that froze answers so
+  // itself, and the coordinator blames the peer (which does not answer) rather than this node.
   auto deadline = StageExecutor::Clock::now() + std::chrono::minutes(10);
   if (ctx->deadline() != std::chrono::system_clock::time_point::max())
-    deadline = StageExecutor::Clock::now() + (ctx->deadline() - std::chrono::system_clock::now());
+    deadline = StageExecutor::Clock::now() + (ctx->deadline() - std::chrono::system_clock::now()) * 9 / 10;
   std::vector<SampledId> sampled;
   Status st = executor_.RunStep(req->step_id(), req->prev_step_id(), std::move(slices), deadline,
                                 &sampled);
-  if (!st.ok()) return ToGrpc(st.Wrap("node " + node_));
+  if (!st.ok()) return WorkerError(ctx, st.Wrap("node " + node_));
   for (const auto& t : sampled) {
     auto* out = resp->add_tokens();
     out->set_seq_id(t.seq_id);
@@ -244,10 +281,10 @@ grpc::Status WorkerService::Reset(grpc::ServerContext*, const flashmesh::v1::Res
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::NewNcclId(grpc::ServerContext*, const flashmesh::v1::NewNcclIdRequest*,
+grpc::Status WorkerService::NewNcclId(grpc::ServerContext* ctx, const flashmesh::v1::NewNcclIdRequest*,
                                       flashmesh::v1::NewNcclIdResponse* resp) {
   Result<std::string> id = net::NcclNewUniqueId();
-  if (!id.ok()) return ToGrpc(id.status().Wrap("node " + node_));
+  if (!id.ok()) return WorkerError(ctx, id.status().Wrap("node " + node_));
   resp->set_unique_id(*id);
   return grpc::Status::OK;
 }

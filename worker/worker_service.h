@@ -45,12 +45,19 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
   grpc::Status NewNcclId(grpc::ServerContext*, const flashmesh::v1::NewNcclIdRequest*,
                          flashmesh::v1::NewNcclIdResponse*) override;
 
+  // Before the gRPC server's Shutdown: refuses new steps and sequences, ends the waiting and
+  // running steps, so that no handler outlives the shutdown's grace period.
+  void Stop();
+
  private:
   std::string node_;
   std::string model_dir_override_;
   std::mutex load_mu_;   // one LoadShard at a time
   std::atomic<uint64_t> epoch_{0};
+  mutable std::mutex shard_mu_;
+  flashmesh::v1::ShardSpec shard_;   // what the last good LoadShard asked for; cleared on failure
   std::atomic<bool> draining_{false};
+  std::atomic<bool> stopping_{false};
   net::Transport* data_plane_;
   std::unique_ptr<net::Communicator> ep_group_;  // expert-parallel group of the loaded shard
   // transport nccl: the hops to the next and from the previous stage (the executor's sink and

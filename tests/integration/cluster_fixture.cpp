@@ -149,8 +149,9 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
     << "transport: " << spec.transport << "\n"
     << "nodes:\n";
   const int workers = spec.stages * spec.expert_parallel;
+  for (int i = 0; i < workers; ++i) control_ports_.push_back(FreePort());
   for (int i = 0; i < workers; ++i)
-    y << "  - { name: " << node(i) << ", control: 127.0.0.1:" << FreePort()
+    y << "  - { name: " << node(i) << ", control: 127.0.0.1:" << control_ports_[i]
       << ", data: 127.0.0.1:" << FreePort() << ", device: "
       << (spec.transport == "nccl" ? "cuda:" + std::to_string(i % std::max(1, spec.gpus))
                                    : spec.device)
@@ -168,10 +169,10 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
   workers_.resize(workers);
 }
 
-void Cluster::StartWorker(int i) {
-  workers_[i] = std::make_unique<Process>(
-      std::vector<std::string>{"worker", "--config", yaml_, "--node", node(i), "--threads", "1"},
-      dir_.path() + "/" + node(i) + ".log");
+void Cluster::StartWorker(int i, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"worker", "--config", yaml_, "--node", node(i), "--threads", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  workers_[i] = std::make_unique<Process>(args, dir_.path() + "/" + node(i) + ".log");
 }
 
 void Cluster::StartCoordinator() {

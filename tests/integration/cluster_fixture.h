@@ -79,11 +79,15 @@ class Cluster {
   std::string api() const { return "127.0.0.1:" + std::to_string(api_port_); }
   int http_port() const { return http_port_; }   // 0 without spec.http
   std::string node(int i) const { return "w" + std::to_string(i); }
-  void StartWorker(int i);
+  // Worker i's control address (its Worker gRPC service).
+  std::string control(int i) const { return "127.0.0.1:" + std::to_string(control_ports_[i]); }
+  // `extra` arguments after the usual ones (e.g. --model DIR).
+  void StartWorker(int i, const std::vector<std::string>& extra = {});
   void StartCoordinator();
   void StartAll();
   int workers() const { return static_cast<int>(workers_.size()); }
   Process* worker(int i) { return workers_[i].get(); }
+  Process* coordinator() { return coordinator_.get(); }
   void KillWorker(int i, int sig);
   std::string Logs() const;
 
@@ -93,6 +97,7 @@ class Cluster {
   std::string yaml_;
   int api_port_ = 0;
   int http_port_ = 0;
+  std::vector<int> control_ports_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<Process> coordinator_;
 };

@@ -1,7 +1,9 @@
 // The Inference API of `flashmesh serve`: request validation, queue limits, bearer tokens.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "tests/integration/cluster_fixture.h"
@@ -50,11 +52,25 @@ TEST_F(ApiTest, BadInputsAreInvalidArgumentNamingTheField) {
   neg_t.mutable_sampling()->set_greedy(false);
   neg_t.mutable_sampling()->set_temperature(-0.5f);
   ExpectError(Generate(stub.get(), neg_t), grpc::StatusCode::INVALID_ARGUMENT, "sampling.temperature");
+  for (float t : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    auto bad_t = TokensRequest({5, 6}, 4);
+    bad_t.mutable_sampling()->set_greedy(false);
+    bad_t.mutable_sampling()->set_temperature(t);
+    ExpectError(Generate(stub.get(), bad_t), grpc::StatusCode::INVALID_ARGUMENT, "is not a finite number");
+  }
   for (float p : {0.0f, -0.1f, 1.5f}) {
     auto bad_p = TokensRequest({5, 6}, 4);
+    bad_p.mutable_sampling()->set_greedy(false);
+    bad_p.mutable_sampling()->set_temperature(0.7f);
     bad_p.mutable_sampling()->set_top_p(p);
     ExpectError(Generate(stub.get(), bad_p), grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p");
   }
+  // Greedy ignores the other sampling fields (api.proto), whatever they hold.
+  auto greedy_nan = TokensRequest({5, 6}, 3);
+  greedy_nan.mutable_sampling()->set_temperature(std::nanf(""));
+  greedy_nan.mutable_sampling()->set_top_p(7.f);
+  Generation g = Generate(stub.get(), greedy_nan);
+  EXPECT_TRUE(g.status.ok()) << g.status.error_message();
   // And a good request still works afterwards.
   Generation ok = Generate(stub.get(), TokensRequest({5, 6}, 3));
   ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();

@@ -104,7 +104,8 @@ TEST(ExpertParallel, NcclTransportEqualsSingleProcessOrSaysWhyItCannotLoad) {
 #endif
   std::string out;
   EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s), 1) << out;   // degraded
-  EXPECT_NE(out.find("node w0 is not up: LoadShard failed"), std::string::npos) << out;
+  EXPECT_EQ(out.rfind("degraded: node w0 (", 0), 0u) << out;
+  EXPECT_NE(out.find(") is down: LoadShard failed"), std::string::npos) << out;
   auto stub = Connect(cluster.api());
   Generation g = Generate(stub.get(), Request(0));
   EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();

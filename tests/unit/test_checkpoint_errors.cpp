@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "model/checkpoint.h"
+#include "model/config.h"
 #include "tests/unit/test_checkpoint_util.h"
 
 namespace fm {
@@ -33,6 +34,12 @@ std::string OpenError(const std::string& dir) {
 
 const char* kNorm = "layers.1.attn_norm.weight";
 const char* kWqa = "layers.2.attn.wq_a.weight";
+
+TEST(CheckpointErrors, CorruptConfigJsonNamesLineAndColumn) {
+  auto c = ParseModelConfig("{\n  \"vocab_size\": 10,\n  oops\n}\n", "m/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "m/config.json:3:3: not valid JSON");
+}
 
 TEST(CheckpointErrors, TruncatedShard) {
   const std::string d = TinyCopy("truncated");

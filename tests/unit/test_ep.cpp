@@ -255,7 +255,8 @@ void ExpectEpEqualsLocal(int members, int64_t layer) {
       ASSERT_TRUE(local.RunRouted(layer, x.data(), T, ids.data(), w.data(), want.data()).ok());
       Status st = ep.RunRouted(layer, x.data(), T, ids.data(), w.data(), got.data());
       ASSERT_TRUE(st.ok()) << st.ToString();
-      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+      // T may be 0 (a member without rows): no memcmp of null pointers then.
+      EXPECT_TRUE(want.empty() || std::memcmp(want.data(), got.data(), want.size() * 4) == 0)
           << "member " << r << " step " << step << ": EP differs from one process";
     }
     if (r == 0) remote_bytes = ep.stats().dispatch_bytes + ep.stats().combine_bytes;

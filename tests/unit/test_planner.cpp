@@ -192,6 +192,14 @@ TEST(Planner, RefusesAPlanThatDoesNotFitNamingNodeAndNumbers) {
   EXPECT_NE(msg.find("but has 121.0 GiB (memory_gib)"), std::string::npos) << msg;
 }
 
+TEST(Planner, ATinyMemoryIsPrintedWithItsDigitsNotAsZero) {
+  ClusterConfig c = Cluster(1, 1, 1, 0.001);
+  auto p = PlanShards(SmallModel(), c);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("but has 0.001 GiB (memory_gib)"), std::string::npos)
+      << p.status().message();
+}
+
 TEST(Planner, FixedKvPoolReplacesTheComputedKv) {
   const ModelConfig m = SmallModel();
   ClusterConfig c = Cluster(2, 2, 1, 100);

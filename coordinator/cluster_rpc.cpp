@@ -1,0 +1,86 @@
+// The Cluster's worker RPCs for the Scheduler (WorkerSet): async gRPC calls with deadlines,
+// each result classified by who it belongs to (RpcFault) from the worker's trailing metadata.
+#include <grpcpp/grpcpp.h>
+
+#include "coordinator/cluster.h"
+#include "worker/grpc_status.h"
+
+namespace fm {
+namespace {
+
+template <typename Req, typename Resp>
+struct PendingCall {
+  grpc::ClientContext ctx;
+  Req req;
+  Resp resp;
+};
+
+std::chrono::system_clock::time_point ToSystem(WorkerSet::Deadline d) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(d - std::chrono::steady_clock::now());
+}
+
+// An error without the worker's fault mark never reached the worker's code: the node (or the
+// network to it) failed, whatever the code or text.
+RpcResult Classify(const NodeHandle& node, const grpc::ClientContext& ctx, const grpc::Status& s) {
+  if (s.ok()) return {};
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find(kFaultKey);
+  if (it == md.end()) {
+    const std::string what = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                                 ? "did not answer in time"
+                                 : "is unavailable: " + s.error_message();
+    return {Unavailable("node " + node.name() + " (" + node.control() + ") " + what), RpcFault::kUnreachable};
+  }
+  const bool lost = std::string(it->second.data(), it->second.size()) == kFaultLostSequences;
+  return {FromGrpc(s), lost ? RpcFault::kLostSequences : RpcFault::kWorker};
+}
+
+// Starts one async call: `start(ctx, req, resp, on_done)` issues it on the node's stub.
+template <typename Req, typename Resp, typename Start>
+std::shared_ptr<PendingCall<Req, Resp>> Call(NodeHandle* node, const Req& req, WorkerSet::Deadline deadline,
+                                             WorkerSet::Done<Resp> done, Start start) {
+  auto p = std::make_shared<PendingCall<Req, Resp>>();
+  p->req = req;
+  p->ctx.set_deadline(ToSystem(deadline));
+  start(&p->ctx, &p->req, &p->resp, [p, node, done = std::move(done)](grpc::Status s) {
+    done(Classify(*node, p->ctx, s), std::move(p->resp));
+  });
+  return p;
+}
+
+}  // namespace
+
+void Cluster::StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req, Deadline deadline,
+                            Done<flashmesh::v1::StartSequenceResponse> done) {
+  NodeHandle* n = nodes_[worker].get();
+  Call(n, req, deadline, std::move(done), [n](auto* ctx, auto* q, auto* r, auto cb) {
+    n->stub()->async()->StartSequence(ctx, q, r, std::move(cb));
+  });
+}
+
+void Cluster::FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req, Deadline deadline,
+                           Done<flashmesh::v1::FreeSequenceResponse> done) {
+  NodeHandle* n = nodes_[worker].get();
+  Call(n, req, deadline, std::move(done), [n](auto* ctx, auto* q, auto* r, auto cb) {
+    n->stub()->async()->FreeSequence(ctx, q, r, std::move(cb));
+  });
+}
+
+void Cluster::Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) {
+  NodeHandle* n = nodes_[worker].get();
+  Call(n, flashmesh::v1::ResetRequest(), deadline, std::move(done), [n](auto* ctx, auto* q, auto* r, auto cb) {
+    n->stub()->async()->Reset(ctx, q, r, std::move(cb));
+  });
+}
+
+std::function<void()> Cluster::StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,
+                                         Deadline deadline, Done<flashmesh::v1::StepBatchResponse> done) {
+  NodeHandle* n = nodes_[worker].get();
+  auto p = Call(n, req, deadline, std::move(done), [n](auto* ctx, auto* q, auto* r, auto cb) {
+    n->stub()->async()->StepBatch(ctx, q, r, std::move(cb));
+  });
+  return [p] { p->ctx.TryCancel(); };
+}
+
+}  // namespace fm

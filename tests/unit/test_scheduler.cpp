@@ -1,0 +1,567 @@
+// The Scheduler against a fake cluster (a WorkerSet with scripted workers): step order,
+// failure attribution, cancellation, backpressure, draining, the reset barrier, step deadlines.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "coordinator/scheduler.h"
+
+namespace fm {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// Workers w0.. (stage-major); the last stage "samples" each item's last token + 1. Every RPC
+// answers at once unless its kind is held: then it waits for Release (or, a step, for its
+// cancel). step_fault, when set, answers a step instead of the worker.
+class FakeWorkers final : public WorkerSet {
+ public:
+  struct Step {
+    int worker;
+    flashmesh::v1::StepBatchRequest req;
+    Clock::duration budget;   // deadline - the time it was sent
+  };
+
+  explicit FakeWorkers(int stages) : stages_(stages), down_(stages, false) {
+    for (int i = 0; i < stages; ++i) {
+      std::string name = "w", control = "fake:";
+      name += std::to_string(i);
+      control += std::to_string(i);
+      infos_.push_back({name, control, 0, i == stages - 1});
+    }
+  }
+
+  int num_stages() const override { return stages_; }
+  int expert_parallel() const override { return 1; }
+  const std::vector<WorkerInfo>& workers() const override { return infos_; }
+  Status Ready() const override {
+    FM_RETURN_IF_ERROR(Running());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ >= 0) return Unavailable("node w" + std::to_string(draining_) + " is draining");
+    return Status::Ok();
+  }
+  Status Running() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int i = 0; i < stages_; ++i)
+      if (down_[i]) return Unavailable("node w" + std::to_string(i) + " is down");
+    return Status::Ok();
+  }
+  bool down(int w) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return down_[w];
+  }
+  void MarkDown(int w, const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      down_[w] = true;
+      marked_down_.push_back(w);
+    }
+    Changed();
+  }
+  void OnChange(std::function<void()> fn) override { listener_ = std::move(fn); }
+  void OnHeld(std::function<void(int, std::vector<uint64_t>, Deadline)> fn) override {
+    held_listener_ = std::move(fn);
+  }
+
+  void StartSequence(int w, const flashmesh::v1::StartSequenceRequest& req, Deadline,
+                     Done<flashmesh::v1::StartSequenceResponse> done) override {
+    auto finish = [this, w, id = req.seq_id(), done] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        held_[w].insert(id);
+        max_live_ = std::max(max_live_, held_[w].size());
+      }
+      done({}, {});
+    };
+    Run("start", w, std::move(finish));
+  }
+  void FreeSequence(int w, const flashmesh::v1::FreeSequenceRequest& req, Deadline,
+                    Done<flashmesh::v1::FreeSequenceResponse> done) override {
+    Run("free", w, [this, w, req, done] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (uint64_t id : req.seq_ids()) held_[w].erase(id);
+      }
+      done({}, {});
+    });
+  }
+  void Reset(int w, Deadline, Done<flashmesh::v1::ResetResponse> done) override {
+    Run("reset", w, [this, w, done] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        held_[w].clear();
+      }
+      done({}, {});
+    });
+  }
+  std::function<void()> StepBatch(int w, const flashmesh::v1::StepBatchRequest& req, Deadline deadline,
+                                  Done<flashmesh::v1::StepBatchResponse> done) override {
+    auto once = std::make_shared<std::once_flag>();
+    auto answer = [this, w, req, done, once] {
+      std::call_once(*once, [&] {
+        RpcResult r;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (step_fault_) r = step_fault_(w, req);
+        }
+        flashmesh::v1::StepBatchResponse resp;
+        if (r.ok() && infos_[w].head)
+          for (const auto& item : req.items()) {
+            auto* t = resp.add_tokens();
+            t->set_seq_id(item.seq_id());
+            t->set_id(item.tokens(item.tokens_size() - 1) + 1);
+          }
+        done(r, resp);
+      });
+    };
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      steps_.push_back({w, req, deadline - Clock::now()});
+    }
+    Run("step", w, answer);
+    return [once, done] {
+      std::call_once(*once, [&] { done({Cancelled("cancelled"), RpcFault::kUnreachable}, {}); });
+    };
+  }
+
+  // Test controls.
+  // A heartbeat of worker w: what it holds now.
+  void Heartbeat(int w) {
+    const auto asked = Clock::now();
+    std::vector<uint64_t> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ids.assign(held_[w].begin(), held_[w].end());
+    }
+    held_listener_(w, ids, asked);
+  }
+  void AddHeld(int w, uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_[w].insert(id);
+  }
+  void DropHeld(int w, uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_[w].erase(id);
+  }
+  void Hold(const std::string& kind) {
+    std::lock_guard<std::mutex> lock(mu_);
+    holding_.insert(kind);
+  }
+  // Stops holding `kind` and answers every held call of it.
+  void Release(const std::string& kind) {
+    std::vector<std::function<void()>> calls;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      holding_.erase(kind);
+      calls.swap(held_calls_[kind]);
+    }
+    for (auto& c : calls) c();
+  }
+  size_t HeldCalls(const std::string& kind) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_calls_[kind].size();
+  }
+  void SetStepFault(std::function<RpcResult(int, const flashmesh::v1::StepBatchRequest&)> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_fault_ = std::move(f);
+  }
+  void SetDown(int w, bool down) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      down_[w] = down;
+    }
+    Changed();
+  }
+  void SetDraining(int w) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      draining_ = w;
+    }
+    Changed();
+  }
+  std::vector<Step> steps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_;
+  }
+  std::vector<std::string> log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return log_;
+  }
+  size_t held(int w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_[w].size();
+  }
+  size_t max_live() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_live_;
+  }
+  std::vector<int> marked_down() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return marked_down_;
+  }
+
+ private:
+  void Run(const std::string& kind, int w, std::function<void()> answer) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      log_.push_back(kind + " w" + std::to_string(w));
+      if (holding_.count(kind)) {
+        held_calls_[kind].push_back(std::move(answer));
+        return;
+      }
+    }
+    answer();
+  }
+  void Changed() {
+    if (listener_) listener_();
+  }
+
+  int stages_;
+  std::vector<WorkerInfo> infos_;
+  mutable std::mutex mu_;
+  std::vector<bool> down_;
+  int draining_ = -1;
+  std::map<int, std::set<uint64_t>> held_;   // sequences each worker holds
+  size_t max_live_ = 0;
+  std::set<std::string> holding_;
+  std::map<std::string, std::vector<std::function<void()>>> held_calls_;
+  std::function<RpcResult(int, const flashmesh::v1::StepBatchRequest&)> step_fault_;
+  std::vector<Step> steps_;
+  std::vector<std::string> log_;
+  std::vector<int> marked_down_;
+  std::function<void()> listener_;
+  std::function<void(int, std::vector<uint64_t>, Deadline)> held_listener_;
+};
+
+GenerateParams Params(std::vector<int32_t> prompt, int64_t max_tokens) {
+  GenerateParams p;
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.sampling.set_greedy(true);
+  return p;
+}
+
+struct Outcome {
+  std::vector<int32_t> ids;
+  bool finished = false;
+  flashmesh::v1::FinishReason reason = flashmesh::v1::FINISH_REASON_UNSPECIFIED;
+  Status error;
+};
+
+// Every event until the finish or the error (or `timeout`: neither).
+Outcome Collect(RequestStream* s, std::chrono::milliseconds timeout = 5000ms) {
+  Outcome o;
+  const auto until = Clock::now() + timeout;
+  RequestStream::Event ev;
+  while (Clock::now() < until) {
+    if (!s->Pop(&ev, 20ms)) continue;
+    if (ev.kind == RequestStream::Event::kToken) {
+      o.ids.push_back(ev.token.id());
+    } else if (ev.kind == RequestStream::Event::kFinish) {
+      o.finished = true;
+      o.reason = ev.finish.reason();
+      return o;
+    } else {
+      o.error = ev.error;
+      return o;
+    }
+  }
+  return o;
+}
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 5000ms) {
+  const auto until = Clock::now() + timeout;
+  while (Clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return pred();
+}
+
+TEST(Scheduler, EveryRequestGetsItsTokensAndEveryWorkerRunsStepsInOrder) {
+  FakeWorkers w(3);
+  Scheduler s(&w, nullptr, {});
+  auto a = s.Submit(Params({5}, 4));
+  auto b = s.Submit(Params({100, 7}, 3));
+  ASSERT_TRUE(a.ok() && b.ok());
+  Outcome oa = Collect(a->get()), ob = Collect(b->get());
+  EXPECT_EQ(oa.ids, (std::vector<int32_t>{6, 7, 8, 9}));
+  EXPECT_EQ(oa.reason, flashmesh::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(ob.ids, (std::vector<int32_t>{8, 9, 10}));
+  // Each worker: increasing step ids, each naming the step sent before it (or 0).
+  std::map<int, uint64_t> last;
+  for (const auto& st : w.steps()) {
+    EXPECT_GT(st.req.step_id(), last[st.worker]);
+    EXPECT_TRUE(st.req.prev_step_id() == 0 || st.req.prev_step_id() == last[st.worker])
+        << "step " << st.req.step_id() << " prev " << st.req.prev_step_id();
+    last[st.worker] = st.req.step_id();
+  }
+  EXPECT_EQ(w.steps().front().req.prev_step_id(), 0u);
+  ASSERT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) + w.held(2) == 0; }));
+  EXPECT_TRUE(s.Health().ok());
+}
+
+TEST(Scheduler, AWorkerThatDoesNotAnswerIsBlamedNotThePeerWaitingForIt) {
+  FakeWorkers w(3);
+  Scheduler s(&w, nullptr, {});
+  w.SetStepFault([](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    if (worker == 1) return {Unavailable("node w1 (fake:1) is unavailable: connection refused"), RpcFault::kUnreachable};
+    if (worker == 2) return {DeadlineExceeded("node w2: step waited too long for its input"), RpcFault::kWorker};
+    return {};
+  });
+  auto a = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(a.ok());
+  Outcome o = Collect(a->get());
+  EXPECT_EQ(o.error.code(), Code::kUnavailable);
+  EXPECT_NE(o.error.message().find("node w1"), std::string::npos) << o.error.message();
+  EXPECT_EQ(w.marked_down(), std::vector<int>{1});
+  // The others are reset at once; the down one once it is back. Then requests run again.
+  ASSERT_TRUE(WaitFor([&] {
+    auto l = w.log();
+    return std::count(l.begin(), l.end(), "reset w0") == 1 && std::count(l.begin(), l.end(), "reset w2") == 1;
+  }));
+  EXPECT_FALSE(s.Health().ok());
+  w.SetStepFault(nullptr);
+  w.SetDown(1, false);
+  ASSERT_TRUE(WaitFor([&] { auto l = w.log(); return std::count(l.begin(), l.end(), "reset w1") == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+  auto b = s.Submit(Params({20}, 2));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(Collect(b->get()).ids, (std::vector<int32_t>{21, 22}));
+}
+
+TEST(Scheduler, AWorkerThatLostTheSequencesEndsTheRequestsUnavailableWithItsReason) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.SetStepFault([](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    if (worker == 0) return {NotFound("node w0 does not hold sequence 1 of step 1"), RpcFault::kLostSequences};
+    return {};
+  });
+  auto a = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(a.ok());
+  const auto t0 = Clock::now();
+  Outcome o = Collect(a->get());
+  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_EQ(o.error.code(), Code::kUnavailable);
+  EXPECT_NE(o.error.message().find("does not hold sequence 1"), std::string::npos) << o.error.message();
+  EXPECT_TRUE(w.marked_down().empty());
+}
+
+TEST(Scheduler, AWorkerErrorEndsTheRequestsWithItsCodeAndText) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.SetStepFault([](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    if (worker == 1) return {Internal("node w1: sampler exploded"), RpcFault::kWorker};
+    return {};
+  });
+  auto a = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(a.ok());
+  Outcome o = Collect(a->get());
+  EXPECT_EQ(o.error.code(), Code::kInternal);
+  EXPECT_EQ(o.error.message(), "step 1: node w1: sampler exploded");
+  EXPECT_TRUE(w.marked_down().empty());
+}
+
+TEST(Scheduler, CancelledQueuedRequestsLeaveTheQueueAtOnce) {
+  FakeWorkers w(2);
+  SchedulerLimits limits;
+  limits.max_batch = 1;
+  limits.max_queue = 2;
+  Scheduler s(&w, nullptr, limits);
+  w.Hold("start");
+  auto first = s.Submit(Params({1}, 2));   // admitted, starting
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("start") == 2; }));
+  auto q1 = s.Submit(Params({2}, 2));
+  auto q2 = s.Submit(Params({3}, 2));
+  ASSERT_TRUE(q1.ok() && q2.ok());
+  EXPECT_EQ(s.queued(), 2);
+  EXPECT_EQ(s.Submit(Params({4}, 2)).status().code(), Code::kResourceExhausted);
+  (*q1)->Cancel();
+  (*q2)->Cancel();
+  EXPECT_EQ(Collect(q1->get()).error.code(), Code::kCancelled);
+  auto q3 = s.Submit(Params({5}, 2));
+  EXPECT_TRUE(q3.ok()) << q3.status().ToString();
+  w.Release("start");
+  EXPECT_EQ(Collect(first->get()).ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(Collect(q3->get()).ids, (std::vector<int32_t>{6, 7}));
+}
+
+TEST(Scheduler, SixtyFourExpiredQueuedRequestsDoNotBlockANewOne) {
+  FakeWorkers w(2);
+  SchedulerLimits limits;
+  limits.max_batch = 1;
+  limits.max_queue = 64;
+  Scheduler s(&w, nullptr, limits);
+  w.Hold("start");
+  auto first = s.Submit(Params({1}, 1));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("start") == 2; }));
+  std::vector<std::shared_ptr<RequestStream>> expired;
+  for (int i = 0; i < 64; ++i) {
+    GenerateParams p = Params({10}, 1);
+    p.deadline = Clock::now() + 50ms;
+    auto r = s.Submit(std::move(p));
+    ASSERT_TRUE(r.ok());
+    expired.push_back(*r);
+  }
+  // They leave at their deadline, not when a slot frees up.
+  EXPECT_EQ(Collect(expired.back().get(), 2000ms).error.code(), Code::kDeadlineExceeded);
+  EXPECT_TRUE(WaitFor([&] { return s.queued() == 0; }));
+  auto fresh = s.Submit(Params({30}, 1));
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  w.Release("start");
+  EXPECT_EQ(Collect(fresh->get()).ids, std::vector<int32_t>{31});
+  expired.pop_back();   // collected above
+  for (auto& e : expired) EXPECT_EQ(Collect(e.get(), 100ms).error.code(), Code::kDeadlineExceeded);
+}
+
+TEST(Scheduler, AtMostMaxBatchSequencesLiveAndEveryRequestCompletes) {
+  FakeWorkers w(3);
+  SchedulerLimits limits;
+  limits.max_batch = 2;
+  Scheduler s(&w, nullptr, limits);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 6; ++i) streams.push_back(*s.Submit(Params({i * 100}, 5)));
+  for (int i = 0; i < 6; ++i) {
+    Outcome o = Collect(streams[i].get());
+    ASSERT_TRUE(o.finished) << i << ": " << o.error.ToString();
+    EXPECT_EQ(o.ids, (std::vector<int32_t>{i * 100 + 1, i * 100 + 2, i * 100 + 3, i * 100 + 4, i * 100 + 5}));
+  }
+  EXPECT_EQ(w.max_live(), 2u);   // two at a time, never more
+}
+
+TEST(Scheduler, CancellingALiveRequestFreesItOnEveryWorker) {
+  FakeWorkers w(3);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step");
+  auto a = s.Submit(Params({1}, 100));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 3; }));
+  (*a)->Cancel();
+  w.Release("step");
+  Outcome o = Collect(a->get());
+  EXPECT_EQ(o.reason, flashmesh::v1::FINISH_REASON_CANCELLED);
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) + w.held(2) == 0; }));
+  EXPECT_EQ(s.active(), 0);
+}
+
+TEST(Scheduler, DrainingFinishesWhatRunsAndTakesNothingNew) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step");
+  auto live = s.Submit(Params({1}, 3));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 2; }));
+  w.SetDraining(0);
+  auto refused = s.Submit(Params({2}, 3));
+  EXPECT_EQ(refused.status().code(), Code::kUnavailable);
+  EXPECT_NE(refused.status().message().find("draining"), std::string::npos);
+  w.Release("step");
+  Outcome o = Collect(live->get());
+  EXPECT_TRUE(o.finished) << o.error.ToString();
+  EXPECT_EQ(o.ids, (std::vector<int32_t>{2, 3, 4}));
+}
+
+TEST(Scheduler, AHeldStartSequenceDoesNotStallTheStepsOfOthers) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  auto a = s.Submit(Params({1}, 50));
+  ASSERT_TRUE(WaitFor([&] { return !w.steps().empty(); }));
+  w.Hold("start");
+  auto b = s.Submit(Params({500}, 2));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("start") == 2; }));
+  Outcome oa = Collect(a->get());   // all 50 tokens while b's StartSequence is unanswered
+  EXPECT_EQ(oa.ids.size(), 50u);
+  EXPECT_EQ(oa.ids.back(), 51);
+  w.Release("start");
+  EXPECT_EQ(Collect(b->get()).ids, (std::vector<int32_t>{501, 502}));
+}
+
+TEST(Scheduler, NothingStartsUntilEveryWorkerIsReset) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.SetStepFault([](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    return {Internal("node w" + std::to_string(worker) + ": broken"), RpcFault::kWorker};
+  });
+  w.Hold("reset");
+  auto a = s.Submit(Params({1}, 2));
+  EXPECT_EQ(Collect(a->get()).error.code(), Code::kInternal);
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("reset") == 2; }));
+  w.SetStepFault(nullptr);
+  auto b = s.Submit(Params({7}, 1));
+  ASSERT_TRUE(b.ok());
+  std::this_thread::sleep_for(100ms);
+  auto log = w.log();
+  EXPECT_EQ(std::count(log.begin(), log.end(), "start w0"), 1) << "started before the resets";
+  EXPECT_NE(s.Health().message().find("resetting"), std::string::npos);
+  w.Release("reset");
+  EXPECT_EQ(Collect(b->get()).ids, std::vector<int32_t>{8});
+  EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+}
+
+TEST(Scheduler, StepDeadlinesFollowRecentStepTimesAndAnOverdueStepDegradesHealth) {
+  FakeWorkers w(2);
+  SchedulerLimits limits;
+  limits.step_floor = 400ms;
+  limits.first_step = 3000ms;
+  Scheduler s(&w, nullptr, limits);
+  auto a = s.Submit(Params({1}, 5));
+  ASSERT_TRUE(Collect(a->get()).finished);
+  auto steps = w.steps();
+  ASSERT_GE(steps.size(), 4u);
+  EXPECT_GT(steps.front().budget, 2900ms);   // no recent steps yet: first_step
+  EXPECT_LT(steps.back().budget, 600ms);     // floor + 8 x (instant steps)
+  EXPECT_GT(steps.back().budget, 300ms);
+  w.Hold("step");
+  auto b = s.Submit(Params({1}, 5));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 2; }));
+  EXPECT_TRUE(s.Health().ok());
+  ASSERT_TRUE(WaitFor([&] { return !s.Health().ok(); }, 1000ms));   // past half of ~400 ms
+  EXPECT_NE(s.Health().message().find("overdue"), std::string::npos);
+  w.Release("step");
+  EXPECT_TRUE(Collect(b->get()).finished);
+  EXPECT_TRUE(s.Health().ok());
+}
+
+TEST(Scheduler, ASequenceNoRequestOwnsIsFreedAndDegradesHealthUntilItIsGone) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.AddHeld(1, 999);   // left behind by someone else
+  w.Heartbeat(1);
+  ASSERT_TRUE(WaitFor([&] { return w.held(1) == 0; }));
+  EXPECT_TRUE(s.Health().ok());
+  // A free that does not take: unowned at two beats in a row is stray.
+  w.Hold("free");
+  w.AddHeld(1, 998);
+  w.Heartbeat(1);
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("free") == 1; }));
+  EXPECT_TRUE(s.Health().ok());
+  w.Heartbeat(1);
+  ASSERT_TRUE(WaitFor([&] { return !s.Health().ok(); }));
+  EXPECT_EQ(s.Health().message(), "node w1 holds 1 sequence(s) no request owns (freeing them)");
+  w.Release("free");
+  w.Heartbeat(1);
+  EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+}
+
+TEST(Scheduler, ARequestWhoseSequenceAWorkerLostBetweenStepsEndsUnavailable) {
+  FakeWorkers w(1);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step");
+  auto a = s.Submit(Params({1}, 3));   // in flight (held)
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
+  auto b = s.Submit(Params({2}, 3));   // started, waiting for the one pipeline slot
+  ASSERT_TRUE(WaitFor([&] { return w.held(0) == 2; }));
+  std::this_thread::sleep_for(5ms);
+  w.DropHeld(0, 2);   // an out-of-band reset took b's sequence
+  w.Heartbeat(0);
+  Outcome ob = Collect(b->get());
+  EXPECT_EQ(ob.error.code(), Code::kUnavailable);
+  EXPECT_EQ(ob.error.message(), "node w0 lost sequence 2 (the worker was reset or restarted)");
+  w.Release("step");
+  EXPECT_EQ(Collect(a->get()).ids, (std::vector<int32_t>{2, 3, 4}));
+}
+
+}  // namespace
+}  // namespace fm
