@@ -67,6 +67,7 @@ int CmdStatus(int argc, char** argv) {
   if (flags->Has("json")) {
     nlohmann::json j;
     j["healthy"] = resp.healthy();
+    j["reason"] = resp.reason();
     j["model"] = resp.model();
     j["pipeline_stages"] = resp.pipeline_stages();
     j["expert_parallel"] = resp.expert_parallel();
@@ -103,6 +104,7 @@ int CmdStatus(int argc, char** argv) {
   std::printf("cluster: %s, %d stage(s), %d active / %d queued requests\n",
               resp.healthy() ? "healthy" : "NOT READY", resp.pipeline_stages(),
               resp.active_requests(), resp.queued_requests());
+  if (!resp.healthy()) std::printf("  %s\n", resp.reason().c_str());
   std::printf("%-14s %-8s %5s %-9s %-9s %10s %9s %6s %8s %7s %10s\n", "NODE", "STATE", "STAGE",
               "LAYERS", "EXPERTS", "WEIGHT_MiB", "KV_MiB", "SEQS", "TOK/S", "HB_AGE", "DATA_MiB");
   for (const auto& n : resp.nodes()) {

@@ -67,7 +67,21 @@ int CmdWorker(int argc, char** argv) {
                  nc->data.ToString().c_str(), listening.message().c_str());
     return 1;
   }
-  WorkerService service(node, flags->Get("model"), static_cast<int>(*threads), data_plane->get());
+  if (cfg->security.insecure && secret->empty())
+    FM_LOG(kWarn, "worker") << "security.insecure: this worker obeys any caller and takes data "
+                               "from any peer that claims a node's name";
+  WorkerSecurity security{.cluster_secret = *secret};
+  std::vector<net::AllowedPeer> peers;   // until LoadShard names this worker's: any node's
+  for (const NodeConfig& n : cfg->nodes) {
+    security.node_data[n.name] = n.data.ToString();
+    if (n.name != node) peers.push_back({n.name, n.data.host});
+  }
+  if (Status s = (*data_plane)->SetAllowedPeers(peers); !s.ok()) {
+    std::fprintf(stderr, "worker %s: data plane: %s\n", node.c_str(), s.message().c_str());
+    return 1;
+  }
+  WorkerService service(node, flags->Get("model"), static_cast<int>(*threads), data_plane->get(),
+                        std::move(security));
   int port = 0;
   auto server = StartGrpcServer(nc->control.ToString(), &service, &port);
   if (!server.ok()) {

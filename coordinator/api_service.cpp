@@ -182,7 +182,9 @@ grpc::Status ApiService::Tokenize(grpc::ServerContext* ctx, const flashmesh::v1:
 grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh::v1::ClusterStatusRequest*,
                                        flashmesh::v1::ClusterStatusResponse* resp) {
   if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
-  resp->set_healthy(cluster_->Ready().ok());
+  const Status ready = cluster_->Ready();
+  resp->set_healthy(ready.ok());
+  resp->set_reason(ready.message());
   resp->set_active_requests(scheduler_->active());
   resp->set_queued_requests(scheduler_->queued());
   resp->set_model(options_.model_name);

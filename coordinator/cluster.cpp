@@ -5,12 +5,19 @@
 #include <random>
 
 #include "common/log.h"
+#include "worker/control_auth.h"
 
 namespace fm {
 namespace {
 
 using flashmesh::v1::NodeState;
 constexpr auto kLoadTimeout = std::chrono::minutes(10);
+
+uint64_t UnixMillis() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
 
 uint64_t RandomEpoch() {
   std::random_device rd;
@@ -20,7 +27,8 @@ uint64_t RandomEpoch() {
 }  // namespace
 
 NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string data,
-                       flashmesh::v1::ShardSpec spec)
+                       flashmesh::v1::ShardSpec spec, const std::string& cluster_secret,
+                       uint64_t term)
     : plan_(plan), control_(std::move(control)), data_(std::move(data)), spec_(std::move(spec)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
@@ -28,8 +36,7 @@ NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string 
   // Reconnect quickly after a worker restarts under the same address.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  stub_ = flashmesh::v1::Worker::NewStub(
-      grpc::CreateCustomChannel(control_, grpc::InsecureChannelCredentials(), args));
+  stub_ = flashmesh::v1::Worker::NewStub(NewWorkerChannel(control_, args, cluster_secret, term));
 }
 
 NodeState NodeHandle::state() const {
@@ -61,7 +68,8 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     : options_(options),
       num_stages_(plan.pipeline_stages),
       expert_parallel_(plan.expert_parallel),
-      epoch_(RandomEpoch()) {
+      epoch_(RandomEpoch()),
+      term_(options.term ? options.term : UnixMillis()) {
   for (size_t i = 0; i < plan.workers.size(); ++i) {
     const WorkerPlan& w = plan.workers[i];
     flashmesh::v1::ShardSpec spec;
@@ -101,9 +109,11 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_device(device >= 0 ? "cuda:" + std::to_string(device) : "cpu");
     spec.set_activation_dtype(options.activation_dtype);
     spec.set_max_context(static_cast<int32_t>(options.max_context));
+    spec.set_max_step_rows(options.max_step_rows);
     spec.set_kv_cache_bytes(options.kv_cache_bytes);
     spec.set_epoch(epoch_);
-    nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec));
+    nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec,
+                                                  options.cluster_secret, term_));
   }
   // transport nccl: the EP groups and the stage hops are NCCL communicators, which cannot take
   // a restarted member back. Without hops each stage's EP group loads on its own; with hops
@@ -140,6 +150,11 @@ NodeHandle* Cluster::Find(const std::string& name) const {
 }
 
 Status Cluster::Ready() const {
+  if (stepped_down_) {
+    std::lock_guard<std::mutex> lock(step_down_mu_);
+    return Unavailable("this coordinator (term " + std::to_string(term_) + ") stepped down: " +
+                       step_down_reason_);
+  }
   for (const auto& n : nodes_) {
     NodeState s = n->state();
     if (s == flashmesh::v1::NODE_STATE_UP) continue;
@@ -177,6 +192,17 @@ void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& err
     listener_(node->name(), state == flashmesh::v1::NODE_STATE_UP);
 }
 
+void Cluster::StepDown(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(step_down_mu_);
+    if (stepped_down_) return;
+    step_down_reason_ = why;
+    stepped_down_ = true;
+  }
+  FM_LOG(kError, "coordinator") << "stepping down (term " << term_ << "): " << why
+                                << "; this coordinator no longer loads or steps any worker";
+}
+
 void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   SetState(node, flashmesh::v1::NODE_STATE_LOADING, "");
   flashmesh::v1::LoadShardRequest lreq;
@@ -188,6 +214,8 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   if (ls.ok()) {
     vocab_size_ = lresp.vocab_size();
     SetState(node, flashmesh::v1::NODE_STATE_UP, "");
+  } else if (ls.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    StepDown("node " + node->name() + " refused LoadShard: " + ls.error_message());
   } else {
     SetState(node, flashmesh::v1::NODE_STATE_DOWN, "LoadShard failed: " + ls.error_message());
   }
@@ -247,7 +275,7 @@ void Cluster::Heartbeat(NodeHandle* node) {
   const auto rpc_timeout = std::min<std::chrono::milliseconds>(options_.down_after / 2,
                                                                std::chrono::milliseconds(1000));
   NcclGroup* group = GroupOf(node);
-  while (!stop_) {
+  while (!stop_ && !stepped_down_) {
     const uint64_t seen = group ? group->generation.load() : 0;
     flashmesh::v1::HealthRequest req;
     flashmesh::v1::HealthResponse resp;
@@ -261,7 +289,9 @@ void Cluster::Heartbeat(NodeHandle* node) {
         node->ever_ok_ = true;
         node->last_ok_ = now;
       }
-      if (resp.node() != node->name()) {
+      if (resp.term() > term_) {
+        StepDown("node " + node->name() + " follows the newer term " + std::to_string(resp.term()));
+      } else if (resp.node() != node->name()) {
         SetState(node, flashmesh::v1::NODE_STATE_DOWN,
                  "the worker at " + node->control() + " says it is node '" + resp.node() + "'");
       } else if (!resp.loaded() || resp.epoch() != epoch_) {
@@ -272,6 +302,9 @@ void Cluster::Heartbeat(NodeHandle* node) {
       } else {
         SetState(node, flashmesh::v1::NODE_STATE_UP, "");
       }
+    } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      // It answers but not to us: another cluster secret (or not a worker of this cluster).
+      SetState(node, flashmesh::v1::NODE_STATE_DOWN, "refuses this coordinator's calls: " + s.error_message());
     } else {
       bool ever_ok;
       std::chrono::steady_clock::time_point last_ok;

@@ -180,6 +180,32 @@ Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConf
   return Status::Ok();
 }
 
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Without a cluster secret nothing authenticates the workers' callers and peers: every
+// listener must then be on loopback, unless security.insecure says the network is trusted.
+Status CheckExposure(const Parser& p, const YAML::Node& root, const ClusterConfig& cfg) {
+  if (!cfg.security.cluster_secret_file.empty() || cfg.security.insecure) return Status::Ok();
+  const std::string why = " is not a loopback address, and without "
+                          "security.cluster_secret_file anyone who reaches it controls the "
+                          "cluster (set the secret, or security.insecure: true on a trusted network)";
+  auto check = [&](const HostPort& hp, const std::string& who, const YAML::Node& at) {
+    return IsLoopback(hp.host) ? Status::Ok() : p.Error(at, who, hp.ToString() + why);
+  };
+  FM_RETURN_IF_ERROR(check(cfg.coordinator.listen, "coordinator.listen", root["coordinator"]["listen"]));
+  if (cfg.coordinator.http)
+    FM_RETURN_IF_ERROR(check(*cfg.coordinator.http, "coordinator.http", root["coordinator"]["http"]));
+  for (size_t i = 0; i < cfg.nodes.size(); ++i) {
+    const std::string path = "nodes[" + std::to_string(i) + "]";
+    const YAML::Node n = root["nodes"][i];
+    FM_RETURN_IF_ERROR(check(cfg.nodes[i].control, path + ".control", n["control"]));
+    FM_RETURN_IF_ERROR(check(cfg.nodes[i].data, path + ".data", n["data"]));
+  }
+  return Status::Ok();
+}
+
 Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
   FM_RETURN_IF_ERROR(p.Keys(root, "", {"model", "coordinator", "parallel", "transport",
                                        "activation_dtype", "nodes", "limits", "security",
@@ -262,7 +288,12 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
   }
 
   if (const YAML::Node s = root["security"]; s.IsDefined() && !s.IsNull()) {
-    FM_RETURN_IF_ERROR(p.Keys(s, "security", {"token_file", "cluster_secret_file", "tls"}));
+    FM_RETURN_IF_ERROR(p.Keys(s, "security", {"token_file", "cluster_secret_file", "tls", "insecure"}));
+    if (const YAML::Node in = s["insecure"]; in.IsDefined()) {
+      FM_ASSIGN_OR_RETURN(const std::string v, p.String(in, "security.insecure"));
+      if (v != "true" && v != "false") return p.Error(in, "security.insecure", "'" + v + "': want true or false");
+      cfg->security.insecure = v == "true";
+    }
     if (s["token_file"]) { FM_ASSIGN_OR_RETURN(cfg->security.token_file, p.Path(s["token_file"], "security.token_file")); }
     if (s["cluster_secret_file"]) {
       FM_ASSIGN_OR_RETURN(cfg->security.cluster_secret_file,
@@ -279,6 +310,8 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
       FM_ASSIGN_OR_RETURN(t.ca, p.Path(ca, "security.tls.ca"));
     }
   }
+
+  FM_RETURN_IF_ERROR(CheckExposure(p, root, *cfg));
 
   if (const YAML::Node h = root["heartbeat"]; h.IsDefined() && !h.IsNull()) {
     FM_RETURN_IF_ERROR(p.Keys(h, "heartbeat", {"interval_ms", "timeout_ms"}));

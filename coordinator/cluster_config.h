@@ -9,7 +9,7 @@
 //   activation_dtype: f32 | bf16     stage-to-stage frames; default f32 (bit-exact)
 //   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib }, ... ]  required
 //   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096 }
-//   security: { token_file, cluster_secret_file, tls: { cert, key, ca } }    all optional
+//   security: { token_file, cluster_secret_file, tls: { cert, key, ca }, insecure }  all optional
 //   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
 #pragma once
 #include <cstdint>
@@ -65,6 +65,9 @@ struct SecurityConfig {
   std::string token_file;           // API bearer tokens; "" = no API auth
   std::string cluster_secret_file;  // data-plane secret; "" = no data-plane auth (dev only)
   TlsConfig tls;                    // gRPC TLS; disabled when absent
+  // Without a cluster secret every listener must be on loopback unless this is true (a
+  // trusted network; the daemons warn at start).
+  bool insecure = false;
 };
 
 struct HeartbeatConfig {

@@ -31,6 +31,11 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
                                   std::chrono::milliseconds(2000));
   s.cluster.heartbeat_interval = std::min(interval, s.cluster.down_after / 4);
   s.cluster.max_context = cfg.limits.max_context;
+  s.cluster.max_step_rows = cfg.limits.max_batch * cfg.limits.max_context;
+  FM_ASSIGN_OR_RETURN(s.cluster.cluster_secret, ReadClusterSecret(cfg));
+  if (cfg.security.insecure && s.cluster.cluster_secret.empty())
+    FM_LOG(kWarn, "coordinator") << "security.insecure: the worker control RPCs and the data plane "
+                                    "are unauthenticated; anyone on this network controls the cluster";
   s.cluster.activation_dtype = cfg.activation_dtype;
   s.cluster.kv_cache_bytes = static_cast<uint64_t>(std::llround(cfg.limits.kv_cache_gib * 1073741824.0));
   s.limits.max_batch = cfg.limits.max_batch;

@@ -18,6 +18,7 @@ grpc::Status ToGrpc(const Status& s) {
     case Code::kInternal: code = G::INTERNAL; break;
     case Code::kCancelled: code = G::CANCELLED; break;
     case Code::kDeadlineExceeded: code = G::DEADLINE_EXCEEDED; break;
+    case Code::kFailedPrecondition: code = G::FAILED_PRECONDITION; break;
   }
   return grpc::Status(code, s.message());
 }
@@ -35,6 +36,7 @@ Status FromGrpc(const grpc::Status& s, const std::string& context) {
     case G::UNAUTHENTICATED: code = Code::kUnauthenticated; break;
     case G::CANCELLED: code = Code::kCancelled; break;
     case G::DEADLINE_EXCEEDED: code = Code::kDeadlineExceeded; break;
+    case G::FAILED_PRECONDITION: code = Code::kFailedPrecondition; break;
     default: break;
   }
   return Status(code, context + ": " + s.error_message());

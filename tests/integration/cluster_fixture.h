@@ -79,6 +79,11 @@ class Cluster {
   std::string api() const { return "127.0.0.1:" + std::to_string(api_port_); }
   int http_port() const { return http_port_; }   // 0 without spec.http
   std::string node(int i) const { return "w" + std::to_string(i); }
+  const std::string& control(int i) const { return control_[i]; }   // host:port of node i
+  const std::string& data(int i) const { return data_[i]; }
+  // A copy of the YAML whose coordinator listens on 127.0.0.1:api_port (a second coordinator).
+  std::string YamlWithApiPort(int api_port) const;
+  Process* coordinator() { return coordinator_.get(); }
   void StartWorker(int i);
   void StartCoordinator();
   void StartAll();
@@ -93,6 +98,7 @@ class Cluster {
   std::string yaml_;
   int api_port_ = 0;
   int http_port_ = 0;
+  std::vector<std::string> control_, data_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<Process> coordinator_;
 };
