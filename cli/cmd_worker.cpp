@@ -60,7 +60,8 @@ int CmdWorker(int argc, char** argv) {
     std::fprintf(stderr, "worker: %s\n", secret.status().message().c_str());
     return 1;
   }
-  auto data_plane = net::MakeTcpTransport({.self_name = node, .secret = *secret});
+  auto data_plane = net::MakeTcpTransport(
+      {.self_name = node, .secret = *secret, .encrypt = cfg->security.encrypt_data_plane});
   Status listening = data_plane.ok() ? (*data_plane)->Listen(nc->data.ToString()) : data_plane.status();
   if (!listening.ok()) {
     std::fprintf(stderr, "worker %s: data plane (nodes[].data %s): %s\n", node.c_str(),

@@ -288,11 +288,16 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
   }
 
   if (const YAML::Node s = root["security"]; s.IsDefined() && !s.IsNull()) {
-    FM_RETURN_IF_ERROR(p.Keys(s, "security", {"token_file", "cluster_secret_file", "tls", "insecure"}));
-    if (const YAML::Node in = s["insecure"]; in.IsDefined()) {
-      FM_ASSIGN_OR_RETURN(const std::string v, p.String(in, "security.insecure"));
-      if (v != "true" && v != "false") return p.Error(in, "security.insecure", "'" + v + "': want true or false");
-      cfg->security.insecure = v == "true";
+    FM_RETURN_IF_ERROR(p.Keys(s, "security", {"token_file", "cluster_secret_file", "tls", "insecure",
+                                              "encrypt_data_plane"}));
+    for (auto [key, out] : {std::pair{"insecure", &cfg->security.insecure},
+                            std::pair{"encrypt_data_plane", &cfg->security.encrypt_data_plane}}) {
+      const YAML::Node n = s[key];
+      if (!n.IsDefined()) continue;
+      const std::string path = std::string("security.") + key;
+      FM_ASSIGN_OR_RETURN(const std::string v, p.String(n, path));
+      if (v != "true" && v != "false") return p.Error(n, path, "'" + v + "': want true or false");
+      *out = v == "true";
     }
     if (s["token_file"]) { FM_ASSIGN_OR_RETURN(cfg->security.token_file, p.Path(s["token_file"], "security.token_file")); }
     if (s["cluster_secret_file"]) {
@@ -309,6 +314,9 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
       FM_ASSIGN_OR_RETURN(const YAML::Node ca, p.Required(tls, "security.tls", "ca"));
       FM_ASSIGN_OR_RETURN(t.ca, p.Path(ca, "security.tls.ca"));
     }
+    if (cfg->security.encrypt_data_plane && cfg->security.cluster_secret_file.empty())
+      return p.Error(s["encrypt_data_plane"], "security.encrypt_data_plane",
+                     "needs security.cluster_secret_file (the session keys come from it)");
   }
 
   FM_RETURN_IF_ERROR(CheckExposure(p, root, *cfg));

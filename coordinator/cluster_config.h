@@ -9,7 +9,8 @@
 //   activation_dtype: f32 | bf16     stage-to-stage frames; default f32 (bit-exact)
 //   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib }, ... ]  required
 //   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096 }
-//   security: { token_file, cluster_secret_file, tls: { cert, key, ca }, insecure }  all optional
+//   security: { token_file, cluster_secret_file, tls: { cert, key, ca }, insecure,
+//               encrypt_data_plane }                                         all optional
 //   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
 #pragma once
 #include <cstdint>
@@ -68,6 +69,9 @@ struct SecurityConfig {
   // Without a cluster secret every listener must be on loopback unless this is true (a
   // trusted network; the daemons warn at start).
   bool insecure = false;
+  // AES-256-GCM on every data-plane frame (needs the secret); without it frames carry an
+  // HMAC tag only (authenticated, readable on the wire).
+  bool encrypt_data_plane = false;
 };
 
 struct HeartbeatConfig {

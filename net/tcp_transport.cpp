@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "net/frame_auth.h"
 #include "net/handshake.h"
 
 namespace fm::net {
@@ -50,6 +51,8 @@ struct Conn {
   std::string remote;          // "ip:port" of the other end, for logs
   std::string local_close;     // why this side closed it (read loop reports it)
   std::mutex send_mu;          // one gather write in flight per socket: Send callers queue here
+  // Frame tags (with a secret): tx under send_mu, rx in the read loop; set before Register.
+  std::unique_ptr<FrameSealer> tx, rx;
 };
 
 void CloseSocket(Conn& c, const std::string& why) {
@@ -189,6 +192,12 @@ class TcpTransport final : public Transport {
       c = it->second.conn;
     }
     std::lock_guard<std::mutex> serial(c->send_mu);
+    std::vector<uint8_t> cipher;
+    FrameTag tag{};
+    if (c->tx)
+      FM_RETURN_IF_ERROR(c->tx->Seal(hdr.data(), payload, nbytes, &cipher, &tag)
+                             .Wrap("send to peer '" + peer + "'"));
+    const void* body = c->tx && c->tx->encrypt() ? static_cast<const void*>(cipher.data()) : payload;
     struct Op {
       std::mutex m;
       std::condition_variable cv;
@@ -196,7 +205,8 @@ class TcpTransport final : public Transport {
       error_code ec;
     };
     auto op = std::make_shared<Op>();
-    const std::array<asio::const_buffer, 2> bufs = {asio::buffer(hdr), asio::buffer(payload, nbytes)};
+    const std::array<asio::const_buffer, 3> bufs = {asio::buffer(hdr), asio::buffer(body, nbytes),
+                                                    asio::buffer(tag.data(), c->tx ? tag.size() : 0)};
     asio::post(io_, [c, op, bufs] {
       asio::async_write(c->socket, bufs, [op](const error_code& ec, size_t) {
         std::lock_guard<std::mutex> l(op->m);
@@ -220,7 +230,7 @@ class TcpTransport final : public Transport {
     if (op->ec) return Unavailable("send to peer '" + peer + "': " + op->ec.message());
     std::lock_guard<std::mutex> sl(mu_);
     stats_.frames_sent++;
-    stats_.bytes_sent += kFrameHeaderSize + nbytes;
+    stats_.bytes_sent += kFrameHeaderSize + nbytes + (c->tx ? kFrameTagSize : 0);
     return Status::Ok();
   }
 
@@ -421,6 +431,7 @@ class TcpTransport final : public Transport {
     co_await asio::async_write(c->socket, asio::buffer(kHandshakeOk), Redirect(ec));
     if (ec) co_return io_error("writing ok");
     c->peer = *dialer;
+    StartSession(*c, HandshakeRole::kAcceptor, dialer_nonce, *nonce, *dialer, opts_.self_name);
     co_return Status::Ok();
   }
 
@@ -495,7 +506,21 @@ class TcpTransport final : public Transport {
     if (ec) co_return io_error("reading ok");
     if (!std::equal(ok.begin(), ok.end(), kHandshakeOk))
       co_return Unauthenticated(who + ": bad handshake acknowledgement");
+    StartSession(*c, HandshakeRole::kDialer, *nonce, acceptor_nonce, opts_.self_name, peer);
     co_return Status::Ok();
+  }
+
+  // With a secret: the connection's frame sealers, one per direction, `me` being this side.
+  void StartSession(Conn& c, HandshakeRole me, const Nonce& dialer_nonce,
+                    const Nonce& acceptor_nonce, const std::string& dialer,
+                    const std::string& acceptor) const {
+    if (opts_.secret.empty()) return;
+    const HandshakeRole them = me == HandshakeRole::kDialer ? HandshakeRole::kAcceptor
+                                                            : HandshakeRole::kDialer;
+    c.tx = std::make_unique<FrameSealer>(
+        SessionKey(opts_.secret, me, dialer_nonce, acceptor_nonce, dialer, acceptor), opts_.encrypt);
+    c.rx = std::make_unique<FrameSealer>(
+        SessionKey(opts_.secret, them, dialer_nonce, acceptor_nonce, dialer, acceptor), opts_.encrypt);
   }
 
   // Whether `name` connecting from `from` is a peer of the plan (SetAllowedPeers).
@@ -576,6 +601,18 @@ class TcpTransport final : public Transport {
       }
       got += n;
     }
+    if (c->rx) {
+      FrameTag tag;
+      SocketDeadline deadline(c, opts_.frame_timeout);
+      co_await asio::async_read(c->socket, asio::buffer(tag), Redirect(ec));
+      if (deadline.fired()) co_return DeadlineExceeded("frame tag not received within " + limit);
+      if (ec) {
+        *bad_frame = false;
+        co_return Unavailable("connection lost inside a frame: " + ec.message());
+      }
+      if (Status t = c->rx->Open(hdr.data(), f.payload.data(), f.payload.size(), tag); !t.ok())
+        co_return t;
+    }
     if (Status v = VerifyFramePayload(f.header, f.payload.data(), f.payload.size()); !v.ok())
       co_return v;
     *bad_frame = false;
@@ -596,7 +633,7 @@ class TcpTransport final : public Transport {
         auto it = peers_.find(c->peer);
         if (it == peers_.end() || it->second.conn != c) continue;  // replaced: drop its frames
         stats_.frames_received++;
-        stats_.bytes_received += kFrameHeaderSize + f->payload.size();
+        stats_.bytes_received += kFrameHeaderSize + f->payload.size() + (c->rx ? kFrameTagSize : 0);
         it->second.queued_bytes += f->payload.size();
         it->second.queue.push_back(std::move(f).value());
       }
@@ -645,6 +682,8 @@ class TcpTransport final : public Transport {
 Result<std::unique_ptr<Transport>> MakeTcpTransport(const TransportOptions& options) {
   FM_RETURN_IF_ERROR(ValidatePeerName(options.self_name).Wrap("transport self_name"));
   if (options.max_payload == 0) return InvalidArgument("transport max_payload: must be > 0");
+  if (options.encrypt && options.secret.empty())
+    return InvalidArgument("transport encrypt: needs a cluster secret (security.cluster_secret_file)");
   if (options.frame_timeout.count() <= 0)
     return InvalidArgument("transport frame_timeout: must be > 0");
   return std::unique_ptr<Transport>(new TcpTransport(options));

@@ -33,7 +33,10 @@ struct TransportOptions {
   // Cluster secret (security.cluster_secret_file). Both sides prove knowledge of it with
   // HMAC-SHA256 over a fresh random nonce from each side before any frame is accepted.
   // Empty = no authentication: any peer with an empty secret is accepted (development only).
+  // With a secret every frame also carries a tag under a per-connection session key
+  // (frame_auth.h): a tampered, replayed or reordered frame closes the connection.
   std::string secret;
+  bool encrypt = false;   // security.encrypt_data_plane: AES-256-GCM payloads (needs a secret)
   uint64_t max_payload = kDefaultMaxFramePayload;  // larger incoming frames close the connection
   // Unread frames of one peer may hold at most this many bytes; a peer that sends more than
   // its reader takes is dropped (the bound on what a flooding peer can make us hold).

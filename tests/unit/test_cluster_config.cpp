@@ -128,6 +128,11 @@ TEST(ClusterConfig, WithoutASecretEveryListenerMustBeLoopbackUnlessInsecure) {
   EXPECT_TRUE(Parse(exposed("data: 127.0.0.1", "data: 10.1.1.1") +
                     "security: { cluster_secret_file: s }\n").ok());
   ExpectError(open + "security: { insecure: yes }\n", 4, "security.insecure: 'yes': want true or false");
+  ExpectError(open + "security: { encrypt_data_plane: true }\n", 4,
+              "security.encrypt_data_plane: needs security.cluster_secret_file");
+  auto encrypted = Parse(open + "security: { cluster_secret_file: s, encrypt_data_plane: true }\n");
+  ASSERT_TRUE(encrypted.ok()) << encrypted.status().ToString();
+  EXPECT_TRUE(encrypted->security.encrypt_data_plane);
 }
 
 TEST(ClusterConfig, UnknownKeysAtEveryLevel) {

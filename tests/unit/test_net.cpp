@@ -247,7 +247,7 @@ TEST(TcpTransport, OneMegabyteActivationRoundTrip) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->header.step_id, 8u);
   EXPECT_EQ(a->stats().frames_received, 1u);
-  EXPECT_EQ(a->stats().bytes_received, kFrameHeaderSize + v.size() * 4);
+  EXPECT_EQ(a->stats().bytes_received, kFrameHeaderSize + v.size() * 4 + kFrameTagSize);
 }
 
 TEST(TcpTransport, WaitForPeerSeesTheDialerOrTimesOut) {
@@ -331,13 +331,14 @@ TEST(TcpTransport, GarbagePeersAreDroppedWhileAGoodPeerKeepsWorking) {
   // 2. An authenticated peer that then sends a corrupt frame.
   tcp::socket evil(io);
   evil.connect(EndpointOf(a->listen_address()));
-  RawHandshake(evil, "evil", "a", "k");
+  RawSession session;
+  RawHandshake(evil, "evil", "a", "k", &session);
   if (HasFatalFailure()) return;
   ASSERT_TRUE(Eventually([&] { return a->IsConnected("evil"); }));
   auto bytes = GoodFrame({1.f, 2.f, 3.f, 4.f}, {4});
-  asio::write(evil, asio::buffer(bytes));  // one valid frame first
-  bytes[kFrameHeaderSize] ^= 0xFF;
-  asio::write(evil, asio::buffer(bytes));
+  WriteFrame(evil, session, bytes);  // one valid frame first
+  bytes[kFrameHeaderSize] ^= 0xFF;   // a corrupt payload under a valid tag: the CRC catches it
+  WriteFrame(evil, session, bytes);
   EXPECT_TRUE(ClosedByServer(evil, 2000ms));
   auto first = a->Recv("evil", 1000ms);
   ASSERT_TRUE(first.ok()) << first.status().ToString();  // queued before the bad one

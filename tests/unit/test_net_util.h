@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "net/frame.h"
+#include "net/frame_auth.h"
 #include "net/handshake.h"
 #include "net/tcp_transport.h"
 
@@ -98,9 +99,15 @@ inline tcp::endpoint EndpointOf(const std::string& address) {
           static_cast<uint16_t>(std::stoi(address.substr(colon + 1)))};
 }
 
+// What a hand-driven dialer needs to send frames the acceptor takes: with a secret, the sealer
+// of the dialer->acceptor direction (frame_auth.h); none without.
+struct RawSession {
+  std::unique_ptr<FrameSealer> tx;
+};
+
 // A hand-driven dialer (handshake.h) so that the test can send arbitrary bytes afterwards.
 inline void RawHandshake(tcp::socket& s, const std::string& me, const std::string& peer,
-                  const std::string& secret) {
+                         const std::string& secret, RawSession* session = nullptr) {
   Nonce mine{};
   mine[0] = 42;
   asio::write(s, asio::buffer(EncodeHello({me, mine})));
@@ -116,6 +123,21 @@ inline void RawHandshake(tcp::socket& s, const std::string& me, const std::strin
   std::array<uint8_t, 4> ok{};
   asio::read(s, asio::buffer(ok));
   ASSERT_EQ(std::memcmp(ok.data(), kHandshakeOk, 4), 0);
+  if (session && !secret.empty())
+    session->tx = std::make_unique<FrameSealer>(
+        SessionKey(secret, HandshakeRole::kDialer, mine, theirs, me, peer), false);
+}
+
+// Writes an encoded frame (header + payload) as the session's next frame: followed by its tag
+// when the session has one.
+inline void WriteFrame(tcp::socket& s, RawSession& session, const std::vector<uint8_t>& frame) {
+  asio::write(s, asio::buffer(frame));
+  if (!session.tx) return;
+  std::vector<uint8_t> cipher;
+  FrameTag tag{};
+  ASSERT_TRUE(session.tx->Seal(frame.data(), frame.data() + kFrameHeaderSize,
+                               frame.size() - kFrameHeaderSize, &cipher, &tag).ok());
+  asio::write(s, asio::buffer(tag));
 }
 
 // Reads until the server closes the socket; true if that happens within `limit`.
