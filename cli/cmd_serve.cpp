@@ -82,7 +82,7 @@ int CmdServe(int argc, char** argv) {
   }
   WorkerService worker("local", "", static_cast<int>(threads), data_plane->get());
   int worker_port = 0;
-  auto worker_server = StartGrpcServer("127.0.0.1:0", &worker, &worker_port);
+  auto worker_server = StartGrpcServer("127.0.0.1:0", &worker, &worker_port, kWorkerMaxRequestBytes);
   if (!worker_server.ok()) {
     std::fprintf(stderr, "serve: %s\n", worker_server.status().message().c_str());
     return 1;

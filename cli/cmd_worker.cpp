@@ -84,7 +84,7 @@ int CmdWorker(int argc, char** argv) {
   WorkerService service(node, flags->Get("model"), static_cast<int>(*threads), data_plane->get(),
                         std::move(security));
   int port = 0;
-  auto server = StartGrpcServer(nc->control.ToString(), &service, &port);
+  auto server = StartGrpcServer(nc->control.ToString(), &service, &port, kWorkerMaxRequestBytes);
   if (!server.ok()) {
     std::fprintf(stderr, "worker %s: %s\n", node.c_str(), server.status().message().c_str());
     return 1;

@@ -43,6 +43,7 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.limits.max_context = cfg.limits.max_context;
   s.api.max_tokens = cfg.limits.max_tokens;
   s.api.max_context = cfg.limits.max_context;
+  s.api.max_streams_per_client = cfg.limits.max_streams_per_client;
   s.api.model_name = s.model_dir;
   if (!cfg.security.token_file.empty()) {
     FM_ASSIGN_OR_RETURN(s.api.api_tokens, ReadApiTokens(cfg.security.token_file));
@@ -73,7 +74,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorSetup setup) 
   // Process-wide switches of gRPC, read when the server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  FM_ASSIGN_OR_RETURN(c->server_, StartGrpcServer(s.listen, c->api_.get(), &c->port_));
+  FM_ASSIGN_OR_RETURN(c->server_, StartGrpcServer(s.listen, c->api_.get(), &c->port_, kApiMaxRequestBytes));
   if (!s.http.empty()) {
     c->http_api_ = std::make_unique<HttpApi>(c->tokenizer_.get(), c->cluster_.get(), c->scheduler_.get(),
                                              c->api_.get(), &c->metrics_, s.api);

@@ -43,10 +43,11 @@ Status FromGrpc(const grpc::Status& s, const std::string& context) {
 }
 
 Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
-                                                      grpc::Service* service, int* bound_port) {
+                                                      grpc::Service* service, int* bound_port,
+                                                      int max_request_bytes) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), bound_port);
-  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxReceiveMessageSize(max_request_bytes);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -30,6 +30,10 @@ struct WorkerSecurity {
   std::map<std::string, std::string> node_data;
 };
 
+// The largest control request a worker parses: a StepBatch of every sequence's whole prompt
+// (max_batch x max_context token ids) stays far below it.
+inline constexpr int kWorkerMaxRequestBytes = 64 << 20;
+
 class WorkerService final : public flashmesh::v1::Worker::Service {
  public:
   // `model_dir_override`: load from this directory instead of the one LoadShard names.

@@ -265,5 +265,59 @@ TEST(Security, DataPlaneAttacksOnAWorkerAreDroppedWithItsMemoryBounded) {
   EXPECT_EQ(after, before) << cluster.Logs();
 }
 
+TEST(Security, PublicApiLimitsRequestSizePromptStopStringsAndStreamsPerClient) {
+  Server server;
+  ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
+  auto stub = Connect(server.api());
+  auto text = [](size_t bytes) {
+    v1::GenerateRequest r;
+    r.set_text(std::string(bytes, 'a'));
+    r.set_max_tokens(1);
+    return r;
+  };
+  Generation big = Generate(stub.get(), text(5 << 20));   // over the 4 MiB request limit
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.status.error_message();
+  Generation long_prompt = Generate(stub.get(), text(32 * 8192 + 1));   // serve: max_context 8192
+  EXPECT_EQ(long_prompt.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(long_prompt.status.error_message().find("input.text: 262145 bytes, more than 262144"),
+            std::string::npos) << long_prompt.status.error_message();
+  v1::GenerateRequest stops = TokensRequest({1, 2}, 1);
+  for (int i = 0; i < 5; ++i) stops.add_stop("s" + std::to_string(i));
+  Generation five = Generate(stub.get(), stops);
+  EXPECT_NE(five.status.error_message().find("stop: 5 strings (at most 4)"), std::string::npos);
+  stops.clear_stop();
+  stops.add_stop(std::string(257, 'x'));
+  Generation long_stop = Generate(stub.get(), stops);
+  EXPECT_NE(long_stop.status.error_message().find("stop[0]: 257 bytes (at most 256)"),
+            std::string::npos) << long_stop.status.error_message();
+  // 16 generations of one client run; its 17th is refused at once; another client's is not.
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> running;
+  for (int i = 0; i < 16; ++i) {
+    ctxs.push_back(std::make_unique<grpc::ClientContext>());
+    ctxs.back()->AddMetadata("authorization", "Bearer client-a");
+    running.push_back(stub->Generate(ctxs.back().get(), TokensRequest({1, 2, 3}, 4000)));
+    v1::GenerateResponse first;
+    ASSERT_TRUE(running.back()->Read(&first)) << "stream " << i << " did not start";
+  }
+  Generation seventeenth = Generate(stub.get(), TokensRequest({1, 2, 3}, 1), "client-a");
+  EXPECT_EQ(seventeenth.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(seventeenth.status.error_message().find("already has 16 generations running"),
+            std::string::npos) << seventeenth.status.error_message();
+  {   // client-b is admitted (queued behind the full batch: it only runs out of time)
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer client-b");
+    ctx.set_deadline(std::chrono::system_clock::now() + 1s);
+    auto reader = stub->Generate(&ctx, TokensRequest({1, 2, 3}, 1));
+    v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+    }
+    const grpc::Status s = reader->Finish();
+    EXPECT_NE(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  }
+  for (auto& c : ctxs) c->TryCancel();
+  for (auto& r : running) r->Finish();
+}
+
 }  // namespace
 }  // namespace fm::it

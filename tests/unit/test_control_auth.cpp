@@ -59,7 +59,7 @@ class GuardedService final : public v1::Worker::Service {
 class ControlAuth : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = StartGrpcServer("127.0.0.1:0", &service_, &port_);
+    auto s = StartGrpcServer("127.0.0.1:0", &service_, &port_, 1 << 20);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(s).value();
   }
