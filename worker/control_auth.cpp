@@ -165,9 +165,13 @@ Result<uint64_t> ControlGuard::Authenticate(const grpc::ServerContext& ctx,
                            " ms): replayed, or the clocks differ");
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
-  std::erase_if(seen_, [&](const auto& e) { return e.second < now; });
-  if (!seen_.emplace(nonce, now + 2 * kMaxClockSkew).second)
+  while (!expiring_.empty() && expiring_.front().first < now) {
+    seen_.erase(expiring_.front().second);
+    expiring_.pop_front();
+  }
+  if (!seen_.insert(nonce).second)
     return Unauthenticated(method + ": credential already used (a replayed call)");
+  expiring_.emplace_back(now + 2 * kMaxClockSkew, nonce);
   return term;
 }
 

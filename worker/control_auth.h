@@ -19,10 +19,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <map>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
+#include <utility>
 
 #include "common/status.h"
 
@@ -72,8 +74,11 @@ class ControlGuard {
  private:
   const std::string key_;   // "" = calls are not authenticated (no cluster secret)
   std::atomic<uint64_t> term_{0};
-  std::mutex mu_;           // guards seen_
-  std::map<std::string, std::chrono::steady_clock::time_point> seen_;   // nonce -> expiry
+  // Nonces of accepted calls, kept until their timestamps can no longer pass (2 x skew):
+  // expiring_ holds them oldest first, so forgetting costs nothing per call.
+  std::mutex mu_;           // guards seen_, expiring_
+  std::unordered_set<std::string> seen_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::string>> expiring_;
 };
 
 }  // namespace fm
