@@ -4,11 +4,6 @@
 // that validates every frame and queues it for its peer.
 #include "net/tcp_transport.h"
 
-#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without including it
-
-#include <boost/asio.hpp>
-#include <boost/asio/redirect_error.hpp>
-
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -22,84 +17,10 @@
 #include "common/log.h"
 #include "net/frame_auth.h"
 #include "net/handshake.h"
+#include "net/tcp_conn.h"
 
 namespace fm::net {
 namespace {
-
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-using boost::system::error_code;
-
-// "host:port" or "[v6]:port" -> host, port (the port as text, for the resolver).
-Status SplitAddress(const std::string& address, std::string* host, std::string* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
-    return InvalidArgument("address '" + address + "': expected host:port");
-  *host = address.substr(0, colon);
-  *port = address.substr(colon + 1);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']')
-    *host = host->substr(1, host->size() - 2);
-  for (char ch : *port)
-    if (ch < '0' || ch > '9') return InvalidArgument("address '" + address + "': bad port");
-  return Status::Ok();
-}
-
-struct Conn {
-  explicit Conn(asio::io_context& io) : socket(io) {}
-  tcp::socket socket;
-  std::string peer;            // authenticated name ("" during the handshake)
-  std::string remote;          // "ip:port" of the other end, for logs
-  std::string local_close;     // why this side closed it (read loop reports it)
-  std::mutex send_mu;          // one gather write in flight per socket: Send callers queue here
-  // Frame tags (with a secret): tx under send_mu, rx in the read loop; set before Register.
-  std::unique_ptr<FrameSealer> tx, rx;
-};
-
-void CloseSocket(Conn& c, const std::string& why) {
-  if (c.local_close.empty()) c.local_close = why;
-  error_code ignored;
-  c.socket.shutdown(tcp::socket::shutdown_both, ignored);
-  c.socket.close(ignored);
-}
-
-// Closes the connection's socket if the operations it guards are not done by the deadline,
-// which makes the pending read/write complete with an error.
-class SocketDeadline {
- public:
-  SocketDeadline(const std::shared_ptr<Conn>& c, Millis timeout) : timer_(c->socket.get_executor()) {
-    timer_.expires_after(timeout);
-    timer_.async_wait([c, fired = fired_](const error_code& ec) {
-      if (ec) return;
-      *fired = true;
-      CloseSocket(*c, "deadline");
-    });
-  }
-  ~SocketDeadline() { timer_.cancel(); }
-  bool fired() const { return *fired_; }
-
- private:
-  std::shared_ptr<bool> fired_ = std::make_shared<bool>(false);
-  asio::steady_timer timer_;
-};
-
-auto Redirect(error_code& ec) { return asio::redirect_error(asio::use_awaitable, ec); }
-
-// The remote address with IPv4-mapped IPv6 unmapped, so that it compares to a resolved IPv4.
-asio::ip::address RemoteAddress(const tcp::socket& s) {
-  error_code ec;
-  asio::ip::address a = s.remote_endpoint(ec).address();
-  if (a.is_v6() && a.to_v6().is_v4_mapped())
-    return asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
-  return a;
-}
-
-constexpr size_t kPayloadChunk = size_t{1} << 20;  // payload read step: memory follows the bytes
-
-std::string Endpoint(const tcp::socket& s) {
-  error_code ec;
-  auto ep = s.remote_endpoint(ec);
-  return ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
-}
 
 class TcpTransport final : public Transport {
  public:
