@@ -25,7 +25,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model;
-  std::string server, token_file;   // --server: generate on a running coordinator
+  std::string server, token_file, tls_ca;   // --server: generate on a running coordinator
   std::string prompt;
   std::string tokens;  // "3,17,42"
   std::vector<int32_t> prompt_ids;  // parsed --tokens
@@ -70,6 +70,8 @@ const std::vector<Flag>& Flags() {
        [](GenerateArgs* a, const char* v) { a->server = v; return Status::Ok(); }},
       {"--token-file", "FILE", "with --server: bearer token file (security.token_file)",
        [](GenerateArgs* a, const char* v) { a->token_file = v; return Status::Ok(); }},
+      {"--tls-ca", "FILE", "with --server: CA of the coordinator's certificate (security.tls)",
+       [](GenerateArgs* a, const char* v) { a->tls_ca = v; return Status::Ok(); }},
       {"--prompt", "TEXT", "user message, wrapped in the chat format (see --raw)",
        [](GenerateArgs* a, const char* v) { a->prompt = v; a->has_prompt = true; return Status::Ok(); }},
       {"--tokens", "IDS", "prompt as comma-separated token ids, fed as is",
@@ -198,7 +200,7 @@ Status ParseArgs(int argc, char** argv, GenerateArgs* args) {
 
 Status Run(GenerateArgs& args) {
   if (!args.server.empty()) {
-    return GenerateRemote({args.server, args.token_file, args.prompt, args.raw, args.prompt_ids,
+    return GenerateRemote({args.server, args.token_file, args.tls_ca, args.prompt, args.raw, args.prompt_ids,
                            args.gen, args.format == "text"});
   }
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(args.model));

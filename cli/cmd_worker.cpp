@@ -84,7 +84,15 @@ int CmdWorker(int argc, char** argv) {
   WorkerService service(node, flags->Get("model"), static_cast<int>(*threads), data_plane->get(),
                         std::move(security));
   int port = 0;
-  auto server = StartGrpcServer(nc->control.ToString(), &service, &port, kWorkerMaxRequestBytes);
+  // security.tls: mutual TLS, only a client with a certificate of the cluster's CA gets through.
+  auto credentials = ServerCredentialsFor({cfg->security.tls.cert, cfg->security.tls.key,
+                                           cfg->security.tls.ca}, true);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "worker %s: %s\n", node.c_str(), credentials.status().message().c_str());
+    return 1;
+  }
+  auto server = StartGrpcServer(nc->control.ToString(), &service, &port, kWorkerMaxRequestBytes,
+                                *credentials);
   if (!server.ok()) {
     std::fprintf(stderr, "worker %s: %s\n", node.c_str(), server.status().message().c_str());
     return 1;

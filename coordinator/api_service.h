@@ -28,7 +28,7 @@ inline constexpr size_t kMaxStopBytes = 256;
 struct ApiOptions {
   int64_t max_tokens = 4096;             // per request
   int64_t max_context = 8192;
-  int64_t max_streams_per_client = 16;   // concurrent generations of one client identity
+  int64_t max_streams_per_client = 64;   // concurrent generations of one client identity
   std::vector<std::string> api_tokens;   // accepted bearer tokens; empty = no auth
   std::string model_name;
 };

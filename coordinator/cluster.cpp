@@ -27,7 +27,7 @@ uint64_t RandomEpoch() {
 }  // namespace
 
 NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string data,
-                       flashmesh::v1::ShardSpec spec, const std::string& cluster_secret,
+                       flashmesh::v1::ShardSpec spec, const ClusterOptions& options,
                        uint64_t term)
     : plan_(plan), control_(std::move(control)), data_(std::move(data)), spec_(std::move(spec)) {
   grpc::ChannelArguments args;
@@ -36,7 +36,8 @@ NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string 
   // Reconnect quickly after a worker restarts under the same address.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  stub_ = flashmesh::v1::Worker::NewStub(NewWorkerChannel(control_, args, cluster_secret, term));
+  stub_ = flashmesh::v1::Worker::NewStub(
+      NewWorkerChannel(control_, args, options.cluster_secret, term, options.worker_credentials));
 }
 
 NodeState NodeHandle::state() const {
@@ -113,7 +114,7 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_kv_cache_bytes(options.kv_cache_bytes);
     spec.set_epoch(epoch_);
     nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec,
-                                                  options.cluster_secret, term_));
+                                                  options, term_));
   }
   // transport nccl: the EP groups and the stage hops are NCCL communicators, which cannot take
   // a restarted member back. Without hops each stage's EP group loads on its own; with hops

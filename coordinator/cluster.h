@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "common/status.h"
 #include "coordinator/planner.h"
 #include "flashmesh/v1/api.pb.h"
@@ -41,12 +43,15 @@ struct ClusterOptions {
   // time in ms (a later coordinator has a higher term).
   std::string cluster_secret;
   uint64_t term = 0;
+  // security.tls: the control channels verify the workers against the CA and present the
+  // coordinator's certificate; insecure when unset.
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials = grpc::InsecureChannelCredentials();
 };
 
 class NodeHandle {
  public:
   NodeHandle(const WorkerPlan& plan, std::string control, std::string data,
-             flashmesh::v1::ShardSpec spec, const std::string& cluster_secret, uint64_t term);
+             flashmesh::v1::ShardSpec spec, const ClusterOptions& options, uint64_t term);
   const std::string& name() const { return plan_.node; }
   const std::string& control() const { return control_; }
   const std::string& data() const { return data_; }

@@ -9,7 +9,7 @@
 //   activation_dtype: f32 | bf16     stage-to-stage frames; default f32 (bit-exact)
 //   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib }, ... ]  required
 //   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096,
-//             max_streams_per_client: 16 }
+//             max_streams_per_client: 64 }
 //   security: { token_file, cluster_secret_file, tls: { cert, key, ca }, insecure,
 //               encrypt_data_plane }                                         all optional
 //   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
@@ -56,7 +56,7 @@ struct LimitsConfig {
   double kv_cache_gib = 0;     // KV pool per worker; 0 = sized from max_batch * max_context
   int64_t max_queue = 64;      // waiting requests before new ones are refused
   int64_t max_tokens = 4096;   // max new tokens per request (<= max_context)
-  int64_t max_streams_per_client = 16;   // concurrent generations of one API client
+  int64_t max_streams_per_client = 64;   // concurrent generations of one API client
 };
 
 struct TlsConfig {

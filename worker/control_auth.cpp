@@ -124,11 +124,12 @@ std::string ControlCallMac(const std::string& key, const std::string& method, ui
 
 std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& target,
                                                 const grpc::ChannelArguments& args,
-                                                const std::string& cluster_secret, uint64_t term) {
+                                                const std::string& cluster_secret, uint64_t term,
+                                                std::shared_ptr<grpc::ChannelCredentials> credentials) {
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> signers;
   signers.push_back(std::make_unique<SigningFactory>(ControlKey(cluster_secret), term));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      target, grpc::InsecureChannelCredentials(), args, std::move(signers));
+      target, credentials, args, std::move(signers));
 }
 
 ControlGuard::ControlGuard(const std::string& cluster_secret) : key_(ControlKey(cluster_secret)) {}

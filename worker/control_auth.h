@@ -47,9 +47,11 @@ std::string ControlCallMac(const std::string& key, const std::string& method, ui
 
 // A channel to a worker whose every call carries this coordinator's term and, with a secret,
 // its credential (a client interceptor signs each request as it is sent).
-std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& target,
-                                                const grpc::ChannelArguments& args,
-                                                const std::string& cluster_secret, uint64_t term);
+// `credentials`: TLS to the worker (security.tls) or insecure.
+std::shared_ptr<grpc::Channel> NewWorkerChannel(
+    const std::string& target, const grpc::ChannelArguments& args,
+    const std::string& cluster_secret, uint64_t term,
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials());
 
 // The worker side: checks each call and keeps the term it follows.
 class ControlGuard {

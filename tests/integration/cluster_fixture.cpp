@@ -162,9 +162,18 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
     << ", max_queue: " << spec.max_queue << ", max_tokens: " << spec.max_tokens << " }\n"
     << "heartbeat: { interval_ms: 250, timeout_ms: 2000 }\n"
     << "activation_dtype: " << spec.activation_dtype << "\n";
+  std::vector<std::string> security;
   if (!spec.cluster_secret.empty()) {
     std::ofstream(secret_file()) << spec.cluster_secret << "\n";
-    y << "security: { cluster_secret_file: cluster.secret }\n";
+    security.push_back("cluster_secret_file: cluster.secret");
+  }
+  if (!spec.tls_dir.empty())
+    security.push_back("tls: { cert: " + spec.tls_dir + "/node.pem, key: " + spec.tls_dir +
+                       "/node.key, ca: " + spec.tls_dir + "/ca.pem }");
+  if (!security.empty()) {
+    y << "security: { " << security[0];
+    for (size_t i = 1; i < security.size(); ++i) y << ", " << security[i];
+    y << " }\n";
   }
   yaml_ = dir_.path() + "/cluster.yaml";
   std::ofstream(yaml_) << y.str();

@@ -67,6 +67,9 @@ struct ClusterSpec {
   std::string device = "cpu";                        // every node's device with transport tcp
   int gpus = 1;
   bool http = false;                                 // coordinator.http on a fresh port
+  // security.tls from DIR/node.pem, node.key, ca.pem (every node and the coordinator share
+  // the certificate); "" = no TLS.
+  std::string tls_dir;
 };
 
 // A cluster: YAML, one worker process per plan slot (stage-major), and the coordinator.

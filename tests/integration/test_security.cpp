@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <thread>
 
@@ -266,7 +268,7 @@ TEST(Security, DataPlaneAttacksOnAWorkerAreDroppedWithItsMemoryBounded) {
 }
 
 TEST(Security, PublicApiLimitsRequestSizePromptStopStringsAndStreamsPerClient) {
-  Server server;
+  Server server({"--max-streams-per-client", "16"});
   ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
   auto stub = Connect(server.api());
   auto text = [](size_t bytes) {
@@ -317,6 +319,53 @@ TEST(Security, PublicApiLimitsRequestSizePromptStopStringsAndStreamsPerClient) {
   }
   for (auto& c : ctxs) c->TryCancel();
   for (auto& r : running) r->Finish();
+}
+
+// A CA and one certificate for 127.0.0.1 signed by it (openssl), in `dir`.
+void MakeCertificates(const std::string& dir) {
+  const std::string q = " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(("cd " + dir + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout "
+                         "ca.key -out ca.pem -days 1 -subj /CN=fm-test-ca" + q).c_str()), 0);
+  ASSERT_EQ(std::system(("cd " + dir + " && openssl req -newkey rsa:2048 -nodes -keyout node.key "
+                         "-out node.csr -subj /CN=127.0.0.1" + q).c_str()), 0);
+  std::ofstream(dir + "/ext") << "subjectAltName=IP:127.0.0.1\n";
+  ASSERT_EQ(std::system(("cd " + dir + " && openssl x509 -req -in node.csr -CA ca.pem -CAkey "
+                         "ca.key -CAcreateserial -out node.pem -days 1 -extfile ext" + q).c_str()), 0);
+}
+
+TEST(Security, TlsEndToEndWithGeneratedCertificates) {
+  TempDir pki;
+  MakeCertificates(pki.path());
+  if (HasFatalFailure()) return;
+  ClusterSpec spec;
+  spec.stages = 2;
+  spec.tls_dir = pki.path();
+  Cluster cluster(spec);
+  cluster.StartAll();
+  const std::string ca = pki.path() + "/ca.pem";
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (RunFlashmesh({"health", "--server", cluster.api(), "--tls-ca", ca}, &out) != 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(200ms);
+  ASSERT_EQ(RunFlashmesh({"health", "--server", cluster.api(), "--tls-ca", ca}, &out), 0)
+      << out << cluster.Logs();
+  grpc::SslCredentialsOptions o;
+  std::ifstream in(ca);
+  o.pem_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  auto tls = v1::Inference::NewStub(grpc::CreateChannel(cluster.api(), grpc::SslCredentials(o)));
+  Generation g = Generate(tls.get(), TokensRequest({5, 6, 7}, 4));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.ids.size(), 4u);
+  // Plain text is not spoken; a worker wants a client certificate of the CA, not only the CA.
+  Generation plain = Generate(Connect(cluster.api()).get(), TokensRequest({5, 6, 7}, 4));
+  EXPECT_EQ(plain.status.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.status.error_message();
+  auto worker = v1::Worker::NewStub(NewWorkerChannel(cluster.control(0), {}, spec.cluster_secret, 1,
+                                                     grpc::SslCredentials(o)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  v1::HealthResponse h;
+  EXPECT_EQ(worker->Health(&ctx, v1::HealthRequest(), &h).error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 }  // namespace
