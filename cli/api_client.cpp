@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "coordinator/api_service.h"
+#include "worker/grpc_status.h"
 
 namespace fm::cli {
 
@@ -15,14 +16,15 @@ std::unique_ptr<grpc::ClientContext> ApiClient::Context(double timeout_s) const 
   return ctx;
 }
 
-Result<ApiClient> ConnectApi(const std::string& server, const std::string& token_file) {
+Result<ApiClient> ConnectApi(const std::string& server, const std::string& token_file,
+                             const std::string& tls_ca) {
   if (server.empty() || server.find(':') == std::string::npos)
     return InvalidArgument("--server: '" + server + "' is not HOST:PORT");
   ApiClient c;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  c.stub = flashmesh::v1::Inference::NewStub(
-      grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+  FM_ASSIGN_OR_RETURN(auto credentials, ChannelCredentialsFor({.ca = tls_ca}));
+  c.stub = flashmesh::v1::Inference::NewStub(grpc::CreateCustomChannel(server, credentials, args));
   if (!token_file.empty()) {
     FM_ASSIGN_OR_RETURN(auto tokens, ReadApiTokens(token_file));
     c.token = tokens.front();

@@ -18,7 +18,9 @@ struct ApiClient {
   std::unique_ptr<grpc::ClientContext> Context(double timeout_s) const;
 };
 
-// server: HOST:PORT; token_file: "" or a file whose first non-comment line is the token.
-Result<ApiClient> ConnectApi(const std::string& server, const std::string& token_file);
+// server: HOST:PORT; token_file: "" or a file whose first non-comment line is the token;
+// tls_ca: "" (plain) or the CA file that signed the coordinator's certificate (security.tls).
+Result<ApiClient> ConnectApi(const std::string& server, const std::string& token_file,
+                             const std::string& tls_ca = "");
 
 }  // namespace fm::cli

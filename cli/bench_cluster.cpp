@@ -256,7 +256,7 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
                                        std::to_string(cfg.limits.max_context), "--max-tokens",
                                        std::to_string(cfg.limits.max_tokens)}));
     FM_ASSIGN_OR_RETURN(ApiClient single, ConnectApi(single_addr, ""));
-    FM_ASSIGN_OR_RETURN(ApiClient pipe, ConnectApi(setup.listen, cfg.security.token_file));
+    FM_ASSIGN_OR_RETURN(ApiClient pipe, ConnectApi(setup.listen, cfg.security.token_file, cfg.security.tls.ca));
     FM_RETURN_IF_ERROR(WaitHealthy(single, "serve"));
     FM_RETURN_IF_ERROR(WaitHealthy(pipe, "the cluster of " + o.config));
     FM_LOG(kInfo, "bench") << "both up; measuring";

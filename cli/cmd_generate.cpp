@@ -25,8 +25,8 @@ namespace {
 
 struct GenerateArgs {
   std::string model;
-  std::string server, token_file;   // --server: generate on a running coordinator
-  int64_t timeout_s = 600;          // --server: the request's deadline
+  std::string server, token_file, tls_ca;   // --server: generate on a running coordinator
+  int64_t timeout_s = 600;                  // --server: the request's deadline
   std::string prompt;
   std::string tokens;  // "3,17,42"
   std::vector<int32_t> prompt_ids;  // parsed --tokens
@@ -73,6 +73,8 @@ const std::vector<Flag>& Flags() {
        [](GenerateArgs* a, const char* v) { a->token_file = v; return Status::Ok(); }},
       {"--timeout", "S", "with --server: fail after S seconds (default 600)",
        [](GenerateArgs* a, const char* v) { return ParseInt("--timeout", v, 1, 86400, &a->timeout_s); }},
+      {"--tls-ca", "FILE", "with --server: CA of the coordinator's certificate (security.tls)",
+       [](GenerateArgs* a, const char* v) { a->tls_ca = v; return Status::Ok(); }},
       {"--prompt", "TEXT", "user message, wrapped in the chat format (see --raw)",
        [](GenerateArgs* a, const char* v) { a->prompt = v; a->has_prompt = true; return Status::Ok(); }},
       {"--tokens", "IDS", "prompt as comma-separated token ids, fed as is",
@@ -201,8 +203,8 @@ Status ParseArgs(int argc, char** argv, GenerateArgs* args) {
 
 Status Run(GenerateArgs& args) {
   if (!args.server.empty()) {
-    return GenerateRemote({args.server, args.token_file, args.prompt, args.raw, args.prompt_ids,
-                           args.gen, args.format == "text", args.timeout_s});
+    return GenerateRemote({args.server, args.token_file, args.tls_ca, args.prompt, args.raw,
+                           args.prompt_ids, args.gen, args.format == "text", args.timeout_s});
   }
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(args.model));
   // The tokenizer is needed for text in or out, and for the EOS id.

@@ -10,11 +10,12 @@ namespace fm::cli {
 int CmdHealth(int argc, char** argv) {
   const char* usage =
       "usage: flashmesh health --server HOST:PORT [--node NAME] [--token-file FILE]\n"
+      "                        [--tls-ca FILE]\n"
       "  cluster: exit 0 healthy (docs/operations.md \"Health\"), 1 degraded (the reason is\n"
       "  printed: a node not up, a step overdue, a reset in progress, a stray sequence),\n"
       "  2 down (coordinator unreachable).\n"
       "  --node NAME: exit 0 if that node is up, 1 if loading/waiting/draining, 2 if down.\n";
-  auto flags = Flags::Parse(argc, argv, {"server", "node", "token-file"}, {"help"});
+  auto flags = Flags::Parse(argc, argv, {"server", "node", "token-file", "tls-ca"}, {"help"});
   if (!flags.ok()) {
     std::fprintf(stderr, "health: %s\n%s", flags.status().message().c_str(), usage);
     return 2;
@@ -23,7 +24,7 @@ int CmdHealth(int argc, char** argv) {
     std::fputs(usage, stdout);
     return 0;
   }
-  auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"));
+  auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"), flags->Get("tls-ca"));
   if (!client.ok()) {
     std::fprintf(stderr, "health: %s\n", client.status().message().c_str());
     return 2;

@@ -17,6 +17,7 @@ int CmdServe(int argc, char** argv) {
   const char* usage =
       "usage: flashmesh serve --model DIR [--listen HOST:PORT] [--http HOST:PORT] [--max-batch N]\n"
       "                       [--max-context N] [--max-tokens N] [--max-queue N]\n"
+      "                       [--max-streams-per-client N]\n"
       "                       [--threads N] [--token-file FILE] [--log-level LEVEL]\n"
       "  one process: the coordinator plus one worker holding every layer. --listen defaults\n"
       "  to 127.0.0.1:7070; port 0 picks a free port (printed as 'listening on HOST:PORT').\n"
@@ -24,7 +25,8 @@ int CmdServe(int argc, char** argv) {
       "  (printed as 'http listening on HOST:PORT').\n";
   auto flags = Flags::Parse(argc, argv,
                             {"model", "listen", "http", "max-batch", "max-context", "max-tokens",
-                             "max-queue", "threads", "token-file", "log-level"},
+                             "max-queue", "max-streams-per-client", "threads", "token-file",
+                             "log-level"},
                             {"help"});
   if (!flags.ok()) {
     std::fprintf(stderr, "serve: %s\n%s", flags.status().message().c_str(), usage);
@@ -53,9 +55,10 @@ int CmdServe(int argc, char** argv) {
   }
   setup.model = *model;
   struct IntFlag { const char* name; long long fallback; long long* out; };
-  long long max_batch, max_context, max_tokens, max_queue, threads;
+  long long max_batch, max_context, max_tokens, max_queue, max_streams, threads;
   const IntFlag ints[] = {{"max-batch", 16, &max_batch},   {"max-context", 8192, &max_context},
                           {"max-tokens", 4096, &max_tokens}, {"max-queue", 64, &max_queue},
+                          {"max-streams-per-client", 64, &max_streams},
                           {"threads", std::thread::hardware_concurrency(), &threads}};
   for (const auto& f : ints) {
     auto v = flags->GetInt(f.name, f.fallback);
@@ -82,7 +85,7 @@ int CmdServe(int argc, char** argv) {
   }
   WorkerService worker("local", "", static_cast<int>(threads), data_plane->get());
   int worker_port = 0;
-  auto worker_server = StartGrpcServer("127.0.0.1:0", &worker, &worker_port);
+  auto worker_server = StartGrpcServer("127.0.0.1:0", &worker, &worker_port, kWorkerMaxRequestBytes);
   if (!worker_server.ok()) {
     std::fprintf(stderr, "serve: %s\n", worker_server.status().message().c_str());
     return 1;
@@ -104,6 +107,7 @@ int CmdServe(int argc, char** argv) {
   setup.limits = {max_batch, max_queue, max_context};
   setup.api.max_tokens = max_tokens;
   setup.api.max_context = max_context;
+  setup.api.max_streams_per_client = max_streams;
   setup.api.model_name = setup.model_dir;
   auto coord = Coordinator::Start(std::move(setup));
   if (!coord.ok()) {

@@ -38,12 +38,12 @@ nlohmann::json TopExperts(const flashmesh::v1::NodeStatus& n) {
 
 int CmdStatus(int argc, char** argv) {
   const char* usage =
-      "usage: flashmesh status --server HOST:PORT [--json] [--token-file FILE]\n"
+      "usage: flashmesh status --server HOST:PORT [--json] [--token-file FILE] [--tls-ca FILE]\n"
       "  one row per node: state, stage, layers, experts, weight MiB, KV MiB, active\n"
       "  sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent; with expert\n"
       "  parallelism, each node's 5 most-routed experts. Exit 0 when healthy, 1 when not (the\n"
       "  reason is printed), 2 when the coordinator does not answer\n";
-  auto flags = Flags::Parse(argc, argv, {"server", "token-file"}, {"json", "help"});
+  auto flags = Flags::Parse(argc, argv, {"server", "token-file", "tls-ca"}, {"json", "help"});
   if (!flags.ok()) {
     std::fprintf(stderr, "status: %s\n%s", flags.status().message().c_str(), usage);
     return 2;
@@ -52,7 +52,7 @@ int CmdStatus(int argc, char** argv) {
     std::fputs(usage, stdout);
     return 0;
   }
-  auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"));
+  auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"), flags->Get("tls-ca"));
   if (!client.ok()) {
     std::fprintf(stderr, "status: %s\n", client.status().message().c_str());
     return 2;

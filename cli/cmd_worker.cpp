@@ -60,16 +60,39 @@ int CmdWorker(int argc, char** argv) {
     std::fprintf(stderr, "worker: %s\n", secret.status().message().c_str());
     return 1;
   }
-  auto data_plane = net::MakeTcpTransport({.self_name = node, .secret = *secret});
+  auto data_plane = net::MakeTcpTransport(
+      {.self_name = node, .secret = *secret, .encrypt = cfg->security.encrypt_data_plane});
   Status listening = data_plane.ok() ? (*data_plane)->Listen(nc->data.ToString()) : data_plane.status();
   if (!listening.ok()) {
     std::fprintf(stderr, "worker %s: data plane (nodes[].data %s): %s\n", node.c_str(),
                  nc->data.ToString().c_str(), listening.message().c_str());
     return 1;
   }
-  WorkerService service(node, flags->Get("model"), static_cast<int>(*threads), data_plane->get());
+  if (cfg->security.insecure && secret->empty())
+    FM_LOG(kWarn, "worker") << "security.insecure: this worker obeys any caller and takes data "
+                               "from any peer that claims a node's name";
+  WorkerSecurity security{.cluster_secret = *secret};
+  std::vector<net::AllowedPeer> peers;   // until LoadShard names this worker's: any node's
+  for (const NodeConfig& n : cfg->nodes) {
+    security.node_data[n.name] = n.data.ToString();
+    if (n.name != node) peers.push_back({n.name, n.data.host});
+  }
+  if (Status s = (*data_plane)->SetAllowedPeers(peers); !s.ok()) {
+    std::fprintf(stderr, "worker %s: data plane: %s\n", node.c_str(), s.message().c_str());
+    return 1;
+  }
+  WorkerService service(node, flags->Get("model"), static_cast<int>(*threads), data_plane->get(),
+                        std::move(security));
   int port = 0;
-  auto server = StartGrpcServer(nc->control.ToString(), &service, &port);
+  // security.tls: mutual TLS, only a client with a certificate of the cluster's CA gets through.
+  auto credentials = ServerCredentialsFor({cfg->security.tls.cert, cfg->security.tls.key,
+                                           cfg->security.tls.ca}, true);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "worker %s: %s\n", node.c_str(), credentials.status().message().c_str());
+    return 1;
+  }
+  auto server = StartGrpcServer(nc->control.ToString(), &service, &port, kWorkerMaxRequestBytes,
+                                *credentials);
   if (!server.ok()) {
     std::fprintf(stderr, "worker %s: %s\n", node.c_str(), server.status().message().c_str());
     return 1;

@@ -9,7 +9,7 @@
 namespace fm::cli {
 
 Status GenerateRemote(const RemoteGenerateArgs& args) {
-  FM_ASSIGN_OR_RETURN(ApiClient client, ConnectApi(args.server, args.token_file));
+  FM_ASSIGN_OR_RETURN(ApiClient client, ConnectApi(args.server, args.token_file, args.tls_ca));
   flashmesh::v1::GenerateRequest req;
   if (args.tokens.empty()) {
     req.set_text(args.prompt);

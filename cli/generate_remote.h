@@ -11,7 +11,7 @@
 namespace fm::cli {
 
 struct RemoteGenerateArgs {
-  std::string server, token_file;
+  std::string server, token_file, tls_ca;
   std::string prompt;             // used when tokens is empty: chat-formatted unless raw
   bool raw = false;
   std::vector<int32_t> tokens;

@@ -14,6 +14,7 @@ const char* CodeName(Code c) {
     case Code::kInternal: return "INTERNAL";
     case Code::kCancelled: return "CANCELLED";
     case Code::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
+    case Code::kFailedPrecondition: return "FAILED_PRECONDITION";
   }
   return "UNKNOWN";
 }

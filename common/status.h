@@ -20,6 +20,7 @@ enum class Code {
   kInternal,
   kCancelled,
   kDeadlineExceeded,
+  kFailedPrecondition, // refused in this state (e.g. a stale coordinator term)
 };
 
 const char* CodeName(Code c);
@@ -53,6 +54,7 @@ inline Status Unauthenticated(std::string m) { return {Code::kUnauthenticated, s
 inline Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {Code::kCancelled, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) { return {Code::kDeadlineExceeded, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) { return {Code::kFailedPrecondition, std::move(m)}; }
 
 // Result<T>: a value or a non-ok Status.
 template <typename T>

@@ -49,6 +49,23 @@ ApiService::ApiService(const ModelConfig& model, const Tokenizer* tokenizer, Clu
     : model_(model), tokenizer_(tokenizer), cluster_(cluster), scheduler_(scheduler),
       metrics_(metrics), options_(std::move(options)) {}
 
+ApiService::StreamSlot::~StreamSlot() {
+  std::lock_guard<std::mutex> lock(api_->streams_mu_);
+  if (--api_->streams_[client_] == 0) api_->streams_.erase(client_);
+}
+
+Result<std::unique_ptr<ApiService::StreamSlot>> ApiService::AcquireStream(const std::string& client) const {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  int64_t& n = streams_[client];
+  if (n >= options_.max_streams_per_client) {
+    if (n == 0) streams_.erase(client);
+    return ResourceExhausted("this client already has " + std::to_string(n) +
+                             " generations running (limits.max_streams_per_client)");
+  }
+  ++n;
+  return std::make_unique<StreamSlot>(this, client);
+}
+
 Status CheckBearerToken(const std::string* value, const std::vector<std::string>& tokens,
                         const std::string& what) {
   if (tokens.empty()) return Status::Ok();
@@ -74,6 +91,11 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
   switch (req.input_case()) {
     case flashmesh::v1::GenerateRequest::kText: {
       if (req.text().empty()) return InvalidArgument("input.text: empty");
+      const size_t max_bytes = kMaxPromptBytesPerToken * static_cast<size_t>(options_.max_context);
+      if (req.text().size() > max_bytes)
+        return InvalidArgument("input.text: " + std::to_string(req.text().size()) +
+                               " bytes, more than " + std::to_string(max_bytes) + " (" +
+                               std::to_string(kMaxPromptBytesPerToken) + " x max_context)");
       if (!tokenizer_) return InvalidArgument("input.text: this model has no tokenizer.json; send input.tokens");
       std::string text;
       if (req.raw()) {
@@ -119,8 +141,15 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
       return InvalidArgument("sampling.top_p: " + std::to_string(s.top_p()) + " outside (0, 1]");
     if (s.top_k() < 0) return InvalidArgument("sampling.top_k: " + std::to_string(s.top_k()) + " is negative");
   }
-  for (size_t i = 0; i < static_cast<size_t>(req.stop_size()); ++i)
+  if (req.stop_size() > kMaxStopStrings)
+    return InvalidArgument("stop: " + std::to_string(req.stop_size()) + " strings (at most " +
+                           std::to_string(kMaxStopStrings) + ")");
+  for (size_t i = 0; i < static_cast<size_t>(req.stop_size()); ++i) {
     if (req.stop(i).empty()) return InvalidArgument("stop[" + std::to_string(i) + "]: empty");
+    if (req.stop(i).size() > kMaxStopBytes)
+      return InvalidArgument("stop[" + std::to_string(i) + "]: " + std::to_string(req.stop(i).size()) +
+                             " bytes (at most " + std::to_string(kMaxStopBytes) + ")");
+  }
   const bool greedy = s.greedy() || s.temperature() == 0;
   p.sampling.set_greedy(greedy);
   p.sampling.set_temperature(greedy ? 0.f : s.temperature());
@@ -151,6 +180,12 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
     params->deadline = std::chrono::steady_clock::now() +
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            ctx->deadline() - std::chrono::system_clock::now());
+  // The client: its token when it sent one, else its address without the port.
+  auto auth = ctx->client_metadata().find("authorization");
+  std::string client = ctx->peer().substr(0, ctx->peer().rfind(':'));
+  if (auth != ctx->client_metadata().end()) client = std::string(auth->second.data(), auth->second.size());
+  auto slot = AcquireStream(client);
+  if (!slot.ok()) return fail(slot.status());
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());
   RequestStream::Event ev;

@@ -3,7 +3,9 @@
 // streams their tokens; ClusterStatus merges the coordinator's node states with each worker's
 // Stats.
 #pragma once
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,9 +18,17 @@
 
 namespace fm {
 
+// Request limits of the public APIs (gRPC and HTTP): what one client can make the coordinator
+// hold or work on.
+inline constexpr int kApiMaxRequestBytes = 4 << 20;   // a gRPC request message (HTTP: its body)
+inline constexpr size_t kMaxPromptBytesPerToken = 32;  // input.text up to this x max_context
+inline constexpr int kMaxStopStrings = 4;              // OpenAI's limit
+inline constexpr size_t kMaxStopBytes = 256;
+
 struct ApiOptions {
   int64_t max_tokens = 4096;             // per request
   int64_t max_context = 8192;
+  int64_t max_streams_per_client = 64;   // concurrent generations of one client identity
   std::vector<std::string> api_tokens;   // accepted bearer tokens; empty = no auth
   std::string model_name;
 };
@@ -44,6 +54,22 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   // The request as the scheduler takes it, or INVALID_ARGUMENT naming the field.
   Result<GenerateParams> Validate(const flashmesh::v1::GenerateRequest& req) const;
 
+  // One of a client's concurrent generations, released when destroyed.
+  class StreamSlot {
+   public:
+    StreamSlot(const ApiService* api, std::string client) : api_(api), client_(std::move(client)) {}
+    StreamSlot(const StreamSlot&) = delete;
+    StreamSlot& operator=(const StreamSlot&) = delete;
+    ~StreamSlot();
+
+   private:
+    const ApiService* api_;
+    std::string client_;
+  };
+  // A slot for `client` (its bearer token, else its address); RESOURCE_EXHAUSTED when it
+  // already has max_streams_per_client generations running.
+  Result<std::unique_ptr<StreamSlot>> AcquireStream(const std::string& client) const;
+
  private:
   Status Authenticate(grpc::ServerContext* ctx) const;
 
@@ -53,6 +79,9 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   Scheduler* scheduler_;
   Metrics* metrics_;
   ApiOptions options_;
+  // Bookkeeping of AcquireStream (also used by the HTTP API through a const ApiService).
+  mutable std::mutex streams_mu_;
+  mutable std::map<std::string, int64_t> streams_;   // client -> generations running
 };
 
 // The coordinator's health (ClusterStatus.healthy, /health, grpc.health.v1): every node UP and

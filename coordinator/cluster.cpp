@@ -5,6 +5,7 @@
 #include <random>
 
 #include "common/log.h"
+#include "worker/control_auth.h"
 
 namespace fm {
 namespace {
@@ -25,6 +26,12 @@ bool SameShard(flashmesh::v1::ShardSpec a, flashmesh::v1::ShardSpec b) {
   return a.SerializeAsString() == b.SerializeAsString();
 }
 
+uint64_t UnixMillis() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
 uint64_t RandomEpoch() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
@@ -33,7 +40,8 @@ uint64_t RandomEpoch() {
 }  // namespace
 
 NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string data,
-                       flashmesh::v1::ShardSpec spec)
+                       flashmesh::v1::ShardSpec spec, const ClusterOptions& options,
+                       uint64_t term)
     : plan_(plan), control_(std::move(control)), data_(std::move(data)), spec_(std::move(spec)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
@@ -42,7 +50,7 @@ NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string 
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   stub_ = flashmesh::v1::Worker::NewStub(
-      grpc::CreateCustomChannel(control_, grpc::InsecureChannelCredentials(), args));
+      NewWorkerChannel(control_, args, options.cluster_secret, term, options.worker_credentials));
 }
 
 NodeState NodeHandle::state() const {
@@ -66,7 +74,8 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     : options_(options),
       num_stages_(plan.pipeline_stages),
       expert_parallel_(plan.expert_parallel),
-      epoch_(RandomEpoch()) {
+      epoch_(RandomEpoch()),
+      term_(options.term ? options.term : UnixMillis()) {
   for (size_t i = 0; i < plan.workers.size(); ++i) {
     const WorkerPlan& w = plan.workers[i];
     flashmesh::v1::ShardSpec spec;
@@ -106,9 +115,11 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_device(device >= 0 ? "cuda:" + std::to_string(device) : "cpu");
     spec.set_activation_dtype(options.activation_dtype);
     spec.set_max_context(static_cast<int32_t>(options.max_context));
+    spec.set_max_step_rows(options.max_step_rows);
     spec.set_kv_cache_bytes(options.kv_cache_bytes);
     spec.set_epoch(epoch_);
-    nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec));
+    nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec,
+                                                  options, term_));
     nodes_.back()->index_ = static_cast<int>(i);
     infos_.push_back({w.node, addresses[i].first, w.ep_rank, w.head});
   }
@@ -165,6 +176,11 @@ Status NotReady(const NodeHandle& n, NodeState s) {
 }  // namespace
 
 Status Cluster::Ready() const {
+  if (stepped_down_) {
+    std::lock_guard<std::mutex> lock(step_down_mu_);
+    return Unavailable("this coordinator (term " + std::to_string(term_) + ") stepped down: " +
+                       step_down_reason_);
+  }
   for (const auto& n : nodes_)
     if (NodeState s = n->state(); s != flashmesh::v1::NODE_STATE_UP) return NotReady(*n, s);
   return Status::Ok();
@@ -205,6 +221,17 @@ void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& err
   if (listener_) listener_();
 }
 
+void Cluster::StepDown(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(step_down_mu_);
+    if (stepped_down_) return;
+    step_down_reason_ = why;
+    stepped_down_ = true;
+  }
+  FM_LOG(kError, "coordinator") << "stepping down (term " << term_ << "): " << why
+                                << "; this coordinator no longer loads or steps any worker";
+}
+
 void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   SetState(node, flashmesh::v1::NODE_STATE_LOADING, "");
   flashmesh::v1::LoadShardRequest lreq;
@@ -226,6 +253,8 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
     vocab_size_ = lresp.vocab_size();
     node->load_failures_ = 0;
     SetState(node, flashmesh::v1::NODE_STATE_UP, "");
+  } else if (ls.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    StepDown("node " + node->name() + " refused LoadShard: " + ls.error_message());
   } else {
     const auto backoff = std::min<std::chrono::milliseconds>(
         kLoadBackoff * (1 << std::min(node->load_failures_, 5)), kMaxLoadBackoff);
@@ -291,7 +320,7 @@ void Cluster::Heartbeat(NodeHandle* node) {
   const auto rpc_timeout = std::min<std::chrono::milliseconds>(options_.down_after / 2,
                                                                std::chrono::milliseconds(1000));
   NcclGroup* group = GroupOf(node);
-  while (!stop_) {
+  while (!stop_ && !stepped_down_) {
     const uint64_t seen = group ? group->generation.load() : 0;
     flashmesh::v1::HealthRequest req;
     flashmesh::v1::HealthResponse resp;
@@ -306,7 +335,9 @@ void Cluster::Heartbeat(NodeHandle* node) {
         node->ever_ok_ = true;
         node->last_ok_ = now;
       }
-      if (resp.node() != node->name()) {
+      if (resp.term() > term_) {
+        StepDown("node " + node->name() + " follows the newer term " + std::to_string(resp.term()));
+      } else if (resp.node() != node->name()) {
         SetState(node, flashmesh::v1::NODE_STATE_DOWN,
                  "the worker at " + node->control() + " says it is node '" + resp.node() + "'");
       } else if (!resp.loaded() || resp.epoch() != epoch_ || !SameShard(resp.shard(), node->spec())) {
@@ -326,6 +357,9 @@ void Cluster::Heartbeat(NodeHandle* node) {
         if (held_listener_)
           held_listener_(node->index_, std::vector<uint64_t>(resp.seq_ids().begin(), resp.seq_ids().end()), asked);
       }
+    } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      // It answers but not to us: another cluster secret (or not a worker of this cluster).
+      SetState(node, flashmesh::v1::NODE_STATE_DOWN, "refuses this coordinator's calls: " + s.error_message());
     } else {
       bool ever_ok;
       std::chrono::steady_clock::time_point last_ok;

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "common/status.h"
 #include "coordinator/planner.h"
 #include "coordinator/worker_set.h"
@@ -37,12 +39,21 @@ struct ClusterOptions {
   // per plan worker); a group is always loaded as a whole, with a fresh ncclUniqueId.
   bool nccl = false;
   std::vector<int> cuda_devices;
+  int64_t max_step_rows = 0;   // rows one step may carry (max_batch x max_context): frame bound
+  // Control-plane security (worker/control_auth.h): every worker call is signed with the
+  // cluster secret ("" = unsigned, loopback clusters) and carries the term; 0 = the start
+  // time in ms (a later coordinator has a higher term).
+  std::string cluster_secret;
+  uint64_t term = 0;
+  // security.tls: the control channels verify the workers against the CA and present the
+  // coordinator's certificate; insecure when unset.
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials = grpc::InsecureChannelCredentials();
 };
 
 class NodeHandle {
  public:
   NodeHandle(const WorkerPlan& plan, std::string control, std::string data,
-             flashmesh::v1::ShardSpec spec);
+             flashmesh::v1::ShardSpec spec, const ClusterOptions& options, uint64_t term);
   const std::string& name() const { return plan_.node; }
   const std::string& control() const { return control_; }
   const std::string& data() const { return data_; }
@@ -82,6 +93,10 @@ class Cluster final : public WorkerSet {
   const ClusterOptions& options() const { return options_; }
   const std::vector<std::unique_ptr<NodeHandle>>& nodes() const { return nodes_; }
   NodeHandle* Find(const std::string& name) const;
+  uint64_t term() const { return term_; }
+  // Whether a newer coordinator took the cluster over (a worker follows a higher term): this
+  // one then stops loading and stepping workers and Ready() says why.
+  bool stepped_down() const { return stepped_down_; }
   int vocab_size() const { return vocab_size_; }
 
   // WorkerSet. Ready: every node UP, otherwise why not, naming the first node that is not.
@@ -121,11 +136,16 @@ class Cluster final : public WorkerSet {
   Result<std::string> NewNcclId(NodeHandle* root, const std::string& what);
   NcclGroup* GroupOf(const NodeHandle* node) const;
   void SetState(NodeHandle* node, flashmesh::v1::NodeState state, const std::string& error);
+  void StepDown(const std::string& why);
 
   ClusterOptions options_;
   int num_stages_ = 1;
   int expert_parallel_ = 1;
   uint64_t epoch_ = 0;
+  uint64_t term_ = 0;
+  std::atomic<bool> stepped_down_{false};
+  mutable std::mutex step_down_mu_;
+  std::string step_down_reason_;
   std::vector<std::unique_ptr<NodeHandle>> nodes_;
   std::vector<WorkerInfo> infos_;
   // transport nccl: per stage (EP groups only) or one of every worker (with stage hops)

@@ -223,6 +223,32 @@ Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConf
   return Status::Ok();
 }
 
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Without a cluster secret nothing authenticates the workers' callers and peers: every
+// listener must then be on loopback, unless security.insecure says the network is trusted.
+Status CheckExposure(const Parser& p, const YAML::Node& root, const ClusterConfig& cfg) {
+  if (!cfg.security.cluster_secret_file.empty() || cfg.security.insecure) return Status::Ok();
+  const std::string why = " is not a loopback address, and without "
+                          "security.cluster_secret_file anyone who reaches it controls the "
+                          "cluster (set the secret, or security.insecure: true on a trusted network)";
+  auto check = [&](const HostPort& hp, const std::string& who, const YAML::Node& at) {
+    return IsLoopback(hp.host) ? Status::Ok() : p.Error(at, who, hp.ToString() + why);
+  };
+  FM_RETURN_IF_ERROR(check(cfg.coordinator.listen, "coordinator.listen", root["coordinator"]["listen"]));
+  if (cfg.coordinator.http)
+    FM_RETURN_IF_ERROR(check(*cfg.coordinator.http, "coordinator.http", root["coordinator"]["http"]));
+  for (size_t i = 0; i < cfg.nodes.size(); ++i) {
+    const std::string path = "nodes[" + std::to_string(i) + "]";
+    const YAML::Node n = root["nodes"][i];
+    FM_RETURN_IF_ERROR(check(cfg.nodes[i].control, path + ".control", n["control"]));
+    FM_RETURN_IF_ERROR(check(cfg.nodes[i].data, path + ".data", n["data"]));
+  }
+  return Status::Ok();
+}
+
 Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
   FM_RETURN_IF_ERROR(p.Keys(root, "", {"model", "coordinator", "parallel", "transport",
                                        "activation_dtype", "nodes", "limits", "security",
@@ -291,13 +317,17 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
 
   if (const YAML::Node l = root["limits"]; l.IsDefined() && !l.IsNull()) {
     FM_RETURN_IF_ERROR(p.Keys(l, "limits", {"max_batch", "max_context", "kv_cache_gib",
-                                            "max_queue", "max_tokens"}));
+                                            "max_queue", "max_tokens", "max_streams_per_client"}));
     LimitsConfig& lim = cfg->limits;
     if (l["max_batch"]) { FM_ASSIGN_OR_RETURN(lim.max_batch, p.Int(l["max_batch"], "limits.max_batch", 1)); }
     if (l["max_context"]) { FM_ASSIGN_OR_RETURN(lim.max_context, p.Int(l["max_context"], "limits.max_context", 1)); }
     if (l["kv_cache_gib"]) { FM_ASSIGN_OR_RETURN(lim.kv_cache_gib, p.Number(l["kv_cache_gib"], "limits.kv_cache_gib", true)); }
     if (l["max_queue"]) { FM_ASSIGN_OR_RETURN(lim.max_queue, p.Int(l["max_queue"], "limits.max_queue", 1)); }
     if (l["max_tokens"]) { FM_ASSIGN_OR_RETURN(lim.max_tokens, p.Int(l["max_tokens"], "limits.max_tokens", 1)); }
+    if (l["max_streams_per_client"]) {
+      FM_ASSIGN_OR_RETURN(lim.max_streams_per_client,
+                          p.Int(l["max_streams_per_client"], "limits.max_streams_per_client", 1));
+    }
     if (!l["max_tokens"]) lim.max_tokens = std::min(lim.max_tokens, lim.max_context);
     if (lim.max_tokens > lim.max_context)
       return p.Error(l["max_tokens"], "limits.max_tokens",
@@ -306,7 +336,17 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
   }
 
   if (const YAML::Node s = root["security"]; s.IsDefined() && !s.IsNull()) {
-    FM_RETURN_IF_ERROR(p.Keys(s, "security", {"token_file", "cluster_secret_file", "tls"}));
+    FM_RETURN_IF_ERROR(p.Keys(s, "security", {"token_file", "cluster_secret_file", "tls", "insecure",
+                                              "encrypt_data_plane"}));
+    for (auto [key, out] : {std::pair{"insecure", &cfg->security.insecure},
+                            std::pair{"encrypt_data_plane", &cfg->security.encrypt_data_plane}}) {
+      const YAML::Node n = s[key];
+      if (!n.IsDefined()) continue;
+      const std::string path = std::string("security.") + key;
+      FM_ASSIGN_OR_RETURN(const std::string v, p.String(n, path));
+      if (v != "true" && v != "false") return p.Error(n, path, "'" + v + "': want true or false");
+      *out = v == "true";
+    }
     if (s["token_file"]) { FM_ASSIGN_OR_RETURN(cfg->security.token_file, p.Path(s["token_file"], "security.token_file")); }
     if (s["cluster_secret_file"]) {
       FM_ASSIGN_OR_RETURN(cfg->security.cluster_secret_file,
@@ -322,7 +362,12 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
       FM_ASSIGN_OR_RETURN(const YAML::Node ca, p.Required(tls, "security.tls", "ca"));
       FM_ASSIGN_OR_RETURN(t.ca, p.Path(ca, "security.tls.ca"));
     }
+    if (cfg->security.encrypt_data_plane && cfg->security.cluster_secret_file.empty())
+      return p.Error(s["encrypt_data_plane"], "security.encrypt_data_plane",
+                     "needs security.cluster_secret_file (the session keys come from it)");
   }
+
+  FM_RETURN_IF_ERROR(CheckExposure(p, root, *cfg));
 
   if (const YAML::Node h = root["heartbeat"]; h.IsDefined() && !h.IsNull()) {
     FM_RETURN_IF_ERROR(p.Keys(h, "heartbeat", {"interval_ms", "timeout_ms"}));

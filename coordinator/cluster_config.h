@@ -10,8 +10,10 @@
 //   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib,
 //              profile: gb10 | h200 | cpu | { name: NAME, FIELD: value, ... } }, ... ]  required;
 //          profile (hardware_profile.h) defaults to cpu for device cpu, gb10 for cuda:N
-//   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096 }
-//   security: { token_file, cluster_secret_file, tls: { cert, key, ca } }    all optional
+//   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096,
+//             max_streams_per_client: 64 }
+//   security: { token_file, cluster_secret_file, tls: { cert, key, ca }, insecure,
+//               encrypt_data_plane }                                         all optional
 //   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
 #pragma once
 #include <cstdint>
@@ -58,6 +60,7 @@ struct LimitsConfig {
   double kv_cache_gib = 0;     // KV pool per worker; 0 = sized from max_batch * max_context
   int64_t max_queue = 64;      // waiting requests before new ones are refused
   int64_t max_tokens = 4096;   // max new tokens per request (<= max_context)
+  int64_t max_streams_per_client = 64;   // concurrent generations of one API client
 };
 
 struct TlsConfig {
@@ -69,6 +72,12 @@ struct SecurityConfig {
   std::string token_file;           // API bearer tokens; "" = no API auth
   std::string cluster_secret_file;  // data-plane secret; "" = no data-plane auth (dev only)
   TlsConfig tls;                    // gRPC TLS; disabled when absent
+  // Without a cluster secret every listener must be on loopback unless this is true (a
+  // trusted network; the daemons warn at start).
+  bool insecure = false;
+  // AES-256-GCM on every data-plane frame (needs the secret); without it frames carry an
+  // HMAC tag only (authenticated, readable on the wire).
+  bool encrypt_data_plane = false;
 };
 
 struct HeartbeatConfig {

@@ -33,6 +33,14 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.cluster.down_after = std::chrono::milliseconds(cfg.heartbeat.timeout_ms);   // as configured
   s.cluster.heartbeat_interval = std::min(interval, s.cluster.down_after / 4);
   s.cluster.max_context = cfg.limits.max_context;
+  s.cluster.max_step_rows = cfg.limits.max_batch * cfg.limits.max_context;
+  FM_ASSIGN_OR_RETURN(s.cluster.cluster_secret, ReadClusterSecret(cfg));
+  const TlsFiles tls{cfg.security.tls.cert, cfg.security.tls.key, cfg.security.tls.ca};
+  FM_ASSIGN_OR_RETURN(s.cluster.worker_credentials, ChannelCredentialsFor(tls));
+  FM_ASSIGN_OR_RETURN(s.api_credentials, ServerCredentialsFor(tls, false));
+  if (cfg.security.insecure && s.cluster.cluster_secret.empty())
+    FM_LOG(kWarn, "coordinator") << "security.insecure: the worker control RPCs and the data plane "
+                                    "are unauthenticated; anyone on this network controls the cluster";
   s.cluster.activation_dtype = cfg.activation_dtype;
   s.cluster.kv_cache_bytes = static_cast<uint64_t>(std::llround(cfg.limits.kv_cache_gib * 1073741824.0));
   s.limits.max_batch = cfg.limits.max_batch;
@@ -40,6 +48,7 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.limits.max_context = cfg.limits.max_context;
   s.api.max_tokens = cfg.limits.max_tokens;
   s.api.max_context = cfg.limits.max_context;
+  s.api.max_streams_per_client = cfg.limits.max_streams_per_client;
   s.api.model_name = s.model_dir;
   if (!cfg.security.token_file.empty()) {
     FM_ASSIGN_OR_RETURN(s.api.api_tokens, ReadApiTokens(cfg.security.token_file));
@@ -70,7 +79,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorSetup setup) 
   // Process-wide switches of gRPC, read when the server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  FM_ASSIGN_OR_RETURN(c->server_, StartGrpcServer(s.listen, c->api_.get(), &c->port_));
+  FM_ASSIGN_OR_RETURN(c->server_, StartGrpcServer(s.listen, c->api_.get(), &c->port_, kApiMaxRequestBytes,
+                                                      s.api_credentials));
   if (!s.http.empty()) {
     c->http_api_ = std::make_unique<HttpApi>(c->tokenizer_.get(), c->cluster_.get(), c->scheduler_.get(),
                                              c->api_.get(), &c->metrics_, s.api);

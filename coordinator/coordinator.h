@@ -22,9 +22,7 @@
 #include "coordinator/planner.h"
 #include "coordinator/scheduler.h"
 
-namespace grpc {
-class Server;
-}
+#include <grpcpp/grpcpp.h>
 
 namespace fm {
 
@@ -39,6 +37,8 @@ struct CoordinatorSetup {
   ClusterOptions cluster;
   SchedulerLimits limits;
   ApiOptions api;
+  // security.tls: the public gRPC API over TLS; insecure when unset.
+  std::shared_ptr<grpc::ServerCredentials> api_credentials = grpc::InsecureServerCredentials();
 };
 
 // The setup a cluster YAML describes (planner included); model_override replaces `model:`.

@@ -197,6 +197,9 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   job.req = std::move(decoded).value();
   auto params = ToParams(job.req);
   if (!params.ok()) return fail(params.status());
+  // HTTP requests carry no address here: a client is its token ("" = every tokenless client).
+  auto slot = grpc_api_->AcquireStream("http " + http.Header("authorization"));
+  if (!slot.ok()) return fail(slot.status());
   for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());

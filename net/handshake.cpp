@@ -74,11 +74,13 @@ Result<std::string> DecodeHelloName(const uint8_t* data, size_t nbytes) {
   return name;
 }
 
-Mac HandshakeMac(const std::string& secret, HandshakeRole role, const Nonce& dialer_nonce,
-                 const Nonce& acceptor_nonce, const std::string& dialer_name,
-                 const std::string& acceptor_name) {
+namespace {
+
+Mac LabeledMac(const std::string& secret, const char* label, const Nonce& dialer_nonce,
+               const Nonce& acceptor_nonce, const std::string& dialer_name,
+               const std::string& acceptor_name) {
   // Names are length-prefixed so ("ab","c") and ("a","bc") give different messages.
-  std::string msg = role == HandshakeRole::kDialer ? "FMSH-dialer" : "FMSH-acceptor";
+  std::string msg = label;
   msg.append(reinterpret_cast<const char*>(dialer_nonce.data()), kNonceSize);
   msg.append(reinterpret_cast<const char*>(acceptor_nonce.data()), kNonceSize);
   for (const std::string* n : {&dialer_name, &acceptor_name}) {
@@ -93,6 +95,24 @@ Mac HandshakeMac(const std::string& secret, HandshakeRole role, const Nonce& dia
   HMAC(EVP_sha256(), key, static_cast<int>(secret.size()),
        reinterpret_cast<const uint8_t*>(msg.data()), msg.size(), mac.data(), &len);
   return mac;
+}
+
+}  // namespace
+
+Mac HandshakeMac(const std::string& secret, HandshakeRole role, const Nonce& dialer_nonce,
+                 const Nonce& acceptor_nonce, const std::string& dialer_name,
+                 const std::string& acceptor_name) {
+  return LabeledMac(secret, role == HandshakeRole::kDialer ? "FMSH-dialer" : "FMSH-acceptor",
+                    dialer_nonce, acceptor_nonce, dialer_name, acceptor_name);
+}
+
+Mac SessionKey(const std::string& secret, HandshakeRole from, const Nonce& dialer_nonce,
+               const Nonce& acceptor_nonce, const std::string& dialer_name,
+               const std::string& acceptor_name) {
+  return LabeledMac(secret,
+                    from == HandshakeRole::kDialer ? "FMSH-session-dialer->acceptor"
+                                                   : "FMSH-session-acceptor->dialer",
+                    dialer_nonce, acceptor_nonce, dialer_name, acceptor_name);
 }
 
 bool MacEqual(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data(), kMacSize) == 0; }

@@ -5,7 +5,8 @@
 //   acceptor -> dialer:   "FMOK"   (only after MAC_d verified; otherwise the socket is closed)
 // MAC_x = HMAC-SHA256(secret, role_x | nonce_d | nonce_a | dialer name | acceptor name), role_a =
 // "FMSH-acceptor", role_d = "FMSH-dialer". Fresh 32-byte nonces from both sides make every MAC
-// single-use; the names are bound into the MACs so a peer cannot claim another's name.
+// single-use; the names are bound into the MACs so a peer cannot claim another's name. With a
+// secret, the frames that follow carry tags under per-direction session keys (frame_auth.h).
 // Pure byte functions (no sockets) so that tests and fuzzers drive them directly.
 #pragma once
 #include <array>
@@ -49,5 +50,13 @@ Mac HandshakeMac(const std::string& secret, HandshakeRole role, const Nonce& dia
                  const std::string& acceptor_name);
 // Constant-time comparison.
 bool MacEqual(const Mac& a, const Mac& b);
+
+// The session key of one direction of an authenticated connection (frame_auth.h): the same
+// HMAC over the nonces and names as the handshake MACs, under the label
+// "FMSH-session-dialer->acceptor" or "FMSH-session-acceptor->dialer" (`from` = the sender).
+// A relay that passed the handshake through cannot compute it without the secret.
+Mac SessionKey(const std::string& secret, HandshakeRole from, const Nonce& dialer_nonce,
+               const Nonce& acceptor_nonce, const std::string& dialer_name,
+               const std::string& acceptor_name);
 
 }  // namespace fm::net

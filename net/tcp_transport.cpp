@@ -4,91 +4,32 @@
 // that validates every frame and queues it for its peer.
 #include "net/tcp_transport.h"
 
-#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without including it
-
-#include <boost/asio.hpp>
-#include <boost/asio/redirect_error.hpp>
-
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/log.h"
+#include "net/frame_auth.h"
 #include "net/handshake.h"
+#include "net/tcp_conn.h"
 
 namespace fm::net {
 namespace {
 
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-using boost::system::error_code;
-
-// "host:port" or "[v6]:port" -> host, port (the port as text, for the resolver).
-Status SplitAddress(const std::string& address, std::string* host, std::string* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
-    return InvalidArgument("address '" + address + "': expected host:port");
-  *host = address.substr(0, colon);
-  *port = address.substr(colon + 1);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']')
-    *host = host->substr(1, host->size() - 2);
-  for (char ch : *port)
-    if (ch < '0' || ch > '9') return InvalidArgument("address '" + address + "': bad port");
-  return Status::Ok();
-}
-
-struct Conn {
-  explicit Conn(asio::io_context& io) : socket(io) {}
-  tcp::socket socket;
-  std::string peer;            // authenticated name ("" during the handshake)
-  std::string remote;          // "ip:port" of the other end, for logs
-  std::string local_close;     // why this side closed it (read loop reports it)
-  std::mutex send_mu;          // one gather write in flight per socket: Send callers queue here
-};
-
-void CloseSocket(Conn& c, const std::string& why) {
-  if (c.local_close.empty()) c.local_close = why;
-  error_code ignored;
-  c.socket.shutdown(tcp::socket::shutdown_both, ignored);
-  c.socket.close(ignored);
-}
-
-// Closes the connection's socket if the operations it guards are not done by the deadline,
-// which makes the pending read/write complete with an error.
-class SocketDeadline {
- public:
-  SocketDeadline(const std::shared_ptr<Conn>& c, Millis timeout) : timer_(c->socket.get_executor()) {
-    timer_.expires_after(timeout);
-    timer_.async_wait([c, fired = fired_](const error_code& ec) {
-      if (ec) return;
-      *fired = true;
-      CloseSocket(*c, "deadline");
-    });
-  }
-  ~SocketDeadline() { timer_.cancel(); }
-  bool fired() const { return *fired_; }
-
- private:
-  std::shared_ptr<bool> fired_ = std::make_shared<bool>(false);
-  asio::steady_timer timer_;
-};
-
-auto Redirect(error_code& ec) { return asio::redirect_error(asio::use_awaitable, ec); }
-
-std::string Endpoint(const tcp::socket& s) {
-  error_code ec;
-  auto ep = s.remote_endpoint(ec);
-  return ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
-}
-
 class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(TransportOptions o)
-      : work_(asio::make_work_guard(io_)), opts_(std::move(o)), thread_([this] { io_.run(); }) {}
+      : work_(asio::make_work_guard(io_)),
+        opts_(std::move(o)),
+        max_payload_(opts_.max_payload),
+        max_queued_(opts_.max_queued_bytes),
+        thread_([this] { io_.run(); }) {}
 
   ~TcpTransport() override {
     asio::post(io_, [this] {
@@ -159,9 +100,9 @@ class TcpTransport final : public Transport {
     std::array<uint8_t, kFrameHeaderSize> hdr;
     FM_RETURN_IF_ERROR(
         EncodeFrameHeader(&h, payload, nbytes, hdr.data()).Wrap("send to peer '" + peer + "'"));
-    if (nbytes > opts_.max_payload)
+    if (nbytes > max_payload_)
       return InvalidArgument("send to peer '" + peer + "': payload of " + std::to_string(nbytes) +
-                             " bytes exceeds the limit of " + std::to_string(opts_.max_payload));
+                             " bytes exceeds the limit of " + std::to_string(max_payload_.load()));
     std::shared_ptr<Conn> c;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -172,6 +113,12 @@ class TcpTransport final : public Transport {
       c = it->second.conn;
     }
     std::lock_guard<std::mutex> serial(c->send_mu);
+    std::vector<uint8_t> cipher;
+    FrameTag tag{};
+    if (c->tx)
+      FM_RETURN_IF_ERROR(c->tx->Seal(hdr.data(), payload, nbytes, &cipher, &tag)
+                             .Wrap("send to peer '" + peer + "'"));
+    const void* body = c->tx && c->tx->encrypt() ? static_cast<const void*>(cipher.data()) : payload;
     struct Op {
       std::mutex m;
       std::condition_variable cv;
@@ -179,7 +126,8 @@ class TcpTransport final : public Transport {
       error_code ec;
     };
     auto op = std::make_shared<Op>();
-    const std::array<asio::const_buffer, 2> bufs = {asio::buffer(hdr), asio::buffer(payload, nbytes)};
+    const std::array<asio::const_buffer, 3> bufs = {asio::buffer(hdr), asio::buffer(body, nbytes),
+                                                    asio::buffer(tag.data(), c->tx ? tag.size() : 0)};
     asio::post(io_, [c, op, bufs] {
       asio::async_write(c->socket, bufs, [op](const error_code& ec, size_t) {
         std::lock_guard<std::mutex> l(op->m);
@@ -203,7 +151,7 @@ class TcpTransport final : public Transport {
     if (op->ec) return Unavailable("send to peer '" + peer + "': " + op->ec.message());
     std::lock_guard<std::mutex> sl(mu_);
     stats_.frames_sent++;
-    stats_.bytes_sent += kFrameHeaderSize + nbytes;
+    stats_.bytes_sent += kFrameHeaderSize + nbytes + (c->tx ? kFrameTagSize : 0);
     return Status::Ok();
   }
 
@@ -225,6 +173,7 @@ class TcpTransport final : public Transport {
                          ")");
     Frame f = std::move(p->queue.front());
     p->queue.pop_front();
+    p->queued_bytes -= f.payload.size();
     return f;
   }
 
@@ -266,6 +215,46 @@ class TcpTransport final : public Transport {
     asio::post(io_, [c] { CloseSocket(*c, "disconnected locally"); });
   }
 
+  Status SetAllowedPeers(const std::vector<AllowedPeer>& peers) override {
+    std::map<std::string, std::vector<asio::ip::address>> allowed;
+    for (const AllowedPeer& p : peers) {
+      FM_RETURN_IF_ERROR(ValidatePeerName(p.name).Wrap("allowed peer"));
+      std::vector<asio::ip::address>& addrs = allowed[p.name];
+      if (p.host.empty()) continue;
+      error_code ec;
+      tcp::resolver resolver(io_);
+      auto eps = resolver.resolve(p.host, "0", ec);
+      if (ec)
+        return Unavailable("allowed peer '" + p.name + "': host '" + p.host +
+                           "' does not resolve: " + ec.message());
+      for (const auto& e : eps) {
+        if (e.endpoint().address().is_unspecified()) {  // listens everywhere: any source
+          addrs.clear();
+          break;
+        }
+        addrs.push_back(e.endpoint().address());
+      }
+    }
+    std::vector<std::shared_ptr<Conn>> gone;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto& [name, p] : peers_)
+        if (p.conn && !allowed.count(name)) {
+          gone.push_back(std::move(p.conn));
+          p.close_reason = "no longer in the plan";
+        }
+      allowed_ = std::move(allowed);
+    }
+    cv_.notify_all();
+    for (auto& c : gone) asio::post(io_, [c] { CloseSocket(*c, "no longer in the plan"); });
+    return Status::Ok();
+  }
+
+  void SetLimits(uint64_t max_payload, uint64_t max_queued_bytes) override {
+    max_payload_ = max_payload;
+    max_queued_ = max_queued_bytes;
+  }
+
   TransportStats stats() const override {
     std::lock_guard<std::mutex> l(mu_);
     return stats_;
@@ -274,6 +263,7 @@ class TcpTransport final : public Transport {
  private:
   struct PeerState {
     std::deque<Frame> queue;
+    uint64_t queued_bytes = 0;    // payload bytes in queue
     std::shared_ptr<Conn> conn;   // the current connection; null when closed
     std::string close_reason;
   };
@@ -337,6 +327,8 @@ class TcpTransport final : public Transport {
     if (ec) co_return io_error("reading hello name");
     Result<std::string> dialer = DecodeHelloName(name_bytes.data(), name_bytes.size());
     if (!dialer.ok()) co_return dialer.status();
+    if (Status allowed = CheckAllowed(*dialer, RemoteAddress(c->socket)); !allowed.ok())
+      co_return allowed;
     Result<Nonce> nonce = RandomNonce();
     if (!nonce.ok()) co_return nonce.status();
     std::vector<uint8_t> reply = EncodeHello({opts_.self_name, *nonce});
@@ -360,6 +352,7 @@ class TcpTransport final : public Transport {
     co_await asio::async_write(c->socket, asio::buffer(kHandshakeOk), Redirect(ec));
     if (ec) co_return io_error("writing ok");
     c->peer = *dialer;
+    StartSession(*c, HandshakeRole::kAcceptor, dialer_nonce, *nonce, *dialer, opts_.self_name);
     co_return Status::Ok();
   }
 
@@ -403,6 +396,9 @@ class TcpTransport final : public Transport {
     if (ec) co_return io_error("writing hello");
     std::array<uint8_t, kHelloFixedSize> fixed;
     co_await asio::async_read(c->socket, asio::buffer(fixed), Redirect(ec));
+    if (ec == asio::error::eof)
+      co_return Unauthenticated(who + ": it hung up on our hello (it does not take '" +
+                                opts_.self_name + "' from this address as a peer of its plan)");
     if (ec) co_return io_error("reading hello");
     Nonce acceptor_nonce;
     Result<size_t> name_len = DecodeHelloFixed(fixed.data(), fixed.size(), &acceptor_nonce);
@@ -431,7 +427,36 @@ class TcpTransport final : public Transport {
     if (ec) co_return io_error("reading ok");
     if (!std::equal(ok.begin(), ok.end(), kHandshakeOk))
       co_return Unauthenticated(who + ": bad handshake acknowledgement");
+    StartSession(*c, HandshakeRole::kDialer, *nonce, acceptor_nonce, opts_.self_name, peer);
     co_return Status::Ok();
+  }
+
+  // With a secret: the connection's frame sealers, one per direction, `me` being this side.
+  void StartSession(Conn& c, HandshakeRole me, const Nonce& dialer_nonce,
+                    const Nonce& acceptor_nonce, const std::string& dialer,
+                    const std::string& acceptor) const {
+    if (opts_.secret.empty()) return;
+    const HandshakeRole them = me == HandshakeRole::kDialer ? HandshakeRole::kAcceptor
+                                                            : HandshakeRole::kDialer;
+    c.tx = std::make_unique<FrameSealer>(
+        SessionKey(opts_.secret, me, dialer_nonce, acceptor_nonce, dialer, acceptor), opts_.encrypt);
+    c.rx = std::make_unique<FrameSealer>(
+        SessionKey(opts_.secret, them, dialer_nonce, acceptor_nonce, dialer, acceptor), opts_.encrypt);
+  }
+
+  // Whether `name` connecting from `from` is a peer of the plan (SetAllowedPeers).
+  Status CheckAllowed(const std::string& name, const asio::ip::address& from) const {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!allowed_) return Status::Ok();
+    auto it = allowed_->find(name);
+    if (it == allowed_->end())
+      return Unauthenticated("handshake: peer name '" + name + "' is not one of this node's peers");
+    if (it->second.empty()) return Status::Ok();
+    for (const auto& a : it->second)
+      if (a == from) return Status::Ok();
+    return Unauthenticated("handshake: peer '" + name + "' connected from " + from.to_string() +
+                           ", not from its address in the plan (" + it->second[0].to_string() +
+                           ")");
   }
 
   // Makes c the connection of its peer (replacing an older one).
@@ -449,35 +474,79 @@ class TcpTransport final : public Transport {
                          << c->remote << ")";
   }
 
-  asio::awaitable<void> ReadLoop(std::shared_ptr<Conn> c) {
+  // One frame: header, then the payload in kPayloadChunk steps (memory grows with the bytes
+  // that really arrived, not with the length a header claims). Only the wait for the first
+  // byte is unbounded; the rest of the frame runs on frame_timeout deadlines. Errors set
+  // *bad_frame when the peer sent something invalid (not merely closed or stalled).
+  asio::awaitable<Result<Frame>> ReadFrame(std::shared_ptr<Conn> c, bool* bad_frame) {
     std::array<uint8_t, kFrameHeaderSize> hdr;
+    error_code ec;
+    co_await asio::async_read(c->socket, asio::buffer(hdr.data(), 1), Redirect(ec));
+    if (ec) co_return Unavailable(ec == asio::error::eof ? "peer closed the connection" : ec.message());
+    const std::string limit = std::to_string(opts_.frame_timeout.count()) + " ms";
+    {
+      SocketDeadline deadline(c, opts_.frame_timeout);
+      co_await asio::async_read(c->socket, asio::buffer(hdr.data() + 1, hdr.size() - 1),
+                                Redirect(ec));
+      if (deadline.fired()) {
+        *bad_frame = true;
+        co_return DeadlineExceeded("frame header not complete within " + limit);
+      }
+    }
+    if (ec) co_return Unavailable("connection lost inside a frame header: " + ec.message());
+    *bad_frame = true;
+    Result<FrameHeader> decoded = DecodeFrameHeader(hdr.data(), hdr.size(), max_payload_);
+    if (!decoded.ok()) co_return decoded.status();
+    const FrameHeader h = *decoded;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      const uint64_t queued = peers_[c->peer].queued_bytes;
+      if (queued + h.payload_bytes > max_queued_)
+        co_return ResourceExhausted("unread frames would hold " +
+                                    std::to_string(queued + h.payload_bytes) +
+                                    " bytes, over the limit of " + std::to_string(max_queued_.load()));
+    }
+    Frame f;
+    f.header = h;
+    for (size_t got = 0; got < h.payload_bytes;) {
+      const size_t n = std::min<uint64_t>(kPayloadChunk, h.payload_bytes - got);
+      f.payload.resize(got + n);
+      SocketDeadline deadline(c, opts_.frame_timeout);
+      co_await asio::async_read(c->socket, asio::buffer(f.payload.data() + got, n), Redirect(ec));
+      if (deadline.fired())
+        co_return DeadlineExceeded("payload stalled at " + std::to_string(got) + " of " +
+                                   std::to_string(h.payload_bytes) + " bytes for " + limit);
+      if (ec) {
+        *bad_frame = false;
+        co_return Unavailable("connection lost inside a frame: " + ec.message());
+      }
+      got += n;
+    }
+    if (c->rx) {
+      FrameTag tag;
+      SocketDeadline deadline(c, opts_.frame_timeout);
+      co_await asio::async_read(c->socket, asio::buffer(tag), Redirect(ec));
+      if (deadline.fired()) co_return DeadlineExceeded("frame tag not received within " + limit);
+      if (ec) {
+        *bad_frame = false;
+        co_return Unavailable("connection lost inside a frame: " + ec.message());
+      }
+      if (Status t = c->rx->Open(hdr.data(), f.payload.data(), f.payload.size(), tag); !t.ok())
+        co_return t;
+    }
+    if (Status v = VerifyFramePayload(f.header, f.payload.data(), f.payload.size()); !v.ok())
+      co_return v;
+    *bad_frame = false;
+    co_return f;
+  }
+
+  asio::awaitable<void> ReadLoop(std::shared_ptr<Conn> c) {
     std::string reason;
     bool bad_frame = false;
     for (;;) {
-      error_code ec;
-      co_await asio::async_read(c->socket, asio::buffer(hdr), Redirect(ec));
-      if (ec) {
-        reason = ec == asio::error::eof ? "peer closed the connection" : ec.message();
-        break;
-      }
-      Result<FrameHeader> h = DecodeFrameHeader(hdr.data(), hdr.size(), opts_.max_payload);
-      if (!h.ok()) {
-        reason = h.status().message();
-        bad_frame = true;
-        break;
-      }
-      Frame f;
-      f.header = *h;
-      f.payload.resize(h->payload_bytes);
-      co_await asio::async_read(c->socket, asio::buffer(f.payload), Redirect(ec));
-      if (ec) {
-        reason = "connection lost inside a frame: " + ec.message();
-        break;
-      }
-      Status v = VerifyFramePayload(f.header, f.payload.data(), f.payload.size());
-      if (!v.ok()) {
-        reason = v.message();
-        bad_frame = true;
+      Result<Frame> f = co_await ReadFrame(c, &bad_frame);
+      if (!f.ok()) {
+        reason = f.status().message();
         break;
       }
       {
@@ -485,12 +554,13 @@ class TcpTransport final : public Transport {
         auto it = peers_.find(c->peer);
         if (it == peers_.end() || it->second.conn != c) continue;  // replaced: drop its frames
         stats_.frames_received++;
-        stats_.bytes_received += kFrameHeaderSize + f.payload.size();
-        it->second.queue.push_back(std::move(f));
+        stats_.bytes_received += kFrameHeaderSize + f->payload.size() + (c->rx ? kFrameTagSize : 0);
+        it->second.queued_bytes += f->payload.size();
+        it->second.queue.push_back(std::move(f).value());
       }
       cv_.notify_all();
     }
-    if (!c->local_close.empty()) reason = "closed locally: " + c->local_close;
+    if (!bad_frame && !c->local_close.empty()) reason = "closed locally: " + c->local_close;
     if (bad_frame)
       FM_LOG(kWarn, "net") << "'" << opts_.self_name << "' dropping connection to peer '"
                            << c->peer << "' (" << c->remote << "): bad frame: " << reason;
@@ -515,10 +585,13 @@ class TcpTransport final : public Transport {
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   const TransportOptions opts_;
-  mutable std::mutex mu_;  // guards peers_, handshaking_, stats_, listen_address_
+  std::atomic<uint64_t> max_payload_, max_queued_;   // SetLimits
+  mutable std::mutex mu_;  // guards peers_, handshaking_, stats_, listen_address_, allowed_
   std::condition_variable cv_;
   std::map<std::string, PeerState> peers_;
   std::vector<std::shared_ptr<Conn>> handshaking_;
+  // SetAllowedPeers: name -> the addresses it may connect from (empty: any); unset: anyone.
+  std::optional<std::map<std::string, std::vector<asio::ip::address>>> allowed_;
   TransportStats stats_;
   std::string listen_address_;
   std::unique_ptr<tcp::acceptor> acceptor_;
@@ -530,6 +603,10 @@ class TcpTransport final : public Transport {
 Result<std::unique_ptr<Transport>> MakeTcpTransport(const TransportOptions& options) {
   FM_RETURN_IF_ERROR(ValidatePeerName(options.self_name).Wrap("transport self_name"));
   if (options.max_payload == 0) return InvalidArgument("transport max_payload: must be > 0");
+  if (options.encrypt && options.secret.empty())
+    return InvalidArgument("transport encrypt: needs a cluster secret (security.cluster_secret_file)");
+  if (options.frame_timeout.count() <= 0)
+    return InvalidArgument("transport frame_timeout: must be > 0");
   return std::unique_ptr<Transport>(new TcpTransport(options));
 }
 

@@ -33,16 +33,34 @@ struct TransportOptions {
   // Cluster secret (security.cluster_secret_file). Both sides prove knowledge of it with
   // HMAC-SHA256 over a fresh random nonce from each side before any frame is accepted.
   // Empty = no authentication: any peer with an empty secret is accepted (development only).
+  // With a secret every frame also carries a tag under a per-connection session key
+  // (frame_auth.h): a tampered, replayed or reordered frame closes the connection.
   std::string secret;
+  bool encrypt = false;   // security.encrypt_data_plane: AES-256-GCM payloads (needs a secret)
   uint64_t max_payload = kDefaultMaxFramePayload;  // larger incoming frames close the connection
+  // Unread frames of one peer may hold at most this many bytes; a peer that sends more than
+  // its reader takes is dropped (the bound on what a flooding peer can make us hold).
+  uint64_t max_queued_bytes = 4 * kDefaultMaxFramePayload;
   Millis handshake_timeout{5000};  // an accepted connection must authenticate within this
+  // Once a frame's first byte arrived, the rest of its header must arrive within this, and its
+  // payload must keep coming (each 1 MiB within this): a stalled or trickling peer is dropped.
+  // Between frames a connection may stay idle for as long as it likes.
+  Millis frame_timeout{10000};
+};
+
+// Which peers may connect (Transport::SetAllowedPeers): a peer's name and the host of its data
+// address in the plan. An accepted connection presenting any other name, or (when the host
+// resolves to addresses) coming from another address, is refused in the handshake.
+struct AllowedPeer {
+  std::string name;
+  std::string host;   // "" or a wildcard (0.0.0.0, ::): any source address
 };
 
 struct TransportStats {
   uint64_t frames_sent = 0, frames_received = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;  // headers + payloads
   uint64_t connections_rejected = 0;             // failed handshakes
-  uint64_t connections_dropped = 0;              // closed because of a bad frame
+  uint64_t connections_dropped = 0;              // closed because of a bad frame / flooding
 };
 
 class Transport {
@@ -83,6 +101,14 @@ class Transport {
   virtual std::vector<std::string> ConnectedPeers() const = 0;
   // Closes the connection to `peer` (no-op if none); queued frames stay readable.
   virtual void Disconnect(const std::string& peer) = 0;
+
+  // Restricts accepted connections to `peers` (replacing the previous list; connections of
+  // peers no longer listed are closed). Until first called every validly authenticated name is
+  // accepted. Errors name a host that does not resolve.
+  virtual Status SetAllowedPeers(const std::vector<AllowedPeer>& peers) = 0;
+  // The frame size limit and the per-peer unread-bytes limit for frames from now on (a worker
+  // sets them from its shard: the plan's largest frame).
+  virtual void SetLimits(uint64_t max_payload, uint64_t max_queued_bytes) = 0;
 
   virtual TransportStats stats() const = 0;
 };

@@ -163,7 +163,7 @@ void ActivationReceiver::Loop() {
     Result<net::Frame> f = transport_->Recv(peer, kRecvPoll);
     if (f.ok()) {
       Status st = Deliver(*f);
-      if (st.code() == Code::kInvalidArgument) {
+      if (st.code() == Code::kInvalidArgument || st.code() == Code::kResourceExhausted) {
         FM_LOG(kWarn, "worker") << "dropping the connection to '" << peer << "': " << st.ToString();
         transport_->Disconnect(peer);
         lock.lock();

@@ -2,6 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
+#include <sstream>
+
 namespace fm {
 
 grpc::Status ToGrpc(const Status& s) {
@@ -18,6 +21,7 @@ grpc::Status ToGrpc(const Status& s) {
     case Code::kInternal: code = G::INTERNAL; break;
     case Code::kCancelled: code = G::CANCELLED; break;
     case Code::kDeadlineExceeded: code = G::DEADLINE_EXCEEDED; break;
+    case Code::kFailedPrecondition: code = G::FAILED_PRECONDITION; break;
   }
   return grpc::Status(code, s.message());
 }
@@ -35,6 +39,7 @@ Status FromGrpc(const grpc::Status& s, const std::string& context) {
     case G::UNAUTHENTICATED: code = Code::kUnauthenticated; break;
     case G::CANCELLED: code = Code::kCancelled; break;
     case G::DEADLINE_EXCEEDED: code = Code::kDeadlineExceeded; break;
+    case G::FAILED_PRECONDITION: code = Code::kFailedPrecondition; break;
     default: break;
   }
   return Status(code, context + ": " + s.error_message());
@@ -51,11 +56,47 @@ grpc::Status WorkerError(grpc::ServerContext* ctx, const Status& s, const char* 
   return ToGrpc(s);
 }
 
-Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
-                                                      grpc::Service* service, int* bound_port) {
+namespace {
+Result<std::string> ReadPem(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in || ss.str().empty()) return NotFound("security.tls." + what + " " + path + ": cannot read");
+  return ss.str();
+}
+}  // namespace
+
+Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(const TlsFiles& tls,
+                                                                      bool require_client_cert) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o(require_client_cert
+                                          ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  FM_ASSIGN_OR_RETURN(o.pem_root_certs, ReadPem(tls.ca, "ca"));
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  FM_ASSIGN_OR_RETURN(pair.private_key, ReadPem(tls.key, "key"));
+  FM_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(tls.cert, "cert"));
+  o.pem_key_cert_pairs.push_back(pair);
+  return grpc::SslServerCredentials(o);
+}
+
+Result<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls) {
+  if (tls.ca.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  FM_ASSIGN_OR_RETURN(o.pem_root_certs, ReadPem(tls.ca, "ca"));
+  if (!tls.cert.empty()) {
+    FM_ASSIGN_OR_RETURN(o.pem_private_key, ReadPem(tls.key, "key"));
+    FM_ASSIGN_OR_RETURN(o.pem_cert_chain, ReadPem(tls.cert, "cert"));
+  }
+  return grpc::SslCredentials(o);
+}
+
+Result<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& listen, grpc::Service* service, int* bound_port, int max_request_bytes,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), bound_port);
-  builder.SetMaxReceiveMessageSize(-1);
+  builder.AddListeningPort(listen, credentials, bound_port);
+  builder.SetMaxReceiveMessageSize(max_request_bytes);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

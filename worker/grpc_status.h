@@ -23,9 +23,26 @@ inline constexpr char kFaultWorker[] = "worker";
 inline constexpr char kFaultLostSequences[] = "lost-sequences";
 grpc::Status WorkerError(grpc::ServerContext* ctx, const Status& s, const char* fault = kFaultWorker);
 
+// PEM files of security.tls: this process's certificate and key, and the CA that signed the
+// cluster's certificates. All empty: no TLS.
+struct TlsFiles {
+  std::string cert, key, ca;
+  bool enabled() const { return !cert.empty(); }
+};
+// Server credentials: TLS with cert/key (and, when `require_client_cert`, only clients whose
+// certificate the CA signed: the worker control plane); insecure without TLS. Errors name
+// the file that cannot be read.
+Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(const TlsFiles& tls,
+                                                                      bool require_client_cert);
+// Channel credentials: TLS verifying the server against the CA, presenting cert/key when
+// set; insecure without TLS.
+Result<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls);
+
 // Starts a gRPC server for `service` on `listen` (host:port; port 0 picks one). *bound_port
-// gets the port actually bound.
-Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
-                                                      grpc::Service* service, int* bound_port);
+// gets the port actually bound. Larger request messages are refused (RESOURCE_EXHAUSTED)
+// before they are parsed.
+Result<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& listen, grpc::Service* service, int* bound_port, int max_request_bytes,
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials());
 
 }  // namespace fm

@@ -66,6 +66,11 @@ Status StageExecutor::Receive(uint64_t step_id, int64_t rows, int64_t row_floats
                            "] does not match this stage (hc*H = " +
                            std::to_string(runtime_->row_floats()) + ")");
   std::lock_guard<std::mutex> lock(mu_);
+  if (inbox_.size() >= kMaxInboxSteps && !inbox_.count(step_id))
+    return ResourceExhausted("activation of step " + std::to_string(step_id) + ": " +
+                             std::to_string(inbox_.size()) +
+                             " steps already wait in the inbox (the previous stage runs too far "
+                             "ahead or floods)");
   inbox_[step_id] = std::move(x);
   cv_.notify_all();
   return Status::Ok();

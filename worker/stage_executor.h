@@ -93,6 +93,9 @@ class StageExecutor {
   mutable std::mutex mu_;
   std::condition_variable cv_;        // new step, new activation, step done, stop
   std::map<uint64_t, Step*> waiting_; // not yet started, by step id
+  // At most kMaxInboxSteps manifolds wait (far more than the steps in flight): bounds what a
+  // flooding previous stage can make this one hold.
+  static constexpr size_t kMaxInboxSteps = 64;
   std::map<uint64_t, std::vector<float>> inbox_;
   std::mutex exec_mu_;                // held while a step computes
   std::deque<std::pair<Clock::time_point, int64_t>> recent_rows_;

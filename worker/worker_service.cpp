@@ -8,8 +8,10 @@
 namespace fm {
 
 WorkerService::WorkerService(std::string node, std::string model_dir_override, int threads,
-                             net::Transport* data_plane)
+                             net::Transport* data_plane, WorkerSecurity security)
     : node_(std::move(node)),
+      security_(std::move(security)),
+      guard_(security_.cluster_secret),
       model_dir_override_(std::move(model_dir_override)),
       data_plane_(data_plane),
       runtime_(threads),
@@ -24,10 +26,63 @@ void WorkerService::Stop() {
   FM_LOG(kInfo, "worker") << node_ << ": stopped taking steps";
 }
 
+namespace {
+// "host:port" / "[v6]:port" -> host.
+std::string HostOf(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+}  // namespace
+
+Status WorkerService::CheckPeers(const flashmesh::v1::ShardSpec& s) const {
+  if (security_.node_data.empty()) return Status::Ok();
+  auto check = [&](const std::string& field, const std::string& name, const std::string* data) {
+    auto it = security_.node_data.find(name);
+    if (it == security_.node_data.end())
+      return InvalidArgument("shard." + field + ": '" + name + "' is not a node of the cluster YAML");
+    if (data && *data != it->second)
+      return InvalidArgument("shard." + field + ": '" + name + "' at " + *data +
+                             ", but the cluster YAML puts its data plane at " + it->second);
+    return Status::Ok();
+  };
+  if (!s.next_node().empty()) FM_RETURN_IF_ERROR(check("next_node", s.next_node(), &s.next_data()));
+  if (!s.prev_node().empty()) FM_RETURN_IF_ERROR(check("prev_node", s.prev_node(), nullptr));
+  for (int i = 0; i < s.ep_nodes_size(); ++i)
+    FM_RETURN_IF_ERROR(check("ep_nodes[" + std::to_string(i) + "]", s.ep_nodes(i),
+                             i < s.ep_data_size() ? &s.ep_data(i) : nullptr));
+  return Status::Ok();
+}
+
+Status WorkerService::ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s) {
+  std::vector<net::AllowedPeer> peers;
+  auto add = [&](const std::string& name) {
+    if (name.empty() || name == node_) return;
+    auto it = security_.node_data.find(name);
+    peers.push_back({name, it == security_.node_data.end() ? "" : HostOf(it->second)});
+  };
+  add(s.prev_node());
+  add(s.next_node());
+  for (const std::string& n : s.ep_nodes()) add(n);
+  FM_RETURN_IF_ERROR(data_plane_->SetAllowedPeers(peers));
+  // The largest frame of the plan: a step's rows times the widest row that crosses the data
+  // plane (the manifold, hc x H, or an EP combine of top-k expert outputs, k x H), in f32.
+  const ModelConfig& c = runtime_.config();
+  const uint64_t rows = static_cast<uint64_t>(s.max_step_rows() > 0 ? s.max_step_rows() : s.max_context());
+  const uint64_t row_bytes = static_cast<uint64_t>(c.hidden_size * std::max(c.hc_mult, c.num_experts_per_tok)) * 4;
+  const uint64_t cap = uint64_t{1} << 60;   // far beyond any memory; keeps 4x below from wrapping
+  const uint64_t max_frame = row_bytes == 0 || rows > cap / row_bytes ? cap : std::max<uint64_t>(rows * row_bytes, 1);
+  data_plane_->SetLimits(max_frame, 4 * max_frame);
+  return Status::Ok();
+}
+
 grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh::v1::LoadShardRequest* req,
                                       flashmesh::v1::LoadShardResponse* resp) {
+  uint64_t term = 0;
+  if (grpc::Status a = guard_.Admit(*ctx, "LoadShard", *req, true, &term); !a.ok()) return a;
   std::lock_guard<std::mutex> lock(load_mu_);
   const auto& s = req->shard();
+  if (Status peers = CheckPeers(s); !peers.ok()) return ToGrpc(peers.Wrap("node " + node_));
   ShardPlacement p;
   p.model_dir = model_dir_override_.empty() ? s.model_dir() : model_dir_override_;
   p.stage = s.stage();
@@ -147,6 +202,9 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   }
   if (prev_link_) executor_.SetPrev(NewCommActivationSource(prev_link_.get(), 0));
   receiver_.SetPeer(p.stage > 0 && !prev_link_ ? s.prev_node() : "");
+  if (Status policy = ApplyPeerPolicy(s); !policy.ok())
+    return ToGrpc(policy.Wrap("node " + node_ + ": data-plane peers"));
+  guard_.Follow(term);
   epoch_ = s.epoch();
   {
     std::lock_guard<std::mutex> g(shard_mu_);
@@ -159,8 +217,9 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Health(grpc::ServerContext*, const flashmesh::v1::HealthRequest*,
+grpc::Status WorkerService::Health(grpc::ServerContext* ctx, const flashmesh::v1::HealthRequest* req,
                                    flashmesh::v1::HealthResponse* resp) {
+  if (grpc::Status a = guard_.Admit(*ctx, "Health", *req, false); !a.ok()) return a;
   resp->set_node(node_);
   bool group_ok = true;
   {
@@ -173,11 +232,13 @@ grpc::Status WorkerService::Health(grpc::ServerContext*, const flashmesh::v1::He
   for (uint64_t id : runtime_.sequence_ids()) resp->add_seq_ids(id);
   std::lock_guard<std::mutex> g(shard_mu_);
   if (runtime_.loaded()) *resp->mutable_shard() = shard_;
+  resp->set_term(guard_.term());
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Stats(grpc::ServerContext*, const flashmesh::v1::StatsRequest*,
+grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const flashmesh::v1::StatsRequest* req,
                                   flashmesh::v1::StatsResponse* resp) {
+  if (grpc::Status a = guard_.Admit(*ctx, "Stats", *req, false); !a.ok()) return a;
   resp->set_node(node_);
   bool loaded = runtime_.loaded();
   resp->set_loaded(loaded);
@@ -200,8 +261,9 @@ grpc::Status WorkerService::Stats(grpc::ServerContext*, const flashmesh::v1::Sta
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Drain(grpc::ServerContext*, const flashmesh::v1::DrainRequest*,
+grpc::Status WorkerService::Drain(grpc::ServerContext* ctx, const flashmesh::v1::DrainRequest* req,
                                   flashmesh::v1::DrainResponse* resp) {
+  if (grpc::Status a = guard_.Admit(*ctx, "Drain", *req, true); !a.ok()) return a;
   draining_ = true;
   FM_LOG(kInfo, "worker") << node_ << ": draining";
   resp->set_active_sequences(runtime_.active_sequences());
@@ -211,6 +273,7 @@ grpc::Status WorkerService::Drain(grpc::ServerContext*, const flashmesh::v1::Dra
 grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
                                           const flashmesh::v1::StartSequenceRequest* req,
                                           flashmesh::v1::StartSequenceResponse* resp) {
+  if (grpc::Status a = guard_.Admit(*ctx, "StartSequence", *req, true); !a.ok()) return a;
   if (draining_ || stopping_)
     return WorkerError(ctx, Unavailable("node " + node_ + (stopping_ ? " is stopping" : " is draining")));
   SamplerConfig sp;
@@ -226,9 +289,10 @@ grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::FreeSequence(grpc::ServerContext*,
+grpc::Status WorkerService::FreeSequence(grpc::ServerContext* ctx,
                                          const flashmesh::v1::FreeSequenceRequest* req,
                                          flashmesh::v1::FreeSequenceResponse* resp) {
+  if (grpc::Status a = guard_.Admit(*ctx, "FreeSequence", *req, true); !a.ok()) return a;
   executor_.Free(std::vector<uint64_t>(req->seq_ids().begin(), req->seq_ids().end()));
   resp->set_kv_bytes(runtime_.kv_bytes());
   return grpc::Status::OK;
@@ -237,6 +301,7 @@ grpc::Status WorkerService::FreeSequence(grpc::ServerContext*,
 grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
                                       const flashmesh::v1::StepBatchRequest* req,
                                       flashmesh::v1::StepBatchResponse* resp) {
+  if (grpc::Status a = guard_.Admit(*ctx, "StepBatch", *req, true); !a.ok()) return a;
   if (!runtime_.loaded()) return WorkerError(ctx, Unavailable("node " + node_ + ": no shard loaded"));
   if (stopping_) return WorkerError(ctx, Unavailable("node " + node_ + " is stopping"));
   // Refused before it joins the step order: a step that cannot run must not make the next
@@ -274,15 +339,17 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Reset(grpc::ServerContext*, const flashmesh::v1::ResetRequest*,
+grpc::Status WorkerService::Reset(grpc::ServerContext* ctx, const flashmesh::v1::ResetRequest* req,
                                   flashmesh::v1::ResetResponse*) {
+  if (grpc::Status a = guard_.Admit(*ctx, "Reset", *req, true); !a.ok()) return a;
   std::lock_guard<std::mutex> lock(load_mu_);   // the runtime's EP group stays put meanwhile
   executor_.Reset();
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::NewNcclId(grpc::ServerContext* ctx, const flashmesh::v1::NewNcclIdRequest*,
+grpc::Status WorkerService::NewNcclId(grpc::ServerContext* ctx, const flashmesh::v1::NewNcclIdRequest* req,
                                       flashmesh::v1::NewNcclIdResponse* resp) {
+  if (grpc::Status a = guard_.Admit(*ctx, "NewNcclId", *req, true); !a.ok()) return a;
   Result<std::string> id = net::NcclNewUniqueId();
   if (!id.ok()) return WorkerError(ctx, id.status().Wrap("node " + node_));
   resp->set_unique_id(*id);

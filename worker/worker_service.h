@@ -4,6 +4,7 @@
 // the worker's net::Transport listening on nodes[].data), never through gRPC.
 #pragma once
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,18 +13,33 @@
 #include "flashmesh/v1/worker.grpc.pb.h"
 #include "net/nccl_communicator.h"
 #include "net/transport.h"
+#include "worker/control_auth.h"
 #include "worker/data_plane.h"
 #include "worker/shard_runtime.h"
 #include "worker/stage_executor.h"
 
 namespace fm {
 
+// What a worker checks its callers and peers against.
+struct WorkerSecurity {
+  // Every call must carry a credential from this secret (control_auth.h); "" = none needed.
+  std::string cluster_secret;
+  // The cluster YAML's nodes: name -> data address "host:port". When set, LoadShard's peers
+  // must be nodes of it at exactly these addresses, and data-plane peers must connect from
+  // their host. Empty (a single-process `serve`): no such checks.
+  std::map<std::string, std::string> node_data;
+};
+
+// The largest control request a worker parses: a StepBatch of every sequence's whole prompt
+// (max_batch x max_context token ids) stays far below it.
+inline constexpr int kWorkerMaxRequestBytes = 64 << 20;
+
 class WorkerService final : public flashmesh::v1::Worker::Service {
  public:
   // `model_dir_override`: load from this directory instead of the one LoadShard names.
   // `data_plane` (listening, outliving the service) carries the manifolds between stages.
   WorkerService(std::string node, std::string model_dir_override, int threads,
-                net::Transport* data_plane);
+                net::Transport* data_plane, WorkerSecurity security = {});
   ~WorkerService() override;
 
   grpc::Status LoadShard(grpc::ServerContext*, const flashmesh::v1::LoadShardRequest*,
@@ -50,7 +66,14 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
   void Stop();
 
  private:
+  // LoadShard's peers checked against security_.node_data, then made the only ones the data
+  // plane accepts, with frame limits from the plan's largest frame.
+  Status CheckPeers(const flashmesh::v1::ShardSpec& s) const;
+  Status ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s);
+
   std::string node_;
+  WorkerSecurity security_;
+  ControlGuard guard_;
   std::string model_dir_override_;
   std::mutex load_mu_;   // one LoadShard at a time
   std::atomic<uint64_t> epoch_{0};

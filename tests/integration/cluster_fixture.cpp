@@ -149,24 +149,49 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
     << "transport: " << spec.transport << "\n"
     << "nodes:\n";
   const int workers = spec.stages * spec.expert_parallel;
-  for (int i = 0; i < workers; ++i) control_ports_.push_back(FreePort());
-  for (int i = 0; i < workers; ++i)
-    y << "  - { name: " << node(i) << ", control: 127.0.0.1:" << control_ports_[i]
-      << ", data: 127.0.0.1:" << FreePort() << ", device: "
+  for (int i = 0; i < workers; ++i) {
+    control_.push_back("127.0.0.1:" + std::to_string(FreePort()));
+    data_.push_back("127.0.0.1:" + std::to_string(FreePort()));
+    y << "  - { name: " << node(i) << ", control: " << control_[i] << ", data: " << data_[i]
+      << ", device: "
       << (spec.transport == "nccl" ? "cuda:" + std::to_string(i % std::max(1, spec.gpus))
                                    : spec.device)
       << ", memory_gib: 4 }\n";
+  }
   y << "limits: { max_batch: " << spec.max_batch << ", max_context: " << spec.max_context
     << ", max_queue: " << spec.max_queue << ", max_tokens: " << spec.max_tokens << " }\n"
     << "heartbeat: { interval_ms: 250, timeout_ms: 2000 }\n"
     << "activation_dtype: " << spec.activation_dtype << "\n";
+  std::vector<std::string> security;
   if (!spec.cluster_secret.empty()) {
     std::ofstream(secret_file()) << spec.cluster_secret << "\n";
-    y << "security: { cluster_secret_file: cluster.secret }\n";
+    security.push_back("cluster_secret_file: cluster.secret");
+  }
+  if (!spec.tls_dir.empty())
+    security.push_back("tls: { cert: " + spec.tls_dir + "/node.pem, key: " + spec.tls_dir +
+                       "/node.key, ca: " + spec.tls_dir + "/ca.pem }");
+  if (!security.empty()) {
+    y << "security: { " << security[0];
+    for (size_t i = 1; i < security.size(); ++i) y << ", " << security[i];
+    y << " }\n";
   }
   yaml_ = dir_.path() + "/cluster.yaml";
   std::ofstream(yaml_) << y.str();
   workers_.resize(workers);
+}
+
+std::string Cluster::YamlWithApiPort(int api_port) const {
+  std::ifstream in(yaml_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  const std::string from = "listen: 127.0.0.1:" + std::to_string(api_port_);
+  text.replace(text.find(from), from.size(), "listen: 127.0.0.1:" + std::to_string(api_port));
+  const size_t http = text.find(", http: ");   // a second coordinator serves gRPC only
+  if (http != std::string::npos) text.erase(http, text.find(" }", http) - http);
+  const std::string path = dir_.path() + "/cluster-" + std::to_string(api_port) + ".yaml";
+  std::ofstream(path) << text;
+  return path;
 }
 
 void Cluster::StartWorker(int i, const std::vector<std::string>& extra) {

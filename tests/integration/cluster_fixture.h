@@ -67,6 +67,9 @@ struct ClusterSpec {
   std::string device = "cpu";                        // every node's device with transport tcp
   int gpus = 1;
   bool http = false;                                 // coordinator.http on a fresh port
+  // security.tls from DIR/node.pem, node.key, ca.pem (every node and the coordinator share
+  // the certificate); "" = no TLS.
+  std::string tls_dir;
 };
 
 // A cluster: YAML, one worker process per plan slot (stage-major), and the coordinator.
@@ -79,8 +82,10 @@ class Cluster {
   std::string api() const { return "127.0.0.1:" + std::to_string(api_port_); }
   int http_port() const { return http_port_; }   // 0 without spec.http
   std::string node(int i) const { return "w" + std::to_string(i); }
-  // Worker i's control address (its Worker gRPC service).
-  std::string control(int i) const { return "127.0.0.1:" + std::to_string(control_ports_[i]); }
+  const std::string& control(int i) const { return control_[i]; }   // host:port of node i
+  const std::string& data(int i) const { return data_[i]; }
+  // A copy of the YAML whose coordinator listens on 127.0.0.1:api_port (a second coordinator).
+  std::string YamlWithApiPort(int api_port) const;
   // `extra` arguments after the usual ones (e.g. --model DIR).
   void StartWorker(int i, const std::vector<std::string>& extra = {});
   void StartCoordinator();
@@ -97,7 +102,7 @@ class Cluster {
   std::string yaml_;
   int api_port_ = 0;
   int http_port_ = 0;
-  std::vector<int> control_ports_;
+  std::vector<std::string> control_, data_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<Process> coordinator_;
 };

@@ -1,5 +1,6 @@
 // The stage-to-stage data plane on real worker processes: exactly one framed, raw activation
-// per micro-batch and hop (64-byte header + rows x hc*H values, nothing else on the wire),
+// per micro-batch and hop (64-byte header + rows x hc*H values + the 16-byte tag of a cluster
+// with a secret, nothing else on the wire),
 // bf16 frames at half the payload, and the cluster secret enforced between workers.
 #include <gtest/gtest.h>
 
@@ -14,7 +15,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint64_t kHeaderBytes = 64;  // net/frame.h kFrameHeaderSize
+// net/frame.h kFrameHeaderSize + net/frame_auth.h kFrameTagSize (the fixture sets a secret).
+constexpr uint64_t kFrameOverhead = 64 + 16;
 
 // hc_mult * hidden_size of the small preset (values per manifold row).
 uint64_t RowValues() {
@@ -42,7 +44,7 @@ WireDelta Delta(const flashmesh::v1::ClusterStatusResponse& a,
 // One request alone: a prefill step with the prompt, then one decode step per further token.
 // Every hop carries one frame per step: steps * header + (prompt + new - 1) rows.
 uint64_t ExpectedHopBytes(size_t prompt, int new_tokens, uint64_t bytes_per_value) {
-  return new_tokens * kHeaderBytes + (prompt + new_tokens - 1) * RowValues() * bytes_per_value;
+  return new_tokens * kFrameOverhead + (prompt + new_tokens - 1) * RowValues() * bytes_per_value;
 }
 
 TEST(DataPlane, OneRawF32FramePerStepAndHop) {
@@ -83,7 +85,7 @@ TEST(DataPlane, Bf16FramesCarryHalfThePayloadAndStillGenerate) {
   EXPECT_EQ(d.received[1], d.sent[0]);
 }
 
-TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndTheRequestFailsNamingIt) {
+TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndNamedDown) {
   ClusterSpec spec;
   spec.stages = 2;
   Cluster cluster(spec);
@@ -96,15 +98,16 @@ TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndTheRequestFailsNamingI
     std::this_thread::sleep_for(20ms);
   std::ofstream(cluster.secret_file()) << "some-other-secret\n";  // read by w1 at its start
   cluster.StartWorker(1);
-  // The control plane is fine: both load their shards.
-  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  // w1 refuses the coordinator's calls (signed with the other secret): it never loads, the
+  // cluster never serves, and the coordinator names w1 and why.
+  const std::string err = FirstNodeError(cluster.api(), 30s);
+  EXPECT_NE(err.find("wrong cluster secret"), std::string::npos) << err << cluster.Logs();
   auto stub = Connect(cluster.api());
-  auto t0 = std::chrono::steady_clock::now();
+  const auto status = Status(stub.get());
+  EXPECT_FALSE(status.healthy());
+  EXPECT_NE(status.reason().find("node w1"), std::string::npos) << status.reason();
   Generation g = Generate(stub.get(), TokensRequest({1, 2, 3}, 4));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "a refused peer must not hang the request";
   ASSERT_FALSE(g.status.ok());
-  EXPECT_NE(g.status.error_message().find("wrong cluster secret"), std::string::npos)
-      << g.status.error_message();
   EXPECT_NE(g.status.error_message().find("w1"), std::string::npos) << g.status.error_message();
   EXPECT_TRUE(g.ids.empty());
 }
@@ -128,7 +131,7 @@ TEST(BenchCluster, ReportsBothSidesTheirRatioAndTheExactWireBytes) {
   EXPECT_GT(pipe, 0);
   EXPECT_DOUBLE_EQ(j.at("decode_ratio").get<double>(), pipe / single);
   EXPECT_GT(j.at("cluster").at("streams_tok_s").get<double>(), 0);
-  // Two hops, each one frame per step: (4 * 64 + (3 + 3) rows * hc*H * 4) bytes, per 4 tokens.
+  // Two hops, each one frame per step: (4 * 80 + (3 + 3) rows * hc*H * 4) bytes, per 4 tokens.
   EXPECT_DOUBLE_EQ(j.at("cluster").at("wire_bytes_per_token").get<double>(),
                    2.0 * ExpectedHopBytes(3, 4, 4) / 4);
   // The cost model predicts the same frames, and a pipeline no faster than one process.

@@ -90,8 +90,10 @@ TEST(ClusterConfig, DefaultsForOptionalSections) {
       "coordinator: { listen: 0.0.0.0:7070 }\n"
       "transport: nccl\n"
       "nodes: [ { name: g, control: 10.0.0.1:7101, data: 10.0.0.1:7201, device: cuda:0, "
-      "memory_gib: 121 } ]\n");
+      "memory_gib: 121 } ]\n"
+      "security: { insecure: true }\n");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->security.insecure);
   EXPECT_TRUE(r->parallel.automatic);
   EXPECT_EQ(r->transport, TransportKind::kNccl);
   EXPECT_EQ(r->nodes[0].cuda_device, 0);
@@ -101,6 +103,36 @@ TEST(ClusterConfig, DefaultsForOptionalSections) {
   EXPECT_TRUE(r->security.cluster_secret_file.empty());
   EXPECT_FALSE(r->security.tls.enabled());
   EXPECT_EQ(r->heartbeat.interval_ms, 1000);
+}
+
+TEST(ClusterConfig, WithoutASecretEveryListenerMustBeLoopbackUnlessInsecure) {
+  const std::string open =
+      "model: /m\n"
+      "coordinator: { listen: 127.0.0.1:7070, http: 127.0.0.1:8080 }\n"
+      "nodes: [ { name: g, control: 127.0.0.1:7101, data: 127.0.0.1:7201, device: cpu, "
+      "memory_gib: 1 } ]\n";
+  auto loopback = Parse(open);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  EXPECT_FALSE(loopback->security.insecure);
+  auto exposed = [&](const std::string& from, const std::string& to) {
+    std::string t = open;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  const std::string hint = " is not a loopback address, and without security.cluster_secret_file";
+  ExpectError(exposed("listen: 127.0.0.1", "listen: 0.0.0.0"), 2, "coordinator.listen: 0.0.0.0:7070" + hint);
+  ExpectError(exposed("http: 127.0.0.1", "http: 10.1.1.1"), 2, "coordinator.http: 10.1.1.1:8080" + hint);
+  ExpectError(exposed("control: 127.0.0.1", "control: 10.1.1.1"), 3, "nodes[0].control: 10.1.1.1:7101" + hint);
+  ExpectError(exposed("data: 127.0.0.1", "data: spark-a"), 3, "nodes[0].data: spark-a:7201" + hint);
+  EXPECT_TRUE(Parse(exposed("data: 127.0.0.1", "data: 10.1.1.1") + "security: { insecure: true }\n").ok());
+  EXPECT_TRUE(Parse(exposed("data: 127.0.0.1", "data: 10.1.1.1") +
+                    "security: { cluster_secret_file: s }\n").ok());
+  ExpectError(open + "security: { insecure: yes }\n", 4, "security.insecure: 'yes': want true or false");
+  ExpectError(open + "security: { encrypt_data_plane: true }\n", 4,
+              "security.encrypt_data_plane: needs security.cluster_secret_file");
+  auto encrypted = Parse(open + "security: { cluster_secret_file: s, encrypt_data_plane: true }\n");
+  ASSERT_TRUE(encrypted.ok()) << encrypted.status().ToString();
+  EXPECT_TRUE(encrypted->security.encrypt_data_plane);
 }
 
 TEST(ClusterConfig, UnknownKeysAtEveryLevel) {

@@ -116,9 +116,10 @@ TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {
   two.Start(1);
   uint64_t step = 1;
   EXPECT_EQ(Decode({&two.e0, &two.e1}, {5, 17, 42, 99}, 6, &step), want);
-  // One frame per step: header + rows of [hc*H] f32 (4 prompt rows + 5 decode rows).
+  // One frame per step: header + rows of [hc*H] f32 (4 prompt rows + 5 decode rows) + the
+  // 16-byte tag (the transports share a secret).
   const uint64_t rows = 4 + 5;
-  EXPECT_EQ(two.t0->stats().bytes_sent, 6 * 64 + rows * two.r0.row_floats() * 4);
+  EXPECT_EQ(two.t0->stats().bytes_sent, 6 * (64 + 16) + rows * two.r0.row_floats() * 4);
   EXPECT_EQ(two.recv1.frames_rejected(), 0u);
 }
 
@@ -156,7 +157,7 @@ TEST(DataPlane, Bf16FramesHalveThePayloadAndStillDecode) {
   uint64_t step = 1;
   EXPECT_EQ(Decode({&two.e0, &two.e1}, {5, 17, 42}, 3, &step).size(), 3u);
   const uint64_t rows = 3 + 2;
-  EXPECT_EQ(two.t0->stats().bytes_sent, 3 * 64 + rows * two.r0.row_floats() * 2);
+  EXPECT_EQ(two.t0->stats().bytes_sent, 3 * (64 + 16) + rows * two.r0.row_floats() * 2);
 }
 
 // The stages of `transport: nccl` pull their input through a communicator link (sender rank 0,

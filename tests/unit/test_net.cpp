@@ -1,13 +1,7 @@
 // Data plane: CRC32C vectors, frame codec (round trips, every invalid field), handshake, and the
 // TCP transport on 127.0.0.1 with ephemeral ports.
-#include <utility>  // before Boost 1.74's awaitable.hpp (std::exchange)
-
-#include <boost/asio.hpp>
-
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,15 +10,10 @@
 
 #include "common/numfmt.h"
 #include "net/crc32c.h"
-#include "net/frame.h"
-#include "net/handshake.h"
-#include "net/tcp_transport.h"
+#include "tests/unit/test_net_util.h"
 
 namespace fm::net {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-using namespace std::chrono_literals;
 
 // ---- CRC32C ------------------------------------------------------------------------------
 
@@ -46,37 +35,6 @@ TEST(Crc32c, ChainingEqualsOneShotAtEveryLength) {
 }
 
 // ---- frames ------------------------------------------------------------------------------
-
-FrameHeader ActivationHeader(std::vector<uint32_t> shape, FrameDType dtype = FrameDType::kF32) {
-  FrameHeader h;
-  h.kind = FrameKind::kActivation;
-  h.dtype = dtype;
-  h.step_id = 0x0102030405060708ull;
-  h.micro_batch = 3;
-  h.tag = 17;
-  h.set_shape(shape);
-  return h;
-}
-
-std::vector<float> TestValues(size_t n) {
-  std::mt19937 rng(42);
-  std::normal_distribution<float> nd(0.f, 3.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  if (n >= 4) {
-    v[0] = -0.0f;
-    v[1] = std::numeric_limits<float>::denorm_min();
-    v[2] = std::numeric_limits<float>::infinity();
-    v[3] = 1e-30f;
-  }
-  return v;
-}
-
-std::vector<uint8_t> GoodFrame(const std::vector<float>& v, std::vector<uint32_t> shape) {
-  auto bytes = EncodeFrame(ActivationHeader(shape), v.data(), v.size() * 4);
-  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
-  return *bytes;
-}
 
 TEST(Frame, F32RoundTripIsBitExact) {
   const auto v = TestValues(2 * 4 * 16);
@@ -271,38 +229,6 @@ TEST(Handshake, HelloRoundTripAndBadNames) {
 
 // ---- TCP transport -----------------------------------------------------------------------
 
-std::unique_ptr<Transport> MakeNode(const std::string& name, const std::string& secret,
-                                    bool listen = true, Millis handshake_timeout = 5000ms) {
-  TransportOptions o;
-  o.self_name = name;
-  o.secret = secret;
-  o.handshake_timeout = handshake_timeout;
-  auto t = MakeTcpTransport(o);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  if (listen) {
-    Status s = (*t)->Listen("127.0.0.1:0");
-    EXPECT_TRUE(s.ok()) << s.ToString();
-  }
-  return std::move(*t);
-}
-
-// Polls `cond` for up to 2 s (connection bookkeeping on the accepting side is asynchronous).
-template <typename F>
-bool Eventually(F cond) {
-  for (int i = 0; i < 200; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
-
-Status SendFloats(Transport& t, const std::string& peer, const std::vector<float>& v,
-                  std::vector<uint32_t> shape, uint64_t step = 1) {
-  FrameHeader h = ActivationHeader(shape);
-  h.step_id = step;
-  return t.Send(peer, h, v.data(), v.size() * 4, 2000ms);
-}
-
 TEST(TcpTransport, OneMegabyteActivationRoundTrip) {
   auto a = MakeNode("a", "s3cret");
   auto b = MakeNode("b", "s3cret", /*listen=*/false);
@@ -321,7 +247,7 @@ TEST(TcpTransport, OneMegabyteActivationRoundTrip) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->header.step_id, 8u);
   EXPECT_EQ(a->stats().frames_received, 1u);
-  EXPECT_EQ(a->stats().bytes_received, kFrameHeaderSize + v.size() * 4);
+  EXPECT_EQ(a->stats().bytes_received, kFrameHeaderSize + v.size() * 4 + kFrameTagSize);
 }
 
 TEST(TcpTransport, WaitForPeerSeesTheDialerOrTimesOut) {
@@ -389,52 +315,6 @@ TEST(TcpTransport, ConnectToClosedPortIsUnavailable) {
   EXPECT_EQ(b->Send("dead", ActivationHeader({1}), "abcd", 4, 100ms).code(), Code::kUnavailable);
 }
 
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-
-tcp::endpoint EndpointOf(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  return {asio::ip::make_address(address.substr(0, colon)),
-          static_cast<uint16_t>(std::stoi(address.substr(colon + 1)))};
-}
-
-// A hand-driven dialer (handshake.h) so that the test can send arbitrary bytes afterwards.
-void RawHandshake(tcp::socket& s, const std::string& me, const std::string& peer,
-                  const std::string& secret) {
-  Nonce mine{};
-  mine[0] = 42;
-  asio::write(s, asio::buffer(EncodeHello({me, mine})));
-  std::vector<uint8_t> fixed(kHelloFixedSize);
-  asio::read(s, asio::buffer(fixed));
-  Nonce theirs{};
-  auto len = DecodeHelloFixed(fixed.data(), fixed.size(), &theirs);
-  ASSERT_TRUE(len.ok());
-  std::vector<uint8_t> rest(*len + kMacSize);
-  asio::read(s, asio::buffer(rest));
-  const Mac mac = HandshakeMac(secret, HandshakeRole::kDialer, mine, theirs, me, peer);
-  asio::write(s, asio::buffer(mac));
-  std::array<uint8_t, 4> ok{};
-  asio::read(s, asio::buffer(ok));
-  ASSERT_EQ(std::memcmp(ok.data(), kHandshakeOk, 4), 0);
-}
-
-// Reads until the server closes the socket; true if that happens within `limit`.
-bool ClosedByServer(tcp::socket& s, Millis limit) {
-  s.non_blocking(true);
-  const auto end = Clock::now() + limit;
-  uint8_t buf[256];
-  while (Clock::now() < end) {
-    boost::system::error_code ec;
-    s.read_some(asio::buffer(buf), ec);
-    if (ec == asio::error::would_block) {
-      std::this_thread::sleep_for(5ms);
-      continue;
-    }
-    if (ec) return true;  // eof or reset
-  }
-  return false;
-}
-
 TEST(TcpTransport, GarbagePeersAreDroppedWhileAGoodPeerKeepsWorking) {
   auto a = MakeNode("a", "k");
   auto good = MakeNode("good", "k", false);
@@ -451,13 +331,14 @@ TEST(TcpTransport, GarbagePeersAreDroppedWhileAGoodPeerKeepsWorking) {
   // 2. An authenticated peer that then sends a corrupt frame.
   tcp::socket evil(io);
   evil.connect(EndpointOf(a->listen_address()));
-  RawHandshake(evil, "evil", "a", "k");
+  RawSession session;
+  RawHandshake(evil, "evil", "a", "k", &session);
   if (HasFatalFailure()) return;
   ASSERT_TRUE(Eventually([&] { return a->IsConnected("evil"); }));
   auto bytes = GoodFrame({1.f, 2.f, 3.f, 4.f}, {4});
-  asio::write(evil, asio::buffer(bytes));  // one valid frame first
-  bytes[kFrameHeaderSize] ^= 0xFF;
-  asio::write(evil, asio::buffer(bytes));
+  WriteFrame(evil, session, bytes);  // one valid frame first
+  bytes[kFrameHeaderSize] ^= 0xFF;   // a corrupt payload under a valid tag: the CRC catches it
+  WriteFrame(evil, session, bytes);
   EXPECT_TRUE(ClosedByServer(evil, 2000ms));
   auto first = a->Recv("evil", 1000ms);
   ASSERT_TRUE(first.ok()) << first.status().ToString();  // queued before the bad one

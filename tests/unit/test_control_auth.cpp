@@ -1,0 +1,168 @@
+// Worker control-RPC credentials and fencing (worker/control_auth.h) over a real in-process
+// gRPC server: signed calls pass, unsigned / wrong-secret / altered / replayed / expired ones
+// are UNAUTHENTICATED, and an older coordinator term is refused state changes.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "flashmesh/v1/worker.grpc.pb.h"
+#include "worker/control_auth.h"
+#include "worker/grpc_status.h"
+
+namespace fm {
+namespace {
+
+namespace v1 = flashmesh::v1;
+
+// Health (read-only) and StartSequence (a state change, standing in for a LoadShard: its term
+// is followed once it passed) behind a ControlGuard; remembers the last credential it saw so
+// that a test can replay it.
+class GuardedService final : public v1::Worker::Service {
+ public:
+  explicit GuardedService(const std::string& secret) : guard_(secret) {}
+  grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
+                      v1::HealthResponse* resp) override {
+    Remember(*ctx);
+    if (grpc::Status a = guard_.Admit(*ctx, "Health", *req, false); !a.ok()) return a;
+    resp->set_term(guard_.term());
+    return grpc::Status::OK;
+  }
+  grpc::Status StartSequence(grpc::ServerContext* ctx, const v1::StartSequenceRequest* req,
+                             v1::StartSequenceResponse*) override {
+    Remember(*ctx);
+    uint64_t term = 0;
+    grpc::Status a = guard_.Admit(*ctx, "StartSequence", *req, true, &term);
+    if (a.ok()) guard_.Follow(term);
+    return a;
+  }
+  std::string last_auth() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_auth_;
+  }
+  uint64_t term() const { return guard_.term(); }
+
+ private:
+  void Remember(const grpc::ServerContext& ctx) {
+    auto it = ctx.client_metadata().find(kAuthMetadata);
+    std::lock_guard<std::mutex> l(mu_);
+    last_auth_ = it == ctx.client_metadata().end() ? "" : std::string(it->second.data(), it->second.size());
+  }
+  ControlGuard guard_;
+  std::mutex mu_;
+  std::string last_auth_;
+};
+
+class ControlAuth : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = StartGrpcServer("127.0.0.1:0", &service_, &port_, 1 << 20);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+  }
+  void TearDown() override { server_->Shutdown(); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::unique_ptr<v1::Worker::Stub> Signed(const std::string& secret, uint64_t term) {
+    return v1::Worker::NewStub(NewWorkerChannel(address(), {}, secret, term));
+  }
+  std::unique_ptr<v1::Worker::Stub> Plain() {
+    return v1::Worker::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  }
+
+  GuardedService service_{"s3cret"};
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+grpc::Status Health(v1::Worker::Stub* stub, v1::HealthResponse* resp,
+                    const std::multimap<std::string, std::string>& md = {}) {
+  grpc::ClientContext ctx;
+  for (const auto& [k, v] : md) ctx.AddMetadata(k, v);
+  return stub->Health(&ctx, v1::HealthRequest(), resp);
+}
+
+grpc::Status Start(v1::Worker::Stub* stub, uint64_t seq,
+                   const std::multimap<std::string, std::string>& md = {}) {
+  grpc::ClientContext ctx;
+  for (const auto& [k, v] : md) ctx.AddMetadata(k, v);
+  v1::StartSequenceRequest req;
+  req.set_seq_id(seq);
+  v1::StartSequenceResponse resp;
+  return stub->StartSequence(&ctx, req, &resp);
+}
+
+void ExpectRefused(const grpc::Status& s, grpc::StatusCode code, const std::string& needle) {
+  EXPECT_EQ(s.error_code(), code) << s.error_message();
+  EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
+}
+
+TEST_F(ControlAuth, SignedCallsPassAndTheNewestTermIsFollowed) {
+  auto t100 = Signed("s3cret", 100);
+  v1::HealthResponse h;
+  ASSERT_TRUE(Health(t100.get(), &h).ok());
+  EXPECT_EQ(h.term(), 0u) << "a read does not change the followed term";
+  ASSERT_TRUE(Start(t100.get(), 1).ok());
+  EXPECT_EQ(service_.term(), 100u);
+  auto t50 = Signed("s3cret", 50);
+  ExpectRefused(Start(t50.get(), 2), grpc::StatusCode::FAILED_PRECONDITION,
+                "StartSequence refused: stale coordinator term 50; this worker follows term 100");
+  ASSERT_TRUE(Health(t50.get(), &h).ok());   // the stale one may still look, and learns why
+  EXPECT_EQ(h.term(), 100u);
+  ASSERT_TRUE(Start(Signed("s3cret", 200).get(), 3).ok());
+  EXPECT_EQ(service_.term(), 200u);
+  ExpectRefused(Start(t100.get(), 4), grpc::StatusCode::FAILED_PRECONDITION, "follows term 200");
+}
+
+TEST_F(ControlAuth, UnsignedWrongAlteredReplayedAndExpiredCallsAreRefused) {
+  v1::HealthResponse h;
+  ExpectRefused(Health(Plain().get(), &h), grpc::StatusCode::UNAUTHENTICATED,
+                "Health: missing or malformed 'x-flashmesh-term'");
+  ExpectRefused(Health(Plain().get(), &h, {{kTermMetadata, "7"}}),
+                grpc::StatusCode::UNAUTHENTICATED, "requires the cluster secret");
+  ExpectRefused(Health(Signed("other", 7).get(), &h), grpc::StatusCode::UNAUTHENTICATED,
+                "does not verify");
+  ExpectRefused(Start(Signed("other", 7).get(), 1), grpc::StatusCode::UNAUTHENTICATED,
+                "does not verify");
+  EXPECT_EQ(service_.term(), 0u) << "a refused call must not move the term";
+
+  // A recorded call: replayed as is, on another RPC, or with another body.
+  ASSERT_TRUE(Start(Signed("s3cret", 7).get(), 1).ok());
+  const std::string recorded = service_.last_auth();
+  ASSERT_FALSE(recorded.empty());
+  auto plain = Plain();
+  ExpectRefused(Start(plain.get(), 1, {{kTermMetadata, "7"}, {kAuthMetadata, recorded}}),
+                grpc::StatusCode::UNAUTHENTICATED, "already used");
+  ExpectRefused(Start(plain.get(), 2, {{kTermMetadata, "7"}, {kAuthMetadata, recorded}}),
+                grpc::StatusCode::UNAUTHENTICATED, "does not verify");
+  ExpectRefused(Health(plain.get(), &h, {{kTermMetadata, "7"}, {kAuthMetadata, recorded}}),
+                grpc::StatusCode::UNAUTHENTICATED, "does not verify");
+  ExpectRefused(Start(plain.get(), 1, {{kTermMetadata, "8"}, {kAuthMetadata, recorded}}),
+                grpc::StatusCode::UNAUTHENTICATED, "does not verify");
+
+  // A valid MAC over a timestamp two minutes old.
+  const int64_t old = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count() -
+                      120000;
+  v1::StartSequenceRequest req;
+  req.set_seq_id(5);
+  const std::string mac = ControlCallMac(ControlKey("s3cret"), "StartSequence", 7, old, "n0nce",
+                                         req.SerializeAsString());
+  ExpectRefused(Start(plain.get(), 5,
+                      {{kTermMetadata, "7"}, {kAuthMetadata, std::to_string(old) + ".n0nce." + mac}}),
+                grpc::StatusCode::UNAUTHENTICATED, "off this worker's clock");
+}
+
+TEST(ControlAuthKey, DependsOnTheSecretAndIsNotTheSecret) {
+  EXPECT_EQ(ControlKey(""), "");
+  EXPECT_EQ(ControlKey("a").size(), 32u);
+  EXPECT_NE(ControlKey("a"), ControlKey("b"));
+  EXPECT_NE(ControlCallMac(ControlKey("a"), "Reset", 1, 2, "n", ""),
+            ControlCallMac(ControlKey("a"), "Drain", 1, 2, "n", ""));
+}
+
+}  // namespace
+}  // namespace fm
