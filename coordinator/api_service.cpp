@@ -9,6 +9,7 @@
 #include <random>
 
 #include "common/log.h"
+#include "common/utf8.h"
 #include "worker/grpc_status.h"
 
 namespace fm {
@@ -22,6 +23,14 @@ std::string Trim(const std::string& s) {
   if (b == std::string::npos) return "";
   size_t e = s.find_last_not_of(" \t\r\n");
   return s.substr(b, e - b + 1);
+}
+
+// "FIELD: not UTF-8 (byte N)" for text that arrives as bytes (api.proto).
+Status CheckUtf8(const std::string& field, const std::string& text) {
+  const size_t bad = FirstInvalidUtf8(text);
+  if (bad == std::string_view::npos) return Status::Ok();
+  return InvalidArgument(field + ": not valid UTF-8 (byte " + std::to_string(bad) + " of " +
+                         std::to_string(text.size()) + ")");
 }
 
 }  // namespace
@@ -91,6 +100,7 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
   switch (req.input_case()) {
     case flashmesh::v1::GenerateRequest::kText: {
       if (req.text().empty()) return InvalidArgument("input.text: empty");
+      FM_RETURN_IF_ERROR(CheckUtf8("input.text", req.text()));
       const size_t max_bytes = kMaxPromptBytesPerToken * static_cast<size_t>(options_.max_context);
       if (req.text().size() > max_bytes)
         return InvalidArgument("input.text: " + std::to_string(req.text().size()) +
@@ -146,6 +156,7 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
                            std::to_string(kMaxStopStrings) + ")");
   for (size_t i = 0; i < static_cast<size_t>(req.stop_size()); ++i) {
     if (req.stop(i).empty()) return InvalidArgument("stop[" + std::to_string(i) + "]: empty");
+    FM_RETURN_IF_ERROR(CheckUtf8("stop[" + std::to_string(i) + "]", req.stop(i)));
     if (req.stop(i).size() > kMaxStopBytes)
       return InvalidArgument("stop[" + std::to_string(i) + "]: " + std::to_string(req.stop(i).size()) +
                              " bytes (at most " + std::to_string(kMaxStopBytes) + ")");
@@ -221,6 +232,7 @@ grpc::Status ApiService::Tokenize(grpc::ServerContext* ctx, const flashmesh::v1:
                                   flashmesh::v1::TokenizeResponse* resp) {
   if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
   if (!tokenizer_) return ToGrpc(InvalidArgument("text: this model has no tokenizer.json"));
+  if (Status u = CheckUtf8("text", req->text()); !u.ok()) return ToGrpc(u);
   auto ids = tokenizer_->Encode(req->text());
   if (!ids.ok()) return ToGrpc(ids.status().Wrap("text"));
   for (int32_t id : *ids) {

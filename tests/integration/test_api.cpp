@@ -65,6 +65,18 @@ TEST_F(ApiTest, BadInputsAreInvalidArgumentNamingTheField) {
     bad_p.mutable_sampling()->set_top_p(p);
     ExpectError(Generate(stub.get(), bad_p), grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p");
   }
+  // Malformed UTF-8 in text fields: refused naming the field and the byte (was INTERNAL with
+  // no details while the fields were proto strings).
+  flashmesh::v1::GenerateRequest bad_text;
+  bad_text.set_text("hi \xC3\x28 there");
+  bad_text.set_max_tokens(4);
+  ExpectError(Generate(stub.get(), bad_text), grpc::StatusCode::INVALID_ARGUMENT,
+              "input.text: not valid UTF-8 (byte 3 of 11)");
+  auto bad_stop = TokensRequest({5, 6}, 4);
+  bad_stop.add_stop("ok");
+  bad_stop.add_stop("\xFF");
+  ExpectError(Generate(stub.get(), bad_stop), grpc::StatusCode::INVALID_ARGUMENT,
+              "stop[1]: not valid UTF-8 (byte 0 of 1)");
   // Greedy ignores the other sampling fields (api.proto), whatever they hold.
   auto greedy_nan = TokensRequest({5, 6}, 3);
   greedy_nan.mutable_sampling()->set_temperature(std::nanf(""));

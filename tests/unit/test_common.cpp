@@ -6,6 +6,7 @@
 
 #include "common/numfmt.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "common/thread_pool.h"
 
 namespace fm {
@@ -70,6 +71,22 @@ TEST(Status, ResultCarriesValueOrError) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kNotFound);
   EXPECT_NE(bad.status().ToString().find("layers.0.attn.wq_a.weight"), std::string::npos);
+}
+
+// Well-formed text passes; each kind of malformed sequence is found at its first byte.
+TEST(Utf8, FirstInvalidByteOfEachMalformedKind) {
+  constexpr size_t kOk = std::string_view::npos;
+  EXPECT_EQ(FirstInvalidUtf8(""), kOk);
+  EXPECT_EQ(FirstInvalidUtf8("plain ascii"), kOk);
+  EXPECT_EQ(FirstInvalidUtf8("h\xC3\xA9llo \xE2\x82\xAC \xF0\x9F\x98\x80 \xF4\x8F\xBF\xBF"), kOk);
+  EXPECT_EQ(FirstInvalidUtf8("ab\x80"), 2u);               // stray continuation byte
+  EXPECT_EQ(FirstInvalidUtf8("a\xC0\xAF"), 1u);            // overlong (C0/C1 leads)
+  EXPECT_EQ(FirstInvalidUtf8("a\xE0\x80\xAF"), 1u);        // overlong 3-byte form
+  EXPECT_EQ(FirstInvalidUtf8("xy\xED\xA0\x80"), 2u);       // surrogate U+D800
+  EXPECT_EQ(FirstInvalidUtf8("\xF4\x90\x80\x80"), 0u);     // past U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8("\xF5\x80\x80\x80"), 0u);     // F5..FF never lead
+  EXPECT_EQ(FirstInvalidUtf8("ok\xE2\x82"), 2u);           // truncated at the end
+  EXPECT_EQ(FirstInvalidUtf8("ok\xE2\x28\xA1"), 2u);       // bad continuation
 }
 
 }  // namespace
