@@ -221,7 +221,8 @@ Result<Predicted> PredictRun(const Options& o, const ClusterConfig& cfg,
   const double rows = static_cast<double>(o.prompt + o.tokens - 1);
   const int act = cfg.activation_dtype == "bf16" ? 2 : 4;
   p.ep_per_token = p.cluster.ep_bytes * rows / o.tokens;
-  p.wire_per_token = RequestHopBytes(m, setup.plan, o.prompt, o.tokens, act) / o.tokens +
+  p.wire_per_token = RequestHopBytes(m, setup.plan, o.prompt, o.tokens, act,
+                                     !cfg.security.cluster_secret_file.empty()) / o.tokens +
                      p.ep_per_token + p.cluster.tp_bytes * rows / o.tokens;
   return p;
 }

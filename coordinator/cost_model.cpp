@@ -11,6 +11,7 @@ namespace fm {
 namespace {
 
 constexpr double kHeaderBytes = 64;   // data-plane frame header (docs/wire-format.md)
+constexpr double kTagBytes = 16;      // net/frame_auth.h kFrameTagSize: every frame, with a secret
 constexpr int kEpExchanges = 3;       // per MoE layer: dispatch pairs, dispatch rows, combine
 constexpr int kTpExchanges = 4;       // per layer: o_lora, wo_b rows, shared mid, expert outputs
 
@@ -143,9 +144,10 @@ StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, i
 
 // Stage-to-stage hop of `rows` rows: every member sends its rows' [hc, H] manifold to the next
 // stage's member of the same rank (TP: each member the full rows); one frame per member.
-double HopBytes(const ModelConfig& c, int group, bool tp, int64_t rows, int act_bytes) {
+// tagged: the cluster has a secret, so each frame carries its tag.
+double HopBytes(const ModelConfig& c, int group, bool tp, int64_t rows, int act_bytes, bool tagged) {
   const double payload = static_cast<double>(rows) * c.hc_mult * c.hidden_size * act_bytes;
-  return group * kHeaderBytes + (tp ? group : 1) * payload;
+  return group * (kHeaderBytes + (tagged ? kTagBytes : 0)) + (tp ? group : 1) * payload;
 }
 
 int ActivationBytes(const ClusterConfig& cl) { return cl.activation_dtype == "bf16" ? 2 : 4; }
@@ -214,14 +216,14 @@ double DistinctExperts(const ModelConfig& c, double experts, int64_t rows) {
 }
 
 double RequestHopBytes(const ModelConfig& c, const Plan& plan, int64_t prompt, int64_t new_tokens,
-                       int activation_bytes) {
+                       int activation_bytes, bool tagged) {
   const int hops = plan.pipeline_stages - 1;
   const bool tp = plan.tensor_parallel > 1;
   const int group = plan.group();
   // The prefill step carries the prompt; each later step one row (the first token comes from
   // the prefill).
-  return hops * (HopBytes(c, group, tp, prompt, activation_bytes) +
-                 (new_tokens - 1) * HopBytes(c, group, tp, 1, activation_bytes));
+  return hops * (HopBytes(c, group, tp, prompt, activation_bytes, tagged) +
+                 (new_tokens - 1) * HopBytes(c, group, tp, 1, activation_bytes, tagged));
 }
 
 Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const Plan& plan,
@@ -264,12 +266,13 @@ Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const 
     }
   }
   const int act = ActivationBytes(cl);
+  const bool tagged = !cl.security.cluster_secret_file.empty();
   const double rpc = q.control_rpc ? 2 * stages[0].latency : 0;   // StepBatch round trip
   auto hop_s = [&](int s, int64_t rows) {   // stage s -> s + 1
     const Stage& a = stages[s];
     const Stage& b = stages[s + 1];
     return std::max(a.latency, b.latency) +
-           HopBytes(c, g, a.tp, rows, act) / std::min(a.link, b.link) / (a.tp ? g : 1);
+           HopBytes(c, g, a.tp, rows, act, tagged) / std::min(a.link, b.link) / (a.tp ? g : 1);
   };
 
   Prediction p;
@@ -284,7 +287,7 @@ Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const 
     p.busiest_read_bytes = std::max(p.busiest_read_bytes, t.read_bytes);
     if (s + 1 < S) {
       p.wire_s += hop_s(s, 1);
-      p.hop_bytes += HopBytes(c, g, stages[s].tp, 1, act);
+      p.hop_bytes += HopBytes(c, g, stages[s].tp, 1, act, tagged);
       p.exchanges += 1;
     }
   }

@@ -100,8 +100,9 @@ std::vector<PlanCandidate> PlanCandidates(const ModelConfig& cfg, const ClusterC
 
 // Data-plane bytes of one request of `prompt` tokens and `new_tokens` generated, all hops and
 // members (what `bench cluster` measures as wire bytes): a prefill step, then one step per
-// further token, each a frame per member and hop. EP and TP payloads are not included.
+// further token, each a frame per member and hop (with its 16-byte tag when `tagged`: the
+// cluster has a secret). EP and TP payloads are not included.
 double RequestHopBytes(const ModelConfig& cfg, const Plan& plan, int64_t prompt,
-                       int64_t new_tokens, int activation_bytes);
+                       int64_t new_tokens, int activation_bytes, bool tagged);
 
 }  // namespace fm

@@ -61,6 +61,7 @@ struct ClusterSpec {
   int max_context = 512;
   int max_tokens = 256;
   int max_queue = 64;
+  int max_streams_per_client = 64;
   std::string activation_dtype = "f32";          // stage-to-stage frames
   std::string cluster_secret = "it-cluster-secret";  // data-plane auth; "" = none
   std::string transport = "tcp";                     // "nccl": node i on cuda:(i % gpus)

@@ -13,6 +13,7 @@
 
 #include "flashmesh/v1/worker.grpc.pb.h"
 #include "tests/integration/cluster_fixture.h"
+#include "worker/control_auth.h"
 
 namespace fm::it {
 namespace {
@@ -26,8 +27,19 @@ std::vector<int32_t> Prompt(int i) {
   return p;
 }
 
+// An insider's stub to a worker (an operator or a stray client holding the cluster secret):
+// every call signed and carrying the term the worker follows (read through Health, which any
+// term may call), so the out-of-band calls pass authentication and the fence as the
+// coordinator's own would, and the tests see what the cluster does about them.
 std::unique_ptr<flashmesh::v1::Worker::Stub> WorkerStub(const std::string& control) {
-  return flashmesh::v1::Worker::NewStub(grpc::CreateChannel(control, grpc::InsecureChannelCredentials()));
+  const std::string secret = ClusterSpec{}.cluster_secret;
+  auto probe = flashmesh::v1::Worker::NewStub(NewWorkerChannel(control, {}, secret, 0));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  flashmesh::v1::HealthResponse health;
+  const grpc::Status st = probe->Health(&ctx, flashmesh::v1::HealthRequest(), &health);
+  EXPECT_TRUE(st.ok()) << control << ": " << st.error_message();
+  return flashmesh::v1::Worker::NewStub(NewWorkerChannel(control, {}, secret, health.term()));
 }
 
 // One Generate in its own thread; `started` once its first token arrived.
@@ -159,7 +171,7 @@ TEST(SelfHealing, FailedLoadShardLeavesTheWorkerUnloadedAndALaterGoodLoadServes)
   lreq.mutable_shard()->set_stage(1);
   lreq.mutable_shard()->set_num_stages(3);
   lreq.mutable_shard()->set_next_node("w2");
-  lreq.mutable_shard()->set_next_data("127.0.0.1:1");
+  lreq.mutable_shard()->set_next_data(cluster.data(2));   // the YAML's (a worker refuses others)
   lreq.mutable_shard()->set_prev_node("w0");
   flashmesh::v1::LoadShardResponse lresp;
   grpc::ClientContext lctx;
@@ -215,6 +227,7 @@ TEST(SelfHealing, SixtyFourExpiredQueuedRequestsDoNotBlockANewOne) {
   ClusterSpec spec;
   spec.max_batch = 1;
   spec.max_queue = 64;
+  spec.max_streams_per_client = 128;   // 65 at once from this one client
   Cluster cluster(spec);
   cluster.StartAll();
   ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();

@@ -171,8 +171,10 @@ TEST(CostModel, RequestHopBytesMatchTheDataPlaneFrames) {
     p.pipeline_stages = 3;
     return p;
   }();
-  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 4), 2 * (4 * 64 + 6 * 256));
-  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 2), 2 * (4 * 64 + 6 * 128));
+  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 4, false), 2 * (4 * 64 + 6 * 256));
+  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 2, false), 2 * (4 * 64 + 6 * 128));
+  // With a cluster secret every frame carries its 16-byte tag.
+  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 4, true), 2 * (4 * 80 + 6 * 256));
 }
 
 TEST(CostModel, ErrorsNameTheNodeAndTheQuery) {
