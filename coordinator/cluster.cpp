@@ -343,8 +343,9 @@ void Cluster::Heartbeat(NodeHandle* node) {
       } else if (!resp.loaded() || resp.epoch() != epoch_ || !SameShard(resp.shard(), node->spec())) {
         // Not ours (restarted, another coordinator's, or loaded out of band with another
         // shard): load ours, no sooner than the backoff after a failed load.
-        if (resp.loaded() && resp.epoch() == epoch_)
+        if (resp.loaded() && resp.epoch() == epoch_) {
           FM_LOG(kWarn, "coordinator") << "node " << node->name() << " holds another shard than the plan's: reloading";
+        }
         if (now >= node->next_load_) {
           if (group) {
             LoadNcclGroup(group, node, seen);

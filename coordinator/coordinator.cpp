@@ -38,9 +38,10 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   const TlsFiles tls{cfg.security.tls.cert, cfg.security.tls.key, cfg.security.tls.ca};
   FM_ASSIGN_OR_RETURN(s.cluster.worker_credentials, ChannelCredentialsFor(tls));
   FM_ASSIGN_OR_RETURN(s.api_credentials, ServerCredentialsFor(tls, false));
-  if (cfg.security.insecure && s.cluster.cluster_secret.empty())
+  if (cfg.security.insecure && s.cluster.cluster_secret.empty()) {
     FM_LOG(kWarn, "coordinator") << "security.insecure: the worker control RPCs and the data plane "
                                     "are unauthenticated; anyone on this network controls the cluster";
+  }
   s.cluster.activation_dtype = cfg.activation_dtype;
   s.cluster.kv_cache_bytes = static_cast<uint64_t>(std::llround(cfg.limits.kv_cache_gib * 1073741824.0));
   s.limits.max_batch = cfg.limits.max_batch;

@@ -176,8 +176,9 @@ void ActivationReceiver::Loop() {
     } else if (f.status().code() == Code::kUnavailable) {
       // Closed: wait for the previous stage to dial again (it does on its next send). Not yet
       // (DEADLINE_EXCEEDED) is the usual answer: the loop polls again.
-      if (Status w = transport_->WaitForPeer(peer, kRecvPoll); !w.ok() && w.code() != Code::kDeadlineExceeded)
+      if (Status w = transport_->WaitForPeer(peer, kRecvPoll); !w.ok() && w.code() != Code::kDeadlineExceeded) {
         FM_LOG(kWarn, "worker") << "waiting for '" << peer << "' to reconnect: " << w.ToString();
+      }
     }
     lock.lock();
   }

@@ -157,7 +157,9 @@ std::unique_ptr<Transport> Node(const std::string& name, bool encrypt, bool list
   o.encrypt = encrypt;
   auto t = MakeTcpTransport(o);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
-  if (listen) EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
+  if (listen) {
+    EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
+  }
   return std::move(*t);
 }
 
