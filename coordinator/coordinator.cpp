@@ -38,6 +38,7 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   const TlsFiles tls{cfg.security.tls.cert, cfg.security.tls.key, cfg.security.tls.ca};
   FM_ASSIGN_OR_RETURN(s.cluster.worker_credentials, ChannelCredentialsFor(tls));
   FM_ASSIGN_OR_RETURN(s.api_credentials, ServerCredentialsFor(tls, false));
+  if (!tls.cert.empty()) s.http_tls = HttpTls{tls.cert, tls.key};
   if (cfg.security.insecure && s.cluster.cluster_secret.empty()) {
     FM_LOG(kWarn, "coordinator") << "security.insecure: the worker control RPCs and the data plane "
                                     "are unauthenticated; anyone on this network controls the cluster";
@@ -89,8 +90,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorSetup setup) 
                         HttpServer::Start(s.http, s.http_limits, [api = c->http_api_.get()](
                                                                      const HttpRequest& req, HttpResponder* out) {
                           api->Handle(req, out);
-                        }));
-    FM_LOG(kInfo, "coordinator") << "HTTP API on port " << c->http_server_->port();
+                        }, s.http_tls));
+    FM_LOG(kInfo, "coordinator") << (s.http_tls ? "HTTPS" : "HTTP") << " API on port "
+                                 << c->http_server_->port();
   }
   c->health_thread_ = std::thread([p = c.get()] { p->WatchHealth(); });
   c->cluster_->Start();

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -37,8 +38,9 @@ struct CoordinatorSetup {
   ClusterOptions cluster;
   SchedulerLimits limits;
   ApiOptions api;
-  // security.tls: the public gRPC API over TLS; insecure when unset.
+  // security.tls: the public gRPC API and the HTTP API over TLS; plain when unset.
   std::shared_ptr<grpc::ServerCredentials> api_credentials = grpc::InsecureServerCredentials();
+  std::optional<HttpTls> http_tls;
 };
 
 // The setup a cluster YAML describes (planner included); model_override replaces `model:`.

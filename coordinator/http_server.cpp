@@ -10,9 +10,12 @@
 #include <cerrno>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include "coordinator/cluster_config.h"
 #include "coordinator/openai_request.h"
+#include "common/log.h"
 
 namespace fm {
 namespace {
@@ -67,25 +70,119 @@ std::string ErrorJson(int status, const std::string& message) {
   return e.ToJson();
 }
 
+// The oldest queued OpenSSL error of this thread as text (and the queue cleared).
+std::string OpenSslError() {
+  const unsigned long e = ERR_get_error();
+  char text[256] = "unknown OpenSSL error";
+  if (e != 0) ERR_error_string_n(e, text, sizeof text);
+  ERR_clear_error();
+  return text;
+}
+
+struct SslCtxFree {
+  void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
+};
+using SslCtxPtr = std::unique_ptr<SSL_CTX, SslCtxFree>;
+
+// A TLS server context (1.2 or newer) for the certificate chain and key of `tls`.
+Result<SslCtxPtr> NewServerTls(const HttpTls& tls) {
+  SslCtxPtr ctx(SSL_CTX_new(TLS_server_method()));
+  if (!ctx) return Internal("http: TLS context: " + OpenSslError());
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1)
+    return InvalidArgument("security.tls.cert: cannot load " + tls.cert_file + ": " + OpenSslError());
+  if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1)
+    return InvalidArgument("security.tls.key: cannot load " + tls.key_file + ": " + OpenSslError());
+  if (SSL_CTX_check_private_key(ctx.get()) != 1)
+    return InvalidArgument("security.tls.key: " + tls.key_file + " does not match the certificate " +
+                           tls.cert_file + ": " + OpenSslError());
+  return ctx;
+}
+
 }  // namespace
+
+// One client connection on a non-blocking socket, plain or TLS. Recv and Send never block: they
+// return kWouldBlock and the poll event to wait for (a TLS read can need the socket writable,
+// and a write readable).
+class HttpConn {
+ public:
+  static constexpr ssize_t kWouldBlock = -1;
+  static constexpr ssize_t kFailed = -2;
+  HttpConn(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
+  ~HttpConn() {
+    if (ssl_) SSL_free(ssl_);
+  }
+  HttpConn(const HttpConn&) = delete;
+  HttpConn& operator=(const HttpConn&) = delete;
+  int fd() const { return fd_; }
+
+  // Bytes read (> 0), 0 when the client closed, kWouldBlock (wait for *want) or kFailed.
+  ssize_t Recv(char* buf, size_t n, short* want) {
+    if (ssl_) return SslResult(SSL_read(ssl_, buf, static_cast<int>(n)), want);
+    const ssize_t got = ::recv(fd_, buf, n, 0);
+    if (got >= 0) return got;
+    *want = POLLIN;
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? kWouldBlock : kFailed;
+  }
+  // Bytes written (> 0), kWouldBlock (wait for *want) or kFailed.
+  ssize_t Send(const char* p, size_t n, short* want) {
+    if (ssl_) {
+      const ssize_t r = SslResult(SSL_write(ssl_, p, static_cast<int>(n)), want);
+      return r == 0 ? kFailed : r;
+    }
+    const ssize_t sent = ::send(fd_, p, n, MSG_NOSIGNAL);
+    if (sent > 0) return sent;
+    *want = POLLOUT;
+    return sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? kWouldBlock : kFailed;
+  }
+  // The TLS handshake, finished by `deadline` (true at once for plain TCP).
+  bool Handshake(Clock::time_point deadline, const std::atomic<bool>* stop) {
+    if (!ssl_) return true;
+    while (true) {
+      short want = POLLIN;
+      const ssize_t r = SslResult(SSL_accept(ssl_), &want);
+      if (r > 0) return true;
+      if (r != kWouldBlock || !WaitFd(fd_, want, deadline, stop)) return false;
+    }
+  }
+  // TLS close_notify (best effort, never waiting), then the TCP half-close.
+  void ShutdownWrite() {
+    if (ssl_ && SSL_shutdown(ssl_) < 0) ERR_clear_error();
+    ::shutdown(fd_, SHUT_WR);
+  }
+
+ private:
+  ssize_t SslResult(int ret, short* want) {
+    if (ret > 0) return ret;
+    switch (SSL_get_error(ssl_, ret)) {
+      case SSL_ERROR_WANT_READ: *want = POLLIN; return kWouldBlock;
+      case SSL_ERROR_WANT_WRITE: *want = POLLOUT; return kWouldBlock;
+      case SSL_ERROR_ZERO_RETURN: return 0;
+      default:
+        FM_LOG(kDebug, "http") << "TLS connection failed: " << OpenSslError();
+        return kFailed;
+    }
+  }
+  int fd_;
+  SSL* ssl_;
+};
 
 struct HttpServer::Impl {
   boost::asio::io_context io;
   boost::asio::ip::tcp::acceptor acceptor{io};
+  SslCtxPtr tls;   // null: plain HTTP
 };
 
 bool HttpResponder::SendAll(std::string_view bytes) {
   while (!bytes.empty() && !failed_) {
-    ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    short want = POLLOUT;
+    const ssize_t n = conn_->Send(bytes.data(), bytes.size(), &want);
     if (n > 0) {
       bytes.remove_prefix(static_cast<size_t>(n));
-      continue;
+    } else if (n != HttpConn::kWouldBlock || !WaitFd(conn_->fd(), want, deadline_, stop_)) {
+      failed_ = true;
     }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      if (!WaitFd(fd_, POLLOUT, deadline_, stop_)) failed_ = true;
-      continue;
-    }
-    failed_ = true;
   }
   return !failed_;
 }
@@ -112,7 +209,7 @@ bool HttpResponder::Send(std::string_view bytes) { return SendAll(bytes); }
 
 bool HttpResponder::Abandoned() {
   if (failed_ || *stop_ || Clock::now() >= deadline_) return true;
-  pollfd p{fd_, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  pollfd p{conn_->fd(), static_cast<short>(POLLIN | POLLRDHUP), 0};
   if (::poll(&p, 1, 0) <= 0) return false;
   if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) {
     failed_ = true;
@@ -122,10 +219,14 @@ bool HttpResponder::Abandoned() {
 }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen, HttpLimits limits,
-                                                      HttpHandler handler) {
+                                                      HttpHandler handler,
+                                                      const std::optional<HttpTls>& tls) {
   FM_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(listen, /*allow_zero=*/true));
   std::unique_ptr<HttpServer> s(new HttpServer());
   s->impl_ = std::make_unique<Impl>();
+  if (tls) {
+    FM_ASSIGN_OR_RETURN(s->impl_->tls, NewServerTls(*tls));
+  }
   s->limits_ = limits;
   s->handler_ = std::move(handler);
   namespace ip = boost::asio::ip;
@@ -177,12 +278,14 @@ void HttpServer::AcceptLoop() {
     int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) continue;
     if (open_ >= limits_.max_connections) {
-      // Best effort, never blocking the accept loop: the client learns why.
+      // Best effort, never blocking the accept loop: a plain-HTTP client learns why.
       std::string body = ErrorJson(503, "too many connections (" + std::to_string(limits_.max_connections) + ")");
       std::string out = Head(503, "application/json", {{"Retry-After", "1"}}) + "Content-Length: " +
                         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-      ssize_t ignored = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
-      (void)ignored;
+      if (!impl_->tls) {
+        ssize_t ignored = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+        (void)ignored;
+      }
       ::close(fd);
       continue;
     }
@@ -199,13 +302,13 @@ void HttpServer::AcceptLoop() {
   }
 }
 
-bool HttpServer::ReadRequest(int fd, std::string* buffer, HttpRequest* req) {
+bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req) {
   HttpRequestParser parser(limits_.max_header_bytes, limits_.max_body_bytes);
   // Until the first byte of a request: the idle limit; from there, the read limit.
   Clock::time_point deadline = Clock::now() + limits_.idle_timeout;
   bool started = false;
   auto reply_error = [&](int status, const std::string& message) {
-    HttpResponder r(fd, Clock::now() + std::chrono::seconds(5), &stop_);
+    HttpResponder r(conn, Clock::now() + std::chrono::seconds(5), &stop_);
     r.keep_alive_ = false;
     r.Reply(status, "application/json", ErrorJson(status, message));
   };
@@ -224,37 +327,50 @@ bool HttpServer::ReadRequest(int fd, std::string* buffer, HttpRequest* req) {
       case HttpRequestParser::State::kNeedMore:
         break;
     }
-    if (!WaitFd(fd, POLLIN, deadline, &stop_)) {
+    // Read first, wait only when nothing is there: TLS may hold decrypted bytes already.
+    char chunk[16384];
+    short want = POLLIN;
+    const ssize_t n = conn->Recv(chunk, sizeof chunk, &want);
+    if (n > 0) {
+      buffer->append(chunk, static_cast<size_t>(n));
+      continue;
+    }
+    if (n != HttpConn::kWouldBlock) return false;   // the client closed, or the connection failed
+    if (!WaitFd(conn->fd(), want, deadline, &stop_)) {
       if (started && !stop_) reply_error(408, "the request did not arrive within " +
                                                    std::to_string(limits_.read_timeout.count()) + " ms");
       return false;
     }
-    char chunk[16384];
-    ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
-    if (n == 0) return false;   // the client closed
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-      return false;
-    }
-    buffer->append(chunk, static_cast<size_t>(n));
   }
 }
 
 void HttpServer::Serve(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  SSL* ssl = nullptr;
+  if (impl_->tls) {
+    ssl = SSL_new(impl_->tls.get());
+    if (!ssl || SSL_set_fd(ssl, fd) != 1) {
+      FM_LOG(kWarn, "http") << "TLS session: " << OpenSslError();
+      if (ssl) SSL_free(ssl);
+      ::close(fd);
+      return;
+    }
+  }
+  HttpConn conn(fd, ssl);
   std::string buffer;
-  while (!stop_) {
+  bool ok = conn.Handshake(Clock::now() + limits_.read_timeout, &stop_);
+  while (ok && !stop_) {
     HttpRequest req;
-    if (!ReadRequest(fd, &buffer, &req)) break;
-    HttpResponder r(fd, Clock::now() + limits_.response_timeout, &stop_);
+    if (!ReadRequest(&conn, &buffer, &req)) break;
+    HttpResponder r(&conn, Clock::now() + limits_.response_timeout, &stop_);
     r.keep_alive_ = req.keep_alive;
     handler_(req, &r);
     if (!r.replied_) r.Reply(500, "application/json", ErrorJson(500, "the handler sent no response"));
     if (!r.keep_alive_ || r.failed_) break;
   }
   // Half-close, then give the client a moment to read the rest before the socket goes.
-  ::shutdown(fd, SHUT_WR);
+  conn.ShutdownWrite();
   Clock::time_point linger = Clock::now() + std::chrono::milliseconds(200);
   char sink[4096];
   while (WaitFd(fd, POLLIN, linger, nullptr) && ::recv(fd, sink, sizeof sink, 0) > 0) {

@@ -4,6 +4,8 @@
 // is a poll with a deadline, so a slow or silent client can hold a connection for at most
 // read_timeout per request and idle_timeout between requests, and a response for at most
 // response_timeout; Shutdown ends every connection within ~100 ms of its handler returning.
+// With HttpTls (security.tls's certificate and key) every connection is a TLS session (1.2 or
+// newer, OpenSSL on the same non-blocking sockets and deadlines; the handshake within read_timeout).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -11,6 +13,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -31,6 +34,14 @@ struct HttpLimits {
   std::chrono::milliseconds response_timeout{600000};  // one response, streams included
 };
 
+// The listener's certificate chain and private key (PEM files), as security.tls names them.
+struct HttpTls {
+  std::string cert_file;
+  std::string key_file;
+};
+
+class HttpConn;   // one client connection: plain TCP or TLS (http_server.cpp)
+
 // One response in progress. A handler either calls Reply once, or StartStream once and then
 // Send for each piece of the body (the stream ends when the handler returns; the connection
 // closes, which is how the client sees the end of an HTTP/1.1 body without a length).
@@ -48,10 +59,11 @@ class HttpResponder {
 
  private:
   friend class HttpServer;
-  HttpResponder(int fd, std::chrono::steady_clock::time_point deadline, const std::atomic<bool>* stop)
-      : fd_(fd), deadline_(deadline), stop_(stop) {}
+  HttpResponder(HttpConn* conn, std::chrono::steady_clock::time_point deadline,
+                const std::atomic<bool>* stop)
+      : conn_(conn), deadline_(deadline), stop_(stop) {}
   bool SendAll(std::string_view bytes);
-  int fd_;
+  HttpConn* conn_;
   std::chrono::steady_clock::time_point deadline_;
   const std::atomic<bool>* stop_;
   bool keep_alive_ = true;
@@ -63,9 +75,11 @@ using HttpHandler = std::function<void(const HttpRequest&, HttpResponder*)>;
 
 class HttpServer {
  public:
-  // Listens on `listen` (host:port; port 0 picks one).
+  // Listens on `listen` (host:port; port 0 picks one); over TLS when `tls` is given (errors
+  // name the file that does not load).
   static Result<std::unique_ptr<HttpServer>> Start(const std::string& listen, HttpLimits limits,
-                                                   HttpHandler handler);
+                                                   HttpHandler handler,
+                                                   const std::optional<HttpTls>& tls = std::nullopt);
   ~HttpServer();
   int port() const { return port_; }
   // Stops accepting and waits for every connection thread (handlers must return promptly once
@@ -82,7 +96,7 @@ class HttpServer {
   void AcceptLoop();
   void Serve(int fd);
   // Reads one request; false when the connection should close (after an error reply if any).
-  bool ReadRequest(int fd, std::string* buffer, HttpRequest* req);
+  bool ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req);
   void Reap(bool all);
 
   std::unique_ptr<Impl> impl_;

@@ -6,8 +6,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <sys/time.h>
+
 #include <algorithm>
 #include <cctype>
+#include <memory>
 
 namespace fm::it {
 namespace {
@@ -58,8 +64,14 @@ HttpResult HttpRaw(int port, const std::string& request, std::chrono::millisecon
     if (ReadSome(fd, &r.raw, static_cast<int>(std::max<long long>(1, left.count()))) <= 0) break;
   }
   close(fd);
+  ParseResponse(&r);
+  return r;
+}
+
+void ParseResponse(HttpResult* out) {
+  HttpResult& r = *out;
   size_t end = r.raw.find("\r\n\r\n");
-  if (r.raw.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return r;
+  if (r.raw.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return;
   r.status = std::stoi(r.raw.substr(9, 3));
   size_t line = r.raw.find("\r\n") + 2;
   while (line < end) {
@@ -73,18 +85,59 @@ HttpResult HttpRaw(int port, const std::string& request, std::chrono::millisecon
     line = eol + 2;
   }
   r.body = r.raw.substr(end + 4);
-  return r;
+}
+
+std::string Request(const std::string& method, const std::string& path, const std::string& body,
+                    const std::vector<std::string>& headers) {
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  for (const auto& h : headers) req += h + "\r\n";
+  if (!body.empty() || method == "POST")
+    req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  return req + "\r\n" + body;
 }
 
 HttpResult HttpCall(int port, const std::string& method, const std::string& path, const std::string& body,
                     const std::vector<std::string>& headers, std::chrono::milliseconds timeout) {
-  return HttpRaw(port, [&] {
-    std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
-    for (const auto& h : headers) req += h + "\r\n";
-    if (!body.empty() || method == "POST")
-      req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
-    return req + "\r\n" + body;
-  }(), timeout);
+  return HttpRaw(port, Request(method, path, body, headers), timeout);
+}
+
+HttpResult HttpsRaw(int port, const std::string& ca_file, const std::string& request,
+                    std::chrono::milliseconds timeout, std::string* error) {
+  HttpResult r;
+  auto fail = [&](const std::string& what) {
+    char text[256] = "";
+    ERR_error_string_n(ERR_get_error(), text, sizeof text);
+    if (error) *error = what + ": " + text;
+    return r;
+  };
+  int fd = Dial(port);
+  if (fd < 0) return fail("connect");
+  timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(nullptr, SSL_free);
+  // The server must present a certificate of this CA, for the address dialled.
+  if (ctx && SSL_CTX_load_verify_locations(ctx.get(), ca_file.c_str(), nullptr) == 1) {
+    SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+    X509_VERIFY_PARAM_set1_ip_asc(SSL_CTX_get0_param(ctx.get()), "127.0.0.1");
+    ssl.reset(SSL_new(ctx.get()));
+  }
+  if (!ssl || SSL_set_fd(ssl.get(), fd) != 1 || SSL_connect(ssl.get()) != 1) {
+    close(fd);
+    return fail("TLS handshake");
+  }
+  size_t off = 0;
+  while (off < request.size()) {
+    const int n = SSL_write(ssl.get(), request.data() + off, static_cast<int>(request.size() - off));
+    if (n <= 0) break;
+    off += static_cast<size_t>(n);
+  }
+  char buf[8192];
+  for (int n; (n = SSL_read(ssl.get(), buf, sizeof buf)) > 0;) r.raw.append(buf, static_cast<size_t>(n));
+  close(fd);
+  ParseResponse(&r);
+  return r;
 }
 
 std::string PostJson(const std::string& path, const std::string& body, const std::vector<std::string>& headers) {

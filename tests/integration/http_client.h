@@ -25,6 +25,17 @@ HttpResult HttpCall(int port, const std::string& method, const std::string& path
                     const std::string& body = "", const std::vector<std::string>& headers = {},
                     std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// Fills status, headers and body from raw.
+void ParseResponse(HttpResult* r);
+// The bytes of METHOD path with an optional JSON body and extra header lines, Connection: close.
+std::string Request(const std::string& method, const std::string& path, const std::string& body = "",
+                    const std::vector<std::string>& headers = {});
+// `request` over TLS, the server's certificate verified against `ca_file` for 127.0.0.1; on a
+// failed connection or handshake, status 0 and *error says why.
+HttpResult HttpsRaw(int port, const std::string& ca_file, const std::string& request,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                    std::string* error = nullptr);
+
 // A connection left open: send a request, read some of the response, close at will.
 class HttpStream {
  public:

@@ -5,6 +5,7 @@
 // cluster keeps serving.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "flashmesh/v1/worker.grpc.pb.h"
 #include "net/crc32c.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/http_client.h"
 #include "tests/unit/test_net_util.h"
 #include "worker/control_auth.h"
 
@@ -340,6 +342,7 @@ TEST(Security, TlsEndToEndWithGeneratedCertificates) {
   ClusterSpec spec;
   spec.stages = 2;
   spec.tls_dir = pki.path();
+  spec.http = true;
   Cluster cluster(spec);
   cluster.StartAll();
   const std::string ca = pki.path() + "/ca.pem";
@@ -357,6 +360,19 @@ TEST(Security, TlsEndToEndWithGeneratedCertificates) {
   Generation g = Generate(tls.get(), TokensRequest({5, 6, 7}, 4));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(g.ids.size(), 4u);
+  // The HTTP API speaks TLS with the same certificate: the completion matches the gRPC one.
+  std::string error;
+  HttpResult https = HttpsRaw(cluster.http_port(), ca, Request("GET", "/health"), 30s, &error);
+  EXPECT_EQ(https.status, 200) << error << https.raw;
+  const std::string body = R"({"model":"m","prompt":[5,6,7],"max_tokens":4,"temperature":0,"ignore_eos":true})";
+  https = HttpsRaw(cluster.http_port(), ca, Request("POST", "/v1/completions", body), 60s, &error);
+  ASSERT_EQ(https.status, 200) << error << https.raw;
+  EXPECT_NE(https.body.find("\"text\":" + nlohmann::json(g.text).dump()), std::string::npos) << https.body;
+  // A plain-HTTP request gets no HTTP answer, and a client that does not trust the CA is refused.
+  EXPECT_EQ(HttpCall(cluster.http_port(), "GET", "/health", "", {}, 10s).status, 0);
+  EXPECT_EQ(HttpsRaw(cluster.http_port(), pki.path() + "/node.pem", Request("GET", "/health"), 10s,
+                     &error).status, 0);
+  EXPECT_NE(error.find("certificate verify failed"), std::string::npos) << error;
   // Plain text is not spoken; a worker wants a client certificate of the CA, not only the CA.
   Generation plain = Generate(Connect(cluster.api()).get(), TokensRequest({5, 6, 7}, 4));
   EXPECT_EQ(plain.status.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.status.error_message();
