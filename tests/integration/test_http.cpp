@@ -421,8 +421,11 @@ TEST_F(HttpApiTest, MetricsMoveByTheExpectedAmounts) {
 
 TEST_F(HttpApiTest, HealthFollowsTheCluster) {
   const std::string inference = "flashmesh.v1.Inference";
-  EXPECT_EQ(GrpcHealth(cluster_->api(), ""), HealthCheckResponse::SERVING);
-  EXPECT_EQ(GrpcHealth(cluster_->api(), inference), HealthCheckResponse::SERVING);
+  // grpc.health follows the cluster's health within the coordinator's 100 ms watch period.
+  EXPECT_TRUE(Eventually([&] {
+    return GrpcHealth(cluster_->api(), "") == HealthCheckResponse::SERVING &&
+           GrpcHealth(cluster_->api(), inference) == HealthCheckResponse::SERVING;
+  }, 5s));
   cluster_->KillWorker(1, SIGKILL);
   HttpResult r;
   EXPECT_TRUE(Eventually([&] { return (r = HttpCall(port(), "GET", "/health")).status == 503; }, 10s)) << r.raw;
