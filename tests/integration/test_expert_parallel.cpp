@@ -63,7 +63,19 @@ void ExpectEpClusterEqualsSingle(int stages, int ep, const std::string& transpor
     EXPECT_EQ(got[i].ids.size(), static_cast<size_t>(kNewTokens));
   }
   auto stub = Connect(cluster.api());
+  // Finished sequences are freed on every worker after their last token went out (FreeSequence
+  // is asynchronous, and status reports the workers' last heartbeat): wait up to 5 s for that.
   auto status = Status(stub.get());
+  const auto freed_by = std::chrono::steady_clock::now() + 5s;
+  auto all_freed = [&] {
+    for (const auto& n : status.nodes())
+      if (n.kv_bytes() != 0) return false;
+    return true;
+  };
+  while (!all_freed() && std::chrono::steady_clock::now() < freed_by) {
+    std::this_thread::sleep_for(100ms);
+    status = Status(stub.get());
+  }
   EXPECT_EQ(status.expert_parallel(), ep);
   ASSERT_EQ(status.nodes_size(), stages * ep);
   for (int i = 0; i < status.nodes_size(); ++i) {
