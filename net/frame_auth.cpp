@@ -17,26 +17,20 @@ void PutSeq(uint64_t seq, uint8_t out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = (seq >> (8 * i)) & 0xFF;
 }
 
-// HMAC-SHA256(key, seq | header | payload), truncated to the tag size (EVP_MAC: the payload is
-// fed in place, never copied).
-FrameTag MacTag(const SessionKeyBytes& key, uint64_t seq, const uint8_t* header,
-                const void* payload, size_t nbytes) {
-  static EVP_MAC* const hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
-  char digest[] = "SHA256";
-  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
-                               OSSL_PARAM_construct_end()};
-  std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)> ctx(EVP_MAC_CTX_new(hmac),
-                                                                EVP_MAC_CTX_free);
+// HMAC-SHA256(key, seq | header | payload), truncated to the tag size, on `ctx` keyed once by
+// the sealer (re-initialising with no key restarts it under the same key: no allocation or
+// digest lookup per frame; the payload is fed in place, never copied).
+FrameTag MacTag(EVP_MAC_CTX* ctx, uint64_t seq, const uint8_t* header, const void* payload,
+                size_t nbytes) {
   uint8_t s[8];
   PutSeq(seq, s);
   uint8_t full[32] = {0};
   size_t len = 0;
   // A failure leaves `full` zero: that tag never matches a real one, so the frame is refused.
-  if (EVP_MAC_init(ctx.get(), key.data(), key.size(), params) == 1 &&
-      EVP_MAC_update(ctx.get(), s, sizeof s) == 1 &&
-      EVP_MAC_update(ctx.get(), header, kFrameHeaderSize) == 1 &&
-      (nbytes == 0 || EVP_MAC_update(ctx.get(), static_cast<const uint8_t*>(payload), nbytes) == 1))
-    EVP_MAC_final(ctx.get(), full, &len, sizeof full);
+  if (ctx && EVP_MAC_init(ctx, nullptr, 0, nullptr) == 1 && EVP_MAC_update(ctx, s, sizeof s) == 1 &&
+      EVP_MAC_update(ctx, header, kFrameHeaderSize) == 1 &&
+      (nbytes == 0 || EVP_MAC_update(ctx, static_cast<const uint8_t*>(payload), nbytes) == 1))
+    EVP_MAC_final(ctx, full, &len, sizeof full);
   FrameTag tag;
   std::copy(full, full + kFrameTagSize, tag.begin());
   return tag;
@@ -75,11 +69,24 @@ bool Gcm(bool seal, const SessionKeyBytes& key, uint64_t seq, const uint8_t* hea
 
 }  // namespace
 
+void FrameSealer::MacCtxFree::operator()(EVP_MAC_CTX* c) const { EVP_MAC_CTX_free(c); }
+
+FrameSealer::FrameSealer(const SessionKeyBytes& key, bool encrypt) : key_(key), encrypt_(encrypt) {
+  if (encrypt_) return;
+  static EVP_MAC* const hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                               OSSL_PARAM_construct_end()};
+  mac_.reset(EVP_MAC_CTX_new(hmac));
+  // Without a keyed context every tag is zero and no frame verifies: fails closed.
+  if (mac_ && EVP_MAC_init(mac_.get(), key_.data(), key_.size(), params) != 1) mac_.reset();
+}
+
 Status FrameSealer::Seal(const uint8_t header[kFrameHeaderSize], const void* payload,
                          size_t nbytes, std::vector<uint8_t>* cipher, FrameTag* tag) {
   cipher->clear();
   if (!encrypt_) {
-    *tag = MacTag(key_, seq_, header, payload, nbytes);
+    *tag = MacTag(mac_.get(), seq_, header, payload, nbytes);
   } else {
     cipher->resize(nbytes);
     if (!Gcm(true, key_, seq_, header, static_cast<const uint8_t*>(payload), cipher->data(),
@@ -94,7 +101,7 @@ Status FrameSealer::Open(const uint8_t header[kFrameHeaderSize], uint8_t* payloa
                          const FrameTag& tag) {
   bool ok;
   if (!encrypt_) {
-    const FrameTag want = MacTag(key_, seq_, header, payload, nbytes);
+    const FrameTag want = MacTag(mac_.get(), seq_, header, payload, nbytes);
     ok = CRYPTO_memcmp(want.data(), tag.data(), kFrameTagSize) == 0;
   } else {
     FrameTag t = tag;

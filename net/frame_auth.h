@@ -11,10 +11,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/status.h"
 #include "net/frame.h"
+
+struct evp_mac_ctx_st;
+typedef struct evp_mac_ctx_st EVP_MAC_CTX;   // <openssl/types.h>, without OpenSSL's headers here
 
 namespace fm::net {
 
@@ -26,7 +30,7 @@ using SessionKeyBytes = std::array<uint8_t, 32>;
 // key, the mode and the sequence number.
 class FrameSealer {
  public:
-  FrameSealer(const SessionKeyBytes& key, bool encrypt) : key_(key), encrypt_(encrypt) {}
+  FrameSealer(const SessionKeyBytes& key, bool encrypt);
 
   // The tag of the next frame; with encryption the ciphertext goes to *cipher (payload is
   // left alone), otherwise *cipher stays empty and the payload travels as is.
@@ -40,9 +44,13 @@ class FrameSealer {
   uint64_t seq() const { return seq_; }
 
  private:
+  struct MacCtxFree {
+    void operator()(EVP_MAC_CTX* c) const;
+  };
   SessionKeyBytes key_;
   bool encrypt_;
   uint64_t seq_ = 0;
+  std::unique_ptr<EVP_MAC_CTX, MacCtxFree> mac_;   // MAC mode: HMAC-SHA256 keyed with key_
 };
 
 }  // namespace fm::net
