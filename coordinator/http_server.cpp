@@ -92,10 +92,9 @@ Result<SslCtxPtr> NewServerTls(const HttpTls& tls) {
   SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1)
     return InvalidArgument("security.tls.cert: cannot load " + tls.cert_file + ": " + OpenSslError());
+  // Also checks that the key belongs to the certificate ("key values mismatch").
   if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1)
-    return InvalidArgument("security.tls.key: cannot load " + tls.key_file + ": " + OpenSslError());
-  if (SSL_CTX_check_private_key(ctx.get()) != 1)
-    return InvalidArgument("security.tls.key: " + tls.key_file + " does not match the certificate " +
+    return InvalidArgument("security.tls.key: cannot load " + tls.key_file + " for " +
                            tls.cert_file + ": " + OpenSslError());
   return ctx;
 }

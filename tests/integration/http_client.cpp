@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 
 namespace fm::it {
@@ -144,6 +146,17 @@ std::string PostJson(const std::string& path, const std::string& body, const std
   std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
   for (const auto& h : headers) req += h + "\r\n";
   return req + "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+bool MakeTestCertificates(const std::string& dir) {
+  const std::string cd = "cd '" + dir + "' && ", quiet = " >/dev/null 2>&1";
+  std::ofstream(dir + "/ext") << "subjectAltName=IP:127.0.0.1\n";
+  return std::system((cd + "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem "
+                      "-days 1 -subj /CN=fm-test-ca" + quiet).c_str()) == 0 &&
+         std::system((cd + "openssl req -newkey rsa:2048 -nodes -keyout node.key -out node.csr "
+                      "-subj /CN=127.0.0.1" + quiet).c_str()) == 0 &&
+         std::system((cd + "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key "
+                      "-CAcreateserial -out node.pem -days 1 -extfile ext" + quiet).c_str()) == 0;
 }
 
 HttpStream::HttpStream(int port, const std::string& request) : fd_(Dial(port)) {

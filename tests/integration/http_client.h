@@ -36,6 +36,10 @@ HttpResult HttpsRaw(int port, const std::string& ca_file, const std::string& req
                     std::chrono::milliseconds timeout = std::chrono::seconds(60),
                     std::string* error = nullptr);
 
+// A CA (DIR/ca.pem, ca.key) and a certificate for 127.0.0.1 signed by it (DIR/node.pem,
+// node.key), made with the openssl command; false when openssl failed.
+bool MakeTestCertificates(const std::string& dir);
+
 // A connection left open: send a request, read some of the response, close at will.
 class HttpStream {
  public:

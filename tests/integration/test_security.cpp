@@ -323,22 +323,9 @@ TEST(Security, PublicApiLimitsRequestSizePromptStopStringsAndStreamsPerClient) {
   for (auto& r : running) r->Finish();
 }
 
-// A CA and one certificate for 127.0.0.1 signed by it (openssl), in `dir`.
-void MakeCertificates(const std::string& dir) {
-  const std::string q = " >/dev/null 2>&1";
-  ASSERT_EQ(std::system(("cd " + dir + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout "
-                         "ca.key -out ca.pem -days 1 -subj /CN=fm-test-ca" + q).c_str()), 0);
-  ASSERT_EQ(std::system(("cd " + dir + " && openssl req -newkey rsa:2048 -nodes -keyout node.key "
-                         "-out node.csr -subj /CN=127.0.0.1" + q).c_str()), 0);
-  std::ofstream(dir + "/ext") << "subjectAltName=IP:127.0.0.1\n";
-  ASSERT_EQ(std::system(("cd " + dir + " && openssl x509 -req -in node.csr -CA ca.pem -CAkey "
-                         "ca.key -CAcreateserial -out node.pem -days 1 -extfile ext" + q).c_str()), 0);
-}
-
 TEST(Security, TlsEndToEndWithGeneratedCertificates) {
   TempDir pki;
-  MakeCertificates(pki.path());
-  if (HasFatalFailure()) return;
+  ASSERT_TRUE(MakeTestCertificates(pki.path()));
   ClusterSpec spec;
   spec.stages = 2;
   spec.tls_dir = pki.path();

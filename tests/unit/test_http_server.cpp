@@ -2,8 +2,12 @@
 // response deadline, a client that goes away, and Shutdown with connections still open.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "coordinator/http_server.h"
@@ -18,7 +22,7 @@ using Clock = std::chrono::steady_clock;
 struct TestServer {
   std::atomic<int> abandoned{0};
   std::unique_ptr<HttpServer> server;
-  explicit TestServer(HttpLimits limits) {
+  explicit TestServer(HttpLimits limits, const std::optional<HttpTls>& tls = std::nullopt) {
     auto s = HttpServer::Start("127.0.0.1:0", limits, [this](const HttpRequest& req, HttpResponder* out) {
       if (req.path == "/stream") {   // streams until the client or the deadline ends it
         out->StartStream(200, "text/event-stream");
@@ -30,7 +34,7 @@ struct TestServer {
         return;
       }
       out->Reply(200, "text/plain", req.method + " " + req.path + " " + req.body);
-    });
+    }, tls);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     server = std::move(s).value();
   }
@@ -110,6 +114,68 @@ TEST(HttpServer, ShutdownEndsOpenConnectionsPromptly) {
   t.server->Shutdown();
   EXPECT_LT(Clock::now() - start, 2s);
   EXPECT_EQ(t.abandoned, 1);
+}
+
+// A fresh directory with a test CA and a certificate for 127.0.0.1 (removed at exit).
+struct Pki {
+  std::string dir;
+  bool ok = false;
+  Pki() {
+    char tmpl[] = "/tmp/fm_pki_XXXXXX";
+    dir = mkdtemp(tmpl);
+    ok = it::MakeTestCertificates(dir);
+  }
+  ~Pki() { std::filesystem::remove_all(dir); }
+};
+
+TEST(HttpServer, TlsServesVerifiedClientsKeepAliveAndStreamsAndRefusesPlainText) {
+  Pki pki;
+  ASSERT_TRUE(pki.ok) << "openssl could not make the test certificates";
+  TestServer t(Short(), HttpTls{pki.dir + "/node.pem", pki.dir + "/node.key"});
+  ASSERT_TRUE(t.server);
+  std::string error;
+  // Two requests in one TLS session: the first keeps the connection, the second closes it.
+  it::HttpResult r = it::HttpsRaw(t.port(), pki.dir + "/ca.pem",
+                                  "POST /a HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi"
+                                  "GET /b HTTP/1.1\r\nConnection: close\r\n\r\n", 5s, &error);
+  EXPECT_EQ(r.status, 200) << error;
+  EXPECT_NE(r.raw.find("Connection: keep-alive\r\n\r\nPOST /a hi"), std::string::npos) << r.raw;
+  EXPECT_NE(r.raw.find("Connection: close\r\n\r\nGET /b "), std::string::npos) << r.raw;
+  // A stream runs until its response deadline (600 ms) and the handler learns it.
+  r = it::HttpsRaw(t.port(), pki.dir + "/ca.pem", "GET /stream HTTP/1.1\r\n\r\n", 5s, &error);
+  EXPECT_EQ(r.status, 200) << error;
+  EXPECT_NE(r.body.find("data: x\n\n"), std::string::npos) << r.raw;
+  EXPECT_TRUE([&] {
+    for (int i = 0; i < 50 && t.abandoned == 0; ++i) std::this_thread::sleep_for(20ms);
+    return t.abandoned == 1;
+  }());
+  // Plain HTTP gets no HTTP answer; a client that does not trust the CA is refused.
+  EXPECT_EQ(it::HttpRaw(t.port(), "GET /a HTTP/1.1\r\n\r\n", 5s).status, 0);
+  EXPECT_EQ(it::HttpsRaw(t.port(), pki.dir + "/node.pem", "GET /a HTTP/1.1\r\n\r\n", 5s, &error).status, 0);
+  EXPECT_NE(error.find("certificate verify failed"), std::string::npos) << error;
+  // A client that connects and says nothing is dropped after the read timeout (300 ms).
+  const auto start = Clock::now();
+  EXPECT_EQ(it::HttpRaw(t.port(), "", 5s).status, 0);
+  EXPECT_LT(Clock::now() - start, 3s);
+}
+
+TEST(HttpServer, TlsFilesThatDoNotLoadAreNamed) {
+  Pki pki;
+  ASSERT_TRUE(pki.ok);
+  auto handler = [](const HttpRequest&, HttpResponder* out) { out->Reply(200, "text/plain", ""); };
+  auto missing = HttpServer::Start("127.0.0.1:0", Short(), handler,
+                                   HttpTls{pki.dir + "/none.pem", pki.dir + "/node.key"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("security.tls.cert: cannot load " + pki.dir + "/none.pem"),
+            std::string::npos) << missing.status().ToString();
+  auto mismatched = HttpServer::Start("127.0.0.1:0", Short(), handler,
+                                      HttpTls{pki.dir + "/node.pem", pki.dir + "/ca.key"});
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_NE(mismatched.status().message().find("security.tls.key: cannot load " + pki.dir +
+                                               "/ca.key for " + pki.dir + "/node.pem"),
+            std::string::npos) << mismatched.status().ToString();
+  EXPECT_NE(mismatched.status().message().find("key values mismatch"), std::string::npos)
+      << mismatched.status().ToString();
 }
 
 }  // namespace
