@@ -141,6 +141,7 @@ class Cluster final : public WorkerSet {
   ClusterOptions options_;
   int num_stages_ = 1;
   int expert_parallel_ = 1;
+  int stage_group_ = 1;   // workers of a stage (EP or TP group)
   uint64_t epoch_ = 0;
   uint64_t term_ = 0;
   std::atomic<bool> stepped_down_{false};
