@@ -127,8 +127,8 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
                                                   options, term_));
     nodes_.back()->index_ = static_cast<int>(i);
     // The scheduler sees a TP group as one member (every worker gets every item) whose rank 0
-    // samples.
-    infos_.push_back({w.node, addresses[i].first, tp ? 0 : w.ep_rank, w.head && member == 0});
+    // samples; each EP member samples its own sequences.
+    infos_.push_back({w.node, addresses[i].first, tp ? 0 : w.ep_rank, w.head && (!tp || member == 0)});
   }
   // transport nccl: the EP groups and the stage hops are NCCL communicators, which cannot take
   // a restarted member back. Without hops each stage's EP group loads on its own; with hops
