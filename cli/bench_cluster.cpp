@@ -222,8 +222,9 @@ Result<Predicted> PredictRun(const Options& o, const ClusterConfig& cfg,
   const int act = cfg.activation_dtype == "bf16" ? 2 : 4;
   // Workers report EP dispatch + combine and TP all-gather payloads as one figure.
   p.ep_per_token = (p.cluster.ep_bytes + p.cluster.tp_bytes) * rows / o.tokens;
-  p.wire_per_token = RequestHopBytes(m, setup.plan, o.prompt, o.tokens, act,
-                                     !cfg.security.cluster_secret_file.empty()) / o.tokens +
+  const bool tagged = !cfg.security.cluster_secret_file.empty();
+  p.wire_per_token = (RequestHopBytes(m, setup.plan, o.prompt, o.tokens, act, tagged) +
+                      RequestTpFrameBytes(m, setup.plan, o.prompt, o.tokens, tagged)) / o.tokens +
                      p.ep_per_token;
   return p;
 }

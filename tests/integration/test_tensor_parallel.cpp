@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "tests/integration/cluster_fixture.h"
@@ -108,6 +109,36 @@ TEST(TensorParallel, KilledMemberEndsTheStagesRequestsUnavailableAndRestartRecov
   Generation g = Generate(stub.get(), Request(2));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster.Logs();
   EXPECT_EQ(g.ids.size(), static_cast<size_t>(kNewTokens));
+}
+
+// bench cluster on pp1 x tp2: tokens equal, decode_ratio reported, and the data-plane bytes
+// per token exactly as predicted (the all-gathers' payloads and every frame's header and tag).
+TEST(TensorParallel, BenchClusterReportsRatioAndTheExactGatherBytes) {
+  ClusterSpec spec;   // only its YAML: bench cluster starts the processes itself
+  spec.stages = 1;
+  spec.tensor_parallel = 2;
+  Cluster cluster(spec);
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"bench", "cluster", "--config", cluster.yaml(), "--tokens", "4", "--prompt",
+                          "3", "--streams", "2", "--threads", "1", "--json"},
+                         &out, 180s),
+            0)
+      << out;
+  const size_t begin = out.find("{\n"), end = out.rfind("}");
+  ASSERT_NE(begin, std::string::npos) << out;
+  auto j = nlohmann::json::parse(out.substr(begin, end - begin + 1));
+  EXPECT_EQ(j.at("tensor_parallel").get<int>(), 2);
+  EXPECT_TRUE(j.at("tokens_match").get<bool>());
+  const double single = j.at("single").at("decode_tok_s").get<double>();
+  const double tp = j.at("cluster").at("decode_tok_s").get<double>();
+  EXPECT_GT(tp, 0);
+  EXPECT_DOUBLE_EQ(j.at("decode_ratio").get<double>(), tp / single);
+  const auto& predicted = j.at("predicted").at("cluster");
+  const double wire = j.at("cluster").at("wire_bytes_per_token").get<double>();
+  EXPECT_GT(wire, 0);
+  EXPECT_DOUBLE_EQ(wire, predicted.at("wire_bytes_per_token").get<double>());
+  EXPECT_DOUBLE_EQ(j.at("cluster").at("ep_bytes_per_token").get<double>(),
+                   predicted.at("ep_bytes_per_token").get<double>());
 }
 
 }  // namespace

@@ -175,6 +175,20 @@ TEST(CostModel, RequestHopBytesMatchTheDataPlaneFrames) {
   EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 2, false), 2 * (4 * 64 + 6 * 128));
   // With a cluster secret every frame carries its 16-byte tag.
   EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 4, true), 2 * (4 * 80 + 6 * 256));
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), plan, 3, 4, false), 0);
+}
+
+TEST(CostModel, RequestTpFrameBytesCountEveryGathersFrames) {
+  Plan tp2;
+  tp2.tensor_parallel = 2;
+  // 2 layers; prompt 3 (one pass: 4 gathers) and 3 decode steps (4 each): 16 gathers a layer,
+  // 2 frames each of 64 B.
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 3, 4, false), 2 * 16 * 2 * 64);
+  // A 300-row prompt takes two attention passes: 6 gathers; tagged frames are 80 B.
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 300, 1, true), 2 * 6 * 2 * 80);
+  Plan tp4 = tp2;
+  tp4.tensor_parallel = 4;
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp4, 3, 1, false), 2 * 4 * 12 * 64);
 }
 
 TEST(CostModel, ErrorsNameTheNodeAndTheQuery) {
