@@ -375,9 +375,8 @@ void Scheduler::Launch() {
     last_step_id_ = call->step_id;
     in_flight_[call->step_id] = call;
     call->launched = Clock::now();
-    // A stage runs steps in order: this one also waits for the rows in flight before it (a
-    // long prefill ahead of a decode step).
-    size_t rows_to_run = 0;   // this step's and those in flight before it
+    // A stage runs steps in order: this one waits for the rows in flight before it too.
+    size_t rows_to_run = 0;
     for (const auto& [id, c] : in_flight_) rows_to_run += c->rows;
     const auto deadline = StepDeadline(call->launched, rows_to_run);
     {

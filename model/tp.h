@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -48,6 +49,12 @@ struct TpRange {
 inline TpRange TpShare(int64_t n, int rank, int size) {
   return {n / size * rank, n / size * (rank + 1)};
 }
+
+// The rows member `rank` of `size` reads of main-layer tensor `name` (wq_b, wo_a, wo_b and the
+// shared expert's w1/w2/w3: "layers.N.attn.wq_b.weight", ...; the weight's rows also for its
+// ".scale"). False for every other tensor (replicated or routed: read whole).
+bool TpSplitRows(const ModelConfig& cfg, const std::string& name, int rank, int size,
+                 TpRange* rows);
 
 // y [N, rows.size()] = rows [rows.begin, rows.end) of w . x [N, w.cols]. The same bits as those
 // columns of the full product (Matmul rows are independent); when the rows start inside a

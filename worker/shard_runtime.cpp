@@ -24,6 +24,10 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   sel.head = p.head;
   sel.mtp = false;   // MTP speculative decoding is not served yet: keep its bytes out
   sel.experts = p.experts;
+  if (p.tensor_parallel > 1) {   // only this member's rows of the split weights in memory
+    sel.tp_rank = p.ep_rank;
+    sel.tp_size = p.tensor_parallel;
+  }
   // A device shard reads its weights once, to upload them: mapped, their host copy is page
   // cache the kernel may reclaim (a GB10's memory is the GPU's too). A CPU shard streams its
   // weights every step: private memory (TensorBytes).

@@ -63,10 +63,14 @@ struct Shard {
   std::vector<std::unique_ptr<SequenceCache>> seqs;
 };
 
-Shard Open(const std::string& dir, std::vector<int64_t> experts, ThreadPool* pool, int nseq) {
+// tp_size > 1: only member tp_rank's rows of the split weights are read (ShardSelection).
+Shard Open(const std::string& dir, std::vector<int64_t> experts, ThreadPool* pool, int nseq,
+           int tp_rank = 0, int tp_size = 1) {
   Shard s;
   ShardSelection sel;
   sel.experts = std::move(experts);
+  sel.tp_rank = tp_rank;
+  sel.tp_size = tp_size;
   auto c = Checkpoint::Open(dir, sel);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   s.ckpt = std::move(c).value();
@@ -101,7 +105,17 @@ void ExpectTpEqualsSingle(const std::string& preset, int t) {
     pools.push_back(std::make_unique<ThreadPool>(1));
     std::vector<int64_t> mine;
     for (int64_t e = begin[r]; e < begin[r + 1]; ++e) mine.push_back(e);
-    members.push_back(Open(dir, mine, pools.back().get(), 3));
+    members.push_back(Open(dir, mine, pools.back().get(), 3, r, t));
+    // Only its share of the split weights is read: less than the same experts with whole
+    // layers, by at least (t-1)/t of wq_b (FP8 [nH*D, q_lora] + 128-row block scales).
+    ShardSelection whole;
+    whole.experts = mine;
+    auto w = Checkpoint::Open(dir, whole);
+    ASSERT_TRUE(w.ok());
+    const uint64_t wq_b = cfg.num_attention_heads * cfg.head_dim * cfg.q_lora_rank;
+    EXPECT_GE((*w)->selected_bytes() - members[r].ckpt->selected_bytes(),
+              cfg.num_hidden_layers * wq_b * (t - 1) / t)
+        << "member " << r;
     tps.push_back(std::make_unique<CommTpGroup>(g.comms[r].get(), begin, 10000ms));
     ASSERT_TRUE(members[r].model->SetTensorParallel(tps[r].get()).ok());
   }
