@@ -75,6 +75,7 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
       num_stages_(plan.pipeline_stages),
       expert_parallel_(plan.expert_parallel),
       stage_group_(plan.group()),
+      tensor_parallel_(plan.tensor_parallel),
       epoch_(RandomEpoch()),
       term_(options.term ? options.term : UnixMillis()) {
   for (size_t i = 0; i < plan.workers.size(); ++i) {

@@ -65,6 +65,8 @@ void ExpectTpClusterEqualsSingle(int stages, int tp) {
   auto stub = Connect(cluster.api());
   auto status = Status(stub.get());
   ASSERT_EQ(status.nodes_size(), stages * tp);
+  EXPECT_EQ(status.tensor_parallel(), tp);
+  EXPECT_EQ(status.pipeline_stages(), stages);
   for (int i = 0; i < status.nodes_size(); ++i) {
     const auto& n = status.nodes(i);
     EXPECT_EQ(n.stage(), i / tp) << n.name();
