@@ -220,10 +220,12 @@ Result<Predicted> PredictRun(const Options& o, const ClusterConfig& cfg,
   // One request moves prompt + tokens - 1 rows through every layer.
   const double rows = static_cast<double>(o.prompt + o.tokens - 1);
   const int act = cfg.activation_dtype == "bf16" ? 2 : 4;
-  p.ep_per_token = p.cluster.ep_bytes * rows / o.tokens;
-  p.wire_per_token = RequestHopBytes(m, setup.plan, o.prompt, o.tokens, act,
-                                     !cfg.security.cluster_secret_file.empty()) / o.tokens +
-                     p.ep_per_token + p.cluster.tp_bytes * rows / o.tokens;
+  // Workers report EP dispatch + combine and TP all-gather payloads as one figure.
+  p.ep_per_token = (p.cluster.ep_bytes + p.cluster.tp_bytes) * rows / o.tokens;
+  const bool tagged = !cfg.security.cluster_secret_file.empty();
+  p.wire_per_token = (RequestHopBytes(m, setup.plan, o.prompt, o.tokens, act, tagged) +
+                      RequestTpFrameBytes(m, setup.plan, o.prompt, o.tokens, tagged)) / o.tokens +
+                     p.ep_per_token;
   return p;
 }
 
@@ -297,6 +299,7 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
           {"pipeline_stages", setup.plan.pipeline_stages},
           {"workers", setup.plan.workers.size()},
           {"expert_parallel", setup.plan.expert_parallel},
+          {"tensor_parallel", setup.plan.tensor_parallel},
           {"threads_per_process", o.threads},
           {"prompt_tokens", o.prompt},
           {"new_tokens", o.tokens},
@@ -306,7 +309,7 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
            {{"decode_tok_s", c.decode_tok_s},
             {"streams_tok_s", c.streams_tok_s},
             {"wire_bytes_per_token", wire_per_token},   // all traffic, prefill included
-            {"ep_bytes_per_token", ep_per_token}}},     // EP dispatch + combine payloads
+            {"ep_bytes_per_token", ep_per_token}}},     // EP dispatch + combine, TP gathers
           {"decode_ratio", ratio},
           {"streams_ratio", streams_ratio},
           {"tokens_match", same},
@@ -323,8 +326,9 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
             {"cluster_decode_measured_over_predicted", c.decode_tok_s / pred.cluster.tok_s}}}};
       std::printf("%s\n", j.dump(2).c_str());
     } else {
-      std::printf("cluster %s: %d stage(s) x %d EP, %zu worker(s); %s; %lld threads per process\n",
-                  o.config.c_str(), setup.plan.pipeline_stages, setup.plan.expert_parallel,
+      std::printf("cluster %s: %d stage(s) x %d %s, %zu worker(s); %s; %lld threads per process\n",
+                  o.config.c_str(), setup.plan.pipeline_stages, setup.plan.group(),
+                  setup.plan.tensor_parallel > 1 ? "TP" : "EP",
                   setup.plan.workers.size(),
                   setup.model_dir.c_str(), static_cast<long long>(o.threads));
       std::printf("                       single    cluster   ratio"
@@ -338,7 +342,8 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
                   pred.cluster.tok_s_batch / pred.single.tok_s_batch);
       std::printf("wire bytes per token   %19.0f %27.0f (data plane, all traffic, prefill "
                   "included)\n", wire_per_token, pred.wire_per_token);
-      std::printf("EP bytes per token     %19.0f %27.0f (dispatch + combine payloads)\n",
+      std::printf("EP/TP bytes per token  %19.0f %27.0f (EP dispatch + combine, TP all-gather "
+                  "payloads)\n",
                   ep_per_token, pred.ep_per_token);
       std::printf("tokens match           %19s\n", same ? "yes" : "NO");
     }

@@ -68,8 +68,8 @@ std::string FormatCandidates(const std::vector<PlanCandidate>& all, const Plan& 
   out += "  read GB: weight + KV bytes the busiest worker reads a token (batch 1); wire: bytes\n"
          "  all workers send a token (hops + EP + TP) and the wire part of a token's time\n";
   if (tp_shown)
-    out += "  * tensor_parallel: the workers do not execute head-parallel layouts yet, so auto\n"
-           "    does not choose them\n";
+    out += "  * tensor_parallel: the device shard (device: cuda) does not split heads, so auto\n"
+           "    does not choose head-parallel layouts on this cluster\n";
   return out;
 }
 

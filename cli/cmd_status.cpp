@@ -72,6 +72,7 @@ int CmdStatus(int argc, char** argv) {
     j["model"] = resp.model();
     j["pipeline_stages"] = resp.pipeline_stages();
     j["expert_parallel"] = resp.expert_parallel();
+    j["tensor_parallel"] = resp.tensor_parallel();
     j["active_requests"] = resp.active_requests();
     j["queued_requests"] = resp.queued_requests();
     j["nodes"] = nlohmann::json::array();
@@ -102,9 +103,12 @@ int CmdStatus(int argc, char** argv) {
     std::printf("%s\n", j.dump(2).c_str());
     return resp.healthy() ? 0 : 1;
   }
-  std::printf("cluster: %s, %d stage(s), %d active / %d queued requests\n",
+  const std::string group = resp.tensor_parallel() > 1
+                                ? " x " + std::to_string(resp.tensor_parallel()) + "-way tensor parallel"
+                                : "";
+  std::printf("cluster: %s, %d stage(s)%s, %d active / %d queued requests\n",
               resp.healthy() ? "healthy" : ("NOT READY (" + resp.reason() + ")").c_str(),
-              resp.pipeline_stages(), resp.active_requests(), resp.queued_requests());
+              resp.pipeline_stages(), group.c_str(), resp.active_requests(), resp.queued_requests());
   std::printf("%-14s %-8s %5s %-9s %-9s %10s %9s %6s %8s %7s %10s\n", "NODE", "STATE", "STAGE",
               "LAYERS", "EXPERTS", "WEIGHT_MiB", "KV_MiB", "SEQS", "TOK/S", "HB_AGE", "DATA_MiB");
   for (const auto& n : resp.nodes()) {

@@ -254,6 +254,7 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
   resp->set_model(options_.model_name);
   resp->set_pipeline_stages(cluster_->num_stages());
   resp->set_expert_parallel(cluster_->expert_parallel());
+  resp->set_tensor_parallel(cluster_->tensor_parallel());
   for (const auto& node : cluster_->nodes()) {
     auto* n = resp->add_nodes();
     const WorkerPlan& w = node->plan();

@@ -77,6 +77,8 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     : options_(options),
       num_stages_(plan.pipeline_stages),
       expert_parallel_(plan.expert_parallel),
+      stage_group_(plan.group()),
+      tensor_parallel_(plan.tensor_parallel),
       epoch_(RandomEpoch()),
       term_(options.term ? options.term : UnixMillis()) {
   for (size_t i = 0; i < plan.workers.size(); ++i) {
@@ -89,19 +91,23 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     spec.set_layer_end(static_cast<int32_t>(w.layer_end));
     spec.set_embed(w.embed);
     spec.set_head(w.head);
-    if (plan.expert_parallel > 1)
+    const size_t k = static_cast<size_t>(plan.group());
+    if (k > 1)
       for (int64_t e = w.expert_begin; e < w.expert_end; ++e) spec.add_experts(static_cast<int32_t>(e));
-    // The data plane: member r of stage s hands its manifolds to member r of stage s+1.
-    const size_t k = static_cast<size_t>(plan.expert_parallel);
+    // The data plane: member r of stage s hands its manifolds to member r of stage s+1 (with
+    // tensor parallelism every member holds every row, so each hop carries them all).
     if (i + k < plan.workers.size()) {
       spec.set_next_node(plan.workers[i + k].node);
       spec.set_next_data(addresses[i + k].second);
     }
     if (i >= k) spec.set_prev_node(plan.workers[i - k].node);
+    const bool tp = plan.tensor_parallel > 1;
+    const int member = tp ? w.tp_rank : w.ep_rank;
     if (k > 1) {
-      // The stage's EP group, in rank order, and every member's expert range.
-      const size_t first = i - static_cast<size_t>(w.ep_rank);
-      spec.set_ep_rank(w.ep_rank);
+      // The stage's EP (or TP) group, in rank order, and every member's expert range.
+      const size_t first = i - static_cast<size_t>(member);
+      spec.set_ep_rank(member);
+      if (tp) spec.set_tensor_parallel(plan.tensor_parallel);
       for (size_t m = first; m < first + k; ++m) {
         spec.add_ep_nodes(plan.workers[m].node);
         spec.add_ep_data(addresses[m].second);
@@ -124,12 +130,14 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
     nodes_.push_back(std::make_unique<NodeHandle>(w, addresses[i].first, addresses[i].second, spec,
                                                   options, term_));
     nodes_.back()->index_ = static_cast<int>(i);
-    infos_.push_back({w.node, addresses[i].first, w.ep_rank, w.head});
+    // The scheduler sees a TP group as one member (every worker gets every item) whose rank 0
+    // samples; each EP member samples its own sequences.
+    infos_.push_back({w.node, addresses[i].first, tp ? 0 : w.ep_rank, w.head && (!tp || member == 0)});
   }
   // transport nccl: the EP groups and the stage hops are NCCL communicators, which cannot take
   // a restarted member back. Without hops each stage's EP group loads on its own; with hops
   // they chain every worker together, so the whole cluster is one group loaded together.
-  const size_t k = static_cast<size_t>(plan.expert_parallel);
+  const size_t k = static_cast<size_t>(plan.group());
   const bool hops = plan.pipeline_stages > 1;
   if (options.nccl && (k > 1 || hops)) {
     const size_t size = hops ? nodes_.size() : k;
@@ -293,7 +301,7 @@ void Cluster::LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen) {
   // A fresh id for every communicator among the members: each stage's EP group (from its
   // rank 0) and each hop (from its sending worker, into its next_nccl_id and the receiver's
   // prev_nccl_id). Members are stage-major, so the hop from member i goes to member i + k.
-  const size_t n = group->members.size(), k = static_cast<size_t>(expert_parallel_);
+  const size_t n = group->members.size(), k = static_cast<size_t>(stage_group_);
   std::vector<flashmesh::v1::ShardSpec> specs;
   for (NodeHandle* m : group->members) specs.push_back(m->spec());
   for (size_t i = 0; i < n; ++i) {

@@ -102,6 +102,7 @@ class Cluster final : public WorkerSet {
   // WorkerSet. Ready: every node UP, otherwise why not, naming the first node that is not.
   int num_stages() const override { return num_stages_; }
   int expert_parallel() const override { return expert_parallel_; }
+  int tensor_parallel() const { return tensor_parallel_; }
   const std::vector<WorkerInfo>& workers() const override { return infos_; }
   Status Ready() const override;
   Status Running() const override;
@@ -141,6 +142,8 @@ class Cluster final : public WorkerSet {
   ClusterOptions options_;
   int num_stages_ = 1;
   int expert_parallel_ = 1;
+  int stage_group_ = 1;   // workers of a stage (EP or TP group)
+  int tensor_parallel_ = 1;
   uint64_t epoch_ = 0;
   uint64_t term_ = 0;
   std::atomic<bool> stepped_down_{false};

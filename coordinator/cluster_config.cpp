@@ -269,9 +269,10 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     if (par.IsScalar()) {
       if (par.Scalar() != "auto")
         return p.Error(par, "parallel", "'" + par.Scalar() +
-                                            "': want auto or {pipeline_stages, expert_parallel}");
+                                            "': want auto or {pipeline_stages, expert_parallel | tensor_parallel}");
     } else {
-      FM_RETURN_IF_ERROR(p.Keys(par, "parallel", {"pipeline_stages", "expert_parallel"}));
+      FM_RETURN_IF_ERROR(
+          p.Keys(par, "parallel", {"pipeline_stages", "expert_parallel", "tensor_parallel"}));
       cfg->parallel.automatic = false;
       FM_ASSIGN_OR_RETURN(const YAML::Node s, p.Required(par, "parallel", "pipeline_stages"));
       FM_ASSIGN_OR_RETURN(int64_t stages, p.Int(s, "parallel.pipeline_stages", 1));
@@ -279,6 +280,14 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
       if (const YAML::Node k = par["expert_parallel"]; k.IsDefined()) {
         FM_ASSIGN_OR_RETURN(int64_t ep, p.Int(k, "parallel.expert_parallel", 1));
         cfg->parallel.expert_parallel = static_cast<int>(std::min<int64_t>(ep, 1 << 20));
+      }
+      if (const YAML::Node t = par["tensor_parallel"]; t.IsDefined()) {
+        FM_ASSIGN_OR_RETURN(int64_t tp, p.Int(t, "parallel.tensor_parallel", 1));
+        cfg->parallel.tensor_parallel = static_cast<int>(std::min<int64_t>(tp, 1 << 20));
+        if (tp > 1 && cfg->parallel.expert_parallel > 1)
+          return p.Error(t, "parallel.tensor_parallel",
+                         "expert_parallel and tensor_parallel cannot both be above 1 (a "
+                         "tensor-parallel group also splits the experts)");
       }
     }
   }
@@ -305,12 +314,14 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
         return p.Error(nodes[i]["device"], "nodes[" + std::to_string(i) + "].device",
                        "transport nccl needs cuda devices, got cpu");
   if (!cfg->parallel.automatic) {
-    const int64_t workers =
-        int64_t{cfg->parallel.pipeline_stages} * cfg->parallel.expert_parallel;
+    const int64_t workers = int64_t{cfg->parallel.pipeline_stages} *
+                            cfg->parallel.expert_parallel * cfg->parallel.tensor_parallel;
+    const bool tp = cfg->parallel.tensor_parallel > 1;
     if (workers != static_cast<int64_t>(cfg->nodes.size()))
       return p.Error(root["parallel"], "parallel",
                      "pipeline_stages " + std::to_string(cfg->parallel.pipeline_stages) +
-                         " x expert_parallel " + std::to_string(cfg->parallel.expert_parallel) +
+                         (tp ? " x tensor_parallel " + std::to_string(cfg->parallel.tensor_parallel)
+                             : " x expert_parallel " + std::to_string(cfg->parallel.expert_parallel)) +
                          " = " + std::to_string(workers) + " workers, but nodes lists " +
                          std::to_string(cfg->nodes.size()));
   }

@@ -52,6 +52,7 @@ struct ParallelConfig {
   bool automatic = true;       // "auto": the planner chooses (see planner.h)
   int pipeline_stages = 0;     // when !automatic: >= 1
   int expert_parallel = 1;     // when !automatic: >= 1
+  int tensor_parallel = 1;     // when !automatic: >= 1; not with expert_parallel > 1
 };
 
 struct LimitsConfig {

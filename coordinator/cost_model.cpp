@@ -226,6 +226,17 @@ double RequestHopBytes(const ModelConfig& c, const Plan& plan, int64_t prompt, i
                  (new_tokens - 1) * HopBytes(c, group, tp, 1, activation_bytes, tagged));
 }
 
+double RequestTpFrameBytes(const ModelConfig& c, const Plan& plan, int64_t prompt,
+                           int64_t new_tokens, bool tagged) {
+  const int t = plan.tensor_parallel;
+  if (t <= 1) return 0;
+  constexpr int64_t kPassRows = 256;   // model/attention.cpp: rows per attention pass
+  auto gathers = [&](int64_t rows) { return 2 * ((rows + kPassRows - 1) / kPassRows) + 2; };
+  const double frame = kHeaderBytes + (tagged ? kTagBytes : 0);
+  const double per_layer = gathers(prompt) + (new_tokens - 1) * gathers(1);
+  return static_cast<double>(c.num_hidden_layers) * per_layer * t * (t - 1) * frame;
+}
+
 Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const Plan& plan,
                                const ClusterConfig& cl, const CostQuery& q) {
   if (m.layers.size() != static_cast<size_t>(c.num_hidden_layers))
@@ -337,7 +348,7 @@ std::vector<PlanCandidate> PlanCandidates(const ModelConfig& c, const ClusterCon
       cand.pipeline_stages = stages;
       cand.expert_parallel = tp ? 1 : k;
       cand.tensor_parallel = tp ? k : 1;
-      cand.runs = !tp || kTensorParallelExecutes;
+      cand.runs = !tp || TensorParallelRuns(cl);
       cand.plan = PlanLayout(c, cl, stages, cand.expert_parallel, cand.tensor_parallel);
       if (cand.plan.ok()) cand.prediction = PredictPlan(c, shape, *cand.plan, cl, q);
       out.push_back(std::move(cand));

@@ -91,7 +91,7 @@ struct PlanCandidate {
   int pipeline_stages = 1, expert_parallel = 1, tensor_parallel = 1;
   Result<Plan> plan = Plan{};             // or why it does not fit (PlanLayout's error)
   Result<Prediction> prediction = Prediction{};   // when the plan fits
-  bool runs = true;                       // the workers execute it (tp: kTensorParallelExecutes)
+  bool runs = true;                       // the workers execute it (tp: TensorParallelRuns)
 };
 // For every S dividing the node count (fewest stages first), k = nodes / S: S x ep k, then
 // (k > 1) S x tp k. Profiles must be probed (WithProbedProfiles).
@@ -104,5 +104,11 @@ std::vector<PlanCandidate> PlanCandidates(const ModelConfig& cfg, const ClusterC
 // cluster has a secret). EP and TP payloads are not included.
 double RequestHopBytes(const ModelConfig& cfg, const Plan& plan, int64_t prompt,
                        int64_t new_tokens, int activation_bytes, bool tagged);
+// The frame headers (and tags when `tagged`) of the same request's tensor-parallel all-gathers
+// (0 without tp): per step, stage and layer 4 gathers of t x (t - 1) frames, the attention's
+// two once per pass of up to 256 rows (model/attention.cpp kPassRows). Their payloads are the
+// prediction's tp_bytes per row.
+double RequestTpFrameBytes(const ModelConfig& cfg, const Plan& plan, int64_t prompt,
+                           int64_t new_tokens, bool tagged);
 
 }  // namespace fm

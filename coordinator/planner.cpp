@@ -199,11 +199,23 @@ ClusterConfig WithProbedProfiles(ClusterConfig cluster) {
   return cluster;
 }
 
+bool TensorParallelRuns(const ClusterConfig& cluster) {
+  for (const NodeConfig& n : cluster.nodes)
+    if (n.cuda_device >= 0) return false;
+  return true;
+}
+
 Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) {
   FM_RETURN_IF_ERROR(CheckInputs(model, cluster));
+  if (!cluster.parallel.automatic && cluster.parallel.tensor_parallel > 1 &&
+      !TensorParallelRuns(cluster))
+    return InvalidArgument("parallel.tensor_parallel " +
+                           std::to_string(cluster.parallel.tensor_parallel) +
+                           ": the device shard runs whole layers only; tensor parallelism needs "
+                           "every node on device: cpu");
   if (!cluster.parallel.automatic)
     return PlanLayout(model, cluster, cluster.parallel.pipeline_stages,
-                      cluster.parallel.expert_parallel, 1);
+                      cluster.parallel.expert_parallel, cluster.parallel.tensor_parallel);
   const ClusterConfig probed = WithProbedProfiles(cluster);
   std::vector<PlanCandidate> all = PlanCandidates(model, probed, QueryFor(probed));
   const PlanCandidate* best = nullptr;

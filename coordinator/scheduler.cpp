@@ -375,7 +375,10 @@ void Scheduler::Launch() {
     last_step_id_ = call->step_id;
     in_flight_[call->step_id] = call;
     call->launched = Clock::now();
-    const auto deadline = StepDeadline(call->launched, call->rows);
+    // A stage runs steps in order: this one waits for the rows in flight before it too.
+    size_t rows_to_run = 0;
+    for (const auto& [id, c] : in_flight_) rows_to_run += c->rows;
+    const auto deadline = StepDeadline(call->launched, rows_to_run);
     {
       std::lock_guard<std::mutex> lock(health_mu_);
       step_times_[call->step_id] = {call->launched, call->launched + (deadline - call->launched) / 2};

@@ -70,7 +70,8 @@ struct SchedulerLimits {
   int64_t max_queue = 64;
   int64_t max_context = 8192;
   // A step's deadline: step_floor + step_multiple x (the slowest recent time per row) x its
-  // rows; first_step (no recent steps yet) until the first step has finished.
+  // rows and those of the steps in flight before it; first_step (no recent steps yet) until
+  // the first step has finished.
   std::chrono::milliseconds step_floor{5000};
   double step_multiple = 8;
   std::chrono::milliseconds first_step{30000};

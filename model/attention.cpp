@@ -8,6 +8,7 @@
 #include "kernels/cpu/matvec.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
+#include "model/tp.h"
 
 namespace fm {
 
@@ -189,15 +190,20 @@ constexpr int64_t kPassRows = 256;
 // Heads that share one pass over the key rows (a unit of parallel work with its row).
 constexpr int64_t kHeadBlock = 4;
 
+// tp: this member computes heads [h0, h0 + nh) and output groups [g0, g0 + nG) and gathers
+// the rest (model/tp.h); null = every head here.
 Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
                      const std::vector<PassSeq>& seqs, const float* x, float* out,
-                     ThreadPool* pool) {
+                     ThreadPool* pool, TpGroup* tp) {
   const int64_t nH = cfg.num_attention_heads, D = cfg.head_dim;
   const int64_t QL = cfg.q_lora_rank, G = cfg.o_groups, R = cfg.o_lora_rank;
   const int64_t rd = cfg.qk_rope_head_dim, W = cfg.sliding_window;
   const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   const int64_t ratio = w.ratio;
+  const int me = tp ? tp->rank() : 0, members = tp ? tp->size() : 1;
+  const TpRange heads = TpShare(nH, me, members), groups = TpShare(G, me, members);
+  const int64_t h0 = heads.begin, nh = heads.size();
 
   std::vector<RowInfo> rows;
   for (const PassSeq& s : seqs) {
@@ -211,7 +217,7 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
 
   // 1-2: queries and the shared kv, all rows at once (Matmul is row-independent). The products
   // of x run as one MatmulMany pass, then those of cq: 2 thread rendezvous instead of up to 9.
-  std::vector<float> cq(N * QL), q(N * nH * D), kv(N * D);
+  std::vector<float> cq(N * QL), q(N * nh * D), kv(N * D);
   std::vector<float> ca, cz, ia, iz, iq, iw;
   std::vector<MatmulJob> of_x = {{&w.wq_a, x, N, cq.data()}, {&w.wkv, x, N, kv.data()}};
   if (ratio > 1) {
@@ -232,15 +238,20 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
   MatmulMany(of_x, pool);
   RmsNormRows_rd(cq.data(), w.q_norm.data(), N, QL, eps, cq.data());
   RmsNormRows_rd(kv.data(), w.kv_norm.data(), N, D, eps, kv.data());
-  std::vector<MatmulJob> of_cq = {{&w.wq_b, cq.data(), N, q.data()}};
+  // This member's heads: rows [h0*D, (h0+nh)*D) of wq_b.
+  QWeight wq_b;
+  const bool q_sliced = SliceRows(w.wq_b, h0 * D, nh * D, &wq_b);
+  std::vector<MatmulJob> of_cq;
+  if (q_sliced) of_cq.push_back({&wq_b, cq.data(), N, q.data()});
   if (ratio == 4) of_cq.push_back({&w.index_wq_b, cq.data(), N, iq.data()});
   MatmulMany(of_cq, pool);
-  RmsNormRows_rd(q.data(), nullptr, N * nH, D, eps, q.data());
+  if (!q_sliced) MatmulRowRange(w.wq_b, {h0 * D, (h0 + nh) * D}, cq.data(), N, q.data(), pool);
+  RmsNormRows_rd(q.data(), nullptr, N * nh, D, eps, q.data());
 
   const float* freq = w.rope_inv_freq.data();
   ForRange(pool, N, 1, [&](size_t b, size_t e) {
     for (size_t r = b; r < e; ++r) {
-      RopeRows_nd(q.data() + r * nH * D, nH, D, rd, rows[r].pos, freq, false);
+      RopeRows_nd(q.data() + r * nh * D, nh, D, rd, rows[r].pos, freq, false);
       RopeRows_nd(kv.data() + r * D, 1, D, rd, rows[r].pos, freq, false);
       if (ratio == 4) RopeRows_nd(iq.data() + r * nI * dI, nI, dI, rd, rows[r].pos, freq, false);
     }
@@ -285,20 +296,21 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
   });
 
   // 7: sink softmax attention per (row, block of heads), then the inverse rope of the output.
-  std::vector<float> o(N * nH * D);
+  // Each head's result is that of the head alone, whatever block it shares.
+  std::vector<float> o(N * nh * D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const int64_t blocks = (nH + kHeadBlock - 1) / kHeadBlock;
+  const int64_t blocks = (nh + kHeadBlock - 1) / kHeadBlock;
   ForRange(pool, N * blocks, 1, [&](size_t b, size_t e) {
     std::vector<float> scratch;
     for (size_t i = b; i < e; ++i) {
-      const int64_t r = i / blocks, h0 = (i % blocks) * kHeadBlock;
-      const int64_t nh = std::min(kHeadBlock, nH - h0);
+      const int64_t r = i / blocks, hb = (i % blocks) * kHeadBlock;
+      const int64_t nb = std::min(kHeadBlock, nh - hb);
       const int64_t n = static_cast<int64_t>(keys[r].size());
-      scratch.resize(static_cast<size_t>(nh * n));
-      float* oh = o.data() + (r * nH + h0) * D;
-      SinkAttentionHeads_hd(q.data() + (r * nH + h0) * D, nh, keys[r].data(), n, D,
-                            w.attn_sink.data() + h0, scale, scratch.data(), oh);
-      RopeRows_nd(oh, nh, D, rd, rows[r].pos, freq, /*inverse=*/true);
+      scratch.resize(static_cast<size_t>(nb * n));
+      float* oh = o.data() + (r * nh + hb) * D;
+      SinkAttentionHeads_hd(q.data() + (r * nh + hb) * D, nb, keys[r].data(), n, D,
+                            w.attn_sink.data() + h0 + hb, scale, scratch.data(), oh);
+      RopeRows_nd(oh, nb, D, rd, rows[r].pos, freq, /*inverse=*/true);
     }
   });
 
@@ -314,12 +326,13 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
   // [g*R, (g+1)*R) of wo_a. When those rows start inside an FP8 scale block (o_lora_rank not a
   // multiple of 128: test presets), the group input goes through all of wo_a and rows
   // [g*R, (g+1)*R) of the result are kept: the same values, as Matmul rows are independent.
-  const int64_t gin = nH * D / G;
-  std::vector<float> xin(N * gin), ug, u(N * G * R);
-  for (int64_t g = 0; g < G; ++g) {
+  // With tp, this member's groups [g0, g0 + nG), whose heads it computed.
+  const int64_t gin = nH * D / G, g0 = groups.begin, nG = groups.size();
+  std::vector<float> xin(N * gin), ug, u(N * nG * R);
+  for (int64_t g = g0; g < g0 + nG; ++g) {
     for (int64_t r = 0; r < N; ++r) {
-      std::copy(o.data() + r * nH * D + g * gin, o.data() + r * nH * D + (g + 1) * gin,
-                xin.data() + r * gin);
+      const float* og = o.data() + r * nh * D + (g - g0) * gin;
+      std::copy(og, og + gin, xin.data() + r * gin);
     }
     QWeight wg;
     const bool sliced = SliceRows(w.wo_a, g * R, R, &wg);
@@ -328,10 +341,24 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
     Matmul(sliced ? wg : w.wo_a, xin.data(), N, ug.data(), pool);
     for (int64_t r = 0; r < N; ++r) {
       const float* src = ug.data() + r * ug_width + ug_off;
-      std::copy(src, src + R, u.data() + r * G * R + g * R);
+      std::copy(src, src + R, u.data() + r * nG * R + (g - g0) * R);
     }
   }
-  Matmul(w.wo_b, u.data(), N, out, pool);
+  if (!tp) {
+    Matmul(w.wo_b, u.data(), N, out, pool);
+    return Status::Ok();
+  }
+  // All-gather the o_lora outputs; wo_b by output rows; all-gather those rows.
+  FM_ASSIGN_OR_RETURN(auto u_pieces, tp->AllGather(u));
+  FM_ASSIGN_OR_RETURN(std::vector<float> u_all,
+                      JoinColumns(u_pieces, N, std::vector<int64_t>(members, nG * R)));
+  const TpRange hid = TpShare(cfg.hidden_size, me, members);
+  std::vector<float> mine(N * hid.size());
+  MatmulRowRange(w.wo_b, hid, u_all.data(), N, mine.data(), pool);
+  FM_ASSIGN_OR_RETURN(auto out_pieces, tp->AllGather(mine));
+  FM_ASSIGN_OR_RETURN(std::vector<float> joined,
+                      JoinColumns(out_pieces, N, std::vector<int64_t>(members, hid.size())));
+  std::copy(joined.begin(), joined.end(), out);
   return Status::Ok();
 }
 
@@ -339,7 +366,7 @@ Status AttentionPass(const ModelConfig& cfg, const AttentionWeights& w,
 
 Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
                         std::span<const AttentionSeq> seqs, const float* x, float* out,
-                        ThreadPool* pool) {
+                        ThreadPool* pool, TpGroup* tp) {
   // Validate the whole batch before any cache moves.
   std::unordered_set<const AttentionCache*> seen;
   for (const AttentionSeq& s : seqs) {
@@ -361,7 +388,7 @@ Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
   std::vector<PassSeq> pass;
   int64_t pass_rows = 0, done = 0;
   auto flush = [&]() -> Status {
-    FM_RETURN_IF_ERROR(AttentionPass(cfg, w, pass, x + done * H, out + done * H, pool));
+    FM_RETURN_IF_ERROR(AttentionPass(cfg, w, pass, x + done * H, out + done * H, pool, tp));
     done += pass_rows;
     pass.clear();
     pass_rows = 0;

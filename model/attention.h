@@ -20,6 +20,7 @@
 namespace fm {
 
 struct AttentionWeights;  // bound views for one layer (defined at the end of this file)
+class TpGroup;            // model/tp.h
 
 // prefix: "layers.N.attn." or "mtp.0.attn."; ratio = compress_ratios[layer].
 Result<std::unique_ptr<AttentionWeights>> BindAttention(const Checkpoint& ckpt,
@@ -44,9 +45,11 @@ struct AttentionSeq {  // consecutive rows of x, in order
 // next positions cache->next_pos() ...; caches advance. Projections batch all rows (Matmul is
 // row-independent: bit-identical); attention itself per sequence.
 // Errors: context beyond max_context, a cache of another ratio than the weights.
+// tp (tensor parallelism, model/tp.h): this member computes its heads and groups and gathers
+// the rest; out is the full [sum rows, H] on every member, the same bits. null = all heads.
 Status AttentionForward(const ModelConfig& cfg, const AttentionWeights& w,
                         std::span<const AttentionSeq> seqs, const float* x, float* out,
-                        ThreadPool* pool);
+                        ThreadPool* pool, TpGroup* tp = nullptr);
 
 // The bound weights of one attention layer: views into the checkpoint (QWeight) and f32 copies of
 // the small tensors. Tests may fill one in memory and check it with ValidateAttention.

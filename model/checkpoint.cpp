@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
+#include "model/tp.h"
 #include "common/numfmt.h"
 #include "model/safetensors.h"
 #include "model/tensor_schema.h"
@@ -88,6 +89,7 @@ class CheckpointImpl final : public Checkpoint {
   struct Entry {
     TensorView view;
     const SafetensorsFile* file = nullptr;
+    uint64_t load_begin = 0, load_end = 0;   // the bytes read, from the tensor's first
   };
 
   static Result<std::unique_ptr<Checkpoint>> Open(const std::string& dir,
@@ -153,6 +155,12 @@ Result<std::unique_ptr<Checkpoint>> CheckpointImpl::Open(const std::string& dir,
     return InvalidArgument(dir + ": layer range [" + std::to_string(sel.layer_begin) + ", " +
                            std::to_string(sel.layer_end) + ") is outside the model's " +
                            std::to_string(cfg.num_hidden_layers) + " layers");
+  if (sel.tp_size > 1) {
+    FM_RETURN_IF_ERROR(CheckTensorParallel(cfg, sel.tp_size).Wrap(dir));
+    if (sel.tp_rank < 0 || sel.tp_rank >= sel.tp_size)
+      return InvalidArgument(dir + ": tensor-parallel rank " + std::to_string(sel.tp_rank) +
+                             " outside [0, " + std::to_string(sel.tp_size) + ")");
+  }
   std::sort(sel.experts.begin(), sel.experts.end());
   sel.experts.erase(std::unique(sel.experts.begin(), sel.experts.end()), sel.experts.end());
   for (int64_t e : sel.experts)
@@ -233,7 +241,18 @@ Result<std::unique_ptr<Checkpoint>> CheckpointImpl::Open(const std::string& dir,
   for (const auto& s : specs) {
     auto it = found.find(&s);
     if (it == found.end()) continue;
-    ck->selected_bytes_ += it->second.view.nbytes;
+    Entry& e = it->second;
+    e.load_end = e.view.nbytes;
+    TpRange rows;
+    if (TpSplitRows(cfg, s.name, sel.tp_rank, sel.tp_size, &rows)) {
+      // A tensor-parallel member's rows of a split weight (an FP8 scale: their 128-row blocks).
+      const int64_t n = e.view.shape.empty() ? 0 : e.view.shape[0];
+      if (s.role == TensorRole::kFp8Scale) rows = {rows.begin / 128, (rows.end + 127) / 128};
+      const uint64_t row_bytes = n > 0 ? e.view.nbytes / static_cast<uint64_t>(n) : 0;
+      e.load_begin = static_cast<uint64_t>(rows.begin) * row_bytes;
+      e.load_end = static_cast<uint64_t>(std::min(rows.end, n)) * row_bytes;
+    }
+    ck->selected_bytes_ += e.load_end - e.load_begin;
     ck->order_.push_back(s.name);
     ck->entries_.emplace(s.name, std::move(it->second));
   }
@@ -241,9 +260,11 @@ Result<std::unique_ptr<Checkpoint>> CheckpointImpl::Open(const std::string& dir,
   for (const auto& f : ck->files_) {
     std::vector<std::pair<uint64_t, uint64_t>> runs;
     for (const auto& t : f->header().tensors) {
-      if (!ck->entries_.count(t.name)) continue;
-      if (runs.empty() || t.begin > runs.back().second) runs.push_back({t.begin, t.end});
-      else runs.back().second = std::max(runs.back().second, t.end);
+      auto e = ck->entries_.find(t.name);
+      if (e == ck->entries_.end()) continue;
+      const uint64_t a = t.begin + e->second.load_begin, b = t.begin + e->second.load_end;
+      if (runs.empty() || a > runs.back().second) runs.push_back({a, b});
+      else runs.back().second = std::max(runs.back().second, b);
     }
     FM_RETURN_IF_ERROR(f->Load(runs));
   }

@@ -23,6 +23,10 @@ struct ShardSelection {
   bool head = true;                // norm, head, hc_head_* (last stage)
   bool mtp = true;                 // mtp.* layers (last stage)
   std::vector<int64_t> experts;    // routed experts to load; empty = all
+  // Tensor parallelism (model/tp.h): of the main layers' split tensors (wq_b, wo_a, wo_b, the
+  // shared expert) only member tp_rank's rows are read into memory (kPrivate); the views keep
+  // their full shapes and the other rows are never read by that member.
+  int tp_rank = 0, tp_size = 1;
 };
 
 class Checkpoint {

@@ -12,6 +12,7 @@
 #include "model/layer.h"
 #include "model/moe.h"
 #include "model/mtp.h"
+#include "model/tp.h"
 
 namespace fm {
 
@@ -134,6 +135,11 @@ class ShardModelImpl : public ShardModel {
   Status MtpLogits(std::span<const BatchItem> items, const float* x,
                    float* logits) const override;
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec ? exec : local_.get(); }
+  Status SetTensorParallel(TpGroup* tp) override {
+    if (tp) FM_RETURN_IF_ERROR(CheckTensorParallel(cfg_, tp->size()));
+    tp_ = tp;
+    return Status::Ok();
+  }
 
  private:
 
@@ -149,6 +155,7 @@ class ShardModelImpl : public ShardModel {
   std::unique_ptr<MtpWeights> mtp_;
   std::unique_ptr<LocalExpertExecutor> local_;
   ExpertExecutor* exec_ = nullptr;
+  TpGroup* tp_ = nullptr;
 };
 
 Status ShardModelImpl::Bind(const Checkpoint& ckpt) {
@@ -221,7 +228,7 @@ Status ShardModelImpl::ForwardLayers(std::span<const BatchItem> items, float* x)
   for (const auto& lw : layers_) {
     for (size_t i = 0; i < items.size(); ++i)
       seqs[i] = {items[i].cache->layer(lw->layer), static_cast<int64_t>(items[i].tokens.size())};
-    Status st = RunLayer(cfg_, *lw, seqs, tokens.data(), T, exec_, x, pool_);
+    Status st = RunLayer(cfg_, *lw, seqs, tokens.data(), T, exec_, x, pool_, tp_);
     if (!st.ok()) return st.Wrap("layer " + std::to_string(lw->layer));
   }
   for (const auto& item : items) item.cache->Advance(static_cast<int64_t>(item.tokens.size()));

@@ -18,6 +18,7 @@
 namespace fm {
 
 class SequenceCache;  // model/kv_cache.h: one sequence's per-layer decode state on this shard
+class TpGroup;        // model/tp.h: a tensor-parallel group's collective
 
 // One sequence's slice of a batch: its tokens are consecutive rows of X.
 struct BatchItem {
@@ -88,6 +89,14 @@ class ShardModel {
 
   // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
   virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;
+  // Tensor parallelism (model/tp.h): ForwardLayers computes member tp->rank()'s share of every
+  // layer and gathers the rest over `tp` (outliving its use), with the same bits; null = off.
+  // Errors when the model's shapes do not divide by tp->size() or the shard cannot split.
+  virtual Status SetTensorParallel(TpGroup* tp) {
+    if (!tp) return Status::Ok();
+    return InvalidArgument("tensor_parallel: this shard kind runs whole layers only (the CPU "
+                           "shard splits heads)");
+  }
 
   // Whether this shard holds the MTP block (mtp.0, with the embedding and the head it needs).
   virtual bool has_mtp() const { return false; }

@@ -6,6 +6,7 @@
 #include "kernels/cpu/hc.h"
 #include "kernels/cpu/matvec.h"
 #include "kernels/cpu/norm_rows.h"
+#include "model/tp.h"
 
 namespace fm {
 
@@ -97,17 +98,23 @@ static void HcPostRows(const ModelConfig& cfg, const float* out, const float* po
 
 Status RunLayer(const ModelConfig& cfg, const LayerWeights& w, std::span<const AttentionSeq> seqs,
                 const int32_t* tokens, int64_t T, ExpertExecutor* exec, float* x,
-                ThreadPool* pool) {
+                ThreadPool* pool, TpGroup* tp) {
   const int64_t n = cfg.hc_mult, H = cfg.hidden_size, k = cfg.num_experts_per_tok;
   std::vector<float> xn(T * H), out(T * H), post(T * n), comb(T * n * n);
   HcPreRows(cfg, w.hc_attn, w.attn_norm, x, T, xn.data(), post.data(), comb.data(), pool);
-  FM_RETURN_IF_ERROR(AttentionForward(cfg, *w.attn, seqs, xn.data(), out.data(), pool));
+  FM_RETURN_IF_ERROR(AttentionForward(cfg, *w.attn, seqs, xn.data(), out.data(), pool, tp));
   HcPostRows(cfg, out.data(), post.data(), comb.data(), T, x, pool);
 
   HcPreRows(cfg, w.hc_ffn, w.ffn_norm, x, T, xn.data(), post.data(), comb.data(), pool);
   std::vector<int32_t> ids(T * k);
   std::vector<float> weights(T * k), routed(T * H);
   FM_RETURN_IF_ERROR(RouteMoe(cfg, w.moe, xn.data(), tokens, T, ids.data(), weights.data(), pool));
+  if (tp) {
+    FM_RETURN_IF_ERROR(
+        MoeForwardTp(cfg, w.moe, xn.data(), T, ids.data(), weights.data(), tp, out.data(), pool));
+    HcPostRows(cfg, out.data(), post.data(), comb.data(), T, x, pool);
+    return Status::Ok();
+  }
   FM_RETURN_IF_ERROR(exec->RunRouted(w.layer, xn.data(), T, ids.data(), weights.data(),
                                      routed.data()));
   RunExpertFfn(w.moe.shared, static_cast<float>(cfg.swiglu_limit), xn.data(), T, out.data(), pool);

@@ -43,9 +43,10 @@ Result<std::unique_ptr<LayerWeights>> BindLayer(const Checkpoint& ckpt, const st
 // X [T, hc, H] through one block in place: hc_pre -> RMSNorm -> attention -> hc_post, then
 // hc_pre -> RMSNorm -> MoE (routed through exec + shared expert) -> hc_post.
 // seqs: the rows of each sequence with that sequence's cache of this layer; tokens [T].
+// tp: a tensor-parallel member's share (model/tp.h; exec unused), the same bits; null = all.
 Status RunLayer(const ModelConfig& cfg, const LayerWeights& w, std::span<const AttentionSeq> seqs,
                 const int32_t* tokens, int64_t T, ExpertExecutor* exec, float* x,
-                ThreadPool* pool);
+                ThreadPool* pool, TpGroup* tp = nullptr);
 
 // X [rows, hc, H] -> logits [rows, V] = head . RMSNorm(hc_head(X); norm).
 void HeadLogits(const ModelConfig& cfg, const HcWeights& hc_head, const std::vector<float>& norm,

@@ -42,7 +42,7 @@ Status HeaderError(const std::string& field, const std::string& what) {
   return InvalidArgument("frame header: " + field + ": " + what);
 }
 
-bool KnownKind(uint8_t k) { return k >= 1 && k <= 5; }
+bool KnownKind(uint8_t k) { return k >= 1 && k <= 6; }
 bool KnownDType(uint8_t d) { return d >= 1 && d <= 4; }
 
 }  // namespace
@@ -54,6 +54,7 @@ const char* FrameKindName(FrameKind k) {
     case FrameKind::kEpCombine: return "EP_COMBINE";
     case FrameKind::kTokens: return "TOKENS";
     case FrameKind::kControl: return "CONTROL";
+    case FrameKind::kTpGather: return "TP_GATHER";
   }
   return "?";
 }

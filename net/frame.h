@@ -42,6 +42,7 @@ enum class FrameKind : uint8_t {
   kEpCombine = 3,    // MoE combine: expert outputs back to the token's owner
   kTokens = 4,       // sampled token ids / logprobs
   kControl = 5,      // small protocol messages (barrier, shutdown, ...)
+  kTpGather = 6,     // tensor parallel: a member's finished piece of a layer, to every member
 };
 const char* FrameKindName(FrameKind k);  // "ACTIVATION", ...; "?" for an unknown value
 

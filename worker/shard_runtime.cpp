@@ -24,6 +24,10 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   sel.head = p.head;
   sel.mtp = false;   // MTP speculative decoding is not served yet: keep its bytes out
   sel.experts = p.experts;
+  if (p.tensor_parallel > 1) {   // only this member's rows of the split weights in memory
+    sel.tp_rank = p.ep_rank;
+    sel.tp_size = p.tensor_parallel;
+  }
   // A device shard reads its weights once, to upload them: mapped, their host copy is page
   // cache the kernel may reclaim (a GB10's memory is the GPU's too). A CPU shard streams its
   // weights every step: private memory (TensorBytes).
@@ -39,7 +43,15 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   const int64_t end = p.layer_end < 0 ? cfg.num_hidden_layers : p.layer_end;
   std::vector<MoeWeights> ep_moe;
   std::unique_ptr<EpExpertExecutor> ep;
-  if (p.expert_parallel()) {
+  std::unique_ptr<CommTpGroup> tp;
+  if (p.tensor_parallel > 1) {
+    if (!ep_group || ep_group->size() != p.tensor_parallel ||
+        p.ep_expert_begin.size() != static_cast<size_t>(p.tensor_parallel) + 1)
+      return Internal("tensor-parallel shard without its group of " +
+                      std::to_string(p.tensor_parallel));
+    tp = std::make_unique<CommTpGroup>(ep_group, p.ep_expert_begin, kEpTimeout);
+    FM_RETURN_IF_ERROR(model->SetTensorParallel(tp.get()));
+  } else if (p.expert_parallel()) {
     if (!ep_group) return Internal("expert-parallel shard without an EP group");
     ep_moe.reserve(end - p.layer_begin);
     for (int64_t l = p.layer_begin; l < end; ++l) {
@@ -54,6 +66,7 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   }
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.clear();
+  tp_ = std::move(tp);
   ep_ = std::move(ep);
   ep_moe_ = std::move(ep_moe);
   model_ = std::move(model);
@@ -83,6 +96,7 @@ void ShardRuntime::Unload() {
   ep_.reset();
   ep_moe_.clear();
   model_.reset();
+  tp_.reset();
   ckpt_.reset();
 }
 
@@ -176,15 +190,22 @@ Status ShardRuntime::Embed(std::span<const StepSlice> slices, std::vector<float>
 
 EpStats ShardRuntime::ep_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (tp_) {
+    EpStats s;
+    s.dispatch_bytes = tp_->bytes_sent();
+    return s;
+  }
   return ep_ ? ep_->stats() : EpStats{};
 }
 
 void ShardRuntime::AbortStep(uint64_t step) {
   if (ep_) ep_->AbortStep(step);
+  if (tp_) tp_->AbortStep(step);
 }
 
 Status ShardRuntime::Forward(uint64_t step, std::span<const StepSlice> slices, float* x) {
   if (ep_) ep_->SetStep(step);
+  if (tp_) tp_->SetStep(step);
   if (slices.empty()) {
     if (!ep_) return Status::Ok();
     // No rows here, but the other members' rows may need this member's experts.

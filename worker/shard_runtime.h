@@ -18,6 +18,7 @@
 #include "model/sampler.h"
 #include "net/communicator.h"
 #include "worker/ep_expert_executor.h"
+#include "worker/tp_group.h"
 
 namespace fm {
 
@@ -36,7 +37,11 @@ struct ShardPlacement {
   // ep_expert_begin[r+1]); `experts` is this member's range.
   int ep_rank = 0;
   std::vector<int64_t> ep_expert_begin;
-  bool expert_parallel() const { return ep_expert_begin.size() > 2; }
+  // Tensor parallelism (model/tp.h): > 1 = the group above splits every layer's heads, each
+  // member holds every sequence, and member 0 of the last stage samples.
+  int tensor_parallel = 1;
+  bool expert_parallel() const { return ep_expert_begin.size() > 2 && tensor_parallel == 1; }
+  bool samples() const { return head && (tensor_parallel == 1 || ep_rank == 0); }
 };
 
 // One step's slice for one sequence.
@@ -57,7 +62,8 @@ class ShardRuntime {
   ~ShardRuntime();
 
   // Opens the shard and binds the model; replaces what was loaded (all sequences dropped).
-  // With expert parallelism, `ep_group` (outliving the load) carries the MoE all-to-all.
+  // With expert or tensor parallelism, `ep_group` (outliving the load) carries the MoE
+  // all-to-all or the tensor-parallel all-gathers.
   Status Load(const ShardPlacement& placement, net::Communicator* ep_group = nullptr);
   bool loaded() const;
   // Drops the shard and every sequence: loaded() is false until the next Load.
@@ -87,7 +93,8 @@ class ShardRuntime {
   Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const float* x);
 
   int64_t row_floats() const;   // hc * H
-  // EP: rows routed to each expert by this member's rows, and dispatch + combine bytes sent.
+  // EP: rows routed to each expert by this member's rows, and dispatch + combine bytes sent;
+  // TP: the all-gather payload bytes sent (as dispatch_bytes).
   EpStats ep_stats() const;
 
  private:
@@ -105,6 +112,7 @@ class ShardRuntime {
   std::unique_ptr<ShardModel> model_;
   std::vector<MoeWeights> ep_moe_;                 // EP: this member's MoE weights per layer
   std::unique_ptr<EpExpertExecutor> ep_;
+  std::unique_ptr<CommTpGroup> tp_;
   mutable std::mutex mu_;   // guards seqs_ (the map, not the caches: one executor thread)
   std::map<uint64_t, Sequence> seqs_;
 };

@@ -176,9 +176,9 @@ Status StageExecutor::Execute(Step* step, std::vector<float>* x) {
                            std::to_string(rows));
   }
   FM_RETURN_IF_ERROR(runtime_->Forward(step->id, step->slices, x->data()));
-  if (p.head) {
+  if (p.samples()) {
     FM_ASSIGN_OR_RETURN(step->sampled, runtime_->Sample(step->slices, x->data()));
-  } else {
+  } else if (!p.head) {
     if (!next_) return Internal("stage " + std::to_string(p.stage) + " has no next stage");
     FM_RETURN_IF_ERROR(next_->Send(step->id, rows, runtime_->row_floats(), x->data()));
   }

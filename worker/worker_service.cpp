@@ -66,10 +66,12 @@ Status WorkerService::ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s) {
   for (const std::string& n : s.ep_nodes()) add(n);
   FM_RETURN_IF_ERROR(data_plane_->SetAllowedPeers(peers));
   // The largest frame of the plan: a step's rows times the widest row that crosses the data
-  // plane (the manifold, hc x H, or an EP combine of top-k expert outputs, k x H), in f32.
+  // plane (the manifold, hc x H, or an EP combine of top-k expert outputs, k x H; a TP
+  // gather's last piece: H / t shared output rows and up to k x H routed outputs), in f32.
   const ModelConfig& c = runtime_.config();
   const uint64_t rows = static_cast<uint64_t>(s.max_step_rows() > 0 ? s.max_step_rows() : s.max_context());
-  const uint64_t row_bytes = static_cast<uint64_t>(c.hidden_size * std::max(c.hc_mult, c.num_experts_per_tok)) * 4;
+  const int64_t widest = std::max(c.hc_mult, c.num_experts_per_tok + (s.tensor_parallel() > 1 ? 1 : 0));
+  const uint64_t row_bytes = static_cast<uint64_t>(c.hidden_size * widest) * 4;
   const uint64_t cap = uint64_t{1} << 60;   // far beyond any memory; keeps 4x below from wrapping
   const uint64_t max_frame = row_bytes == 0 || rows > cap / row_bytes ? cap : std::max<uint64_t>(rows * row_bytes, 1);
   data_plane_->SetLimits(max_frame, 4 * max_frame);
@@ -104,6 +106,11 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   }
   p.ep_rank = s.ep_rank();
   p.ep_expert_begin.assign(s.ep_expert_begin().begin(), s.ep_expert_begin().end());
+  p.tensor_parallel = std::max(s.tensor_parallel(), 1);
+  if (p.tensor_parallel > 1 && s.ep_nodes_size() != p.tensor_parallel)
+    return WorkerError(ctx, InvalidArgument("shard.tensor_parallel " + std::to_string(p.tensor_parallel) +
+                                            " but shard.ep_nodes names " + std::to_string(s.ep_nodes_size()) +
+                                            " members (node " + node_ + ")"));
   std::unique_ptr<net::Communicator> ep_group;
   const net::NcclCommunicator* nccl = nullptr;   // ep_group when it is an NCCL group
   if (s.ep_nodes_size() > 1) {

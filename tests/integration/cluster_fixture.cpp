@@ -145,10 +145,12 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
   if (spec.http) y << ", http: 127.0.0.1:" << http_port_;
   y << " }\n"
     << "parallel: { pipeline_stages: " << spec.stages
-    << ", expert_parallel: " << spec.expert_parallel << " }\n"
+    << ", expert_parallel: " << spec.expert_parallel;
+  if (spec.tensor_parallel > 1) y << ", tensor_parallel: " << spec.tensor_parallel;
+  y << " }\n"
     << "transport: " << spec.transport << "\n"
     << "nodes:\n";
-  const int workers = spec.stages * spec.expert_parallel;
+  const int workers = spec.stages * spec.expert_parallel * spec.tensor_parallel;
   for (int i = 0; i < workers; ++i) {
     control_.push_back("127.0.0.1:" + std::to_string(FreePort()));
     data_.push_back("127.0.0.1:" + std::to_string(FreePort()));

@@ -57,6 +57,7 @@ const std::string& SmallModel();
 struct ClusterSpec {
   int stages = 3;
   int expert_parallel = 1;   // workers = stages * expert_parallel, named w0.. stage-major
+  int tensor_parallel = 1;   // > 1 (with expert_parallel 1): workers = stages * tensor_parallel
   int max_batch = 16;
   int max_context = 512;
   int max_tokens = 256;

@@ -216,6 +216,10 @@ TEST(ClusterConfig, BadValues) {
               "parallel: 'manual': want auto");
   ExpectError(Edit("pipeline_stages: 2", "pipeline_stages: 3"), 3,
               "3 x expert_parallel 1 = 3 workers, but nodes lists 2");
+  ExpectError(Edit("expert_parallel: 1", "tensor_parallel: 2"), 3,
+              "2 x tensor_parallel 2 = 4 workers, but nodes lists 2");
+  ExpectError(Edit("expert_parallel: 1", "expert_parallel: 2, tensor_parallel: 2"), 3,
+              "parallel.tensor_parallel: expert_parallel and tensor_parallel cannot both be above 1");
   ExpectError(Edit("max_tokens: 512", "max_tokens: 5000"), 12,
               "limits.max_tokens: 5000 exceeds limits.max_context 4096");
   ExpectError(Edit("timeout_ms: 3000", "timeout_ms: 500"), 17, "heartbeat.timeout_ms: 500 must");
@@ -311,12 +315,18 @@ TEST(ClusterConfig, CommittedConfigsParse) {
   const std::filesystem::path dir = std::filesystem::path(FM_SOURCE_DIR) / "configs";
   int n = 0;
   for (const char* name : {"local-1.yaml", "local-pp3.yaml", "local-pp2-ep2.yaml", "gb10x2.yaml",
-                           "gb10x4.yaml"}) {
+                           "gb10x4.yaml", "local-tp2.yaml", "local-pp2-tp2.yaml"}) {
     auto r = LoadClusterConfig((dir / name).string());
     EXPECT_TRUE(r.ok()) << name << ": " << r.status().ToString();
     n += r.ok();
   }
-  EXPECT_EQ(n, 5);
+  EXPECT_EQ(n, 7);
+  auto tp = LoadClusterConfig((dir / "local-pp2-tp2.yaml").string());
+  ASSERT_TRUE(tp.ok());
+  EXPECT_FALSE(tp->parallel.automatic);
+  EXPECT_EQ(tp->parallel.pipeline_stages, 2);
+  EXPECT_EQ(tp->parallel.tensor_parallel, 2);
+  EXPECT_EQ(tp->parallel.expert_parallel, 1);
   auto missing = LoadClusterConfig((dir / "nope.yaml").string());
   EXPECT_EQ(missing.status().code(), Code::kNotFound);
 }

@@ -175,6 +175,20 @@ TEST(CostModel, RequestHopBytesMatchTheDataPlaneFrames) {
   EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 2, false), 2 * (4 * 64 + 6 * 128));
   // With a cluster secret every frame carries its 16-byte tag.
   EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 4, true), 2 * (4 * 80 + 6 * 256));
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), plan, 3, 4, false), 0);
+}
+
+TEST(CostModel, RequestTpFrameBytesCountEveryGathersFrames) {
+  Plan tp2;
+  tp2.tensor_parallel = 2;
+  // 2 layers; prompt 3 (one pass: 4 gathers) and 3 decode steps (4 each): 16 gathers a layer,
+  // 2 frames each of 64 B.
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 3, 4, false), 2 * 16 * 2 * 64);
+  // A 300-row prompt takes two attention passes: 6 gathers; tagged frames are 80 B.
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 300, 1, true), 2 * 6 * 2 * 80);
+  Plan tp4 = tp2;
+  tp4.tensor_parallel = 4;
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp4, 3, 1, false), 2 * 4 * 12 * 64);
 }
 
 TEST(CostModel, ErrorsNameTheNodeAndTheQuery) {
@@ -251,13 +265,32 @@ TEST(CostModel, AutoPicksTheFastestLayoutThatRuns) {
   EXPECT_EQ(all[1].tensor_parallel, 2);
   EXPECT_EQ(all[2].pipeline_stages, 2);
   for (const auto& c : all) ASSERT_TRUE(c.prediction.ok()) << c.prediction.status().ToString();
-  EXPECT_EQ(all[1].runs, kTensorParallelExecutes);
+  // gb10x2's nodes are cuda devices, whose shard runs whole layers: tp is predicted only.
+  EXPECT_FALSE(all[1].runs);
+  EXPECT_TRUE(all[0].runs);
   // tp2 reads least a token, then ep2 (dense on one box, experts halved), then pp2 (all 11 GB).
   EXPECT_GT(all[1].prediction->tok_s, all[0].prediction->tok_s);
   EXPECT_GT(all[0].prediction->tok_s, all[2].prediction->tok_s);
   auto p = PlanShards(m, *cluster);
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->expert_parallel, kTensorParallelExecutes ? 1 : 2);
+  EXPECT_EQ(p->expert_parallel, 2);
+  // The same boxes as cpu nodes run tp, and auto takes it (fastest).
+  ClusterConfig cpu = *cluster;
+  for (auto& n : cpu.nodes) n.cuda_device = -1;
+  EXPECT_TRUE(TensorParallelRuns(cpu));
+  EXPECT_TRUE(PlanCandidates(m, cpu, QueryFor(cpu))[1].runs);
+  auto t = PlanShards(m, cpu);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->tensor_parallel, 2);
+  EXPECT_EQ(t->expert_parallel, 1);
+  // A fixed tensor_parallel on cuda nodes is refused, naming the key.
+  ClusterConfig fixed = *cluster;
+  fixed.parallel.automatic = false;
+  fixed.parallel.pipeline_stages = 1;
+  fixed.parallel.tensor_parallel = 2;
+  auto refused = PlanShards(m, fixed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("parallel.tensor_parallel 2"), std::string::npos);
   // A slow network (2 ms a message) makes EP's 3 exchanges a layer dearer than one hop: pp2.
   ClusterConfig slow = *cluster;
   for (auto& n : slow.nodes) n.profile.link_latency_us = 2000;

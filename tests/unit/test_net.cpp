@@ -132,7 +132,7 @@ TEST(Frame, EveryInvalidHeaderFieldIsRejectedByName) {
   ExpectRejected(mutate(4, 2), "version");
   ExpectRejected(mutate(5, 1), "version");
   ExpectRejected(mutate(6, 0), "kind");
-  ExpectRejected(mutate(6, 6), "kind");
+  ExpectRejected(mutate(6, 7), "kind");
   ExpectRejected(mutate(7, 0), "dtype");
   ExpectRejected(mutate(7, 5), "dtype");
   ExpectRejected(mutate(24, 0), "rank");

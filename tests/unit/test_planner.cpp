@@ -345,16 +345,15 @@ TEST(PlanCommand, PrintsThePredictionOfEveryLayout) {
   EXPECT_NE(out.find("profiles: spark-a gb10 (270 GB/s x 0.85, 200 Gb/s, 10 us);"),
             std::string::npos) << out;
   EXPECT_NE(out.find("layout        fits  tok/s b1 tok/s b16   TTFT s"), std::string::npos) << out;
-  // gb10x4 fixes 1 x 4 EP; every layout of the 4 nodes is listed, tp marked as not run yet.
+  // gb10x4 fixes 1 x 4 EP; every layout of the 4 nodes is listed, tp marked as not run on cuda nodes.
   for (const char* row : {"pp1 x ep4     yes", "pp1 x tp4     yes", "pp2 x ep2     yes",
                           "pp2 x tp2     yes", "pp4 x ep1     yes"})
     EXPECT_NE(out.find(row), std::string::npos) << row << "\n" << out;
   const size_t chosen = out.find("<- chosen");
   ASSERT_NE(chosen, std::string::npos) << out;
   EXPECT_EQ(out.rfind("pp1 x ep4", chosen), out.find("pp1 x ep4")) << out;
-  if (!kTensorParallelExecutes) {
-    EXPECT_NE(out.find("do not execute head-parallel layouts yet"), std::string::npos) << out;
-  }
+  EXPECT_NE(out.find("the device shard (device: cuda) does not split heads"), std::string::npos)
+      << out;
 
   ASSERT_EQ(RunPlan({"plan", "--config", (kConfigs / "gb10x2.yaml").string(), "--json"}, &out), 0);
   const size_t begin = out.find('{');
@@ -363,7 +362,7 @@ TEST(PlanCommand, PrintsThePredictionOfEveryLayout) {
   ASSERT_EQ(j.at("candidates").size(), 3u);
   EXPECT_EQ(j.at("query").at("batch").get<int>(), 8);
   EXPECT_EQ(j.at("candidates")[1].at("tensor_parallel").get<int>(), 2);
-  EXPECT_EQ(j.at("candidates")[1].at("runs").get<bool>(), kTensorParallelExecutes);
+  EXPECT_FALSE(j.at("candidates")[1].at("runs").get<bool>());   // cuda nodes
   // The chosen plan's prediction is the first candidate's (1 x ep2).
   EXPECT_EQ(j.at("prediction"), j.at("candidates")[0].at("prediction"));
   EXPECT_GT(j.at("prediction").at("decode_tok_s").get<double>(), 10);

@@ -1,0 +1,78 @@
+// Tensor (head) parallelism inside a stage (issue 20; docs/architecture.md "Tensor parallel").
+// The t members of a group each hold the full manifold and every sequence's KV, run the
+// replicated parts of a layer (hc mixes, wq_a, wkv, compressors, indexer, router) in full, and
+// split the rest:
+//   attention: heads [r*nH/t, (r+1)*nH/t) (wq_b rows), output groups [r*G/t, (r+1)*G/t) (wo_a),
+//              then all-gather the o_lora outputs [N, G*R] and split wo_b by output rows;
+//   shared expert: intermediate rows [r*I/t, (r+1)*I/t) of w1/w3, all-gather the mid [T, I],
+//              split w2 by output rows;
+//   routed experts: member r runs its own experts for every (row, k) pair that picks them.
+// Members exchange only finished values (never partial sums), and every output element is
+// reduced on one member in the single process's order, so a layer's result is bit-identical
+// to the single process.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "common/thread_pool.h"
+#include "model/config.h"
+
+namespace fm {
+
+struct MoeWeights;
+
+class TpGroup {
+ public:
+  virtual ~TpGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The member holding routed expert `e` (every expert has exactly one).
+  virtual int ExpertOwner(int32_t e) const = 0;
+  // Every member's `mine`, in rank order (this member's own included). Every member calls the
+  // same gathers in the same order; pieces may differ in length. Errors name the member.
+  virtual Result<std::vector<std::vector<float>>> AllGather(std::span<const float> mine) = 0;
+};
+
+// Why `t` members cannot split this model's layers (heads, groups, hidden, shared expert and
+// routed experts must divide by t), or Ok.
+Status CheckTensorParallel(const ModelConfig& cfg, int t);
+
+// The [begin, end) share of member `rank` of `size` in `n` items (n divisible by size).
+struct TpRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+inline TpRange TpShare(int64_t n, int rank, int size) {
+  return {n / size * rank, n / size * (rank + 1)};
+}
+
+// The rows member `rank` of `size` reads of main-layer tensor `name` (wq_b, wo_a, wo_b and the
+// shared expert's w1/w2/w3: "layers.N.attn.wq_b.weight", ...; the weight's rows also for its
+// ".scale"). False for every other tensor (replicated or routed: read whole).
+bool TpSplitRows(const ModelConfig& cfg, const std::string& name, int rank, int size,
+                 TpRange* rows);
+
+// y [N, rows.size()] = rows [rows.begin, rows.end) of w . x [N, w.cols]. The same bits as those
+// columns of the full product (Matmul rows are independent); when the rows start inside a
+// quantization block the full product runs and the rows are kept.
+void MatmulRowRange(const QWeight& w, TpRange rows, const float* x, int64_t N, float* y,
+                    ThreadPool* pool);
+
+// The pieces of an all-gather, each [N, width_r] row-major, side by side: [N, sum width_r].
+// Errors when a piece's length is not N x width_r (named by member).
+Result<std::vector<float>> JoinColumns(const std::vector<std::vector<float>>& pieces, int64_t N,
+                                       const std::vector<int64_t>& widths);
+
+// The MoE output of one layer on a member: out [T, H] = routed + shared expert, every row in
+// full, from x [T, H] (the normed MoE input) and the routing ids/weights [T, k] every member
+// computed alike. This member runs its share of the shared expert and its experts' pairs; two
+// all-gathers (the shared mid, then the shared output rows with the routed outputs).
+Status MoeForwardTp(const ModelConfig& cfg, const MoeWeights& w, const float* x, int64_t T,
+                    const int32_t* ids, const float* weights, TpGroup* tp, float* out,
+                    ThreadPool* pool);
+
+}  // namespace fm

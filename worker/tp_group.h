@@ -1,0 +1,45 @@
+// CommTpGroup: the collective of a tensor-parallel stage (model/tp.h) over the group's
+// Communicator (TCP on the data plane, or NCCL). Each all-gather is one all-to-all of the same
+// f32 buffer to every member, as a TP_GATHER frame tagged with the step and the gather's index
+// within the step, so members that fall out of step fail naming the peer instead of mixing
+// pieces. Every wait has the deadline `timeout`; a dead member is Unavailable naming it.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "model/tp.h"
+#include "net/communicator.h"
+
+namespace fm {
+
+class CommTpGroup : public TpGroup {
+ public:
+  // expert_begin[r]..expert_begin[r+1]: member r's routed experts (size + 1 entries).
+  CommTpGroup(net::Communicator* comm, std::vector<int64_t> expert_begin, net::Millis timeout);
+
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  int ExpertOwner(int32_t e) const override;
+  Result<std::vector<std::vector<float>>> AllGather(std::span<const float> mine) override;
+
+  // The step whose layers run next: tags its gathers, counted from 0.
+  void SetStep(uint64_t step) {
+    step_ = step;
+    next_tag_ = 0;
+  }
+  // Ends the gathers of `step` promptly (Communicator::AbortStep); any thread.
+  void AbortStep(uint64_t step) { comm_->AbortStep(step); }
+  // Payload bytes this member sent to the others since the load.
+  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+
+ private:
+  net::Communicator* comm_;
+  std::vector<int64_t> expert_begin_;
+  net::Millis timeout_;
+  uint64_t step_ = 0;
+  uint32_t next_tag_ = 0;
+  std::atomic<uint64_t> bytes_sent_{0};
+};
+
+}  // namespace fm
