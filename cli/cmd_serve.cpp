@@ -1,49 +1,44 @@
 // flashmesh serve --model DIR [--listen ADDR] [--http ADDR]: single process, coordinator + one
 // in-process worker holding the whole model; the reference every distributed run is compared with.
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/daemon_flags.h"
+#include "cli/flags.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
-#include "worker/grpc_status.h"
 #include "net/tcp_transport.h"
+#include "rpc/grpc_status.h"
 #include "worker/worker_service.h"
 
 namespace fm::cli {
 
+namespace {
+
+const CommandSpec kSpec{
+    "serve",
+    "one process: the coordinator plus one worker holding every layer; the reference every\n"
+    "distributed run is compared with.",
+    {{"model", "DIR", "checkpoint directory", true},
+     {"listen", "HOST:PORT", "the Inference API (default 127.0.0.1:7070); port 0 picks a free\n"
+                             "port, printed as 'listening on HOST:PORT'"},
+     {"http", "HOST:PORT", "also the OpenAI-compatible HTTP API, /health and /metrics\n"
+                           "(printed as 'http listening on HOST:PORT')"},
+     {"max-batch", "N", "sequences decoded together (default 16)"},
+     {"max-context", "N", "tokens per sequence (default 8192)"},
+     {"max-tokens", "N", "new tokens per request (default 4096)"},
+     {"max-queue", "N", "waiting requests before new ones are refused (default 64)"},
+     {"max-streams-per-client", "N", "concurrent generations of one client (default 64)"},
+     {"threads", "N", "kernel threads (default: all cores)"},
+     {"token-file", "FILE", "API bearer tokens (security.token_file)"}}};
+
+}  // namespace
+
 int CmdServe(int argc, char** argv) {
-  const char* usage =
-      "usage: flashmesh serve --model DIR [--listen HOST:PORT] [--http HOST:PORT] [--max-batch N]\n"
-      "                       [--max-context N] [--max-tokens N] [--max-queue N]\n"
-      "                       [--max-streams-per-client N]\n"
-      "                       [--threads N] [--token-file FILE] [--log-level LEVEL]\n"
-      "  one process: the coordinator plus one worker holding every layer. --listen defaults\n"
-      "  to 127.0.0.1:7070; port 0 picks a free port (printed as 'listening on HOST:PORT').\n"
-      "  --http: also serve the OpenAI-compatible HTTP API, /health and /metrics there\n"
-      "  (printed as 'http listening on HOST:PORT').\n";
-  auto flags = Flags::Parse(argc, argv,
-                            {"model", "listen", "http", "max-batch", "max-context", "max-tokens",
-                             "max-queue", "max-streams-per-client", "threads", "token-file",
-                             "log-level"},
-                            {"help"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "serve: %s\n%s", flags.status().message().c_str(), usage);
-    return 2;
-  }
-  if (flags->Has("help")) {
-    std::fputs(usage, stdout);
-    return 0;
-  }
-  if (!flags->Has("model")) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
-  if (Status s = ApplyLogLevel(*flags); !s.ok()) {
-    std::fprintf(stderr, "serve: %s\n", s.message().c_str());
-    return 2;
-  }
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
   CoordinatorSetup setup;
   setup.listen = flags->Get("listen", "127.0.0.1:7070");
   setup.http = flags->Get("http");
@@ -54,18 +49,15 @@ int CmdServe(int argc, char** argv) {
     return 1;
   }
   setup.model = *model;
-  struct IntFlag { const char* name; long long fallback; long long* out; };
-  long long max_batch, max_context, max_tokens, max_queue, max_streams, threads;
+  struct IntFlag { const char* name; int64_t fallback; int64_t* out; };
+  int64_t max_batch, max_context, max_tokens, max_queue, max_streams, threads;
   const IntFlag ints[] = {{"max-batch", 16, &max_batch},   {"max-context", 8192, &max_context},
                           {"max-tokens", 4096, &max_tokens}, {"max-queue", 64, &max_queue},
                           {"max-streams-per-client", 64, &max_streams},
                           {"threads", std::thread::hardware_concurrency(), &threads}};
   for (const auto& f : ints) {
-    auto v = flags->GetInt(f.name, f.fallback);
-    if (!v.ok() || *v < 1) {
-      std::fprintf(stderr, "serve: --%s must be a positive integer\n", f.name);
-      return 2;
-    }
+    auto v = flags->GetInt(f.name, f.fallback, 1);
+    if (!v.ok()) return UsageError(kSpec, v.status().message());
     *f.out = *v;
   }
   if (flags->Has("token-file")) {

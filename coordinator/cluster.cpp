@@ -5,7 +5,7 @@
 #include <random>
 
 #include "common/log.h"
-#include "worker/control_auth.h"
+#include "rpc/control_auth.h"
 
 namespace fm {
 namespace {

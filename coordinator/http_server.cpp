@@ -11,7 +11,7 @@
 
 #include <boost/asio/ip/tcp.hpp>
 
-#include "coordinator/cluster_config.h"
+#include "config/cluster_config.h"
 #include "coordinator/openai_request.h"
 
 namespace fm {

@@ -18,7 +18,6 @@
 
 namespace fm::net {
 
-inline constexpr size_t kFrameTagSize = 16;
 using FrameTag = std::array<uint8_t, kFrameTagSize>;
 using SessionKeyBytes = std::array<uint8_t, 32>;
 

@@ -1,4 +1,4 @@
-// The stage-to-stage data plane of a worker (DESIGN.md §3, §6) over a net::Transport: stage s
+// The stage-to-stage data plane of a worker (docs/architecture.md "Data plane") over a net::Transport: stage s
 // sends each micro-batch's manifold [T, hc*H] as one ACTIVATION frame to stage s+1 (header +
 // the executor's own buffer, no copy for f32), and a receiver thread hands every frame from
 // stage s-1 to the StageExecutor. By the transport's convention the lower stage dials.
