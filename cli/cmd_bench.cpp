@@ -1,514 +1,136 @@
-// flashmesh bench <mode> ...: end-to-end benchmarks (`cluster`: cli/bench_cluster.cpp).
-//   decode: single-process decode speed against the machine's memory bandwidth. Prefills
-//   --context tokens, then decodes --tokens tokens one at a time (greedy), and reports
-//     tok_per_s               decode steps per second (embed + layers + head of one token)
-//     weight_bytes_per_token  bytes of weights one step reads: every dense tensor of the layers
-//                             (attention, compressor, indexer, hc, router, shared expert, norms),
-//                             the routed experts the step actually selected, head and final
-//                             norm, one embedding row (one tid2eid row on hash layers)
-//     mem_bw_gbps             streaming read bandwidth, measured here with the same threads
-//                             after each of 8 decode rounds (median)
-//     bw_efficiency           weight traffic / bandwidth of each round, the median round
-//   With --streams B > 1, B sequences decode together (one step = B rows, as a serving batch):
-//     tok_per_s               every stream's tokens per second together; weight bytes are
-//                             those of a step (dense once, the distinct experts of its rows)
-//     streams_speedup         (device) that aggregate over the single stream's, same run
-//   and extrapolates to the full model (FullModelConfig: all 43 layers of DeepSeek-V4-Flash for
-//   a `mkmodel --preset flash --layers N` checkpoint, else the checkpoint itself):
-//     head_ms                 embed + Logits of one token, timed alone (median of 8)
-//     layer_ms                (time per token - head_ms) / the checkpoint's layers
-//     full_model_ms_per_token layer_ms * the full model's layers + head_ms
-//     full_model_floor_ms     the full model's weight bytes per token / the measured bandwidth
+// flashmesh bench <mode> ...: the benchmarks of bench/ (decode: bench/decode_bench.h, cluster:
+// bench/cluster_bench.h) behind their flags.
 #include <algorithm>
-#include <chrono>
-#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <random>
-#include <set>
+#include <optional>
 #include <string>
-#include <utility>
-#include <vector>
+#include <thread>
 
-#include "cli/bench_cluster.h"
+#include "bench/cluster_bench.h"
+#include "bench/decode_bench.h"
 #include "cli/commands.h"
-#include "common/log.h"
-#include "common/thread_pool.h"
-#include "kernels/cpu/membw.h"
-#include "model/checkpoint.h"
-#include "model/cuda/shard_model.h"
-#include "model/inspect.h"
-#include "model/forward.h"
-#include "model/kv_cache.h"
-#include "model/mkmodel.h"
-#include "model/moe.h"
+#include "cli/flags.h"
 
 namespace fm::cli {
 namespace {
 
-const char* kUsage =
-    "usage: flashmesh bench decode --model DIR [--context N] [--tokens N] [--threads N]\n"
-    "                              [--streams B] [--device cpu|cuda:N [--eager]] [--json]\n"
-    "  decode: prefill N context tokens (default 64), decode --tokens tokens (default 32)\n"
-    "          one at a time, report decode tok/s, weight bytes read per token, the measured\n"
-    "          memory bandwidth (a probe after each of 8 decode rounds) and bw_efficiency =\n"
-    "          tok/s * bytes/token / bandwidth of the median round.\n"
-    "  --threads N: kernel threads (default: all cores); --json: one JSON object on stdout.\n"
-    "  --streams B: B sequences decode together, a step of B rows (default 1); tok/s counts\n"
-    "          them all; on a device also the single stream first and streams_speedup.\n"
-    "  --device cuda:N: the shard resident on GPU N; bandwidth = a device read probe; also\n"
-    "          prefill tok/s (the context as batched device steps). --eager: launch every\n"
-    "          kernel of each decode step instead of replaying the sequence's CUDA graph.\n"
-    "  Also: head_ms (embed + logits of a token, timed alone), layer_ms = (ms per token -\n"
-    "          head_ms) / layers, and the full model's predicted ms per token = layer_ms *\n"
-    "          its layers + head_ms next to its floor (its bytes per token / bandwidth); the\n"
-    "          full model is DeepSeek-V4-Flash (43 layers) for `mkmodel --preset flash\n"
-    "          --layers N`, else the checkpoint itself.\n"
-    "usage: flashmesh bench cluster --config FILE [--model DIR] [--json] ...\n"
-    "  cluster: the YAML's cluster vs the single process in one run (see bench cluster --help).\n";
+const char* kModes =
+    "usage: flashmesh bench decode|cluster [options]\n"
+    "  decode: one process's decode speed against the measured memory bandwidth\n"
+    "  cluster: a YAML's cluster against the single process, in one run\n"
+    "  flashmesh bench MODE --help: the options of a mode\n";
 
-constexpr size_t kProbeBytes = size_t{256} << 20;  // well beyond any CPU cache
-constexpr int64_t kDecodeRounds = 8;   // decode rounds, each followed by a probe
-constexpr int kProbePasses = 3;        // best of, per probe
-constexpr int kHeadReps = 8;           // embed + logits timed alone, median of
+const CommandSpec kDecodeSpec{
+    "bench decode",
+    "prefill --context tokens, decode --tokens tokens one at a time, report decode tok/s,\n"
+    "weight bytes read per token, the measured memory bandwidth (a probe after each of 8\n"
+    "decode rounds) and bw_efficiency = tok/s * bytes/token / bandwidth of the median round.\n"
+    "Also: head_ms (embed + logits of a token, timed alone), layer_ms = (ms per token -\n"
+    "head_ms) / layers, and the full model's predicted ms per token = layer_ms * its layers +\n"
+    "head_ms next to its floor (its bytes per token / bandwidth); the full model is\n"
+    "DeepSeek-V4-Flash (43 layers) for `mkmodel --preset flash --layers N`, else the\n"
+    "checkpoint itself.",
+    {{"model", "DIR", "checkpoint directory", true},
+     {"context", "N", "prompt tokens prefilled first (default 64)"},
+     {"tokens", "N", "tokens decoded (default 32)"},
+     {"threads", "N", "kernel threads (default: all cores)"},
+     {"streams", "B", "B sequences decode together, a step of B rows (default 1); tok/s counts\n"
+                      "them all; on a device also the single stream first and streams_speedup"},
+     {"device", "cpu|cuda:N", "cuda:N: the shard resident on GPU N; bandwidth = a device read\n"
+                             "probe; also prefill tok/s (the context as batched device steps)"},
+     {"eager", nullptr, "with cuda:N: launch every kernel of each decode step instead of\n"
+                        "replaying the sequence's CUDA graph"},
+     {"json", nullptr, "one JSON object on stdout"}}};
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+const CommandSpec kClusterSpec{
+    "bench cluster",
+    "starts the cluster of FILE (every worker and the coordinator) and a single-process\n"
+    "`serve` of the same model, then measures both in the same run: decode tok/s at batch 1\n"
+    "(best of 5, alternating), aggregate tok/s of --streams concurrent requests, data-plane\n"
+    "bytes per generated token (and the EP dispatch + combine part of them), each next to the\n"
+    "cost model's prediction for the same run (docs/performance.md). The YAML's ports must be\n"
+    "free.",
+    {{"config", "FILE", "the cluster YAML", true},
+     {"model", "DIR", "checkpoint directory instead of the YAML's `model`"},
+     {"tokens", "N", "new tokens per request (default 64)"},
+     {"prompt", "N", "prompt tokens (default 16)"},
+     {"streams", "N", "concurrent requests (default 8)"},
+     {"threads", "N", "kernel threads per process (default: all cores)"},
+     {"json", nullptr, "one JSON object on stdout"}}};
 
-struct DecodeOptions {
-  std::string model;
-  int64_t context = 64, tokens = 32, streams = 1;
-  int threads = 0;
-  int cuda_device = -1;  // --device cuda:N; -1 = CPU
-  bool eager = false;    // --eager: no CUDA graph
-  bool json = false;
-};
-
-Result<int64_t> ParseCount(const char* flag, const char* v, int64_t min) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  if (!*v || *end || n < min || n > (int64_t{1} << 30))
-    return InvalidArgument(std::string(flag) + ": '" + v + "' is not an integer >= " +
-                           std::to_string(min));
-  return static_cast<int64_t>(n);
-}
-
-Result<DecodeOptions> ParseDecode(int argc, char** argv) {
-  DecodeOptions o;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> Result<const char*> {
-      if (i + 1 >= argc) return InvalidArgument(a + ": missing value");
-      return argv[++i];
-    };
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--eager") {
-      o.eager = true;
-    } else if (a == "--model") {
-      FM_ASSIGN_OR_RETURN(const char* v, value());
-      o.model = v;
-    } else if (a == "--device") {
-      FM_ASSIGN_OR_RETURN(const char* v, value());
-      const std::string d = v;
-      if (d == "cpu") {
-        o.cuda_device = -1;
-      } else if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
-                 d.find_first_not_of("0123456789", 5) == std::string::npos) {
-        o.cuda_device = std::stoi(d.substr(5));
-      } else {
-        return InvalidArgument("--device: '" + d + "', want cpu or cuda:N");
-      }
-    } else if (a == "--context" || a == "--tokens" || a == "--threads" || a == "--streams") {
-      FM_ASSIGN_OR_RETURN(const char* v, value());
-      FM_ASSIGN_OR_RETURN(int64_t n, ParseCount(a.c_str(), v, a == "--tokens" || a == "--streams"));
-      if (a == "--context") o.context = n;
-      else if (a == "--tokens") o.tokens = n;
-      else if (a == "--streams") o.streams = n;
-      else o.threads = static_cast<int>(n);
-    } else {
-      return InvalidArgument("bench decode: unknown option '" + a + "'");
-    }
+Result<bench::DecodeOptions> ParseDecode(const Flags& f) {
+  bench::DecodeOptions o;
+  o.model = f.Get("model");
+  o.json = f.Has("json");
+  o.eager = f.Has("eager");
+  FM_ASSIGN_OR_RETURN(o.context, f.GetInt("context", o.context, 0));
+  FM_ASSIGN_OR_RETURN(o.tokens, f.GetInt("tokens", o.tokens, 1));
+  FM_ASSIGN_OR_RETURN(o.streams, f.GetInt("streams", o.streams, 1));
+  FM_ASSIGN_OR_RETURN(const int64_t threads, f.GetInt("threads", 0, 0, 4096));
+  o.threads = static_cast<int>(threads);
+  constexpr int64_t kMaxTokens = int64_t{1} << 30;   // the caches hold context + tokens
+  if (o.context > kMaxTokens || o.tokens > kMaxTokens)
+    return InvalidArgument("--context, --tokens: at most " + std::to_string(kMaxTokens) + " each");
+  const std::string d = f.Get("device", "cpu");
+  if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
+      d.find_first_not_of("0123456789", 5) == std::string::npos) {
+    o.cuda_device = std::stoi(d.substr(5));
+  } else if (d != "cpu") {
+    return InvalidArgument("--device: '" + d + "', want cpu or cuda:N");
   }
-  if (o.model.empty()) return InvalidArgument("bench decode: --model DIR is required");
   if (o.eager && o.cuda_device < 0) return InvalidArgument("--eager: only with --device cuda:N");
   if (o.streams > 256) return InvalidArgument("--streams: " + std::to_string(o.streams) + " > 256");
   return o;
 }
 
-// Runs the routed experts locally, adding up the weight bytes of the distinct experts each
-// call touches (for one decode row: its top-k).
-class CountingExpertExecutor : public ExpertExecutor {
- public:
-  // moe: the MoE weights of layers 0 .. moe.size()-1, in order.
-  CountingExpertExecutor(const ModelConfig& cfg, std::vector<MoeWeights> moe, ThreadPool* pool)
-      : moe_(std::move(moe)), local_(cfg, Pointers(cfg, moe_), pool),
-        top_k_(cfg.num_experts_per_tok) {}
-  Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
-                   const float* weights, float* routed) override {
-    FM_RETURN_IF_ERROR(local_.RunRouted(layer, x, T, expert_ids, weights, routed));
-    // local_ has checked layer and ids.
-    for (int32_t e : std::set<int32_t>(expert_ids, expert_ids + T * top_k_)) {
-      const ExpertWeights& ew = moe_[layer].experts[e];
-      bytes_ += ew.w1.bytes() + ew.w2.bytes() + ew.w3.bytes();
-    }
-    return Status::Ok();
-  }
-  size_t bytes() const { return bytes_; }
-  void reset() { bytes_ = 0; }
-
- private:
-  static std::vector<const MoeWeights*> Pointers(const ModelConfig& cfg,
-                                                 const std::vector<MoeWeights>& moe) {
-    std::vector<const MoeWeights*> p(cfg.num_hidden_layers + cfg.num_nextn_predict_layers,
-                                     nullptr);
-    for (size_t l = 0; l < moe.size(); ++l) p[l] = &moe[l];
-    return p;
-  }
-  std::vector<MoeWeights> moe_;
-  LocalExpertExecutor local_;
-  int64_t top_k_;
-  size_t bytes_ = 0;
-};
-
-// Bytes a decode step reads of everything but the routed experts (see the header comment).
-Result<size_t> DenseBytesPerToken(const Checkpoint& ckpt) {
-  const int64_t V = ckpt.config().vocab_size;
-  size_t total = 0;
-  for (const std::string& name : ckpt.tensor_names()) {
-    if (name.find(".ffn.experts.") != std::string::npos) continue;
-    FM_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name));
-    const bool one_row = name == "embed.weight" || name.ends_with(".ffn.gate.tid2eid");
-    total += one_row ? t.nbytes / static_cast<size_t>(V) : t.nbytes;
-  }
-  return total;
+Result<bench::ClusterBenchOptions> ParseCluster(const Flags& f) {
+  bench::ClusterBenchOptions o;
+  o.config = f.Get("config");
+  o.model = f.Get("model");
+  o.json = f.Has("json");
+  constexpr int64_t kMax = 1 << 20;
+  FM_ASSIGN_OR_RETURN(o.tokens, f.GetInt("tokens", o.tokens, 2, kMax));
+  FM_ASSIGN_OR_RETURN(o.prompt, f.GetInt("prompt", o.prompt, 1, kMax));
+  FM_ASSIGN_OR_RETURN(o.streams, f.GetInt("streams", o.streams, 1, kMax));
+  FM_ASSIGN_OR_RETURN(o.threads, f.GetInt("threads", o.threads, 0, kMax));
+  if (o.threads == 0) o.threads = std::max(1u, std::thread::hardware_concurrency());
+  return o;
 }
 
-// Reads one byte per page of every tensor, so the timed steps do not include first-touch
-// page faults of the mapping (a serving worker has its weights resident).
-Result<size_t> TouchWeights(const Checkpoint& ckpt) {
-  size_t total = 0;
-  unsigned sum = 0;
-  for (const std::string& name : ckpt.tensor_names()) {
-    FM_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name));
-    for (size_t i = 0; i < t.nbytes; i += 4096) sum += t.data[i];
-    total += t.nbytes;
+// Parses the mode's flags into its options and runs it: exit 0, 1 (it failed) or 2 (usage).
+template <typename Options>
+int RunMode(const CommandSpec& spec, int argc, char** argv,
+            Result<Options> (*parse)(const Flags&), Status (*run)(const Options&)) {
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(spec, argc, argv, &rc);
+  if (!flags) return rc;
+  const Result<Options> options = parse(*flags);
+  if (!options.ok()) return UsageError(spec, options.status().message());
+  if (const Status st = run(*options); !st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", spec.name, st.ToString().c_str());
+    return 1;
   }
-  volatile unsigned keep = sum;
-  (void)keep;
-  return total;
-}
-
-double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// `streams` sequences decoding greedily on `shard`: each a random prompt of `context` tokens
-// (Prefill, one sequence at a time), then steps of one token per sequence, all in one batch (the
-// previous picks in, each row's greedy pick out through SampleNext, on the device for a device
-// shard, as a serving last stage does). With context 0 a prompt's first token is the first input.
-class GreedyDecode {
- public:
-  GreedyDecode(ShardModel* shard, int64_t context, int64_t tokens, int64_t streams)
-      : shard_(shard), cfg_(shard->config()), context_(context),
-        greedy_(static_cast<size_t>(streams), *Sampler::Create(SamplerConfig{.greedy = true})),
-        next_(static_cast<size_t>(streams)) {
-    std::mt19937 rng(1234);
-    for (int64_t b = 0; b < streams; ++b) {
-      caches_.push_back(shard->NewSequence(context + tokens + 1));
-      prompts_.emplace_back(static_cast<size_t>(std::max<int64_t>(context, 1)));
-      for (auto& t : prompts_.back())
-        t = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size));
-      next_[b] = prompts_.back()[0];
-    }
-  }
-  Status Prefill() {
-    for (size_t b = 0; context_ > 0 && b < caches_.size(); ++b) {
-      BatchItem item{caches_[b].get(), prompts_[b]};
-      FM_RETURN_IF_ERROR(Run({&item, 1}, prompts_[b], b));
-    }
-    return Status::Ok();
-  }
-  Status Step() {
-    std::vector<BatchItem> items;
-    for (size_t b = 0; b < caches_.size(); ++b) items.push_back({caches_[b].get(), {&next_[b], 1}});
-    return Run(items, std::vector<int32_t>(next_), 0);
-  }
-  // Seconds of what a step does besides the layers for one token (embed it, the head and the
-  // greedy pick of the last row), timed alone after some steps: the median of `reps`. Leaves the
-  // decode state as it was; the pick must be the last stream's token of the last step.
-  Result<double> HeadSeconds(int reps) {
-    const int64_t row = cfg_.hc_mult * cfg_.hidden_size;
-    std::vector<float> embedded(static_cast<size_t>(row));
-    std::vector<double> secs;
-    for (int i = 0; i < reps; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      FM_RETURN_IF_ERROR(shard_->Embed({&next_.back(), 1}, embedded.data()));
-      Sampler* const s[] = {&greedy_.back()};
-      FM_ASSIGN_OR_RETURN(std::vector<SampledToken> best,
-                          shard_->SampleNext(x_.data() + x_.size() - row, 1, s));
-      secs.push_back(Seconds(t0, std::chrono::steady_clock::now()));
-      if (best[0].id != next_.back())  // the same row gave the last step's token
-        return Internal("bench decode: the head of the last row gave token " +
-                        std::to_string(best[0].id) + ", the step gave " +
-                        std::to_string(next_.back()));
-    }
-    return Median(secs);
-  }
-
- private:
-  // Embeds `toks` (the items' tokens in order), runs the layers, and picks the next token of each
-  // item's last row into next_[first], next_[first + 1], ...
-  Status Run(std::span<const BatchItem> items, const std::vector<int32_t>& toks, size_t first) {
-    const int64_t n = static_cast<int64_t>(toks.size()), row = cfg_.hc_mult * cfg_.hidden_size;
-    x_.resize(static_cast<size_t>(n * row));
-    FM_RETURN_IF_ERROR(shard_->Embed(toks, x_.data()));
-    FM_RETURN_IF_ERROR(shard_->ForwardLayers(items, x_.data()));
-    // Each item's last row, gathered when an item has several (a prefill).
-    std::vector<float> last;
-    const float* rows = x_.data();
-    if (static_cast<int64_t>(items.size()) != n) {
-      int64_t end = 0;
-      for (const BatchItem& it : items) {
-        end += static_cast<int64_t>(it.tokens.size());
-        last.insert(last.end(), x_.begin() + (end - 1) * row, x_.begin() + end * row);
-      }
-      rows = last.data();
-    }
-    std::vector<Sampler*> s;
-    for (size_t i = 0; i < items.size(); ++i) s.push_back(&greedy_[first + i]);
-    FM_ASSIGN_OR_RETURN(std::vector<SampledToken> t,
-                        shard_->SampleNext(rows, static_cast<int64_t>(items.size()), s));
-    for (size_t i = 0; i < t.size(); ++i) next_[first + i] = t[i].id;
-    return Status::Ok();
-  }
-  ShardModel* shard_;
-  const ModelConfig& cfg_;
-  int64_t context_;
-  std::vector<std::unique_ptr<SequenceCache>> caches_;
-  std::vector<std::vector<int32_t>> prompts_;
-  std::vector<Sampler> greedy_;
-  std::vector<int32_t> next_;
-  std::vector<float> x_;
-};
-
-// A decode run extrapolated to the full model (the header comment): the layers' share of a
-// token spread evenly over the checkpoint's layers.
-struct FullModelPrediction {
-  int64_t layers = 0, full_layers = 0;
-  double head_ms = 0, layer_ms = 0, full_ms = 0, full_bytes = 0, floor_ms = 0;
-};
-
-FullModelPrediction Predict(const ModelConfig& cfg, double token_s, double head_s, double bw_gbps) {
-  const ModelConfig full = FullModelConfig(cfg);
-  FullModelPrediction p;
-  p.layers = cfg.num_hidden_layers;
-  p.full_layers = full.num_hidden_layers;
-  p.head_ms = head_s * 1e3;
-  p.layer_ms = (token_s - head_s) * 1e3 / static_cast<double>(p.layers);
-  p.full_ms = p.layer_ms * static_cast<double>(p.full_layers) + p.head_ms;
-  p.full_bytes = static_cast<double>(DecodeBytesPerToken(full));
-  p.floor_ms = bw_gbps > 0 ? p.full_bytes / (bw_gbps * 1e9) * 1e3 : 0.0;
-  return p;
-}
-
-// The prediction's JSON fields (after the others, before the closing brace).
-std::string PredictionJson(const FullModelPrediction& p) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                ", \"layers\": %lld, \"head_ms\": %.4f, \"layer_ms\": %.4f, "
-                "\"full_model_layers\": %lld, \"full_model_ms_per_token\": %.4f, "
-                "\"full_model_tok_per_s\": %.4f, \"full_model_bytes_per_token\": %.0f, "
-                "\"full_model_floor_ms\": %.4f",
-                static_cast<long long>(p.layers), p.head_ms, p.layer_ms,
-                static_cast<long long>(p.full_layers), p.full_ms, 1e3 / p.full_ms, p.full_bytes,
-                p.floor_ms);
-  return buf;
-}
-
-void PrintPrediction(const FullModelPrediction& p) {
-  std::printf("head             %.3f ms a token (embed + head + greedy pick, timed alone)\n", p.head_ms);
-  std::printf("per layer        %.3f ms ((ms per token - head) / %lld layers)\n", p.layer_ms,
-              static_cast<long long>(p.layers));
-  std::printf("full model       %lld layers: %.2f ms a token predicted (%.2f tok/s); floor %.3f ms "
-              "(%.2f GB a token at the measured bandwidth)\n",
-              static_cast<long long>(p.full_layers), p.full_ms, 1e3 / p.full_ms, p.floor_ms,
-              p.full_bytes / 1e9);
-}
-
-Status RunDecode(const DecodeOptions& o) {
-  ShardSelection sel;
-  sel.mtp = false;  // plain decode does not run the MTP block
-  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel));
-  const ModelConfig& cfg = ckpt->config();
-  ThreadPool pool(o.threads);
-  FM_ASSIGN_OR_RETURN(auto shard, ShardModel::Create(*ckpt, &pool));
-  if (!shard->has_embed() || !shard->has_head())
-    return InvalidArgument(o.model + ": bench decode needs embed.weight and head.weight");
-
-  std::vector<MoeWeights> moe;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    FM_ASSIGN_OR_RETURN(MoeWeights m,
-                        BindMoe(*ckpt, "layers." + std::to_string(l) + ".ffn.", l));
-    moe.push_back(std::move(m));
-  }
-  CountingExpertExecutor counter(cfg, std::move(moe), &pool);
-  shard->SetExpertExecutor(&counter);
-  FM_ASSIGN_OR_RETURN(const size_t dense_bytes, DenseBytesPerToken(*ckpt));
-  FM_ASSIGN_OR_RETURN(const size_t resident, TouchWeights(*ckpt));
-
-  GreedyDecode decode(shard.get(), o.context, o.tokens, o.streams);
-  const auto t0 = std::chrono::steady_clock::now();
-  FM_RETURN_IF_ERROR(decode.Prefill());
-  const auto t1 = std::chrono::steady_clock::now();
-  // Decode in rounds, each followed by a bandwidth probe with the same threads: this machine's
-  // bandwidth drifts within seconds, so each round's efficiency divides by the bandwidth
-  // measured right after it, and the median round is reported.
-  ReadBandwidthProbe probe(&pool, kProbeBytes);
-  const int64_t rounds = std::min<int64_t>(o.tokens, kDecodeRounds);
-  std::vector<double> effs, bws;
-  double decode_s = 0.0, routed_bytes = 0.0;
-  for (int64_t r = 0; r < rounds; ++r) {
-    const int64_t n = o.tokens / rounds + (r < o.tokens % rounds ? 1 : 0);
-    counter.reset();
-    const auto t2 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < n; ++i) FM_RETURN_IF_ERROR(decode.Step());
-    const auto t3 = std::chrono::steady_clock::now();
-    const double bw = probe.Measure(kProbePasses);
-    const double traffic = (static_cast<double>(dense_bytes) * n + counter.bytes()) / Seconds(t2, t3);
-    effs.push_back(bw > 0 ? traffic / (bw * 1e9) : 0.0);
-    bws.push_back(bw);
-    decode_s += Seconds(t2, t3);
-    routed_bytes += static_cast<double>(counter.bytes());
-  }
-  const double tok_per_s = static_cast<double>(o.tokens * o.streams) / decode_s;
-  const double bytes_per_token = static_cast<double>(dense_bytes) + routed_bytes / o.tokens;
-  const double eff = Median(effs), mem_bw = Median(bws);
-  FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
-  const FullModelPrediction pred = Predict(cfg, decode_s / o.tokens, head_s, mem_bw);
-  if (o.json) {
-    std::printf("{\"tok_per_s\": %.4f, \"streams\": %lld, \"weight_bytes_per_token\": %.0f, "
-                "\"mem_bw_gbps\": %.4f, \"bw_efficiency\": %.4f%s}\n",
-                tok_per_s, static_cast<long long>(o.streams), bytes_per_token, mem_bw, eff,
-                PredictionJson(pred).c_str());
-  } else {
-    std::printf("model            %s (%.2f GB resident)\n", o.model.c_str(), resident / 1e9);
-    std::printf("threads          %d\n", pool.size());
-    std::printf("prefill          %lld tokens in %.3f s\n", static_cast<long long>(o.context),
-                Seconds(t0, t1));
-    std::printf("decode           %lld steps of %lld streams in %.3f s: %.2f tok/s (%lld rounds)\n",
-                static_cast<long long>(o.tokens), static_cast<long long>(o.streams), decode_s,
-                tok_per_s, static_cast<long long>(rounds));
-    std::printf("weight bytes     %.1f MB a step (dense %.1f MB + routed experts %.1f MB)\n",
-                bytes_per_token / 1e6, dense_bytes / 1e6,
-                routed_bytes / o.tokens / 1e6);
-    std::printf("weight traffic   %.2f GB/s\n", o.tokens / decode_s * bytes_per_token / 1e9);
-    std::printf("memory bandwidth %.2f GB/s (median of the probes after each round, same threads)\n", mem_bw);
-    std::printf("bw_efficiency    %.3f (median round; rounds %.3f .. %.3f)\n", eff,
-                *std::min_element(effs.begin(), effs.end()), *std::max_element(effs.begin(), effs.end()));
-    PrintPrediction(pred);
-  }
-  return Status::Ok();
-}
-
-// Steps per second of `decode` after its prefill and one warm-up step (first launches, lazy
-// module loading); *prefill_s: the prefill's seconds.
-Result<double> TimedSteps(GreedyDecode& decode, int64_t steps, double* prefill_s) {
-  const auto p0 = std::chrono::steady_clock::now();
-  FM_RETURN_IF_ERROR(decode.Prefill());
-  *prefill_s = Seconds(p0, std::chrono::steady_clock::now());
-  FM_RETURN_IF_ERROR(decode.Step());
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < steps; ++i) FM_RETURN_IF_ERROR(decode.Step());
-  return static_cast<double>(steps) / Seconds(t0, std::chrono::steady_clock::now());
-}
-
-// The device shard: the same decode loop timed end to end, the weight bytes from inspect's
-// per-token figure (top-k distinct experts a layer), the device's read bandwidth measured after
-// the decode; with --streams B, then B streams together on the same shard.
-Status RunDecodeCuda(const DecodeOptions& o) {
-  FM_ASSIGN_OR_RETURN(InspectReport report, InspectCheckpoint(o.model));
-  ShardSelection sel;
-  sel.mtp = false;
-  FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel, TensorBytes::kMapped));  // uploaded once
-  FM_ASSIGN_OR_RETURN(auto shard,
-                      CreateCudaShardModel(*ckpt, o.cuda_device,
-                                           o.eager ? CudaStepMode::kEager : CudaStepMode::kGraph));
-  GreedyDecode decode(shard.get(), o.context, o.tokens, 1);
-  double prefill_s = 0.0;
-  FM_ASSIGN_OR_RETURN(const double tok_per_s, TimedSteps(decode, o.tokens, &prefill_s));
-  const double prefill_tok_per_s = static_cast<double>(o.context) / prefill_s;
-  FM_ASSIGN_OR_RETURN(const double bw, CudaReadBandwidthGbps(o.cuda_device));
-  const double bytes = static_cast<double>(report.bytes_per_token());
-  const double eff = bw > 0 ? tok_per_s * bytes / (bw * 1e9) : 0.0;
-  FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
-  const FullModelPrediction pred = Predict(ckpt->config(), 1.0 / tok_per_s, head_s, bw);
-  double streams_tok_per_s = tok_per_s;
-  if (o.streams > 1) {
-    GreedyDecode batch(shard.get(), o.context, o.tokens, o.streams);
-    FM_ASSIGN_OR_RETURN(const double steps_per_s, TimedSteps(batch, o.tokens, &prefill_s));
-    streams_tok_per_s = steps_per_s * static_cast<double>(o.streams);
-  }
-  if (o.json) {
-    std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
-                "\"bw_efficiency\": %.4f, \"prefill_tok_per_s\": %.4f, \"cuda_graph\": %s, "
-                "\"streams\": %lld, \"streams_tok_per_s\": %.4f, \"streams_speedup\": %.4f%s}\n",
-                tok_per_s, bytes, bw, eff, prefill_tok_per_s, o.eager ? "false" : "true",
-                static_cast<long long>(o.streams), streams_tok_per_s, streams_tok_per_s / tok_per_s,
-                PredictionJson(pred).c_str());
-  } else {
-    std::printf("model            %s on cuda:%d (%s)\n", o.model.c_str(), o.cuda_device,
-                o.eager ? "eager launches" : "CUDA graph per step");
-    std::printf("prefill          %lld tokens: %.2f tok/s\n", static_cast<long long>(o.context),
-                prefill_tok_per_s);
-    std::printf("decode           %lld tokens: %.2f tok/s\n", static_cast<long long>(o.tokens),
-                tok_per_s);
-    std::printf("weight bytes/tok %.1f MB\n", bytes / 1e6);
-    std::printf("weight traffic   %.2f GB/s\n", tok_per_s * bytes / 1e9);
-    std::printf("memory bandwidth %.2f GB/s (device read probe after the decode)\n", bw);
-    std::printf("bw_efficiency    %.3f\n", eff);
-    if (o.streams > 1)
-      std::printf("%lld streams       %.2f tok/s together, %.2fx the single stream\n",
-                  static_cast<long long>(o.streams), streams_tok_per_s, streams_tok_per_s / tok_per_s);
-    PrintPrediction(pred);
-  }
-  return Status::Ok();
+  return 0;
 }
 
 }  // namespace
 
 int CmdBench(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::fputs(kUsage, stderr);
-    return argc < 2 ? 2 : 0;
+  const std::string mode = argc < 2 ? "" : argv[1];
+  // argv + 1: the mode is the subcommand of its flags.
+  if (mode == "decode")
+    return RunMode(kDecodeSpec, argc - 1, argv + 1, ParseDecode, bench::RunDecodeBench);
+  if (mode == "cluster")
+    return RunMode(kClusterSpec, argc - 1, argv + 1, ParseCluster, bench::RunClusterBench);
+  if (mode == "--help" || mode == "-h") {
+    std::fputs(kModes, stdout);
+    return 0;
   }
-  const std::string mode = argv[1];
-  if (mode == "cluster") return BenchCluster(argc, argv);
-  if (mode != "decode") {
-    std::fprintf(stderr, "flashmesh bench: unknown mode '%s'\n%s", mode.c_str(), kUsage);
-    return 2;
-  }
-  for (int i = 2; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-  Result<DecodeOptions> opt = ParseDecode(argc, argv);
-  if (!opt.ok()) {
-    std::fprintf(stderr, "flashmesh bench: %s\n%s", opt.status().message().c_str(), kUsage);
-    return 2;
-  }
-  const Status st = opt->cuda_device >= 0 ? RunDecodeCuda(*opt) : RunDecode(*opt);
-  if (!st.ok()) {
-    std::fprintf(stderr, "flashmesh bench: %s\n", st.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  std::fprintf(stderr, "bench: %s\n%s",
+               mode.empty() ? "a mode is required" : ("unknown mode '" + mode + "'").c_str(),
+               kModes);
+  return 2;
 }
 
 }  // namespace fm::cli

@@ -1,35 +1,29 @@
 // flashmesh coordinator --config FILE [--model DIR]
 #include <cstdio>
+#include <optional>
 
 #include "cli/commands.h"
-#include "cli/daemon_flags.h"
+#include "cli/flags.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 
 namespace fm::cli {
 
+namespace {
+
+const CommandSpec kSpec{
+    "coordinator",
+    "validates the cluster YAML and the plan, loads every worker's shard, serves the\n"
+    "Inference API on coordinator.listen. Stops on SIGINT/SIGTERM.",
+    {{"config", "FILE", "the cluster YAML", true},
+     {"model", "DIR", "checkpoint directory instead of the YAML's `model`"}}};
+
+}  // namespace
+
 int CmdCoordinator(int argc, char** argv) {
-  const char* usage =
-      "usage: flashmesh coordinator --config FILE [--model DIR] [--log-level LEVEL]\n"
-      "  validates the cluster YAML and the plan, loads every worker's shard, serves the\n"
-      "  Inference API on coordinator.listen. Stops on SIGINT/SIGTERM.\n";
-  auto flags = Flags::Parse(argc, argv, {"config", "model", "log-level"}, {"help"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "coordinator: %s\n%s", flags.status().message().c_str(), usage);
-    return 2;
-  }
-  if (flags->Has("help")) {
-    std::fputs(usage, stdout);
-    return 0;
-  }
-  if (!flags->Has("config")) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
-  if (Status s = ApplyLogLevel(*flags); !s.ok()) {
-    std::fprintf(stderr, "coordinator: %s\n", s.message().c_str());
-    return 2;
-  }
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
   BlockShutdownSignals();
   auto cfg = LoadClusterConfig(flags->Get("config"));
   if (!cfg.ok()) {

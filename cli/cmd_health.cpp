@@ -1,29 +1,31 @@
 // flashmesh health --server HOST:PORT [--node NAME]: exit 0 healthy, 1 degraded, 2 down.
 #include <cstdio>
+#include <optional>
 
-#include "cli/api_client.h"
 #include "cli/commands.h"
-#include "cli/daemon_flags.h"
+#include "cli/flags.h"
+#include "coordinator/api_client.h"
 
 namespace fm::cli {
 
+namespace {
+
+const CommandSpec kSpec{
+    "health",
+    "cluster: exit 0 healthy (docs/operations.md \"Health\"), 1 degraded (the reason is\n"
+    "printed: a node not up, a step overdue, a reset in progress, a stray sequence),\n"
+    "2 down (coordinator unreachable).",
+    {{"server", "HOST:PORT", "the coordinator's API", true},
+     {"node", "NAME", "exit 0 if that node is up, 1 if loading/waiting/draining, 2 if down"},
+     {"token-file", "FILE", "bearer token file (security.token_file)"},
+     {"tls-ca", "FILE", "CA of the coordinator's certificate (security.tls)"}}};
+
+}  // namespace
+
 int CmdHealth(int argc, char** argv) {
-  const char* usage =
-      "usage: flashmesh health --server HOST:PORT [--node NAME] [--token-file FILE]\n"
-      "                        [--tls-ca FILE]\n"
-      "  cluster: exit 0 healthy (docs/operations.md \"Health\"), 1 degraded (the reason is\n"
-      "  printed: a node not up, a step overdue, a reset in progress, a stray sequence),\n"
-      "  2 down (coordinator unreachable).\n"
-      "  --node NAME: exit 0 if that node is up, 1 if loading/waiting/draining, 2 if down.\n";
-  auto flags = Flags::Parse(argc, argv, {"server", "node", "token-file", "tls-ca"}, {"help"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "health: %s\n%s", flags.status().message().c_str(), usage);
-    return 2;
-  }
-  if (flags->Has("help")) {
-    std::fputs(usage, stdout);
-    return 0;
-  }
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
   auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"), flags->Get("tls-ca"));
   if (!client.ok()) {
     std::fprintf(stderr, "health: %s\n", client.status().message().c_str());

@@ -5,13 +5,14 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "common/thread_pool.h"
 #include "model/checkpoint.h"
 #include "model/forward.h"
@@ -20,29 +21,15 @@
 namespace fm::cli {
 namespace {
 
-const char* kUsage =
-    "usage: flashmesh logits --model DIR --tokens 3,17,42 [--mode prefill|decode] [--threads N]\n"
-    "                        --out FILE\n"
-    "  prefill: all tokens in one forward; decode: the first token, then one token per step.\n"
-    "  FILE gets raw little-endian float32 logits [T, vocab]; stdout gets each row's argmax.\n";
-
-Result<std::vector<int32_t>> ParseTokens(const std::string& s) {
-  std::vector<int32_t> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = s.find(',', i);
-    const std::string item = s.substr(i, j == std::string::npos ? std::string::npos : j - i);
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end || errno || v < 0 || v > INT32_MAX)
-      return InvalidArgument("--tokens: '" + item + "' is not a token id (non-negative integer)");
-    out.push_back(static_cast<int32_t>(v));
-    if (j == std::string::npos) break;
-    i = j + 1;
-  }
-  return out;
-}
+const CommandSpec kSpec{
+    "logits",
+    "prefill: all tokens in one forward; decode: the first token, then one token per step.\n"
+    "FILE gets raw little-endian float32 logits [T, vocab]; stdout gets each row's argmax.",
+    {{"model", "DIR", "checkpoint directory", true},
+     {"tokens", "IDS", "comma-separated token ids", true},
+     {"out", "FILE", "where the logits go", true},
+     {"mode", "prefill|decode", "how the tokens are run (default prefill)"},
+     {"threads", "N", "kernel threads (default: all cores)"}}};
 
 Status WriteLogits(const std::string& path, const std::vector<float>& logits) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
@@ -96,54 +83,18 @@ Status Run(const std::string& model, const std::vector<int32_t>& tokens, bool de
 }  // namespace
 
 int CmdLogits(int argc, char** argv) {
-  std::string model, tokens_arg, mode = "prefill", out;
-  int threads = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    const bool takes_value =
-        a == "--model" || a == "--tokens" || a == "--mode" || a == "--threads" || a == "--out";
-    if (!takes_value) {
-      std::fprintf(stderr, "logits: unknown argument '%s'\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "logits: %s needs a value\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-    const std::string v = argv[++i];
-    if (a == "--model") model = v;
-    else if (a == "--tokens") tokens_arg = v;
-    else if (a == "--mode") mode = v;
-    else if (a == "--out") out = v;
-    else {
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end || n < 1 || n > 1024) {
-        std::fprintf(stderr, "logits: --threads must be an integer in [1, 1024], got '%s'\n",
-                     v.c_str());
-        return 2;
-      }
-      threads = static_cast<int>(n);
-    }
-  }
-  if (model.empty() || tokens_arg.empty() || out.empty()) {
-    std::fprintf(stderr, "logits: --model, --tokens and --out are required\n%s", kUsage);
-    return 2;
-  }
-  if (mode != "prefill" && mode != "decode") {
-    std::fprintf(stderr, "logits: --mode must be prefill or decode, got '%s'\n", mode.c_str());
-    return 2;
-  }
-  auto tokens = ParseTokens(tokens_arg);
-  if (!tokens.ok()) {
-    std::fprintf(stderr, "logits: %s\n", tokens.status().ToString().c_str());
-    return 2;
-  }
-  const Status st = Run(model, *tokens, mode == "decode", threads, out);
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
+  const std::string model = flags->Get("model"), mode = flags->Get("mode", "prefill");
+  const std::string out = flags->Get("out");
+  const Result<int64_t> threads = flags->GetInt("threads", 0, 1, 1024);
+  if (!threads.ok()) return UsageError(kSpec, threads.status().message());
+  if (mode != "prefill" && mode != "decode")
+    return UsageError(kSpec, "--mode: expected prefill or decode, got '" + mode + "'");
+  const Result<std::vector<int32_t>> tokens = ParseTokenIds("tokens", flags->Get("tokens"));
+  if (!tokens.ok()) return UsageError(kSpec, tokens.status().message());
+  const Status st = Run(model, *tokens, mode == "decode", static_cast<int>(*threads), out);
   if (!st.ok()) {
     std::fprintf(stderr, "logits: %s\n", st.ToString().c_str());
     return 1;

@@ -2,10 +2,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
-#include "coordinator/cluster_config.h"
+#include "cli/flags.h"
+#include "config/cluster_config.h"
 #include "coordinator/cost_model.h"
 #include "coordinator/planner.h"
 #include "model/config.h"
@@ -73,40 +75,25 @@ std::string FormatCandidates(const std::vector<PlanCandidate>& all, const Plan& 
   return out;
 }
 
+const CommandSpec kSpec{
+    "plan",
+    "validates a cluster YAML and prints the placement plan (node, stage, layers, experts,\n"
+    "weight / KV / free GiB) from the model's config.json alone; no weights are read.\n"
+    "Then the cost model's prediction (decode tok/s at batch 1 and max_batch, time to first\n"
+    "token, bytes read and sent per token) for every layout of the nodes (pp x ep, pp x tp);\n"
+    "`parallel: auto` takes the fastest that fits. cpu profiles are probed (~0.3 s).",
+    {{"config", "FILE", "the cluster YAML", true},
+     {"model", "DIR", "checkpoint directory instead of the YAML's `model`"},
+     {"json", nullptr, "the plan as JSON"}}};
+
 }  // namespace
 
 int CmdPlan(int argc, char** argv) {
-  const char* usage =
-      "usage: flashmesh plan --config FILE [--model DIR] [--json]\n"
-      "  validates a cluster YAML and prints the placement plan (node, stage, layers, experts,\n"
-      "  weight / KV / free GiB) from the model's config.json alone; no weights are read.\n"
-      "  Then the cost model's prediction (decode tok/s at batch 1 and max_batch, time to first\n"
-      "  token, bytes read and sent per token) for every layout of the nodes (pp x ep, pp x tp);\n"
-      "  `parallel: auto` takes the fastest that fits. cpu profiles are probed (~0.3 s).\n"
-      "  --model DIR  checkpoint directory instead of the YAML's `model`\n"
-      "  --json       the plan as JSON\n";
-  std::string config, model;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
-      return 0;
-    } else if (a == "--config" && i + 1 < argc) {
-      config = argv[++i];
-    } else if (a == "--model" && i + 1 < argc) {
-      model = argv[++i];
-    } else if (a == "--json") {
-      json = true;
-    } else {
-      std::fprintf(stderr, "plan: unexpected argument '%s'\n%s", a.c_str(), usage);
-      return 2;
-    }
-  }
-  if (config.empty()) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
+  const std::string config = flags->Get("config"), model = flags->Get("model");
+  const bool json = flags->Has("json");
   auto cluster = LoadClusterConfig(config);
   if (!cluster.ok()) {
     std::fprintf(stderr, "plan: %s\n", cluster.status().ToString().c_str());

@@ -1,81 +1,83 @@
 // flashmesh serve --model DIR [--listen ADDR] [--http ADDR]: single process, coordinator + one
 // in-process worker holding the whole model; the reference every distributed run is compared with.
+// The coordinator is set up from a one-node ClusterConfig through SetupFromConfig, the same
+// path as `flashmesh coordinator`.
 #include <cstdio>
+#include <limits>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/daemon_flags.h"
+#include "cli/flags.h"
 #include "common/log.h"
+#include "config/cluster_config.h"
 #include "coordinator/coordinator.h"
-#include "worker/grpc_status.h"
 #include "net/tcp_transport.h"
+#include "rpc/grpc_status.h"
 #include "worker/worker_service.h"
 
 namespace fm::cli {
 
+namespace {
+
+const CommandSpec kSpec{
+    "serve",
+    "one process: the coordinator plus one worker holding every layer; the reference every\n"
+    "distributed run is compared with.",
+    {{"model", "DIR", "checkpoint directory", true},
+     {"listen", "HOST:PORT", "the Inference API (default 127.0.0.1:7070); port 0 picks a free\n"
+                             "port, printed as 'listening on HOST:PORT'"},
+     {"http", "HOST:PORT", "also the OpenAI-compatible HTTP API, /health and /metrics\n"
+                           "(printed as 'http listening on HOST:PORT')"},
+     {"max-batch", "N", "sequences decoded together (default 16)"},
+     {"max-context", "N", "tokens per sequence (default 8192)"},
+     {"max-tokens", "N", "new tokens per request (default 4096)"},
+     {"max-queue", "N", "waiting requests before new ones are refused (default 64)"},
+     {"max-streams-per-client", "N", "concurrent generations of one client (default 64)"},
+     {"threads", "N", "kernel threads (default: all cores)"},
+     {"token-file", "FILE", "API bearer tokens (security.token_file)"}}};
+
+}  // namespace
+
 int CmdServe(int argc, char** argv) {
-  const char* usage =
-      "usage: flashmesh serve --model DIR [--listen HOST:PORT] [--http HOST:PORT] [--max-batch N]\n"
-      "                       [--max-context N] [--max-tokens N] [--max-queue N]\n"
-      "                       [--max-streams-per-client N]\n"
-      "                       [--threads N] [--token-file FILE] [--log-level LEVEL]\n"
-      "  one process: the coordinator plus one worker holding every layer. --listen defaults\n"
-      "  to 127.0.0.1:7070; port 0 picks a free port (printed as 'listening on HOST:PORT').\n"
-      "  --http: also serve the OpenAI-compatible HTTP API, /health and /metrics there\n"
-      "  (printed as 'http listening on HOST:PORT').\n";
-  auto flags = Flags::Parse(argc, argv,
-                            {"model", "listen", "http", "max-batch", "max-context", "max-tokens",
-                             "max-queue", "max-streams-per-client", "threads", "token-file",
-                             "log-level"},
-                            {"help"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "serve: %s\n%s", flags.status().message().c_str(), usage);
-    return 2;
-  }
-  if (flags->Has("help")) {
-    std::fputs(usage, stdout);
-    return 0;
-  }
-  if (!flags->Has("model")) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
-  if (Status s = ApplyLogLevel(*flags); !s.ok()) {
-    std::fprintf(stderr, "serve: %s\n", s.message().c_str());
-    return 2;
-  }
-  CoordinatorSetup setup;
-  setup.listen = flags->Get("listen", "127.0.0.1:7070");
-  setup.http = flags->Get("http");
-  setup.model_dir = flags->Get("model");
-  auto model = LoadModelConfig(setup.model_dir + "/config.json");
-  if (!model.ok()) {
-    std::fprintf(stderr, "serve: %s\n", model.status().message().c_str());
-    return 1;
-  }
-  setup.model = *model;
-  struct IntFlag { const char* name; long long fallback; long long* out; };
-  long long max_batch, max_context, max_tokens, max_queue, max_streams, threads;
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
+  struct IntFlag { const char* name; int64_t fallback; int64_t* out; };
+  int64_t max_batch, max_context, max_tokens, max_queue, max_streams, threads;
   const IntFlag ints[] = {{"max-batch", 16, &max_batch},   {"max-context", 8192, &max_context},
                           {"max-tokens", 4096, &max_tokens}, {"max-queue", 64, &max_queue},
                           {"max-streams-per-client", 64, &max_streams},
                           {"threads", std::thread::hardware_concurrency(), &threads}};
   for (const auto& f : ints) {
-    auto v = flags->GetInt(f.name, f.fallback);
-    if (!v.ok() || *v < 1) {
-      std::fprintf(stderr, "serve: --%s must be a positive integer\n", f.name);
-      return 2;
-    }
+    auto v = flags->GetInt(f.name, f.fallback, 1);
+    if (!v.ok()) return UsageError(kSpec, v.status().message());
     *f.out = *v;
   }
-  if (flags->Has("token-file")) {
-    auto tokens = ReadApiTokens(flags->Get("token-file"));
-    if (!tokens.ok()) {
-      std::fprintf(stderr, "serve: %s\n", tokens.status().message().c_str());
-      return 1;
-    }
-    setup.api.api_tokens = *tokens;
+  // serve is a one-node cluster set up as a YAML's coordinator is (SetupFromConfig); its node
+  // is the worker below, in this process on an ephemeral loopback port.
+  ClusterConfig cluster;
+  cluster.path = "serve";
+  auto listen = ParseHostPort(flags->Get("listen", "127.0.0.1:7070"), /*allow_zero=*/true);
+  if (!listen.ok()) return UsageError(kSpec, listen.status().Wrap("--listen").message());
+  cluster.coordinator.listen = *listen;
+  if (flags->Has("http")) {
+    auto http = ParseHostPort(flags->Get("http"), /*allow_zero=*/true);
+    if (!http.ok()) return UsageError(kSpec, http.status().Wrap("--http").message());
+    cluster.coordinator.http = *http;
   }
+  cluster.parallel.automatic = false;
+  cluster.parallel.pipeline_stages = 1;
+  cluster.parallel.expert_parallel = 1;
+  cluster.limits.max_batch = max_batch;
+  cluster.limits.max_context = max_context;
+  cluster.limits.max_tokens = max_tokens;
+  cluster.limits.max_queue = max_queue;
+  cluster.limits.max_streams_per_client = max_streams;
+  cluster.security.token_file = flags->Get("token-file");
+  // serve's own heartbeat (a worker in the same process answers at once).
+  cluster.heartbeat.interval_ms = 500;
+  cluster.heartbeat.timeout_ms = 2500;
   BlockShutdownSignals();
   // One stage: the data plane is never dialed, it only has to exist.
   auto data_plane = net::MakeTcpTransport({.self_name = "local"});
@@ -90,26 +92,20 @@ int CmdServe(int argc, char** argv) {
     std::fprintf(stderr, "serve: %s\n", worker_server.status().message().c_str());
     return 1;
   }
-  WorkerPlan w;
-  w.node = "local";
-  w.layer_begin = 0;
-  w.layer_end = model->num_hidden_layers;
-  w.expert_begin = 0;
-  w.expert_end = model->n_routed_experts;
-  w.embed = w.head = true;
-  setup.plan.pipeline_stages = 1;
-  setup.plan.expert_parallel = 1;
-  setup.plan.workers = {w};
-  const std::string control = "127.0.0.1:" + std::to_string(worker_port);
-  setup.addresses = {{control, ""}};
-  setup.cluster.model_dir = setup.model_dir;
-  setup.cluster.max_context = max_context;
-  setup.limits = {max_batch, max_queue, max_context};
-  setup.api.max_tokens = max_tokens;
-  setup.api.max_context = max_context;
-  setup.api.max_streams_per_client = max_streams;
-  setup.api.model_name = setup.model_dir;
-  auto coord = Coordinator::Start(std::move(setup));
+  NodeConfig node;
+  node.name = "local";
+  node.control = {"127.0.0.1", static_cast<uint16_t>(worker_port)};
+  node.data = {"127.0.0.1", 0};   // one stage: its data plane is never dialed
+  node.device = "cpu";
+  // Not planned against a memory budget: the machine holds what it holds.
+  node.memory_gib = std::numeric_limits<double>::infinity();
+  cluster.nodes = {node};
+  auto setup = SetupFromConfig(cluster, flags->Get("model"));
+  if (!setup.ok()) {
+    std::fprintf(stderr, "serve: %s\n", setup.status().message().c_str());
+    return 1;
+  }
+  auto coord = Coordinator::Start(std::move(setup).value());
   if (!coord.ok()) {
     std::fprintf(stderr, "serve: %s\n", coord.status().message().c_str());
     return 1;

@@ -1,12 +1,13 @@
 // flashmesh status --server HOST:PORT [--json]: one row per node.
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "cli/api_client.h"
 #include "cli/commands.h"
-#include "cli/daemon_flags.h"
+#include "cli/flags.h"
+#include "coordinator/api_client.h"
 
 namespace fm::cli {
 namespace {
@@ -34,24 +35,23 @@ nlohmann::json TopExperts(const flashmesh::v1::NodeStatus& n) {
   return a;
 }
 
+const CommandSpec kSpec{
+    "status",
+    "one row per node: state, stage, layers, experts, weight MiB, KV MiB, active\n"
+    "sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent; with expert\n"
+    "parallelism, each node's 5 most-routed experts. Exit 0 when healthy, 1 when not (the\n"
+    "reason is printed), 2 when the coordinator does not answer",
+    {{"server", "HOST:PORT", "the coordinator's API", true},
+     {"json", nullptr, "the status as JSON"},
+     {"token-file", "FILE", "bearer token file (security.token_file)"},
+     {"tls-ca", "FILE", "CA of the coordinator's certificate (security.tls)"}}};
+
 }  // namespace
 
 int CmdStatus(int argc, char** argv) {
-  const char* usage =
-      "usage: flashmesh status --server HOST:PORT [--json] [--token-file FILE] [--tls-ca FILE]\n"
-      "  one row per node: state, stage, layers, experts, weight MiB, KV MiB, active\n"
-      "  sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent; with expert\n"
-      "  parallelism, each node's 5 most-routed experts. Exit 0 when healthy, 1 when not (the\n"
-      "  reason is printed), 2 when the coordinator does not answer\n";
-  auto flags = Flags::Parse(argc, argv, {"server", "token-file", "tls-ca"}, {"json", "help"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "status: %s\n%s", flags.status().message().c_str(), usage);
-    return 2;
-  }
-  if (flags->Has("help")) {
-    std::fputs(usage, stdout);
-    return 0;
-  }
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
   auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"), flags->Get("tls-ca"));
   if (!client.ok()) {
     std::fprintf(stderr, "status: %s\n", client.status().message().c_str());

@@ -3,52 +3,43 @@
 // a `flashmesh coordinator` child. SIGINT/SIGTERM stops them all; so does the coordinator
 // exiting (a worker that exits is reported by the coordinator as down).
 #include <signal.h>
-#include <sys/wait.h>
 
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "cli/child_process.h"
 #include "cli/commands.h"
-#include "cli/daemon_flags.h"
+#include "cli/flags.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
+#include "launch/local_cluster.h"
 
 namespace fm::cli {
 namespace {
 
 constexpr auto kStopGrace = std::chrono::seconds(5);
 
-bool IsLocalHost(const std::string& host) {
-  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "0.0.0.0";
+std::string ExitText(int exit_code) {
+  return exit_code >= 128 ? "signal " + std::to_string(exit_code - 128)
+                          : "status " + std::to_string(exit_code);
 }
+
+const CommandSpec kSpec{
+    "up",
+    "starts the coordinator and every worker of FILE whose control host is local\n"
+    "(127.0.0.1, localhost, ::1) as child processes; Ctrl-C stops them all.",
+    {{"config", "FILE", "the cluster YAML", true},
+     {"model", "DIR", "checkpoint directory instead of the YAML's `model`"}}};
 
 }  // namespace
 
 int CmdUp(int argc, char** argv) {
-  const char* usage =
-      "usage: flashmesh up --config FILE [--model DIR] [--log-level LEVEL]\n"
-      "  starts the coordinator and every worker of FILE whose control host is local\n"
-      "  (127.0.0.1, localhost, ::1) as child processes; Ctrl-C stops them all.\n";
-  auto flags = Flags::Parse(argc, argv, {"config", "model", "log-level"}, {"help"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "up: %s\n%s", flags.status().message().c_str(), usage);
-    return 2;
-  }
-  if (flags->Has("help")) {
-    std::fputs(usage, stdout);
-    return 0;
-  }
-  if (!flags->Has("config")) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
-  if (Status s = ApplyLogLevel(*flags); !s.ok()) {
-    std::fprintf(stderr, "up: %s\n", s.message().c_str());
-    return 2;
-  }
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
   // Everything that can be wrong with the YAML or the plan is reported before anything starts.
   auto cfg = LoadClusterConfig(flags->Get("config"));
   if (!cfg.ok()) {
@@ -61,37 +52,19 @@ int CmdUp(int argc, char** argv) {
     return 1;
   }
   BlockShutdownSignals();
-  std::vector<std::string> common;
-  if (flags->Has("model")) common = {"--model", flags->Get("model")};
-  if (flags->Has("log-level")) {
-    common.push_back("--log-level");
-    common.push_back(flags->Get("log-level"));
+  LocalClusterArgs args;
+  args.config_path = flags->Get("config");
+  if (flags->Has("model")) args.worker_args = {"--model", flags->Get("model")};
+  if (flags->Has("log-level"))
+    args.worker_args.insert(args.worker_args.end(), {"--log-level", flags->Get("log-level")});
+  args.coordinator_args = args.worker_args;
+  auto started = StartLocalCluster(*cfg, args);
+  if (!started.ok()) {
+    std::fprintf(stderr, "up: could not start every process: %s\n",
+                 started.status().message().c_str());
+    return 1;   // the children started so far are killed with their handles
   }
-  std::vector<Child> children;
-  auto spawn = [&](const std::string& name, std::vector<std::string> args) {
-    args.insert(args.end(), common.begin(), common.end());
-    auto pid = SpawnSelf(args);
-    if (!pid.ok()) return false;
-    children.push_back({name, *pid});
-    FM_LOG(kInfo, "up") << "started " << name << " (pid " << *pid << ")";
-    return true;
-  };
-  bool ok = true;
-  for (const auto& n : cfg->nodes) {
-    if (!IsLocalHost(n.control.host)) {
-      FM_LOG(kInfo, "up") << "node " << n.name << " is remote (" << n.control.ToString()
-                          << "): start it there with `flashmesh worker`";
-      continue;
-    }
-    ok = ok && spawn("worker " + n.name, {"flashmesh", "worker", "--config", flags->Get("config"),
-                                          "--node", n.name});
-  }
-  ok = ok && spawn("coordinator", {"flashmesh", "coordinator", "--config", flags->Get("config")});
-  if (!ok) {
-    std::fprintf(stderr, "up: could not start every process\n");
-    StopAll(children, kStopGrace);
-    return 1;
-  }
+  std::vector<std::unique_ptr<ChildProcess>>& children = *started;
   // Wait for a signal or for any child to exit, whichever comes first.
   sigset_t set;
   sigemptyset(&set);
@@ -107,14 +80,9 @@ int CmdUp(int argc, char** argv) {
     }
     bool died = false;
     for (auto& c : children) {
-      int status = 0;
-      if (c.pid > 0 && Exited(c, &status)) {
-        FM_LOG(kError, "up") << c.name << " exited ("
-                             << (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
-                                                   : "signal " + std::to_string(WTERMSIG(status)))
-                             << ")";
-        died = died || c.name == "coordinator";   // a dead worker is the coordinator's to report
-      }
+      if (c->exit_code() >= 0 || c->Running()) continue;   // reported once, when it exits
+      FM_LOG(kError, "up") << c->name() << " exited (" << ExitText(c->exit_code()) << ")";
+      died = died || c->name() == "coordinator";   // a dead worker is the coordinator's to report
     }
     if (died) {
       exit_code = 1;

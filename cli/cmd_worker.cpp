@@ -2,47 +2,38 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/daemon_flags.h"
+#include "cli/flags.h"
 #include "common/log.h"
-#include "coordinator/cluster_config.h"
-#include "worker/grpc_status.h"
+#include "config/cluster_config.h"
 #include "net/tcp_transport.h"
+#include "rpc/grpc_status.h"
 #include "worker/worker_service.h"
 
 namespace fm::cli {
 
+namespace {
+
+const CommandSpec kSpec{
+    "worker",
+    "serves the Worker control API of node NAME (nodes[].control of the cluster YAML) and\n"
+    "waits for the coordinator to tell it which shard to load. Stops on SIGINT/SIGTERM.",
+    {{"config", "FILE", "the cluster YAML", true},
+     {"node", "NAME", "this worker's node in nodes[]", true},
+     {"model", "DIR", "the checkpoint directory on this machine instead of the YAML's `model`"},
+     {"threads", "N", "kernel threads (default: all cores)"}}};
+
+}  // namespace
+
 int CmdWorker(int argc, char** argv) {
-  const char* usage =
-      "usage: flashmesh worker --config FILE --node NAME [--model DIR] [--threads N]\n"
-      "                        [--log-level LEVEL]\n"
-      "  serves the Worker control API of node NAME (nodes[].control of the cluster YAML) and\n"
-      "  waits for the coordinator to tell it which shard to load. --model overrides the\n"
-      "  checkpoint directory on this machine. Stops on SIGINT/SIGTERM.\n";
-  auto flags = Flags::Parse(argc, argv, {"config", "node", "model", "threads", "log-level"}, {"help"});
-  if (!flags.ok()) {
-    std::fprintf(stderr, "worker: %s\n%s", flags.status().message().c_str(), usage);
-    return 2;
-  }
-  if (flags->Has("help")) {
-    std::fputs(usage, stdout);
-    return 0;
-  }
-  if (!flags->Has("config") || !flags->Has("node")) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
-  if (Status s = ApplyLogLevel(*flags); !s.ok()) {
-    std::fprintf(stderr, "worker: %s\n", s.message().c_str());
-    return 2;
-  }
-  auto threads = flags->GetInt("threads", std::thread::hardware_concurrency());
-  if (!threads.ok() || *threads < 1) {
-    std::fprintf(stderr, "worker: --threads must be a positive integer\n");
-    return 2;
-  }
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
+  auto threads = flags->GetInt("threads", std::thread::hardware_concurrency(), 1);
+  if (!threads.ok()) return UsageError(kSpec, threads.status().message());
   BlockShutdownSignals();
   auto cfg = LoadClusterConfig(flags->Get("config"));
   if (!cfg.ok()) {

@@ -2,9 +2,9 @@
 
 #include <cstdio>
 
-#include "cli/api_client.h"
 #include "common/log.h"
-#include "worker/grpc_status.h"
+#include "coordinator/api_client.h"
+#include "rpc/grpc_status.h"
 
 namespace fm::cli {
 

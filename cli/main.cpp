@@ -1,4 +1,4 @@
-// flashmesh: one binary, subcommands (DESIGN.md §4).
+// flashmesh: one binary, subcommands (README.md).
 #include <cstdio>
 #include <cstring>
 

@@ -10,7 +10,7 @@
 
 #include "common/log.h"
 #include "common/utf8.h"
-#include "worker/grpc_status.h"
+#include "rpc/grpc_status.h"
 
 namespace fm {
 namespace {

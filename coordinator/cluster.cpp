@@ -5,7 +5,7 @@
 #include <random>
 
 #include "common/log.h"
-#include "worker/control_auth.h"
+#include "rpc/control_auth.h"
 
 namespace fm {
 namespace {
@@ -114,15 +114,16 @@ Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std:
         spec.add_ep_expert_begin(plan.workers[m].expert_begin);
       }
       spec.add_ep_expert_begin(plan.workers[first + k - 1].expert_end);
-      if (options.nccl) spec.set_ep_transport("nccl");
+      if (options.nccl) spec.set_ep_transport(flashmesh::v1::TRANSPORT_NCCL);
     }
-    if (options.nccl) {
-      spec.set_cuda_device(i < options.cuda_devices.size() ? options.cuda_devices[i] : 0);
-      if (plan.pipeline_stages > 1) spec.set_stage_transport("nccl");
-    }
+    if (options.nccl && plan.pipeline_stages > 1)
+      spec.set_stage_transport(flashmesh::v1::TRANSPORT_NCCL);
+    // NCCL needs every node on a GPU (the YAML is checked for it).
     const int device = i < options.cuda_devices.size() ? options.cuda_devices[i] : -1;
-    spec.set_device(device >= 0 ? "cuda:" + std::to_string(device) : "cpu");
-    spec.set_activation_dtype(options.activation_dtype);
+    if (device >= 0) spec.set_cuda_device(device);
+    spec.set_activation_dtype(options.activation_dtype == "bf16"
+                                  ? flashmesh::v1::ACTIVATION_DTYPE_BF16
+                                  : flashmesh::v1::ACTIVATION_DTYPE_F32);
     spec.set_max_context(static_cast<int32_t>(options.max_context));
     spec.set_max_step_rows(options.max_step_rows);
     spec.set_kv_cache_bytes(options.kv_cache_bytes);
@@ -310,7 +311,7 @@ void Cluster::LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen) {
       if (!id.ok()) return SetState(node, flashmesh::v1::NODE_STATE_DOWN, id.status().message());
       for (size_t m = i; m < i + k; ++m) specs[m].set_nccl_unique_id(*id);
     }
-    if (specs[i].stage_transport() == "nccl" && i + k < n) {
+    if (specs[i].stage_transport() == flashmesh::v1::TRANSPORT_NCCL && i + k < n) {
       Result<std::string> id = NewNcclId(group->members[i], "the hop to the next stage");
       if (!id.ok()) return SetState(node, flashmesh::v1::NODE_STATE_DOWN, id.status().message());
       specs[i].set_next_nccl_id(*id);

@@ -40,7 +40,7 @@ struct ClusterOptions {
   bool nccl = false;
   std::vector<int> cuda_devices;
   int64_t max_step_rows = 0;   // rows one step may carry (max_batch x max_context): frame bound
-  // Control-plane security (worker/control_auth.h): every worker call is signed with the
+  // Control-plane security (rpc/control_auth.h): every worker call is signed with the
   // cluster secret ("" = unsigned, loopback clusters) and carries the term; 0 = the start
   // time in ms (a later coordinator has a higher term).
   std::string cluster_secret;

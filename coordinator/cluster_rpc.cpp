@@ -3,7 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "coordinator/cluster.h"
-#include "worker/grpc_status.h"
+#include "rpc/grpc_status.h"
 
 namespace fm {
 namespace {

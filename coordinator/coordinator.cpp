@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "common/log.h"
-#include "worker/grpc_status.h"
+#include "rpc/grpc_status.h"
 
 namespace fm {
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "config/cluster_config.h"
 #include "coordinator/api_service.h"
 #include "coordinator/cluster.h"
-#include "coordinator/cluster_config.h"
 #include "coordinator/http_api.h"
 #include "coordinator/http_server.h"
 #include "coordinator/metrics.h"

@@ -6,12 +6,13 @@
 #include <string>
 
 #include "model/tensor_schema.h"
+#include "net/wire_format.h"
 
 namespace fm {
 namespace {
 
-constexpr double kHeaderBytes = 64;   // data-plane frame header (docs/wire-format.md)
-constexpr double kTagBytes = 16;      // net/frame_auth.h kFrameTagSize: every frame, with a secret
+constexpr double kHeaderBytes = net::kFrameHeaderSize;
+constexpr double kTagBytes = net::kFrameTagSize;   // every frame, with a secret
 constexpr int kEpExchanges = 3;       // per MoE layer: dispatch pairs, dispatch rows, combine
 constexpr int kTpExchanges = 4;       // per layer: o_lora, wo_b rows, shared mid, expert outputs
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "coordinator/cluster_config.h"
+#include "config/cluster_config.h"
 #include "coordinator/planner.h"
 #include "model/config.h"
 

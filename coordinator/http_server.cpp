@@ -13,7 +13,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "coordinator/cluster_config.h"
+#include "config/cluster_config.h"
 #include "coordinator/openai_request.h"
 #include "common/log.h"
 

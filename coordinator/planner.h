@@ -1,4 +1,4 @@
-// Placement planner (DESIGN.md §3): pipeline_stages x expert_parallel workers from the model's
+// Placement planner (docs/architecture.md "Startup"): pipeline_stages x expert_parallel workers from the model's
 // config.json alone (model/tensor_schema.h byte math; no weights are read).
 //
 // - Worker w = stage * expert_parallel + ep_rank runs on nodes[w] (YAML order).
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "coordinator/cluster_config.h"
+#include "config/cluster_config.h"
 #include "model/config.h"
 
 namespace fm {

@@ -14,7 +14,7 @@
 namespace fm {
 
 // Who a failed worker RPC's error belongs to, from the RPC status itself (the worker marks the
-// errors it returns with trailing metadata, worker/grpc_status.h), never from its text.
+// errors it returns with trailing metadata, rpc/grpc_status.h), never from its text.
 enum class RpcFault {
   kNone,
   kUnreachable,     // no answer from the worker (connection, deadline): the node itself failed

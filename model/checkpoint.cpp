@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
-#include "model/tp.h"
+#include "model/tp_split.h"
 #include "common/numfmt.h"
 #include "model/safetensors.h"
 #include "model/tensor_schema.h"

@@ -1,6 +1,6 @@
 // Generate: the single-sequence generation loop over a whole-model ShardModel: prefill the
 // prompt, then decode one token at a time, sampling each, until EOS or max_tokens. Used by
-// `flashmesh generate --model` and by the single-process daemon.
+// `flashmesh generate --model`; the daemons decode through the scheduler and workers instead.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -40,8 +40,10 @@ struct InspectReport {
   uint64_t shared_bytes = 0;      // the shared experts
   uint64_t routed_bytes = 0;      // top-k routed experts of every main layer
   uint64_t head_bytes = 0;        // norm, hc_head_*, head.weight
-  uint64_t bytes_per_token() const {
-    return embed_row_bytes + dense_bytes + shared_bytes + routed_bytes + head_bytes;
+  uint64_t bytes_per_token() const { return unrouted_bytes_per_token() + routed_bytes; }
+  // All but the routed experts: what a step reads whichever experts its rows pick.
+  uint64_t unrouted_bytes_per_token() const {
+    return embed_row_bytes + dense_bytes + shared_bytes + head_bytes;
   }
 
   // f32 KV cache: the sliding-window ring is a fixed cost per sequence on every layer;

@@ -1,4 +1,4 @@
-// mkmodel: random but well-scaled checkpoints in exactly the official layout (config.json,
+// mkmodel (the test fixtures library, fm_model_fixtures; no daemon links it): random but well-scaled checkpoints in exactly the official layout (config.json,
 // model.safetensors.index.json, >= 2 shards, FP8/FP4 weights with their scales, tokenizer.json),
 // deterministic for a given seed. Writing streams tensor by tensor, the large float tensors in
 // row chunks (flash's embed and head are 1 GB each), so memory stays far below the model's size.
@@ -51,6 +51,12 @@ Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& cfg,
 // Preset shortcut: the shard count grows with the preset's size; tiny uses bf16_small_tensors.
 Status WritePresetCheckpoint(const std::string& dir, const std::string& preset, uint64_t seed,
                              int64_t layers = 0);
+
+// Writes dir/tokenizer.json + dir/tokenizer_config.json: a byte-level BPE with DeepSeek-V3/V4's
+// pre-tokenizer structure, the 256 byte tokens, merges learned from a built-in English text,
+// and the special tokens <｜begin▁of▁sentence｜> (id 0), <｜end▁of▁sentence｜> (1), <｜User｜>,
+// <｜Assistant｜>, padded with reserved added tokens to exactly vocab_size ids (>= 300).
+Status WriteTestTokenizer(const std::string& dir, int64_t vocab_size);
 
 // The quantizers mkmodel uses (fast, table based); equal to F32ToE4m3 / F32ToFp4 of
 // common/numfmt.h for every finite input (tested).

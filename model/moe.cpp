@@ -164,12 +164,23 @@ void RunExpertGroups(const MoeWeights& w, float swiglu_limit,
   }
 }
 
+Result<const MoeWeights*> RoutedLayer(const std::vector<const MoeWeights*>& layers, int64_t layer) {
+  const MoeWeights* w =
+      layer >= 0 && layer < static_cast<int64_t>(layers.size()) ? layers[layer] : nullptr;
+  if (!w) return InvalidArgument("MoE: layer " + std::to_string(layer) + " is not on this shard");
+  return w;
+}
+
+void CombineRouted(const float* contrib, const float* weights, int64_t T, int64_t k, int64_t H,
+                   float* routed) {
+  for (int64_t t = 0; t < T; ++t)
+    MoeCombine_kH(contrib + t * k * H, weights + t * k, k, H, routed + t * H);
+}
+
 Status LocalExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
                                       const int32_t* expert_ids, const float* weights,
                                       float* routed) {
-  const MoeWeights* w =
-      layer >= 0 && layer < static_cast<int64_t>(layers_.size()) ? layers_[layer] : nullptr;
-  if (!w) return InvalidArgument("MoE: layer " + std::to_string(layer) + " is not on this shard");
+  FM_ASSIGN_OR_RETURN(const MoeWeights* w, RoutedLayer(layers_, layer));
   const int64_t E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok, H = cfg_.hidden_size;
   const float limit = static_cast<float>(cfg_.swiglu_limit);
   for (int64_t i = 0; i < T * k; ++i) {
@@ -187,9 +198,7 @@ Status LocalExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
     for (auto& s : by_expert) s.clear();
     for (int64_t i = 0; i < rows * k; ++i) by_expert[expert_ids[r0 * k + i]].push_back({r0 + i / k, i});
     RunExpertGroups(*w, limit, by_expert, H, x, contrib.data(), pool_);
-    for (int64_t r = 0; r < rows; ++r)
-      MoeCombine_kH(contrib.data() + r * k * H, weights + (r0 + r) * k, k, H,
-                    routed + (r0 + r) * H);
+    CombineRouted(contrib.data(), weights + r0 * k, rows, k, H, routed + r0 * H);
   }
   return Status::Ok();
 }

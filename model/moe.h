@@ -58,6 +58,16 @@ void RunExpertGroups(const MoeWeights& w, float swiglu_limit,
                      const std::vector<std::vector<ExpertRowPair>>& by_expert, int64_t H,
                      const float* in, float* out, ThreadPool* pool);
 
+// The MoE weights of absolute `layer` in `layers` (null where this shard has none);
+// InvalidArgument naming the layer when it is not on this shard.
+Result<const MoeWeights*> RoutedLayer(const std::vector<const MoeWeights*>& layers, int64_t layer);
+
+// routed[t] = sum over j of weights[t, j] * contrib[t, j] for T rows ([T, k, H] contributions),
+// in k order: the one combine every expert executor ends with, so that a row's bits do not
+// depend on where its experts ran.
+void CombineRouted(const float* contrib, const float* weights, int64_t T, int64_t k, int64_t H,
+                   float* routed);
+
 // Runs the experts this process holds; layer -> weights through `layers` (indexed by absolute
 // layer, main then MTP; null where this shard has no such layer).
 class LocalExpertExecutor : public ExpertExecutor {

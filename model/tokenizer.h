@@ -79,10 +79,4 @@ class StreamDecoder {
   std::string pending_;
 };
 
-// Writes dir/tokenizer.json + dir/tokenizer_config.json: a byte-level BPE with DeepSeek-V3/V4's
-// pre-tokenizer structure, the 256 byte tokens, merges learned from a built-in English text,
-// and the special tokens <｜begin▁of▁sentence｜> (id 0), <｜end▁of▁sentence｜> (1), <｜User｜>,
-// <｜Assistant｜>, padded with reserved added tokens to exactly vocab_size ids (>= 300).
-Status WriteTestTokenizer(const std::string& dir, int64_t vocab_size);
-
 }  // namespace fm

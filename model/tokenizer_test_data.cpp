@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "model/mkmodel.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_impl.h"
 

@@ -20,6 +20,7 @@
 #include "common/tensor.h"
 #include "common/thread_pool.h"
 #include "model/config.h"
+#include "model/tp_split.h"
 
 namespace fm {
 
@@ -36,25 +37,6 @@ class TpGroup {
   // same gathers in the same order; pieces may differ in length. Errors name the member.
   virtual Result<std::vector<std::vector<float>>> AllGather(std::span<const float> mine) = 0;
 };
-
-// Why `t` members cannot split this model's layers (heads, groups, hidden, shared expert and
-// routed experts must divide by t), or Ok.
-Status CheckTensorParallel(const ModelConfig& cfg, int t);
-
-// The [begin, end) share of member `rank` of `size` in `n` items (n divisible by size).
-struct TpRange {
-  int64_t begin = 0, end = 0;
-  int64_t size() const { return end - begin; }
-};
-inline TpRange TpShare(int64_t n, int rank, int size) {
-  return {n / size * rank, n / size * (rank + 1)};
-}
-
-// The rows member `rank` of `size` reads of main-layer tensor `name` (wq_b, wo_a, wo_b and the
-// shared expert's w1/w2/w3: "layers.N.attn.wq_b.weight", ...; the weight's rows also for its
-// ".scale"). False for every other tensor (replicated or routed: read whole).
-bool TpSplitRows(const ModelConfig& cfg, const std::string& name, int rank, int size,
-                 TpRange* rows);
 
 // y [N, rows.size()] = rows [rows.begin, rows.end) of w . x [N, w.cols]. The same bits as those
 // columns of the full product (Matmul rows are independent); when the rows start inside a

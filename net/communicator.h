@@ -1,4 +1,4 @@
-// Communicator: the collective layer of an expert-parallel group (DESIGN.md §3) on top of a
+// Communicator: the collective layer of an expert-parallel group (docs/architecture.md) on top of a
 // Transport: ranks 0..size-1 named by their peer names, all-to-all-v, send/recv and a barrier.
 // Every frame is tagged (kind, step id, tag) and checked on receipt, so a peer that falls out
 // of step is an error naming it rather than silently mixed data. Every call has a deadline; a

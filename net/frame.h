@@ -1,4 +1,4 @@
-// Data-plane frames (DESIGN.md §6, docs/wire-format.md): a fixed 64-byte little-endian header
+// Data-plane frames (docs/wire-format.md): a fixed 64-byte little-endian header
 // followed by the payload. The decoder validates every header byte and the payload CRC and
 // returns a Status naming the bad field; callers close the connection on any error.
 //
@@ -25,12 +25,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "net/wire_format.h"
 
 namespace fm::net {
 
-inline constexpr uint8_t kFrameMagic[4] = {'F', 'M', 'S', 'H'};
-inline constexpr uint16_t kFrameVersion = 1;
-inline constexpr size_t kFrameHeaderSize = 64;
 inline constexpr int kFrameMaxRank = 4;
 // Default payload limit: 1 GiB, far above any activation (prefill of 8k tokens x 4 x 4096 f32
 // is 512 MiB) and low enough that a corrupt length cannot make a receiver allocate wildly.

@@ -22,7 +22,6 @@ typedef struct evp_mac_ctx_st EVP_MAC_CTX;   // <openssl/types.h>, without OpenS
 
 namespace fm::net {
 
-inline constexpr size_t kFrameTagSize = 16;
 using FrameTag = std::array<uint8_t, kFrameTagSize>;
 using SessionKeyBytes = std::array<uint8_t, 32>;
 

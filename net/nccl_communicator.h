@@ -3,7 +3,7 @@
 // types here, so plain C++ (the worker) includes it; built as fm_net_nccl when CUDA and NCCL
 // are found (FM_HAVE_NCCL), docs/gpu.md.
 //
-// Bootstrap (DESIGN.md §3): the group's rank-0 worker makes an ncclUniqueId (NcclNewUniqueId,
+// Bootstrap: the group's rank-0 worker makes an ncclUniqueId (NcclNewUniqueId,
 // the NewNcclId RPC) and the coordinator hands the same 128 bytes to every member in its
 // LoadShard. The communicator itself is created lazily by the group's first exchange, which
 // every member reaches in the same step, so loading the members need not be simultaneous.

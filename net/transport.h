@@ -1,5 +1,6 @@
-// The data-plane Transport (DESIGN.md §2, §3): frames between named peers over one persistent,
-// authenticated connection per peer pair. Backends: TCP (tcp_transport.h); NCCL later.
+// The data-plane Transport (docs/architecture.md "Data plane"): frames between named peers over one persistent,
+// authenticated connection per peer pair. Backend: TCP (tcp_transport.h). The
+// NCCL backend is a Communicator (nccl_communicator.h), not a Transport.
 //
 // Model: every process has a name (cluster YAML nodes[].name). A process listens on its data
 // address; for each peer pair ONE side dials (by convention the lower worker index dials the

@@ -184,10 +184,12 @@ void ActivationReceiver::Loop() {
   }
 }
 
-Result<net::FrameDType> ParseActivationDType(const std::string& name) {
-  if (name == "f32") return net::FrameDType::kF32;
-  if (name == "bf16") return net::FrameDType::kBF16;
-  return InvalidArgument("activation_dtype '" + name + "': want f32 or bf16");
+Result<net::FrameDType> ActivationFrameDType(flashmesh::v1::ActivationDType dtype) {
+  switch (dtype) {
+    case flashmesh::v1::ACTIVATION_DTYPE_F32: return net::FrameDType::kF32;
+    case flashmesh::v1::ACTIVATION_DTYPE_BF16: return net::FrameDType::kBF16;
+    default: return InvalidArgument("activation_dtype: unknown value " + std::to_string(dtype));
+  }
 }
 
 }  // namespace fm

@@ -1,4 +1,4 @@
-// The stage-to-stage data plane of a worker (DESIGN.md §3, §6) over a net::Transport: stage s
+// The stage-to-stage data plane of a worker (docs/architecture.md "Data plane") over a net::Transport: stage s
 // sends each micro-batch's manifold [T, hc*H] as one ACTIVATION frame to stage s+1 (header +
 // the executor's own buffer, no copy for f32), and a receiver thread hands every frame from
 // stage s-1 to the StageExecutor. By the transport's convention the lower stage dials.
@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "flashmesh/v1/worker.pb.h"
 #include "net/communicator.h"
 #include "net/frame.h"
 #include "net/transport.h"
@@ -58,7 +59,8 @@ class ActivationReceiver {
   std::thread thread_;
 };
 
-// "f32" / "bf16" (cluster YAML `activation_dtype`) to the frame dtype; errors name the value.
-Result<net::FrameDType> ParseActivationDType(const std::string& name);
+// ShardSpec.activation_dtype (the cluster YAML's `activation_dtype`) to the frame dtype; an
+// unknown value (a newer coordinator's) is an error naming it.
+Result<net::FrameDType> ActivationFrameDType(flashmesh::v1::ActivationDType dtype);
 
 }  // namespace fm

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/swiglu.h"
-
 namespace fm {
 namespace {
 
@@ -65,9 +63,7 @@ Status EpExpertExecutor::Compute(const MoeWeights& w, const float* rows, int64_t
 Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
                                    const int32_t* expert_ids, const float* weights,
                                    float* routed) {
-  const MoeWeights* w =
-      layer >= 0 && layer < static_cast<int64_t>(layers_.size()) ? layers_[layer] : nullptr;
-  if (!w) return InvalidArgument("MoE: layer " + std::to_string(layer) + " is not on this shard");
+  FM_ASSIGN_OR_RETURN(const MoeWeights* w, RoutedLayer(layers_, layer));
   const int64_t E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok, H = cfg_.hidden_size;
   const int R = comm_->size(), me = comm_->rank();
   std::vector<Outgoing> out(R);
@@ -165,8 +161,7 @@ Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
     for (size_t i = 0; i < o.slots.size(); ++i)
       std::memcpy(contrib.data() + o.slots[i] * H, y + i * H, H * sizeof(float));
   }
-  for (int64_t row = 0; row < T; ++row)
-    MoeCombine_kH(contrib.data() + row * k * H, weights + row * k, k, H, routed + row * H);
+  CombineRouted(contrib.data(), weights, T, k, H, routed);
   return Status::Ok();
 }
 

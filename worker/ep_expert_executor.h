@@ -1,11 +1,11 @@
 // EpExpertExecutor: the routed experts of one MoE step across an expert-parallel group
-// (DESIGN.md §3). Every member holds the dense parts and a contiguous range of experts; each
+// (docs/architecture.md). Every member holds the dense parts and a contiguous range of experts; each
 // runs its own sequences (data-parallel attention) and, per MoE layer:
 //   dispatch  (all-to-all-v): to each owner, the rows that route to its experts [n, H] f32
 //             and the (row, expert) pairs [p, 2] i32;
 //   compute   every requested (row, expert) with the local experts;
 //   combine   (all-to-all-v): each pair's unweighted expert output [p, H] back to the row's
-//             member, which sums the k contributions in k order (MoeCombine_kH).
+//             member, which sums the k contributions in k order (CombineRouted of model/moe.h).
 // Returning unweighted outputs and summing at the row's owner in the local executor's order
 // makes the result bit-identical to running every expert in one process. Every member must
 // call RunRouted for the same layers of the same step, with T = 0 when it has no rows.

@@ -3,7 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/log.h"
-#include "worker/grpc_status.h"
+#include "rpc/grpc_status.h"
 
 namespace fm {
 
@@ -96,13 +96,11 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   p.experts.assign(s.experts().begin(), s.experts().end());
   p.max_context = s.max_context();
   p.kv_cache_bytes = s.kv_cache_bytes();
-  if (s.device().rfind("cuda:", 0) == 0) {
-    const std::string n = s.device().substr(5);
-    if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos)
-      return WorkerError(ctx, InvalidArgument("shard.device: '" + s.device() + "', want cpu or cuda:N"));
-    p.cuda_device = std::stoi(n);
-  } else if (!s.device().empty() && s.device() != "cpu") {
-    return WorkerError(ctx, InvalidArgument("shard.device: '" + s.device() + "', want cpu or cuda:N"));
+  if (s.has_cuda_device()) {
+    if (s.cuda_device() < 0 || s.cuda_device() > 999)
+      return WorkerError(ctx, InvalidArgument("shard.cuda_device: " + std::to_string(s.cuda_device()) +
+                                              ", want a GPU index in [0, 999]"));
+    p.cuda_device = s.cuda_device();
   }
   p.ep_rank = s.ep_rank();
   p.ep_expert_begin.assign(s.ep_expert_begin().begin(), s.ep_expert_begin().end());
@@ -119,18 +117,19 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
       return WorkerError(ctx, InvalidArgument("shard.ep_*: inconsistent expert-parallel group for node " + node_));
     std::vector<net::CommMember> members;
     for (int i = 0; i < s.ep_nodes_size(); ++i) members.push_back({s.ep_nodes(i), s.ep_data(i)});
-    if (s.ep_transport() == "nccl") {
+    if (s.ep_transport() == flashmesh::v1::TRANSPORT_NCCL) {
       auto group = net::MakeNcclCommunicator(std::move(members), p.ep_rank, s.cuda_device(),
                                              s.nccl_unique_id());
       if (!group.ok()) return WorkerError(ctx, group.status().Wrap("node " + node_ + ": shard.ep_transport nccl"));
       nccl = group->get();
       ep_group = std::move(group).value();
-    } else if (s.ep_transport().empty() || s.ep_transport() == "tcp") {
+    } else if (s.ep_transport() == flashmesh::v1::TRANSPORT_TCP) {
       auto group = net::MakeTcpCommunicator(data_plane_, std::move(members), p.ep_rank);
       if (!group.ok()) return WorkerError(ctx, group.status().Wrap("node " + node_));
       ep_group = std::move(group).value();
     } else {
-      return WorkerError(ctx, InvalidArgument("shard.ep_transport: '" + s.ep_transport() + "', want tcp or nccl"));
+      return WorkerError(ctx, InvalidArgument("shard.ep_transport: unknown value " +
+                                              std::to_string(s.ep_transport())));
     }
   } else {
     p.ep_expert_begin.clear();
@@ -142,11 +141,11 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
     return WorkerError(ctx, InvalidArgument("shard.next_node / shard.next_data: empty on a stage without the head"));
   if (p.stage > 0 && s.prev_node().empty())
     return WorkerError(ctx, InvalidArgument("shard.prev_node: empty on stage " + std::to_string(p.stage)));
-  auto dtype = ParseActivationDType(s.activation_dtype().empty() ? "f32" : s.activation_dtype());
+  auto dtype = ActivationFrameDType(s.activation_dtype());
   if (!dtype.ok()) return WorkerError(ctx, dtype.status().Wrap("shard"));
   // Stage hops over NCCL: a two-rank communicator per hop, the sending stage rank 0.
   std::unique_ptr<net::NcclCommunicator> next_link, prev_link;
-  if (s.stage_transport() == "nccl") {
+  if (s.stage_transport() == flashmesh::v1::TRANSPORT_NCCL) {
     auto link = [&](std::vector<net::CommMember> m, int rank, const std::string& id,
                     const char* which) -> Result<std::unique_ptr<net::NcclCommunicator>> {
       auto l = net::MakeNcclCommunicator(std::move(m), rank, s.cuda_device(), id,
@@ -167,9 +166,9 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
       if (!l.ok()) return WorkerError(ctx, l.status());
       prev_link = std::move(l).value();
     }
-  } else if (!s.stage_transport().empty() && s.stage_transport() != "tcp") {
-    return WorkerError(ctx, InvalidArgument("shard.stage_transport: '" + s.stage_transport() +
-                                  "', want tcp or nccl"));
+  } else if (s.stage_transport() != flashmesh::v1::TRANSPORT_TCP) {
+    return WorkerError(ctx, InvalidArgument("shard.stage_transport: unknown value " +
+                                            std::to_string(s.stage_transport())));
   }
   {
     std::lock_guard<std::mutex> g(nccl_mu_);

@@ -13,7 +13,7 @@
 #include "flashmesh/v1/worker.grpc.pb.h"
 #include "net/nccl_communicator.h"
 #include "net/transport.h"
-#include "worker/control_auth.h"
+#include "rpc/control_auth.h"
 #include "worker/data_plane.h"
 #include "worker/shard_runtime.h"
 #include "worker/stage_executor.h"

@@ -4,19 +4,13 @@
 #include "kernels/cuda/device.h"
 #endif
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
+#include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -40,55 +34,32 @@ std::string FlashmeshBinary() {
   return !ec && std::filesystem::exists(beside) ? beside.string() : FM_FLASHMESH_BINARY;
 }
 
-Process::Process(std::vector<std::string> args, std::string log_path) : log_path_(std::move(log_path)) {
-  std::string bin = FlashmeshBinary();
-  std::vector<char*> argv;
-  argv.push_back(bin.data());
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_ = fork();
-  if (pid_ == 0) {
-    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
+Process::Process(std::vector<std::string> args, std::string log_path) {
+  ChildOutput output;
+  output.log_path = std::move(log_path);
+  auto child = ChildProcess::Start("flashmesh " + args.at(0), FlashmeshBinary(), args, output);
+  if (!child.ok()) {
+    ADD_FAILURE() << child.status().ToString();
+    return;
   }
+  child_ = std::move(child).value();
 }
 
-Process::~Process() {
-  if (Running()) {
-    kill(pid_, SIGKILL);
-    Wait(std::chrono::seconds(10));
-  }
-}
+pid_t Process::pid() const { return child_ ? child_->pid() : -1; }
 
 void Process::Signal(int sig) {
-  if (Running()) kill(pid_, sig);
+  if (child_) child_->Signal(sig);
 }
 
-bool Process::Running() {
-  if (pid_ <= 0 || status_ >= 0) return false;
-  int st = 0;
-  pid_t r = waitpid(pid_, &st, WNOHANG);
-  if (r == pid_) {
-    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return false;
-  }
-  return true;
-}
+bool Process::Running() { return child_ && child_->Running(); }
 
 int Process::Wait(std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (Running()) {
-    if (std::chrono::steady_clock::now() > deadline) return -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return status_;
+  return child_ ? child_->Wait(timeout) : -1;
 }
 
 std::string Process::Log() const {
-  std::ifstream f(log_path_);
+  if (!child_) return "";
+  std::ifstream f(child_->log_path());
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -103,22 +74,9 @@ int RunFlashmesh(const std::vector<std::string>& args, std::string* out, std::ch
 }
 
 int FreePort() {
-  static std::mutex mu;
-  static std::set<int> handed_out;
-  std::lock_guard<std::mutex> lock(mu);
-  while (true) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    socklen_t len = sizeof addr;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    close(fd);
-    int port = ntohs(addr.sin_port);
-    if (handed_out.insert(port).second) return port;
-  }
+  auto port = FreeLoopbackPort();
+  if (!port.ok()) ADD_FAILURE() << port.status().ToString();
+  return port.ok() ? *port : 0;
 }
 
 const std::string& SmallModel() {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "flashmesh/v1/api.grpc.pb.h"
+#include "launch/child_process.h"
 
 namespace fm::it {
 
@@ -26,12 +27,12 @@ class TempDir {
   std::string path_;
 };
 
-// A child process running the built flashmesh binary; stdout+stderr go to `log_path`.
+// A child process running the built flashmesh binary (launch/child_process.h); stdout+stderr
+// go to `log_path`.
 class Process {
  public:
   Process(std::vector<std::string> args, std::string log_path);
-  ~Process();
-  pid_t pid() const { return pid_; }
+  pid_t pid() const;
   void Signal(int sig);
   // Waits up to `timeout` for the exit; the exit status (or 128+signal), -1 on timeout.
   int Wait(std::chrono::milliseconds timeout);
@@ -39,9 +40,7 @@ class Process {
   std::string Log() const;   // the whole log so far
 
  private:
-  pid_t pid_ = -1;
-  int status_ = -1;
-  std::string log_path_;
+  std::unique_ptr<ChildProcess> child_;   // null when it could not start (a test failure)
 };
 
 // Runs flashmesh to completion (bounded); returns the exit code, output into *out.

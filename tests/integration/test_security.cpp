@@ -16,10 +16,10 @@
 
 #include "flashmesh/v1/worker.grpc.pb.h"
 #include "net/crc32c.h"
+#include "rpc/control_auth.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/http_client.h"
 #include "tests/unit/test_net_util.h"
-#include "worker/control_auth.h"
 
 namespace fm::it {
 namespace {

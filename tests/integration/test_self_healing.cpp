@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "flashmesh/v1/worker.grpc.pb.h"
+#include "rpc/control_auth.h"
 #include "tests/integration/cluster_fixture.h"
-#include "worker/control_auth.h"
 
 namespace fm::it {
 namespace {

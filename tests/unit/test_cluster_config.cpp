@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "coordinator/cluster_config.h"
+#include "config/cluster_config.h"
 
 namespace fm {
 namespace {

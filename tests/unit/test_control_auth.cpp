@@ -1,4 +1,4 @@
-// Worker control-RPC credentials and fencing (worker/control_auth.h) over a real in-process
+// Worker control-RPC credentials and fencing (rpc/control_auth.h) over a real in-process
 // gRPC server: signed calls pass, unsigned / wrong-secret / altered / replayed / expired ones
 // are UNAUTHENTICATED, and an older coordinator term is refused state changes.
 #include <grpcpp/grpcpp.h>
@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "flashmesh/v1/worker.grpc.pb.h"
-#include "worker/control_auth.h"
-#include "worker/grpc_status.h"
+#include "rpc/control_auth.h"
+#include "rpc/grpc_status.h"
 
 namespace fm {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "coordinator/cluster_config.h"
+#include "config/cluster_config.h"
 #include "coordinator/cost_model.h"
 #include "coordinator/planner.h"
 #include "model/config.h"

@@ -7,10 +7,10 @@
 #include <random>
 #include <vector>
 
+#include "common/membw.h"
 #include "common/numfmt.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/matvec.h"
-#include "kernels/cpu/membw.h"
 
 namespace fm {
 namespace {

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "coordinator/cluster_config.h"
+#include "config/cluster_config.h"
 #include "coordinator/planner.h"
 #include "model/config.h"
 #include "model/tensor_schema.h"

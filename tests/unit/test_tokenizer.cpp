@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "model/mkmodel.h"
 #include "model/tokenizer.h"
 
 namespace fm {

@@ -1,11 +1,11 @@
-#include "cli/api_client.h"
+#include "coordinator/api_client.h"
 
 #include <chrono>
 
 #include "coordinator/api_service.h"
-#include "worker/grpc_status.h"
+#include "rpc/grpc_status.h"
 
-namespace fm::cli {
+namespace fm {
 
 std::unique_ptr<grpc::ClientContext> ApiClient::Context(double timeout_s) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -37,4 +37,4 @@ Result<ApiClient> ConnectApi(const std::string& server, const std::string& token
   return c;
 }
 
-}  // namespace fm::cli
+}  // namespace fm

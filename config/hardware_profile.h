@@ -7,8 +7,8 @@
 //   cpu     probed        0.6       probed     0.04 x cores      10           50
 //
 // Where each figure comes from:
-// - gb10 (DGX Spark): 273 GB/s LPDDR5x and 128 GB are NVIDIA's specification (DESIGN.md uses
-//   ~273; the measured ~270 is what we take); 200 Gb/s is its ConnectX-7 RoCE port.
+// - gb10 (DGX Spark): 273 GB/s LPDDR5x and 128 GB are NVIDIA's specification (the
+//   measured ~270 reported for it is what we take); 200 Gb/s is its ConnectX-7 RoCE port.
 //   decode_eff 0.85 is an assumption (no GB10 was lent to this project): with it tp2 of the
 //   real model predicts ~31 tok/s, the low end of the 30-45 tok/s vLLM reports on two Sparks.
 //   compute 100 TFLOPS: 1/8 of the 1 PFLOP sparse-FP4 specification (dense BF16 class), an
@@ -18,7 +18,7 @@
 //   project's CUDA decode reached at the real model's shapes on it (same section, 2026-12-04):
 //   raise it with `bench decode`'s bw_efficiency as the kernels improve. 141 GB and 989 TFLOPS
 //   (dense BF16) are the specification; 400 Gb/s / 5 us is one NDR InfiniBand port per GPU.
-// - cpu: the memory bandwidth is probed at start (kernels/cpu/membw.h, all cores, 256 MiB),
+// - cpu: the memory bandwidth is probed at start (common/membw.h, all cores, 256 MiB),
 //   memory is the host's physical memory. decode_eff 0.6 is `bench decode`'s bw_efficiency on
 //   the project's CPU kernels (0.58-0.71, docs/performance.md). 40 GFLOP/s a core is an
 //   estimate (AVX2 FMA peak ~100 at 3 GHz, the tiled kernels reach about half at best). The

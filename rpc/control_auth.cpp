@@ -1,6 +1,6 @@
 // Control-RPC credentials and fencing (control_auth.h). HMAC-SHA256, SHA-256 and the nonces
 // come from libcrypto.
-#include "worker/control_auth.h"
+#include "rpc/control_auth.h"
 
 #include <google/protobuf/message.h>
 #include <grpcpp/support/client_interceptor.h>
@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "worker/grpc_status.h"
+#include "rpc/grpc_status.h"
 
 namespace fm {
 namespace {

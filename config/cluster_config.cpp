@@ -1,6 +1,6 @@
 // Cluster YAML parsing and validation (cluster_config.h). yaml-cpp gives every node a Mark
 // (0-based line/column); each error is "file:line:col: key.path: what is wrong".
-#include "coordinator/cluster_config.h"
+#include "config/cluster_config.h"
 
 #include <yaml-cpp/yaml.h>
 

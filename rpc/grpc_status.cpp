@@ -1,4 +1,4 @@
-#include "worker/grpc_status.h"
+#include "rpc/grpc_status.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -1,4 +1,4 @@
-// The cluster YAML (DESIGN.md §5, docs in configs/*.yaml): parsed with yaml-cpp and validated
+// The cluster YAML (documented in configs/*.yaml): parsed with yaml-cpp and validated
 // completely before anything starts. Every error carries "file:line:col" of the offending node
 // and names the key, e.g. "gb10x2.yaml:7:5: nodes[1].memory_gib: expected a number, got 'lots'".
 //
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "coordinator/hardware_profile.h"
+#include "config/hardware_profile.h"
 
 namespace fm {
 

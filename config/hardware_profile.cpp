@@ -1,5 +1,5 @@
 // Built-in hardware profiles and the host probe (hardware_profile.h has the figures' sources).
-#include "coordinator/hardware_profile.h"
+#include "config/hardware_profile.h"
 
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/membw.h"
 #include "common/thread_pool.h"
-#include "kernels/cpu/membw.h"
 
 namespace fm {
 namespace {

@@ -7,12 +7,7 @@
 // worker code, so the ratio isolates the pipeline: hops, frames and per-stage RPCs. Next to
 // each measured figure it prints the cost model's prediction (coordinator/cost_model.h) for
 // the same run, with the nodes' profiles (cpu: probed before anything starts).
-#include "cli/bench_cluster.h"
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "bench/cluster_bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -23,39 +18,21 @@
 #include <thread>
 #include <vector>
 
-#include "cli/api_client.h"
-#include "cli/child_process.h"
-#include "cli/daemon_flags.h"
 #include "common/log.h"
+#include "coordinator/api_client.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/cost_model.h"
-#include "worker/grpc_status.h"
+#include "launch/local_cluster.h"
+#include "rpc/grpc_status.h"
 
-namespace fm::cli {
+namespace fm::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using Options = ClusterBenchOptions;
 constexpr auto kStartTimeout = std::chrono::seconds(180);
 constexpr auto kStopGrace = std::chrono::seconds(5);
 constexpr int kRepeats = 5;   // batch-1 runs per side, alternating; the best of each is kept
-
-const char* kUsage =
-    "usage: flashmesh bench cluster --config FILE [--model DIR] [--tokens N] [--prompt N]\n"
-    "                               [--streams N] [--threads N] [--json]\n"
-    "  starts the cluster of FILE (every worker and the coordinator) and a single-process\n"
-    "  `serve` of the same model, then measures both in the same run: decode tok/s at batch 1\n"
-    "  (best of 5, alternating), aggregate tok/s of --streams concurrent requests (default 8),\n"
-    "  data-plane bytes per generated token (and the EP dispatch + combine part of them),\n"
-    "  each next to the cost model's prediction for the same run (docs/performance.md);\n"
-    "  --tokens new tokens per request (default 64),\n"
-    "  --prompt prompt tokens (default 16), --threads kernel threads per process (default:\n"
-    "  all cores). The YAML's ports must be free.\n";
-
-struct Options {
-  std::string config, model;
-  int64_t tokens = 64, prompt = 16, streams = 8, threads = 0;
-  bool json = false;
-};
 
 struct Run {
   Status status;
@@ -63,21 +40,6 @@ struct Run {
   double decode_s = 0;   // first token -> last token
   double total_s = 0;    // request -> last token
 };
-
-// A loopback port nobody listens on now (for the single-process server).
-Result<int> FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Internal("socket failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  if (!ok) return Internal("no free loopback port");
-  return static_cast<int>(ntohs(addr.sin_port));
-}
 
 Status WaitHealthy(const ApiClient& api, const std::string& what) {
   const auto deadline = Clock::now() + kStartTimeout;
@@ -157,32 +119,6 @@ Result<double> Concurrent(const ApiClient& api, const Options& o) {
   return static_cast<double>(o.streams * o.tokens) / wall;
 }
 
-Result<Options> Parse(int argc, char** argv) {
-  FM_ASSIGN_OR_RETURN(Flags f, Flags::Parse(argc - 1, argv + 1,
-                                            {"config", "model", "tokens", "prompt", "streams", "threads"},
-                                            {"json"}));
-  Options o;
-  if (!f.Has("config")) return InvalidArgument("--config: missing");
-  o.config = f.Get("config");
-  o.model = f.Get("model");
-  o.json = f.Has("json");
-  struct {
-    const char* name;
-    int64_t* value;
-    int64_t min;
-  } ints[] = {{"tokens", &o.tokens, 2}, {"prompt", &o.prompt, 1}, {"streams", &o.streams, 1},
-              {"threads", &o.threads, 0}};
-  for (auto& i : ints) {
-    FM_ASSIGN_OR_RETURN(long long v, f.GetInt(i.name, *i.value));
-    if (v < i.min || v > (1 << 20))
-      return InvalidArgument(std::string("--") + i.name + ": " + std::to_string(v) + " is not in [" +
-                             std::to_string(i.min) + ", 1048576]");
-    *i.value = v;
-  }
-  if (o.threads == 0) o.threads = std::max(1u, std::thread::hardware_concurrency());
-  return o;
-}
-
 struct Side {
   double decode_tok_s = 0, streams_tok_s = 0;
   std::vector<int32_t> ids;
@@ -232,32 +168,31 @@ Result<Predicted> PredictRun(const Options& o, const ClusterConfig& cfg,
 Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetup& setup) {
   FM_ASSIGN_OR_RETURN(const Predicted pred, PredictRun(o, cfg, setup));
   const std::string threads = std::to_string(o.threads);
-  std::vector<std::string> model;
-  if (!o.model.empty()) model = {"--model", o.model};
-  std::vector<Child> children;
-  auto spawn = [&](const std::string& name, std::vector<std::string> args) -> Status {
-    args.insert(args.end(), {"--log-level", "warn"});
-    FM_ASSIGN_OR_RETURN(pid_t pid, SpawnSelf(args, /*quiet_stdout=*/true));
-    children.push_back({name, pid});
-    return Status::Ok();
-  };
+  const std::vector<std::string> quiet = {"--log-level", "warn"};
+  // Every child's stdout goes to stderr: this process's stdout carries the report.
+  LocalClusterArgs cluster;
+  cluster.config_path = o.config;
+  cluster.output.stdout_to_stderr = true;
+  if (!o.model.empty()) cluster.coordinator_args = {"--model", o.model};
+  cluster.worker_args = {"--threads", threads};
+  cluster.worker_args.insert(cluster.worker_args.end(), cluster.coordinator_args.begin(),
+                             cluster.coordinator_args.end());
+  for (auto* args : {&cluster.worker_args, &cluster.coordinator_args})
+    args->insert(args->end(), quiet.begin(), quiet.end());
+  std::vector<std::unique_ptr<ChildProcess>> children;
   auto run = [&]() -> Status {
-    for (const auto& n : cfg.nodes) {
-      std::vector<std::string> a = {"flashmesh", "worker", "--config", o.config, "--node", n.name,
-                                    "--threads", threads};
-      a.insert(a.end(), model.begin(), model.end());
-      FM_RETURN_IF_ERROR(spawn("worker " + n.name, a));
-    }
-    std::vector<std::string> coord = {"flashmesh", "coordinator", "--config", o.config};
-    coord.insert(coord.end(), model.begin(), model.end());
-    FM_RETURN_IF_ERROR(spawn("coordinator", coord));
+    FM_ASSIGN_OR_RETURN(children, StartLocalCluster(cfg, cluster));
     FM_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
     const std::string single_addr = "127.0.0.1:" + std::to_string(port);
-    FM_RETURN_IF_ERROR(spawn("serve", {"flashmesh", "serve", "--model", setup.model_dir, "--listen",
-                                       single_addr, "--threads", threads, "--max-batch",
-                                       std::to_string(cfg.limits.max_batch), "--max-context",
-                                       std::to_string(cfg.limits.max_context), "--max-tokens",
-                                       std::to_string(cfg.limits.max_tokens)}));
+    std::vector<std::string> serve = {"serve", "--model", setup.model_dir, "--listen", single_addr,
+                                      "--threads", threads, "--max-batch",
+                                      std::to_string(cfg.limits.max_batch), "--max-context",
+                                      std::to_string(cfg.limits.max_context), "--max-tokens",
+                                      std::to_string(cfg.limits.max_tokens)};
+    serve.insert(serve.end(), quiet.begin(), quiet.end());
+    FM_ASSIGN_OR_RETURN(auto single_process,
+                        ChildProcess::Start("serve", SelfBinary(), serve, cluster.output));
+    children.push_back(std::move(single_process));
     FM_ASSIGN_OR_RETURN(ApiClient single, ConnectApi(single_addr, ""));
     FM_ASSIGN_OR_RETURN(ApiClient pipe, ConnectApi(setup.listen, cfg.security.token_file, cfg.security.tls.ca));
     FM_RETURN_IF_ERROR(WaitHealthy(single, "serve"));
@@ -357,35 +292,12 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
 
 }  // namespace
 
-int BenchCluster(int argc, char** argv) {
-  for (int i = 2; i < argc; ++i)
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-  auto o = Parse(argc, argv);
-  if (!o.ok()) {
-    std::fprintf(stderr, "bench cluster: %s\n%s", o.status().message().c_str(), kUsage);
-    return 2;
-  }
-  auto cfg = LoadClusterConfig(o->config);
-  if (!cfg.ok()) {
-    std::fprintf(stderr, "bench cluster: %s\n", cfg.status().message().c_str());
-    return 1;
-  }
+Status RunClusterBench(const ClusterBenchOptions& o) {
+  FM_ASSIGN_OR_RETURN(const ClusterConfig cfg, LoadClusterConfig(o.config));
   // Probe the cpu profiles now, before the children compete for the memory bandwidth.
-  const ClusterConfig probed = WithProbedProfiles(*cfg);
-  auto setup = SetupFromConfig(probed, o->model);
-  if (!setup.ok()) {
-    std::fprintf(stderr, "bench cluster: %s\n", setup.status().message().c_str());
-    return 1;
-  }
-  const Status st = Measure(*o, probed, *setup);
-  if (!st.ok()) {
-    std::fprintf(stderr, "bench cluster: %s\n", st.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  const ClusterConfig probed = WithProbedProfiles(cfg);
+  FM_ASSIGN_OR_RETURN(const CoordinatorSetup setup, SetupFromConfig(probed, o.model));
+  return Measure(o, probed, setup);
 }
 
-}  // namespace fm::cli
+}  // namespace fm::bench

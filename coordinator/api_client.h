@@ -1,4 +1,4 @@
-// A client of the coordinator's Inference API for the CLI (status, health, generate --server):
+// A client of the coordinator's Inference API (status, health, generate --server, bench cluster):
 // the channel, and the bearer token from --token-file attached to every call.
 #pragma once
 #include <grpcpp/grpcpp.h>
@@ -9,7 +9,7 @@
 #include "common/status.h"
 #include "flashmesh/v1/api.grpc.pb.h"
 
-namespace fm::cli {
+namespace fm {
 
 struct ApiClient {
   std::unique_ptr<flashmesh::v1::Inference::Stub> stub;
@@ -23,4 +23,4 @@ struct ApiClient {
 Result<ApiClient> ConnectApi(const std::string& server, const std::string& token_file,
                              const std::string& tls_ca = "");
 
-}  // namespace fm::cli
+}  // namespace fm

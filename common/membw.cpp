@@ -1,4 +1,4 @@
-#include "kernels/cpu/membw.h"
+#include "common/membw.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,0 +1,122 @@
+#include "launch/child_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/log.h"
+
+namespace fm {
+
+Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(std::string name,
+                                                          const std::string& binary,
+                                                          const std::vector<std::string>& args,
+                                                          const ChildOutput& output) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(binary.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return Internal("fork failed for " + name);
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, nullptr);
+    if (!output.log_path.empty()) {
+      const int fd = open(output.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd < 0) {
+        std::perror(output.log_path.c_str());
+        _exit(127);
+      }
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    } else if (output.stdout_to_stderr) {
+      dup2(STDERR_FILENO, STDOUT_FILENO);
+    }
+    execv(binary.c_str(), argv.data());
+    std::perror("flashmesh: exec");
+    _exit(127);
+  }
+  return std::unique_ptr<ChildProcess>(new ChildProcess(std::move(name), pid, output.log_path));
+}
+
+ChildProcess::~ChildProcess() {
+  if (Running()) {
+    kill(pid_, SIGKILL);
+    Wait(std::chrono::seconds(10));
+  }
+}
+
+void ChildProcess::Signal(int sig) {
+  if (Running()) kill(pid_, sig);
+}
+
+bool ChildProcess::Running() {
+  if (exit_code_ >= 0) return false;
+  int st = 0;
+  const pid_t r = waitpid(pid_, &st, WNOHANG);
+  if (r == 0) return true;
+  // r < 0: not our child any more (reaped elsewhere); count it as ended by SIGKILL.
+  exit_code_ = r < 0 ? 128 + SIGKILL : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return false;
+}
+
+int ChildProcess::Wait(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (Running()) {
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return exit_code_;
+}
+
+void StopAll(std::vector<std::unique_ptr<ChildProcess>>& children, std::chrono::milliseconds grace) {
+  for (auto& c : children) c->Signal(SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (auto& c : children) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (c->Wait(std::max(left, std::chrono::milliseconds(0))) >= 0) continue;
+    FM_LOG(kWarn, "launch") << c->name() << " did not stop in time; killing it";
+    c->Signal(SIGKILL);
+    c->Wait(std::chrono::seconds(10));
+  }
+}
+
+std::string SelfBinary() {
+  std::error_code ec;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "/proc/self/exe" : path.string();
+}
+
+Result<int> FreeLoopbackPort() {
+  static std::mutex mu;
+  static std::set<int> handed_out;
+  std::lock_guard<std::mutex> lock(mu);
+  while (true) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return Internal("FreeLoopbackPort: socket failed");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+    close(fd);
+    if (!ok) return Internal("FreeLoopbackPort: no free loopback port");
+    const int port = ntohs(addr.sin_port);
+    if (handed_out.insert(port).second) return port;
+  }
+}
+
+}  // namespace fm

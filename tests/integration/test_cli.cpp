@@ -1,0 +1,51 @@
+// Every subcommand parses its command line with the one parser (cli/flags.h): an unknown flag
+// is the same usage error everywhere, naming the flag, and --help is generated.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/integration/cluster_fixture.h"
+
+namespace fm::it {
+namespace {
+
+const char* const kCommands[] = {"mkmodel", "inspect", "serve", "coordinator", "worker", "up",
+                                 "status", "health", "plan", "generate", "logits"};
+
+TEST(Cli, AnUnknownFlagIsTheSameErrorInEveryCommand) {
+  std::string out;
+  for (const std::string command : kCommands) {
+    EXPECT_EQ(RunFlashmesh({command, "--no-such-flag"}, &out), 2) << command << ":\n" << out;
+    EXPECT_NE(out.find(command + ": unknown option --no-such-flag\n"), std::string::npos)
+        << command << ":\n" << out;
+    EXPECT_NE(out.find("usage: flashmesh " + command), std::string::npos) << out;
+  }
+  for (const std::string mode : {"decode", "cluster"}) {
+    EXPECT_EQ(RunFlashmesh({"bench", mode, "--no-such-flag=1"}, &out), 2) << out;
+    EXPECT_NE(out.find("bench " + mode + ": unknown option --no-such-flag\n"), std::string::npos)
+        << out;
+  }
+}
+
+TEST(Cli, HelpComesFromTheTableOfEveryCommand) {
+  std::string out;
+  for (const std::string command : kCommands) {
+    EXPECT_EQ(RunFlashmesh({command, "--help"}, &out), 0) << command << ":\n" << out;
+    EXPECT_EQ(out.rfind("usage: flashmesh " + command, 0), 0u) << out;
+    EXPECT_NE(out.find("\noptions:\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("  --log-level LEVEL"), std::string::npos) << out;
+  }
+  EXPECT_EQ(RunFlashmesh({"bench", "decode", "--help"}, &out), 0) << out;
+  EXPECT_NE(out.find("  --streams B"), std::string::npos) << out;
+}
+
+TEST(Cli, AMissingRequiredFlagIsNamed) {
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"coordinator"}, &out), 2) << out;
+  EXPECT_NE(out.find("coordinator: --config is required"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"inspect"}, &out), 2) << out;
+  EXPECT_NE(out.find("inspect: DIR is required"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace fm::it
