@@ -79,8 +79,7 @@ Status ParseArgs(const Flags& f, GenerateArgs* args) {
   FM_ASSIGN_OR_RETURN(sampling.top_p, f.GetFloat("top-p", sampling.top_p));
   FM_ASSIGN_OR_RETURN(const int64_t top_k, f.GetInt("top-k", sampling.top_k, 0, INT32_MAX));
   sampling.top_k = static_cast<int32_t>(top_k);
-  FM_ASSIGN_OR_RETURN(const int64_t seed, f.GetInt("seed", 0));
-  sampling.seed = static_cast<uint64_t>(seed);
+  FM_ASSIGN_OR_RETURN(sampling.seed, f.GetSeed("seed"));
   args->format = f.Get("format", "text");
   if (args->format != "text" && args->format != "ids")
     return InvalidArgument("--format: expected text or ids, got '" + args->format + "'");

@@ -31,13 +31,13 @@ int CmdMkmodel(int argc, char** argv) {
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc;
   const std::string preset = flags->Get("preset"), out = flags->operand();
-  const Result<int64_t> seed = flags->GetInt("seed", 0);
+  const Result<uint64_t> seed = flags->GetSeed("seed");
   if (!seed.ok()) return UsageError(kSpec, seed.status().message());
   const Result<int64_t> layers = flags->GetInt("layers", 0, 1, kFlashLayers);
   if (!layers.ok()) return UsageError(kSpec, layers.status().message());
   if (const Result<ModelConfig> cfg = PresetConfig(preset, *layers); !cfg.ok())
     return UsageError(kSpec, cfg.status().message());
-  Status s = WritePresetCheckpoint(out, preset, static_cast<uint64_t>(*seed), *layers);
+  Status s = WritePresetCheckpoint(out, preset, *seed, *layers);
   if (!s.ok()) {
     std::fprintf(stderr, "mkmodel: %s\n", s.ToString().c_str());
     return 1;

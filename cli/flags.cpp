@@ -53,6 +53,17 @@ Result<int64_t> Flags::GetInt(const std::string& name, int64_t fallback, int64_t
   return n;
 }
 
+Result<uint64_t> Flags::GetSeed(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return uint64_t{0};
+  const std::string& v = it->second;
+  uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size())
+    return InvalidArgument("--" + name + ": '" + v + "' is not an integer in [0, 2^64)");
+  return n;
+}
+
 Result<float> Flags::GetFloat(const std::string& name, float fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;

@@ -35,6 +35,8 @@ class Flags {
   // An integer option in [min, max]; InvalidArgument naming the flag and the value otherwise.
   Result<int64_t> GetInt(const std::string& name, int64_t fallback, int64_t min = 0,
                          int64_t max = std::numeric_limits<int64_t>::max()) const;
+  // A seed: any unsigned 64-bit integer (0 when absent); InvalidArgument naming the flag.
+  Result<uint64_t> GetSeed(const std::string& name) const;
   // A finite number (strtof: the float nearest the text); InvalidArgument naming the flag
   // otherwise.
   Result<float> GetFloat(const std::string& name, float fallback) const;

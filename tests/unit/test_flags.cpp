@@ -69,6 +69,19 @@ TEST(Flags, NumbersAreCheckedAgainstTheirRange) {
   EXPECT_EQ(*h->GetFloat("threads", 1), 0.7f);
 }
 
+TEST(Flags, SeedsTakeTheWholeUnsigned64BitRange) {
+  const Result<Flags> f = Parse({"--config", "x", "d", "--threads", "18446744073709551615"});
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(*f->GetSeed("threads"), 18446744073709551615ull);
+  EXPECT_EQ(*f->GetSeed("absent"), 0u);
+  const Result<Flags> g = Parse({"--config", "x", "d", "--threads", "18446744073709551616"});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->GetSeed("threads").status().message(),
+            "--threads: '18446744073709551616' is not an integer in [0, 2^64)");
+  const Result<Flags> h = Parse({"--config", "x", "d", "--threads", "-1"});
+  EXPECT_FALSE(h->GetSeed("threads").ok());
+}
+
 TEST(Flags, TokenIdLists) {
   EXPECT_EQ(*ParseTokenIds("tokens", "3,17,42"), (std::vector<int32_t>{3, 17, 42}));
   EXPECT_EQ(ParseTokenIds("tokens", "3,,4").status().message(),
