@@ -275,4 +275,36 @@ flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt,
   return req;
 }
 
+void ExpectKilledMemberFailsFastAndRestartRecovers(const ClusterSpec& spec, int w,
+                                                  const flashmesh::v1::GenerateRequest& after,
+                                                  size_t after_tokens) {
+  using namespace std::chrono_literals;
+  Cluster cluster(spec);
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto reader = stub->Generate(&ctx, TokensRequest({5, 6, 7}, 250));
+  flashmesh::v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
+  cluster.KillWorker(w, SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+  while (reader->Read(&resp)) {
+  }
+  const grpc::Status st = reader->Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 5s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  const std::string name = cluster.node(w);
+  EXPECT_NE(st.error_message().find(name), std::string::npos) << st.error_message();
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api(), "--node", name}, &out, 5s), 2) << out;
+
+  cluster.StartWorker(w);
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  Generation g = Generate(stub.get(), after);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster.Logs();
+  EXPECT_EQ(g.ids.size(), after_tokens);
+}
+
 }  // namespace fm::it

@@ -142,6 +142,13 @@ std::string FirstNodeError(const std::string& api, std::chrono::milliseconds tim
 Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
                     const std::string& token = "");
 flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int max_tokens);
+
+// Starts a cluster of `spec`, kills worker `w` (a member of a stage's group) with SIGKILL while a
+// stream runs: the stream must end UNAVAILABLE naming it within 5 s and `health --node` report it
+// down; after its restart `after` must generate `after_tokens` tokens (no coordinator restart).
+void ExpectKilledMemberFailsFastAndRestartRecovers(const ClusterSpec& spec, int w,
+                                                  const flashmesh::v1::GenerateRequest& after,
+                                                  size_t after_tokens);
 flashmesh::v1::ClusterStatusResponse Status(flashmesh::v1::Inference::Stub* stub);
 
 }  // namespace fm::it

@@ -85,32 +85,8 @@ TEST(TensorParallel, KilledMemberEndsTheStagesRequestsUnavailableAndRestartRecov
   ClusterSpec spec;
   spec.stages = 2;
   spec.tensor_parallel = 2;
-  Cluster cluster(spec);
-  cluster.StartAll();
-  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
-  auto stub = Connect(cluster.api());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-  auto reader = stub->Generate(&ctx, TokensRequest({5, 6, 7}, 250));
-  flashmesh::v1::GenerateResponse resp;
-  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
   // w1: stage 0, member 1 (it computes half of every head of its layers for every sequence).
-  cluster.KillWorker(1, SIGKILL);
-  const auto killed_at = std::chrono::steady_clock::now();
-  while (reader->Read(&resp)) {
-  }
-  grpc::Status st = reader->Finish();
-  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 5s);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
-  EXPECT_NE(st.error_message().find("w1"), std::string::npos) << st.error_message();
-  std::string out;
-  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api(), "--node", "w1"}, &out, 5s), 2) << out;
-
-  cluster.StartWorker(1);
-  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
-  Generation g = Generate(stub.get(), Request(2));
-  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster.Logs();
-  EXPECT_EQ(g.ids.size(), static_cast<size_t>(kNewTokens));
+  ExpectKilledMemberFailsFastAndRestartRecovers(spec, 1, Request(2), kNewTokens);
 }
 
 // bench cluster on pp1 x tp2: tokens equal, decode_ratio reported, and the data-plane bytes
