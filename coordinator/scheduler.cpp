@@ -248,6 +248,14 @@ void Scheduler::FailQueued(const Status& why) {
 }
 
 void Scheduler::SendResets() {
+  // Health is degraded from before the first Reset goes out until every worker acknowledged one
+  // (the loop below moves workers from needs_reset_ to resetting_, which leaves `any` as is).
+  const bool any = std::any_of(needs_reset_.begin(), needs_reset_.end(), [](char c) { return c; }) ||
+                   std::any_of(resetting_.begin(), resetting_.end(), [](char c) { return c; });
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    resetting_any_ = any;
+  }
   // A StartSequence still on its way could land after the Reset and leave its sequence behind.
   if (starts_outstanding_ > 0) return;
   const auto deadline = Clock::now() + limits_.control_timeout;
@@ -268,10 +276,6 @@ void Scheduler::SendResets() {
       Untrack();
     });
   }
-  const bool any = std::any_of(needs_reset_.begin(), needs_reset_.end(), [](char c) { return c; }) ||
-                   std::any_of(resetting_.begin(), resetting_.end(), [](char c) { return c; });
-  std::lock_guard<std::mutex> lock(health_mu_);
-  resetting_any_ = any;
 }
 
 void Scheduler::Admit() {
