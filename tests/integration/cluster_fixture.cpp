@@ -275,6 +275,48 @@ flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt,
   return req;
 }
 
+void ExpectClusterEqualsSingle(const ClusterSpec& spec,
+                               const std::vector<flashmesh::v1::GenerateRequest>& requests,
+                               size_t tokens, flashmesh::v1::ClusterStatusResponse* status) {
+  using namespace std::chrono_literals;
+  Server single;
+  Cluster cluster(spec);
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(single.api(), 60s)) << single.process()->Log();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto ref = Connect(single.api());
+  const size_t n = requests.size();
+  std::vector<Generation> want(n), got(n);
+  for (size_t i = 0; i < n; ++i) want[i] = Generate(ref.get(), requests[i]);
+  // Concurrent, so that the group's members hold sequences of one micro-batch.
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      auto stub = Connect(cluster.api());
+      got[i] = Generate(stub.get(), requests[i]);
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(want[i].status.ok()) << want[i].status.error_message();
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message() << cluster.Logs();
+    EXPECT_EQ(got[i].ids, want[i].ids) << "request " << i;
+    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "request " << i;
+    EXPECT_EQ(got[i].ids.size(), tokens);
+  }
+  auto stub = Connect(cluster.api());
+  *status = Status(stub.get());
+  auto all_freed = [&] {
+    for (const auto& node : status->nodes())
+      if (node.kv_bytes() != 0) return false;
+    return true;
+  };
+  const auto freed_by = std::chrono::steady_clock::now() + 5s;
+  while (!all_freed() && std::chrono::steady_clock::now() < freed_by) {
+    std::this_thread::sleep_for(100ms);
+    *status = Status(stub.get());
+  }
+}
+
 void ExpectKilledMemberFailsFastAndRestartRecovers(const ClusterSpec& spec, int w,
                                                   const flashmesh::v1::GenerateRequest& after,
                                                   size_t after_tokens) {

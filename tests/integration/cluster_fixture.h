@@ -143,6 +143,14 @@ Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::G
                     const std::string& token = "");
 flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int max_tokens);
 
+// Runs every request on a single process, then all of them at once on a cluster of `spec`:
+// each must give `tokens` tokens, with the single process's ids and logprobs. *status is the
+// cluster's status once every worker has freed the finished sequences (frees are asynchronous
+// and status shows the last heartbeat: up to 5 s), or the last one seen.
+void ExpectClusterEqualsSingle(const ClusterSpec& spec,
+                               const std::vector<flashmesh::v1::GenerateRequest>& requests,
+                               size_t tokens, flashmesh::v1::ClusterStatusResponse* status);
+
 // Starts a cluster of `spec`, kills worker `w` (a member of a stage's group) with SIGKILL while a
 // stream runs: the stream must end UNAVAILABLE naming it within 5 s and `health --node` report it
 // down; after its restart `after` must generate `after_tokens` tokens (no coordinator restart).

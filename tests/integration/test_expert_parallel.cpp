@@ -33,49 +33,16 @@ flashmesh::v1::GenerateRequest Request(int i) {
 }
 
 void ExpectEpClusterEqualsSingle(int stages, int ep, const std::string& transport = "tcp") {
-  Server single;
   ClusterSpec spec;
   spec.stages = stages;
   spec.expert_parallel = ep;
   spec.transport = transport;
   spec.gpus = Gpus();
-  Cluster cluster(spec);
-  cluster.StartAll();
-  ASSERT_TRUE(WaitHealthy(single.api(), 60s)) << single.process()->Log();
-  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
-  auto ref = Connect(single.api());
-  constexpr int kStreams = 6;
-  std::vector<Generation> want(kStreams), got(kStreams);
-  for (int i = 0; i < kStreams; ++i) want[i] = Generate(ref.get(), Request(i));
-  // Concurrent, so that every member of each group holds sequences of one micro-batch.
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kStreams; ++i)
-    threads.emplace_back([&, i] {
-      auto stub = Connect(cluster.api());
-      got[i] = Generate(stub.get(), Request(i));
-    });
-  for (auto& t : threads) t.join();
-  for (int i = 0; i < kStreams; ++i) {
-    ASSERT_TRUE(want[i].status.ok()) << want[i].status.error_message();
-    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message() << cluster.Logs();
-    EXPECT_EQ(got[i].ids, want[i].ids) << "request " << i;
-    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "request " << i;
-    EXPECT_EQ(got[i].ids.size(), static_cast<size_t>(kNewTokens));
-  }
-  auto stub = Connect(cluster.api());
-  // Finished sequences are freed on every worker after their last token went out (FreeSequence
-  // is asynchronous, and status reports the workers' last heartbeat): wait up to 5 s for that.
-  auto status = Status(stub.get());
-  const auto freed_by = std::chrono::steady_clock::now() + 5s;
-  auto all_freed = [&] {
-    for (const auto& n : status.nodes())
-      if (n.kv_bytes() != 0) return false;
-    return true;
-  };
-  while (!all_freed() && std::chrono::steady_clock::now() < freed_by) {
-    std::this_thread::sleep_for(100ms);
-    status = Status(stub.get());
-  }
+  std::vector<flashmesh::v1::GenerateRequest> requests;
+  for (int i = 0; i < 6; ++i) requests.push_back(Request(i));
+  flashmesh::v1::ClusterStatusResponse status;
+  ExpectClusterEqualsSingle(spec, requests, kNewTokens, &status);
+  if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(status.expert_parallel(), ep);
   ASSERT_EQ(status.nodes_size(), stages * ep);
   for (int i = 0; i < status.nodes_size(); ++i) {

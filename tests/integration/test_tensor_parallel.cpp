@@ -36,34 +36,15 @@ flashmesh::v1::GenerateRequest Request(int i) {
 }
 
 void ExpectTpClusterEqualsSingle(int stages, int tp) {
-  Server single;
   ClusterSpec spec;
   spec.stages = stages;
   spec.tensor_parallel = tp;
   spec.max_batch = kStreams;
-  Cluster cluster(spec);
-  cluster.StartAll();
-  ASSERT_TRUE(WaitHealthy(single.api(), 60s)) << single.process()->Log();
-  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
-  auto ref = Connect(single.api());
-  std::vector<Generation> want(kStreams), got(kStreams);
-  for (int i = 0; i < kStreams; ++i) want[i] = Generate(ref.get(), Request(i));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kStreams; ++i)
-    threads.emplace_back([&, i] {
-      auto stub = Connect(cluster.api());
-      got[i] = Generate(stub.get(), Request(i));
-    });
-  for (auto& t : threads) t.join();
-  for (int i = 0; i < kStreams; ++i) {
-    ASSERT_TRUE(want[i].status.ok()) << want[i].status.error_message();
-    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message() << cluster.Logs();
-    EXPECT_EQ(got[i].ids, want[i].ids) << "request " << i;
-    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "request " << i;
-    EXPECT_EQ(got[i].ids.size(), static_cast<size_t>(kNewTokens));
-  }
-  auto stub = Connect(cluster.api());
-  auto status = Status(stub.get());
+  std::vector<flashmesh::v1::GenerateRequest> requests;
+  for (int i = 0; i < kStreams; ++i) requests.push_back(Request(i));
+  flashmesh::v1::ClusterStatusResponse status;
+  ExpectClusterEqualsSingle(spec, requests, kNewTokens, &status);
+  if (::testing::Test::HasFatalFailure()) return;
   ASSERT_EQ(status.nodes_size(), stages * tp);
   EXPECT_EQ(status.tensor_parallel(), tp);
   EXPECT_EQ(status.pipeline_stages(), stages);
