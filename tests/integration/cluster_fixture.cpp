@@ -243,6 +243,15 @@ std::string FirstNodeError(const std::string& api, std::chrono::milliseconds tim
   return "";
 }
 
+std::string NodeErrorContaining(const std::string& api, const std::string& needle,
+                                std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string err;
+  while (err.find(needle) == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    err = FirstNodeError(api, std::chrono::seconds(5));
+  return err;
+}
+
 Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
                     const std::string& token) {
   Generation g;

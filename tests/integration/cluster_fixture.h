@@ -139,6 +139,10 @@ bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout);
 // The error of the first node the coordinator at `api` reports down with one; "" if none does
 // within `timeout`.
 std::string FirstNodeError(const std::string& api, std::chrono::milliseconds timeout);
+// The first such error that contains `needle`, polling until `timeout` (a node may be down for
+// another reason first, e.g. refusing connections before it listens); the last one otherwise.
+std::string NodeErrorContaining(const std::string& api, const std::string& needle,
+                                std::chrono::milliseconds timeout);
 Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
                     const std::string& token = "");
 flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int max_tokens);

@@ -86,7 +86,9 @@ TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
     EXPECT_EQ(status.nodes(i).state(), flashmesh::v1::NODE_STATE_UP);
     EXPECT_GT(status.nodes(i).weight_bytes(), 0u);
     EXPECT_EQ(status.nodes(i).kv_bytes(), 0u) << "finished sequences are freed";
-    if (i > 0) EXPECT_EQ(status.nodes(i).layer_begin(), status.nodes(i - 1).layer_end());
+    if (i > 0) {
+      EXPECT_EQ(status.nodes(i).layer_begin(), status.nodes(i - 1).layer_end());
+    }
   }
 }
 

@@ -100,12 +100,7 @@ TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndNamedDown) {
   cluster.StartWorker(1);
   // w1 refuses the coordinator's calls (signed with the other secret): it never loads, the
   // cluster never serves, and the coordinator names w1 and why.
-  // (Before w1 listens its error is a refused connection: wait for the refusal's reason.)
-  std::string err;
-  deadline = std::chrono::steady_clock::now() + 30s;
-  while (err.find("wrong cluster secret") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline)
-    err = FirstNodeError(cluster.api(), 5s);
+  const std::string err = NodeErrorContaining(cluster.api(), "wrong cluster secret", 30s);
   EXPECT_NE(err.find("wrong cluster secret"), std::string::npos) << err << cluster.Logs();
   auto stub = Connect(cluster.api());
   const auto status = Status(stub.get());

@@ -29,13 +29,13 @@ TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
     EXPECT_EQ(g.ids.size(), 8u);
     return;
   }
-  const std::string error = FirstNodeError(cluster.api(), 60s);
 #if FM_TEST_CUDA
-  EXPECT_NE(error.find("device cuda:0: cuda:0: this host has 0 CUDA device(s)"), std::string::npos)
-      << error << cluster.Logs();
+  const std::string why = "device cuda:0: cuda:0: this host has 0 CUDA device(s)";
 #else
-  EXPECT_NE(error.find("built without CUDA"), std::string::npos) << error << cluster.Logs();
+  const std::string why = "built without CUDA";
 #endif
+  const std::string error = NodeErrorContaining(cluster.api(), why, 60s);
+  EXPECT_NE(error.find(why), std::string::npos) << error << cluster.Logs();
   std::string out;
   EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s), 1) << out;  // degraded
   auto stub = Connect(cluster.api());
@@ -77,12 +77,13 @@ TEST(DeviceShard, NcclStageLinkEqualsOneGpuWorkerOrSaysWhyItCannotLoad) {
     }
     return;
   }
-  const std::string error = FirstNodeError(cluster.api(), 60s);
 #if FM_TEST_NCCL
+  const std::string error = NodeErrorContaining(cluster.api(), "shard.stage_transport nccl", 60s);
   EXPECT_NE(error.find("shard.stage_transport nccl"), std::string::npos) << error << cluster.Logs();
   EXPECT_NE(error.find("NCCL stage link: cuda:"), std::string::npos) << error;
   EXPECT_NE(error.find("but this host has 0 CUDA device(s)"), std::string::npos) << error;
 #else
+  const std::string error = NodeErrorContaining(cluster.api(), "built without NCCL", 60s);
   EXPECT_NE(error.find("built without NCCL"), std::string::npos) << error << cluster.Logs();
 #endif
   std::string out;

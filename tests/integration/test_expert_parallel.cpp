@@ -49,7 +49,9 @@ void ExpectEpClusterEqualsSingle(int stages, int ep, const std::string& transpor
     const auto& n = status.nodes(i);
     EXPECT_EQ(n.stage(), i / ep) << n.name();
     EXPECT_LT(n.expert_begin(), n.expert_end()) << n.name();
-    if (i % ep > 0) EXPECT_EQ(n.expert_begin(), status.nodes(i - 1).expert_end()) << n.name();
+    if (i % ep > 0) {
+      EXPECT_EQ(n.expert_begin(), status.nodes(i - 1).expert_end()) << n.name();
+    }
     EXPECT_GT(n.ep_bytes_sent(), 0u) << n.name() << ": never exchanged with its group";
     EXPECT_FALSE(n.top_experts().empty()) << n.name() << ": none of its rows were routed";
     EXPECT_LE(n.top_experts_size(), 5);
@@ -74,7 +76,7 @@ TEST(ExpertParallel, NcclTransportEqualsSingleProcessOrSaysWhyItCannotLoad) {
   spec.transport = "nccl";
   Cluster cluster(spec);
   cluster.StartAll();
-  const std::string error = FirstNodeError(cluster.api(), 60s);
+  const std::string error = NodeErrorContaining(cluster.api(), "shard.ep_transport nccl", 60s);
   EXPECT_NE(error.find("shard.ep_transport nccl"), std::string::npos) << error << cluster.Logs();
 #if FM_TEST_NCCL
   EXPECT_NE(error.find("cuda:0 but this host has 0 CUDA device(s)"), std::string::npos) << error;

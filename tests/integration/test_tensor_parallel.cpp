@@ -53,7 +53,9 @@ void ExpectTpClusterEqualsSingle(int stages, int tp) {
     EXPECT_EQ(n.stage(), i / tp) << n.name();
     // Each member holds its share of the routed experts, contiguous in rank order.
     EXPECT_LT(n.expert_begin(), n.expert_end()) << n.name();
-    if (i % tp > 0) EXPECT_EQ(n.expert_begin(), status.nodes(i - 1).expert_end()) << n.name();
+    if (i % tp > 0) {
+      EXPECT_EQ(n.expert_begin(), status.nodes(i - 1).expert_end()) << n.name();
+    }
     EXPECT_GT(n.ep_bytes_sent(), 0u) << n.name() << ": never gathered with its group";
     EXPECT_EQ(n.kv_bytes(), 0u) << n.name() << ": finished sequences are freed";
   }
