@@ -14,6 +14,7 @@
 #include "net/communicator.h"
 #include "net/tcp_transport.h"
 #include "tests/unit/test_checkpoint_util.h"
+#include "tests/unit/test_comm_group.h"
 #include "worker/ep_expert_executor.h"
 
 namespace fm {
@@ -22,40 +23,8 @@ namespace {
 using namespace std::chrono_literals;
 using net::Millis;
 
-// `n` transports on loopback named m0..m{n-1}, connected as one group.
-struct Group {
-  std::vector<std::unique_ptr<net::Transport>> transports;
-  std::vector<std::unique_ptr<net::Communicator>> comms;
-
-  explicit Group(int n) {
-    std::vector<net::CommMember> members;
-    for (int i = 0; i < n; ++i) {
-      auto t = net::MakeTcpTransport({.self_name = "m" + std::to_string(i), .secret = "ep"});
-      EXPECT_TRUE(t.ok());
-      EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
-      members.push_back({"m" + std::to_string(i), (*t)->listen_address()});
-      transports.push_back(std::move(t).value());
-    }
-    comms.resize(n);
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i)
-      threads.emplace_back([&, i] {
-        auto c = net::MakeTcpCommunicator(transports[i].get(), members, i);
-        EXPECT_TRUE(c.ok()) << c.status().ToString();
-        if (c.ok()) comms[i] = std::move(c).value();
-      });
-    for (auto& t : threads) t.join();
-  }
-  // Runs fn(rank) on every rank at once.
-  void All(const std::function<void(int)>& fn) {
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < comms.size(); ++i) threads.emplace_back(fn, static_cast<int>(i));
-    for (auto& t : threads) t.join();
-  }
-};
-
 TEST(Communicator, AllToAllVDeliversEveryRanksBufferIncludingEmptyOnes) {
-  Group g(3);
+  CommGroup g(3);
   ASSERT_TRUE(g.comms[2]);
   g.All([&](int me) {
     // Rank me sends (me * 10 + r) repeated r+me times to rank r; rank 1 sends nothing to 0.
@@ -80,7 +49,7 @@ TEST(Communicator, AllToAllVDeliversEveryRanksBufferIncludingEmptyOnes) {
 }
 
 TEST(Communicator, StaleFramesAreSkippedAndAPeerAheadEndsTheStepButKeepsItsFrame) {
-  Group g(2);
+  CommGroup g(2);
   ASSERT_TRUE(g.comms[1]);
   g.All([&](int me) { EXPECT_TRUE(g.comms[me]->Barrier(1, 5000ms).ok()); });  // connects the pair
   float v[3] = {1, 2, 3};
@@ -116,7 +85,7 @@ TEST(Communicator, StaleFramesAreSkippedAndAPeerAheadEndsTheStepButKeepsItsFrame
 }
 
 TEST(Communicator, AbortStepEndsAWaitOnASilentRankPromptlyAndOnlyForThatStep) {
-  Group g(2);
+  CommGroup g(2);
   ASSERT_TRUE(g.comms[1]);
   g.All([&](int me) { EXPECT_TRUE(g.comms[me]->Barrier(1, 5000ms).ok()); });
   std::thread aborter([&] {
@@ -139,7 +108,7 @@ TEST(Communicator, AbortStepEndsAWaitOnASilentRankPromptlyAndOnlyForThatStep) {
 }
 
 TEST(Communicator, RestartedRankRejoinsWithoutTheOthersReconnecting) {
-  Group g(3);
+  CommGroup g(3);
   ASSERT_TRUE(g.comms[2]);
   std::vector<net::CommBuffer> none(3);
   g.All([&](int me) { EXPECT_TRUE(g.comms[me]->AllToAllV(net::FrameKind::kEpCombine, 1, 0, none, 5000ms).ok()); });
@@ -155,7 +124,7 @@ TEST(Communicator, RestartedRankRejoinsWithoutTheOthersReconnecting) {
       std::this_thread::sleep_for(1ms);
     ASSERT_FALSE(g.transports[i]->IsConnected("m1")) << "rank " << i;
   }
-  auto t = net::MakeTcpTransport({.self_name = "m1", .secret = "ep"});
+  auto t = net::MakeTcpTransport({.self_name = "m1", .secret = g.secret});
   ASSERT_TRUE(t.ok());
   ASSERT_TRUE((*t)->Listen(addr).ok());
   g.transports[1] = std::move(t).value();
@@ -169,7 +138,7 @@ TEST(Communicator, RestartedRankRejoinsWithoutTheOthersReconnecting) {
 }
 
 TEST(Communicator, DeadRankTurnsIntoAnErrorWithinTheDeadline) {
-  Group g(3);
+  CommGroup g(3);
   ASSERT_TRUE(g.comms[2]);
   g.comms[2].reset();
   g.transports[2].reset();   // rank 2 is gone
@@ -236,7 +205,7 @@ void ExpectEpEqualsLocal(int members, int64_t layer) {
     ASSERT_TRUE(m.ok());
     moe[r] = std::move(m).value();
   }
-  Group g(members);
+  CommGroup g(members);
   ASSERT_TRUE(g.comms[members - 1]);
   uint64_t remote_bytes = 0;
   g.All([&](int r) {

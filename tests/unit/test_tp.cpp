@@ -18,34 +18,13 @@
 #include "net/communicator.h"
 #include "net/tcp_transport.h"
 #include "tests/unit/test_checkpoint_util.h"
+#include "tests/unit/test_comm_group.h"
 #include "worker/tp_group.h"
 
 namespace fm {
 namespace {
 
 using namespace std::chrono_literals;
-
-// `n` loopback transports named m0..m{n-1} with one Communicator each.
-struct Group {
-  std::vector<std::unique_ptr<net::Transport>> transports;
-  std::vector<std::unique_ptr<net::Communicator>> comms;
-
-  explicit Group(int n) {
-    std::vector<net::CommMember> members;
-    for (int i = 0; i < n; ++i) {
-      auto t = net::MakeTcpTransport({.self_name = "m" + std::to_string(i), .secret = "tp"});
-      EXPECT_TRUE(t.ok());
-      EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
-      members.push_back({"m" + std::to_string(i), (*t)->listen_address()});
-      transports.push_back(std::move(t).value());
-    }
-    for (int i = 0; i < n; ++i) {
-      auto c = net::MakeTcpCommunicator(transports[i].get(), members, i);
-      EXPECT_TRUE(c.ok()) << c.status().ToString();
-      comms.push_back(std::move(c).value());
-    }
-  }
-};
 
 const std::string& Preset(const std::string& name) {
   static std::map<std::string, std::string> dirs;
@@ -97,7 +76,7 @@ void ExpectTpEqualsSingle(const std::string& preset, int t) {
   std::vector<int64_t> begin;
   for (int r = 0; r <= t; ++r) begin.push_back(E * r / t);
 
-  Group g(t);
+  CommGroup g(t);
   std::vector<std::unique_ptr<ThreadPool>> pools;
   std::vector<Shard> members;
   std::vector<std::unique_ptr<CommTpGroup>> tps;
@@ -184,7 +163,7 @@ TEST(TensorParallel, JoinColumnsPlacesPiecesAndRefusesShortOnes) {
 }
 
 TEST(TensorParallel, DeadMemberEndsTheGatherNamingIt) {
-  Group g(2);
+  CommGroup g(2);
   CommTpGroup a(g.comms[0].get(), {0, 4, 8}, 1500ms);
   g.comms[1].reset();
   g.transports[1].reset();
