@@ -21,15 +21,10 @@ Result<ApiClient> ConnectApi(const std::string& server, const std::string& token
   if (server.empty() || server.find(':') == std::string::npos)
     return InvalidArgument("--server: '" + server + "' is not HOST:PORT");
   ApiClient c;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  // A client that waits for a starting server (bench cluster, scripts) retries within 0.5 s,
-  // not after gRPC's default backoff (1 s growing to 2 min) and re-resolution rate limit.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 100);
   FM_ASSIGN_OR_RETURN(auto credentials, ChannelCredentialsFor({.ca = tls_ca}));
-  c.stub = flashmesh::v1::Inference::NewStub(grpc::CreateCustomChannel(server, credentials, args));
+  // A client that waits for a starting server (bench cluster, scripts) retries within 0.5 s.
+  c.stub = flashmesh::v1::Inference::NewStub(
+      grpc::CreateCustomChannel(server, credentials, ReconnectingChannelArgs()));
   if (!token_file.empty()) {
     FM_ASSIGN_OR_RETURN(auto tokens, ReadApiTokens(token_file));
     c.token = tokens.front();

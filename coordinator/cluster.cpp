@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "rpc/control_auth.h"
+#include "rpc/grpc_status.h"
 
 namespace fm {
 namespace {
@@ -43,17 +44,9 @@ NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string 
                        flashmesh::v1::ShardSpec spec, const ClusterOptions& options,
                        uint64_t term)
     : plan_(plan), control_(std::move(control)), data_(std::move(data)), spec_(std::move(spec)) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  // Reconnect quickly after a worker restarts under the same address: gRPC's backoff starts at
-  // 1 s, and after a refused connect its pick_first waits for a re-resolution of the address,
-  // which is rate-limited (seconds) unless the minimum time between resolutions is short.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 100);
-  stub_ = flashmesh::v1::Worker::NewStub(
-      NewWorkerChannel(control_, args, options.cluster_secret, term, options.worker_credentials));
+  // Reconnects quickly after a worker restarts under the same address.
+  stub_ = flashmesh::v1::Worker::NewStub(NewWorkerChannel(
+      control_, ReconnectingChannelArgs(), options.cluster_secret, term, options.worker_credentials));
 }
 
 NodeState NodeHandle::state() const {

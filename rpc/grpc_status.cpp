@@ -80,6 +80,16 @@ Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(const TlsF
   return grpc::SslServerCredentials(o);
 }
 
+grpc::ChannelArguments ReconnectingChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 100);
+  return args;
+}
+
 Result<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls) {
   if (tls.ca.empty()) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions o;

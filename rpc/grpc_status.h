@@ -38,6 +38,12 @@ Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(const TlsF
 // set; insecure without TLS.
 Result<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls);
 
+// Channel arguments for a client of a server that may be starting or restarting (the
+// coordinator's worker channels, the CLI's API client): unlimited message sizes, and a reconnect
+// within 0.5 s of a refused connect. gRPC's own backoff starts at 1 s, and its pick_first then
+// waits for a re-resolution of the address, rate-limited to seconds unless set short here.
+grpc::ChannelArguments ReconnectingChannelArgs();
+
 // Starts a gRPC server for `service` on `listen` (host:port; port 0 picks one). *bound_port
 // gets the port actually bound. Larger request messages are refused (RESOURCE_EXHAUSTED)
 // before they are parsed.

@@ -1,5 +1,7 @@
 #include "tests/integration/cluster_fixture.h"
 
+#include "rpc/grpc_status.h"
+
 #if FM_TEST_CUDA
 #include "kernels/cuda/device.h"
 #endif
@@ -193,15 +195,10 @@ Server::Server(std::vector<std::string> extra_args) {
 }
 
 std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api) {
-  // Tests poll a server that is still starting: reconnect within 0.5 s instead of after gRPC's
-  // default backoff and its rate-limited re-resolution after a refused connect, which made
-  // every cluster look 5 s slow to start.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 100);
+  // Tests poll a server that is still starting: with gRPC's default reconnect every cluster
+  // looked 5 s slow to start.
   return flashmesh::v1::Inference::NewStub(
-      grpc::CreateCustomChannel(api, grpc::InsecureChannelCredentials(), args));
+      grpc::CreateCustomChannel(api, grpc::InsecureChannelCredentials(), ReconnectingChannelArgs()));
 }
 
 flashmesh::v1::ClusterStatusResponse Status(flashmesh::v1::Inference::Stub* stub) {
@@ -282,6 +279,18 @@ flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt,
   req.set_ignore_eos(true);
   req.mutable_sampling()->set_greedy(true);
   return req;
+}
+
+void RunBenchCluster(const Cluster& cluster, nlohmann::json* report) {
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"bench", "cluster", "--config", cluster.yaml(), "--tokens", "4", "--prompt",
+                          "3", "--streams", "2", "--threads", "1", "--json"},
+                         &out, std::chrono::seconds(180)),
+            0)
+      << out;
+  const size_t begin = out.find("{\n"), end = out.rfind("}");
+  ASSERT_NE(begin, std::string::npos) << out;
+  *report = nlohmann::json::parse(out.substr(begin, end - begin + 1));
 }
 
 void ExpectClusterEqualsSingle(const ClusterSpec& spec,

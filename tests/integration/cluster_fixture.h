@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "flashmesh/v1/api.grpc.pb.h"
 #include "launch/child_process.h"
 
@@ -146,6 +148,10 @@ std::string NodeErrorContaining(const std::string& api, const std::string& needl
 Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
                     const std::string& token = "");
 flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int max_tokens);
+
+// `flashmesh bench cluster --json` on the YAML of `cluster` (which starts the processes itself;
+// 4 new tokens after a 3-token prompt, 2 streams, one kernel thread a process): its report.
+void RunBenchCluster(const Cluster& cluster, nlohmann::json* report);
 
 // Runs every request on a single process, then all of them at once on a cluster of `spec`:
 // each must give `tokens` tokens, with the single process's ids and logprobs. *status is the

@@ -79,15 +79,9 @@ TEST(TensorParallel, BenchClusterReportsRatioAndTheExactGatherBytes) {
   spec.stages = 1;
   spec.tensor_parallel = 2;
   Cluster cluster(spec);
-  std::string out;
-  ASSERT_EQ(RunFlashmesh({"bench", "cluster", "--config", cluster.yaml(), "--tokens", "4", "--prompt",
-                          "3", "--streams", "2", "--threads", "1", "--json"},
-                         &out, 180s),
-            0)
-      << out;
-  const size_t begin = out.find("{\n"), end = out.rfind("}");
-  ASSERT_NE(begin, std::string::npos) << out;
-  auto j = nlohmann::json::parse(out.substr(begin, end - begin + 1));
+  nlohmann::json j;
+  RunBenchCluster(cluster, &j);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(j.at("tensor_parallel").get<int>(), 2);
   EXPECT_TRUE(j.at("tokens_match").get<bool>());
   const double single = j.at("single").at("decode_tok_s").get<double>();
