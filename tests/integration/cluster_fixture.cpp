@@ -322,17 +322,22 @@ void ExpectClusterEqualsSingle(const ClusterSpec& spec,
     EXPECT_EQ(got[i].ids.size(), tokens);
   }
   auto stub = Connect(cluster.api());
-  *status = Status(stub.get());
+  *status = StatusAfterFrees(stub.get());
+}
+
+flashmesh::v1::ClusterStatusResponse StatusAfterFrees(flashmesh::v1::Inference::Stub* stub) {
+  auto status = Status(stub);
   auto all_freed = [&] {
-    for (const auto& node : status->nodes())
+    for (const auto& node : status.nodes())
       if (node.kv_bytes() != 0) return false;
     return true;
   };
-  const auto freed_by = std::chrono::steady_clock::now() + 5s;
+  const auto freed_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!all_freed() && std::chrono::steady_clock::now() < freed_by) {
-    std::this_thread::sleep_for(100ms);
-    *status = Status(stub.get());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    status = Status(stub);
   }
+  return status;
 }
 
 void ExpectKilledMemberFailsFastAndRestartRecovers(const ClusterSpec& spec, int w,

@@ -168,5 +168,8 @@ void ExpectKilledMemberFailsFastAndRestartRecovers(const ClusterSpec& spec, int 
                                                   const flashmesh::v1::GenerateRequest& after,
                                                   size_t after_tokens);
 flashmesh::v1::ClusterStatusResponse Status(flashmesh::v1::Inference::Stub* stub);
+// The status once every worker has freed the finished sequences (0 KV bytes; frees are
+// asynchronous and status shows the last heartbeat), polled for up to 5 s; the last one seen.
+flashmesh::v1::ClusterStatusResponse StatusAfterFrees(flashmesh::v1::Inference::Stub* stub);
 
 }  // namespace fm::it

@@ -79,7 +79,7 @@ TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
     sampled_differs += c.ids != a.ids;
   }
   EXPECT_GT(sampled_differs, 0) << "seeded sampling never left the greedy path: not exercised";
-  auto status = Status(pipe.get());
+  auto status = StatusAfterFrees(pipe.get());
   ASSERT_EQ(status.nodes_size(), 3);
   EXPECT_EQ(status.nodes(0).layer_begin(), 0);
   for (int i = 0; i < 3; ++i) {
