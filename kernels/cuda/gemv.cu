@@ -173,13 +173,16 @@ Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std
     return InvalidArgument(who + ": strides x " + std::to_string(task.x_stride) + ", y " +
                            std::to_string(task.y_stride) + " for a [" + std::to_string(w.rows) +
                            ", " + std::to_string(w.cols) + "] weight (want x >= cols, y >= rows)");
+  if (task.plan_rows < 0)
+    return InvalidArgument(who + ": plan_rows " + std::to_string(task.plan_rows) + " < 0");
   if (!task.x || !task.y)
     return InvalidArgument(who + ": x and y must be device pointers, got null");
   const bool x_vec = Aligned16(task.x) && (T == 1 || (task.x_stride * 4) % 16 == 0);
   *k = GemvTaskK{w.format, x_vec && (!norm || Aligned16(norm)) && Aligned16(w.data) &&
                                VectorCols(w.format, w.cols),
                  w.data, w.scale, task.row0, rows, w.cols, task.x, task.x_stride, task.y,
-                 task.y_stride, RowSlices(rows, w.cols, w.format)};
+                 task.y_stride,
+                 RowSlices(task.plan_rows > 0 ? task.plan_rows : rows, w.cols, w.format)};
   return Status::Ok();
 }
 

@@ -39,7 +39,10 @@ Status Gemm(const QWeight& w, const float* x, int64_t x_stride, float* y, int64_
 
 // One product of GemmMany: rows [row0, row0 + rows) of w (rows 0: to the end) times the T rows
 // x + t * x_stride into y + t * y_stride (y[.., 0] is row row0). row0 may start anywhere, also
-// inside an FP8 128-row scale block (the grouped wo_a: one task per group).
+// inside an FP8 128-row scale block (the grouped wo_a: one task per group). A row's bits depend
+// on the product's row count (it picks how many warps share a row); plan_rows > 0 computes the
+// rows as in a product of plan_rows rows, so a tensor-parallel member's share of a weight gives
+// the bits of those rows of the whole product.
 struct GemvTask {
   QWeight w;
   const float* x = nullptr;
@@ -47,6 +50,7 @@ struct GemvTask {
   float* y = nullptr;
   int64_t y_stride = 0;
   int64_t row0 = 0, rows = 0;
+  int64_t plan_rows = 0;
 };
 constexpr int kMaxGemvTasks = 8;
 // One launch: for every task i and t < T, y_i[t] = W_i xn_i[t] with xn = x, or with norm (device

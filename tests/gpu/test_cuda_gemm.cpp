@@ -177,6 +177,37 @@ TEST(CudaGemmMany, GroupedRowSlicesEqualPerGroupGemm) {
   }
 }
 
+// A tensor-parallel member's share of a weight (model/tp.h): rows [r0, r0 + n) with plan_rows
+// = the whole weight's rows have the bits of those rows of the whole product, also for a share
+// that a product of its own size would split among more warps (2048 rows: 4 warps a row group;
+// 1024: 8), from the weight itself and from an upload of just those rows.
+TEST(CudaGemmMany, RowShareWithPlanRowsHasTheWholeProductsBits) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(21);
+  const int64_t rows = 2048, cols = 4096, T = 2, r0 = 1024, n = 1024;
+  const HostWeight h = RandomWeight(WeightFormat::kBF16, rows, cols, rng);
+  auto dw = cuda::UploadWeight(h.w);
+  ASSERT_TRUE(dw.ok()) << dw.status().ToString();
+  QWeight share;
+  ASSERT_TRUE(SliceRows(h.w, r0, n, &share));
+  auto dshare = cuda::UploadWeight(share);
+  ASSERT_TRUE(dshare.ok()) << dshare.status().ToString();
+  const std::vector<float> x = RandomNormal(T * cols, rng);
+  DeviceBuffer dx = ToDevice(x), dfull = Zeros(T * rows), da = Zeros(T * n), db = Zeros(T * n);
+  ASSERT_OK(cuda::Gemm(dw->view(), dx.as<float>(), cols, dfull.as<float>(), rows, T));
+  const cuda::GemvTask tasks[] = {
+      {dw->view(), dx.as<float>(), cols, da.as<float>(), n, r0, n, rows},
+      {dshare->view(), dx.as<float>(), cols, db.as<float>(), n, 0, n, rows}};
+  ASSERT_OK(cuda::GemmMany(tasks, 2, T));
+  const std::vector<float> full = ToHost(dfull, T * rows), a = ToHost(da, T * n),
+                           b = ToHost(db, T * n);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < n; ++r) {
+      ASSERT_TRUE(SameBits(a[t * n + r], full[t * rows + r0 + r])) << "t " << t << " r " << r;
+      ASSERT_TRUE(SameBits(b[t * n + r], full[t * rows + r0 + r])) << "t " << t << " r " << r;
+    }
+}
+
 TEST(CudaArgs, GemmManyRejectsBadTasks) {
   std::vector<uint8_t> bytes(4096);
   float* f = reinterpret_cast<float*>(bytes.data());
@@ -199,6 +230,9 @@ TEST(CudaArgs, GemmManyRejectsBadTasks) {
   EXPECT_NE(s.message().find("task 1: x and y must be device pointers"), std::string::npos) << s.ToString();
   s = cuda::GemmMany(t.data(), t.size(), 2, f, -1.0f);
   EXPECT_NE(s.message().find("eps must be >= 0"), std::string::npos) << s.ToString();
+  t = {{w, f, 64, f, 4, 0, 0, -1}};
+  s = cuda::GemmMany(t.data(), t.size(), 2);
+  EXPECT_NE(s.message().find("plan_rows -1 < 0"), std::string::npos) << s.ToString();
 }
 
 // ---- experts ---------------------------------------------------------------------------------
