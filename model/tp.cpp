@@ -48,6 +48,46 @@ Result<std::vector<float>> JoinColumns(const std::vector<std::vector<float>>& pi
   return out;
 }
 
+Status JoinMoePieces(const ModelConfig& cfg, int64_t layer,
+                     const std::vector<std::vector<float>>& pieces, const int32_t* ids, int64_t T,
+                     const TpGroup& tp, float* contrib, float* shared_out) {
+  const int64_t k = cfg.num_experts_per_tok, H = cfg.hidden_size;
+  const int t = tp.size();
+  const int64_t hid = H / t;
+  if (static_cast<int>(pieces.size()) != t)
+    return Internal("MoE layer " + std::to_string(layer) + ": " + std::to_string(pieces.size()) +
+                    " pieces for " + std::to_string(t) + " members");
+  // Every member's shared rows side by side; the routed outputs into their (row, k) slots.
+  std::vector<std::vector<float>> shared_pieces(t);
+  for (int r = 0; r < t; ++r) {
+    if (static_cast<int64_t>(pieces[r].size()) < T * hid)
+      return InvalidArgument("MoE layer " + std::to_string(layer) + ": member " +
+                             std::to_string(r) + " sent " + std::to_string(pieces[r].size()) +
+                             " values, fewer than its shared expert rows");
+    shared_pieces[r].assign(pieces[r].begin(), pieces[r].begin() + T * hid);
+  }
+  FM_ASSIGN_OR_RETURN(std::vector<float> joined,
+                      JoinColumns(shared_pieces, T, std::vector<int64_t>(t, hid)));
+  std::copy(joined.begin(), joined.end(), shared_out);
+  std::vector<int64_t> next(t, T * hid);
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int r = ids[i] >= 0 && ids[i] < cfg.n_routed_experts ? tp.ExpertOwner(ids[i]) : -1;
+    if (r < 0 || r >= t)
+      return InvalidArgument("MoE layer " + std::to_string(layer) + ": row " +
+                             std::to_string(i / k) + " routes to expert " + std::to_string(ids[i]));
+    if (next[r] + H > static_cast<int64_t>(pieces[r].size()))
+      return InvalidArgument("MoE layer " + std::to_string(layer) + ": member " +
+                             std::to_string(r) + " sent fewer routed outputs than its pairs");
+    std::memcpy(contrib + i * H, pieces[r].data() + next[r], H * sizeof(float));
+    next[r] += H;
+  }
+  for (int r = 0; r < t; ++r)
+    if (next[r] != static_cast<int64_t>(pieces[r].size()))
+      return InvalidArgument("MoE layer " + std::to_string(layer) + ": member " +
+                             std::to_string(r) + " sent more routed outputs than its pairs");
+  return Status::Ok();
+}
+
 Status MoeForwardTp(const ModelConfig& cfg, const MoeWeights& w, const float* x, int64_t T,
                     const int32_t* ids, const float* weights, TpGroup* tp, float* out,
                     ThreadPool* pool) {
@@ -92,31 +132,9 @@ Status MoeForwardTp(const ModelConfig& cfg, const MoeWeights& w, const float* x,
   RunExpertGroups(w, limit, by_expert, H, x, piece.data() + T * hid.size(), pool);
   FM_ASSIGN_OR_RETURN(auto pieces, tp->AllGather(piece));
 
-  // Every member's shared rows side by side; the routed outputs into their (row, k) slots.
-  std::vector<std::vector<float>> shared_pieces(t);
-  for (int r = 0; r < t; ++r) {
-    if (static_cast<int64_t>(pieces[r].size()) < T * hid.size())
-      return InvalidArgument("MoE layer " + std::to_string(w.layer) + ": member " +
-                             std::to_string(r) + " sent " + std::to_string(pieces[r].size()) +
-                             " values, fewer than its shared expert rows");
-    shared_pieces[r].assign(pieces[r].begin(), pieces[r].begin() + T * hid.size());
-  }
-  FM_ASSIGN_OR_RETURN(std::vector<float> shared_out,
-                      JoinColumns(shared_pieces, T, std::vector<int64_t>(t, hid.size())));
-  std::vector<int64_t> next(t, T * hid.size());
-  std::vector<float> contrib(T * k * H);
-  for (int64_t i = 0; i < T * k; ++i) {
-    const int r = tp->ExpertOwner(ids[i]);
-    if (next[r] + H > static_cast<int64_t>(pieces[r].size()))
-      return InvalidArgument("MoE layer " + std::to_string(w.layer) + ": member " +
-                             std::to_string(r) + " sent fewer routed outputs than its pairs");
-    std::memcpy(contrib.data() + i * H, pieces[r].data() + next[r], H * sizeof(float));
-    next[r] += H;
-  }
-  for (int r = 0; r < t; ++r)
-    if (next[r] != static_cast<int64_t>(pieces[r].size()))
-      return InvalidArgument("MoE layer " + std::to_string(w.layer) + ": member " +
-                             std::to_string(r) + " sent more routed outputs than its pairs");
+  std::vector<float> contrib(T * k * H), shared_out(T * H);
+  FM_RETURN_IF_ERROR(JoinMoePieces(cfg, w.layer, pieces, ids, T, *tp, contrib.data(),
+                                   shared_out.data()));
   for (int64_t row = 0; row < T; ++row)
     MoeCombine_kH(contrib.data() + row * k * H, weights + row * k, k, H, out + row * H);
   for (int64_t i = 0; i < T * H; ++i) out[i] = out[i] + shared_out[i];

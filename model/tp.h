@@ -49,6 +49,14 @@ void MatmulRowRange(const QWeight& w, TpRange rows, const float* x, int64_t N, f
 Result<std::vector<float>> JoinColumns(const std::vector<std::vector<float>>& pieces, int64_t N,
                                        const std::vector<int64_t>& widths);
 
+// Every member's MoE piece (its rows [r*H/t, (r+1)*H/t) of the shared expert's output [T, H/t],
+// then its routed outputs [pairs, H] in (row, k) order, pairs = the (row, k) whose expert it owns)
+// back in place: contrib [T, k, H] in (row, k) slots and shared_out [T, H]. Errors name the
+// member whose piece does not fit its pairs.
+Status JoinMoePieces(const ModelConfig& cfg, int64_t layer,
+                     const std::vector<std::vector<float>>& pieces, const int32_t* ids, int64_t T,
+                     const TpGroup& tp, float* contrib, float* shared_out);
+
 // The MoE output of one layer on a member: out [T, H] = routed + shared expert, every row in
 // full, from x [T, H] (the normed MoE input) and the routing ids/weights [T, k] every member
 // computed alike. This member runs its share of the shared expert and its experts' pairs; two

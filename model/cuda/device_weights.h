@@ -10,6 +10,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 #include "model/layer.h"
+#include "model/tp_split.h"
 
 namespace fm {
 
@@ -44,8 +45,27 @@ struct DevCompressor {
 struct DevExpertSet {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0, cols = 0;
-  std::vector<cuda::DeviceWeight> weights;
-  cuda::DeviceBuffer datas, scales;  // [E] device pointers
+  std::vector<cuda::DeviceWeight> weights;  // the uploaded experts, ascending
+  std::vector<bool> present;               // [E]: expert e is uploaded
+  cuda::DeviceBuffer datas, scales;        // [E] device pointers (null: not uploaded)
+  cuda::DevExperts view() const {
+    return cuda::DevExperts{format, rows, cols, static_cast<int64_t>(present.size()),
+                            datas.as<const void* const>(), scales.as<const uint8_t* const>()};
+  }
+};
+
+// A tensor-parallel member's rows of a split weight (model/tp.h): `w` holds rows
+// [row0, row0 + rows) of it at its own row `first` (an FP8 share is uploaded from the start of
+// the 128-row scale block it begins in, so first may be > 0). Without tensor parallelism: the
+// whole weight, first 0.
+struct DevShare {
+  cuda::DeviceWeight w;
+  int64_t first = 0, rows = 0, whole_rows = 0;
+  // The product of these rows as rows of the whole weight's product (the same bits), T rows of
+  // x (stride xs) into y (stride ys, y[.., 0] = the share's first row).
+  cuda::GemvTask Task(const float* x, int64_t xs, float* y, int64_t ys) const {
+    return cuda::GemvTask{w.view(), x, xs, y, ys, first, rows, whole_rows};
+  }
 };
 
 struct DevLayer {
@@ -53,7 +73,8 @@ struct DevLayer {
   DevHc hc_attn, hc_ffn;
   cuda::DeviceBuffer attn_norm, ffn_norm;
   // attention
-  cuda::DeviceWeight wq_a, wq_b, wkv, wo_a, wo_b;
+  cuda::DeviceWeight wq_a, wkv;
+  DevShare wq_b, wo_a, wo_b;  // tensor parallel: this member's heads, output groups, hidden rows
   cuda::DeviceBuffer q_norm, kv_norm, sink, freq;
   DevCompressor comp, index_comp;
   cuda::DeviceWeight index_wq_b, index_proj;
@@ -61,12 +82,15 @@ struct DevLayer {
   bool hash = false;
   cuda::DeviceWeight gate;
   cuda::DeviceBuffer bias, tid2eid;
-  DevExpertSet w1, w2, w3;
-  cuda::DeviceWeight s1, s2, s3;  // the shared expert
+  DevExpertSet w1, w2, w3;  // a null pointer for an expert not uploaded
+  DevShare s1, s2, s3;      // the shared expert (tensor parallel: its rows of I, I, H)
   bool all_experts = true;  // every routed expert is in this shard's selection
 };
 
-// Every tensor of one bound layer; routed experts only when all are in the selection.
-Result<std::unique_ptr<DevLayer>> UploadLayer(const LayerWeights& w);
+// Every tensor of one bound layer. Routed experts: all of them, or with tp_size > 1 the ones in
+// the selection (member tp_rank's). With tp_size > 1 only member tp_rank's rows of the split
+// weights (model/tp_split.h), whose shapes must divide (CheckTensorParallel).
+Result<std::unique_ptr<DevLayer>> UploadLayer(const ModelConfig& cfg, const LayerWeights& w,
+                                              int tp_rank = 0, int tp_size = 1);
 
 }  // namespace fm

@@ -5,6 +5,7 @@
 
 #include "model/cuda/device_weights.h"
 #include "model/cuda/step_inputs.h"
+#include "model/cuda/tp_step.h"
 
 #include <algorithm>
 #include <cmath>
@@ -90,6 +91,7 @@ class CudaShardModel final : public ShardModel {
   Result<std::vector<SampledToken>> SampleNext(const float* x, int64_t rows,
                                                std::span<Sampler* const> samplers) const override;
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec; }
+  Status SetTensorParallel(TpGroup* tp) override;
 
  private:
   Status AllocScratch();
@@ -131,6 +133,10 @@ class CudaShardModel final : public ShardModel {
   DevHc hc_head_;
   int64_t max_positions_ = 0;
   ExpertExecutor* exec_ = nullptr;  // null: routed experts on the device
+  // Tensor parallelism: the member the weights were uploaded for (the checkpoint selection's
+  // tp_rank of tp_size) and its group, set before the first step (tp_step.h).
+  int tp_rank_ = 0, tp_size_ = 1;
+  TpGroup* tp_ = nullptr;
   mutable std::mutex mu_;           // one step at a time: the scratch is shared
   mutable Scratch s_;
   // kGraph: the decode step graph of each bucket of kStepBuckets (empty until its first step),
@@ -146,6 +152,8 @@ Status CudaShardModel::Bind(const Checkpoint& ckpt) {
   const ShardSelection& sel = ckpt.selection();
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.hidden_size;
   begin_ = sel.layer_begin;
+  tp_rank_ = sel.tp_size > 1 ? sel.tp_rank : 0;
+  tp_size_ = std::max(sel.tp_size, 1);
   end_ = sel.layer_end < 0 ? L : sel.layer_end;
   if (begin_ < 0 || begin_ > end_ || end_ > L)
     return InvalidArgument("shard selection: layers [" + std::to_string(begin_) + ", " +
@@ -165,7 +173,8 @@ Status CudaShardModel::Bind(const Checkpoint& ckpt) {
   }
   for (int64_t l = begin_; l < end_; ++l) {
     FM_ASSIGN_OR_RETURN(auto lw, BindLayer(ckpt, "layers." + std::to_string(l) + ".", l));
-    Result<std::unique_ptr<DevLayer>> dl = UploadLayer(*lw);
+    Result<std::unique_ptr<DevLayer>> dl = UploadLayer(cfg_, *lw, sel.tp_size > 1 ? sel.tp_rank : 0,
+                                                       std::max(sel.tp_size, 1));
     if (!dl.ok()) return dl.status().Wrap("layer " + std::to_string(l) + " to cuda:" +
                                           std::to_string(device_));
     layers_.push_back(std::move(dl).value());
@@ -208,7 +217,7 @@ Status CudaShardModel::AllocScratch() {
   const int64_t I = cfg_.moe_intermediate_size, E = cfg_.n_routed_experts;
   Scratch& s = s_;
   // Shared-expert width: from the first layer's weight (every layer has the same config).
-  const int64_t Is = layers_.empty() ? I : layers_[0]->s1.rows;
+  const int64_t Is = layers_.empty() ? I : layers_[0]->s1.whole_rows;
   struct Want { DeviceBuffer* b; int64_t floats; };
   const int64_t C = kMaxStepRows;
   const Want wants[] = {
@@ -284,6 +293,16 @@ Status CudaShardModel::Embed(std::span<const int32_t> tokens, float* x) const {
   return Status::Ok();
 }
 
+Status CudaShardModel::SetTensorParallel(TpGroup* tp) {
+  const int t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  if (t != tp_size_ || r != tp_rank_)
+    return InvalidArgument("tensor_parallel: a group member " + std::to_string(r) + " of " +
+                           std::to_string(t) + " for a cuda shard uploaded for member " +
+                           std::to_string(tp_rank_) + " of " + std::to_string(tp_size_));
+  tp_ = t > 1 ? tp : nullptr;
+  return Status::Ok();
+}
+
 Status CudaShardModel::HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T,
                                  bool with_post) const {
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
@@ -316,6 +335,9 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
   const float* y = s_.y.as<float>();
   const float* freq = l.freq.as<float>();
   const int32_t* p = in.pos();
+  // Tensor parallel: this member's heads [h0, h0 + nh) and nG output groups (their wo_a rows).
+  const TpRange heads = TpShare(nH, tp_rank_, tp_size_), groups = TpShare(G, tp_rank_, tp_size_);
+  const int64_t h0 = heads.begin, nh = heads.size(), nG = groups.size();
   float* cq = s_.cq.as<float>();
   float* q = s_.q.as<float>();
   float* kv = s_.kv.as<float>();
@@ -328,7 +350,7 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
   // (through q_norm, in the same launch) in another, then one launch for every row's norms,
   // RoPE and the indexer weights' scale.
   std::vector<cuda::GemvTask> of_y = {task(l.wq_a, y, H, cq), task(l.wkv, y, H, kv)};
-  std::vector<cuda::GemvTask> of_cq = {task(l.wq_b, cq, QL, q)};
+  std::vector<cuda::GemvTask> of_cq = {l.wq_b.Task(cq, QL, q, nh * D)};
   if (l.ratio > 1) {
     of_y.push_back(task(l.comp.wkv, y, H, s_.ca.as<float>()));
     of_y.push_back(task(l.comp.wgate, y, H, s_.cz.as<float>()));
@@ -342,7 +364,7 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
   FM_RETURN_IF_ERROR(cuda::GemmMany(of_y.data(), static_cast<int64_t>(of_y.size()), T));
   FM_RETURN_IF_ERROR(cuda::GemmMany(of_cq.data(), static_cast<int64_t>(of_cq.size()), T,
                                     l.q_norm.as<float>(), eps));
-  const cuda::AttnPrepArgs prep{q, nH, D, kv, l.kv_norm.as<float>(),
+  const cuda::AttnPrepArgs prep{q, nh, D, kv, l.kv_norm.as<float>(),
                                 l.ratio == 4 ? s_.iq.as<float>() : nullptr, hw, nI, dI,
                                 1.0f / std::sqrt(static_cast<float>(nI)), p, freq, rd, eps};
   FM_RETURN_IF_ERROR(cuda::AttnPrep(prep, T));
@@ -361,8 +383,8 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
                                            l.index_comp.dim, l.index_comp.overlap};
   const int64_t topk = l.ratio == 4 ? cfg_.index_topk : 0;
   int32_t* picks = s_.picks.as<int32_t>();
-  const cuda::AttentionArgs attn{q, nH, D, table, W, l.ratio > 1, topk, picks, steps,
-                                 l.sink.as<float>(), 1.0f / std::sqrt(static_cast<float>(D)), p,
+  const cuda::AttentionArgs attn{q, nh, D, table, W, l.ratio > 1, topk, picks, steps,
+                                 l.sink.as<float>() + h0, 1.0f / std::sqrt(static_cast<float>(D)), p,
                                  freq, rd, s_.o.as<float>()};
   auto core = [&](int64_t row0, int64_t n) -> Status {
     FM_RETURN_IF_ERROR(cuda::CacheRows(table, row0, n, kv, D, W, steps,
@@ -382,16 +404,25 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
   float* o = s_.o.as<float>();
   // 8: grouped output projection: group g's rows [g R, (g + 1) R) of wo_a over its slice of o
   // (a row slice may start inside an FP8 scale block), kMaxGemvTasks groups a launch; then wo_b.
+  // Tensor parallel: this member's groups, all-gathered; its rows of wo_b, all-gathered.
   const int64_t gin = nH * D / G;
   float* u = s_.u.as<float>();
-  std::vector<cuda::GemvTask> groups;
-  for (int64_t g = 0; g < G; ++g)
-    groups.push_back({l.wo_a.view(), o + g * gin, nH * D, u + g * R, G * R, g * R, R});
-  for (size_t g0 = 0; g0 < groups.size(); g0 += cuda::kMaxGemvTasks) {
-    const int64_t n = std::min<int64_t>(cuda::kMaxGemvTasks, groups.size() - g0);
-    FM_RETURN_IF_ERROR(cuda::GemmMany(groups.data() + g0, n, T));
+  std::vector<cuda::GemvTask> tasks;
+  for (int64_t g = 0; g < nG; ++g)
+    tasks.push_back({l.wo_a.w.view(), o + g * gin, nh * D, u + g * R, nG * R,
+                     l.wo_a.first + g * R, R});
+  for (size_t t0 = 0; t0 < tasks.size(); t0 += cuda::kMaxGemvTasks) {
+    const int64_t n = std::min<int64_t>(cuda::kMaxGemvTasks, tasks.size() - t0);
+    FM_RETURN_IF_ERROR(cuda::GemmMany(tasks.data() + t0, n, T));
   }
-  return cuda::Gemm(l.wo_b.view(), u, G * R, s_.out.as<float>(), l.wo_b.rows, T);
+  if (!tp_) {
+    const cuda::GemvTask wo_b = l.wo_b.Task(u, G * R, s_.out.as<float>(), H);
+    return cuda::GemmMany(&wo_b, 1, T);
+  }
+  FM_RETURN_IF_ERROR(GatherColumnsOnDevice(tp_, s_.u, T, nG * R, &s_.u));
+  const cuda::GemvTask wo_b = l.wo_b.Task(u, G * R, s_.routed.as<float>(), l.wo_b.rows);
+  FM_RETURN_IF_ERROR(cuda::GemmMany(&wo_b, 1, T));
+  return GatherColumnsOnDevice(tp_, s_.routed, T, l.wo_b.rows, &s_.out);
 }
 
 Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const {
@@ -407,11 +438,12 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
                                       cfg_.vocab_size, T, E, k,
                                       static_cast<float>(cfg_.routed_scaling_factor), ids, rw));
   // The shared expert is slot k of each token in the expert launches (slot 0 of k = 0 under EP).
-  const cuda::SharedExpert shared{l.s1.view(), l.s3.view(), l.s2.view()};
-  const int64_t hs = std::max(l.w1.rows, l.s1.rows);
+  const cuda::SharedExpert shared{l.s1.w.view(), l.s3.w.view(), l.s2.w.view()};
+  const int64_t hs = std::max(l.w1.rows, l.s1.whole_rows);
   float* h = s_.h.as<float>();
   float* contrib = s_.contrib.as<float>();
   float* out = s_.out.as<float>();
+  if (tp_) return MoeTpOnDevice(cfg_, l, tp_, T, {y, &s_.ids, rw, &s_.h, hs, &s_.contrib, out});
   if (exec_ || !l.all_experts) {
     // Expert parallelism: the executor works on host rows (a copy each way per layer).
     if (!exec_) return InvalidArgument("layer " + std::to_string(l.layer) +
@@ -429,13 +461,9 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
     FM_RETURN_IF_ERROR(cuda::ExpertsDown(none, nullptr, T, 0, h, hs, &shared, contrib));
     return cuda::AddVectors(s_.routed.as<float>(), contrib, out, T * H);
   }
-  auto set = [&](const DevExpertSet& w) {
-    return cuda::DevExperts{w.format, w.rows, w.cols, E, w.datas.as<const void* const>(),
-                            w.scales.as<const uint8_t* const>()};
-  };
   FM_RETURN_IF_ERROR(
-      cuda::ExpertsUpGate(set(l.w1), set(l.w3), ids, T, k, y, H, limit, &shared, h, hs));
-  FM_RETURN_IF_ERROR(cuda::ExpertsDown(set(l.w2), ids, T, k, h, hs, &shared, contrib));
+      cuda::ExpertsUpGate(l.w1.view(), l.w3.view(), ids, T, k, y, H, limit, &shared, h, hs));
+  FM_RETURN_IF_ERROR(cuda::ExpertsDown(l.w2.view(), ids, T, k, h, hs, &shared, contrib));
   return cuda::MoeCombine(contrib, rw, T, k, H, out, /*add_shared=*/true);
 }
 
@@ -511,7 +539,11 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
   // sequence has several rows in the step). A decode step (one token of each of distinct
   // sequences: CheckBatchItems' rule) replays its bucket's graph, the rows past the real ones
   // padding rows over pad_ (row 0's token and X, position 0) whose results are dropped.
-  const bool graph = mode_ == CudaStepMode::kGraph && !exec_ &&
+  if (tp_size_ > 1 && !tp_)
+    return FailedPrecondition("this cuda shard holds tensor-parallel member " +
+                              std::to_string(tp_rank_) + " of " + std::to_string(tp_size_) +
+                              "'s rows: set its group (SetTensorParallel) before a step");
+  const bool graph = mode_ == CudaStepMode::kGraph && !exec_ && !tp_ &&
                      std::all_of(items.begin(), items.end(),
                                  [](const BatchItem& i) { return i.tokens.size() == 1; });
   std::vector<const SequenceCache*> rows;

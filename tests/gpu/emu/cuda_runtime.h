@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <vector>
 
 struct dim3 {
@@ -118,12 +119,16 @@ inline unsigned __float_as_uint(float f) {
   return u;
 }
 
-// Set while a graph is captured: launches are appended here instead of run.
-inline std::vector<std::function<void()>>* emu_capture = nullptr;
+// Set while a graph is captured on this thread: its launches are appended here instead of run.
+inline thread_local std::vector<std::function<void()>>* emu_capture = nullptr;
+// One kernel runs at a time in the process: the block's state (__shared__ statics, fibers,
+// threadIdx) is global, and tensor-parallel tests run a shard on each of several threads.
+inline std::mutex emu_run_mu;
 
 template <class... P, class... A>
 void EmuRun(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
   constexpr size_t kStack = 256 << 10;
+  std::lock_guard<std::mutex> one_kernel_at_a_time(emu_run_mu);
   if (emu_fibers.size() < block.x) emu_fibers.resize(block.x);
   emu_body = [&] { kernel(args...); };
   for (unsigned b = 0; b < grid.x * grid.y; ++b) {

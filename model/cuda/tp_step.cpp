@@ -1,0 +1,115 @@
+// Tensor parallelism on the device shard (model/cuda/tp_step.h).
+#include "model/cuda/tp_step.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+
+namespace fm {
+
+Status GatherColumnsOnDevice(TpGroup* tp, const cuda::DeviceBuffer& mine, int64_t T,
+                             int64_t width, cuda::DeviceBuffer* full) {
+  std::vector<float> piece(static_cast<size_t>(T * width));
+  FM_RETURN_IF_ERROR(mine.CopyToHost(piece.data(), piece.size() * sizeof(float)));
+  FM_ASSIGN_OR_RETURN(auto pieces, tp->AllGather(piece));
+  FM_ASSIGN_OR_RETURN(std::vector<float> joined,
+                      JoinColumns(pieces, T, std::vector<int64_t>(tp->size(), width)));
+  return full->CopyFromHost(joined.data(), joined.size() * sizeof(float));
+}
+
+namespace {
+
+// Columns [c0, c0 + n) of rows [T, stride] -> [T, n].
+std::vector<float> Columns(const std::vector<float>& rows, int64_t T, int64_t stride, int64_t c0,
+                           int64_t n) {
+  std::vector<float> out(static_cast<size_t>(T * n));
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(out.data() + t * n, rows.data() + t * stride + c0, n * sizeof(float));
+  return out;
+}
+
+}  // namespace
+
+Status MoeTpOnDevice(const ModelConfig& cfg, const DevLayer& l, TpGroup* tp, int64_t T,
+                     const MoeTpBuffers& b) {
+  const int64_t H = cfg.hidden_size, E = cfg.n_routed_experts, k = cfg.num_experts_per_tok;
+  const int me = tp->rank(), t = tp->size();
+  const float limit = cfg.swiglu_limit > 0 ? static_cast<float>(cfg.swiglu_limit)
+                                           : std::numeric_limits<float>::infinity();
+  const std::string where = "MoE layer " + std::to_string(l.layer);
+  // The routing every member computed alike; the pairs of other members' experts are masked
+  // (an id outside [0, E): the expert launches write a NaN row and read no weight).
+  std::vector<int32_t> ids(static_cast<size_t>(T * k)), masked(ids.size());
+  FM_RETURN_IF_ERROR(b.ids->CopyToHost(ids.data(), ids.size() * sizeof(int32_t)));
+  std::vector<int64_t> pairs;  // this member's (row, k) slots, ascending
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t e = ids[i];
+    if (e < 0 || e >= E)
+      return InvalidArgument(where + ": row " + std::to_string(i / k) + " routes to expert " +
+                             std::to_string(e));
+    const bool mine = tp->ExpertOwner(e) == me;
+    if (mine && !l.w1.present[e])
+      return InvalidArgument(where + ": expert " + std::to_string(e) +
+                             " is this member's but not on the device");
+    masked[i] = mine ? e : -1;
+    if (mine) pairs.push_back(static_cast<int64_t>(i));
+  }
+  FM_RETURN_IF_ERROR(b.ids->CopyFromHost(masked.data(), masked.size() * sizeof(int32_t)));
+
+  // Up: this member's pairs, then its rows of the shared expert (the rows of h after the pairs').
+  const int64_t hs = b.hs, shared_h = T * k * hs;
+  float* h = b.h->as<float>();
+  const cuda::DevExperts none;
+  const cuda::SharedExpert shared{l.s1.w.view(), l.s3.w.view(), l.s2.w.view()};
+  FM_RETURN_IF_ERROR(cuda::ExpertsUpGate(l.w1.view(), l.w3.view(), b.ids->as<int32_t>(), T, k,
+                                         b.y, H, limit, nullptr, h, hs));
+  FM_RETURN_IF_ERROR(
+      cuda::ExpertsUpGate(none, none, nullptr, T, 0, b.y, H, limit, &shared, h + shared_h, hs));
+  // The shared expert's mid [T, Is] from every member's rows, back into the shared rows of h.
+  std::vector<float> hrows(static_cast<size_t>(T * hs));
+  FM_RETURN_IF_ERROR(b.h->CopyToHost(hrows.data(), hrows.size() * sizeof(float),
+                                     shared_h * sizeof(float)));
+  FM_ASSIGN_OR_RETURN(auto mids, tp->AllGather(Columns(hrows, T, hs, l.s1.first, l.s1.rows)));
+  FM_ASSIGN_OR_RETURN(std::vector<float> mid,
+                      JoinColumns(mids, T, std::vector<int64_t>(t, l.s1.rows)));
+  const int64_t Is = l.s1.whole_rows;
+  for (int64_t r = 0; r < T; ++r)
+    std::memcpy(hrows.data() + r * hs, mid.data() + r * Is, Is * sizeof(float));
+  FM_RETURN_IF_ERROR(b.h->CopyFromHost(hrows.data(), hrows.size() * sizeof(float),
+                                       shared_h * sizeof(float)));
+
+  // Down: the pairs' outputs [T k, H], then this member's rows of the shared output.
+  float* contrib = b.contrib->as<float>();
+  const int64_t s2_rows = l.s2.w.rows;
+  FM_RETURN_IF_ERROR(cuda::ExpertsDown(l.w2.view(), b.ids->as<int32_t>(), T, k, h, hs, nullptr,
+                                       contrib));
+  FM_RETURN_IF_ERROR(
+      cuda::ExpertsDown(none, nullptr, T, 0, h + shared_h, hs, &shared, contrib + T * k * H));
+  std::vector<float> routed(static_cast<size_t>(T * k * H)), shared_rows(T * s2_rows);
+  FM_RETURN_IF_ERROR(b.contrib->CopyToHost(routed.data(), routed.size() * sizeof(float)));
+  FM_RETURN_IF_ERROR(b.contrib->CopyToHost(shared_rows.data(), shared_rows.size() * sizeof(float),
+                                           T * k * H * sizeof(float)));
+  // The piece MoeForwardTp sends: the shared output's rows, then the pairs' outputs.
+  std::vector<float> piece = Columns(shared_rows, T, s2_rows, l.s2.first, l.s2.rows);
+  for (const int64_t i : pairs)
+    piece.insert(piece.end(), routed.begin() + i * H, routed.begin() + (i + 1) * H);
+  FM_ASSIGN_OR_RETURN(auto pieces, tp->AllGather(piece));
+  std::vector<float> all_routed(routed.size()), shared_out(static_cast<size_t>(T * H));
+  FM_RETURN_IF_ERROR(JoinMoePieces(cfg, l.layer, pieces, ids.data(), T, *tp, all_routed.data(),
+                                   shared_out.data()));
+  // [T, k + 1, H]: each row's k outputs, then its shared output (MoeCombine's layout).
+  std::vector<float> slots(static_cast<size_t>(T * (k + 1) * H));
+  for (int64_t r = 0; r < T; ++r) {
+    std::memcpy(slots.data() + r * (k + 1) * H, all_routed.data() + r * k * H,
+                k * H * sizeof(float));
+    std::memcpy(slots.data() + (r * (k + 1) + k) * H, shared_out.data() + r * H, H * sizeof(float));
+  }
+  FM_RETURN_IF_ERROR(b.contrib->CopyFromHost(slots.data(), slots.size() * sizeof(float)));
+  return cuda::MoeCombine(contrib, b.rw, T, k, H, b.out, /*add_shared=*/true);
+}
+
+}  // namespace fm
