@@ -44,17 +44,12 @@ std::string FormatCandidates(const std::vector<PlanCandidate>& all, const Plan& 
   std::snprintf(line, sizeof line, "%-13s %-4s %9s %9s %8s %9s %9s %9s\n", "layout", "fits",
                 "tok/s b1", batch.c_str(), "TTFT s", "read GB", "wire KB", "wire ms");
   out += line;
-  bool tp_shown = false;
   for (const PlanCandidate& c : all) {
     const std::string name = Layout(c.pipeline_stages, c.expert_parallel, c.tensor_parallel);
     const bool is_chosen = c.pipeline_stages == chosen.pipeline_stages &&
                            c.expert_parallel == chosen.expert_parallel &&
                            c.tensor_parallel == chosen.tensor_parallel;
-    std::string note = is_chosen ? "<- chosen" : "";
-    if (!c.runs) {
-      note += std::string(note.empty() ? "" : " ") + "(predicted only*)";
-      tp_shown = true;
-    }
+    const std::string note = is_chosen ? "<- chosen" : "";
     if (!c.plan.ok() || !c.prediction.ok()) {
       std::snprintf(line, sizeof line, "%-13s %-4s %s\n", name.c_str(), "no",
                     (c.plan.ok() ? c.prediction.status() : c.plan.status()).message().c_str());
@@ -69,9 +64,6 @@ std::string FormatCandidates(const std::vector<PlanCandidate>& all, const Plan& 
   }
   out += "  read GB: weight + KV bytes the busiest worker reads a token (batch 1); wire: bytes\n"
          "  all workers send a token (hops + EP + TP) and the wire part of a token's time\n";
-  if (tp_shown)
-    out += "  * tensor_parallel: the device shard (device: cuda) does not split heads, so auto\n"
-           "    does not choose head-parallel layouts on this cluster\n";
   return out;
 }
 
@@ -122,7 +114,6 @@ int CmdPlan(int argc, char** argv) {
       nlohmann::json cj = {{"pipeline_stages", c.pipeline_stages},
                            {"expert_parallel", c.expert_parallel},
                            {"tensor_parallel", c.tensor_parallel},
-                           {"runs", c.runs},
                            {"fits", c.plan.ok()}};
       if (!c.plan.ok()) cj["error"] = c.plan.status().message();
       else if (c.prediction.ok()) cj["prediction"] = PredictionJson(*c.prediction);

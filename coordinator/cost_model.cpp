@@ -349,7 +349,6 @@ std::vector<PlanCandidate> PlanCandidates(const ModelConfig& c, const ClusterCon
       cand.pipeline_stages = stages;
       cand.expert_parallel = tp ? 1 : k;
       cand.tensor_parallel = tp ? k : 1;
-      cand.runs = !tp || TensorParallelRuns(cl);
       cand.plan = PlanLayout(c, cl, stages, cand.expert_parallel, cand.tensor_parallel);
       if (cand.plan.ok()) cand.prediction = PredictPlan(c, shape, *cand.plan, cl, q);
       out.push_back(std::move(cand));

@@ -91,7 +91,6 @@ struct PlanCandidate {
   int pipeline_stages = 1, expert_parallel = 1, tensor_parallel = 1;
   Result<Plan> plan = Plan{};             // or why it does not fit (PlanLayout's error)
   Result<Prediction> prediction = Prediction{};   // when the plan fits
-  bool runs = true;                       // the workers execute it (tp: TensorParallelRuns)
 };
 // For every S dividing the node count (fewest stages first), k = nodes / S: S x ep k, then
 // (k > 1) S x tp k. Profiles must be probed (WithProbedProfiles).

@@ -199,20 +199,8 @@ ClusterConfig WithProbedProfiles(ClusterConfig cluster) {
   return cluster;
 }
 
-bool TensorParallelRuns(const ClusterConfig& cluster) {
-  for (const NodeConfig& n : cluster.nodes)
-    if (n.cuda_device >= 0) return false;
-  return true;
-}
-
 Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) {
   FM_RETURN_IF_ERROR(CheckInputs(model, cluster));
-  if (!cluster.parallel.automatic && cluster.parallel.tensor_parallel > 1 &&
-      !TensorParallelRuns(cluster))
-    return InvalidArgument("parallel.tensor_parallel " +
-                           std::to_string(cluster.parallel.tensor_parallel) +
-                           ": the device shard runs whole layers only; tensor parallelism needs "
-                           "every node on device: cpu");
   if (!cluster.parallel.automatic)
     return PlanLayout(model, cluster, cluster.parallel.pipeline_stages,
                       cluster.parallel.expert_parallel, cluster.parallel.tensor_parallel);
@@ -221,7 +209,6 @@ Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) 
   const PlanCandidate* best = nullptr;
   std::string tried;
   for (const PlanCandidate& c : all) {
-    if (!c.runs) continue;
     if (!c.plan.ok()) {
       tried += "\n  " + std::to_string(c.pipeline_stages) + " x " +
                std::to_string(c.expert_parallel) + ": " + c.plan.status().message();

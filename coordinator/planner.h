@@ -16,9 +16,8 @@
 //   replicate the rest of the dense part, and hold routed experts like an EP group; every
 //   member keeps the KV of all the stage's sequences. t divides o_groups and the heads.
 // - parallel "auto": among the layouts of the nodes (S x ep and S x tp with S * k == nodes;
-//   PlanCandidates in cost_model.h) that fit every node's memory_gib and that the workers can
-//   run (tp: TensorParallelRuns), the one the cost model predicts fastest at
-//   batch 1; ties go to fewer stages. cpu profiles are probed first (ProbeHostProfile).
+//   PlanCandidates in cost_model.h) that fit every node's memory_gib, the one the cost model
+//   predicts fastest at batch 1; ties go to fewer stages. cpu profiles are probed first (ProbeHostProfile).
 // - KV per worker = limits.kv_cache_gib when set, else the decode state (MODEL.md) of
 //   ceil(max_batch / k) sequences at max_context for the worker's layers, f32.
 #pragma once
@@ -50,10 +49,6 @@ struct WorkerPlan {
   double free_gib() const { return memory_gib - need_gib(); }
 };
 
-// Whether the workers of `cluster` execute tensor_parallel plans: the CPU shard splits heads
-// (model/tp.h), the device shard (model/cuda/shard_model.h) runs whole layers only, so only a
-// cluster of cpu nodes does. Elsewhere tp layouts are planned and predicted, never chosen.
-bool TensorParallelRuns(const ClusterConfig& cluster);
 
 struct Plan {
   int pipeline_stages = 1;

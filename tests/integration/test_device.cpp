@@ -1,7 +1,8 @@
 // A cluster whose nodes say `device: cuda:0`: the worker runs its shard on the GPU
 // (model/cuda/shard_model.h). With a GPU the cluster serves; without one, LoadShard fails
 // naming the device, health says degraded and Generate is UNAVAILABLE (nothing hangs). Also the
-// NCCL stage link (transport nccl between stages) and the device decode bench.
+// NCCL stage link (transport nccl between stages), tensor parallel on cuda workers and the device
+// decode bench.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -41,6 +42,46 @@ TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
   auto stub = Connect(cluster.api());
   Generation g = Generate(stub.get(), TokensRequest({5, 6, 7}, 4));
   EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
+}
+
+// tensor_parallel 2 on cuda workers (both on cuda:0, TCP between them): each member uploads its
+// share and gathers the rest (docs/gpu.md "Tensor parallel on the device"); with a GPU the
+// cluster gives one cuda:0 worker's tokens and logprobs exactly; without one a member's load
+// fails naming the device.
+TEST(DeviceShard, TensorParallelCudaWorkersEqualOneCudaWorkerOrSayWhy) {
+  ClusterSpec spec;
+  spec.stages = 1;
+  spec.tensor_parallel = 2;
+  spec.device = "cuda:0";
+  Cluster cluster(spec);
+  cluster.StartAll();
+  if (Gpus() > 0) {
+    ClusterSpec one;
+    one.stages = 1;
+    one.device = "cuda:0";
+    Cluster single(one);
+    single.StartAll();
+    ASSERT_TRUE(WaitHealthy(single.api(), 120s)) << single.Logs();
+    ASSERT_TRUE(WaitHealthy(cluster.api(), 120s)) << cluster.Logs();
+    auto ref = Connect(single.api());
+    auto stub = Connect(cluster.api());
+    for (int i = 0; i < 3; ++i) {
+      const auto req = TokensRequest({5 + i, 6, 7, 8 + i}, 8);
+      Generation want = Generate(ref.get(), req), got = Generate(stub.get(), req);
+      ASSERT_TRUE(want.status.ok() && got.status.ok())
+          << want.status.error_message() << " / " << got.status.error_message() << cluster.Logs();
+      EXPECT_EQ(got.ids, want.ids) << "request " << i;
+      EXPECT_EQ(got.logprobs, want.logprobs) << "request " << i;
+    }
+    return;
+  }
+#if FM_TEST_CUDA
+  const std::string why = "device cuda:0: cuda:0: this host has 0 CUDA device(s)";
+#else
+  const std::string why = "built without CUDA";
+#endif
+  const std::string error = NodeErrorContaining(cluster.api(), why, 60s);
+  EXPECT_NE(error.find(why), std::string::npos) << error << cluster.Logs();
 }
 
 // transport nccl with two stages: the hop is a two-rank NCCL link between the stages' GPUs. With
