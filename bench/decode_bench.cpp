@@ -46,11 +46,13 @@ class CountingExpertExecutor : public ExpertExecutor {
   Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                    const float* weights, float* routed) override {
     FM_RETURN_IF_ERROR(local_.RunRouted(layer, x, T, expert_ids, weights, routed));
-    // local_ has checked layer and ids.
-    for (int32_t e : std::set<int32_t>(expert_ids, expert_ids + T * top_k_)) {
-      const ExpertWeights& ew = moe_[layer].experts[e];
-      bytes_ += ew.w1.bytes() + ew.w2.bytes() + ew.w3.bytes();
-    }
+    Count(layer, T, expert_ids);  // local_ has checked layer and ids
+    return Status::Ok();
+  }
+  Status RunSlots(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                  float* slots) override {
+    FM_RETURN_IF_ERROR(local_.RunSlots(layer, x, T, expert_ids, slots));
+    Count(layer, T, expert_ids);
     return Status::Ok();
   }
   size_t bytes() const { return bytes_; }
@@ -63,6 +65,12 @@ class CountingExpertExecutor : public ExpertExecutor {
                                      nullptr);
     for (size_t l = 0; l < moe.size(); ++l) p[l] = &moe[l];
     return p;
+  }
+  void Count(int64_t layer, int64_t T, const int32_t* expert_ids) {
+    for (int32_t e : std::set<int32_t>(expert_ids, expert_ids + T * top_k_)) {
+      const ExpertWeights& ew = moe_[layer].experts[e];
+      bytes_ += ew.w1.bytes() + ew.w2.bytes() + ew.w3.bytes();
+    }
   }
   std::vector<MoeWeights> moe_;
   LocalExpertExecutor local_;

@@ -85,6 +85,15 @@ Result<std::vector<SampledToken>> ShardModel::SampleNext(const float* x, int64_t
   return out;
 }
 
+Status RunEmptyRounds(ExpertExecutor* exec, int64_t from, int64_t to, int64_t layer_begin,
+                      int64_t layer_end) {
+  for (int64_t r = from; r < to; ++r)
+    for (int64_t l = layer_begin; l < layer_end; ++l)
+      FM_RETURN_IF_ERROR(exec->RunSlots(l, nullptr, 0, nullptr, nullptr)
+                             .Wrap("layer " + std::to_string(l) + " (a round without rows)"));
+  return Status::Ok();
+}
+
 Result<std::vector<int32_t>> CheckBatchItems(const ModelConfig& cfg, int64_t layer_begin,
                                              int64_t layer_end, std::span<const BatchItem> items,
                                              bool mtp) {
@@ -224,6 +233,11 @@ Status ShardModelImpl::Embed(std::span<const int32_t> tokens, float* x) const {
 Status ShardModelImpl::ForwardLayers(std::span<const BatchItem> items, float* x) const {
   FM_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, CheckBatchItems(cfg_, begin_, end_, items, false));
   const int64_t T = static_cast<int64_t>(tokens.size());
+  // All rows in one round (a RunRouted a layer); the group may run more (device members).
+  int64_t rounds = 1;
+  if (exec_ && !layers_.empty()) {
+    FM_ASSIGN_OR_RETURN(rounds, exec_->AgreeRounds(1));
+  }
   std::vector<AttentionSeq> seqs(items.size());
   for (const auto& lw : layers_) {
     for (size_t i = 0; i < items.size(); ++i)
@@ -232,6 +246,7 @@ Status ShardModelImpl::ForwardLayers(std::span<const BatchItem> items, float* x)
     if (!st.ok()) return st.Wrap("layer " + std::to_string(lw->layer));
   }
   for (const auto& item : items) item.cache->Advance(static_cast<int64_t>(item.tokens.size()));
+  if (rounds > 1) return RunEmptyRounds(exec_, 1, rounds, begin_, end_);
   return Status::Ok();
 }
 

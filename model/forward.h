@@ -35,6 +35,31 @@ class ExpertExecutor {
   virtual ~ExpertExecutor() = default;
   virtual Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                            const float* weights, float* routed) = 0;
+  // The same experts' outputs before the sum: slots [T, k, H], slot (t, j) = expert
+  // expert_ids[t k + j] of row t, unweighted (RunRouted = CombineRouted of these). A device
+  // shard sums them on the device, in the order of its own combine.
+  virtual Status RunSlots(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                          float* slots) = 0;
+  // Every member of an expert-parallel group runs the same number of rounds a step (a round:
+  // one RunRouted or RunSlots a layer of its shard). A shard that runs its rows in `rounds`
+  // passes (a device shard: steps of 32 rows) gets the group's largest and runs the rounds it
+  // lacks with no rows (RunExpertRounds). In one process: its own count.
+  virtual Result<int64_t> AgreeRounds(int64_t rounds) { return rounds; }
+};
+
+// Rounds [from, to) with no rows for layers [layer_begin, layer_end): this member serves the
+// others' requests for its experts (AgreeRounds).
+Status RunEmptyRounds(ExpertExecutor* exec, int64_t from, int64_t to, int64_t layer_begin,
+                      int64_t layer_end);
+
+// The routed experts a shard holds, run for an expert-parallel executor on behalf of any
+// member: out [p, H] = the unweighted output of expert pairs[2i + 1] on row pairs[2i] of rows
+// [n, H], host memory. Errors name a pair whose expert is not held here.
+class ExpertRunner {
+ public:
+  virtual ~ExpertRunner() = default;
+  virtual Status RunPairs(int64_t layer, const float* rows, int64_t n, const int32_t* pairs,
+                          int64_t p, float* out) = 0;
 };
 
 // embed.weight checked against config.json: BF16 or F32 [vocab, hidden].
@@ -89,6 +114,10 @@ class ShardModel {
 
   // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
   virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;
+  // The experts of this shard's selection as an ExpertRunner where the shard runs them itself
+  // (a device shard: on its GPU), outliving the shard's use; null: the caller binds the
+  // checkpoint's experts and runs them on the CPU (CpuExpertRunner, model/moe.h).
+  virtual ExpertRunner* LocalExperts() { return nullptr; }
   // Tensor parallelism (model/tp.h): ForwardLayers computes member tp->rank()'s share of every
   // layer and gathers the rest over `tp` (outliving its use), with the same bits; null = off.
   // Errors when the model's shapes do not divide by tp->size() or the shard cannot split.

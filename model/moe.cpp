@@ -1,6 +1,7 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -145,12 +146,19 @@ void RunExpertRange(const MoeWeights& w, float swiglu_limit,
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> cpu_expert_group_runs{0};
+}  // namespace
+
+int64_t CpuExpertGroupRuns() { return cpu_expert_group_runs.load(); }
+
 void RunExpertGroups(const MoeWeights& w, float swiglu_limit,
                      const std::vector<std::vector<ExpertRowPair>>& by_expert, int64_t H,
                      const float* in, float* out, ThreadPool* pool) {
   // Experts are taken in runs of at most kGroupRows gathered rows (one expert with more is a
   // run of its own), which bounds the scratch of a long prefill.
   constexpr int64_t kGroupRows = 1024;
+  cpu_expert_group_runs.fetch_add(1, std::memory_order_relaxed);
   std::vector<int64_t> offset(by_expert.size() + 1, 0);
   for (size_t e = 0; e < by_expert.size(); ++e)
     offset[e + 1] = offset[e] + static_cast<int64_t>(by_expert[e].size());
@@ -177,29 +185,60 @@ void CombineRouted(const float* contrib, const float* weights, int64_t T, int64_
     MoeCombine_kH(contrib + t * k * H, weights + t * k, k, H, routed + t * H);
 }
 
+Status LocalExpertExecutor::Slots(const MoeWeights& w, const float* x, int64_t r0, int64_t rows,
+                                  const int32_t* expert_ids, float* slots) {
+  const int64_t E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok, H = cfg_.hidden_size;
+  std::vector<std::vector<ExpertRowPair>> by_expert(E);  // row order within each expert
+  for (int64_t i = 0; i < rows * k; ++i) {
+    const int32_t e = expert_ids[r0 * k + i];
+    if (e < 0 || e >= E || !w.experts[e].loaded)
+      return InvalidArgument("MoE layer " + std::to_string(w.layer) + ": row " +
+                             std::to_string(r0 + i / k) + " routes to expert " +
+                             std::to_string(e) + ", which is not loaded on this shard");
+    by_expert[e].push_back({r0 + i / k, i});
+  }
+  std::fill(slots, slots + rows * k * H, 0.0f);
+  RunExpertGroups(w, static_cast<float>(cfg_.swiglu_limit), by_expert, H, x, slots, pool_);
+  return Status::Ok();
+}
+
 Status LocalExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
                                       const int32_t* expert_ids, const float* weights,
                                       float* routed) {
   FM_ASSIGN_OR_RETURN(const MoeWeights* w, RoutedLayer(layers_, layer));
-  const int64_t E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok, H = cfg_.hidden_size;
-  const float limit = static_cast<float>(cfg_.swiglu_limit);
-  for (int64_t i = 0; i < T * k; ++i) {
-    const int32_t e = expert_ids[i];
-    if (e < 0 || e >= E || !w->experts[e].loaded)
-      return InvalidArgument("MoE layer " + std::to_string(layer) + ": row " +
-                             std::to_string(i / k) + " routes to expert " + std::to_string(e) +
-                             ", which is not loaded on this shard");
-  }
+  const int64_t k = cfg_.num_experts_per_tok, H = cfg_.hidden_size;
   std::vector<float> contrib;
-  std::vector<std::vector<ExpertRowPair>> by_expert(E);  // row order within each expert
   for (int64_t r0 = 0; r0 < T; r0 += kRoutedChunkRows) {
     const int64_t rows = std::min(kRoutedChunkRows, T - r0);
-    contrib.assign(rows * k * H, 0.0f);
-    for (auto& s : by_expert) s.clear();
-    for (int64_t i = 0; i < rows * k; ++i) by_expert[expert_ids[r0 * k + i]].push_back({r0 + i / k, i});
-    RunExpertGroups(*w, limit, by_expert, H, x, contrib.data(), pool_);
+    contrib.resize(rows * k * H);
+    FM_RETURN_IF_ERROR(Slots(*w, x, r0, rows, expert_ids, contrib.data()));
     CombineRouted(contrib.data(), weights + r0 * k, rows, k, H, routed + r0 * H);
   }
+  return Status::Ok();
+}
+
+Status LocalExpertExecutor::RunSlots(int64_t layer, const float* x, int64_t T,
+                                     const int32_t* expert_ids, float* slots) {
+  FM_ASSIGN_OR_RETURN(const MoeWeights* w, RoutedLayer(layers_, layer));
+  return Slots(*w, x, 0, T, expert_ids, slots);
+}
+
+Status CpuExpertRunner::RunPairs(int64_t layer, const float* rows, int64_t n, const int32_t* pairs,
+                                 int64_t p, float* out) {
+  FM_ASSIGN_OR_RETURN(const MoeWeights* w, RoutedLayer(layers_, layer));
+  const int64_t E = cfg_.n_routed_experts, H = cfg_.hidden_size;
+  std::vector<std::vector<ExpertRowPair>> by_expert(E);
+  for (int64_t i = 0; i < p; ++i) {
+    const int32_t row = pairs[2 * i], e = pairs[2 * i + 1];
+    if (row < 0 || row >= n || e < 0 || e >= E || !w->experts[e].loaded)
+      return InvalidArgument("MoE layer " + std::to_string(layer) + ": pair " +
+                             std::to_string(i) + " (row " + std::to_string(row) + " of " +
+                             std::to_string(n) + ", expert " + std::to_string(e) +
+                             ") is not loaded on this shard");
+    by_expert[e].push_back({row, i});
+  }
+  std::fill(out, out + p * H, 0.0f);
+  RunExpertGroups(*w, static_cast<float>(cfg_.swiglu_limit), by_expert, H, rows, out, pool_);
   return Status::Ok();
 }
 

@@ -54,6 +54,9 @@ struct ExpertRowPair {
 // floats). All experts' W1 and W3 products run in one parallel pass, then all W2 products:
 // three thread rendezvous per call instead of three per expert. Each row's bits do not depend
 // on the other pairs (Matmul per row is fixed-order).
+// Calls of RunExpertGroups in this process so far: a device shard under expert parallelism
+// runs none (its experts are on the GPU), which the tests check.
+int64_t CpuExpertGroupRuns();
 void RunExpertGroups(const MoeWeights& w, float swiglu_limit,
                      const std::vector<std::vector<ExpertRowPair>>& by_expert, int64_t H,
                      const float* in, float* out, ThreadPool* pool);
@@ -77,6 +80,28 @@ class LocalExpertExecutor : public ExpertExecutor {
       : cfg_(cfg), layers_(std::move(layers)), pool_(pool) {}
   Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                    const float* weights, float* routed) override;
+  Status RunSlots(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                  float* slots) override;
+
+ private:
+  // Checks the ids, then the slots of rows [r0, r0 + rows) into slots [rows, k, H].
+  Status Slots(const MoeWeights& w, const float* x, int64_t r0, int64_t rows,
+               const int32_t* expert_ids, float* slots);
+
+  const ModelConfig& cfg_;
+  std::vector<const MoeWeights*> layers_;
+  ThreadPool* pool_;
+};
+
+// The experts of `layers` (bound from the checkpoint, the loaded ones) on the CPU, for an
+// expert-parallel executor (ExpertRunner).
+class CpuExpertRunner : public ExpertRunner {
+ public:
+  CpuExpertRunner(const ModelConfig& cfg, std::vector<const MoeWeights*> layers,
+                  ThreadPool* pool)
+      : cfg_(cfg), layers_(std::move(layers)), pool_(pool) {}
+  Status RunPairs(int64_t layer, const float* rows, int64_t n, const int32_t* pairs, int64_t p,
+                  float* out) override;
 
  private:
   const ModelConfig& cfg_;

@@ -9,6 +9,7 @@ namespace {
 // Tags of one layer's three exchanges (step id in the frame header separates steps).
 uint32_t Tag(int64_t layer, uint32_t part) { return static_cast<uint32_t>(layer) * 4 + part; }
 constexpr uint32_t kPairsPart = 0, kRowsPart = 1, kOutPart = 2;
+constexpr uint32_t kRoundsTag = 0xFFFFFFFEu;   // a step's round count (the barrier's is ~0)
 
 // Per destination rank: the distinct rows it needs (local row ids, ascending) and the pairs.
 struct Outgoing {
@@ -20,14 +21,13 @@ struct Outgoing {
 
 }  // namespace
 
-EpExpertExecutor::EpExpertExecutor(const ModelConfig& cfg, std::vector<const MoeWeights*> layers,
+EpExpertExecutor::EpExpertExecutor(const ModelConfig& cfg, ExpertRunner* runner,
                                    net::Communicator* comm, std::vector<int64_t> expert_begin,
-                                   ThreadPool* pool, net::Millis timeout)
+                                   net::Millis timeout)
     : cfg_(cfg),
-      layers_(std::move(layers)),
+      runner_(runner),
       comm_(comm),
       expert_begin_(std::move(expert_begin)),
-      pool_(pool),
       timeout_(timeout) {
   stats_.tokens_per_expert.assign(cfg.n_routed_experts, 0);
 }
@@ -38,32 +38,42 @@ int EpExpertExecutor::Owner(int32_t expert) const {
   return static_cast<int>(it - expert_begin_.begin()) - 1;
 }
 
-Status EpExpertExecutor::Compute(const MoeWeights& w, const float* rows, int64_t n,
-                                 const int32_t* pairs, int64_t p, std::vector<float>* out) const {
-  const int64_t H = cfg_.hidden_size, E = cfg_.n_routed_experts;
-  const int me = comm_->rank();
-  out->assign(p * H, 0.0f);
-  std::vector<std::vector<ExpertRowPair>> by_expert(E);
-  for (int64_t i = 0; i < p; ++i) {
-    const int32_t row = pairs[2 * i], e = pairs[2 * i + 1];
-    if (row < 0 || row >= n || e < expert_begin_[me] || e >= expert_begin_[me + 1] ||
-        !w.experts[e].loaded)
-      return InvalidArgument("EP dispatch for layer " + std::to_string(w.layer) + ": pair " +
-                             std::to_string(i) + " (row " + std::to_string(row) + ", expert " +
-                             std::to_string(e) + ") is not this member's (experts [" +
-                             std::to_string(expert_begin_[me]) + ", " +
-                             std::to_string(expert_begin_[me + 1]) + "), " + std::to_string(n) +
-                             " rows)");
-    by_expert[e].push_back({row, i});
+Result<int64_t> EpExpertExecutor::AgreeRounds(int64_t rounds) {
+  const int R = comm_->size(), me = comm_->rank();
+  const int32_t mine = static_cast<int32_t>(std::clamp<int64_t>(rounds, 0, 1 << 20));
+  std::vector<net::CommBuffer> send(R, {net::FrameDType::kI32, {1}, &mine, sizeof mine});
+  FM_ASSIGN_OR_RETURN(auto in, comm_->AllToAllV(net::FrameKind::kControl, step_, kRoundsTag,
+                                                send, timeout_));
+  int64_t most = mine;
+  for (int r = 0; r < R; ++r) {
+    if (r == me) continue;
+    const net::Frame& f = in[r];
+    if (f.header.dtype != net::FrameDType::kI32 || f.header.numel() != 1 || f.payload.size() != 4)
+      return InvalidArgument("EP step " + std::to_string(step_) + ": malformed round count from rank " +
+                             std::to_string(r) + " (" + comm_->name(r) + ")");
+    int32_t theirs = 0;
+    std::memcpy(&theirs, f.payload.data(), sizeof theirs);
+    if (theirs < 0 || theirs > (1 << 20))
+      return InvalidArgument("EP step " + std::to_string(step_) + ": rank " + std::to_string(r) +
+                             " (" + comm_->name(r) + ") announces " + std::to_string(theirs) +
+                             " rounds");
+    most = std::max<int64_t>(most, theirs);
   }
-  RunExpertGroups(w, static_cast<float>(cfg_.swiglu_limit), by_expert, H, rows, out->data(), pool_);
-  return Status::Ok();
+  return most;
 }
 
 Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
                                    const int32_t* expert_ids, const float* weights,
                                    float* routed) {
-  FM_ASSIGN_OR_RETURN(const MoeWeights* w, RoutedLayer(layers_, layer));
+  const int64_t k = cfg_.num_experts_per_tok, H = cfg_.hidden_size;
+  std::vector<float> slots(static_cast<size_t>(T * k * H));
+  FM_RETURN_IF_ERROR(RunSlots(layer, x, T, expert_ids, slots.data()));
+  CombineRouted(slots.data(), weights, T, k, H, routed);
+  return Status::Ok();
+}
+
+Status EpExpertExecutor::RunSlots(int64_t layer, const float* x, int64_t T,
+                                  const int32_t* expert_ids, float* slots) {
   const int64_t E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok, H = cfg_.hidden_size;
   const int R = comm_->size(), me = comm_->rank();
   std::vector<Outgoing> out(R);
@@ -106,37 +116,61 @@ Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
   FM_ASSIGN_OR_RETURN(auto in_rows, comm_->AllToAllV(net::FrameKind::kEpDispatch, step_,
                                                      Tag(layer, kRowsPart), send_rows, timeout_));
 
-  // Compute every request (own rows directly), then combine.
-  std::vector<std::vector<float>> results(R);
+  // Every member's requests (this member's own rows directly) as one batch of rows and pairs,
+  // so the runner reads each expert's weights once for the whole layer.
+  std::vector<float> rows;
+  std::vector<int32_t> pairs;
+  std::vector<int64_t> first_pair(R + 1, 0);
   for (int r = 0; r < R; ++r) {
+    const int32_t row0 = static_cast<int32_t>(rows.size() / std::max<int64_t>(H, 1));
+    const char* rp = reinterpret_cast<const char*>(out[r].pairs.data());  // [p, 2] int32
+    int64_t n = static_cast<int64_t>(out[r].row_ids.size()), p = static_cast<int64_t>(out[r].slots.size());
     if (r == me) {
-      const Outgoing& o = out[me];
-      FM_RETURN_IF_ERROR(Compute(*w, o.rows.data(), static_cast<int64_t>(o.row_ids.size()),
-                                 o.pairs.data(), static_cast<int64_t>(o.slots.size()), &results[r]));
-      continue;
+      rows.insert(rows.end(), out[r].rows.begin(), out[r].rows.end());
+    } else {
+      const net::Frame& fp = in_pairs[r];
+      const net::Frame& fr = in_rows[r];
+      if (fp.header.dtype != net::FrameDType::kI32 || fp.header.rank != 2 ||
+          fp.header.dims[1] != 2 || fr.header.dtype != net::FrameDType::kF32 ||
+          fr.header.rank != 2 || fr.header.dims[1] != static_cast<uint32_t>(H))
+        return InvalidArgument(what + ": malformed dispatch from rank " + std::to_string(r) +
+                               " (" + comm_->name(r) + ")");
+      n = fr.header.dims[0];
+      p = fp.header.dims[0];
+      // A rank that routed nothing here sends empty frames: no memcpy from a null pointer.
+      rows.resize(rows.size() + fr.header.numel());
+      if (!fr.payload.empty())
+        std::memcpy(rows.data() + row0 * H, fr.payload.data(), fr.payload.size());
+      rp = reinterpret_cast<const char*>(fp.payload.data());
     }
-    const net::Frame& fp = in_pairs[r];
-    const net::Frame& fr = in_rows[r];
-    if (fp.header.dtype != net::FrameDType::kI32 || fp.header.rank != 2 || fp.header.dims[1] != 2 ||
-        fr.header.dtype != net::FrameDType::kF32 || fr.header.rank != 2 ||
-        fr.header.dims[1] != static_cast<uint32_t>(H))
-      return InvalidArgument(what + ": malformed dispatch from rank " + std::to_string(r) + " (" +
-                             comm_->name(r) + ")");
-    // A rank that routed nothing here sends empty frames: no memcpy from a null pointer.
-    std::vector<int32_t> pairs(fp.header.numel());
-    if (!fp.payload.empty()) std::memcpy(pairs.data(), fp.payload.data(), fp.payload.size());
-    std::vector<float> rows(fr.header.numel());
-    if (!fr.payload.empty()) std::memcpy(rows.data(), fr.payload.data(), fr.payload.size());
-    FM_RETURN_IF_ERROR(Compute(*w, rows.data(), fr.header.dims[0], pairs.data(), fp.header.dims[0],
-                               &results[r])
-                           .Wrap("from rank " + std::to_string(r) + " (" + comm_->name(r) + ")"));
+    for (int64_t i = 0; i < p; ++i) {
+      int32_t row = 0, e = 0;
+      std::memcpy(&row, rp + 8 * i, sizeof row);
+      std::memcpy(&e, rp + 8 * i + 4, sizeof e);
+      if (row < 0 || row >= n || e < expert_begin_[me] || e >= expert_begin_[me + 1])
+        return InvalidArgument(what + ": pair " + std::to_string(i) + " from rank " +
+                               std::to_string(r) + " (" + comm_->name(r) + "): row " +
+                               std::to_string(row) + ", expert " + std::to_string(e) +
+                               " is not this member's (experts [" +
+                               std::to_string(expert_begin_[me]) + ", " +
+                               std::to_string(expert_begin_[me + 1]) + "), " +
+                               std::to_string(n) + " rows)");
+      pairs.push_back(row0 + row);
+      pairs.push_back(e);
+    }
+    first_pair[r + 1] = first_pair[r] + p;
   }
+  const int64_t total = first_pair[R];
+  std::vector<float> results(static_cast<size_t>(total * H));
+  FM_RETURN_IF_ERROR(runner_->RunPairs(layer, rows.data(),
+                                       static_cast<int64_t>(rows.size() / std::max<int64_t>(H, 1)),
+                                       pairs.data(), total, results.data())
+                         .Wrap(what));
   std::vector<net::CommBuffer> send_out(R);
   for (int r = 0; r < R; ++r) {
-    send_out[r] = {net::FrameDType::kF32,
-                   {static_cast<uint32_t>(results[r].size() / std::max<int64_t>(H, 1)),
-                    static_cast<uint32_t>(H)},
-                   results[r].data(), results[r].size() * sizeof(float)};
+    const int64_t p = first_pair[r + 1] - first_pair[r];
+    send_out[r] = {net::FrameDType::kF32, {static_cast<uint32_t>(p), static_cast<uint32_t>(H)},
+                   results.data() + first_pair[r] * H, static_cast<size_t>(p * H) * sizeof(float)};
     if (r != me) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.combine_bytes += send_out[r].nbytes;
@@ -145,11 +179,11 @@ Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
   FM_ASSIGN_OR_RETURN(auto in_out, comm_->AllToAllV(net::FrameKind::kEpCombine, step_,
                                                     Tag(layer, kOutPart), send_out, timeout_));
 
-  // Scatter each pair's output to its (row, j) slot and sum in k order.
-  std::vector<float> contrib(T * k * H, 0.0f);
+  // Each pair's output into its (row, j) slot.
+  std::fill(slots, slots + T * k * H, 0.0f);
   for (int r = 0; r < R; ++r) {
     const Outgoing& o = out[r];
-    const float* y = results[r].data();
+    const float* y = results.data() + first_pair[r] * H;
     if (r != me) {
       const net::Frame& f = in_out[r];
       if (f.header.dtype != net::FrameDType::kF32 || f.header.numel() != o.slots.size() * H)
@@ -159,9 +193,8 @@ Status EpExpertExecutor::RunRouted(int64_t layer, const float* x, int64_t T,
       y = reinterpret_cast<const float*>(f.payload.data());
     }
     for (size_t i = 0; i < o.slots.size(); ++i)
-      std::memcpy(contrib.data() + o.slots[i] * H, y + i * H, H * sizeof(float));
+      std::memcpy(slots + o.slots[i] * H, y + i * H, H * sizeof(float));
   }
-  CombineRouted(contrib.data(), weights, T, k, H, routed);
   return Status::Ok();
 }
 

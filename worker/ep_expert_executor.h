@@ -3,12 +3,15 @@
 // runs its own sequences (data-parallel attention) and, per MoE layer:
 //   dispatch  (all-to-all-v): to each owner, the rows that route to its experts [n, H] f32
 //             and the (row, expert) pairs [p, 2] i32;
-//   compute   every requested (row, expert) with the local experts;
+//   compute   every requested (row, expert), this member's and the others' in one call of its
+//             ExpertRunner (the CPU kernels, or a device shard's GPU);
 //   combine   (all-to-all-v): each pair's unweighted expert output [p, H] back to the row's
 //             member, which sums the k contributions in k order (CombineRouted of model/moe.h).
 // Returning unweighted outputs and summing at the row's owner in the local executor's order
-// makes the result bit-identical to running every expert in one process. Every member must
-// call RunRouted for the same layers of the same step, with T = 0 when it has no rows.
+// makes the result bit-identical to running every expert in one process (RunSlots hands the
+// unweighted outputs to a device shard, which sums them as its own combine does). Every member
+// must call RunRouted or RunSlots for the same layers of the same step, with T = 0 when it has
+// no rows.
 #pragma once
 #include <cstdint>
 #include <mutex>
@@ -26,12 +29,10 @@ struct EpStats {
 
 class EpExpertExecutor : public ExpertExecutor {
  public:
-  // layers: MoE weights by absolute layer (null where this shard has none), with this
-  // member's experts loaded; expert_begin[r]..expert_begin[r+1]: rank r's experts (size+1
-  // entries, last = n_routed_experts).
-  EpExpertExecutor(const ModelConfig& cfg, std::vector<const MoeWeights*> layers,
-                   net::Communicator* comm, std::vector<int64_t> expert_begin, ThreadPool* pool,
-                   net::Millis timeout);
+  // runner: this member's experts (outliving the executor); expert_begin[r]..expert_begin[r+1]:
+  // rank r's experts (size+1 entries, last = n_routed_experts).
+  EpExpertExecutor(const ModelConfig& cfg, ExpertRunner* runner, net::Communicator* comm,
+                   std::vector<int64_t> expert_begin, net::Millis timeout);
 
   // The step whose layers run next (tags every frame so members cannot mix steps).
   void SetStep(uint64_t step) { step_ = step; }
@@ -39,6 +40,10 @@ class EpExpertExecutor : public ExpertExecutor {
   void AbortStep(uint64_t step) { comm_->AbortStep(step); }
   Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                    const float* weights, float* routed) override;
+  Status RunSlots(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                  float* slots) override;
+  // The largest round count of the group this step (one all-to-all of a count).
+  Result<int64_t> AgreeRounds(int64_t rounds) override;
   EpStats stats() const {   // a copy: the Stats RPC reads while steps run
     std::lock_guard<std::mutex> lock(stats_mu_);
     return stats_;
@@ -46,15 +51,11 @@ class EpExpertExecutor : public ExpertExecutor {
 
  private:
   int Owner(int32_t expert) const;
-  // Expert outputs [p, H] for pairs (row, expert) of rows [n, H], with this member's experts.
-  Status Compute(const MoeWeights& w, const float* rows, int64_t n, const int32_t* pairs,
-                 int64_t p, std::vector<float>* out) const;
 
   const ModelConfig& cfg_;
-  std::vector<const MoeWeights*> layers_;
+  ExpertRunner* runner_;
   net::Communicator* comm_;
   std::vector<int64_t> expert_begin_;
-  ThreadPool* pool_;
   net::Millis timeout_;
   uint64_t step_ = 0;
   mutable std::mutex stats_mu_;

@@ -42,6 +42,7 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   const ModelConfig& cfg = ckpt->config();
   const int64_t end = p.layer_end < 0 ? cfg.num_hidden_layers : p.layer_end;
   std::vector<MoeWeights> ep_moe;
+  std::unique_ptr<CpuExpertRunner> cpu_experts;
   std::unique_ptr<EpExpertExecutor> ep;
   std::unique_ptr<CommTpGroup> tp;
   if (p.tensor_parallel > 1) {
@@ -53,15 +54,23 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
     FM_RETURN_IF_ERROR(model->SetTensorParallel(tp.get()));
   } else if (p.expert_parallel()) {
     if (!ep_group) return Internal("expert-parallel shard without an EP group");
-    ep_moe.reserve(end - p.layer_begin);
-    for (int64_t l = p.layer_begin; l < end; ++l) {
-      FM_ASSIGN_OR_RETURN(MoeWeights w, BindMoe(*ckpt, "layers." + std::to_string(l) + ".ffn.", l));
-      ep_moe.push_back(std::move(w));
+    // A device shard runs its experts on its GPU (they were uploaded with the shard); a CPU
+    // shard's are bound from the checkpoint here and run on the pool.
+    ExpertRunner* runner = model->LocalExperts();
+    if (!runner) {
+      ep_moe.reserve(end - p.layer_begin);
+      for (int64_t l = p.layer_begin; l < end; ++l) {
+        FM_ASSIGN_OR_RETURN(MoeWeights w,
+                            BindMoe(*ckpt, "layers." + std::to_string(l) + ".ffn.", l));
+        ep_moe.push_back(std::move(w));
+      }
+      std::vector<const MoeWeights*> layers(cfg.num_hidden_layers + cfg.num_nextn_predict_layers,
+                                            nullptr);
+      for (auto& w : ep_moe) layers[w.layer] = &w;
+      cpu_experts = std::make_unique<CpuExpertRunner>(cfg, std::move(layers), &pool_);
+      runner = cpu_experts.get();
     }
-    std::vector<const MoeWeights*> layers(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, nullptr);
-    for (auto& w : ep_moe) layers[w.layer] = &w;
-    ep = std::make_unique<EpExpertExecutor>(cfg, std::move(layers), ep_group, p.ep_expert_begin,
-                                            &pool_, kEpTimeout);
+    ep = std::make_unique<EpExpertExecutor>(cfg, runner, ep_group, p.ep_expert_begin, kEpTimeout);
     model->SetExpertExecutor(ep.get());
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -69,6 +78,7 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   tp_ = std::move(tp);
   ep_ = std::move(ep);
   ep_moe_ = std::move(ep_moe);
+  cpu_experts_ = std::move(cpu_experts);
   model_ = std::move(model);
   ckpt_ = std::move(ckpt);
   placement_ = p;
@@ -94,6 +104,7 @@ void ShardRuntime::Unload() {
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.clear();
   ep_.reset();
+  cpu_experts_.reset();
   ep_moe_.clear();
   model_.reset();
   tp_.reset();
@@ -208,11 +219,10 @@ Status ShardRuntime::Forward(uint64_t step, std::span<const StepSlice> slices, f
   if (tp_) tp_->SetStep(step);
   if (slices.empty()) {
     if (!ep_) return Status::Ok();
-    // No rows here, but the other members' rows may need this member's experts.
-    for (int64_t l = placement_.layer_begin; l < placement_.layer_end; ++l)
-      FM_RETURN_IF_ERROR(ep_->RunRouted(l, nullptr, 0, nullptr, nullptr, nullptr)
-                             .Wrap("layer " + std::to_string(l)));
-    return Status::Ok();
+    // No rows here, but the other members' rows may need this member's experts: as many
+    // rounds as the busiest member runs.
+    FM_ASSIGN_OR_RETURN(const int64_t rounds, ep_->AgreeRounds(0));
+    return RunEmptyRounds(ep_.get(), 0, rounds, placement_.layer_begin, placement_.layer_end);
   }
   std::vector<BatchItem> items;
   items.reserve(slices.size());

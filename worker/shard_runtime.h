@@ -110,7 +110,8 @@ class ShardRuntime {
   ShardPlacement placement_;
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<ShardModel> model_;
-  std::vector<MoeWeights> ep_moe_;                 // EP: this member's MoE weights per layer
+  std::vector<MoeWeights> ep_moe_;                 // EP on a CPU shard: its MoE weights per layer
+  std::unique_ptr<CpuExpertRunner> cpu_experts_;   // ... and their runner (a device shard's own)
   std::unique_ptr<EpExpertExecutor> ep_;
   std::unique_ptr<CommTpGroup> tp_;
   mutable std::mutex mu_;   // guards seqs_ (the map, not the caches: one executor thread)

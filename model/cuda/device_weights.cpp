@@ -144,8 +144,12 @@ Result<std::unique_ptr<DevLayer>> UploadLayer(const ModelConfig& cfg, const Laye
   } else {
     FM_ASSIGN_OR_RETURN(d->bias, UploadFloats(m.bias));
   }
-  for (const ExpertWeights& e : m.experts) d->all_experts = d->all_experts && e.loaded;
-  if (d->all_experts || tp_size > 1) {
+  bool any_experts = false;
+  for (const ExpertWeights& e : m.experts) {
+    d->all_experts = d->all_experts && e.loaded;
+    any_experts = any_experts || e.loaded;
+  }
+  if (any_experts) {
     const std::string p = "layer " + std::to_string(w.layer) + " experts ";
     FM_ASSIGN_OR_RETURN(d->w1, UploadExperts(m.experts, &ExpertWeights::w1, p + "w1"));
     FM_ASSIGN_OR_RETURN(d->w2, UploadExperts(m.experts, &ExpertWeights::w2, p + "w2"));

@@ -87,8 +87,8 @@ struct DevLayer {
   bool all_experts = true;  // every routed expert is in this shard's selection
 };
 
-// Every tensor of one bound layer. Routed experts: all of them, or with tp_size > 1 the ones in
-// the selection (member tp_rank's). With tp_size > 1 only member tp_rank's rows of the split
+// Every tensor of one bound layer. Routed experts: the ones in the selection (all, or an
+// expert-parallel or tensor-parallel member's). With tp_size > 1 only member tp_rank's rows of the split
 // weights (model/tp_split.h), whose shapes must divide (CheckTensorParallel).
 Result<std::unique_ptr<DevLayer>> UploadLayer(const ModelConfig& cfg, const LayerWeights& w,
                                               int tp_rank = 0, int tp_size = 1);

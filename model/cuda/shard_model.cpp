@@ -4,6 +4,7 @@
 #include "model/cuda/shard_model.h"
 
 #include "model/cuda/device_weights.h"
+#include "model/cuda/ep_experts.h"
 #include "model/cuda/step_inputs.h"
 #include "model/cuda/tp_step.h"
 
@@ -92,6 +93,7 @@ class CudaShardModel final : public ShardModel {
                                                std::span<Sampler* const> samplers) const override;
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec; }
   Status SetTensorParallel(TpGroup* tp) override;
+  ExpertRunner* LocalExperts() override { return experts_.get(); }
 
  private:
   Status AllocScratch();
@@ -133,6 +135,7 @@ class CudaShardModel final : public ShardModel {
   DevHc hc_head_;
   int64_t max_positions_ = 0;
   ExpertExecutor* exec_ = nullptr;  // null: routed experts on the device
+  std::unique_ptr<DeviceExpertRunner> experts_;  // the uploaded experts, for an EP executor
   // Tensor parallelism: the member the weights were uploaded for (the checkpoint selection's
   // tp_rank of tp_size) and its group, set before the first step (tp_step.h).
   int tp_rank_ = 0, tp_size_ = 1;
@@ -187,6 +190,9 @@ Status CudaShardModel::Bind(const Checkpoint& ckpt) {
     }
   }
   max_positions_ = cfg_.max_position_embeddings;
+  std::vector<const DevLayer*> uploaded;
+  for (const auto& l : layers_) uploaded.push_back(l.get());
+  FM_ASSIGN_OR_RETURN(experts_, DeviceExpertRunner::Create(cfg_, device_, begin_, uploaded));
   FM_ASSIGN_OR_RETURN(stream_, cuda::Stream::Create());
   FM_RETURN_IF_ERROR(AllocScratch());
   if (mode_ == CudaStepMode::kGraph && !layers_.empty()) {
@@ -445,21 +451,24 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
   float* out = s_.out.as<float>();
   if (tp_) return MoeTpOnDevice(cfg_, l, tp_, T, {y, &s_.ids, rw, &s_.h, hs, &s_.contrib, out});
   if (exec_ || !l.all_experts) {
-    // Expert parallelism: the executor works on host rows (a copy each way per layer).
+    // Expert parallelism: the executor brings every (row, k) pair's unweighted output (this
+    // member's experts run on this GPU through LocalExperts(), for every member); they are
+    // summed here as the whole shard's step sums them (MoeCombine's order, then the shared row).
     if (!exec_) return InvalidArgument("layer " + std::to_string(l.layer) +
                                           ": not every routed expert is on this device and no "
                                           "expert executor is set");
-    std::vector<float> xh(T * H), routed(T * H), wh(T * k);
+    std::vector<float> xh(T * H), slots(T * k * H);
     std::vector<int32_t> idh(T * k);
     FM_RETURN_IF_ERROR(s_.y.CopyToHost(xh.data(), xh.size() * sizeof(float)));
     FM_RETURN_IF_ERROR(s_.ids.CopyToHost(idh.data(), idh.size() * sizeof(int32_t)));
-    FM_RETURN_IF_ERROR(s_.rw.CopyToHost(wh.data(), wh.size() * sizeof(float)));
-    FM_RETURN_IF_ERROR(exec_->RunRouted(l.layer, xh.data(), T, idh.data(), wh.data(), routed.data()));
-    FM_RETURN_IF_ERROR(s_.routed.CopyFromHost(routed.data(), routed.size() * sizeof(float)));
+    FM_RETURN_IF_ERROR(exec_->RunSlots(l.layer, xh.data(), T, idh.data(), slots.data()));
+    FM_RETURN_IF_ERROR(s_.contrib.CopyFromHost(slots.data(), slots.size() * sizeof(float)));
+    float* shared_out = contrib + T * k * H;
     const cuda::DevExperts none;
     FM_RETURN_IF_ERROR(cuda::ExpertsUpGate(none, none, nullptr, T, 0, y, H, limit, &shared, h, hs));
-    FM_RETURN_IF_ERROR(cuda::ExpertsDown(none, nullptr, T, 0, h, hs, &shared, contrib));
-    return cuda::AddVectors(s_.routed.as<float>(), contrib, out, T * H);
+    FM_RETURN_IF_ERROR(cuda::ExpertsDown(none, nullptr, T, 0, h, hs, &shared, shared_out));
+    FM_RETURN_IF_ERROR(cuda::MoeCombine(contrib, rw, T, k, H, s_.routed.as<float>()));
+    return cuda::AddVectors(s_.routed.as<float>(), shared_out, out, T * H);
   }
   FM_RETURN_IF_ERROR(
       cuda::ExpertsUpGate(l.w1.view(), l.w3.view(), ids, T, k, y, H, limit, &shared, h, hs));
@@ -556,6 +565,12 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     }
   }
   const DevStepInputs dev(s_.inputs);
+  // Under expert parallelism every member runs as many steps as the busiest (AgreeRounds).
+  const int64_t steps = static_cast<int64_t>((rows.size() + kMaxStepRows - 1) / kMaxStepRows);
+  int64_t rounds = steps;
+  if (exec_) {
+    FM_ASSIGN_OR_RETURN(rounds, exec_->AgreeRounds(steps));
+  }
   for (size_t r0 = 0; r0 < rows.size(); r0 += kMaxStepRows) {
     const size_t T = std::min<size_t>(kMaxStepRows, rows.size() - r0);
     const size_t S = graph ? StepBucket(T) : T;  // the step's rows, padding included
@@ -590,6 +605,7 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     for (size_t t = 0; t < T; ++t) advance(rows[r0 + t]);
   }
   for (const BatchItem& item : items) item.cache->Advance(static_cast<int64_t>(item.tokens.size()));
+  if (rounds > steps) FM_RETURN_IF_ERROR(RunEmptyRounds(exec_, steps, rounds, begin_, end_));
   return stream_.Synchronize();
 }
 

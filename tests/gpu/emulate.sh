@@ -33,14 +33,19 @@ common=(common/status.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp com
 kernel_test=(tests/gpu/test_cuda_*.cpp)
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard.cpp}")
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_tp.cpp}")
+kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_ep.cpp}")
 kernel_srcs=("${kernel_test[@]}" model/sampler.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
              kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
              kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp
              kernels/cpu/hc_ref.cpp "${common[@]}")
-shard_srcs=(tests/gpu/test_cuda_shard.cpp tests/gpu/test_cuda_tp.cpp model/cuda/shard_model.cpp model/cuda/device_weights.cpp
-            model/cuda/step_inputs.cpp model/cuda/tp_step.cpp model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
-            kernels/cpu/*.cpp "${common[@]}")
+# The EP test (test_cuda_ep) runs the worker's EP executor over the TCP communicator.
+ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cpp net/tcp_conn.cpp
+         net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp)
+shard_srcs=(tests/gpu/test_cuda_shard.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
+            model/cuda/shard_model.cpp model/cuda/device_weights.cpp model/cuda/step_inputs.cpp
+            model/cuda/tp_step.cpp model/cuda/ep_experts.cpp model/*.cpp "${kernels[@]}"
+            tests/gpu/emu/device_emu.cpp kernels/cpu/*.cpp "${ep_srcs[@]}" "${common[@]}")
 
 # "FLAVOUR FLAGS SRC" lines -> objects under $OUT/FLAVOUR/, JOBS compiles at a time.
 compile() {
@@ -63,6 +68,6 @@ mapfile -t kobjs < <(objs_of plain "${kernel_srcs[@]}")
 mapfile -t sobjs < <(objs_of native "${shard_srcs[@]}")
 g++ -o "$OUT/test_cuda_kernels_emu" "${kobjs[@]}" -lgtest -lgtest_main -lboost_context -pthread
 g++ -o "$OUT/test_cuda_shard_emu" "${sobjs[@]}" -lgtest -lgtest_main -lpcre2-8 -lboost_context \
-  -pthread
+  -lcrypto -pthread
 "$OUT/test_cuda_kernels_emu" "$@"
 "$OUT/test_cuda_shard_emu" "$@"

@@ -212,7 +212,8 @@ void ExpectEpEqualsLocal(int members, int64_t layer) {
     ThreadPool mpool(1);
     std::vector<const MoeWeights*> layers(cfg.num_hidden_layers + 1, nullptr);
     layers[layer] = &moe[r];
-    EpExpertExecutor ep(cfg, layers, g.comms[r].get(), begin, &mpool, 5000ms);
+    CpuExpertRunner runner(cfg, layers, &mpool);
+    EpExpertExecutor ep(cfg, &runner, g.comms[r].get(), begin, 5000ms);
     for (uint64_t step = 1; step <= 3; ++step) {
       ep.SetStep(step);
       const int64_t T = (r + step) % 3 == 0 ? 0 : 1 + 3 * r + step;  // some members idle

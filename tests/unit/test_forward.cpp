@@ -220,6 +220,12 @@ class RecordingExecutor : public ExpertExecutor {
     std::fill(routed, routed + T * 64, 0.0f);
     return Status::Ok();
   }
+  Status RunSlots(int64_t layer, const float* x, int64_t T, const int32_t* ids,
+                  float* slots) override {
+    calls.push_back({layer, std::vector<int32_t>(ids, ids + T * 2), {}});
+    std::fill(slots, slots + T * 2 * 64, 0.0f);
+    return Status::Ok();
+  }
   struct Call {
     int64_t layer;
     std::vector<int32_t> ids;
