@@ -38,6 +38,7 @@ kernel_srcs=("${kernel_test[@]}" model/sampler.cpp "${kernels[@]}" tests/gpu/emu
              kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp
              kernels/cpu/hc_ref.cpp "${common[@]}")
 shard_srcs=(tests/gpu/test_cuda_shard.cpp model/cuda/shard_model.cpp model/cuda/device_weights.cpp
+            model/cuda/device_activations.cpp
             model/cuda/step_inputs.cpp model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
             kernels/cpu/*.cpp "${common[@]}")
 

@@ -175,7 +175,7 @@ struct LinkedStages {
     EXPECT_TRUE(r0.Load(Stage(0, 2, 0, 3)).ok());
     EXPECT_TRUE(r1.Load(Stage(1, 2, 3, -1)).ok());
     e0.SetNext(NewCommActivationSink(c0.get(), 1, net::FrameDType::kF32));
-    e1.SetPrev(NewCommActivationSource(c1.get(), 0));
+    e1.SetPrev(NewCommActivationSource(c1.get(), 0, net::FrameDType::kF32));
     SamplerConfig greedy;
     greedy.greedy = true;
     EXPECT_TRUE(r0.StartSequence(1, 64, greedy).ok());
