@@ -32,7 +32,7 @@ done
 common=(common/status.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
 kernel_test=(tests/gpu/test_cuda_*.cpp)
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard.cpp}")
-kernel_srcs=("${kernel_test[@]}" model/sampler.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
+kernel_srcs=("${kernel_test[@]}" model/sampler.cpp model/embed.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
              kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
              kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp
