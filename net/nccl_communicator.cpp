@@ -293,7 +293,12 @@ class NcclComm final : public NcclCommunicator {
       if (in[p] && !(into && into->device)) staged += got[p].header.payload_bytes;
     }
     FM_RETURN_IF_ERROR(dev_.Reserve(staged, stream_));
-    std::vector<std::pair<void*, uint8_t*>> to_host;   // (host destination, scratch) per rank
+    struct ToHost {
+      void* dst;
+      const uint8_t* scratch;
+      size_t bytes;
+    };
+    std::vector<ToHost> to_host;   // the received payloads that go to host memory
     size_t off = 0;
     for (int p = 0; p < R; ++p) {
       s[p] = {nullptr, 0};
@@ -321,16 +326,12 @@ class NcclComm final : public NcclCommunicator {
         dst = got[p].payload.data();
       }
       rv[p] = {dev_.data() + off, n};
-      to_host.emplace_back(dst, dev_.data() + off);
+      to_host.push_back({dst, dev_.data() + off, n});
       off += n;
     }
     FM_RETURN_IF_ERROR(Round(step, deadline, what, s, rv));
-    for (int p = 0, i = 0; p < R; ++p) {
-      if (!in[p] || got[p].header.payload_bytes == 0 || (into && into->device)) continue;
-      FM_CUDA_OK(cudaMemcpyAsync(to_host[i].first, to_host[i].second,
-                                 got[p].header.payload_bytes, cudaMemcpyDeviceToHost, stream_));
-      ++i;
-    }
+    for (const ToHost& c : to_host)
+      FM_CUDA_OK(cudaMemcpyAsync(c.dst, c.scratch, c.bytes, cudaMemcpyDeviceToHost, stream_));
     if (!to_host.empty()) FM_RETURN_IF_ERROR(Wait(step, deadline, what, true));
     return got;
   }
