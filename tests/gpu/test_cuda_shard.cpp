@@ -3,8 +3,10 @@
 // three windows and past a ratio-128 entry (each step a replay of the bucket-1 CUDA graph), graph
 // replay == eager launches bit for bit for one sequence and for decode batches on the bucket
 // graphs, a batched prefill of two sequences over two device steps
-// then decode, the expert-executor (EP) path, a pipeline stage, and the errors. Without a CUDA
-// device only the no-device error runs.
+// then decode, the expert-executor (EP) path, a pipeline stage, decode with X resident on the
+// device (== the host-X path bit for bit) and two device stages handing X over device to device
+// (== one shard bit for bit), and the errors. X is always in the shard's device buffers
+// (NewActivations). Without a CUDA device only the no-device error runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
