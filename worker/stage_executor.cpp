@@ -177,7 +177,8 @@ void StageExecutor::Loop() {
 }
 
 Status StageExecutor::Execute(Step* step, const net::Frame* received) {
-  if (!runtime_->loaded()) return Unavailable("step " + std::to_string(step->id) + ": no shard loaded");
+  if (!runtime_->loaded())
+    return Unavailable("step " + std::to_string(step->id) + ": no shard loaded");
   const ShardPlacement& p = runtime_->placement();
   // X stays in the shard's memory (the device for a device shard) from here to the send or
   // the head; only a received frame's payload is copied in, once.

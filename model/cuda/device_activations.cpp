@@ -41,7 +41,8 @@ class DeviceActivations final : public Activations {
   }
   Status CopyRows(int64_t row0, const Activations& src, int64_t src_row, int64_t n) override {
     if (!src.device() || src.row_floats() != row_floats_)
-      return InvalidArgument("activations CopyRows: the source is not device rows of the same width");
+      return InvalidArgument(
+          "activations CopyRows: the source is not device rows of the same width");
     FM_RETURN_IF_ERROR(CheckRows("activations CopyRows", row0, n));
     if (src_row < 0 || src_row + n > src.rows())
       return OutOfRange("activations CopyRows: source rows [" + std::to_string(src_row) + ", " +

@@ -585,7 +585,8 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
 Status CudaShardModel::Head(const float* x, int64_t T) const {
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
-  FM_RETURN_IF_ERROR(cuda::Gemm(hc_head_.fn.view(), x, n * H, s_.mix.as<float>(), hc_head_.fn.rows, T));
+  FM_RETURN_IF_ERROR(
+      cuda::Gemm(hc_head_.fn.view(), x, n * H, s_.mix.as<float>(), hc_head_.fn.rows, T));
   FM_RETURN_IF_ERROR(cuda::HcHead(x, s_.mix.as<float>(), hc_head_.base.as<float>(),
                                   hc_head_.head_scale, T, n, H, eh, eps, s_.head_y.as<float>()));
   FM_RETURN_IF_ERROR(cuda::RmsNorm(s_.head_y.as<float>(), norm_.as<float>(),
