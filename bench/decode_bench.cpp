@@ -132,15 +132,16 @@ class GreedyDecode {
   // greedy pick of the last row), timed alone after some steps: the median of `reps`. Leaves the
   // decode state as it was; the pick must be the last stream's token of the last step.
   Result<double> HeadSeconds(int reps) {
-    const int64_t row = cfg_.hc_mult * cfg_.hidden_size;
-    std::vector<float> embedded(static_cast<size_t>(row));
+    if (!x_ || x_->rows() == 0) return Internal("bench decode: HeadSeconds before a step");
+    FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> embedded, shard_->NewActivations());
+    FM_RETURN_IF_ERROR(embedded->Resize(1));
     std::vector<double> secs;
     for (int i = 0; i < reps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      FM_RETURN_IF_ERROR(shard_->Embed({&next_.back(), 1}, embedded.data()));
+      FM_RETURN_IF_ERROR(shard_->Embed({&next_.back(), 1}, embedded->data()));
       Sampler* const s[] = {&greedy_.back()};
       FM_ASSIGN_OR_RETURN(std::vector<SampledToken> best,
-                          shard_->SampleNext(x_.data() + x_.size() - row, 1, s));
+                          shard_->SampleNext(x_->row(x_->rows() - 1), 1, s));
       secs.push_back(Seconds(t0, std::chrono::steady_clock::now()));
       if (best[0].id != next_.back())  // the same row gave the last step's token
         return Internal("bench decode: the head of the last row gave token " +
@@ -154,20 +155,25 @@ class GreedyDecode {
   // Embeds `toks` (the items' tokens in order), runs the layers, and picks the next token of each
   // item's last row into next_[first], next_[first + 1], ...
   Status Run(std::span<const BatchItem> items, const std::vector<int32_t>& toks, size_t first) {
-    const int64_t n = static_cast<int64_t>(toks.size()), row = cfg_.hc_mult * cfg_.hidden_size;
-    x_.resize(static_cast<size_t>(n * row));
-    FM_RETURN_IF_ERROR(shard_->Embed(toks, x_.data()));
-    FM_RETURN_IF_ERROR(shard_->ForwardLayers(items, x_.data()));
+    const int64_t n = static_cast<int64_t>(toks.size());
+    // X stays in the shard's memory (the device's for a device shard), as on a worker.
+    if (!x_) {
+      FM_ASSIGN_OR_RETURN(x_, shard_->NewActivations());
+      FM_ASSIGN_OR_RETURN(last_, shard_->NewActivations());
+    }
+    FM_RETURN_IF_ERROR(x_->Resize(n));
+    FM_RETURN_IF_ERROR(shard_->Embed(toks, x_->data()));
+    FM_RETURN_IF_ERROR(shard_->ForwardLayers(items, x_->data()));
     // Each item's last row, gathered when an item has several (a prefill).
-    std::vector<float> last;
-    const float* rows = x_.data();
+    const float* rows = x_->data();
     if (static_cast<int64_t>(items.size()) != n) {
+      FM_RETURN_IF_ERROR(last_->Resize(static_cast<int64_t>(items.size())));
       int64_t end = 0;
-      for (const BatchItem& it : items) {
-        end += static_cast<int64_t>(it.tokens.size());
-        last.insert(last.end(), x_.begin() + (end - 1) * row, x_.begin() + end * row);
+      for (size_t i = 0; i < items.size(); ++i) {
+        end += static_cast<int64_t>(items[i].tokens.size());
+        FM_RETURN_IF_ERROR(last_->CopyRows(static_cast<int64_t>(i), *x_, end - 1, 1));
       }
-      rows = last.data();
+      rows = last_->data();
     }
     std::vector<Sampler*> s;
     for (size_t i = 0; i < items.size(); ++i) s.push_back(&greedy_[first + i]);
@@ -183,7 +189,7 @@ class GreedyDecode {
   std::vector<std::vector<int32_t>> prompts_;
   std::vector<Sampler> greedy_;
   std::vector<int32_t> next_;
-  std::vector<float> x_;
+  std::unique_ptr<Activations> x_, last_;  // made on the first Run
 };
 
 // A decode run extrapolated to the full model (the header comment): the layers' share of a

@@ -2,12 +2,10 @@
 // manifold, hc_head + norm + head, and the MTP draft block (HF DeepseekV4Model.forward).
 #include "model/forward.h"
 
-#include <cstring>
 #include <string>
 #include <unordered_set>
 
 #include "common/log.h"
-#include "common/numfmt.h"
 #include "model/kv_cache.h"
 #include "model/layer.h"
 #include "model/moe.h"
@@ -33,28 +31,6 @@ Result<QWeight> BindHeadWeight(const Checkpoint& ckpt) {
                            std::to_string(head.cols) + "], expected [" + std::to_string(V) + "," +
                            std::to_string(H) + "]");
   return head;
-}
-
-void EmbedRow(const TensorView& embed, int32_t token, int64_t H, float* row) {
-  if (embed.dtype == DType::kF32) {
-    std::memcpy(row, embed.data + static_cast<size_t>(token) * H * 4, H * sizeof(float));
-    return;
-  }
-  const uint8_t* src = embed.data + static_cast<size_t>(token) * H * 2;
-  for (int64_t h = 0; h < H; ++h) {
-    uint16_t b;
-    std::memcpy(&b, src + h * 2, 2);
-    row[h] = Bf16ToF32(b);
-  }
-}
-
-void EmbedManifold(const TensorView& embed, std::span<const int32_t> tokens, int64_t n, int64_t H,
-                   float* x) {
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    float* xt = x + t * n * H;
-    EmbedRow(embed, tokens[t], H, xt);
-    for (int64_t k = 1; k < n; ++k) std::memcpy(xt + k * H, xt, H * sizeof(float));
-  }
 }
 
 Status CheckTokenIds(const ModelConfig& cfg, std::span<const int32_t> tokens,

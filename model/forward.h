@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "model/activations.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/sampler.h"
@@ -96,6 +97,13 @@ class ShardModel {
 
   // Empty decode state for this shard's layers, able to hold max_context positions.
   virtual std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const = 0;
+
+  // An empty manifold buffer [0, hc*H] in this shard's activation memory: host memory on the
+  // CPU shard (the default), device memory on a device shard. Every `x` below points into such
+  // memory (a device pointer on a device shard); `logits` are always host memory.
+  virtual Result<std::unique_ptr<Activations>> NewActivations() const {
+    return NewHostActivations(config().hc_mult * config().hidden_size);
+  }
 
   // tokens [T] -> X [T, hc, H] (every stream = the embedding row). Needs has_embed().
   virtual Status Embed(std::span<const int32_t> tokens, float* x) const = 0;

@@ -23,17 +23,14 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 
 // Runs tokens through the whole model on `cache` and draws the next token from the last row.
 Result<SampledToken> Step(const ShardModel& model, SequenceCache* cache,
-                          std::span<const int32_t> tokens, Sampler* sampler, std::vector<float>* x) {
-  const ModelConfig& cfg = model.config();
-  const int64_t row = cfg.hc_mult * cfg.hidden_size;
+                          std::span<const int32_t> tokens, Sampler* sampler, Activations* x) {
   const int64_t T = static_cast<int64_t>(tokens.size());
-  x->resize(T * row);
+  FM_RETURN_IF_ERROR(x->Resize(T));
   FM_RETURN_IF_ERROR(model.Embed(tokens, x->data()));
   BatchItem item{cache, tokens};
   FM_RETURN_IF_ERROR(model.ForwardLayers(std::span<const BatchItem>(&item, 1), x->data()));
   Sampler* const samplers[] = {sampler};
-  FM_ASSIGN_OR_RETURN(std::vector<SampledToken> next,
-                      model.SampleNext(x->data() + (T - 1) * row, 1, samplers));
+  FM_ASSIGN_OR_RETURN(std::vector<SampledToken> next, model.SampleNext(x->row(T - 1), 1, samplers));
   return next[0];
 }
 
@@ -64,9 +61,9 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
   std::unique_ptr<SequenceCache> cache = model.NewSequence(max_context);
-  std::vector<float> x;
+  FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, model.NewActivations());
   auto t0 = std::chrono::steady_clock::now();
-  FM_ASSIGN_OR_RETURN(SampledToken tok, Step(model, cache.get(), prompt, &sampler, &x));
+  FM_ASSIGN_OR_RETURN(SampledToken tok, Step(model, cache.get(), prompt, &sampler, x.get()));
   while (true) {
     res.tokens.push_back(tok.id);
     if (res.tokens.size() == 1) {
@@ -86,7 +83,7 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
       break;
     }
     FM_ASSIGN_OR_RETURN(tok, Step(model, cache.get(), std::span<const int32_t>(&tok.id, 1),
-                                  &sampler, &x));
+                                  &sampler, x.get()));
   }
   if (res.tokens.size() > 1) res.decode_seconds = SecondsSince(t0);
   return res;

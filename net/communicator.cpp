@@ -7,6 +7,7 @@
 #include <thread>
 
 namespace fm::net {
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -67,6 +68,9 @@ class TcpCommunicator final : public Communicator {
   Status Send(int peer, FrameKind kind, uint64_t step, uint32_t tag, const CommBuffer& buf,
               Millis timeout) override {
     FM_RETURN_IF_ERROR(CheckPeer(peer));
+    if (buf.device)
+      return InvalidArgument("send to rank " + std::to_string(peer) +
+                             ": a device buffer, but the TCP communicator sends host memory");
     const auto deadline = Clock::now() + timeout;
     FM_RETURN_IF_ERROR(EnsureConnected(peer, step, deadline)
                            .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")"));

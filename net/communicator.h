@@ -8,6 +8,7 @@
 // (net/nccl_communicator.h: GPU memory, grouped ncclSend/ncclRecv; cluster YAML transport nccl).
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,14 @@ struct CommBuffer {
   std::vector<uint32_t> shape = {0};  // rank 1..4; a zero dim = nothing (still sent)
   const void* data = nullptr;
   size_t nbytes = 0;
+  bool device = false;  // data is CUDA device memory (only where device_buffers() is true)
+};
+
+// Where RecvInto writes a payload: `capacity` bytes at `data`, CUDA device memory when `device`.
+struct RecvTarget {
+  void* data = nullptr;
+  size_t capacity = 0;
+  bool device = false;
 };
 
 struct CommMember {
@@ -48,6 +57,23 @@ class Communicator {
                       const CommBuffer& buf, Millis timeout) = 0;
   virtual Result<Frame> Recv(int peer, FrameKind kind, uint64_t step, uint32_t tag,
                              Millis timeout) = 0;
+  // Recv whose payload lands in `into` instead of a Frame's own bytes (no copy on NCCL when it
+  // is device memory); returns the header. A payload above into.capacity is InvalidArgument
+  // naming both sizes (on NCCL it also breaks the group: the peer's bytes are already coming).
+  // This default takes host memory only (Recv, then one copy); NCCL overrides it.
+  virtual Result<FrameHeader> RecvInto(int peer, FrameKind kind, uint64_t step, uint32_t tag,
+                                       const RecvTarget& into, Millis timeout) {
+    if (into.device)
+      return InvalidArgument("receive from rank " + std::to_string(peer) +
+                             ": a device buffer, but this communicator receives into host memory");
+    FM_ASSIGN_OR_RETURN(Frame f, Recv(peer, kind, step, tag, timeout));
+    FM_RETURN_IF_ERROR(CheckFits(peer, f.payload.size(), into.capacity));
+    if (!f.payload.empty()) std::memcpy(into.data, f.payload.data(), f.payload.size());
+    return f.header;
+  }
+  // Whether Send and RecvInto take device memory (CommBuffer/RecvTarget .device) directly:
+  // NCCL yes; TCP no (a device buffer there is InvalidArgument).
+  virtual bool device_buffers() const { return false; }
   // Returns once every rank reached Barrier(step): an all-to-all of empty buffers.
   Status Barrier(uint64_t step, Millis timeout) {
     return AllToAllV(FrameKind::kControl, step, kBarrierTag, std::vector<CommBuffer>(size()), timeout)
@@ -83,6 +109,14 @@ class Communicator {
     h.tag = tag;
     h.set_shape(buf.shape);
     return h;
+  }
+  // A payload of `bytes` from `peer` against the capacity of a RecvTarget.
+  static Status CheckFits(int peer, uint64_t bytes, size_t capacity) {
+    if (bytes > capacity)
+      return InvalidArgument("receive from rank " + std::to_string(peer) + ": a payload of " +
+                             std::to_string(bytes) + " bytes for a buffer of " +
+                             std::to_string(capacity));
+    return Status::Ok();
   }
   Status CheckBufferCount(size_t buffers) const {
     if (static_cast<int>(buffers) != size())

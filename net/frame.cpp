@@ -128,11 +128,10 @@ Status ValidateFrameHeader(const FrameHeader& h, uint64_t max_payload) {
   return Status::Ok();
 }
 
-Status EncodeFrameHeader(FrameHeader* h, const void* payload, size_t nbytes,
-                         uint8_t out[kFrameHeaderSize]) {
-  h->payload_bytes = nbytes;
-  FM_RETURN_IF_ERROR(ValidateFrameHeader(*h, ~uint64_t{0}));
-  h->payload_crc = Crc32c(payload, nbytes);
+namespace {
+
+// The 64 bytes of a validated header whose payload_bytes and payload_crc are set.
+void WriteFrameHeader(const FrameHeader* h, uint8_t out[kFrameHeaderSize]) {
   std::memset(out, 0, kFrameHeaderSize);
   std::memcpy(out, kFrameMagic, 4);
   PutU16(out + 4, kFrameVersion);
@@ -146,6 +145,25 @@ Status EncodeFrameHeader(FrameHeader* h, const void* payload, size_t nbytes,
   PutU64(out + 44, h->payload_bytes);
   PutU32(out + 52, h->payload_crc);
   PutU32(out + kHeaderCrcOffset, Crc32c(out, kHeaderCrcOffset));
+}
+
+}  // namespace
+
+Status EncodeFrameHeader(FrameHeader* h, const void* payload, size_t nbytes,
+                         uint8_t out[kFrameHeaderSize]) {
+  h->payload_bytes = nbytes;
+  FM_RETURN_IF_ERROR(ValidateFrameHeader(*h, ~uint64_t{0}));
+  h->payload_crc = Crc32c(payload, nbytes);
+  WriteFrameHeader(h, out);
+  return Status::Ok();
+}
+
+Status EncodeFrameHeaderWithoutPayloadCrc(FrameHeader* h, size_t nbytes,
+                                          uint8_t out[kFrameHeaderSize]) {
+  h->payload_bytes = nbytes;
+  FM_RETURN_IF_ERROR(ValidateFrameHeader(*h, ~uint64_t{0}));
+  h->payload_crc = 0;
+  WriteFrameHeader(h, out);
   return Status::Ok();
 }
 

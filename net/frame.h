@@ -86,6 +86,10 @@ Status ValidateFrameHeader(const FrameHeader& h, uint64_t max_payload = kDefault
 // buffer right after the header).
 Status EncodeFrameHeader(FrameHeader* header, const void* payload, size_t nbytes,
                          uint8_t out[kFrameHeaderSize]);
+// The same for a payload the encoder cannot read (device memory sent by NCCL, which delivers
+// the bytes or fails the group): payload_crc is 0, and that backend does not check it.
+Status EncodeFrameHeaderWithoutPayloadCrc(FrameHeader* header, size_t nbytes,
+                                          uint8_t out[kFrameHeaderSize]);
 // Header + payload as one byte string (tests, fuzz seeds, in-process loopback).
 Result<std::vector<uint8_t>> EncodeFrame(FrameHeader header, const void* payload, size_t nbytes);
 

@@ -81,6 +81,7 @@ class NcclComm final : public NcclCommunicator {
   int size() const override { return static_cast<int>(members_.size()); }
   const std::string& name(int rank) const override { return members_[rank].name; }
   bool broken() const override { return broken_.load(); }
+  bool device_buffers() const override { return true; }
   void AbortStep(uint64_t step) override { aborted_step_.store(step); }
 
   Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
@@ -113,6 +114,18 @@ class NcclComm final : public NcclCommunicator {
                         Exchange(kind, step, tag, std::vector<const CommBuffer*>(size(), nullptr),
                                  in, Clock::now() + timeout));
     return std::move(got[peer]);
+  }
+
+  // A device target takes the payload straight from ncclRecv; a host one through the scratch.
+  Result<FrameHeader> RecvInto(int peer, FrameKind kind, uint64_t step, uint32_t tag,
+                               const RecvTarget& into, Millis timeout) override {
+    FM_RETURN_IF_ERROR(CheckPeer(peer));
+    std::vector<bool> in(size(), false);
+    in[peer] = true;
+    FM_ASSIGN_OR_RETURN(std::vector<Frame> got,
+                        Exchange(kind, step, tag, std::vector<const CommBuffer*>(size(), nullptr),
+                                 in, Clock::now() + timeout, &into));
+    return got[peer].header;
   }
 
  private:
@@ -194,9 +207,11 @@ class NcclComm final : public NcclCommunicator {
     return Wait(step, deadline, what, true);
   }
 
+  // into: where the payload of the one rank received from goes (RecvInto); null: a Frame.
   Result<std::vector<Frame>> Exchange(FrameKind kind, uint64_t step, uint32_t tag,
                                       const std::vector<const CommBuffer*>& out,
-                                      const std::vector<bool>& in, Clock::time_point deadline) {
+                                      const std::vector<bool>& in, Clock::time_point deadline,
+                                      const RecvTarget* into = nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.load())
       return Unavailable(Group() + " is broken (" + broken_why_ + "); the group must be loaded again");
@@ -210,40 +225,32 @@ class NcclComm final : public NcclCommunicator {
     FM_RETURN_IF_ERROR(EnsureInit(step, deadline));
     // From here on the peers are in the exchange too: any failure ends the group (a rank that
     // went on would meet the others' payload round with its next header round).
-    Result<std::vector<Frame>> got = ExchangeRounds(kind, step, tag, out, frame_headers, in, deadline);
+    Result<std::vector<Frame>> got =
+        ExchangeRounds(kind, step, tag, out, frame_headers, in, deadline, into);
     if (!got.ok() && !broken_.load()) return Fail(got.status());
     return got;
-  }
-
-  // Copies on stream_, then waits for them like for NCCL (deadline, AbortStep, async errors).
-  Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind dir, uint64_t step,
-              Clock::time_point deadline, const std::string& what) {
-    if (bytes == 0) return Status::Ok();
-    FM_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, dir, stream_));
-    return Wait(step, deadline, what, true);
   }
 
   Result<std::vector<Frame>> ExchangeRounds(FrameKind kind, uint64_t step, uint32_t tag,
                                             const std::vector<const CommBuffer*>& out,
                                             std::vector<FrameHeader>& frame_headers,
                                             const std::vector<bool>& in,
-                                            Clock::time_point deadline) {
+                                            Clock::time_point deadline, const RecvTarget* into) {
     const std::string what = std::string(FrameKindName(kind)) + " step " + std::to_string(step) +
                              " tag " + std::to_string(tag);
     const int R = size();
     const size_t hdr = R * kFrameHeaderSize;
-    // Headers: rank r's 64 bytes at r * 64 of each area (sent, then received).
+    // Headers: rank r's 64 bytes at r * 64 of each area (sent, then received). NCCL delivers
+    // the bytes or fails the group, so the payload CRC is not used (a device payload could not
+    // be read for it anyway): 0 on the wire, not checked.
     std::vector<uint8_t> headers(2 * hdr, 0);
     uint8_t* hs = headers.data();
     uint8_t* hr = headers.data() + hdr;
-    size_t out_bytes = 0;
     for (int p = 0; p < R; ++p) {
       if (!out[p]) continue;
-      const CommBuffer& b = *out[p];
-      FM_RETURN_IF_ERROR(
-          EncodeFrameHeader(&frame_headers[p], b.data, b.nbytes, hs + p * kFrameHeaderSize)
-              .Wrap(Group() + ": send to rank " + std::to_string(p)));
-      out_bytes += b.nbytes;
+      FM_RETURN_IF_ERROR(EncodeFrameHeaderWithoutPayloadCrc(&frame_headers[p], out[p]->nbytes,
+                                                            hs + p * kFrameHeaderSize)
+                             .Wrap(Group() + ": send to rank " + std::to_string(p)));
     }
     FM_RETURN_IF_ERROR(dev_.Reserve(2 * hdr, stream_));
     uint8_t* ds = dev_.data();
@@ -256,12 +263,14 @@ class NcclComm final : public NcclCommunicator {
       if (in[p]) rv[p] = {dr + p * kFrameHeaderSize, kFrameHeaderSize};
     }
     FM_RETURN_IF_ERROR(Round(step, deadline, what + " (headers)", s, rv));
-    FM_RETURN_IF_ERROR(Copy(hr, dr, hdr, cudaMemcpyDeviceToHost, step, deadline, what + " (headers)"));
+    FM_CUDA_OK(cudaMemcpyAsync(hr, dr, hdr, cudaMemcpyDeviceToHost, stream_));
+    FM_RETURN_IF_ERROR(Wait(step, deadline, what + " (headers)", true));
 
     // Check every header before any payload moves: a peer out of step ends the group.
     std::vector<Frame> got(R);
-    size_t in_bytes = 0;
+    size_t payload_bytes = 0;
     for (int p = 0; p < R; ++p) {
+      if (out[p]) payload_bytes += out[p]->nbytes;
       if (!in[p]) continue;
       const std::string who = "rank " + std::to_string(p) + " (" + name(p) + ")";
       Result<FrameHeader> h = DecodeFrameHeader(hr + p * kFrameHeaderSize, kFrameHeaderSize);
@@ -270,42 +279,60 @@ class NcclComm final : public NcclCommunicator {
         return Internal(who + " sent " + FrameKindName(h->kind) + " step " +
                         std::to_string(h->step_id) + " tag " + std::to_string(h->tag) +
                         ", expected " + what);
+      if (into) FM_RETURN_IF_ERROR(CheckFits(p, h->payload_bytes, into->capacity).Wrap(Group()));
       got[p].header = *h;
-      in_bytes += h->payload_bytes;
+      payload_bytes += h->payload_bytes;
     }
-    if (out_bytes + in_bytes == 0) return got;
+    if (payload_bytes == 0) return got;
 
-    // Payloads, packed rank by rank: what this rank sends, then what it receives.
-    std::vector<uint8_t> host(out_bytes + in_bytes);
-    FM_RETURN_IF_ERROR(dev_.Reserve(out_bytes + in_bytes, stream_));
+    // Payloads: device memory goes to ncclSend/ncclRecv as it is; host memory through the
+    // scratch (host to device before the round, device to host after), packed rank by rank.
+    size_t staged = 0;
+    for (int p = 0; p < R; ++p) {
+      if (out[p] && !out[p]->device) staged += out[p]->nbytes;
+      if (in[p] && !(into && into->device)) staged += got[p].header.payload_bytes;
+    }
+    FM_RETURN_IF_ERROR(dev_.Reserve(staged, stream_));
+    struct ToHost {
+      void* dst;
+      const uint8_t* scratch;
+      size_t bytes;
+    };
+    std::vector<ToHost> to_host;   // the received payloads that go to host memory
     size_t off = 0;
     for (int p = 0; p < R; ++p) {
       s[p] = {nullptr, 0};
-      if (!out[p] || out[p]->nbytes == 0) continue;
-      std::memcpy(host.data() + off, out[p]->data, out[p]->nbytes);
-      s[p] = {dev_.data() + off, out[p]->nbytes};
-      off += out[p]->nbytes;
-    }
-    if (out_bytes > 0)
-      FM_CUDA_OK(cudaMemcpyAsync(dev_.data(), host.data(), out_bytes, cudaMemcpyHostToDevice, stream_));
-    for (int p = 0; p < R; ++p) {
       rv[p] = {nullptr, 0};
-      if (!in[p] || got[p].header.payload_bytes == 0) continue;
-      rv[p] = {dev_.data() + off, got[p].header.payload_bytes};
-      off += got[p].header.payload_bytes;
+      if (out[p] && out[p]->nbytes > 0) {
+        const CommBuffer& b = *out[p];
+        if (b.device) {
+          s[p] = {static_cast<const uint8_t*>(b.data), b.nbytes};
+        } else {
+          FM_CUDA_OK(cudaMemcpyAsync(dev_.data() + off, b.data, b.nbytes, cudaMemcpyHostToDevice,
+                                     stream_));
+          s[p] = {dev_.data() + off, b.nbytes};
+          off += b.nbytes;
+        }
+      }
+      const size_t n = in[p] ? got[p].header.payload_bytes : 0;
+      if (n == 0) continue;
+      if (into && into->device) {
+        rv[p] = {static_cast<uint8_t*>(into->data), n};
+        continue;
+      }
+      void* dst = into ? into->data : nullptr;
+      if (!into) {
+        got[p].payload.resize(n);
+        dst = got[p].payload.data();
+      }
+      rv[p] = {dev_.data() + off, n};
+      to_host.push_back({dst, dev_.data() + off, n});
+      off += n;
     }
     FM_RETURN_IF_ERROR(Round(step, deadline, what, s, rv));
-    FM_RETURN_IF_ERROR(Copy(host.data() + out_bytes, dev_.data() + out_bytes, in_bytes,
-                            cudaMemcpyDeviceToHost, step, deadline, what));
-    off = out_bytes;
-    for (int p = 0; p < R; ++p) {
-      if (!in[p]) continue;
-      const size_t n = got[p].header.payload_bytes;
-      got[p].payload.assign(host.data() + off, host.data() + off + n);
-      off += n;
-      FM_RETURN_IF_ERROR(VerifyFramePayload(got[p].header, got[p].payload.data(), n)
-                             .Wrap(Group() + ": payload from rank " + std::to_string(p)));
-    }
+    for (const ToHost& c : to_host)
+      FM_CUDA_OK(cudaMemcpyAsync(c.dst, c.scratch, c.bytes, cudaMemcpyDeviceToHost, stream_));
+    if (!to_host.empty()) FM_RETURN_IF_ERROR(Wait(step, deadline, what, true));
     return got;
   }
 

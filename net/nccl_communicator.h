@@ -1,5 +1,7 @@
 // The NCCL backend of the Communicator (net/communicator.h) for GPU workers: every exchange
-// goes through device memory with grouped ncclSend/ncclRecv on one stream. No NCCL or CUDA
+// goes through device memory with grouped ncclSend/ncclRecv on the communicator's own stream.
+// Device buffers (CommBuffer/RecvTarget .device: a device shard's activations) are handed to
+// NCCL as they are; host buffers are staged through device scratch that only grows. No NCCL or CUDA
 // types here, so plain C++ (the worker) includes it; built as fm_net_nccl when CUDA and NCCL
 // are found (FM_HAVE_NCCL), docs/gpu.md.
 //
@@ -11,8 +13,9 @@
 // Protocol of one exchange (kind, step, tag): first every rank sends every peer the 64-byte
 // frame header of its buffer (net/frame.h: kind, dtype, step, tag, shape, payload length and
 // CRC32C), then the payloads whose lengths the headers announced. Every received header is
-// decoded and checked (DecodeFrameHeader, then kind/step/tag) and every payload verified, as
-// on the TCP data plane.
+// decoded and checked (DecodeFrameHeader, then kind/step/tag, and a RecvInto's capacity) before
+// any payload moves. The payload CRC is 0 and not checked: NCCL delivers the bytes or fails
+// the group, and a device payload cannot be read by the host without the copy this avoids.
 //
 // Failure: every wait polls the stream, NCCL's asynchronous error, AbortStep and the
 // deadline. A dead member, a deadline or an abort calls ncclCommAbort and leaves the

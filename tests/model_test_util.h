@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
@@ -22,20 +24,52 @@ inline std::vector<int32_t> RandomTokens(int n, uint32_t seed, int32_t vocab) {
   return t;
 }
 
-// Embed + ForwardLayers + Logits over `items` (each sequence's next tokens, rows in item order);
-// appends the logits [T, V] to logits and, when given, the final manifold [T, hc, H] to state.
+// Host rows [rows, hc, H] into a new buffer in m's activation memory (the device's for a device
+// shard), and a buffer's rows back to the host.
+inline Result<std::unique_ptr<Activations>> ToShard(const ShardModel& m,
+                                                    const std::vector<float>& host) {
+  FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, m.NewActivations());
+  const int64_t rows = static_cast<int64_t>(host.size()) / x->row_floats();
+  FM_RETURN_IF_ERROR(x->Resize(rows));
+  FM_RETURN_IF_ERROR(x->CopyFromHost(0, rows, host.data()));
+  return x;
+}
+inline std::vector<float> ToHostRows(const Activations& x) {
+  std::vector<float> host(static_cast<size_t>(x.rows() * x.row_floats()));
+  if (!x.CopyToHost(0, x.rows(), host.data()).ok()) host.clear();
+  return host;
+}
+
+// fn(x) on a copy of the host rows *host in m's activation memory, then the rows back into *host
+// (a test's X on the host around a device shard's call).
+inline Status OnShard(const ShardModel& m, std::vector<float>* host,
+                      const std::function<Status(float*)>& fn) {
+  FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, ToShard(m, *host));
+  FM_RETURN_IF_ERROR(fn(x->data()));
+  *host = ToHostRows(*x);
+  return Status::Ok();
+}
+
+// Embed + ForwardLayers + Logits over `items` (each sequence's next tokens, rows in item order)
+// with X in m's activation memory; appends the logits [T, V] to logits and, when given, the
+// final manifold [T, hc, H] to state.
 inline Status RunItems(const ShardModel& m, std::span<const BatchItem> items,
                        std::vector<float>* logits, std::vector<float>* state = nullptr) {
   const auto& cfg = m.config();
   std::vector<int32_t> toks;
   for (const BatchItem& it : items) toks.insert(toks.end(), it.tokens.begin(), it.tokens.end());
   const int64_t T = static_cast<int64_t>(toks.size());
-  std::vector<float> x(T * cfg.hc_mult * cfg.hidden_size), lg(T * cfg.vocab_size);
-  FM_RETURN_IF_ERROR(m.Embed(toks, x.data()));
-  FM_RETURN_IF_ERROR(m.ForwardLayers(items, x.data()));
-  FM_RETURN_IF_ERROR(m.Logits(x.data(), T, lg.data()));
+  std::vector<float> lg(T * cfg.vocab_size);
+  FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, m.NewActivations());
+  FM_RETURN_IF_ERROR(x->Resize(T));
+  FM_RETURN_IF_ERROR(m.Embed(toks, x->data()));
+  FM_RETURN_IF_ERROR(m.ForwardLayers(items, x->data()));
+  FM_RETURN_IF_ERROR(m.Logits(x->data(), T, lg.data()));
   logits->insert(logits->end(), lg.begin(), lg.end());
-  if (state) state->insert(state->end(), x.begin(), x.end());
+  if (state) {
+    const std::vector<float> rows = ToHostRows(*x);
+    state->insert(state->end(), rows.begin(), rows.end());
+  }
   return Status::Ok();
 }
 

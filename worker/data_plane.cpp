@@ -11,7 +11,17 @@ constexpr net::Millis kDialTimeout{5000};
 constexpr net::Millis kSendTimeout{30000};
 constexpr net::Millis kRecvPoll{250};  // how often the receiver notices a new peer or stop
 
-// The activation frame of one step: f32 as is, bf16 converted into the reused buffer.
+// x's rows in host memory: x itself on a CPU shard; from a device, one copy into `staging`
+// (reused across steps, so it grows to the largest step once).
+Result<const float*> HostRows(const Activations& x, std::vector<float>* staging) {
+  if (!x.device()) return x.data();
+  staging->resize(static_cast<size_t>(x.rows() * x.row_floats()));
+  FM_RETURN_IF_ERROR(x.CopyToHost(0, x.rows(), staging->data()));
+  return staging->data();
+}
+
+// The activation frame of one step from host rows: f32 as is, bf16 converted into the reused
+// buffer.
 net::CommBuffer ActivationBuffer(net::FrameDType dtype, int64_t rows, int64_t row_floats,
                                  const float* x, std::vector<uint16_t>* bf16) {
   net::CommBuffer b;
@@ -30,16 +40,30 @@ net::CommBuffer ActivationBuffer(net::FrameDType dtype, int64_t rows, int64_t ro
   return b;
 }
 
+// A [rows, row_floats] ACTIVATION header of step `step_id`, or the error naming what differs.
+Status CheckActivationHeader(const net::FrameHeader& h, uint64_t step_id, int64_t rows,
+                             int64_t row_floats) {
+  if (h.rank != 2 || h.dims[0] != rows || h.dims[1] != row_floats)
+    return InvalidArgument("activation of step " + std::to_string(step_id) +
+                           " from the previous stage: rank " + std::to_string(h.rank) + " [" +
+                           std::to_string(h.dims[0]) + ", " + std::to_string(h.dims[1]) +
+                           "], want [" + std::to_string(rows) + ", " + std::to_string(row_floats) +
+                           "]");
+  return Status::Ok();
+}
+
 class TransportActivationSink : public ActivationSink {
  public:
   TransportActivationSink(net::Transport* t, std::string peer, std::string address,
                           net::FrameDType dtype)
       : t_(t), peer_(std::move(peer)), address_(std::move(address)), dtype_(dtype) {}
 
-  Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) override {
+  // A device X crosses once, into the host buffer the transport writes the payload from (f32).
+  Status Send(uint64_t step_id, const Activations& x) override {
     if (!t_->IsConnected(peer_))
       FM_RETURN_IF_ERROR(t_->Connect(peer_, address_, kDialTimeout).Wrap("next stage"));
-    const net::CommBuffer b = ActivationBuffer(dtype_, rows, row_floats, x, &bf16_);
+    FM_ASSIGN_OR_RETURN(const float* rows, HostRows(x, &staging_));
+    const net::CommBuffer b = ActivationBuffer(dtype_, x.rows(), x.row_floats(), rows, &bf16_);
     net::FrameHeader h;
     h.kind = net::FrameKind::kActivation;
     h.dtype = b.dtype;
@@ -52,16 +76,28 @@ class TransportActivationSink : public ActivationSink {
   net::Transport* t_;
   std::string peer_, address_;
   net::FrameDType dtype_;
+  std::vector<float> staging_;  // a device X's rows (device shards only)
   std::vector<uint16_t> bf16_;  // reused conversion buffer (bf16 frames only)
 };
 
+// Device memory goes to the communicator as it is when it takes device buffers (NCCL) and the
+// frame is f32; otherwise the rows are brought to the host first.
 class CommActivationSink : public ActivationSink {
  public:
   CommActivationSink(net::Communicator* comm, int peer, net::FrameDType dtype)
       : comm_(comm), peer_(peer), dtype_(dtype) {}
 
-  Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) override {
-    const net::CommBuffer b = ActivationBuffer(dtype_, rows, row_floats, x, &bf16_);
+  Status Send(uint64_t step_id, const Activations& x) override {
+    net::CommBuffer b;
+    if (x.device() && comm_->device_buffers() && dtype_ == net::FrameDType::kF32) {
+      b.shape = {static_cast<uint32_t>(x.rows()), static_cast<uint32_t>(x.row_floats())};
+      b.data = x.data();
+      b.nbytes = x.bytes();
+      b.device = true;
+    } else {
+      FM_ASSIGN_OR_RETURN(const float* rows, HostRows(x, &staging_));
+      b = ActivationBuffer(dtype_, x.rows(), x.row_floats(), rows, &bf16_);
+    }
     return comm_->Send(peer_, net::FrameKind::kActivation, step_id, 0, b, kSendTimeout)
         .Wrap("next stage");
   }
@@ -71,33 +107,49 @@ class CommActivationSink : public ActivationSink {
   net::Communicator* comm_;
   int peer_;
   net::FrameDType dtype_;
+  std::vector<float> staging_;
   std::vector<uint16_t> bf16_;
 };
 
+// f32 frames land in x directly (RecvInto: ncclRecv into the device X, or the host X); bf16
+// frames, and a device X over a communicator of host memory, come as a frame and are copied in.
 class CommActivationSource : public ActivationSource {
  public:
-  CommActivationSource(net::Communicator* comm, int peer) : comm_(comm), peer_(peer) {}
+  CommActivationSource(net::Communicator* comm, int peer, net::FrameDType dtype)
+      : comm_(comm), peer_(peer), dtype_(dtype) {}
 
-  Result<std::vector<float>> Receive(uint64_t step_id, int64_t rows, int64_t row_floats,
-                                     Clock::time_point deadline) override {
+  Status Receive(uint64_t step_id, int64_t rows, Clock::time_point deadline,
+                 Activations* x) override {
     const auto left = std::chrono::duration_cast<net::Millis>(deadline - Clock::now());
-    Result<net::Frame> f = comm_->Recv(peer_, net::FrameKind::kActivation, step_id, 0,
-                                       std::max(left, net::Millis(1)));
+    const net::Millis timeout = std::max(left, net::Millis(1));
+    FM_RETURN_IF_ERROR(x->Resize(rows));
+    if (dtype_ == net::FrameDType::kF32 && (!x->device() || comm_->device_buffers())) {
+      const net::RecvTarget into{x->data(), x->bytes(), x->device()};
+      Result<net::FrameHeader> h =
+          comm_->RecvInto(peer_, net::FrameKind::kActivation, step_id, 0, into, timeout);
+      if (!h.ok()) return h.status().Wrap("previous stage");
+      FM_RETURN_IF_ERROR(CheckActivationHeader(*h, step_id, rows, x->row_floats()));
+      if (h->dtype != net::FrameDType::kF32)
+        return InvalidArgument("activation of step " + std::to_string(step_id) +
+                               " from the previous stage: dtype " +
+                               net::FrameDTypeName(h->dtype) + ", want f32");
+      return Status::Ok();
+    }
+    Result<net::Frame> f = comm_->Recv(peer_, net::FrameKind::kActivation, step_id, 0, timeout);
     if (!f.ok()) return f.status().Wrap("previous stage");
-    const net::FrameHeader& h = f->header;
-    if (h.rank != 2 || h.dims[0] != rows || h.dims[1] != row_floats)
+    FM_RETURN_IF_ERROR(CheckActivationHeader(f->header, step_id, rows, x->row_floats()));
+    if (f->header.dtype != net::FrameDType::kF32 && f->header.dtype != net::FrameDType::kBF16)
       return InvalidArgument("activation of step " + std::to_string(step_id) +
-                             " from the previous stage: rank " + std::to_string(h.rank) + " [" +
-                             std::to_string(h.dims[0]) + ", " + std::to_string(h.dims[1]) +
-                             "], want [" + std::to_string(rows) + ", " +
-                             std::to_string(row_floats) + "]");
-    return net::FramePayloadAsF32(*f);
+                             " from the previous stage: dtype " +
+                             net::FrameDTypeName(f->header.dtype) + ", want f32 or bf16");
+    return CopyPayloadIn(*f, x);
   }
   void AbortStep(uint64_t step) override { comm_->AbortStep(step); }
 
  private:
   net::Communicator* comm_;
   int peer_;
+  net::FrameDType dtype_;
 };
 
 }  // namespace
@@ -107,8 +159,9 @@ std::unique_ptr<ActivationSink> NewCommActivationSink(net::Communicator* comm, i
   return std::make_unique<CommActivationSink>(comm, peer, dtype);
 }
 
-std::unique_ptr<ActivationSource> NewCommActivationSource(net::Communicator* comm, int peer) {
-  return std::make_unique<CommActivationSource>(comm, peer);
+std::unique_ptr<ActivationSource> NewCommActivationSource(net::Communicator* comm, int peer,
+                                                          net::FrameDType dtype) {
+  return std::make_unique<CommActivationSource>(comm, peer, dtype);
 }
 
 std::unique_ptr<ActivationSink> NewTransportActivationSink(net::Transport* transport,
@@ -143,14 +196,13 @@ uint64_t ActivationReceiver::frames_rejected() const {
   return rejected_;
 }
 
-Status ActivationReceiver::Deliver(const net::Frame& f) {
+Status ActivationReceiver::Deliver(net::Frame f) {
   const net::FrameHeader& h = f.header;
   if (h.kind != net::FrameKind::kActivation)
     return InvalidArgument(std::string("frame kind ") + net::FrameKindName(h.kind) +
                            " on the stage data plane (want ACTIVATION)");
   if (h.rank != 2) return InvalidArgument("activation frame of rank " + std::to_string(h.rank) + " (want 2)");
-  FM_ASSIGN_OR_RETURN(std::vector<float> x, net::FramePayloadAsF32(f));
-  return executor_->Receive(h.step_id, h.dims[0], h.dims[1], std::move(x));
+  return executor_->Receive(std::move(f));
 }
 
 void ActivationReceiver::Loop() {
@@ -162,7 +214,7 @@ void ActivationReceiver::Loop() {
     lock.unlock();
     Result<net::Frame> f = transport_->Recv(peer, kRecvPoll);
     if (f.ok()) {
-      Status st = Deliver(*f);
+      Status st = Deliver(std::move(f).value());
       if (st.code() == Code::kInvalidArgument || st.code() == Code::kResourceExhausted) {
         FM_LOG(kWarn, "worker") << "dropping the connection to '" << peer << "': " << st.ToString();
         transport_->Disconnect(peer);

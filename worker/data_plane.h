@@ -1,7 +1,9 @@
 // The stage-to-stage data plane of a worker (docs/architecture.md "Data plane") over a net::Transport: stage s
 // sends each micro-batch's manifold [T, hc*H] as one ACTIVATION frame to stage s+1 (header +
-// the executor's own buffer, no copy for f32), and a receiver thread hands every frame from
-// stage s-1 to the StageExecutor. By the transport's convention the lower stage dials.
+// the executor's own buffer, no copy for f32 on a CPU shard; one device-to-host copy on a
+// device shard), and a receiver thread hands every frame from stage s-1 to the StageExecutor
+// (which copies its payload into the shard's activations when the step runs). By the
+// transport's convention the lower stage dials.
 // With `transport: nccl` each hop is instead a two-member net::Communicator (sender rank 0,
 // receiver rank 1): the sender's Send and the receiving stage's Receive of the same step meet
 // (NCCL is rendezvous), the receiving stage posting its receive when it runs that step.
@@ -29,10 +31,13 @@ std::unique_ptr<ActivationSink> NewTransportActivationSink(net::Transport* trans
 
 // A hop over a communicator (`comm` outlives the sink/source): the sink sends each step's
 // manifold to rank `peer` as an ACTIVATION frame (dtype f32 or bf16); the source receives step
-// k's frame from rank `peer` and checks it is a [rows, row_floats] activation of step k.
+// k's frame from rank `peer` (sent with `dtype`) and checks it is a [rows, hc*H] activation of
+// step k. On a communicator that takes device buffers (NCCL) a device X of f32 frames is sent
+// and received in place (ncclSend/ncclRecv on the shard's buffer), with no host copy.
 std::unique_ptr<ActivationSink> NewCommActivationSink(net::Communicator* comm, int peer,
                                                       net::FrameDType dtype);
-std::unique_ptr<ActivationSource> NewCommActivationSource(net::Communicator* comm, int peer);
+std::unique_ptr<ActivationSource> NewCommActivationSource(net::Communicator* comm, int peer,
+                                                          net::FrameDType dtype);
 
 // Hands ACTIVATION frames from the previous stage to an executor. A frame that is not a
 // [rows, hc*H] f32/bf16 activation, or one the executor's inbox has no room for, is logged and
@@ -47,7 +52,7 @@ class ActivationReceiver {
 
  private:
   void Loop();
-  Status Deliver(const net::Frame& f);
+  Status Deliver(net::Frame f);
 
   net::Transport* transport_;
   StageExecutor* executor_;

@@ -1,7 +1,6 @@
 #include "worker/shard_runtime.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/log.h"
 #include "model/cuda/shard_model.h"
@@ -39,6 +38,8 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
                                                   : ShardModel::Create(*ckpt, &pool_);
   if (!made.ok()) return made.status();
   std::unique_ptr<ShardModel> model = std::move(made).value();
+  FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, model->NewActivations());
+  FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> last_rows, model->NewActivations());
   const ModelConfig& cfg = ckpt->config();
   const int64_t end = p.layer_end < 0 ? cfg.num_hidden_layers : p.layer_end;
   std::vector<MoeWeights> ep_moe;
@@ -80,6 +81,8 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   ep_moe_ = std::move(ep_moe);
   cpu_experts_ = std::move(cpu_experts);
   model_ = std::move(model);
+  x_ = std::move(x);
+  last_rows_ = std::move(last_rows);
   ckpt_ = std::move(ckpt);
   placement_ = p;
   if (placement_.layer_end < 0) placement_.layer_end = ckpt_->config().num_hidden_layers;
@@ -106,6 +109,8 @@ void ShardRuntime::Unload() {
   ep_.reset();
   cpu_experts_.reset();
   ep_moe_.clear();
+  x_.reset();
+  last_rows_.reset();
   model_.reset();
   tp_.reset();
   ckpt_.reset();
@@ -190,11 +195,11 @@ Result<ShardRuntime::Sequence*> ShardRuntime::Find(uint64_t seq_id) {
   return &it->second;
 }
 
-Status ShardRuntime::Embed(std::span<const StepSlice> slices, std::vector<float>* x) const {
+Status ShardRuntime::Embed(std::span<const StepSlice> slices, Activations* x) const {
   if (!model_->has_embed()) return Internal("this shard has no embedding");
   std::vector<int32_t> tokens;
   for (const auto& s : slices) tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
-  x->assign(tokens.size() * row_floats(), 0.f);
+  FM_RETURN_IF_ERROR(x->Resize(static_cast<int64_t>(tokens.size())));
   if (tokens.empty()) return Status::Ok();   // an EP member without sequences this step
   return model_->Embed(tokens, x->data());
 }
@@ -243,16 +248,22 @@ Status ShardRuntime::Forward(uint64_t step, std::span<const StepSlice> slices, f
 }
 
 Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> slices,
-                                                    const float* x) {
+                                                    const Activations& x) {
   if (!model_->has_head()) return Internal("this shard has no head");
   if (slices.empty()) return std::vector<SampledId>{};
-  const int64_t rf = row_floats();
-  // Only the last row of each slice reaches the head: [B, hc, H] -> [B, vocab].
-  std::vector<float> last(slices.size() * rf);
-  int64_t row = 0;
-  for (size_t i = 0; i < slices.size(); ++i) {
-    row += static_cast<int64_t>(slices[i].tokens.size());
-    std::memcpy(&last[i * rf], x + (row - 1) * rf, rf * sizeof(float));
+  const int64_t B = static_cast<int64_t>(slices.size());
+  // Only the last row of each slice reaches the head: [B, hc, H] -> [B, vocab]. In a decode
+  // step (one row a slice) those are x's rows as they are; otherwise they are gathered where
+  // x is (on the device for a device shard).
+  const float* last = x.data();
+  if (x.rows() != B) {
+    FM_RETURN_IF_ERROR(last_rows_->Resize(B));
+    int64_t row = 0;
+    for (int64_t i = 0; i < B; ++i) {
+      row += static_cast<int64_t>(slices[i].tokens.size());
+      FM_RETURN_IF_ERROR(last_rows_->CopyRows(i, x, row - 1, 1));
+    }
+    last = last_rows_->data();
   }
   std::vector<Sampler*> samplers;
   samplers.reserve(slices.size());
@@ -261,7 +272,7 @@ Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> s
     samplers.push_back(seq->sampler.get());
   }
   FM_ASSIGN_OR_RETURN(std::vector<SampledToken> picked,
-                      model_->SampleNext(last.data(), static_cast<int64_t>(slices.size()), samplers));
+                      model_->SampleNext(last, B, samplers));
   std::vector<SampledId> out;
   out.reserve(slices.size());
   for (size_t i = 0; i < slices.size(); ++i)

@@ -80,17 +80,23 @@ class ShardRuntime {
   uint64_t kv_bytes() const;
   int active_sequences() const;
 
-  // Stage 0: tokens of every slice -> X [T, hc, H]. Needs the embedding.
-  Status Embed(std::span<const StepSlice> slices, std::vector<float>* x) const;
-  // X [T, hc, H] through this shard's layers; each slice's cache advances. An EP member with
-  // no slices still takes part in every layer's all-to-all (with no rows). `step` tags them.
+  // The step's manifold buffer, in the shard's memory (model/activations.h: on the device for a
+  // device shard), made by Load; the executor keeps X in it from the embedding (or the receive)
+  // through the layers to the head or the send. Needs loaded().
+  Activations& activations() { return *x_; }
+
+  // Stage 0: tokens of every slice -> X [T, hc, H] (x resized to T rows). Needs the embedding.
+  Status Embed(std::span<const StepSlice> slices, Activations* x) const;
+  // X [T, hc, H] (a pointer into activations()) through this shard's layers; each slice's
+  // cache advances. An EP member with no slices still takes part in every layer's all-to-all
+  // (with no rows). `step` tags them.
   Status Forward(uint64_t step, std::span<const StepSlice> slices, float* x);
   // Makes `step`'s EP exchanges return Cancelled promptly (0 = none): a reset must not wait
   // out the deadline of a step blocked on a member that will never answer. Any thread, but
   // not concurrently with Load.
   void AbortStep(uint64_t step);
-  // Last stage: for every slice, the logits of its last row -> one sampled id + logprob.
-  Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const float* x);
+  // Last stage: for every slice, the logits of its last row of x -> one sampled id + logprob.
+  Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const Activations& x);
 
   int64_t row_floats() const;   // hc * H
   // EP: rows routed to each expert by this member's rows, and dispatch + combine bytes sent;
@@ -110,6 +116,8 @@ class ShardRuntime {
   ShardPlacement placement_;
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<ShardModel> model_;
+  std::unique_ptr<Activations> x_;          // activations(), in model_'s memory
+  std::unique_ptr<Activations> last_rows_;  // Sample: each slice's last row, when not all of x
   std::vector<MoeWeights> ep_moe_;                 // EP on a CPU shard: its MoE weights per layer
   std::unique_ptr<CpuExpertRunner> cpu_experts_;   // ... and their runner (a device shard's own)
   std::unique_ptr<EpExpertExecutor> ep_;

@@ -1,5 +1,7 @@
 #include "worker/stage_executor.h"
 
+#include <optional>
+
 #include "common/log.h"
 
 namespace fm {
@@ -7,6 +9,13 @@ namespace {
 
 constexpr auto kRateWindow = std::chrono::seconds(10);
 }  // namespace
+
+Status CopyPayloadIn(const net::Frame& f, Activations* x) {
+  if (f.header.dtype == net::FrameDType::kF32)
+    return x->CopyFromHost(0, x->rows(), reinterpret_cast<const float*>(f.payload.data()));
+  FM_ASSIGN_OR_RETURN(const std::vector<float> rows, net::FramePayloadAsF32(f));
+  return x->CopyFromHost(0, x->rows(), rows.data());
+}
 
 StageExecutor::StageExecutor(ShardRuntime* runtime)
     : runtime_(runtime), thread_([this] { Loop(); }) {}
@@ -57,12 +66,17 @@ Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
   return step.status;
 }
 
-Status StageExecutor::Receive(uint64_t step_id, int64_t rows, int64_t row_floats,
-                              std::vector<float> x) {
+Status StageExecutor::Receive(net::Frame activation) {
+  const net::FrameHeader& h = activation.header;
+  const uint64_t step_id = h.step_id;
   if (!runtime_->loaded()) return Unavailable("no shard loaded");
-  if (row_floats != runtime_->row_floats() || static_cast<int64_t>(x.size()) != rows * row_floats)
+  if (h.dtype != net::FrameDType::kF32 && h.dtype != net::FrameDType::kBF16)
+    return InvalidArgument("activation of step " + std::to_string(step_id) + ": dtype " +
+                           net::FrameDTypeName(h.dtype) + " (want f32 or bf16)");
+  if (h.rank != 2 || h.dims[1] != runtime_->row_floats() ||
+      activation.payload.size() != h.numel() * net::FrameDTypeSize(h.dtype))
     return InvalidArgument("activation of step " + std::to_string(step_id) + ": shape [" +
-                           std::to_string(rows) + ", " + std::to_string(row_floats) +
+                           std::to_string(h.dims[0]) + ", " + std::to_string(h.dims[1]) +
                            "] does not match this stage (hc*H = " +
                            std::to_string(runtime_->row_floats()) + ")");
   std::lock_guard<std::mutex> lock(mu_);
@@ -71,7 +85,7 @@ Status StageExecutor::Receive(uint64_t step_id, int64_t rows, int64_t row_floats
                              std::to_string(inbox_.size()) +
                              " steps already wait in the inbox (the previous stage runs too far "
                              "ahead or floods)");
-  inbox_[step_id] = std::move(x);
+  inbox_[step_id] = std::move(activation);
   cv_.notify_all();
   return Status::Ok();
 }
@@ -141,16 +155,16 @@ void StageExecutor::Loop() {
     waiting_.erase(step->id);
     step->running = true;
     last_run_ = step->id;
-    std::vector<float> x;
+    std::optional<net::Frame> received;
     if (auto it = inbox_.find(step->id); it != inbox_.end()) {
-      x = std::move(it->second);
+      received = std::move(it->second);
       inbox_.erase(it);
     }
     lock.unlock();
     Status st;
     {
       std::lock_guard<std::mutex> exec(exec_mu_);
-      st = Execute(step, &x);
+      st = Execute(step, received ? &*received : nullptr);
     }
     lock.lock();
     if (!st.ok()) {
@@ -162,25 +176,33 @@ void StageExecutor::Loop() {
   }
 }
 
-Status StageExecutor::Execute(Step* step, std::vector<float>* x) {
+Status StageExecutor::Execute(Step* step, const net::Frame* received) {
+  if (!runtime_->loaded())
+    return Unavailable("step " + std::to_string(step->id) + ": no shard loaded");
   const ShardPlacement& p = runtime_->placement();
+  // X stays in the shard's memory (the device for a device shard) from here to the send or
+  // the head; only a received frame's payload is copied in, once.
+  Activations& x = runtime_->activations();
   int64_t rows = 0;
   for (const auto& s : step->slices) rows += static_cast<int64_t>(s.tokens.size());
   if (p.stage == 0) {
-    FM_RETURN_IF_ERROR(runtime_->Embed(step->slices, x));
+    FM_RETURN_IF_ERROR(runtime_->Embed(step->slices, &x));
   } else if (prev_) {
-    FM_ASSIGN_OR_RETURN(*x, prev_->Receive(step->id, rows, runtime_->row_floats(), step->deadline));
-  } else if (static_cast<int64_t>(x->size()) != rows * runtime_->row_floats()) {
-    return InvalidArgument("step " + std::to_string(step->id) + ": the activation has " +
-                           std::to_string(x->size() / runtime_->row_floats()) + " rows, the batch " +
-                           std::to_string(rows));
+    FM_RETURN_IF_ERROR(prev_->Receive(step->id, rows, step->deadline, &x));
+  } else {
+    const int64_t got = received ? received->header.dims[0] : 0;
+    if (got != rows)
+      return InvalidArgument("step " + std::to_string(step->id) + ": the activation has " +
+                             std::to_string(got) + " rows, the batch " + std::to_string(rows));
+    FM_RETURN_IF_ERROR(x.Resize(rows));
+    if (rows > 0) FM_RETURN_IF_ERROR(CopyPayloadIn(*received, &x));
   }
-  FM_RETURN_IF_ERROR(runtime_->Forward(step->id, step->slices, x->data()));
+  FM_RETURN_IF_ERROR(runtime_->Forward(step->id, step->slices, x.data()));
   if (p.samples()) {
-    FM_ASSIGN_OR_RETURN(step->sampled, runtime_->Sample(step->slices, x->data()));
+    FM_ASSIGN_OR_RETURN(step->sampled, runtime_->Sample(step->slices, x));
   } else if (!p.head) {
     if (!next_) return Internal("stage " + std::to_string(p.stage) + " has no next stage");
-    FM_RETURN_IF_ERROR(next_->Send(step->id, rows, runtime_->row_floats(), x->data()));
+    FM_RETURN_IF_ERROR(next_->Send(step->id, x));
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto now = Clock::now();

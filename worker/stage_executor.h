@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/activations.h"
+#include "net/frame.h"
 #include "worker/shard_runtime.h"
 
 namespace fm {
@@ -25,7 +27,8 @@ namespace fm {
 class ActivationSink {
  public:
   virtual ~ActivationSink() = default;
-  virtual Status Send(uint64_t step_id, int64_t rows, int64_t row_floats, const float* x) = 0;
+  // x: [x.rows(), hc*H], in host or device memory (x.device()).
+  virtual Status Send(uint64_t step_id, const Activations& x) = 0;
   // Ends a Send of step `step` that waits on the next stage (a reset); callable from any thread.
   virtual void AbortStep(uint64_t /*step*/) {}
 };
@@ -36,11 +39,15 @@ class ActivationSource {
  public:
   using Clock = std::chrono::steady_clock;
   virtual ~ActivationSource() = default;
-  // The previous stage's manifold of step_id, [rows, row_floats] f32, by `deadline`.
-  virtual Result<std::vector<float>> Receive(uint64_t step_id, int64_t rows, int64_t row_floats,
-                                             Clock::time_point deadline) = 0;
+  // The previous stage's manifold of step_id into x (resized to `rows`), by `deadline`.
+  virtual Status Receive(uint64_t step_id, int64_t rows, Clock::time_point deadline,
+                         Activations* x) = 0;
   virtual void AbortStep(uint64_t /*step*/) {}
 };
+
+// An ACTIVATION frame's payload (f32: copied as it is; bf16: widened on the host first) into
+// the first x->rows() rows of x; the frame is [x->rows(), x->row_floats()] (checked before).
+Status CopyPayloadIn(const net::Frame& f, Activations* x);
 
 class StageExecutor {
  public:
@@ -59,8 +66,9 @@ class StageExecutor {
   // `sampled` gets one id per slice, in slice order. `slices` may be empty (EP member).
   Status RunStep(uint64_t step_id, uint64_t prev_step_id, std::vector<StepSlice> slices,
                  Clock::time_point deadline, std::vector<SampledId>* sampled);
-  // The previous stage's manifold for step_id (rows x row_floats f32).
-  Status Receive(uint64_t step_id, int64_t rows, int64_t row_floats, std::vector<float> x);
+  // The previous stage's ACTIVATION frame (header.step_id; [rows, hc*H] f32 or bf16), kept
+  // as received until its step runs, then copied into the shard's activations once.
+  Status Receive(net::Frame activation);
 
   // Frees sequences between steps (never under a running step).
   void Free(const std::vector<uint64_t>& seq_ids);
@@ -85,7 +93,7 @@ class StageExecutor {
   void Loop();
   Step* NextReadyLocked();
   void FailWaitingLocked();
-  Status Execute(Step* step, std::vector<float>* x);
+  Status Execute(Step* step, const net::Frame* received);
 
   ShardRuntime* runtime_;
   std::unique_ptr<ActivationSink> next_;    // set under exec_mu_ and mu_
@@ -96,7 +104,7 @@ class StageExecutor {
   // At most kMaxInboxSteps manifolds wait (far more than the steps in flight): bounds what a
   // flooding previous stage can make this one hold.
   static constexpr size_t kMaxInboxSteps = 64;
-  std::map<uint64_t, std::vector<float>> inbox_;
+  std::map<uint64_t, net::Frame> inbox_;
   std::mutex exec_mu_;                // held while a step computes
   std::deque<std::pair<Clock::time_point, int64_t>> recent_rows_;
   uint64_t rows_total_ = 0;

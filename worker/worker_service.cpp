@@ -206,7 +206,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   } else {
     executor_.SetNext(NewTransportActivationSink(data_plane_, s.next_node(), s.next_data(), *dtype));
   }
-  if (prev_link_) executor_.SetPrev(NewCommActivationSource(prev_link_.get(), 0));
+  if (prev_link_) executor_.SetPrev(NewCommActivationSource(prev_link_.get(), 0, *dtype));
   receiver_.SetPeer(p.stage > 0 && !prev_link_ ? s.prev_node() : "");
   if (Status policy = ApplyPeerPolicy(s); !policy.ok())
     return ToGrpc(policy.Wrap("node " + node_ + ": data-plane peers"));

@@ -117,6 +117,14 @@ Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
   return Status::Ok();
 }
 
+Status CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (!dst || !src) return InvalidArgument("CopyOnDevice: null device pointer");
+  FM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, current_stream));
+  return Status::Ok();
+}
+
 Result<DeviceBuffer> Upload(const void* src, size_t bytes) {
   FM_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Alloc(bytes));
   FM_RETURN_IF_ERROR(b.CopyFromHost(src, bytes));

@@ -60,6 +60,10 @@ class DeviceBuffer {
 // Allocates a buffer and fills it with `bytes` from host memory.
 Result<DeviceBuffer> Upload(const void* src, size_t bytes);
 
+// Copies `bytes` from device memory src to device memory dst (no overlap) on the current
+// stream, queued after the work before it; returns at once (stream order keeps it consistent).
+Status CopyOnDevice(void* dst, const void* src, size_t bytes);
+
 // A CUDA stream of the current device (blocking flavour: it orders with the legacy default
 // stream, so code that still uses the default stream stays correct); move-only.
 class Stream {

@@ -1,4 +1,4 @@
-// Row and element ops on CUDA (ops.h): RMSNorm and the vector sum.
+// Row and element ops on CUDA (ops.h): RMSNorm, the vector sum and the embedding lookup.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -6,6 +6,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/quant_decode.h"
 
 namespace fm::cuda {
 namespace {
@@ -48,7 +49,38 @@ __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
   if (i < n) y[i] = a[i] + b[i];
 }
 
+// x[t, j, :] = table[ids[t], :] in f32 for every stream j; block (c, t) takes columns
+// [c * 256, (c + 1) * 256) of row t, a thread one column.
+__global__ void EmbedRowsKernel(const void* table, bool bf16, int64_t vocab, int64_t H,
+                                const int32_t* ids, int64_t n, float* x) {
+  const int64_t t = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
+  if (c >= H) return;
+  const int32_t id = ids[t];
+  float v = __int_as_float(0x7fc00000);  // NaN: an id the caller should have refused
+  if (id >= 0 && id < vocab) {
+    const int64_t at = static_cast<int64_t>(id) * H + c;
+    v = bf16 ? Bf16Decode(static_cast<const uint16_t*>(table)[at])
+             : static_cast<const float*>(table)[at];
+  }
+  for (int64_t j = 0; j < n; ++j) x[(t * n + j) * H + c] = v;
+}
+
 }  // namespace
+
+Status EmbedRows(const void* table, bool bf16, int64_t vocab, int64_t H, const int32_t* ids,
+                 int64_t T, int64_t n, float* x) {
+  if (T < 0 || vocab <= 0 || H <= 0 || n <= 0)
+    return InvalidArgument("EmbedRows: T " + std::to_string(T) + ", vocab " +
+                           std::to_string(vocab) + ", H " + std::to_string(H) + ", n " +
+                           std::to_string(n) + ": need T >= 0 and the rest > 0");
+  if (T == 0) return Status::Ok();
+  if (!table || !ids || !x) return InvalidArgument("EmbedRows: null device pointer");
+  if (T > 65535) return InvalidArgument("EmbedRows: T " + std::to_string(T) + " > 65535");
+  const dim3 grid(BlocksFor(H, kElemThreads), static_cast<unsigned>(T));
+  EmbedRowsKernel<<<grid, kElemThreads, 0, CurrentStream()>>>(table, bf16, vocab, H, ids, n, x);
+  return LaunchStatus("EmbedRowsKernel");
+}
 
 Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim,
                float eps) {

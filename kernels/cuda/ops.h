@@ -93,6 +93,13 @@ Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, in
 // y[i] = a[i] + b[i]; y may equal a or b.
 Status AddVectors(const float* a, const float* b, float* y, int64_t n);
 
+// The embedding lookup (model/forward.h EmbedManifold): x [T, n, H], every one of the n streams
+// of row t = table[ids[t]] as f32. table [vocab, H] is BF16 (bf16 true) or F32; ids [T] int32 on
+// the device, checked against the vocabulary by the caller before (an id outside [0, vocab)
+// gives NaN rows, never a read outside the table).
+Status EmbedRows(const void* table, bool bf16, int64_t vocab, int64_t H, const int32_t* ids,
+                 int64_t T, int64_t n, float* x);
+
 // Where one token stands in its compressor's window of r positions (device memory, written by
 // the host before each step): CacheRows (fused_ops.h) reads it instead of the position.
 struct CompressorStep {

@@ -3,6 +3,7 @@
 // the CPU kernel; the weights are bound by the same Bind* functions and then uploaded.
 #include "model/cuda/shard_model.h"
 
+#include "model/cuda/device_activations.h"
 #include "model/cuda/device_weights.h"
 #include "model/cuda/ep_experts.h"
 #include "model/cuda/step_inputs.h"
@@ -63,6 +64,7 @@ Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size
 // Scratch of one step of up to kMaxStepRows rows, sized once for the model.
 struct Scratch {
   DeviceBuffer inputs;  // StepInputs of a step (the graphs read it: rewritten before each replay)
+  DeviceBuffer embed_ids;  // int32 [kMaxStepRows]: the token ids of an Embed chunk
   DeviceBuffer table;   // cuda::RowCache [layers, rows] of a step (the graphs' too)
   DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
   DeviceBuffer x, x_new, mix, y, post, comb, out;
@@ -86,6 +88,9 @@ class CudaShardModel final : public ShardModel {
   bool has_head() const override { return has_head_; }
 
   std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const override;
+  Result<std::unique_ptr<Activations>> NewActivations() const override {
+    return NewDeviceActivations(device_, cfg_.hc_mult * cfg_.hidden_size);
+  }
   Status Embed(std::span<const int32_t> tokens, float* x) const override;
   Status ForwardLayers(std::span<const BatchItem> items, float* x) const override;
   Status Logits(const float* x, int64_t rows, float* logits) const override;
@@ -118,7 +123,7 @@ class CudaShardModel final : public ShardModel {
   Status Attention(const DevLayer& l, int64_t T, bool distinct, const DevStepInputs& in,
                    const cuda::RowCache* table) const;
   Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
-  // X [T, hc, H] (host) -> s.logits [T, vocab]: hc_head, the final norm and the head.
+  // X [T, hc, H] (device) -> s.logits [T, vocab]: hc_head, the final norm and the head.
   Status Head(const float* x, int64_t T) const;
 
   ModelConfig cfg_;
@@ -128,7 +133,8 @@ class CudaShardModel final : public ShardModel {
   std::vector<int64_t> ratios_;  // the distinct compress ratios > 1 of the shard's layers
   int64_t begin_ = 0, end_ = 0;
   bool sel_embed_ = false, has_head_ = false;
-  TensorView embed_;  // host view (the embedding row is looked up on the host, then uploaded)
+  DeviceBuffer embed_;  // embed.weight [vocab, H] as in the checkpoint (BF16 or F32)
+  bool embed_bf16_ = false;
   std::vector<std::unique_ptr<DevLayer>> layers_;
   DeviceWeight head_;
   DeviceBuffer norm_;
@@ -162,7 +168,9 @@ Status CudaShardModel::Bind(const Checkpoint& ckpt) {
     return InvalidArgument("shard selection: layers [" + std::to_string(begin_) + ", " +
                            std::to_string(end_) + ") outside [0, " + std::to_string(L) + "]");
   if (sel.embed) {
-    FM_ASSIGN_OR_RETURN(embed_, BindEmbed(ckpt));
+    FM_ASSIGN_OR_RETURN(const TensorView embed, BindEmbed(ckpt));
+    FM_ASSIGN_OR_RETURN(embed_, cuda::Upload(embed.data, embed.nbytes));
+    embed_bf16_ = embed.dtype == DType::kBF16;
     sel_embed_ = true;
   }
   if (sel.head) {
@@ -245,6 +253,7 @@ Status CudaShardModel::AllocScratch() {
   FM_ASSIGN_OR_RETURN(s.index_count, cuda::Upload(zeros.data(), zeros.size() * sizeof(int32_t)));
   FM_ASSIGN_OR_RETURN(s.table, DeviceBuffer::Alloc(layers_.size() * C * sizeof(cuda::RowCache)));
   FM_ASSIGN_OR_RETURN(s.inputs, DeviceBuffer::Alloc(sizeof(StepInputs)));
+  FM_ASSIGN_OR_RETURN(s.embed_ids, DeviceBuffer::Alloc(C * sizeof(int32_t)));
   if (has_head_) {
     FM_ASSIGN_OR_RETURN(s.sample_params, DeviceBuffer::Alloc(C * sizeof(cuda::SampleParams)));
     FM_ASSIGN_OR_RETURN(s.sample_out, DeviceBuffer::Alloc(C * sizeof(cuda::SampleResult)));
@@ -295,8 +304,19 @@ std::unique_ptr<SequenceCache> CudaShardModel::NewSequence(int64_t max_context) 
 Status CudaShardModel::Embed(std::span<const int32_t> tokens, float* x) const {
   if (!has_embed()) return InvalidArgument("Embed: this shard does not hold embed.weight");
   FM_RETURN_IF_ERROR(CheckTokenIds(cfg_, tokens, "Embed"));
-  EmbedManifold(embed_, tokens, cfg_.hc_mult, cfg_.hidden_size, x);
-  return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  cuda::StreamScope on_stream(stream_);
+  const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
+  // Only the ids cross; the rows are looked up on the device, kMaxStepRows tokens a launch (the
+  // next chunk's ids are copied in stream order, after the launch that reads the previous ones).
+  for (size_t t0 = 0; t0 < tokens.size(); t0 += kMaxStepRows) {
+    const int64_t T = std::min<int64_t>(kMaxStepRows, tokens.size() - t0);
+    FM_RETURN_IF_ERROR(s_.embed_ids.CopyFromHostAsync(tokens.data() + t0, T * sizeof(int32_t)));
+    FM_RETURN_IF_ERROR(cuda::EmbedRows(embed_.data(), embed_bf16_, cfg_.vocab_size, H,
+                                       s_.embed_ids.as<int32_t>(), T, n, x + t0 * n * H));
+  }
+  return stream_.Synchronize();
 }
 
 Status CudaShardModel::SetTensorParallel(TpGroup* tp) {
@@ -577,15 +597,16 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     std::vector<const SequenceCache*> step_rows(rows.begin() + r0, rows.begin() + r0 + T);
     StepInputs in{};
     const size_t row_bytes = row_floats * sizeof(float);
-    // The real rows' X straight from the caller's buffer; a padding row takes row 0's.
-    FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, T * row_bytes));
+    // The real rows' X from the caller's device buffer; a padding row takes row 0's.
+    float* xr = x + r0 * row_floats;
+    FM_RETURN_IF_ERROR(cuda::CopyOnDevice(s_.x.data(), xr, T * row_bytes));
     for (size_t t = 0; t < S; ++t) {
       const bool real = t < T;
       SetStepRow(cfg_, ratios_, static_cast<int>(t), real ? pos[r0 + t] : 0,
                  tokens[r0 + (real ? t : 0)], &in);
       if (real) continue;
       step_rows.push_back(pad_.get());
-      FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x + r0 * row_floats, row_bytes, t * row_bytes));
+      FM_RETURN_IF_ERROR(cuda::CopyOnDevice(s_.x.as<char>() + t * row_bytes, xr, row_bytes));
     }
     FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable(step_rows));
     FM_RETURN_IF_ERROR(s_.inputs.CopyFromHostAsync(&in, sizeof in));
@@ -601,7 +622,7 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
       FM_ASSIGN_OR_RETURN(*g, cuda::Graph::Capture(stream_, step));
     }
     FM_RETURN_IF_ERROR(g ? g->Launch(stream_) : step());
-    FM_RETURN_IF_ERROR(s_.x.CopyToHost(x + r0 * row_floats, T * row_floats * sizeof(float)));
+    FM_RETURN_IF_ERROR(cuda::CopyOnDevice(xr, s_.x.data(), T * row_bytes));
     for (size_t t = 0; t < T; ++t) advance(rows[r0 + t]);
   }
   for (const BatchItem& item : items) item.cache->Advance(static_cast<int64_t>(item.tokens.size()));
@@ -612,10 +633,9 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
 Status CudaShardModel::Head(const float* x, int64_t T) const {
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
-  FM_RETURN_IF_ERROR(s_.x.CopyFromHostAsync(x, static_cast<size_t>(T * n * H) * sizeof(float)));
-  FM_RETURN_IF_ERROR(cuda::Gemm(hc_head_.fn.view(), s_.x.as<float>(), n * H, s_.mix.as<float>(),
-                                hc_head_.fn.rows, T));
-  FM_RETURN_IF_ERROR(cuda::HcHead(s_.x.as<float>(), s_.mix.as<float>(), hc_head_.base.as<float>(),
+  FM_RETURN_IF_ERROR(
+      cuda::Gemm(hc_head_.fn.view(), x, n * H, s_.mix.as<float>(), hc_head_.fn.rows, T));
+  FM_RETURN_IF_ERROR(cuda::HcHead(x, s_.mix.as<float>(), hc_head_.base.as<float>(),
                                   hc_head_.head_scale, T, n, H, eh, eps, s_.head_y.as<float>()));
   FM_RETURN_IF_ERROR(cuda::RmsNorm(s_.head_y.as<float>(), norm_.as<float>(),
                                    s_.head_y.as<float>(), T, H, eps));

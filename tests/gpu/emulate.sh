@@ -34,7 +34,7 @@ kernel_test=(tests/gpu/test_cuda_*.cpp)
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard.cpp}")
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_tp.cpp}")
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_ep.cpp}")
-kernel_srcs=("${kernel_test[@]}" model/sampler.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
+kernel_srcs=("${kernel_test[@]}" model/sampler.cpp model/embed.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
              kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
              kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp
@@ -44,8 +44,9 @@ ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cp
          net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp)
 shard_srcs=(tests/gpu/test_cuda_shard.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
             model/cuda/shard_model.cpp model/cuda/device_weights.cpp model/cuda/step_inputs.cpp
-            model/cuda/tp_step.cpp model/cuda/ep_experts.cpp model/*.cpp "${kernels[@]}"
-            tests/gpu/emu/device_emu.cpp kernels/cpu/*.cpp "${ep_srcs[@]}" "${common[@]}")
+            model/cuda/device_activations.cpp model/cuda/tp_step.cpp model/cuda/ep_experts.cpp
+            model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp kernels/cpu/*.cpp
+            "${ep_srcs[@]}" "${common[@]}")
 
 # "FLAVOUR FLAGS SRC" lines -> objects under $OUT/FLAVOUR/, JOBS compiles at a time.
 compile() {

@@ -23,6 +23,7 @@
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
 #include "model/moe.h"
+#include "tests/model_test_util.h"
 #include "tests/unit/test_comm_group.h"
 #include "worker/ep_expert_executor.h"
 
@@ -86,7 +87,9 @@ void StepStage(std::vector<Member>& ms, uint64_t step,
         return;
       }
       const BatchItem item{m.seq.get(), tokens[r]};
-      status[r] = m.model->ForwardLayers({&item, 1}, (*x)[r].data());
+      status[r] = modeltest::OnShard(*m.model, &(*x)[r], [&](float* dx) {
+        return m.model->ForwardLayers({&item, 1}, dx);
+      });
     });
   for (auto& t : threads) t.join();
   for (size_t r = 0; r < ms.size(); ++r)
@@ -132,10 +135,14 @@ void ExpectEpEqualsSingleDevice(const std::vector<int64_t>& bounds) {
     for (int r = 0; r < 2; ++r) {
       if (tokens[r].empty()) continue;
       want[r].resize(tokens[r].size() * row);
-      ASSERT_TRUE((*single)->Embed(tokens[r], want[r].data()).ok());
+      ASSERT_TRUE(modeltest::OnShard(**single, &want[r], [&](float* dx) {
+                    return (*single)->Embed(tokens[r], dx);
+                  }).ok());
       x[r] = want[r];
       const BatchItem item{want_seq[r].get(), tokens[r]};
-      ASSERT_TRUE((*single)->ForwardLayers({&item, 1}, want[r].data()).ok());
+      ASSERT_TRUE(modeltest::OnShard(**single, &want[r], [&](float* dx) {
+                    return (*single)->ForwardLayers({&item, 1}, dx);
+                  }).ok());
     }
     for (size_t s = 0; s < S; ++s) ASSERT_NO_FATAL_FAILURE(StepStage(stages[s], step, tokens, &x));
     for (int r = 0; r < 2; ++r)

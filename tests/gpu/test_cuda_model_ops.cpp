@@ -1,5 +1,5 @@
-// CUDA twins of the model's CPU ops beyond GEMV and the row ops: the router, hc_head, hc_post
-// and the MoE combine, each against its CPU kernel. Device tests skip without a GPU; argument checks run everywhere.
+// CUDA twins of the model's CPU ops beyond GEMV and the row ops: the router, hc_head, hc_post,
+// the MoE combine and the embedding lookup, each against its CPU kernel. Device tests skip without a GPU; argument checks run everywhere.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +10,9 @@
 #include "kernels/cpu/hc.h"
 #include "kernels/cpu/router.h"
 #include "kernels/cpu/swiglu.h"
+#include "common/numfmt.h"
 #include "kernels/cuda/ops.h"
+#include "model/forward.h"
 #include "tests/gpu/cuda_test_util.h"
 
 namespace fm {
@@ -172,6 +174,53 @@ TEST(CudaHc, PostHeadAndCombineMatchTheCpuKernels) {
   DeviceBuffer dc = ToDevice(contrib), dw = ToDevice(w), dyc = Zeros(T * H);
   ASSERT_OK(cuda::MoeCombine(dc.as<float>(), dw.as<float>(), T, k, H, dyc.as<float>()));
   ExpectClose(ToHost(dyc, T * H), want_c, 1e-6, "combine");
+}
+
+TEST(CudaArgs, EmbedRowsRejectsBadShapes) {
+  float x = 0.0f;
+  int32_t id = 0;
+  EXPECT_EQ(cuda::EmbedRows(&x, false, 0, 4, &id, 1, 1, &x).code(), Code::kInvalidArgument);
+  EXPECT_EQ(cuda::EmbedRows(&x, false, 8, 4, &id, -1, 1, &x).code(), Code::kInvalidArgument);
+  EXPECT_EQ(cuda::EmbedRows(&x, false, 8, 4, &id, 1, 0, &x).code(), Code::kInvalidArgument);
+  EXPECT_EQ(cuda::EmbedRows(nullptr, false, 8, 4, &id, 1, 1, &x).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(cuda::EmbedRows(nullptr, false, 8, 4, nullptr, 0, 1, nullptr).ok());  // no rows
+}
+
+// The device lookup == EmbedManifold (the CPU shard's) bit for bit, BF16 and F32 tables, H not
+// a multiple of the block, repeated ids and both ends of the vocabulary; an id the host would
+// have refused gives NaN rows, not a read outside the table.
+TEST(CudaEmbed, RowsEqualTheCpuEmbedManifold) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(14);
+  const int64_t V = 37, H = 300, n = 4;
+  const std::vector<int32_t> ids = {0, 36, 5, 5, 17};
+  const int64_t T = static_cast<int64_t>(ids.size());
+  const std::vector<float> f32 = RandomNormal(V * H, rng);
+  std::vector<uint16_t> bf16(V * H);
+  for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = F32ToBf16(f32[i]);
+  for (const bool is_bf16 : {true, false}) {
+    TensorView table;
+    table.dtype = is_bf16 ? DType::kBF16 : DType::kF32;
+    table.shape = {V, H};
+    table.data = is_bf16 ? reinterpret_cast<const uint8_t*>(bf16.data())
+                         : reinterpret_cast<const uint8_t*>(f32.data());
+    table.nbytes = V * H * (is_bf16 ? 2 : 4);
+    std::vector<float> want(T * n * H);
+    EmbedManifold(table, ids, n, H, want.data());
+    auto dtable = cuda::Upload(table.data, table.nbytes);
+    ASSERT_TRUE(dtable.ok());
+    DeviceBuffer dids = ToDevice(ids), dx = Zeros(T * n * H);
+    ASSERT_OK(cuda::EmbedRows(dtable->data(), is_bf16, V, H, dids.as<int32_t>(), T, n,
+                              dx.as<float>()));
+    const std::vector<float> got = ToHost(dx, T * n * H);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_TRUE(SameBits(got[i], want[i])) << (is_bf16 ? "bf16" : "f32") << " element " << i;
+    const std::vector<int32_t> bad = {V};
+    DeviceBuffer dbad = ToDevice(bad), dy = Zeros(n * H);
+    ASSERT_OK(cuda::EmbedRows(dtable->data(), is_bf16, V, H, dbad.as<int32_t>(), 1, n,
+                              dy.as<float>()));
+    for (float v : ToHost(dy, n * H)) ASSERT_TRUE(std::isnan(v));
+  }
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 // three windows and past a ratio-128 entry (each step a replay of the bucket-1 CUDA graph), graph
 // replay == eager launches bit for bit for one sequence and for decode batches on the bucket
 // graphs, a batched prefill of two sequences over two device steps
-// then decode, the expert-executor (EP) path, a pipeline stage, and the errors. Without a CUDA
-// device only the no-device error runs.
+// then decode, the expert-executor (EP) path, a pipeline stage, decode with X resident on the
+// device (== the host-X path bit for bit) and two device stages handing X over device to device
+// (== one shard bit for bit), and the errors. X is always in the shard's device buffers
+// (NewActivations). Without a CUDA device only the no-device error runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -214,10 +216,12 @@ TEST_F(CudaShardTest, BucketGraphsEqualEagerBitForBitAsSequencesJoinAndLeave) {
     std::vector<float> unused, ex;
     ASSERT_TRUE(modeltest::RunItems(*p.cpu, citems, &cpu).ok());
     const int64_t n = static_cast<int64_t>(gitems.size());
-    std::vector<float> gx(n * cfg.hc_mult * cfg.hidden_size), lg(n * cfg.vocab_size);
-    ASSERT_TRUE(p.gpu->Embed(ids, gx.data()).ok());
+    std::vector<float> lg(n * cfg.vocab_size);
+    auto dx = p.gpu->NewActivations();
+    ASSERT_TRUE(dx.ok() && (*dx)->Resize(n).ok());
+    ASSERT_TRUE(p.gpu->Embed(ids, (*dx)->data()).ok());
     const int64_t before = cuda::KernelLaunches();
-    const Status st = p.gpu->ForwardLayers(gitems, gx.data());
+    const Status st = p.gpu->ForwardLayers(gitems, (*dx)->data());
     ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.ToString();
     // The first step of a bucket captures its graph (launches recorded), later ones replay it:
     // no kernel launched from the host.
@@ -227,9 +231,10 @@ TEST_F(CudaShardTest, BucketGraphsEqualEagerBitForBitAsSequencesJoinAndLeave) {
     } else {
       EXPECT_EQ(launched, 0) << "step " << step << ": a replay of bucket " << StepBucket(n);
     }
-    ASSERT_TRUE(p.gpu->Logits(gx.data(), n, lg.data()).ok());
+    ASSERT_TRUE(p.gpu->Logits((*dx)->data(), n, lg.data()).ok());
     gpu.insert(gpu.end(), lg.begin(), lg.end());
     ASSERT_TRUE(modeltest::RunItems(**eager, eitems, &unused, &ex).ok());
+    const std::vector<float> gx = modeltest::ToHostRows(**dx);
     ASSERT_EQ(gx.size(), ex.size());
     EXPECT_EQ(std::memcmp(gx.data(), ex.data(), gx.size() * sizeof(float)), 0)
         << "step " << step << " of " << steps[step].size() << " sequences";
@@ -302,13 +307,15 @@ TEST_F(CudaShardTest, DecodeBatchOfSequencesIsOneLaunchSequence) {
       ids.push_back(tok[0]);
     }
     ASSERT_TRUE(modeltest::RunItems(*p.cpu, citems, &cpu).ok());
-    std::vector<float> x(n * cfg.hc_mult * cfg.hidden_size), lg(n * cfg.vocab_size);
-    ASSERT_TRUE(p.gpu->Embed(ids, x.data()).ok());
+    std::vector<float> lg(n * cfg.vocab_size);
+    auto x = p.gpu->NewActivations();
+    ASSERT_TRUE(x.ok() && (*x)->Resize(n).ok());
+    ASSERT_TRUE(p.gpu->Embed(ids, (*x)->data()).ok());
     const int64_t before = cuda::KernelLaunches();
-    const Status st = p.gpu->ForwardLayers(gitems, x.data());
+    const Status st = p.gpu->ForwardLayers(gitems, (*x)->data());
     launches.push_back(cuda::KernelLaunches() - before);
     ASSERT_TRUE(st.ok()) << st.ToString();
-    ASSERT_TRUE(p.gpu->Logits(x.data(), n, lg.data()).ok());
+    ASSERT_TRUE(p.gpu->Logits((*x)->data(), n, lg.data()).ok());
     gpu.insert(gpu.end(), lg.begin(), lg.end());
   }
   EXPECT_LT(RelErr(gpu, cpu), 1e-3);
@@ -344,12 +351,13 @@ TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
     host.push_back(*Sampler::Create(c));
   }
   // Rows 2, 3 and 4 of the prefill's final state, one per sampler.
-  const std::vector<float> x(state.begin() + 2 * row, state.end());
+  auto x = modeltest::ToShard(*p.gpu, std::vector<float>(state.begin() + 2 * row, state.end()));
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
   std::vector<float> logits(3 * V);
-  ASSERT_TRUE(p.gpu->Logits(x.data(), 3, logits.data()).ok());
+  ASSERT_TRUE(p.gpu->Logits((*x)->data(), 3, logits.data()).ok());
   for (int draw = 0; draw < 3; ++draw) {
     Sampler* const ds[] = {&dev[0], &dev[1], &dev[2]};
-    auto got = p.gpu->SampleNext(x.data(), 3, ds);
+    auto got = p.gpu->SampleNext((*x)->data(), 3, ds);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     for (int r = 0; r < 3; ++r) {
       auto want = host[r].Sample(std::span(&logits[r * V], V));
@@ -408,13 +416,129 @@ TEST_F(CudaShardTest, PipelineStageMatchesCpuStage) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> xc(toks.size() * cfg.hc_mult * cfg.hidden_size);
   for (float& v : xc) v = nd(rng);
-  std::vector<float> xg = xc;
+  auto xg = modeltest::ToShard(*p.gpu, xc);
+  ASSERT_TRUE(xg.ok()) << xg.status().ToString();
   auto cc = p.cpu->NewSequence(128), gc = p.gpu->NewSequence(128);
   const BatchItem ci{cc.get(), toks}, gi{gc.get(), toks};
   ASSERT_TRUE(p.cpu->ForwardLayers({&ci, 1}, xc.data()).ok());
-  const Status st = p.gpu->ForwardLayers({&gi, 1}, xg.data());
+  const Status st = p.gpu->ForwardLayers({&gi, 1}, (*xg)->data());
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_LT(RelErr(xg, xc), 1e-3);
+  EXPECT_LT(RelErr(modeltest::ToHostRows(**xg), xc), 1e-3);
+}
+
+// Greedy decode of `n` tokens after `prompt` on `first` (embedding, layers [0, cut)) then `last`
+// (layers [cut, L), head; null: `first` holds everything), X resident in device buffers: ids in,
+// (id, logprob) out, and between the stages a device-to-device row copy, as an NCCL link
+// delivers it. host_hop: X goes to the host and back between embed, layers and head instead
+// (the path before X was resident). Each step's logits (of the same buffer) go to *logits.
+struct Picked {
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs, logits;
+};
+Picked ResidentDecode(const ShardModel& first, const ShardModel* last, std::vector<int32_t> prompt,
+                      int n, bool host_hop) {
+  Picked out;
+  const ShardModel& head = last ? *last : first;
+  auto c0 = first.NewSequence(256);
+  auto c1 = last ? last->NewSequence(256) : nullptr;
+  auto x0 = first.NewActivations();
+  auto x1 = head.NewActivations();
+  EXPECT_TRUE(x0.ok() && x1.ok());
+  if (!x0.ok() || !x1.ok()) return out;
+  EXPECT_TRUE((*x0)->device() && (*x1)->device());
+  Sampler greedy = *Sampler::Create(SamplerConfig{.greedy = true});
+  auto hop = [&](Activations& x) {  // the old path's round trip through host memory
+    if (!host_hop) return;
+    std::vector<float> h = modeltest::ToHostRows(x);
+    ASSERT_TRUE(x.CopyFromHost(0, x.rows(), h.data()).ok());
+  };
+  std::vector<int32_t> toks = std::move(prompt);
+  for (int i = 0; i < n; ++i) {
+    const int64_t T = static_cast<int64_t>(toks.size());
+    EXPECT_TRUE((*x0)->Resize(T).ok() && (*x1)->Resize(T).ok());
+    EXPECT_TRUE(first.Embed(toks, (*x0)->data()).ok());
+    hop(**x0);
+    const BatchItem i0{c0.get(), toks};
+    Status st = first.ForwardLayers({&i0, 1}, (*x0)->data());
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    Activations* x = x0->get();
+    if (last) {  // the stage hop: device rows to the next stage's device buffer
+      EXPECT_TRUE((*x1)->CopyRows(0, **x0, 0, T).ok());
+      const BatchItem i1{c1.get(), toks};
+      st = last->ForwardLayers({&i1, 1}, (*x1)->data());
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      x = x1->get();
+    }
+    hop(*x);
+    const float* final_row = x->row(T - 1);
+    std::vector<float> lg(head.config().vocab_size);
+    EXPECT_TRUE(head.Logits(final_row, 1, lg.data()).ok());
+    out.logits.insert(out.logits.end(), lg.begin(), lg.end());
+    Sampler* const s[] = {&greedy};
+    auto picked = head.SampleNext(final_row, 1, s);
+    EXPECT_TRUE(picked.ok()) << picked.status().ToString();
+    if (!picked.ok()) return out;
+    out.ids.push_back((*picked)[0].id);
+    out.logprobs.push_back((*picked)[0].logprob);
+    toks = {(*picked)[0].id};
+  }
+  return out;
+}
+
+// A device shard holding everything decodes with X on the device from the embedding to the
+// head: the same tokens and logprobs, bit for bit, as with X brought to the host between embed,
+// layers and head, and each step's logits within 1e-3 of the CPU shard fed the same tokens.
+TEST_F(CudaShardTest, ResidentDecodeEqualsTheHostXPathAndMatchesCpu) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  const std::vector<int32_t> prompt = Tokens(7, 71);
+  const Picked resident = ResidentDecode(*p.gpu, nullptr, prompt, 12, false);
+  const Picked hopped = ResidentDecode(*p.gpu, nullptr, prompt, 12, true);
+  ASSERT_EQ(resident.ids.size(), 12u);
+  EXPECT_EQ(resident.ids, hopped.ids);
+  EXPECT_EQ(std::memcmp(resident.logprobs.data(), hopped.logprobs.data(),
+                        resident.logprobs.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(resident.logits.data(), hopped.logits.data(),
+                        resident.logits.size() * sizeof(float)), 0);
+  // The CPU shard over the tokens the device picked: each step's last-row logits.
+  const int64_t V = p.cpu->config().vocab_size;
+  auto cc = p.cpu->NewSequence(256);
+  std::vector<int32_t> toks = prompt;
+  std::vector<float> cpu;
+  for (size_t i = 0; i < resident.ids.size(); ++i) {
+    std::vector<float> lg;
+    const BatchItem item{cc.get(), toks};
+    ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&item, 1}, &lg).ok());
+    cpu.insert(cpu.end(), lg.end() - V, lg.end());
+    toks = {resident.ids[i]};
+  }
+  EXPECT_LT(RelErr(resident.logits, cpu), 1e-3);
+}
+
+// Two device stages (pp2: embedding and layers [0, 3); layers [3, 6) and the head) passing a
+// device X give one device shard's tokens, logprobs and logits bit for bit.
+TEST_F(CudaShardTest, TwoDeviceStagesPassingADeviceXEqualOneDeviceShardBitForBit) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair whole = Open(&pool);
+  ShardSelection a, b;
+  a.layer_end = 3;
+  a.head = false;
+  b.layer_begin = 3;
+  b.embed = false;
+  Pair first = Open(&pool, a), last = Open(&pool, b);
+  ASSERT_TRUE(whole.gpu && first.gpu && last.gpu);
+  const std::vector<int32_t> prompt = Tokens(9, 72);
+  const Picked one = ResidentDecode(*whole.gpu, nullptr, prompt, 10, false);
+  const Picked two = ResidentDecode(*first.gpu, last.gpu.get(), prompt, 10, false);
+  ASSERT_EQ(one.ids.size(), 10u);
+  EXPECT_EQ(two.ids, one.ids);
+  EXPECT_EQ(std::memcmp(two.logprobs.data(), one.logprobs.data(),
+                        one.logprobs.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(two.logits.data(), one.logits.data(), one.logits.size() * sizeof(float)),
+            0);
 }
 
 // Kernel launches of one eager decode step (T = 1) per layer, on a prefix stage [0, l) of the
@@ -442,12 +566,13 @@ TEST_F(CudaShardTest, DecodeStepLaunchesPerLayer) {
     const ModelConfig& cfg = (*m)->config();
     ratio[l - 1] = cfg.compress_ratio(l - 1);
     auto seq = (*m)->NewSequence(1024);
-    std::vector<float> x(cfg.hc_mult * cfg.hidden_size, 0.5f);
+    auto x = modeltest::ToShard(**m, std::vector<float>(cfg.hc_mult * cfg.hidden_size, 0.5f));
+    ASSERT_TRUE(x.ok()) << x.status().ToString();
     const std::vector<int32_t> toks = Tokens(6, 9);
     for (int t = 0; t < 6; ++t) {  // positions 0..5: ring rows, a ratio-4 entry at 3
       const BatchItem item{seq.get(), std::span(toks).subspan(t, 1)};
       const int64_t before = cuda::KernelLaunches();
-      ASSERT_TRUE((*m)->ForwardLayers({&item, 1}, x.data()).ok());
+      ASSERT_TRUE((*m)->ForwardLayers({&item, 1}, (*x)->data()).ok());
       const int64_t n = cuda::KernelLaunches() - before;
       if (t == 0) stage[l] = n;
       EXPECT_EQ(n, stage[l]) << "stage [0, " << l << ") at position " << t;
@@ -468,14 +593,18 @@ TEST_F(CudaShardTest, BadRequestsAreErrorsAndMoveNothing) {
   ASSERT_TRUE(p.gpu);
   const auto& cfg = p.gpu->config();
   auto c = p.gpu->NewSequence(4);
-  std::vector<float> x(8 * cfg.hc_mult * cfg.hidden_size);
+  auto x = modeltest::ToShard(*p.gpu, std::vector<float>(8 * cfg.hc_mult * cfg.hidden_size));
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
   const std::vector<int32_t> bad = {1, 512};
   const BatchItem b{c.get(), bad};
-  const Status st = p.gpu->ForwardLayers({&b, 1}, x.data());
+  const Status st = p.gpu->ForwardLayers({&b, 1}, (*x)->data());
   EXPECT_NE(st.ToString().find("token id 512"), std::string::npos) << st.ToString();
+  // The embedding refuses it on the host before any id reaches the device.
+  const Status se = p.gpu->Embed(bad, (*x)->data());
+  EXPECT_NE(se.ToString().find("token id 512 at position 1"), std::string::npos) << se.ToString();
   const std::vector<int32_t> five = {1, 2, 3, 4, 5};
   const BatchItem l{c.get(), five};
-  EXPECT_EQ(p.gpu->ForwardLayers({&l, 1}, x.data()).code(), Code::kOutOfRange);
+  EXPECT_EQ(p.gpu->ForwardLayers({&l, 1}, (*x)->data()).code(), Code::kOutOfRange);
   EXPECT_EQ(c->next_pos(), 0);
 }
 

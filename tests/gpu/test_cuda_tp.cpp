@@ -26,6 +26,7 @@
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
 #include "model/tp.h"
+#include "tests/model_test_util.h"
 
 namespace fm {
 namespace {
@@ -145,7 +146,9 @@ TEST(CudaTensorParallel, TwoMembersEqualTheSingleDeviceShardBitForBit) {
     std::vector<float> x(row);
     const std::vector<int32_t> one = {1};
     const BatchItem item{members[0].seqs[0].get(), one};
-    const Status st = members[0].model->ForwardLayers({&item, 1}, x.data());
+    const Status st = modeltest::OnShard(*members[0].model, &x, [&](float* dx) {
+      return members[0].model->ForwardLayers({&item, 1}, dx);
+    });
     EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.ToString();
     EXPECT_EQ(members[0].seqs[0]->next_pos(), 0);
     const Status wrong = members[0].model->SetTensorParallel(group.member(1));
@@ -171,16 +174,22 @@ TEST(CudaTensorParallel, TwoMembersEqualTheSingleDeviceShardBitForBit) {
       all.insert(all.end(), tokens[i].begin(), tokens[i].end());
     }
     std::vector<float> want(all.size() * row);
-    ASSERT_TRUE(single.model->Embed(all, want.data()).ok());
+    ASSERT_TRUE(modeltest::OnShard(*single.model, &want, [&](float* dx) {
+                  return single.model->Embed(all, dx);
+                }).ok());
     std::vector<std::vector<float>> got(t, want);
     auto items = Items(single, tokens);
-    ASSERT_TRUE(single.model->ForwardLayers(items, want.data()).ok());
+    ASSERT_TRUE(modeltest::OnShard(*single.model, &want, [&](float* dx) {
+                  return single.model->ForwardLayers(items, dx);
+                }).ok());
     std::vector<std::thread> threads;
     std::vector<Status> status(t);
     for (int r = 0; r < t; ++r)
       threads.emplace_back([&, r] {
         auto mine = Items(members[r], tokens);
-        status[r] = members[r].model->ForwardLayers(mine, got[r].data());
+        status[r] = modeltest::OnShard(*members[r].model, &got[r], [&](float* dx) {
+          return members[r].model->ForwardLayers(mine, dx);
+        });
       });
     for (auto& th : threads) th.join();
     for (int r = 0; r < t; ++r) {

@@ -1,13 +1,14 @@
 // A cluster whose nodes say `device: cuda:0`: the worker runs its shard on the GPU
 // (model/cuda/shard_model.h). With a GPU the cluster serves; without one, LoadShard fails
 // naming the device, health says degraded and Generate is UNAVAILABLE (nothing hangs). Also the
-// NCCL stage link (transport nccl between stages), tensor parallel on cuda workers and the device
-// decode bench.
+// NCCL stage link (transport nccl between stages), tensor and expert parallel on cuda workers and
+// the device decode bench.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/integration/cluster_fixture.h"
 
@@ -44,14 +45,10 @@ TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
   EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
 }
 
-// tensor_parallel 2 on cuda workers (both on cuda:0, TCP between them): each member uploads its
-// share and gathers the rest (docs/gpu.md "Tensor parallel on the device"); with a GPU the
-// cluster gives one cuda:0 worker's tokens and logprobs exactly; without one a member's load
-// fails naming the device.
-TEST(DeviceShard, TensorParallelCudaWorkersEqualOneCudaWorkerOrSayWhy) {
-  ClusterSpec spec;
-  spec.stages = 1;
-  spec.tensor_parallel = 2;
+// A cluster of `spec` whose workers all run on cuda:0 (TCP between them): with a GPU it gives one
+// cuda:0 worker's tokens and logprobs exactly (every output element is computed by the same
+// kernels on one member); without one a worker's load fails naming the device.
+void ExpectCudaClusterEqualsOneCudaWorkerOrSaysWhy(ClusterSpec spec) {
   spec.device = "cuda:0";
   Cluster cluster(spec);
   cluster.StartAll();
@@ -66,7 +63,10 @@ TEST(DeviceShard, TensorParallelCudaWorkersEqualOneCudaWorkerOrSayWhy) {
     auto ref = Connect(single.api());
     auto stub = Connect(cluster.api());
     for (int i = 0; i < 3; ++i) {
-      const auto req = TokensRequest({5 + i, 6, 7, 8 + i}, 8);
+      // Prompts past 32 rows too: a device shard runs them in several steps (AgreeRounds).
+      std::vector<int32_t> prompt = {5 + i, 6, 7, 8 + i};
+      for (int j = 0; j < 20 * i; ++j) prompt.push_back((j * 7 + i) % 500);
+      const auto req = TokensRequest(prompt, 8);
       Generation want = Generate(ref.get(), req), got = Generate(stub.get(), req);
       ASSERT_TRUE(want.status.ok() && got.status.ok())
           << want.status.error_message() << " / " << got.status.error_message() << cluster.Logs();
@@ -82,6 +82,31 @@ TEST(DeviceShard, TensorParallelCudaWorkersEqualOneCudaWorkerOrSayWhy) {
 #endif
   const std::string error = NodeErrorContaining(cluster.api(), why, 60s);
   EXPECT_NE(error.find(why), std::string::npos) << error << cluster.Logs();
+}
+
+// tensor_parallel 2 on cuda workers: each member uploads its share and gathers the rest
+// (docs/gpu.md "Tensor parallel on the device").
+TEST(DeviceShard, TensorParallelCudaWorkersEqualOneCudaWorkerOrSayWhy) {
+  ClusterSpec spec;
+  spec.stages = 1;
+  spec.tensor_parallel = 2;
+  ExpectCudaClusterEqualsOneCudaWorkerOrSaysWhy(spec);
+}
+
+// expert_parallel 2 on cuda workers, one stage and two: each member's experts run on its GPU
+// (DeviceExpertRunner), never on the CPU (docs/gpu.md "Expert parallel on the device").
+TEST(DeviceShard, ExpertParallelCudaWorkersEqualOneCudaWorkerOrSayWhy) {
+  ClusterSpec spec;
+  spec.stages = 1;
+  spec.expert_parallel = 2;
+  ExpectCudaClusterEqualsOneCudaWorkerOrSaysWhy(spec);
+}
+
+TEST(DeviceShard, TwoStagesOfExpertParallelCudaWorkersEqualOneCudaWorkerOrSayWhy) {
+  ClusterSpec spec;
+  spec.stages = 2;
+  spec.expert_parallel = 2;
+  ExpectCudaClusterEqualsOneCudaWorkerOrSaysWhy(spec);
 }
 
 // transport nccl with two stages: the hop is a two-rank NCCL link between the stages' GPUs. With

@@ -1,10 +1,13 @@
 // worker/data_plane: two StageExecutors joined by real TCP transports on loopback (pushed frames,
 // or a communicator link the receiving stage pulls from) give the same tokens, bit for bit, as
 // one executor holding every layer; a frame that is not an
-// activation of this stage's shape drops that connection and the next good one is served.
+// activation of this stage's shape drops that connection and the next good one is served. The
+// links pick the path of a device X: in place on a communicator that takes device buffers
+// (NCCL), one copy to or from the host otherwise.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "model/mkmodel.h"
@@ -175,7 +178,7 @@ struct LinkedStages {
     EXPECT_TRUE(r0.Load(Stage(0, 2, 0, 3)).ok());
     EXPECT_TRUE(r1.Load(Stage(1, 2, 3, -1)).ok());
     e0.SetNext(NewCommActivationSink(c0.get(), 1, net::FrameDType::kF32));
-    e1.SetPrev(NewCommActivationSource(c1.get(), 0));
+    e1.SetPrev(NewCommActivationSource(c1.get(), 0, net::FrameDType::kF32));
     SamplerConfig greedy;
     greedy.greedy = true;
     EXPECT_TRUE(r0.StartSequence(1, 64, greedy).ok());
@@ -223,6 +226,187 @@ TEST(DataPlane, ActivationDTypeNames) {
   auto bad = ActivationFrameDType(static_cast<flashmesh::v1::ActivationDType>(7));   // a newer one
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(), "activation_dtype: unknown value 7");
+}
+
+// Host memory flagged as device memory, counting the copies across: a device shard's X as the
+// links see it (they pick the path; the bytes are the communicator's business).
+class FlaggedDeviceActivations final : public Activations {
+ public:
+  explicit FlaggedDeviceActivations(int64_t row_floats) : Activations(row_floats) {}
+  bool device() const override { return true; }
+  Status Resize(int64_t rows) override {
+    mem_.resize(std::max(mem_.size(), static_cast<size_t>(rows * row_floats_)));
+    data_ = mem_.data();
+    rows_ = rows;
+    return Status::Ok();
+  }
+  Status CopyFromHost(int64_t row0, int64_t n, const float* src) override {
+    ++from_host;
+    FM_RETURN_IF_ERROR(CheckRows("CopyFromHost", row0, n));
+    std::memcpy(row(row0), src, n * row_floats_ * sizeof(float));
+    return Status::Ok();
+  }
+  Status CopyToHost(int64_t row0, int64_t n, float* dst) const override {
+    ++to_host;
+    FM_RETURN_IF_ERROR(CheckRows("CopyToHost", row0, n));
+    std::memcpy(dst, row(row0), n * row_floats_ * sizeof(float));
+    return Status::Ok();
+  }
+  Status CopyRows(int64_t, const Activations&, int64_t, int64_t) override {
+    return Internal("not used by the links");
+  }
+  std::vector<float> Values() const { return {data_, data_ + rows_ * row_floats_}; }
+
+  int from_host = 0;
+  mutable int to_host = 0;
+
+ private:
+  std::vector<float> mem_;
+};
+
+// Takes device buffers, as NCCL does, over a TCP communicator: records what it was handed and
+// moves the bytes as the host memory they really are here.
+class DeviceBufferComm final : public net::Communicator {
+ public:
+  explicit DeviceBufferComm(net::Communicator* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name(int rank) const override { return inner_->name(rank); }
+  bool device_buffers() const override { return true; }
+  void AbortStep(uint64_t step) override { inner_->AbortStep(step); }
+  Result<std::vector<net::Frame>> AllToAllV(net::FrameKind kind, uint64_t step, uint32_t tag,
+                                            const std::vector<net::CommBuffer>& send,
+                                            net::Millis timeout) override {
+    return inner_->AllToAllV(kind, step, tag, send, timeout);
+  }
+  Status Send(int peer, net::FrameKind kind, uint64_t step, uint32_t tag,
+              const net::CommBuffer& buf, net::Millis timeout) override {
+    sent_device = buf.device;
+    sent_data = buf.data;
+    net::CommBuffer host = buf;
+    host.device = false;
+    return inner_->Send(peer, kind, step, tag, host, timeout);
+  }
+  Result<net::Frame> Recv(int peer, net::FrameKind kind, uint64_t step, uint32_t tag,
+                          net::Millis timeout) override {
+    ++frames_received;
+    return inner_->Recv(peer, kind, step, tag, timeout);
+  }
+  Result<net::FrameHeader> RecvInto(int peer, net::FrameKind kind, uint64_t step, uint32_t tag,
+                                    const net::RecvTarget& into, net::Millis timeout) override {
+    received_into_device = into.device;
+    received_into = into.data;
+    net::RecvTarget host = into;
+    host.device = false;
+    return inner_->RecvInto(peer, kind, step, tag, host, timeout);
+  }
+
+  bool sent_device = false, received_into_device = false;
+  const void* sent_data = nullptr;
+  void* received_into = nullptr;
+  int frames_received = 0;
+
+ private:
+  net::Communicator* inner_;
+};
+
+struct CommPair {
+  std::unique_ptr<net::Transport> t0 = Transport("s0"), t1 = Transport("s1");
+  std::unique_ptr<net::Communicator> c0, c1;
+  CommPair() {
+    const std::vector<net::CommMember> m = {{"s0", t0->listen_address()}, {"s1", t1->listen_address()}};
+    c0 = std::move(net::MakeTcpCommunicator(t0.get(), m, 0)).value();
+    c1 = std::move(net::MakeTcpCommunicator(t1.get(), m, 1)).value();
+  }
+};
+
+// x = 3 rows of 8: values bf16 holds exactly, so a bf16 hop is lossless here.
+void FillThreeRows(FlaggedDeviceActivations* x) {
+  EXPECT_TRUE(x->Resize(3).ok());
+  for (int64_t i = 0; i < 24; ++i) x->data()[i] = 0.5f * static_cast<float>(i - 7);
+}
+
+// Sends step 5 of x from `sink` while `source` receives it into `y`.
+void Hop(ActivationSink* sink, ActivationSource* source, const Activations& x, Activations* y) {
+  Status sent;
+  std::thread sender([&] { sent = sink->Send(5, x); });
+  const Status got = source->Receive(5, x.rows(), StageExecutor::Clock::now() + 10s, y);
+  sender.join();
+  EXPECT_TRUE(sent.ok()) << sent.ToString();
+  EXPECT_TRUE(got.ok()) << got.ToString();
+}
+
+TEST(DataPlane, DeviceXGoesInPlaceThroughACommunicatorOfDeviceBuffers) {
+  CommPair pair;
+  DeviceBufferComm d0(pair.c0.get()), d1(pair.c1.get());
+  auto sink = NewCommActivationSink(&d0, 1, net::FrameDType::kF32);
+  auto source = NewCommActivationSource(&d1, 0, net::FrameDType::kF32);
+  FlaggedDeviceActivations x(8);
+  FillThreeRows(&x);
+  FlaggedDeviceActivations y(8);
+  Hop(sink.get(), source.get(), x, &y);
+  EXPECT_TRUE(d0.sent_device);
+  EXPECT_EQ(d0.sent_data, x.data()) << "the send reads the shard's buffer itself";
+  EXPECT_TRUE(d1.received_into_device);
+  EXPECT_EQ(d1.received_into, y.data()) << "the receive writes the shard's buffer itself";
+  EXPECT_EQ(x.to_host, 0);
+  EXPECT_EQ(y.from_host, 0);
+  EXPECT_EQ(y.rows(), 3);
+  EXPECT_EQ(y.Values(), x.Values());
+}
+
+TEST(DataPlane, DeviceXCrossesOnceOverACommunicatorOfHostMemory) {
+  CommPair pair;
+  auto sink = NewCommActivationSink(pair.c0.get(), 1, net::FrameDType::kF32);
+  auto source = NewCommActivationSource(pair.c1.get(), 0, net::FrameDType::kF32);
+  FlaggedDeviceActivations x(8);
+  FillThreeRows(&x);
+  FlaggedDeviceActivations y(8);
+  Hop(sink.get(), source.get(), x, &y);
+  EXPECT_EQ(x.to_host, 1);
+  EXPECT_EQ(y.from_host, 1);
+  EXPECT_EQ(y.Values(), x.Values());
+}
+
+// bf16 frames are converted on the host, so even a communicator of device buffers gets host
+// memory, and the receiver widens the frame before its one copy in.
+TEST(DataPlane, Bf16FramesOfADeviceXGoThroughTheHost) {
+  CommPair pair;
+  DeviceBufferComm d0(pair.c0.get()), d1(pair.c1.get());
+  auto sink = NewCommActivationSink(&d0, 1, net::FrameDType::kBF16);
+  auto source = NewCommActivationSource(&d1, 0, net::FrameDType::kBF16);
+  FlaggedDeviceActivations x(8);
+  FillThreeRows(&x);
+  FlaggedDeviceActivations y(8);
+  Hop(sink.get(), source.get(), x, &y);
+  EXPECT_FALSE(d0.sent_device);
+  EXPECT_EQ(d1.received_into, nullptr) << "a bf16 frame is not received in place";
+  EXPECT_EQ(d1.frames_received, 1);
+  EXPECT_EQ(x.to_host, 1);
+  EXPECT_EQ(y.from_host, 1);
+  EXPECT_EQ(y.Values(), x.Values());
+}
+
+// A TCP hop from a device stage: one copy to the host, which the frame's payload is written from.
+TEST(DataPlane, TransportSinkCopiesADeviceXOnceIntoTheFrame) {
+  auto t0 = Transport("s0"), t1 = Transport("s1");
+  auto sink = NewTransportActivationSink(t0.get(), "s1", t1->listen_address(), net::FrameDType::kF32);
+  FlaggedDeviceActivations x(8);
+  FillThreeRows(&x);
+  ASSERT_TRUE(sink->Send(9, x).ok());
+  EXPECT_EQ(x.to_host, 1);
+  auto f = t1->Recv("s0", 5000ms);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->header.step_id, 9u);
+  EXPECT_EQ(f->header.shape(), (std::vector<uint32_t>{3, 8}));
+  ASSERT_EQ(f->payload.size(), 24 * sizeof(float));
+  EXPECT_EQ(std::memcmp(f->payload.data(), x.data(), f->payload.size()), 0);
+  // The receiving stage's single copy in, from the payload as received.
+  FlaggedDeviceActivations y(8);
+  ASSERT_TRUE(y.Resize(3).ok());
+  ASSERT_TRUE(CopyPayloadIn(*f, &y).ok());
+  EXPECT_EQ(y.from_host, 1);
+  EXPECT_EQ(y.Values(), x.Values());
 }
 
 }  // namespace

@@ -436,5 +436,39 @@ TEST_F(ForwardTest, LogitsCommandWritesRawLogitsAndArgmax) {
   EXPECT_NE(err.find("token id 512"), std::string::npos) << err;
 }
 
+// The CPU shard's activations are host rows [rows, hc*H]: they grow (never shrink) and check
+// every row range, naming it.
+TEST_F(ForwardTest, ActivationsAreHostRowsThatGrowKeepTheirMemoryAndCheckRanges) {
+  ThreadPool pool(1);
+  Model m = Open(&pool);
+  ASSERT_TRUE(m.shard);
+  auto made = m.shard->NewActivations();
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Activations& x = **made;
+  const auto& cfg = m.shard->config();
+  EXPECT_FALSE(x.device());
+  EXPECT_EQ(x.row_floats(), cfg.hc_mult * cfg.hidden_size);
+  EXPECT_EQ(x.rows(), 0);
+  ASSERT_TRUE(x.Resize(3).ok());
+  std::vector<float> rows(3 * x.row_floats());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
+  ASSERT_TRUE(x.CopyFromHost(0, 3, rows.data()).ok());
+  float* const mem = x.data();
+  ASSERT_TRUE(x.Resize(2).ok());
+  EXPECT_EQ(x.data(), mem) << "shrinking keeps the memory";
+  EXPECT_EQ(x.bytes(), 2 * x.row_floats() * sizeof(float));
+  std::vector<float> back(x.row_floats());
+  ASSERT_TRUE(x.CopyToHost(1, 1, back.data()).ok());
+  EXPECT_EQ(back[0], static_cast<float>(x.row_floats()));
+  const Status past = x.CopyToHost(1, 2, back.data());
+  EXPECT_EQ(past.code(), Code::kOutOfRange);
+  EXPECT_EQ(past.message(), "activations CopyToHost: rows [1, 3) outside the 2 rows of the activations");
+  // Row copies, also within one buffer (the last rows of a batch gathered to its front).
+  ASSERT_TRUE(x.CopyRows(0, x, 1, 1).ok());
+  EXPECT_EQ(x.data()[0], static_cast<float>(x.row_floats()));
+  EXPECT_EQ(x.CopyRows(1, x, 0, 2).code(), Code::kOutOfRange);
+  EXPECT_EQ(x.Resize(-1).code(), Code::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace fm

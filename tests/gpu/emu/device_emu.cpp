@@ -77,6 +77,14 @@ Result<double> MeasureReadBandwidth(size_t, int) {
   return Unavailable("MeasureReadBandwidth: no device memory in the CPU emulation");
 }
 
+Status CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (!dst || !src) return InvalidArgument("CopyOnDevice: null device pointer");
+  if (emu_capture) return Internal("CopyOnDevice: copies are not captured here");
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+
 Result<DeviceBuffer> Upload(const void* src, size_t bytes) {
   FM_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Alloc(bytes));
   FM_RETURN_IF_ERROR(b.CopyFromHost(src, bytes));
