@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/device_transfers.h"
 #include "common/log.h"
 
 namespace fm::net {
@@ -215,11 +216,23 @@ class NcclComm final : public NcclCommunicator {
     return got;
   }
 
+  // Queues a staging copy on stream_ and counts it as this device's step traffic
+  // (common/device_transfers.h). dir: cudaMemcpyHostToDevice or cudaMemcpyDeviceToHost.
+  Status Stage(void* dst, const void* src, size_t bytes, cudaMemcpyKind dir) {
+    if (bytes == 0) return Status::Ok();
+    FM_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, dir, stream_));
+    CountTransfer(device_, TransferPhase::kStep,
+                  dir == cudaMemcpyHostToDevice ? TransferDirection::kHostToDevice
+                                                : TransferDirection::kDeviceToHost,
+                  bytes);
+    return Status::Ok();
+  }
+
   // Copies on stream_, then waits for them like for NCCL (deadline, AbortStep, async errors).
   Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind dir, uint64_t step,
               Clock::time_point deadline, const std::string& what) {
     if (bytes == 0) return Status::Ok();
-    FM_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, dir, stream_));
+    FM_RETURN_IF_ERROR(Stage(dst, src, bytes, dir));
     return Wait(step, deadline, what, true);
   }
 
@@ -248,7 +261,7 @@ class NcclComm final : public NcclCommunicator {
     FM_RETURN_IF_ERROR(dev_.Reserve(2 * hdr, stream_));
     uint8_t* ds = dev_.data();
     uint8_t* dr = dev_.data() + hdr;
-    FM_CUDA_OK(cudaMemcpyAsync(ds, hs, hdr, cudaMemcpyHostToDevice, stream_));
+    FM_RETURN_IF_ERROR(Stage(ds, hs, hdr, cudaMemcpyHostToDevice));
     std::vector<std::pair<const uint8_t*, size_t>> s(R, {nullptr, 0});
     std::vector<std::pair<uint8_t*, size_t>> rv(R, {nullptr, 0});
     for (int p = 0; p < R; ++p) {
@@ -286,8 +299,7 @@ class NcclComm final : public NcclCommunicator {
       s[p] = {dev_.data() + off, out[p]->nbytes};
       off += out[p]->nbytes;
     }
-    if (out_bytes > 0)
-      FM_CUDA_OK(cudaMemcpyAsync(dev_.data(), host.data(), out_bytes, cudaMemcpyHostToDevice, stream_));
+    FM_RETURN_IF_ERROR(Stage(dev_.data(), host.data(), out_bytes, cudaMemcpyHostToDevice));
     for (int p = 0; p < R; ++p) {
       rv[p] = {nullptr, 0};
       if (!in[p] || got[p].header.payload_bytes == 0) continue;

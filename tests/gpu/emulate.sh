@@ -29,15 +29,15 @@ for cu in kernels/cuda/*.cu; do
   else mv "$OUT/src/$k.cpp.new" "$OUT/src/$k.cpp"; fi
   kernels+=("$OUT/src/$k.cpp")
 done
-common=(common/status.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
+common=(common/status.cpp common/device_transfers.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
 kernel_test=(tests/gpu/test_cuda_*.cpp)
-kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard.cpp}")
+kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard*.cpp}")
 kernel_srcs=("${kernel_test[@]}" model/sampler.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
              kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
              kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp
              kernels/cpu/hc_ref.cpp "${common[@]}")
-shard_srcs=(tests/gpu/test_cuda_shard.cpp model/cuda/shard_model.cpp model/cuda/device_weights.cpp
+shard_srcs=(tests/gpu/test_cuda_shard*.cpp model/cuda/shard_model.cpp model/cuda/device_weights.cpp
             model/cuda/step_inputs.cpp model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
             kernels/cpu/*.cpp "${common[@]}")
 
