@@ -2,8 +2,8 @@
 // one run. Starts every worker of the YAML and its coordinator as child processes, plus a
 // `flashmesh serve` of the same checkpoint with the same kernel threads, then alternates
 // identical greedy requests between the two (batch 1, then --streams concurrent ones) and
-// reports decode tok/s of both, their ratio, the data-plane bytes per generated token, and
-// whether both produced the same tokens. Both sides run through the same API, scheduler and
+// reports decode tok/s of both, their ratio, the data-plane bytes per generated token (and the
+// device workers' host<->device copy bytes), and whether both produced the same tokens. Both sides run through the same API, scheduler and
 // worker code, so the ratio isolates the pipeline: hops, frames and per-stage RPCs. Next to
 // each measured figure it prints the cost model's prediction (coordinator/cost_model.h) for
 // the same run, with the nodes' profiles (cpu: probed before anything starts).
@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/device_transfers.h"
 #include "common/log.h"
 #include "coordinator/api_client.h"
 #include "coordinator/coordinator.h"
@@ -74,6 +75,16 @@ uint64_t WireBytes(const flashmesh::v1::ClusterStatusResponse& s) {
 uint64_t EpBytes(const flashmesh::v1::ClusterStatusResponse& s) {
   uint64_t sum = 0;
   for (const auto& n : s.nodes()) sum += n.ep_bytes_sent();
+  return sum;
+}
+
+// Host<->device copy bytes of every device worker's steps (0 on CPU workers).
+TransferBytes DeviceBytes(const flashmesh::v1::ClusterStatusResponse& s) {
+  TransferBytes sum;
+  for (const auto& n : s.nodes()) {
+    sum.host_to_device += n.host_to_device_bytes();
+    sum.device_to_host += n.device_to_host_bytes();
+  }
   return sum;
 }
 
@@ -205,6 +216,7 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
 
     Side s, c;
     uint64_t wire = 0, ep_bytes = 0;
+    TransferBytes device_bytes;
     for (int rep = 0; rep < kRepeats; ++rep) {
       Run a = Generate(single, o, 0);
       FM_RETURN_IF_ERROR(a.status.Wrap("serve"));
@@ -214,6 +226,8 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
       FM_ASSIGN_OR_RETURN(auto after, GetStatus(pipe));
       wire = WireBytes(after) - WireBytes(before);
       ep_bytes = EpBytes(after) - EpBytes(before);
+      const TransferBytes d0 = DeviceBytes(before), d1 = DeviceBytes(after);
+      device_bytes = {d1.host_to_device - d0.host_to_device, d1.device_to_host - d0.device_to_host};
       s.decode_tok_s = std::max(s.decode_tok_s, (o.tokens - 1) / a.decode_s);
       c.decode_tok_s = std::max(c.decode_tok_s, (o.tokens - 1) / b.decode_s);
       s.ids = a.ids;
@@ -226,6 +240,10 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
     const double streams_ratio = c.streams_tok_s / s.streams_tok_s;
     const double wire_per_token = static_cast<double>(wire) / static_cast<double>(o.tokens);
     const double ep_per_token = static_cast<double>(ep_bytes) / static_cast<double>(o.tokens);
+    const double h2d_per_token =
+        static_cast<double>(device_bytes.host_to_device) / static_cast<double>(o.tokens);
+    const double d2h_per_token =
+        static_cast<double>(device_bytes.device_to_host) / static_cast<double>(o.tokens);
     const bool same = s.ids == c.ids;
     if (o.json) {
       nlohmann::json j = {
@@ -244,7 +262,10 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
            {{"decode_tok_s", c.decode_tok_s},
             {"streams_tok_s", c.streams_tok_s},
             {"wire_bytes_per_token", wire_per_token},   // all traffic, prefill included
-            {"ep_bytes_per_token", ep_per_token}}},     // EP dispatch + combine, TP gathers
+            {"ep_bytes_per_token", ep_per_token},       // EP dispatch + combine, TP gathers
+            // device workers' host<->device copies, all workers, prefill included
+            {"h2d_bytes_per_token", h2d_per_token},
+            {"d2h_bytes_per_token", d2h_per_token}}},
           {"decode_ratio", ratio},
           {"streams_ratio", streams_ratio},
           {"tokens_match", same},
@@ -280,6 +301,8 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
       std::printf("EP/TP bytes per token  %19.0f %27.0f (EP dispatch + combine, TP all-gather "
                   "payloads)\n",
                   ep_per_token, pred.ep_per_token);
+      std::printf("host<->device per token %18.0f h2d, %.0f d2h (device workers' copies, prefill "
+                  "included)\n", h2d_per_token, d2h_per_token);
       std::printf("tokens match           %19s\n", same ? "yes" : "NO");
     }
     if (!same) return Internal("the cluster's tokens differ from the single process's");

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/device_transfers.h"
 #include "common/membw.h"
 #include "common/thread_pool.h"
 #include "model/checkpoint.h"
@@ -313,20 +314,30 @@ Status RunDecode(const DecodeOptions& o) {
 }
 
 // Steps per second of `decode` after its prefill and one warm-up step (first launches, lazy
-// module loading); *prefill_s: the prefill's seconds.
-Result<double> TimedSteps(GreedyDecode& decode, int64_t steps, double* prefill_s) {
+// module loading); *prefill_s: the prefill's seconds; *crossed (when not null): the host<->device
+// bytes the timed steps copied on CUDA device `device` (common/device_transfers.h).
+Result<double> TimedSteps(GreedyDecode& decode, int64_t steps, int device, double* prefill_s,
+                          TransferBytes* crossed) {
   const auto p0 = std::chrono::steady_clock::now();
   FM_RETURN_IF_ERROR(decode.Prefill());
   *prefill_s = Seconds(p0, std::chrono::steady_clock::now());
   FM_RETURN_IF_ERROR(decode.Step());
+  const TransferBytes before = TransfersOf(device).step;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) FM_RETURN_IF_ERROR(decode.Step());
-  return static_cast<double>(steps) / Seconds(t0, std::chrono::steady_clock::now());
+  const double s = Seconds(t0, std::chrono::steady_clock::now());
+  const TransferBytes after = TransfersOf(device).step;
+  if (crossed) {
+    *crossed = {after.host_to_device - before.host_to_device,
+                after.device_to_host - before.device_to_host};
+  }
+  return static_cast<double>(steps) / s;
 }
 
 // The device shard: the same decode loop timed end to end, the weight bytes from inspect's
 // per-token figure (top-k distinct experts a layer), the device's read bandwidth measured after
-// the decode; with --streams B, then B streams together on the same shard.
+// the decode, the host<->device bytes of the single stream's decode steps per token; with
+// --streams B, then B streams together on the same shard.
 Status RunDecodeCuda(const DecodeOptions& o) {
   FM_ASSIGN_OR_RETURN(InspectReport report, InspectCheckpoint(o.model));
   ShardSelection sel;
@@ -337,7 +348,11 @@ Status RunDecodeCuda(const DecodeOptions& o) {
                                            o.eager ? CudaStepMode::kEager : CudaStepMode::kGraph));
   GreedyDecode decode(shard.get(), o.context, o.tokens, 1);
   double prefill_s = 0.0;
-  FM_ASSIGN_OR_RETURN(const double tok_per_s, TimedSteps(decode, o.tokens, &prefill_s));
+  TransferBytes crossed;
+  FM_ASSIGN_OR_RETURN(const double tok_per_s,
+                      TimedSteps(decode, o.tokens, o.cuda_device, &prefill_s, &crossed));
+  const double h2d_per_token = static_cast<double>(crossed.host_to_device) / o.tokens;
+  const double d2h_per_token = static_cast<double>(crossed.device_to_host) / o.tokens;
   const double prefill_tok_per_s = static_cast<double>(o.context) / prefill_s;
   FM_ASSIGN_OR_RETURN(const double bw, CudaReadBandwidthGbps(o.cuda_device));
   const double bytes = static_cast<double>(report.bytes_per_token());
@@ -347,16 +362,18 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   double streams_tok_per_s = tok_per_s;
   if (o.streams > 1) {
     GreedyDecode batch(shard.get(), o.context, o.tokens, o.streams);
-    FM_ASSIGN_OR_RETURN(const double steps_per_s, TimedSteps(batch, o.tokens, &prefill_s));
+    FM_ASSIGN_OR_RETURN(const double steps_per_s,
+                        TimedSteps(batch, o.tokens, o.cuda_device, &prefill_s, nullptr));
     streams_tok_per_s = steps_per_s * static_cast<double>(o.streams);
   }
   if (o.json) {
     std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
                 "\"bw_efficiency\": %.4f, \"prefill_tok_per_s\": %.4f, \"cuda_graph\": %s, "
-                "\"streams\": %lld, \"streams_tok_per_s\": %.4f, \"streams_speedup\": %.4f%s}\n",
+                "\"streams\": %lld, \"streams_tok_per_s\": %.4f, \"streams_speedup\": %.4f, "
+                "\"h2d_bytes_per_token\": %.1f, \"d2h_bytes_per_token\": %.1f%s}\n",
                 tok_per_s, bytes, bw, eff, prefill_tok_per_s, o.eager ? "false" : "true",
                 static_cast<long long>(o.streams), streams_tok_per_s, streams_tok_per_s / tok_per_s,
-                PredictionJson(pred).c_str());
+                h2d_per_token, d2h_per_token, PredictionJson(pred).c_str());
   } else {
     std::printf("model            %s on cuda:%d (%s)\n", o.model.c_str(), o.cuda_device,
                 o.eager ? "eager launches" : "CUDA graph per step");
@@ -368,6 +385,8 @@ Status RunDecodeCuda(const DecodeOptions& o) {
     std::printf("weight traffic   %.2f GB/s\n", tok_per_s * bytes / 1e9);
     std::printf("memory bandwidth %.2f GB/s (device read probe after the decode)\n", bw);
     std::printf("bw_efficiency    %.3f\n", eff);
+    std::printf("host<->device    %.0f B a token to the device, %.0f B back (decode steps)\n",
+                h2d_per_token, d2h_per_token);
     if (o.streams > 1)
       std::printf("%lld streams       %.2f tok/s together, %.2fx the single stream\n",
                   static_cast<long long>(o.streams), streams_tok_per_s, streams_tok_per_s / tok_per_s);

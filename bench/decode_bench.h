@@ -14,6 +14,10 @@
 //     tok_per_s               every stream's tokens per second together; weight bytes are
 //                             those of a step (dense once, the distinct experts of its rows)
 //     streams_speedup         (device) that aggregate over the single stream's, same run
+//   On a device (--device cuda:N) also
+//     h2d_bytes_per_token     host->device copy bytes of the single stream's decode steps per
+//     d2h_bytes_per_token     token, and device->host (common/device_transfers.h; the weight
+//                             upload is not in them)
 //   and extrapolates to the full model (FullModelConfig: all 43 layers of DeepSeek-V4-Flash for
 //   a `mkmodel --preset flash --layers N` checkpoint, else the checkpoint itself):
 //     head_ms                 embed + Logits of one token, timed alone (median of 8)

@@ -35,12 +35,28 @@ nlohmann::json TopExperts(const flashmesh::v1::NodeStatus& n) {
   return a;
 }
 
+// Host<->device bytes per token of each node whose steps ran on a device (none: no lines).
+void PrintDeviceTraffic(const flashmesh::v1::ClusterStatusResponse& resp) {
+  bool header = false;
+  for (const auto& n : resp.nodes()) {
+    if (n.device_tokens() == 0) continue;
+    if (!header) std::printf("host<->device bytes per token (device steps since start):\n");
+    header = true;
+    const double tokens = static_cast<double>(n.device_tokens());
+    std::printf("  %-14s h2d %.0f  d2h %.0f  (over %llu tokens)\n", n.name().c_str(),
+                static_cast<double>(n.host_to_device_bytes()) / tokens,
+                static_cast<double>(n.device_to_host_bytes()) / tokens,
+                static_cast<unsigned long long>(n.device_tokens()));
+  }
+}
+
 const CommandSpec kSpec{
     "status",
     "one row per node: state, stage, layers, experts, weight MiB, KV MiB, active\n"
     "sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent; with expert\n"
-    "parallelism, each node's 5 most-routed experts. Exit 0 when healthy, 1 when not (the\n"
-    "reason is printed), 2 when the coordinator does not answer",
+    "parallelism, each node's 5 most-routed experts; for device (cuda) nodes, the host<->device\n"
+    "bytes per token of their steps. Exit 0 when healthy, 1 when not (the reason is printed),\n"
+    "2 when the coordinator does not answer",
     {{"server", "HOST:PORT", "the coordinator's API", true},
      {"json", nullptr, "the status as JSON"},
      {"token-file", "FILE", "bearer token file (security.token_file)"},
@@ -95,6 +111,9 @@ int CmdStatus(int argc, char** argv) {
                             {"data_bytes_received", n.data_bytes_received()},
                             {"data_frames_rejected", n.data_frames_rejected()},
                             {"ep_bytes_sent", n.ep_bytes_sent()},
+                            {"host_to_device_bytes", n.host_to_device_bytes()},
+                            {"device_to_host_bytes", n.device_to_host_bytes()},
+                            {"device_tokens", n.device_tokens()},
                             {"top_experts", TopExperts(n)},
                             {"control", n.control()},
                             {"data", n.data()},
@@ -133,6 +152,7 @@ int CmdStatus(int argc, char** argv) {
       std::printf("   (EP sent %s MiB)\n", Mib(n.ep_bytes_sent()).c_str());
     }
   }
+  PrintDeviceTraffic(resp);
   return resp.healthy() ? 0 : 1;
 }
 

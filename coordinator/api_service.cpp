@@ -285,6 +285,9 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
       n->set_data_bytes_received(sresp.data_bytes_received());
       n->set_data_frames_rejected(sresp.data_frames_rejected());
       n->set_ep_bytes_sent(sresp.ep_bytes_sent());
+      n->set_host_to_device_bytes(sresp.host_to_device_bytes());
+      n->set_device_to_host_bytes(sresp.device_to_host_bytes());
+      n->set_device_tokens(sresp.device_tokens());
       std::vector<std::pair<uint64_t, int>> load;   // (tokens, expert); most first, low id on ties
       for (int e = 0; e < sresp.expert_tokens_size(); ++e)
         if (sresp.expert_tokens(e) > 0) load.emplace_back(sresp.expert_tokens(e), e);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/device_transfers.h"
 #include "common/log.h"
 
 namespace fm::net {
@@ -189,6 +190,18 @@ class NcclComm final : public NcclCommunicator {
     return Wait(step, deadline, "forming the group", false);
   }
 
+  // Queues a staging copy on stream_ and counts it as this device's step traffic
+  // (common/device_transfers.h). dir: cudaMemcpyHostToDevice or cudaMemcpyDeviceToHost.
+  Status Stage(void* dst, const void* src, size_t bytes, cudaMemcpyKind dir) {
+    if (bytes == 0) return Status::Ok();
+    FM_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, dir, stream_));
+    CountTransfer(device_, TransferPhase::kStep,
+                  dir == cudaMemcpyHostToDevice ? TransferDirection::kHostToDevice
+                                                : TransferDirection::kDeviceToHost,
+                  bytes);
+    return Status::Ok();
+  }
+
   // One grouped round: for every rank r, send[r] bytes out (null: none) and recv[r] in.
   Status Round(uint64_t step, Clock::time_point deadline, const std::string& what,
                const std::vector<std::pair<const uint8_t*, size_t>>& send,
@@ -255,7 +268,7 @@ class NcclComm final : public NcclCommunicator {
     FM_RETURN_IF_ERROR(dev_.Reserve(2 * hdr, stream_));
     uint8_t* ds = dev_.data();
     uint8_t* dr = dev_.data() + hdr;
-    FM_CUDA_OK(cudaMemcpyAsync(ds, hs, hdr, cudaMemcpyHostToDevice, stream_));
+    FM_RETURN_IF_ERROR(Stage(ds, hs, hdr, cudaMemcpyHostToDevice));
     std::vector<std::pair<const uint8_t*, size_t>> s(R, {nullptr, 0});
     std::vector<std::pair<uint8_t*, size_t>> rv(R, {nullptr, 0});
     for (int p = 0; p < R; ++p) {
@@ -263,7 +276,7 @@ class NcclComm final : public NcclCommunicator {
       if (in[p]) rv[p] = {dr + p * kFrameHeaderSize, kFrameHeaderSize};
     }
     FM_RETURN_IF_ERROR(Round(step, deadline, what + " (headers)", s, rv));
-    FM_CUDA_OK(cudaMemcpyAsync(hr, dr, hdr, cudaMemcpyDeviceToHost, stream_));
+    FM_RETURN_IF_ERROR(Stage(hr, dr, hdr, cudaMemcpyDeviceToHost));
     FM_RETURN_IF_ERROR(Wait(step, deadline, what + " (headers)", true));
 
     // Check every header before any payload moves: a peer out of step ends the group.
@@ -308,8 +321,7 @@ class NcclComm final : public NcclCommunicator {
         if (b.device) {
           s[p] = {static_cast<const uint8_t*>(b.data), b.nbytes};
         } else {
-          FM_CUDA_OK(cudaMemcpyAsync(dev_.data() + off, b.data, b.nbytes, cudaMemcpyHostToDevice,
-                                     stream_));
+          FM_RETURN_IF_ERROR(Stage(dev_.data() + off, b.data, b.nbytes, cudaMemcpyHostToDevice));
           s[p] = {dev_.data() + off, b.nbytes};
           off += b.nbytes;
         }
@@ -331,7 +343,7 @@ class NcclComm final : public NcclCommunicator {
     }
     FM_RETURN_IF_ERROR(Round(step, deadline, what, s, rv));
     for (const ToHost& c : to_host)
-      FM_CUDA_OK(cudaMemcpyAsync(c.dst, c.scratch, c.bytes, cudaMemcpyDeviceToHost, stream_));
+      FM_RETURN_IF_ERROR(Stage(c.dst, c.scratch, c.bytes, cudaMemcpyDeviceToHost));
     if (!to_host.empty()) FM_RETURN_IF_ERROR(Wait(step, deadline, what, true));
     return got;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/device_transfers.h"
 #include "common/log.h"
 #include "model/cuda/shard_model.h"
 #include "model/kv_cache.h"
@@ -204,6 +205,13 @@ Status ShardRuntime::Embed(std::span<const StepSlice> slices, Activations* x) co
   return model_->Embed(tokens, x->data());
 }
 
+DeviceStepTraffic ShardRuntime::device_traffic() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!model_ || placement_.cuda_device < 0) return {};
+  const TransferBytes step = TransfersOf(placement_.cuda_device).step;
+  return {step.host_to_device, step.device_to_host, device_tokens_.load()};
+}
+
 EpStats ShardRuntime::ep_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (tp_) {
@@ -240,6 +248,9 @@ Status ShardRuntime::Forward(uint64_t step, std::span<const StepSlice> slices, f
     items.push_back({seq->cache.get(), s.tokens});
   }
   FM_RETURN_IF_ERROR(model_->ForwardLayers(items, x));
+  if (placement_.cuda_device >= 0) {
+    for (const auto& s : slices) device_tokens_ += s.tokens.size();
+  }
   for (const auto& s : slices) {
     FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
     seq->position += static_cast<int64_t>(s.tokens.size());

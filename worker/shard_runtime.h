@@ -3,6 +3,7 @@
 // (plus, on the last stage, that sequence's sampler). Thread-safe; the StageExecutor is its
 // only caller of Forward*, the control service calls the rest.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -56,6 +57,13 @@ struct SampledId {
   float logprob = 0.f;
 };
 
+// A device shard's host<->device copies of its steps (common/device_transfers.h; the one-time
+// weight upload is not in them) and the rows it ran through its layers since the process
+// started: what the bytes cover. Zeros on a CPU shard.
+struct DeviceStepTraffic {
+  uint64_t host_to_device = 0, device_to_host = 0, tokens = 0;
+};
+
 class ShardRuntime {
  public:
   explicit ShardRuntime(int threads);
@@ -102,6 +110,7 @@ class ShardRuntime {
   // EP: rows routed to each expert by this member's rows, and dispatch + combine bytes sent;
   // TP: the all-gather payload bytes sent (as dispatch_bytes).
   EpStats ep_stats() const;
+  DeviceStepTraffic device_traffic() const;
 
  private:
   struct Sequence {
@@ -124,6 +133,7 @@ class ShardRuntime {
   std::unique_ptr<CommTpGroup> tp_;
   mutable std::mutex mu_;   // guards seqs_ (the map, not the caches: one executor thread)
   std::map<uint64_t, Sequence> seqs_;
+  std::atomic<uint64_t> device_tokens_{0};   // rows Forward ran on a device shard
 };
 
 }  // namespace fm

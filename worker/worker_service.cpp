@@ -260,6 +260,10 @@ grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const flashmesh::v1:
   const EpStats ep = runtime_.ep_stats();
   for (uint64_t n : ep.tokens_per_expert) resp->add_expert_tokens(n);
   resp->set_ep_bytes_sent(ep.dispatch_bytes + ep.combine_bytes);
+  const DeviceStepTraffic device = runtime_.device_traffic();
+  resp->set_host_to_device_bytes(device.host_to_device);
+  resp->set_device_to_host_bytes(device.device_to_host);
+  resp->set_device_tokens(device.tokens);
   if (loaded) {
     resp->set_layer_begin(static_cast<int32_t>(runtime_.placement().layer_begin));
     resp->set_layer_end(static_cast<int32_t>(runtime_.placement().layer_end));

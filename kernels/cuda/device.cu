@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "common/device_transfers.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 
@@ -67,6 +68,7 @@ Result<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {
                                             " device bytes");
   }
   b.size_ = bytes;
+  FM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&b.device_));  // where its copies are counted
   return Result<DeviceBuffer>(std::move(b));
 }
 
@@ -75,13 +77,16 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : ptr_(std::exchange(other.ptr_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : ptr_(std::exchange(other.ptr_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      device_(other.device_) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
     if (ptr_) cudaFree(ptr_);
     ptr_ = std::exchange(other.ptr_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    device_ = other.device_;
   }
   return *this;
 }
@@ -94,12 +99,32 @@ static Status CheckRange(size_t bytes, size_t offset, size_t size, const char* w
   return Status::Ok();
 }
 
-Status DeviceBuffer::CopyFromHostAsync(const void* src, size_t bytes, size_t offset) {
-  FM_RETURN_IF_ERROR(CheckRange(bytes, offset, size_, "DeviceBuffer::CopyFromHost"));
-  if (bytes == 0) return Status::Ok();
-  FM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(ptr_) + offset, src, bytes,
-                                          cudaMemcpyHostToDevice, current_stream));
+// A copy queued while its stream is being captured would become a node of the graph and run on
+// every replay, where no counter sees it (the default stream is never captured: Graph::Capture).
+static Status NotCapturing(const char* what) {
+  if (!current_stream) return Status::Ok();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FM_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(current_stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    return Internal(std::string(what) + ": a host<->device copy while capturing a graph "
+                    "(every replay would copy again, uncounted)");
   return Status::Ok();
+}
+
+// Queues the copy into `b` on the current stream and counts it as `phase` traffic.
+static Status QueueFromHost(const DeviceBuffer& b, const void* src, size_t bytes, size_t offset,
+                            TransferPhase phase) {
+  FM_RETURN_IF_ERROR(CheckRange(bytes, offset, b.size(), "DeviceBuffer::CopyFromHost"));
+  if (bytes == 0) return Status::Ok();
+  FM_RETURN_IF_ERROR(NotCapturing("DeviceBuffer::CopyFromHost"));
+  FM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.as<char>() + offset, src, bytes,
+                                          cudaMemcpyHostToDevice, current_stream));
+  CountTransfer(b.device(), phase, TransferDirection::kHostToDevice, bytes);
+  return Status::Ok();
+}
+
+Status DeviceBuffer::CopyFromHostAsync(const void* src, size_t bytes, size_t offset) {
+  return QueueFromHost(*this, src, bytes, offset, TransferPhase::kStep);
 }
 
 Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) {
@@ -111,8 +136,10 @@ Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) 
 Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
   FM_RETURN_IF_ERROR(CheckRange(bytes, offset, size_, "DeviceBuffer::CopyToHost"));
   if (bytes == 0) return Status::Ok();
+  FM_RETURN_IF_ERROR(NotCapturing("DeviceBuffer::CopyToHost"));
   FM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, static_cast<const char*>(ptr_) + offset, bytes,
                                           cudaMemcpyDeviceToHost, current_stream));
+  CountTransfer(device_, TransferPhase::kStep, TransferDirection::kDeviceToHost, bytes);
   FM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(current_stream));
   return Status::Ok();
 }
@@ -127,7 +154,8 @@ Status CopyOnDevice(void* dst, const void* src, size_t bytes) {
 
 Result<DeviceBuffer> Upload(const void* src, size_t bytes) {
   FM_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Alloc(bytes));
-  FM_RETURN_IF_ERROR(b.CopyFromHost(src, bytes));
+  FM_RETURN_IF_ERROR(QueueFromHost(b, src, bytes, 0, TransferPhase::kLoad));
+  FM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(current_stream));
   return Result<DeviceBuffer>(std::move(b));
 }
 

@@ -28,7 +28,9 @@ Status SetDevice(int index);
 // once when it is issued: a capture counts its kernels, a graph replay counts none).
 int64_t KernelLaunches();
 
-// Owns `size()` bytes of device memory (cudaMalloc'd, so 256-byte aligned); move-only.
+// Owns `size()` bytes of device memory (cudaMalloc'd, so 256-byte aligned) on the device that
+// was current at Alloc; move-only. Every copy counts its bytes for that device
+// (common/device_transfers.h): Upload as load traffic, the copies below as step traffic.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -42,11 +44,13 @@ class DeviceBuffer {
 
   void* data() const { return ptr_; }
   size_t size() const { return size_; }
+  int device() const { return device_; }
   template <typename T>
   T* as() const { return static_cast<T*>(ptr_); }
 
   // Copies of `bytes` at byte `offset` of this buffer on this thread's current stream
-  // (StreamScope below), blocking until done; OutOfRange past size().
+  // (StreamScope below), blocking until done; OutOfRange past size(). Refused while the stream
+  // is being captured into a graph: every replay would copy again, uncounted.
   Status CopyFromHost(const void* src, size_t bytes, size_t offset = 0);
   Status CopyToHost(void* dst, size_t bytes, size_t offset = 0) const;
   // Queued on the current stream after the work before it; returns once `src` may be reused.
@@ -55,9 +59,11 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t size_ = 0;
+  int device_ = 0;
 };
 
-// Allocates a buffer and fills it with `bytes` from host memory.
+// Allocates a buffer and fills it with `bytes` from host memory: load traffic (a shard's weights
+// and constants), counted apart from the steps' copies.
 Result<DeviceBuffer> Upload(const void* src, size_t bytes);
 
 // Copies `bytes` from device memory src to device memory dst (no overlap) on the current

@@ -29,9 +29,9 @@ for cu in kernels/cuda/*.cu; do
   else mv "$OUT/src/$k.cpp.new" "$OUT/src/$k.cpp"; fi
   kernels+=("$OUT/src/$k.cpp")
 done
-common=(common/status.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
+common=(common/status.cpp common/device_transfers.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
 kernel_test=(tests/gpu/test_cuda_*.cpp)
-kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard.cpp}")
+kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard*.cpp}")
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_tp.cpp}")
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_ep.cpp}")
 kernel_srcs=("${kernel_test[@]}" model/sampler.cpp model/embed.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
@@ -42,7 +42,7 @@ kernel_srcs=("${kernel_test[@]}" model/sampler.cpp model/embed.cpp "${kernels[@]
 # The EP test (test_cuda_ep) runs the worker's EP executor over the TCP communicator.
 ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cpp net/tcp_conn.cpp
          net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp)
-shard_srcs=(tests/gpu/test_cuda_shard.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
+shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
             model/cuda/shard_model.cpp model/cuda/device_weights.cpp model/cuda/step_inputs.cpp
             model/cuda/device_activations.cpp model/cuda/tp_step.cpp model/cuda/ep_experts.cpp
             model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp kernels/cpu/*.cpp

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/device_transfers.h"
 #include "common/numfmt.h"
 #include "kernels/cpu/matvec.h"
 #include "kernels/cuda/ops.h"
@@ -145,6 +146,34 @@ TEST(CudaDevice, BufferRoundTripAndRangeChecks) {
   DeviceBuffer moved = std::move(b);
   EXPECT_EQ(b.data(), nullptr);
   EXPECT_EQ(ToHost(moved, 4), v);
+}
+
+// Every copy counts its bytes for the buffer's device (common/device_transfers.h): Upload as
+// load traffic, the copies as step traffic, each direction apart; a refused copy counts nothing.
+TEST(CudaDevice, CopiesCountTheirBytesByPhaseAndDirection) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<uint8_t> host(1000, 7);
+  DeviceTransfers t0 = TransfersOf(0);
+  auto b = cuda::Upload(host.data(), 1000);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_EQ(b->device(), 0);
+  DeviceTransfers t1 = TransfersOf(0);
+  EXPECT_EQ(t1.load.host_to_device - t0.load.host_to_device, 1000u);
+  EXPECT_EQ(t1.load.device_to_host, t0.load.device_to_host);
+  EXPECT_EQ(t1.step.host_to_device, t0.step.host_to_device);
+  EXPECT_EQ(t1.step.device_to_host, t0.step.device_to_host);
+
+  ASSERT_OK(b->CopyFromHost(host.data(), 300, 100));
+  ASSERT_OK(b->CopyFromHostAsync(host.data(), 200));
+  ASSERT_OK(b->CopyToHost(host.data(), 999, 1));
+  EXPECT_EQ(b->CopyToHost(host.data(), 2, 999).code(), Code::kOutOfRange);
+  EXPECT_EQ(b->CopyFromHost(host.data(), 1001).code(), Code::kOutOfRange);
+  ASSERT_OK(b->CopyToHost(host.data(), 0));
+  ASSERT_OK(cuda::Synchronize());
+  DeviceTransfers t2 = TransfersOf(0);
+  EXPECT_EQ(t2.step.host_to_device - t1.step.host_to_device, 500u);
+  EXPECT_EQ(t2.step.device_to_host - t1.step.device_to_host, 999u);
+  EXPECT_EQ(t2.load.host_to_device, t1.load.host_to_device);
 }
 
 // ---- GEMV ---------------------------------------------------------------------------------
@@ -323,6 +352,14 @@ TEST(CudaGraph, ReplayReadsTheDeviceInputsOfEachLaunch) {
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("capturing a CUDA graph"), std::string::npos)
       << bad.status().ToString();
+  // Nor an asynchronous one: each replay would copy again, where no counter sees it.
+  const DeviceTransfers before = TransfersOf(0);
+  auto copy = cuda::Graph::Capture(*stream, [&] { return a.CopyFromHostAsync(host, sizeof host); });
+  EXPECT_FALSE(copy.ok());
+  EXPECT_NE(copy.status().message().find("a host<->device copy while capturing a graph"),
+            std::string::npos)
+      << copy.status().ToString();
+  EXPECT_EQ(TransfersOf(0).step.host_to_device, before.step.host_to_device);
   // The stream works again after the failed capture.
   ASSERT_OK(graph->Launch(*stream));
   ASSERT_OK(stream->Synchronize());

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <thread>
 
+#include "common/device_transfers.h"
 #include "kernels/cuda/device.h"
+#include "net/frame.h"
 #include "net/nccl_communicator.h"
 
 namespace fm {
@@ -97,8 +99,16 @@ TEST(NcclCommunicator, TwoGpusExchangeEveryBufferAndCatchAPeerOutOfStep) {
     std::vector<net::CommBuffer> send(2);
     send[1 - r] = {net::FrameDType::kF32, {static_cast<uint32_t>(data[r].size())}, data[r].data(),
                    data[r].size() * sizeof(float)};
+    const DeviceTransfers before = TransfersOf(r);
     auto got = c[r]->AllToAllV(net::FrameKind::kEpDispatch, 3, 5, send, 20000ms);
     ASSERT_TRUE(got.ok()) << "rank " << r << ": " << got.status().ToString();
+    // Staged through host memory, counted on the rank's device: both ranks' header slots each
+    // way, then what it sends and what it receives.
+    const DeviceTransfers after = TransfersOf(r);
+    EXPECT_EQ(after.step.host_to_device - before.step.host_to_device,
+              2 * net::kFrameHeaderSize + data[r].size() * sizeof(float));
+    EXPECT_EQ(after.step.device_to_host - before.step.device_to_host,
+              2 * net::kFrameHeaderSize + data[1 - r].size() * sizeof(float));
     const net::Frame& f = (*got)[1 - r];
     EXPECT_EQ(f.header.step_id, 3u);
     EXPECT_EQ(f.header.tag, 5u);

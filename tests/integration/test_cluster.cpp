@@ -220,8 +220,15 @@ TEST(ClusterCli, UpStartsTheWholeClusterStatusListsNodesAndSigintStopsAll) {
   std::string out;
   ASSERT_EQ(RunFlashmesh({"status", "--server", cluster.api()}, &out, 10s), 0) << out;
   for (int i = 0; i < 3; ++i) EXPECT_NE(out.find(cluster.node(i) + " "), std::string::npos) << out;
+  EXPECT_EQ(out.find("host<->device"), std::string::npos) << "CPU nodes have no device: " << out;
   ASSERT_EQ(RunFlashmesh({"status", "--server", cluster.api(), "--json"}, &out, 10s), 0) << out;
   EXPECT_NE(out.find("\"weight_bytes\""), std::string::npos) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  for (const auto& n : j.at("nodes")) {
+    EXPECT_EQ(n.at("host_to_device_bytes").get<uint64_t>(), 0u) << n.dump();
+    EXPECT_EQ(n.at("device_to_host_bytes").get<uint64_t>(), 0u) << n.dump();
+    EXPECT_EQ(n.at("device_tokens").get<uint64_t>(), 0u) << n.dump();
+  }
   up.Signal(SIGINT);
   EXPECT_EQ(up.Wait(15s), 0) << up.Log();
   EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 10s), 2) << "coordinator still up";

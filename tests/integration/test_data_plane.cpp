@@ -125,6 +125,8 @@ TEST(BenchCluster, ReportsBothSidesTheirRatioAndTheExactWireBytes) {
   EXPECT_GT(pipe, 0);
   EXPECT_DOUBLE_EQ(j.at("decode_ratio").get<double>(), pipe / single);
   EXPECT_GT(j.at("cluster").at("streams_tok_s").get<double>(), 0);
+  EXPECT_EQ(j.at("cluster").at("h2d_bytes_per_token").get<double>(), 0);   // CPU workers
+  EXPECT_EQ(j.at("cluster").at("d2h_bytes_per_token").get<double>(), 0);
   // Two hops, each one frame per step: (4 * 80 + (3 + 3) rows * hc*H * 4) bytes, per 4 tokens.
   EXPECT_DOUBLE_EQ(j.at("cluster").at("wire_bytes_per_token").get<double>(),
                    2.0 * ExpectedHopBytes(3, 4, 4) / 4);

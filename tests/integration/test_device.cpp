@@ -29,6 +29,13 @@ TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
     Generation g = Generate(stub.get(), TokensRequest({5, 6, 7}, 8));
     ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster.Logs();
     EXPECT_EQ(g.ids.size(), 8u);
+    // Every stage ran 3 + 7 rows on its device, copying X in and out each step.
+    const flashmesh::v1::ClusterStatusResponse status = Status(stub.get());
+    for (const auto& n : status.nodes()) {
+      EXPECT_EQ(n.device_tokens(), 10u) << n.name();
+      EXPECT_GT(n.host_to_device_bytes(), 0u) << n.name();
+      EXPECT_GT(n.device_to_host_bytes(), 0u) << n.name();
+    }
     return;
   }
 #if FM_TEST_CUDA
@@ -173,6 +180,8 @@ TEST(DeviceShard, BenchDecodeOnADeviceRunsOrSaysWhy) {
       EXPECT_NE(out.find(std::string("\"cuda_graph\": ") + (mode[2] == 'e' ? "false" : "true")),
                 std::string::npos)
           << out;
+      EXPECT_NE(out.find("\"h2d_bytes_per_token\": "), std::string::npos) << out;
+      EXPECT_NE(out.find("\"d2h_bytes_per_token\": "), std::string::npos) << out;
     } else {
       EXPECT_EQ(rc, 1) << out;
       EXPECT_NE(out.find("cuda:0"), std::string::npos) << out;

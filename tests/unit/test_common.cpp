@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/device_transfers.h"
 #include "common/numfmt.h"
 #include "common/status.h"
 #include "common/utf8.h"
@@ -61,6 +62,31 @@ TEST(ThreadPool, CoversRangeOnceForAnySize) {
       for (size_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 3) << threads << " " << n;
     }
   }
+}
+
+// Each device's counters by phase and direction, apart from every other device's; counts from
+// several threads all land. (No CUDA here: nothing else counts in this process.)
+TEST(DeviceTransfers, CountsEachDevicePhaseAndDirectionApart) {
+  EXPECT_EQ(TransfersOf(3).step.host_to_device, 0u);
+  CountTransfer(3, TransferPhase::kLoad, TransferDirection::kHostToDevice, 1000);
+  CountTransfer(3, TransferPhase::kStep, TransferDirection::kHostToDevice, 64);
+  CountTransfer(3, TransferPhase::kStep, TransferDirection::kDeviceToHost, 12);
+  CountTransfer(4, TransferPhase::kStep, TransferDirection::kDeviceToHost, 5);
+  const DeviceTransfers d3 = TransfersOf(3), d4 = TransfersOf(4);
+  EXPECT_EQ(d3.load.host_to_device, 1000u);
+  EXPECT_EQ(d3.load.device_to_host, 0u);
+  EXPECT_EQ(d3.step.host_to_device, 64u);
+  EXPECT_EQ(d3.step.device_to_host, 12u);
+  EXPECT_EQ(d4.step.device_to_host, 5u);
+  EXPECT_EQ(d4.step.host_to_device + d4.load.host_to_device + d4.load.device_to_host, 0u);
+  EXPECT_EQ(TransfersOf(5).step.device_to_host, 0u);
+
+  ThreadPool pool(4);
+  pool.ParallelFor(1000, 1, [](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i)
+      CountTransfer(6, TransferPhase::kStep, TransferDirection::kHostToDevice, i);
+  });
+  EXPECT_EQ(TransfersOf(6).step.host_to_device, 999u * 1000u / 2);
 }
 
 TEST(Status, ResultCarriesValueOrError) {

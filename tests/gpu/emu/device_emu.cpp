@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/device_transfers.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
@@ -34,41 +35,51 @@ Result<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {
 DeviceBuffer::~DeviceBuffer() { std::free(ptr_); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : ptr_(std::exchange(other.ptr_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : ptr_(std::exchange(other.ptr_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      device_(other.device_) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
     std::free(ptr_);
     ptr_ = std::exchange(other.ptr_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    device_ = other.device_;
   }
   return *this;
 }
 
-// A blocking copy inside a capture is an error on a GPU (the capture is invalidated); so here.
+// A copy inside a capture is refused, as device.cu refuses it (a replay would copy uncounted);
+// device.cu's counting too: the bytes of each copy, Upload's as load traffic.
 static Status NotWhileCapturing(const char* what) {
-  if (emu_capture) return Internal(std::string(what) + ": blocking copy while capturing a graph");
+  if (emu_capture) return Internal(std::string(what) + ": a host<->device copy while capturing a graph");
+  return Status::Ok();
+}
+
+static Status FromHost(const DeviceBuffer& b, const void* src, size_t bytes, size_t offset,
+                       TransferPhase phase) {
+  if (offset > b.size() || bytes > b.size() - offset) return OutOfRange("CopyFromHost past the buffer");
+  if (bytes == 0) return Status::Ok();
+  FM_RETURN_IF_ERROR(NotWhileCapturing("CopyFromHost"));
+  std::memcpy(b.as<char>() + offset, src, bytes);
+  CountTransfer(b.device(), phase, TransferDirection::kHostToDevice, bytes);
   return Status::Ok();
 }
 
 Status DeviceBuffer::CopyFromHostAsync(const void* src, size_t bytes, size_t offset) {
-  if (offset > size_ || bytes > size_ - offset) return OutOfRange("CopyFromHost past the buffer");
-  if (emu_capture) return Internal("CopyFromHostAsync: host memory copies are not captured here");
-  if (bytes) std::memcpy(static_cast<char*>(ptr_) + offset, src, bytes);
-  return Status::Ok();
+  return FromHost(*this, src, bytes, offset, TransferPhase::kStep);
 }
 
 Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) {
-  FM_RETURN_IF_ERROR(NotWhileCapturing("CopyFromHost"));
-  if (offset > size_ || bytes > size_ - offset) return OutOfRange("CopyFromHost past the buffer");
-  if (bytes) std::memcpy(static_cast<char*>(ptr_) + offset, src, bytes);
-  return Status::Ok();
+  return FromHost(*this, src, bytes, offset, TransferPhase::kStep);
 }
 
 Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
-  FM_RETURN_IF_ERROR(NotWhileCapturing("CopyToHost"));
   if (offset > size_ || bytes > size_ - offset) return OutOfRange("CopyToHost past the buffer");
-  if (bytes) std::memcpy(dst, static_cast<const char*>(ptr_) + offset, bytes);
+  if (bytes == 0) return Status::Ok();
+  FM_RETURN_IF_ERROR(NotWhileCapturing("CopyToHost"));
+  std::memcpy(dst, static_cast<const char*>(ptr_) + offset, bytes);
+  CountTransfer(device_, TransferPhase::kStep, TransferDirection::kDeviceToHost, bytes);
   return Status::Ok();
 }
 
@@ -87,7 +98,7 @@ Status CopyOnDevice(void* dst, const void* src, size_t bytes) {
 
 Result<DeviceBuffer> Upload(const void* src, size_t bytes) {
   FM_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Alloc(bytes));
-  FM_RETURN_IF_ERROR(b.CopyFromHost(src, bytes));
+  FM_RETURN_IF_ERROR(FromHost(b, src, bytes, 0, TransferPhase::kLoad));
   return Result<DeviceBuffer>(std::move(b));
 }
 
