@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -13,6 +17,7 @@
 
 #include "common/status.h"
 #include "model/forward.h"
+#include "model/mkmodel.h"
 
 namespace fm::modeltest {
 
@@ -22,6 +27,25 @@ inline std::vector<int32_t> RandomTokens(int n, uint32_t seed, int32_t vocab) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& v : t) v = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
   return t;
+}
+
+// The directory of a `preset` checkpoint (mkmodel, seed 7) written once per process into a
+// temporary directory, which is removed when the process exits.
+inline const std::string& PresetDir(const std::string& preset) {
+  struct Dirs {
+    std::map<std::string, std::string> by_preset;
+    ~Dirs() {
+      for (const auto& [name, dir] : by_preset) std::filesystem::remove_all(dir);
+    }
+  };
+  static Dirs dirs;
+  auto it = dirs.by_preset.find(preset);
+  if (it != dirs.by_preset.end()) return it->second;
+  std::string tmpl = "/tmp/fm_" + preset + "_XXXXXX";
+  const char* made = mkdtemp(tmpl.data());
+  const Status st = made ? WritePresetCheckpoint(tmpl, preset, 7) : Internal("mkdtemp " + tmpl);
+  if (!st.ok()) std::fprintf(stderr, "PresetDir(%s): %s\n", preset.c_str(), st.ToString().c_str());
+  return dirs.by_preset[preset] = tmpl;
 }
 
 // Host rows [rows, hc, H] into a new buffer in m's activation memory (the device's for a device

@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -99,10 +98,7 @@ void StepStage(std::vector<Member>& ms, uint64_t step,
 // stages: the layer boundaries ({0, L}: one stage; {0, 3, L}: two).
 void ExpectEpEqualsSingleDevice(const std::vector<int64_t>& bounds) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  char tmpl[] = "/tmp/fm_cuda_ep_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  ASSERT_TRUE(WritePresetCheckpoint(dir, "tiny", 7).ok());
+  const std::string& dir = modeltest::PresetDir("tiny");
   auto ck = Checkpoint::Open(dir, {});
   ASSERT_TRUE(ck.ok());
   auto single = CreateCudaShardModel(**ck, 0);
@@ -153,8 +149,6 @@ void ExpectEpEqualsSingleDevice(const std::vector<int64_t>& bounds) {
   EXPECT_EQ(CpuExpertGroupRuns(), cpu_runs) << "a CPU expert kernel ran";
   for (auto& st : stages)
     for (auto& m : st) EXPECT_GT(m.ep->stats().dispatch_bytes, 0u);
-  stages.clear();
-  std::filesystem::remove_all(dir);
 }
 
 TEST(CudaExpertParallel, OneStageOfTwoMembersEqualsTheSingleDeviceShardBitForBit) {

@@ -41,17 +41,7 @@ using modeltest::RelErr;
 
 class CudaShardTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/fm_cuda_shard_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = new std::string(tmpl);
-    const Status st = WritePresetCheckpoint(*dir_, "tiny", 7);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete dir_;
-  }
+  static const std::string& Dir() { return modeltest::PresetDir("tiny"); }
 
   struct Pair {  // the same selection on the CPU and on cuda:0
     std::unique_ptr<Checkpoint> ckpt;
@@ -59,7 +49,7 @@ class CudaShardTest : public ::testing::Test {
   };
   static Pair Open(ThreadPool* pool, const ShardSelection& sel = {}) {
     Pair p;
-    auto ck = Checkpoint::Open(*dir_, sel);
+    auto ck = Checkpoint::Open(Dir(), sel);
     EXPECT_TRUE(ck.ok()) << ck.status().ToString();
     if (!ck.ok()) return p;
     p.ckpt = std::move(ck).value();
@@ -105,13 +95,11 @@ class CudaShardTest : public ::testing::Test {
     EXPECT_LT(RelErr(gpu, cpu), 1e-3);
   }
 
-  static std::string* dir_;
 };
-std::string* CudaShardTest::dir_ = nullptr;
 
 TEST_F(CudaShardTest, WithoutADeviceCreateSaysSo) {
   if (cuda::DeviceCount() > 0) GTEST_SKIP() << "has a CUDA device";
-  auto ck = Checkpoint::Open(*dir_, {});
+  auto ck = Checkpoint::Open(Dir(), {});
   ASSERT_TRUE(ck.ok()) << ck.status().ToString();
   auto m = CreateCudaShardModel(**ck, 0);
   ASSERT_FALSE(m.ok());
@@ -146,7 +134,7 @@ TEST_F(CudaShardTest, DecodeMatchesCpuPastARatio128Entry) {
 // sequence too (the bucket-1 graph over its caches) interleaved with the first.
 TEST_F(CudaShardTest, GraphReplayEqualsEagerLaunchesBitForBit) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  auto ck = Checkpoint::Open(*dir_, {});
+  auto ck = Checkpoint::Open(Dir(), {});
   ASSERT_TRUE(ck.ok()) << ck.status().ToString();
   auto graph = CreateCudaShardModel(**ck, 0, CudaStepMode::kGraph);
   auto eager = CreateCudaShardModel(**ck, 0, CudaStepMode::kEager);
@@ -559,7 +547,7 @@ TEST_F(CudaShardTest, DecodeStepLaunchesPerLayer) {
     sel.layer_end = l;
     sel.embed = false;
     sel.head = false;
-    auto ck = Checkpoint::Open(*dir_, sel);
+    auto ck = Checkpoint::Open(Dir(), sel);
     ASSERT_TRUE(ck.ok()) << ck.status().ToString();
     auto m = CreateCudaShardModel(**ck, 0, CudaStepMode::kEager);
     ASSERT_TRUE(m.ok()) << m.status().ToString();

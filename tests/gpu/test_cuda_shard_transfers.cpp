@@ -25,6 +25,7 @@
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
 #include "model/sampler.h"
+#include "tests/model_test_util.h"
 
 namespace fm {
 namespace {
@@ -49,17 +50,7 @@ TransferBytes ExpectedDecodeStep(int64_t layers, int64_t B, int64_t S) {
 
 class CudaShardTransfers : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/fm_cuda_transfers_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = new std::string(tmpl);
-    const Status st = WritePresetCheckpoint(*dir_, "tiny", 7);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete dir_;
-  }
+  static const std::string& Dir() { return modeltest::PresetDir("tiny"); }
 
   // One step of every sequence in `seqs`: next[b] in, embedded on the device, through the
   // layers, then each sequence's last row's greedy pick on the device into next[b].
@@ -97,7 +88,7 @@ class CudaShardTransfers : public ::testing::Test {
   // decode step counts exactly ExpectedDecodeStep's bytes (S rows on the device) as step
   // traffic and no load traffic.
   void DecodeStepsCountWhatTheyCopy(CudaStepMode mode, int64_t B, int64_t S) {
-    auto ckpt = Checkpoint::Open(*dir_, {});
+    auto ckpt = Checkpoint::Open(Dir(), {});
     ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
     auto shard = CreateCudaShardModel(**ckpt, 0, mode);
     ASSERT_TRUE(shard.ok()) << shard.status().ToString();
@@ -126,13 +117,11 @@ class CudaShardTransfers : public ::testing::Test {
     }
   }
 
-  static std::string* dir_;
 };
-std::string* CudaShardTransfers::dir_ = nullptr;
 
 TEST_F(CudaShardTransfers, LoadingCountsItsUploadsAsLoadTrafficOnly) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  auto ckpt = Checkpoint::Open(*dir_, {});
+  auto ckpt = Checkpoint::Open(Dir(), {});
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   const DeviceTransfers before = TransfersOf(0);
   auto shard = CreateCudaShardModel(**ckpt, 0);

@@ -8,9 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -119,10 +117,7 @@ std::vector<BatchItem> Items(Shard& s, const std::vector<std::vector<int32_t>>& 
 
 TEST(CudaTensorParallel, TwoMembersEqualTheSingleDeviceShardBitForBit) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  char tmpl[] = "/tmp/fm_cuda_tp_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  ASSERT_TRUE(WritePresetCheckpoint(dir, "tiny", 7).ok());
+  const std::string& dir = modeltest::PresetDir("tiny");
   constexpr int t = 2;
   Shard single = Open(dir, {}, 3);
   ASSERT_TRUE(single.model);
@@ -201,7 +196,6 @@ TEST(CudaTensorParallel, TwoMembersEqualTheSingleDeviceShardBitForBit) {
   // Every layer of every device step (3 prefill, 3 decode) gathered 4 times: the o_lora outputs,
   // wo_b's rows, the shared expert's mid, then its output rows with the routed outputs.
   EXPECT_EQ(group.gathers(), (3 + 3) * cfg.num_hidden_layers * 4);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
