@@ -293,6 +293,29 @@ void RunBenchCluster(const Cluster& cluster, nlohmann::json* report) {
   *report = nlohmann::json::parse(out.substr(begin, end - begin + 1));
 }
 
+void ExpectEqualsOneCudaWorker(Cluster& cluster) {
+  using namespace std::chrono_literals;
+  ClusterSpec one;
+  one.stages = 1;
+  one.device = "cuda:0";
+  Cluster single(one);
+  single.StartAll();
+  ASSERT_TRUE(WaitHealthy(single.api(), 120s)) << single.Logs();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 120s)) << cluster.Logs();
+  auto ref = Connect(single.api());
+  auto stub = Connect(cluster.api());
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> prompt = {5 + i, 6, 7, 8 + i};
+    for (int j = 0; j < 20 * i; ++j) prompt.push_back((j * 7 + i) % 500);
+    const auto req = TokensRequest(prompt, 8);
+    Generation want = Generate(ref.get(), req), got = Generate(stub.get(), req);
+    ASSERT_TRUE(want.status.ok() && got.status.ok())
+        << want.status.error_message() << " / " << got.status.error_message() << cluster.Logs();
+    EXPECT_EQ(got.ids, want.ids) << "request " << i;
+    EXPECT_EQ(got.logprobs, want.logprobs) << "request " << i;
+  }
+}
+
 void ExpectClusterEqualsSingle(const ClusterSpec& spec,
                                const std::vector<flashmesh::v1::GenerateRequest>& requests,
                                size_t tokens, flashmesh::v1::ClusterStatusResponse* status) {

@@ -161,6 +161,11 @@ void ExpectClusterEqualsSingle(const ClusterSpec& spec,
                                const std::vector<flashmesh::v1::GenerateRequest>& requests,
                                size_t tokens, flashmesh::v1::ClusterStatusResponse* status);
 
+// `cluster` (started, on GPUs) gives one cuda:0 worker's tokens and logprobs exactly (every
+// output element is computed by the same kernels on one member), for prompts of 4, 24 and 44
+// tokens (past 32 rows a device shard runs a prompt in several steps: AgreeRounds under EP).
+void ExpectEqualsOneCudaWorker(Cluster& cluster);
+
 // Starts a cluster of `spec`, kills worker `w` (a member of a stage's group) with SIGKILL while a
 // stream runs: the stream must end UNAVAILABLE naming it within 5 s and `health --node` report it
 // down; after its restart `after` must generate `after_tokens` tokens (no coordinator restart).

@@ -52,31 +52,6 @@ TEST(DeviceShard, CudaNodeServesOnAGpuOrSaysWhyItCannotLoad) {
   EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
 }
 
-// `cluster` (started, on GPUs) gives one cuda:0 worker's tokens and logprobs exactly (every
-// output element is computed by the same kernels on one member), for prompts of 4, 24 and 44
-// tokens (past 32 rows a device shard runs a prompt in several steps: AgreeRounds under EP).
-void ExpectEqualsOneCudaWorker(Cluster& cluster) {
-  ClusterSpec one;
-  one.stages = 1;
-  one.device = "cuda:0";
-  Cluster single(one);
-  single.StartAll();
-  ASSERT_TRUE(WaitHealthy(single.api(), 120s)) << single.Logs();
-  ASSERT_TRUE(WaitHealthy(cluster.api(), 120s)) << cluster.Logs();
-  auto ref = Connect(single.api());
-  auto stub = Connect(cluster.api());
-  for (int i = 0; i < 3; ++i) {
-    std::vector<int32_t> prompt = {5 + i, 6, 7, 8 + i};
-    for (int j = 0; j < 20 * i; ++j) prompt.push_back((j * 7 + i) % 500);
-    const auto req = TokensRequest(prompt, 8);
-    Generation want = Generate(ref.get(), req), got = Generate(stub.get(), req);
-    ASSERT_TRUE(want.status.ok() && got.status.ok())
-        << want.status.error_message() << " / " << got.status.error_message() << cluster.Logs();
-    EXPECT_EQ(got.ids, want.ids) << "request " << i;
-    EXPECT_EQ(got.logprobs, want.logprobs) << "request " << i;
-  }
-}
-
 // A cluster of `spec` whose workers all run on cuda:0 (TCP between them): with a GPU it equals
 // one cuda:0 worker; without one a worker's load fails naming the device.
 void ExpectCudaClusterEqualsOneCudaWorkerOrSaysWhy(ClusterSpec spec) {
