@@ -1,6 +1,7 @@
 // flashmesh bench cluster --config FILE: the pipeline's cost against the single process, in
 // one run. Starts every worker of the YAML and its coordinator as child processes, plus a
-// `flashmesh serve` of the same checkpoint with the same kernel threads, then alternates
+// `flashmesh serve` of the same checkpoint with the same kernel threads (on the device of the
+// YAML's first node), then alternates
 // identical greedy requests between the two (batch 1, then --streams concurrent ones) and
 // reports decode tok/s of both, their ratio, the data-plane bytes per generated token (and the
 // device workers' host<->device copy bytes), and whether both produced the same tokens. Both sides run through the same API, scheduler and
@@ -195,7 +196,10 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
     FM_ASSIGN_OR_RETURN(children, StartLocalCluster(cfg, cluster));
     FM_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
     const std::string single_addr = "127.0.0.1:" + std::to_string(port);
+    // The single process runs where the cluster's first worker runs (a cluster of cuda workers
+    // against one cuda worker).
     std::vector<std::string> serve = {"serve", "--model", setup.model_dir, "--listen", single_addr,
+                                      "--device", cfg.nodes.front().device,
                                       "--threads", threads, "--max-batch",
                                       std::to_string(cfg.limits.max_batch), "--max-context",
                                       std::to_string(cfg.limits.max_context), "--max-tokens",

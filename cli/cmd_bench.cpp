@@ -11,6 +11,7 @@
 #include "bench/decode_bench.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "config/cluster_config.h"
 
 namespace fm::cli {
 namespace {
@@ -72,13 +73,9 @@ Result<bench::DecodeOptions> ParseDecode(const Flags& f) {
   constexpr int64_t kMaxTokens = int64_t{1} << 30;   // the caches hold context + tokens
   if (o.context > kMaxTokens || o.tokens > kMaxTokens)
     return InvalidArgument("--context, --tokens: at most " + std::to_string(kMaxTokens) + " each");
-  const std::string d = f.Get("device", "cpu");
-  if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
-      d.find_first_not_of("0123456789", 5) == std::string::npos) {
-    o.cuda_device = std::stoi(d.substr(5));
-  } else if (d != "cpu") {
-    return InvalidArgument("--device: '" + d + "', want cpu or cuda:N");
-  }
+  Result<int> cuda = ParseDevice(f.Get("device", "cpu"));
+  if (!cuda.ok()) return cuda.status().Wrap("--device");
+  o.cuda_device = *cuda;
   if (o.eager && o.cuda_device < 0) return InvalidArgument("--eager: only with --device cuda:N");
   if (o.streams > 256) return InvalidArgument("--streams: " + std::to_string(o.streams) + " > 256");
   return o;

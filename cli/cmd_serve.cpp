@@ -35,6 +35,7 @@ const CommandSpec kSpec{
      {"max-queue", "N", "waiting requests before new ones are refused (default 64)"},
      {"max-streams-per-client", "N", "concurrent generations of one client (default 64)"},
      {"threads", "N", "kernel threads (default: all cores)"},
+     {"device", "cpu|cuda:N", "where the shard runs (default cpu)"},
      {"token-file", "FILE", "API bearer tokens (security.token_file)"}}};
 
 }  // namespace
@@ -96,7 +97,10 @@ int CmdServe(int argc, char** argv) {
   node.name = "local";
   node.control = {"127.0.0.1", static_cast<uint16_t>(worker_port)};
   node.data = {"127.0.0.1", 0};   // one stage: its data plane is never dialed
-  node.device = "cpu";
+  node.device = flags->Get("device", "cpu");
+  const Result<int> cuda = ParseDevice(node.device);
+  if (!cuda.ok()) return UsageError(kSpec, cuda.status().Wrap("--device").message());
+  node.cuda_device = *cuda;
   // Not planned against a memory budget: the machine holds what it holds.
   node.memory_gib = std::numeric_limits<double>::infinity();
   cluster.nodes = {node};

@@ -184,14 +184,9 @@ Status ParseNodes(const Parser& p, const YAML::Node& list, ClusterConfig* cfg) {
     FM_ASSIGN_OR_RETURN(node.data, p.Address(data, path + ".data"));
     FM_ASSIGN_OR_RETURN(const YAML::Node device, p.Required(n, path, "device"));
     FM_ASSIGN_OR_RETURN(node.device, p.String(device, path + ".device"));
-    if (node.device.rfind("cuda:", 0) == 0) {
-      const std::string idx = node.device.substr(5);
-      if (idx.empty() || idx.size() > 3 || idx.find_first_not_of("0123456789") != std::string::npos)
-        return p.Error(device, path + ".device", "'" + node.device + "': want cuda:N");
-      node.cuda_device = std::stoi(idx);
-    } else if (node.device != "cpu") {
-      return p.Error(device, path + ".device", "'" + node.device + "': want cpu or cuda:N");
-    }
+    Result<int> cuda = ParseDevice(node.device);
+    if (!cuda.ok()) return p.Error(device, path + ".device", cuda.status().message());
+    node.cuda_device = *cuda;
     FM_ASSIGN_OR_RETURN(const YAML::Node mem, p.Required(n, path, "memory_gib"));
     FM_ASSIGN_OR_RETURN(node.memory_gib, p.Number(mem, path + ".memory_gib", false));
     FM_ASSIGN_OR_RETURN(node.profile, ParseProfile(p, n["profile"], path + ".profile",
@@ -398,6 +393,14 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
 std::string HostPort::ToString() const {
   const bool v6 = host.find(':') != std::string::npos;
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Result<int> ParseDevice(const std::string& device) {
+  if (device == "cpu") return -1;
+  const std::string idx = device.rfind("cuda:", 0) == 0 ? device.substr(5) : "";
+  if (idx.empty() || idx.size() > 3 || idx.find_first_not_of("0123456789") != std::string::npos)
+    return InvalidArgument("'" + device + "': want cpu or cuda:N");
+  return std::stoi(idx);
 }
 
 Result<HostPort> ParseHostPort(const std::string& s, bool allow_zero) {

@@ -9,7 +9,8 @@
 # The checks: each GPU test binary (kernels vs their CPU twins, the device shard vs the CPU
 # shard, NCCL), bench_cuda_gemv, `bench decode --device cuda:0` on the bench preset (CUDA graph
 # and eager) and on `mkmodel --preset flash --layers 2` (the real shapes: per-layer time and the
-# 43-layer prediction), test_integration DeviceShard.*. Without a GPU each GPU step reports
+# 43-layer prediction), bench cluster of pp2 / ep2 / tp2 cuda:0 workers against one cuda:0
+# worker, test_integration DeviceShard.*. Without a GPU each GPU step reports
 # "skipped: no GPU" (--prebuilt still checks that every packed binary loads).
 # Prints a table last; full logs go to $OUT if set, else a fresh /tmp/fm-gpu.* (printed).
 # Checkpoints are written once to /tmp/fm-gpu-models (bench 2.3 GB, flash 2 layers 13 GB).
@@ -132,6 +133,44 @@ print("%.0f tok/s, bw_eff %.3f, layer %.3f ms, head %.3f ms, %d-layer model %.2f
   fi
 }
 
+# cuda_yaml NAME PARALLEL WORKERS: a loopback cluster of WORKERS cuda:0 workers (TCP between
+# them) serving the bench checkpoint, parallel as given; prints the file's path.
+cuda_yaml() {
+  local f="$logs/$1.yaml" i
+  {
+    echo "model: $models/bench"
+    echo "coordinator: { listen: 127.0.0.1:7070 }"
+    echo "parallel: { $2 }"
+    echo "transport: tcp"
+    echo "nodes:"
+    for ((i = 0; i < $3; i++)); do
+      echo "  - { name: w$i, control: 127.0.0.1:$((7101 + i)), data: 127.0.0.1:$((7201 + i)), device: cuda:0, memory_gib: 30 }"
+    done
+    echo "limits: { max_batch: 8, max_context: 2048, max_queue: 64, max_tokens: 512 }"
+  } >"$f"
+  echo "$f"
+}
+
+# cluster_step LABEL YAML: bench cluster of cuda:0 workers against one cuda:0 worker (`serve
+# --device cuda:0`), batch 1 then 8 streams; the ratio and the bytes a token in the table.
+cluster_step() {
+  local label=$1 yaml=$2 t0=$SECONDS out
+  [ -n "$gpu" ] || { row "$label" "skipped: no GPU" 0 ""; return; }
+  [ -f "$models/bench/config.json" ] || { row "$label" "skipped: no checkpoint" 0 ""; return; }
+  if out=$(timeout 300 "$(bin flashmesh)" bench cluster --config "$yaml" --model "$models/bench" \
+             --tokens 32 --json 2>"$logs/$label.err"); then
+    echo "$out" >"$logs/$label.json"
+    row "$label" "ok" $((SECONDS - t0)) "$(python3 -c '
+import json, sys
+j = json.loads(sys.argv[1]); c = j["cluster"]
+print("%.0f tok/s = %.2f of one cuda worker (%.0f), same tokens %s; h2d %.0f B/tok, d2h %.0f B/tok, wire %.0f B/tok" % (
+    c["decode_tok_s"], j["decode_ratio"], j["single"]["decode_tok_s"], j["tokens_match"],
+    c["h2d_bytes_per_token"], c["d2h_bytes_per_token"], c["wire_bytes_per_token"]))' "$out")"
+  else
+    row "$label" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/$label.err")"
+  fi
+}
+
 # Per-kernel device time of eager decode steps: ncu's gpu__time_duration of COUNT kernels after
 # the first SKIP (the prefill and warm-up steps; well inside the 16 decode steps), clocks left
 # alone; a table by kernel. profile MODEL SKIP COUNT (the checkpoint written by mkmodel_step).
@@ -187,7 +226,10 @@ else
   bench_step "decode bench eager" bench --context 64 --tokens 64 --eager
   mkmodel_step flash2 --preset flash --layers 2
   bench_step "decode flash2 graph" flash2 --context 256 --tokens 32 --streams 8
-  gtest_step test_integration 300 'DeviceShard.*'
+  cluster_step "cluster pp2 cuda" "$(cuda_yaml pp2 'pipeline_stages: 2, expert_parallel: 1' 2)"
+  cluster_step "cluster ep2 cuda" "$(cuda_yaml ep2 'pipeline_stages: 1, expert_parallel: 2' 2)"
+  cluster_step "cluster tp2 cuda" "$(cuda_yaml tp2 'pipeline_stages: 1, tensor_parallel: 2' 2)"
+  gtest_step test_integration 300 'DeviceShard.*:ExpertParallel.Nccl*'
 fi
 [ -n "$gpu" ] && nvidia-smi >"$logs/nvidia-smi.txt" 2>&1
 

@@ -47,5 +47,16 @@ TEST(Cli, AMissingRequiredFlagIsNamed) {
   EXPECT_NE(out.find("inspect: DIR is required"), std::string::npos) << out;
 }
 
+// cpu | cuda:N, parsed alike by serve, bench decode and the cluster YAML (ParseDevice).
+TEST(Cli, ABadDeviceIsNamed) {
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"serve", "--model", SmallModel(), "--device", "gpu0"}, &out), 2) << out;
+  EXPECT_NE(out.find("--device: 'gpu0': want cpu or cuda:N"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--device", "cuda:x"}, &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--device: 'cuda:x': want cpu or cuda:N"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace fm::it

@@ -209,7 +209,7 @@ TEST(ClusterConfig, BadValues) {
               "activation_dtype: 'fp16': want f32 or bf16");
   ExpectError(Edit("    device: cpu", "    device: gpu0"), 10,
               "nodes[1].device: 'gpu0': want cpu or cuda:N");
-  ExpectError(Edit("    device: cpu", "    device: cuda:x"), 10, "want cuda:N");
+  ExpectError(Edit("    device: cpu", "    device: cuda:x"), 10, "'cuda:x': want cpu or cuda:N");
   ExpectError(Edit("transport: tcp", "transport: nccl"), 6,
               "nodes[0].device: transport nccl needs cuda devices");
   ExpectError(Edit("parallel: { pipeline_stages: 2, expert_parallel: 1 }", "parallel: manual"), 3,
