@@ -339,7 +339,11 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
   std::vector<SampledId> sampled;
   Status st = executor_.RunStep(req->step_id(), req->prev_step_id(), std::move(slices), deadline,
                                 &sampled);
-  if (!st.ok()) return WorkerError(ctx, st.Wrap("node " + node_));
+  // A sequence gone by the time its step ran (a Reset between the check above and the run) is
+  // lost like one missing before it: the coordinator ends its request UNAVAILABLE.
+  if (!st.ok())
+    return WorkerError(ctx, st.Wrap("node " + node_),
+                       st.code() == Code::kNotFound ? kFaultLostSequences : kFaultWorker);
   for (const auto& t : sampled) {
     auto* out = resp->add_tokens();
     out->set_seq_id(t.seq_id);
