@@ -1,12 +1,8 @@
 // ShardModel on a CUDA device (model/cuda/shard_model.h). The layer step mirrors the CPU one
 // (model/layer.cpp, attention.cpp, compressor.cpp, moe.cpp) op for op, each op the CUDA twin of
 // the CPU kernel; the weights are bound by the same Bind* functions and then uploaded.
-#include "model/cuda/shard_model.h"
+#include "model/cuda/shard_model_impl.h"
 
-#include "model/cuda/device_activations.h"
-#include "model/cuda/device_weights.h"
-#include "model/cuda/ep_experts.h"
-#include "model/cuda/step_inputs.h"
 #include "model/cuda/tp_step.h"
 
 #include <algorithm>
@@ -30,28 +26,6 @@ namespace fm {
 
 using cuda::DeviceBuffer;
 using cuda::DeviceWeight;
-namespace {
-
-// One compressor's state of one sequence on the device (model/compressor.h CompressorState):
-// the pending rows of the window being filled and of the one before it, [2, r, width]
-// (CompressorStep.parity says which is which).
-struct DevCompressorState {
-  DeviceBuffer pend_a, pend_z;
-};
-
-// One sequence's attention state of one layer on the device (the CPU AttentionCacheImpl's).
-class DeviceAttentionCache final : public AttentionCache {
- public:
-  int64_t next_pos() const override { return pos; }
-  size_t bytes() const override { return bytes_held; }
-
-  int64_t ratio = 0, pos = 0, max_entries = 0;
-  DeviceBuffer keys;    // [W + max_entries, D]: ring row s % W, then compressed entry e at W + e
-  DeviceBuffer ikeys;   // [max_entries, dI]: the indexer's entries (ratio 4)
-  DeviceBuffer score;   // [max_entries]: indexer scores of the current query
-  DevCompressorState comp, index_comp;
-  size_t bytes_held = 0;
-};
 
 Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size_t* bytes) {
   DevCompressorState s;
@@ -60,99 +34,6 @@ Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size
   *bytes += 4 * static_cast<size_t>(ratio * width) * sizeof(float);
   return s;
 }
-
-// Scratch of one step of up to kMaxStepRows rows, sized once for the model.
-struct Scratch {
-  DeviceBuffer inputs;  // StepInputs of a step (the graphs read it: rewritten before each replay)
-  DeviceBuffer embed_ids;  // int32 [kMaxStepRows]: the token ids of an Embed chunk
-  DeviceBuffer table;   // cuda::RowCache [layers, rows] of a step (the graphs' too)
-  DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
-  DeviceBuffer x, x_new, mix, y, post, comb, out;
-  DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials and its int32 block counter
-  DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u;
-  DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
-  DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
-  DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
-};
-
-class CudaShardModel final : public ShardModel {
- public:
-  CudaShardModel(const ModelConfig& cfg, int device, CudaStepMode mode)
-      : cfg_(cfg), device_(device), mode_(mode) {}
-  Status Bind(const Checkpoint& ckpt);
-
-  const ModelConfig& config() const override { return cfg_; }
-  int64_t layer_begin() const override { return begin_; }
-  int64_t layer_end() const override { return end_; }
-  bool has_embed() const override { return sel_embed_; }
-  bool has_head() const override { return has_head_; }
-
-  std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const override;
-  Result<std::unique_ptr<Activations>> NewActivations() const override {
-    return NewDeviceActivations(device_, cfg_.hc_mult * cfg_.hidden_size);
-  }
-  Status Embed(std::span<const int32_t> tokens, float* x) const override;
-  Status ForwardLayers(std::span<const BatchItem> items, float* x) const override;
-  Status Logits(const float* x, int64_t rows, float* logits) const override;
-  Result<std::vector<SampledToken>> SampleNext(const float* x, int64_t rows,
-                                               std::span<Sampler* const> samplers) const override;
-  void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec; }
-  Status SetTensorParallel(TpGroup* tp) override;
-  ExpertRunner* LocalExperts() override { return experts_.get(); }
-
- private:
-  Status AllocScratch();
-  Result<std::unique_ptr<AttentionCache>> NewCache(int64_t ratio, int64_t max_context) const;
-  int RatioIndex(int64_t ratio) const;  // where `ratio`'s values are in RowScalars.ratio
-  // The rows of a step: rows[t] is the sequence of token t (a sequence's tokens in order).
-  using Rows = std::span<const SequenceCache* const>;
-  // T tokens through every layer of the shard; s.x holds their X [T, hc, H] and is updated.
-  // Position-dependent values come from `in` and the caches from `table` (cuda::RowCache
-  // [layers, T], RowTable) only, so a step can be captured once and replayed over other rows.
-  // distinct: every row is another sequence's (the attention side takes all rows in one launch).
-  Status Step(int64_t T, bool distinct, const DevStepInputs& in,
-              const cuda::RowCache* table) const;
-  Result<std::vector<cuda::RowCache>> RowTable(Rows rows) const;
-  // `next`: the layer after l in this shard (its hc_pre fuses with l's last hc_post), or null.
-  Status LayerStep(const DevLayer& l, const DevLayer* next, int64_t T, bool distinct,
-                   const DevStepInputs& in, const cuda::RowCache* table) const;
-  // s.x -> s.y, post, comb for T rows; with_post: s.x <- hc_post(s.x, s.out) first.
-  Status HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T, bool with_post) const;
-  Status HcPostUpdate(int64_t T) const;  // s.x <- hc_post(s.x, s.out)
-  // table: the layer's cuda::RowCache [T].
-  Status Attention(const DevLayer& l, int64_t T, bool distinct, const DevStepInputs& in,
-                   const cuda::RowCache* table) const;
-  Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
-  // X [T, hc, H] (device) -> s.logits [T, vocab]: hc_head, the final norm and the head.
-  Status Head(const float* x, int64_t T) const;
-
-  ModelConfig cfg_;
-  int device_;
-  CudaStepMode mode_;
-  cuda::Stream stream_;     // every launch and copy of this model
-  std::vector<int64_t> ratios_;  // the distinct compress ratios > 1 of the shard's layers
-  int64_t begin_ = 0, end_ = 0;
-  bool sel_embed_ = false, has_head_ = false;
-  DeviceBuffer embed_;  // embed.weight [vocab, H] as in the checkpoint (BF16 or F32)
-  bool embed_bf16_ = false;
-  std::vector<std::unique_ptr<DevLayer>> layers_;
-  DeviceWeight head_;
-  DeviceBuffer norm_;
-  DevHc hc_head_;
-  int64_t max_positions_ = 0;
-  ExpertExecutor* exec_ = nullptr;  // null: routed experts on the device
-  std::unique_ptr<DeviceExpertRunner> experts_;  // the uploaded experts, for an EP executor
-  // Tensor parallelism: the member the weights were uploaded for (the checkpoint selection's
-  // tp_rank of tp_size) and its group, set before the first step (tp_step.h).
-  int tp_rank_ = 0, tp_size_ = 1;
-  TpGroup* tp_ = nullptr;
-  mutable std::mutex mu_;           // one step at a time: the scratch is shared
-  mutable Scratch s_;
-  // kGraph: the decode step graph of each bucket of kStepBuckets (empty until its first step),
-  // and the caches of the buckets' padding rows (a sequence that never advances past 0).
-  mutable cuda::Graph graphs_[std::size(kStepBuckets)];
-  std::unique_ptr<SequenceCache> pad_;
-};
 
 Status CudaShardModel::Bind(const Checkpoint& ckpt) {
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
@@ -229,7 +110,7 @@ Status CudaShardModel::AllocScratch() {
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, k = cfg_.num_experts_per_tok;
   const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim;
   const int64_t I = cfg_.moe_intermediate_size, E = cfg_.n_routed_experts;
-  Scratch& s = s_;
+  DeviceStepScratch& s = s_;
   // Shared-expert width: from the first layer's weight (every layer has the same config).
   const int64_t Is = layers_.empty() ? I : layers_[0]->s1.whole_rows;
   struct Want { DeviceBuffer* b; int64_t floats; };
@@ -630,91 +511,6 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
   return stream_.Synchronize();
 }
 
-Status CudaShardModel::Head(const float* x, int64_t T) const {
-  const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
-  FM_RETURN_IF_ERROR(
-      cuda::Gemm(hc_head_.fn.view(), x, n * H, s_.mix.as<float>(), hc_head_.fn.rows, T));
-  FM_RETURN_IF_ERROR(cuda::HcHead(x, s_.mix.as<float>(), hc_head_.base.as<float>(),
-                                  hc_head_.head_scale, T, n, H, eh, eps, s_.head_y.as<float>()));
-  FM_RETURN_IF_ERROR(cuda::RmsNorm(s_.head_y.as<float>(), norm_.as<float>(),
-                                   s_.head_y.as<float>(), T, H, eps));
-  return cuda::Gemm(head_.view(), s_.head_y.as<float>(), H, s_.logits.as<float>(), V, T);
-}
-
-Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const {
-  if (!has_head_) return InvalidArgument("Logits: this shard does not hold the head");
-  if (rows <= 0) return InvalidArgument("Logits: rows " + std::to_string(rows) + " must be > 0");
-  std::lock_guard<std::mutex> lock(mu_);
-  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  cuda::StreamScope on_stream(stream_);
-  const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
-  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
-    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
-    FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
-    FM_RETURN_IF_ERROR(s_.logits.CopyToHost(logits + r0 * V, static_cast<size_t>(T * V) * sizeof(float)));
-  }
-  return stream_.Synchronize();
-}
-
-// The CPU sampler's errors for a device result (model/sampler.cpp's words).
-Status SampleError(const cuda::SampleResult& r, int64_t vocab) {
-  switch (r.status) {
-    case cuda::kSampleNaN: return InvalidArgument("logits[" + std::to_string(r.id) + "] is NaN");
-    case cuda::kSampleNoFinite:
-      return InvalidArgument("logits: no finite value among " + std::to_string(vocab));
-    case cuda::kSamplePosInf: return InvalidArgument("logits[" + std::to_string(r.id) + "] is +inf");
-  }
-  return Internal("device sampler: status " + std::to_string(r.status));
-}
-
-Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
-    const float* x, int64_t rows, std::span<Sampler* const> samplers) const {
-  if (!has_head_) return InvalidArgument("SampleNext: this shard does not hold the head");
-  if (rows <= 0 || rows != static_cast<int64_t>(samplers.size()))
-    return InvalidArgument("SampleNext: rows " + std::to_string(rows) + " with " +
-                           std::to_string(samplers.size()) + " samplers");
-  std::lock_guard<std::mutex> lock(mu_);
-  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  cuda::StreamScope on_stream(stream_);
-  const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
-  std::vector<SampledToken> out;
-  out.reserve(rows);
-  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
-    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
-    cuda::SampleParams params[kMaxStepRows];
-    for (int64_t t = 0; t < T; ++t) {  // the draws, in row order, as the CPU path makes them
-      Sampler* s = samplers[r0 + t];
-      const SamplerConfig& c = s->config();
-      params[t] = cuda::SampleParams{c.temperature, c.top_p, c.top_k, s->is_greedy() ? 1 : 0,
-                                     s->is_greedy() ? 0.0 : s->DrawUniform()};
-    }
-    FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
-    FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
-    FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, V,
-                                        s_.sample_params.as<cuda::SampleParams>(),
-                                        s_.sample_scratch.as<void>(),
-                                        s_.sample_out.as<cuda::SampleResult>()));
-    cuda::SampleResult res[kMaxStepRows];
-    FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
-    for (int64_t t = 0; t < T; ++t) {
-      if (res[t].status == cuda::kSampleOk) {
-        out.push_back(SampledToken{res[t].id, res[t].logprob});
-      } else if (res[t].status == cuda::kSampleNeedsHost) {
-        // A top-k / top-p set beyond the device's candidates: this row's logits, on the host.
-        std::vector<float> lg(V);
-        FM_RETURN_IF_ERROR(s_.logits.CopyToHost(lg.data(), V * sizeof(float), t * V * sizeof(float)));
-        FM_ASSIGN_OR_RETURN(SampledToken tok, samplers[r0 + t]->SampleWith(lg, params[t].u));
-        out.push_back(tok);
-      } else {
-        return SampleError(res[t], V);
-      }
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt, int device,
                                                          CudaStepMode mode) {

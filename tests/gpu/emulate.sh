@@ -43,7 +43,8 @@ kernel_srcs=("${kernel_test[@]}" model/sampler.cpp model/embed.cpp "${kernels[@]
 ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cpp net/tcp_conn.cpp
          net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp)
 shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
-            model/cuda/shard_model.cpp model/cuda/device_weights.cpp model/cuda/step_inputs.cpp
+            model/cuda/shard_model.cpp model/cuda/shard_head.cpp model/cuda/device_weights.cpp
+            model/cuda/step_inputs.cpp
             model/cuda/device_activations.cpp model/cuda/tp_step.cpp model/cuda/ep_experts.cpp
             model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp kernels/cpu/*.cpp
             "${ep_srcs[@]}" "${common[@]}")

@@ -1,0 +1,100 @@
+// The device ShardModel's head and sampling (model/cuda/shard_model_impl.h): hc_head, the final
+// norm and the head over up to kMaxStepRows rows a step, then the logits out (Logits) or each
+// row's sampler on the device (SampleNext: 12 bytes a row to the host).
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/sample_ops.h"
+#include "model/cuda/shard_model_impl.h"
+
+namespace fm {
+namespace {
+
+// The CPU sampler's errors for a device result (model/sampler.cpp's words).
+Status SampleError(const cuda::SampleResult& r, int64_t vocab) {
+  switch (r.status) {
+    case cuda::kSampleNaN: return InvalidArgument("logits[" + std::to_string(r.id) + "] is NaN");
+    case cuda::kSampleNoFinite:
+      return InvalidArgument("logits: no finite value among " + std::to_string(vocab));
+    case cuda::kSamplePosInf: return InvalidArgument("logits[" + std::to_string(r.id) + "] is +inf");
+  }
+  return Internal("device sampler: status " + std::to_string(r.status));
+}
+
+}  // namespace
+
+Status CudaShardModel::Head(const float* x, int64_t T) const {
+  const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
+  FM_RETURN_IF_ERROR(
+      cuda::Gemm(hc_head_.fn.view(), x, n * H, s_.mix.as<float>(), hc_head_.fn.rows, T));
+  FM_RETURN_IF_ERROR(cuda::HcHead(x, s_.mix.as<float>(), hc_head_.base.as<float>(),
+                                  hc_head_.head_scale, T, n, H, eh, eps, s_.head_y.as<float>()));
+  FM_RETURN_IF_ERROR(cuda::RmsNorm(s_.head_y.as<float>(), norm_.as<float>(),
+                                   s_.head_y.as<float>(), T, H, eps));
+  return cuda::Gemm(head_.view(), s_.head_y.as<float>(), H, s_.logits.as<float>(), V, T);
+}
+
+Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const {
+  if (!has_head_) return InvalidArgument("Logits: this shard does not hold the head");
+  if (rows <= 0) return InvalidArgument("Logits: rows " + std::to_string(rows) + " must be > 0");
+  std::lock_guard<std::mutex> lock(mu_);
+  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  cuda::StreamScope on_stream(stream_);
+  const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
+    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
+    FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
+    FM_RETURN_IF_ERROR(s_.logits.CopyToHost(logits + r0 * V, static_cast<size_t>(T * V) * sizeof(float)));
+  }
+  return stream_.Synchronize();
+}
+
+Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
+    const float* x, int64_t rows, std::span<Sampler* const> samplers) const {
+  if (!has_head_) return InvalidArgument("SampleNext: this shard does not hold the head");
+  if (rows <= 0 || rows != static_cast<int64_t>(samplers.size()))
+    return InvalidArgument("SampleNext: rows " + std::to_string(rows) + " with " +
+                           std::to_string(samplers.size()) + " samplers");
+  std::lock_guard<std::mutex> lock(mu_);
+  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  cuda::StreamScope on_stream(stream_);
+  const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
+  std::vector<SampledToken> out;
+  out.reserve(rows);
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
+    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
+    cuda::SampleParams params[kMaxStepRows];
+    for (int64_t t = 0; t < T; ++t) {  // the draws, in row order, as the CPU path makes them
+      Sampler* s = samplers[r0 + t];
+      const SamplerConfig& c = s->config();
+      params[t] = cuda::SampleParams{c.temperature, c.top_p, c.top_k, s->is_greedy() ? 1 : 0,
+                                     s->is_greedy() ? 0.0 : s->DrawUniform()};
+    }
+    FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
+    FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
+    FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, V,
+                                        s_.sample_params.as<cuda::SampleParams>(),
+                                        s_.sample_scratch.as<void>(),
+                                        s_.sample_out.as<cuda::SampleResult>()));
+    cuda::SampleResult res[kMaxStepRows];
+    FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
+    for (int64_t t = 0; t < T; ++t) {
+      if (res[t].status == cuda::kSampleOk) {
+        out.push_back(SampledToken{res[t].id, res[t].logprob});
+      } else if (res[t].status == cuda::kSampleNeedsHost) {
+        // A top-k / top-p set beyond the device's candidates: this row's logits, on the host.
+        std::vector<float> lg(V);
+        FM_RETURN_IF_ERROR(s_.logits.CopyToHost(lg.data(), V * sizeof(float), t * V * sizeof(float)));
+        FM_ASSIGN_OR_RETURN(SampledToken tok, samplers[r0 + t]->SampleWith(lg, params[t].u));
+        out.push_back(tok);
+      } else {
+        return SampleError(res[t], V);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace fm

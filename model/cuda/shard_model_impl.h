@@ -1,0 +1,142 @@
+// The device ShardModel's class (model/cuda/shard_model.h is its public entry point): its
+// per-sequence device caches, the step's scratch and the CudaShardModel, whose member functions
+// live in shard_model.cpp (weights, caches, the layer step) and shard_head.cpp (the head and
+// sampling). Internal to fm_model_cuda.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/fused_ops.h"
+#include "model/cuda/device_activations.h"
+#include "model/cuda/device_weights.h"
+#include "model/cuda/ep_experts.h"
+#include "model/cuda/shard_model.h"
+#include "model/cuda/step_inputs.h"
+#include "model/kv_cache.h"
+
+namespace fm {
+
+
+// One compressor's state of one sequence on the device (model/compressor.h CompressorState):
+// the pending rows of the window being filled and of the one before it, [2, r, width]
+// (CompressorStep.parity says which is which).
+struct DevCompressorState {
+  cuda::DeviceBuffer pend_a, pend_z;
+};
+
+// One sequence's attention state of one layer on the device (the CPU AttentionCacheImpl's).
+class DeviceAttentionCache final : public AttentionCache {
+ public:
+  int64_t next_pos() const override { return pos; }
+  size_t bytes() const override { return bytes_held; }
+
+  int64_t ratio = 0, pos = 0, max_entries = 0;
+  cuda::DeviceBuffer keys;    // [W + max_entries, D]: ring row s % W, then compressed entry e at W + e
+  cuda::DeviceBuffer ikeys;   // [max_entries, dI]: the indexer's entries (ratio 4)
+  cuda::DeviceBuffer score;   // [max_entries]: indexer scores of the current query
+  DevCompressorState comp, index_comp;
+  size_t bytes_held = 0;
+};
+
+// The decode state of one compressor: both pending halves, their bytes added to *bytes.
+Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size_t* bytes);
+
+// Scratch of one step of up to kMaxStepRows rows, sized once for the model.
+struct DeviceStepScratch {
+  cuda::DeviceBuffer inputs;  // StepInputs of a step (the graphs read it: rewritten before each replay)
+  cuda::DeviceBuffer embed_ids;  // int32 [kMaxStepRows]: the token ids of an Embed chunk
+  cuda::DeviceBuffer table;   // cuda::RowCache [layers, rows] of a step (the graphs' too)
+  cuda::DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
+  cuda::DeviceBuffer x, x_new, mix, y, post, comb, out;
+  cuda::DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials and its int32 block counter
+  cuda::DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u;
+  cuda::DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
+  cuda::DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
+  cuda::DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
+};
+
+class CudaShardModel final : public ShardModel {
+ public:
+  CudaShardModel(const ModelConfig& cfg, int device, CudaStepMode mode)
+      : cfg_(cfg), device_(device), mode_(mode) {}
+  Status Bind(const Checkpoint& ckpt);
+
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t layer_begin() const override { return begin_; }
+  int64_t layer_end() const override { return end_; }
+  bool has_embed() const override { return sel_embed_; }
+  bool has_head() const override { return has_head_; }
+
+  std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const override;
+  Result<std::unique_ptr<Activations>> NewActivations() const override {
+    return NewDeviceActivations(device_, cfg_.hc_mult * cfg_.hidden_size);
+  }
+  Status Embed(std::span<const int32_t> tokens, float* x) const override;
+  Status ForwardLayers(std::span<const BatchItem> items, float* x) const override;
+  Status Logits(const float* x, int64_t rows, float* logits) const override;
+  Result<std::vector<SampledToken>> SampleNext(const float* x, int64_t rows,
+                                               std::span<Sampler* const> samplers) const override;
+  void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec; }
+  Status SetTensorParallel(TpGroup* tp) override;
+  ExpertRunner* LocalExperts() override { return experts_.get(); }
+
+ private:
+  Status AllocScratch();
+  Result<std::unique_ptr<AttentionCache>> NewCache(int64_t ratio, int64_t max_context) const;
+  int RatioIndex(int64_t ratio) const;  // where `ratio`'s values are in RowScalars.ratio
+  // The rows of a step: rows[t] is the sequence of token t (a sequence's tokens in order).
+  using Rows = std::span<const SequenceCache* const>;
+  // T tokens through every layer of the shard; s.x holds their X [T, hc, H] and is updated.
+  // Position-dependent values come from `in` and the caches from `table` (cuda::RowCache
+  // [layers, T], RowTable) only, so a step can be captured once and replayed over other rows.
+  // distinct: every row is another sequence's (the attention side takes all rows in one launch).
+  Status Step(int64_t T, bool distinct, const DevStepInputs& in,
+              const cuda::RowCache* table) const;
+  Result<std::vector<cuda::RowCache>> RowTable(Rows rows) const;
+  // `next`: the layer after l in this shard (its hc_pre fuses with l's last hc_post), or null.
+  Status LayerStep(const DevLayer& l, const DevLayer* next, int64_t T, bool distinct,
+                   const DevStepInputs& in, const cuda::RowCache* table) const;
+  // s.x -> s.y, post, comb for T rows; with_post: s.x <- hc_post(s.x, s.out) first.
+  Status HcPreNorm(const DevHc& hc, const cuda::DeviceBuffer& norm, int64_t T, bool with_post) const;
+  Status HcPostUpdate(int64_t T) const;  // s.x <- hc_post(s.x, s.out)
+  // table: the layer's cuda::RowCache [T].
+  Status Attention(const DevLayer& l, int64_t T, bool distinct, const DevStepInputs& in,
+                   const cuda::RowCache* table) const;
+  Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
+  // X [T, hc, H] (device) -> s.logits [T, vocab]: hc_head, the final norm and the head.
+  Status Head(const float* x, int64_t T) const;
+
+  ModelConfig cfg_;
+  int device_;
+  CudaStepMode mode_;
+  cuda::Stream stream_;     // every launch and copy of this model
+  std::vector<int64_t> ratios_;  // the distinct compress ratios > 1 of the shard's layers
+  int64_t begin_ = 0, end_ = 0;
+  bool sel_embed_ = false, has_head_ = false;
+  cuda::DeviceBuffer embed_;  // embed.weight [vocab, H] as in the checkpoint (BF16 or F32)
+  bool embed_bf16_ = false;
+  std::vector<std::unique_ptr<DevLayer>> layers_;
+  cuda::DeviceWeight head_;
+  cuda::DeviceBuffer norm_;
+  DevHc hc_head_;
+  int64_t max_positions_ = 0;
+  ExpertExecutor* exec_ = nullptr;  // null: routed experts on the device
+  std::unique_ptr<DeviceExpertRunner> experts_;  // the uploaded experts, for an EP executor
+  // Tensor parallelism: the member the weights were uploaded for (the checkpoint selection's
+  // tp_rank of tp_size) and its group, set before the first step (tp_step.h).
+  int tp_rank_ = 0, tp_size_ = 1;
+  TpGroup* tp_ = nullptr;
+  mutable std::mutex mu_;           // one step at a time: the scratch is shared
+  mutable DeviceStepScratch s_;
+  // kGraph: the decode step graph of each bucket of kStepBuckets (empty until its first step),
+  // and the caches of the buckets' padding rows (a sequence that never advances past 0).
+  mutable cuda::Graph graphs_[std::size(kStepBuckets)];
+  std::unique_ptr<SequenceCache> pad_;
+};
+
+}  // namespace fm
