@@ -128,6 +128,11 @@ std::string Metrics::Render(Cluster* cluster, const Scheduler* scheduler) {
   NodeFamily seqs("flashmesh_node_active_sequences", "Sequences live on the node", MetricType::Gauge);
   NodeFamily data("flashmesh_node_data_plane_bytes_total", "Data-plane bytes (frame headers + payloads)", MetricType::Counter);
   NodeFamily ep("flashmesh_node_ep_bytes_sent_total", "Expert-parallel dispatch + combine payload bytes sent", MetricType::Counter);
+  NodeFamily device("flashmesh_node_device_copy_bytes_total",
+                    "Host<->device copy bytes of the node's steps (0 on a CPU node)", MetricType::Counter);
+  NodeFamily device_tokens("flashmesh_node_device_tokens_total",
+                           "Rows the node's device steps ran (what its device copy bytes cover)",
+                           MetricType::Counter);
   for (const auto& node : cluster->nodes()) {
     const bool is_up = node->state() == flashmesh::v1::NODE_STATE_UP;
     up.Add(node->name(), is_up ? 1 : 0);
@@ -142,8 +147,14 @@ std::string Metrics::Render(Cluster* cluster, const Scheduler* scheduler) {
     data.Add(node->name(), static_cast<double>(resp.data_bytes_sent()), "direction", "sent");
     data.Add(node->name(), static_cast<double>(resp.data_bytes_received()), "direction", "received");
     ep.Add(node->name(), static_cast<double>(resp.ep_bytes_sent()));
+    device.Add(node->name(), static_cast<double>(resp.host_to_device_bytes()), "direction",
+               "host_to_device");
+    device.Add(node->name(), static_cast<double>(resp.device_to_host_bytes()), "direction",
+               "device_to_host");
+    device_tokens.Add(node->name(), static_cast<double>(resp.device_tokens()));
   }
-  for (auto* f : {&up, &kv, &seqs, &data, &ep}) families.push_back(std::move(f->f));
+  for (auto* f : {&up, &kv, &seqs, &data, &ep, &device, &device_tokens})
+    families.push_back(std::move(f->f));
   return prometheus::TextSerializer().Serialize(families);
 }
 

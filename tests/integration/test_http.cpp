@@ -417,6 +417,14 @@ TEST_F(HttpApiTest, MetricsMoveByTheExpectedAmounts) {
   EXPECT_EQ(m1["flashmesh_active_sequences"], 0);
   EXPECT_EQ(m1["flashmesh_cluster_ready"], 1);
   EXPECT_TRUE(m1.count("flashmesh_node_kv_cache_bytes{node=\"w1\"}"));
+  // CPU nodes copy nothing to or from a device (and the series exist).
+  for (const std::string key :
+       {"flashmesh_node_device_copy_bytes_total{direction=\"host_to_device\",node=\"w0\"}",
+        "flashmesh_node_device_copy_bytes_total{direction=\"device_to_host\",node=\"w1\"}",
+        "flashmesh_node_device_tokens_total{node=\"w1\"}"}) {
+    ASSERT_TRUE(m1.count(key)) << key;
+    EXPECT_EQ(m1[key], 0) << key;
+  }
 }
 
 TEST_F(HttpApiTest, HealthFollowsTheCluster) {
