@@ -120,6 +120,7 @@ class ShardModelImpl : public ShardModel {
   Status MtpLogits(std::span<const BatchItem> items, const float* x,
                    float* logits) const override;
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec ? exec : local_.get(); }
+  ExpertRunner* LocalExperts() override { return experts_.get(); }
   Status SetTensorParallel(TpGroup* tp) override {
     if (tp) FM_RETURN_IF_ERROR(CheckTensorParallel(cfg_, tp->size()));
     tp_ = tp;
@@ -139,6 +140,7 @@ class ShardModelImpl : public ShardModel {
   std::vector<std::unique_ptr<LayerWeights>> layers_;  // [begin_, end_)
   std::unique_ptr<MtpWeights> mtp_;
   std::unique_ptr<LocalExpertExecutor> local_;
+  std::unique_ptr<CpuExpertRunner> experts_;   // the same experts, for an EP executor
   ExpertExecutor* exec_ = nullptr;
   TpGroup* tp_ = nullptr;
 };
@@ -182,6 +184,7 @@ Status ShardModelImpl::Bind(const Checkpoint& ckpt) {
     FM_ASSIGN_OR_RETURN(mtp_, BindMtp(ckpt));
     moe[L] = &mtp_->block->moe;
   }
+  experts_ = std::make_unique<CpuExpertRunner>(cfg_, moe, pool_);
   local_ = std::make_unique<LocalExpertExecutor>(cfg_, std::move(moe), pool_);
   exec_ = local_.get();
   FM_LOG(kInfo, "forward") << "shard: layers [" << begin_ << ", " << end_ << ")"

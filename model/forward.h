@@ -122,10 +122,10 @@ class ShardModel {
 
   // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
   virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;
-  // The experts of this shard's selection as an ExpertRunner where the shard runs them itself
-  // (a device shard: on its GPU), outliving the shard's use; null: the caller binds the
-  // checkpoint's experts and runs them on the CPU (CpuExpertRunner, model/moe.h).
-  virtual ExpertRunner* LocalExperts() { return nullptr; }
+  // The routed experts of this shard's selection as an ExpertRunner, for an expert-parallel
+  // executor serving every member's pairs: the CPU shard's on its pool (CpuExpertRunner,
+  // model/moe.h), a device shard's on its GPU. Lives as long as the shard.
+  virtual ExpertRunner* LocalExperts() = 0;
   // Tensor parallelism (model/tp.h): ForwardLayers computes member tp->rank()'s share of every
   // layer and gathers the rest over `tp` (outliving its use), with the same bits; null = off.
   // Errors when the model's shapes do not divide by tp->size() or the shard cannot split.

@@ -42,9 +42,6 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, model->NewActivations());
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> last_rows, model->NewActivations());
   const ModelConfig& cfg = ckpt->config();
-  const int64_t end = p.layer_end < 0 ? cfg.num_hidden_layers : p.layer_end;
-  std::vector<MoeWeights> ep_moe;
-  std::unique_ptr<CpuExpertRunner> cpu_experts;
   std::unique_ptr<EpExpertExecutor> ep;
   std::unique_ptr<CommTpGroup> tp;
   if (p.tensor_parallel > 1) {
@@ -56,31 +53,16 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
     FM_RETURN_IF_ERROR(model->SetTensorParallel(tp.get()));
   } else if (p.expert_parallel()) {
     if (!ep_group) return Internal("expert-parallel shard without an EP group");
-    // A device shard runs its experts on its GPU (they were uploaded with the shard); a CPU
-    // shard's are bound from the checkpoint here and run on the pool.
-    ExpertRunner* runner = model->LocalExperts();
-    if (!runner) {
-      ep_moe.reserve(end - p.layer_begin);
-      for (int64_t l = p.layer_begin; l < end; ++l) {
-        FM_ASSIGN_OR_RETURN(MoeWeights w,
-                            BindMoe(*ckpt, "layers." + std::to_string(l) + ".ffn.", l));
-        ep_moe.push_back(std::move(w));
-      }
-      std::vector<const MoeWeights*> layers(cfg.num_hidden_layers + cfg.num_nextn_predict_layers,
-                                            nullptr);
-      for (auto& w : ep_moe) layers[w.layer] = &w;
-      cpu_experts = std::make_unique<CpuExpertRunner>(cfg, std::move(layers), &pool_);
-      runner = cpu_experts.get();
-    }
-    ep = std::make_unique<EpExpertExecutor>(cfg, runner, ep_group, p.ep_expert_begin, kEpTimeout);
+    // The shard's own experts serve the group: a CPU shard's on the pool, a device shard's on
+    // its GPU (uploaded with the shard).
+    ep = std::make_unique<EpExpertExecutor>(cfg, model->LocalExperts(), ep_group,
+                                            p.ep_expert_begin, kEpTimeout);
     model->SetExpertExecutor(ep.get());
   }
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.clear();
   tp_ = std::move(tp);
   ep_ = std::move(ep);
-  ep_moe_ = std::move(ep_moe);
-  cpu_experts_ = std::move(cpu_experts);
   model_ = std::move(model);
   x_ = std::move(x);
   last_rows_ = std::move(last_rows);
@@ -108,8 +90,6 @@ void ShardRuntime::Unload() {
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.clear();
   ep_.reset();
-  cpu_experts_.reset();
-  ep_moe_.clear();
   x_.reset();
   last_rows_.reset();
   model_.reset();

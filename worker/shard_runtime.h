@@ -127,8 +127,6 @@ class ShardRuntime {
   std::unique_ptr<ShardModel> model_;
   std::unique_ptr<Activations> x_;          // activations(), in model_'s memory
   std::unique_ptr<Activations> last_rows_;  // Sample: each slice's last row, when not all of x
-  std::vector<MoeWeights> ep_moe_;                 // EP on a CPU shard: its MoE weights per layer
-  std::unique_ptr<CpuExpertRunner> cpu_experts_;   // ... and their runner (a device shard's own)
   std::unique_ptr<EpExpertExecutor> ep_;
   std::unique_ptr<CommTpGroup> tp_;
   mutable std::mutex mu_;   // guards seqs_ (the map, not the caches: one executor thread)
