@@ -3,6 +3,7 @@
 // ExpertsUpGate and ExpertsDown read. Plain C++ over kernels/cuda.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -53,6 +54,12 @@ struct DevExpertSet {
                             datas.as<const void* const>(), scales.as<const uint8_t* const>()};
   }
 };
+
+// The SwiGLU clamp the device expert launches take: swiglu_limit, or +inf when the model has none.
+inline float DeviceSwigluLimit(const ModelConfig& cfg) {
+  return cfg.swiglu_limit > 0 ? static_cast<float>(cfg.swiglu_limit)
+                              : std::numeric_limits<float>::infinity();
+}
 
 // A tensor-parallel member's rows of a split weight (model/tp.h): `w` holds rows
 // [row0, row0 + rows) of it at its own row `first` (an FP8 share is uploaded from the start of

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <string>
 
 #include "kernels/cuda/ops.h"
@@ -50,8 +49,7 @@ Status DeviceExpertRunner::RunPairs(int64_t layer, const float* rows, int64_t n,
   }
   if (p == 0) return Status::Ok();
   const int64_t I = l.w1.rows;
-  const float limit = cfg_.swiglu_limit > 0 ? static_cast<float>(cfg_.swiglu_limit)
-                                            : std::numeric_limits<float>::infinity();
+  const float limit = DeviceSwigluLimit(cfg_);
   std::lock_guard<std::mutex> lock(mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
   cuda::StreamScope on_stream(stream_);

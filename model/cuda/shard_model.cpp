@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <limits>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -334,8 +333,7 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
 
 Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const {
   const int64_t H = cfg_.hidden_size, E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok;
-  const float limit = cfg_.swiglu_limit > 0 ? static_cast<float>(cfg_.swiglu_limit)
-                                            : std::numeric_limits<float>::infinity();
+  const float limit = DeviceSwigluLimit(cfg_);
   const float* y = s_.y.as<float>();
   int32_t* ids = s_.ids.as<int32_t>();
   float* rw = s_.rw.as<float>();

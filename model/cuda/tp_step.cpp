@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,8 +37,7 @@ Status MoeTpOnDevice(const ModelConfig& cfg, const DevLayer& l, TpGroup* tp, int
                      const MoeTpBuffers& b) {
   const int64_t H = cfg.hidden_size, E = cfg.n_routed_experts, k = cfg.num_experts_per_tok;
   const int me = tp->rank(), t = tp->size();
-  const float limit = cfg.swiglu_limit > 0 ? static_cast<float>(cfg.swiglu_limit)
-                                           : std::numeric_limits<float>::infinity();
+  const float limit = DeviceSwigluLimit(cfg);
   const std::string where = "MoE layer " + std::to_string(l.layer);
   // The routing every member computed alike; the pairs of other members' experts are masked
   // (an id outside [0, E): the expert launches write a NaN row and read no weight).
