@@ -91,9 +91,11 @@ TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndNamedDown) {
   Cluster cluster(spec);
   cluster.StartWorker(0);
   cluster.StartCoordinator();
-  // w0 has read its secret once it listens; only then give w1 another one.
+  // w0 has read its secret once it listens, the coordinator once it serves; only then give w1
+  // another one (rewriting it earlier could hand the coordinator the other secret instead).
   auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (cluster.worker(0)->Log().find("(data)") == std::string::npos &&
+  while ((cluster.worker(0)->Log().find("(data)") == std::string::npos ||
+          cluster.coordinator()->Log().find("serving ") == std::string::npos) &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(20ms);
   std::ofstream(cluster.secret_file()) << "some-other-secret\n";  // read by w1 at its start
