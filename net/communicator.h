@@ -71,7 +71,33 @@ class Communicator {
     if (!f.payload.empty()) std::memcpy(into.data, f.payload.data(), f.payload.size());
     return f.header;
   }
-  // Whether Send and RecvInto take device memory (CommBuffer/RecvTarget .device) directly:
+  // AllToAllV whose payload from rank r lands in into[r] (into[rank()] is not used) instead of a
+  // Frame's own bytes: on NCCL a device target takes it straight from ncclRecv. Returns the
+  // headers, [rank()] empty. A payload above into[r].capacity is InvalidArgument naming the rank
+  // and both sizes (on NCCL the group breaks too). This default takes host targets only
+  // (AllToAllV, then one copy each); NCCL overrides it.
+  virtual Result<std::vector<FrameHeader>> AllToAllVInto(FrameKind kind, uint64_t step,
+                                                         uint32_t tag,
+                                                         const std::vector<CommBuffer>& send,
+                                                         const std::vector<RecvTarget>& into,
+                                                         Millis timeout) {
+    FM_RETURN_IF_ERROR(CheckBufferCount(into.size()));
+    for (int r = 0; r < size(); ++r)
+      if (r != rank() && into[r].device)
+        return InvalidArgument("all-to-all: a device buffer for rank " + std::to_string(r) +
+                               ", but this communicator receives into host memory");
+    FM_ASSIGN_OR_RETURN(std::vector<Frame> got, AllToAllV(kind, step, tag, send, timeout));
+    std::vector<FrameHeader> headers(size());
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      FM_RETURN_IF_ERROR(CheckFits(r, got[r].payload.size(), into[r].capacity));
+      if (!got[r].payload.empty())
+        std::memcpy(into[r].data, got[r].payload.data(), got[r].payload.size());
+      headers[r] = got[r].header;
+    }
+    return headers;
+  }
+  // Whether Send, RecvInto and AllToAllVInto take device memory (CommBuffer/RecvTarget .device) directly:
   // NCCL yes; TCP no (a device buffer there is InvalidArgument).
   virtual bool device_buffers() const { return false; }
   // Returns once every rank reached Barrier(step): an all-to-all of empty buffers.

@@ -123,10 +123,30 @@ class NcclComm final : public NcclCommunicator {
     FM_RETURN_IF_ERROR(CheckPeer(peer));
     std::vector<bool> in(size(), false);
     in[peer] = true;
+    std::vector<RecvTarget> targets(size());
+    targets[peer] = into;
     FM_ASSIGN_OR_RETURN(std::vector<Frame> got,
                         Exchange(kind, step, tag, std::vector<const CommBuffer*>(size(), nullptr),
-                                 in, Clock::now() + timeout, &into));
+                                 in, Clock::now() + timeout, &targets));
     return got[peer].header;
+  }
+
+  // Device targets take their payloads straight from ncclRecv; host ones through the scratch.
+  Result<std::vector<FrameHeader>> AllToAllVInto(FrameKind kind, uint64_t step, uint32_t tag,
+                                                 const std::vector<CommBuffer>& send,
+                                                 const std::vector<RecvTarget>& into,
+                                                 Millis timeout) override {
+    FM_RETURN_IF_ERROR(CheckBufferCount(send.size()));
+    FM_RETURN_IF_ERROR(CheckBufferCount(into.size()));
+    std::vector<const CommBuffer*> out(size(), nullptr);
+    std::vector<bool> in(size(), true);
+    for (int r = 0; r < size(); ++r) out[r] = r == rank_ ? nullptr : &send[r];
+    in[rank_] = false;
+    FM_ASSIGN_OR_RETURN(std::vector<Frame> got,
+                        Exchange(kind, step, tag, out, in, Clock::now() + timeout, &into));
+    std::vector<FrameHeader> headers(size());
+    for (int r = 0; r < size(); ++r) headers[r] = got[r].header;
+    return headers;
   }
 
  private:
@@ -220,11 +240,11 @@ class NcclComm final : public NcclCommunicator {
     return Wait(step, deadline, what, true);
   }
 
-  // into: where the payload of the one rank received from goes (RecvInto); null: a Frame.
+  // into: where each rank's payload goes (RecvInto, AllToAllVInto); null: Frames.
   Result<std::vector<Frame>> Exchange(FrameKind kind, uint64_t step, uint32_t tag,
                                       const std::vector<const CommBuffer*>& out,
                                       const std::vector<bool>& in, Clock::time_point deadline,
-                                      const RecvTarget* into = nullptr) {
+                                      const std::vector<RecvTarget>* into = nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.load())
       return Unavailable(Group() + " is broken (" + broken_why_ + "); the group must be loaded again");
@@ -248,7 +268,8 @@ class NcclComm final : public NcclCommunicator {
                                             const std::vector<const CommBuffer*>& out,
                                             std::vector<FrameHeader>& frame_headers,
                                             const std::vector<bool>& in,
-                                            Clock::time_point deadline, const RecvTarget* into) {
+                                            Clock::time_point deadline,
+                                            const std::vector<RecvTarget>* into) {
     const std::string what = std::string(FrameKindName(kind)) + " step " + std::to_string(step) +
                              " tag " + std::to_string(tag);
     const int R = size();
@@ -292,7 +313,7 @@ class NcclComm final : public NcclCommunicator {
         return Internal(who + " sent " + FrameKindName(h->kind) + " step " +
                         std::to_string(h->step_id) + " tag " + std::to_string(h->tag) +
                         ", expected " + what);
-      if (into) FM_RETURN_IF_ERROR(CheckFits(p, h->payload_bytes, into->capacity).Wrap(Group()));
+      if (into) FM_RETURN_IF_ERROR(CheckFits(p, h->payload_bytes, (*into)[p].capacity).Wrap(Group()));
       got[p].header = *h;
       payload_bytes += h->payload_bytes;
     }
@@ -303,7 +324,7 @@ class NcclComm final : public NcclCommunicator {
     size_t staged = 0;
     for (int p = 0; p < R; ++p) {
       if (out[p] && !out[p]->device) staged += out[p]->nbytes;
-      if (in[p] && !(into && into->device)) staged += got[p].header.payload_bytes;
+      if (in[p] && !(into && (*into)[p].device)) staged += got[p].header.payload_bytes;
     }
     FM_RETURN_IF_ERROR(dev_.Reserve(staged, stream_));
     struct ToHost {
@@ -328,11 +349,11 @@ class NcclComm final : public NcclCommunicator {
       }
       const size_t n = in[p] ? got[p].header.payload_bytes : 0;
       if (n == 0) continue;
-      if (into && into->device) {
-        rv[p] = {static_cast<uint8_t*>(into->data), n};
+      if (into && (*into)[p].device) {
+        rv[p] = {static_cast<uint8_t*>((*into)[p].data), n};
         continue;
       }
-      void* dst = into ? into->data : nullptr;
+      void* dst = into ? (*into)[p].data : nullptr;
       if (!into) {
         got[p].payload.resize(n);
         dst = got[p].payload.data();
