@@ -41,6 +41,15 @@ class ExpertExecutor {
   // shard sums them on the device, in the order of its own combine.
   virtual Status RunSlots(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                           float* slots) = 0;
+  // RunSlots with x and slots in the device memory of this member's experts (a device shard
+  // under expert parallelism: the rows never cross the host); expert_ids on the host. Only an
+  // executor whose runner has DeviceRows takes them; the default refuses.
+  virtual Status RunSlotsOnDevice(int64_t layer, const float* x, int64_t T,
+                                  const int32_t* expert_ids, float* slots) {
+    (void)x, (void)T, (void)expert_ids, (void)slots;
+    return InvalidArgument("MoE layer " + std::to_string(layer) +
+                           ": this expert executor takes rows in host memory only");
+  }
   // Every member of an expert-parallel group runs the same number of rounds a step (a round:
   // one RunRouted or RunSlots a layer of its shard). A shard that runs its rows in `rounds`
   // passes (a device shard: steps of 32 rows) gets the group's largest and runs the rounds it
@@ -56,11 +65,38 @@ Status RunEmptyRounds(ExpertExecutor* exec, int64_t from, int64_t to, int64_t la
 // The routed experts a shard holds, run for an expert-parallel executor on behalf of any
 // member: out [p, H] = the unweighted output of expert pairs[2i + 1] on row pairs[2i] of rows
 // [n, H], host memory. Errors name a pair whose expert is not held here.
+class DeviceRows;
 class ExpertRunner {
  public:
   virtual ~ExpertRunner() = default;
   virtual Status RunPairs(int64_t layer, const float* rows, int64_t n, const int32_t* pairs,
                           int64_t p, float* out) = 0;
+  // The device side of a runner whose experts live in a GPU's memory; null for the CPU's.
+  virtual DeviceRows* device_rows() { return nullptr; }
+};
+
+// What the EP executor needs to keep a layer's rows and the experts' outputs in the memory of
+// a GPU that holds this member's experts (RunSlotsOnDevice): two buffers that persist from call
+// to call, a row gather, counted host copies (for a communicator that only takes host memory)
+// and RunPairs on device rows. Work is queued in order on the runner's own stream; Wait returns
+// once it is done (before a communicator or the shard's stream reads what it wrote). One caller
+// at a time (the member's step thread).
+class DeviceRows {
+ public:
+  virtual ~DeviceRows() = default;
+  // Buffer `which` (0 or 1) with room for `floats` f32; a larger request reallocates it (what it
+  // held is lost), so pointers are good until the next Buffer call of the same `which`.
+  virtual Result<float*> Buffer(int which, int64_t floats) = 0;
+  // dst [n, H] row i = src row idx[i]; idx on the host, each in [0, src_rows); device memory.
+  virtual Status GatherRows(const float* src, int64_t src_rows, const int32_t* idx, int64_t n,
+                            float* dst) = 0;
+  // Blocking copies of `bytes` between host memory and one of the two buffers.
+  virtual Status ToHost(const void* src, void* dst, size_t bytes) = 0;
+  virtual Status FromHost(const void* src, void* dst, size_t bytes) = 0;
+  // RunPairs with rows [n, H] and out [p, H] in device memory (pairs on the host).
+  virtual Status RunPairsOnDevice(int64_t layer, const float* rows, int64_t n,
+                                  const int32_t* pairs, int64_t p, float* out) = 0;
+  virtual Status Wait() = 0;
 };
 
 // embed.weight checked against config.json: BF16 or F32 [vocab, hidden].

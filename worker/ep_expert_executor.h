@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "model/moe.h"
@@ -42,6 +43,10 @@ class EpExpertExecutor : public ExpertExecutor {
                    const float* weights, float* routed) override;
   Status RunSlots(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
                   float* slots) override;
+  // x and slots in the device memory of the runner's DeviceRows: rows and outputs go GPU to GPU
+  // on a communicator that takes device memory (NCCL), through one host copy each way otherwise.
+  Status RunSlotsOnDevice(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
+                          float* slots) override;
   // The largest round count of the group this step (one all-to-all of a count).
   Result<int64_t> AgreeRounds(int64_t rounds) override;
   EpStats stats() const {   // a copy: the Stats RPC reads while steps run
@@ -50,7 +55,41 @@ class EpExpertExecutor : public ExpertExecutor {
   }
 
  private:
+  // Per destination rank: the distinct rows it needs (local row ids, ascending) and the pairs.
+  struct Outgoing {
+    std::vector<int32_t> row_ids;   // local rows sent, in order
+    std::vector<int32_t> pairs;     // [p, 2]: (index into row_ids, expert)
+    std::vector<int64_t> slots;     // [p]: row * k + j of the pair in the requester's layout
+  };
+
   int Owner(int32_t expert) const;
+  // Each row's k experts by owner (and counted in stats_).
+  Result<std::vector<Outgoing>> Route(int64_t layer, int64_t T, const int32_t* expert_ids);
+  // The dispatch's first exchange: the pairs each owner runs; returns every rank's (checked [p, 2]).
+  Result<std::vector<net::Frame>> SendPairs(int64_t layer, const std::vector<Outgoing>& out);
+  // Rank r's dispatch rows [n, H] f32.
+  Status CheckRows(int64_t layer, int r, const net::FrameHeader& h) const;
+  // Rank r's p pairs (over its n rows) appended as (row0 + row, expert), each checked to be a
+  // row it sent and an expert of this member.
+  Status AppendPairs(int64_t layer, int r, const int32_t* in, int64_t p, int64_t n, int64_t row0,
+                     std::vector<int32_t>* pairs) const;
+  // Rank r's combine: `pairs` outputs [pairs, H] f32.
+  Status CheckCombine(int64_t layer, int r, const net::FrameHeader& h, size_t pairs) const;
+  // An all-to-all of payloads in device memory into device targets: as they are when the
+  // communicator takes device memory, else through host copies by `dev`.
+  Result<std::vector<net::FrameHeader>> ExchangeOnDevice(DeviceRows* dev, net::FrameKind kind,
+                                                         uint32_t tag,
+                                                         const std::vector<net::CommBuffer>& send,
+                                                         const std::vector<net::RecvTarget>& into);
+  void CountBytes(uint64_t dispatch, uint64_t combine) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.dispatch_bytes += dispatch;
+    stats_.combine_bytes += combine;
+  }
+  std::string What(int64_t layer) const {
+    return "EP layer " + std::to_string(layer) + " step " + std::to_string(step_);
+  }
+  std::string Who(int r) const { return "rank " + std::to_string(r) + " (" + comm_->name(r) + ")"; }
 
   const ModelConfig& cfg_;
   ExpertRunner* runner_;

@@ -356,12 +356,11 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
     if (!exec_) return InvalidArgument("layer " + std::to_string(l.layer) +
                                           ": not every routed expert is on this device and no "
                                           "expert executor is set");
-    std::vector<float> xh(T * H), slots(T * k * H);
+    // Only the expert ids cross to the host (the routing is planned there); y and the slots
+    // stay in device memory (the copy waits for the router, so y is ready too).
     std::vector<int32_t> idh(T * k);
-    FM_RETURN_IF_ERROR(s_.y.CopyToHost(xh.data(), xh.size() * sizeof(float)));
     FM_RETURN_IF_ERROR(s_.ids.CopyToHost(idh.data(), idh.size() * sizeof(int32_t)));
-    FM_RETURN_IF_ERROR(exec_->RunSlots(l.layer, xh.data(), T, idh.data(), slots.data()));
-    FM_RETURN_IF_ERROR(s_.contrib.CopyFromHost(slots.data(), slots.size() * sizeof(float)));
+    FM_RETURN_IF_ERROR(exec_->RunSlotsOnDevice(l.layer, y, T, idh.data(), contrib));
     float* shared_out = contrib + T * k * H;
     const cuda::DevExperts none;
     FM_RETURN_IF_ERROR(cuda::ExpertsUpGate(none, none, nullptr, T, 0, y, H, limit, &shared, h, hs));

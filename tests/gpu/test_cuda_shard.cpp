@@ -33,6 +33,8 @@
 #include "model/mkmodel.h"
 #include "model/moe.h"
 #include "tests/model_test_util.h"
+#include "tests/unit/test_comm_group.h"
+#include "worker/ep_expert_executor.h"
 
 namespace fm {
 namespace {
@@ -359,21 +361,18 @@ TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
 // With an expert executor (what EP sets) the routed experts run outside the device: each layer
 // copies its rows' inputs, ids and weights out and the routed sum back; steps are eager. Here
 // the executor runs the experts on the CPU: a prefill of 12 rows then decode match the CPU.
+// The shard's expert-parallel path (slots from an executor, summed on the device) with a group
+// of one: the EP executor's device path (rows gathered, pairs run, slots gathered, all in device
+// memory) gives the CPU shard's logits; a host-only executor is refused, naming the layer.
 TEST_F(CudaShardTest, ExpertExecutorPathMatchesCpu) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ThreadPool pool(2);
   Pair p = Open(&pool);
   ASSERT_TRUE(p.gpu);
   const ModelConfig& cfg = p.ckpt->config();
-  std::vector<MoeWeights> moe;
-  std::vector<const MoeWeights*> ptrs(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, nullptr);
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    auto m = BindMoe(*p.ckpt, "layers." + std::to_string(l) + ".ffn.", l);
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    moe.push_back(std::move(m).value());
-  }
-  for (size_t l = 0; l < moe.size(); ++l) ptrs[l] = &moe[l];
-  LocalExpertExecutor exec(cfg, ptrs, &pool);
+  CommGroup solo(1);
+  EpExpertExecutor exec(cfg, p.gpu->LocalExperts(), solo.comms[0].get(),
+                        {0, cfg.n_routed_experts}, std::chrono::milliseconds(20000));
   p.gpu->SetExpertExecutor(&exec);
   const auto toks = Tokens(16, 51);
   auto cc = p.cpu->NewSequence(256), gc = p.gpu->NewSequence(256);
@@ -384,6 +383,15 @@ TEST_F(CudaShardTest, ExpertExecutorPathMatchesCpu) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   ASSERT_NO_FATAL_FAILURE(DecodeBoth(p, cc.get(), gc.get(), toks, 12, 16, &cpu, &gpu));
   EXPECT_LT(RelErr(gpu, cpu), 1e-3);
+
+  std::vector<const MoeWeights*> none(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, nullptr);
+  LocalExpertExecutor host_only(cfg, none, &pool);
+  p.gpu->SetExpertExecutor(&host_only);
+  auto seq = p.gpu->NewSequence(256);
+  const BatchItem item{seq.get(), std::span(toks).first(3)};
+  const Status refused = modeltest::RunItems(*p.gpu, {&item, 1}, &gpu);
+  EXPECT_NE(refused.message().find("layer 0: this expert executor takes rows in host memory only"),
+            std::string::npos) << refused.ToString();
 }
 
 TEST_F(CudaShardTest, PipelineStageMatchesCpuStage) {
