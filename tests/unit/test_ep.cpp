@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -177,8 +178,57 @@ std::vector<float> RandomRows(int64_t T, int64_t H, uint32_t seed) {
   return x;
 }
 
-// k members split the experts; member r routes its own T_r rows of layer `layer`.
-void ExpectEpEqualsLocal(int members, int64_t layer) {
+// The EP executor's device path (RunSlotsOnDevice) in every build, under the sanitizers too: a
+// DeviceRows whose "device memory" is host memory, around a CPU runner. Buffers are refilled
+// with NaN on every Buffer call, so a path that relied on what a buffer held before shows.
+class HostDeviceRows : public ExpertRunner, public DeviceRows {
+ public:
+  HostDeviceRows(ExpertRunner* cpu, int64_t H) : cpu_(cpu), H_(H) {}
+  Status RunPairs(int64_t layer, const float* rows, int64_t n, const int32_t* pairs, int64_t p,
+                  float* out) override {
+    return cpu_->RunPairs(layer, rows, n, pairs, p, out);
+  }
+  DeviceRows* device_rows() override { return this; }
+  Result<float*> Buffer(int which, int64_t floats) override {
+    buf_[which].assign(static_cast<size_t>(floats), std::numeric_limits<float>::quiet_NaN());
+    return buf_[which].data();
+  }
+  Status GatherRows(const float* src, int64_t src_rows, const int32_t* idx, int64_t n,
+                    float* dst) override {
+    for (int64_t i = 0; i < n; ++i) {
+      if (idx[i] < 0 || idx[i] >= src_rows) return InvalidArgument("gather index out of range");
+      std::memcpy(dst + i * H_, src + idx[i] * H_, H_ * sizeof(float));
+    }
+    return Status::Ok();
+  }
+  Status ToHost(const void* src, void* dst, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    to_host += bytes;
+    return Status::Ok();
+  }
+  Status FromHost(const void* src, void* dst, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    from_host += bytes;
+    return Status::Ok();
+  }
+  Status RunPairsOnDevice(int64_t layer, const float* rows, int64_t n, const int32_t* pairs,
+                          int64_t p, float* out) override {
+    return cpu_->RunPairs(layer, rows, n, pairs, p, out);
+  }
+  Status Wait() override { return Status::Ok(); }
+
+  uint64_t to_host = 0, from_host = 0;
+
+ private:
+  ExpertRunner* cpu_;
+  int64_t H_;
+  std::vector<float> buf_[2];
+};
+
+// k members split the experts; member r routes its own T_r rows of layer `layer`. Members whose
+// bit is set in `device_members` run the device path (HostDeviceRows) and the others the host
+// path: both put the same frames on the wire, so mixed groups work too.
+void ExpectEpEqualsLocal(int members, int64_t layer, unsigned device_members = 0) {
   auto full = Checkpoint::Open(Tiny());
   ASSERT_TRUE(full.ok()) << full.status().ToString();
   const ModelConfig& cfg = (*full)->config();
@@ -212,8 +262,11 @@ void ExpectEpEqualsLocal(int members, int64_t layer) {
     ThreadPool mpool(1);
     std::vector<const MoeWeights*> layers(cfg.num_hidden_layers + 1, nullptr);
     layers[layer] = &moe[r];
-    CpuExpertRunner runner(cfg, layers, &mpool);
-    EpExpertExecutor ep(cfg, &runner, g.comms[r].get(), begin, 5000ms);
+    CpuExpertRunner cpu(cfg, layers, &mpool);
+    HostDeviceRows dev(&cpu, H);
+    const bool on_device = (device_members >> r) & 1;
+    EpExpertExecutor ep(cfg, on_device ? static_cast<ExpertRunner*>(&dev) : &cpu,
+                        g.comms[r].get(), begin, 5000ms);
     for (uint64_t step = 1; step <= 3; ++step) {
       ep.SetStep(step);
       const int64_t T = (r + step) % 3 == 0 ? 0 : 1 + 3 * r + step;  // some members idle
@@ -223,13 +276,28 @@ void ExpectEpEqualsLocal(int members, int64_t layer) {
       std::vector<float> w(T * k), want(T * H), got(T * H);
       ASSERT_TRUE(RouteMoe(cfg, *all, x.data(), tokens.data(), T, ids.data(), w.data(), &mpool).ok());
       ASSERT_TRUE(local.RunRouted(layer, x.data(), T, ids.data(), w.data(), want.data()).ok());
-      Status st = ep.RunRouted(layer, x.data(), T, ids.data(), w.data(), got.data());
+      Status st;
+      if (on_device) {
+        std::vector<float> slots(T * k * H);
+        st = ep.RunSlotsOnDevice(layer, x.data(), T, ids.data(), slots.data());
+        CombineRouted(slots.data(), w.data(), T, k, H, got.data());
+      } else {
+        st = ep.RunRouted(layer, x.data(), T, ids.data(), w.data(), got.data());
+      }
       ASSERT_TRUE(st.ok()) << st.ToString();
       // T may be 0 (a member without rows): no memcmp of null pointers then.
       EXPECT_TRUE(want.empty() || std::memcmp(want.data(), got.data(), want.size() * 4) == 0)
           << "member " << r << " step " << step << ": EP differs from one process";
     }
     if (r == 0) remote_bytes = ep.stats().dispatch_bytes + ep.stats().combine_bytes;
+    // Over TCP the device path copies exactly what it sends out of device memory and what it
+    // receives in: its rows and outputs, not the pairs (host memory from the start).
+    if (on_device) {
+      EXPECT_GT(dev.to_host, 0u) << "member " << r;
+      EXPECT_LT(dev.to_host, ep.stats().dispatch_bytes + ep.stats().combine_bytes) << "member " << r;
+    } else {
+      EXPECT_EQ(dev.to_host + dev.from_host, 0u);
+    }
   });
   EXPECT_GT(remote_bytes, 0u) << "rank 0 never used another member's experts";
 }
@@ -237,6 +305,8 @@ void ExpectEpEqualsLocal(int members, int64_t layer) {
 TEST(EpExpertExecutor, TwoMembersEqualOneProcessBitForBit) { ExpectEpEqualsLocal(2, 3); }
 TEST(EpExpertExecutor, ThreeMembersEqualOneProcessBitForBit) { ExpectEpEqualsLocal(3, 4); }
 TEST(EpExpertExecutor, HashRoutedLayerToo) { ExpectEpEqualsLocal(3, 0); }
+TEST(EpExpertExecutor, DevicePathEqualsOneProcessBitForBit) { ExpectEpEqualsLocal(3, 4, 0b111); }
+TEST(EpExpertExecutor, DeviceAndHostMembersMixInOneGroup) { ExpectEpEqualsLocal(3, 3, 0b101); }
 
 }  // namespace
 }  // namespace fm
