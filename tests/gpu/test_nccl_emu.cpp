@@ -232,10 +232,12 @@ TEST(NcclEmu, APeerOutOfStepIsAnErrorNamingThatRank) {
   EmuGroup g(3);
   g.All([&](int me) {
     const uint32_t tag = me == 2 ? 9 : 5;   // rank 2 is on another exchange
-    auto got = g.c[me]->AllToAllV(FrameKind::kEpDispatch, 3, tag, std::vector<net::CommBuffer>(3), 10000ms);
+    auto got = g.c[me]->AllToAllV(FrameKind::kEpDispatch, 3, tag, std::vector<net::CommBuffer>(3),
+                                  10000ms);
     ASSERT_FALSE(got.ok());
-    const std::string want = me == 2 ? "rank 0 (g0) sent EP_DISPATCH step 3 tag 5, expected EP_DISPATCH step 3 tag 9"
-                                     : "rank 2 (g2) sent EP_DISPATCH step 3 tag 9, expected EP_DISPATCH step 3 tag 5";
+    const std::string want =
+        me == 2 ? "rank 0 (g0) sent EP_DISPATCH step 3 tag 5, expected EP_DISPATCH step 3 tag 9"
+                : "rank 2 (g2) sent EP_DISPATCH step 3 tag 9, expected EP_DISPATCH step 3 tag 5";
     EXPECT_NE(got.status().message().find(want), std::string::npos) << got.status().message();
     EXPECT_TRUE(g.c[me]->broken());
   });

@@ -229,6 +229,7 @@ inline ncclResult_t ncclCommAbort(ncclComm_t comm) {
   EmuNcclGroup& g = *comm->group;
   comm->aborted = true;
   for (auto& want : comm->pending) want.clear();
-  for (int from = 0; from < g.nranks; ++from) g.fifo[static_cast<size_t>(from) * g.nranks + comm->rank].clear();
+  for (int from = 0; from < g.nranks; ++from)
+    g.fifo[static_cast<size_t>(from) * g.nranks + comm->rank].clear();
   return ncclSuccess;
 }
