@@ -2,7 +2,8 @@
 # Runs the CUDA tests against the real kernels/cuda/*.cu on the CPU, through the emulation in
 # tests/gpu/emu/ (block.x threads per launch, blocks in turn), for machines without a GPU:
 # test_cuda_kernels (each kernel vs its CPU twin) and test_cuda_shard (the device ShardModel vs
-# the CPU one). Checks kernel indexing, quant layouts, reductions and the step's orchestration;
+# the CPU one), and test_nccl_emu (net/nccl_communicator.cpp over emu/nccl.h, its ranks as
+# threads). Checks kernel indexing, quant layouts, reductions and the step's orchestration;
 # not a substitute for tests/gpu/run.sh.
 # Each source compiles on its own, JOBS at a time (through ccache when installed), into
 # $EMU_BUILD (default build-emu/), so a rerun after an edit recompiles only what changed.
@@ -34,6 +35,10 @@ kernel_test=(tests/gpu/test_cuda_*.cpp)
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard*.cpp}")
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_tp.cpp}")
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_ep.cpp}")
+# The NCCL communicator over emu/nccl.h: the emulation's own tests and the real-GPU ones (those
+# needing two devices skip).
+nccl_srcs=(tests/gpu/test_nccl_emu.cpp tests/gpu/test_nccl_communicator.cpp net/nccl_communicator.cpp
+           net/frame.cpp net/crc32c.cpp tests/gpu/emu/device_emu.cpp "${common[@]}")
 kernel_srcs=("${kernel_test[@]}" model/sampler.cpp model/embed.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
              kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
@@ -63,13 +68,16 @@ objs_of() {  # flavour srcs... -> the object paths, in order
   for s in "$@"; do [ -n "$s" ] && echo "$OUT/$flavour/${s//\//_}.o"; done
 }
 {
-  for s in "${kernel_srcs[@]}"; do [ -n "$s" ] && echo "plain|-O1|$s"; done
+  for s in "${kernel_srcs[@]}" "${nccl_srcs[@]}"; do [ -n "$s" ] && echo "plain|-O1|$s"; done
   for s in "${shard_srcs[@]}"; do echo "native|-march=native|$s"; done
 } | sort -u | xargs -P "$JOBS" -I{} bash -c 'IFS="|" read -r f fl s <<<"{}"; compile "$f" "$fl" "$s"'
 mapfile -t kobjs < <(objs_of plain "${kernel_srcs[@]}")
 mapfile -t sobjs < <(objs_of native "${shard_srcs[@]}")
+mapfile -t nobjs < <(objs_of plain "${nccl_srcs[@]}")
 g++ -o "$OUT/test_cuda_kernels_emu" "${kobjs[@]}" -lgtest -lgtest_main -lboost_context -pthread
 g++ -o "$OUT/test_cuda_shard_emu" "${sobjs[@]}" -lgtest -lgtest_main -lpcre2-8 -lboost_context \
   -lcrypto -pthread
+g++ -o "$OUT/test_nccl_emu" "${nobjs[@]}" -lgtest -lgtest_main -lboost_context -pthread
 "$OUT/test_cuda_kernels_emu" "$@"
 "$OUT/test_cuda_shard_emu" "$@"
+"$OUT/test_nccl_emu" "$@"

@@ -49,6 +49,73 @@ TEST(Communicator, AllToAllVDeliversEveryRanksBufferIncludingEmptyOnes) {
   });
 }
 
+// The base class's AllToAllVInto over TCP: host targets only, each payload checked against
+// its target's capacity.
+TEST(Communicator, AllToAllVIntoFillsHostTargetsAndRefusesDeviceAndShortOnes) {
+  CommGroup g(3);
+  ASSERT_TRUE(g.comms[2]);
+  // Rank me sends me + r + 1 floats of value me * 10 + r to rank r; targets have 2 floats spare.
+  std::vector<std::vector<std::vector<float>>> targets(3, std::vector<std::vector<float>>(3));
+  g.All([&](int me) {
+    std::vector<std::vector<float>> data(3);
+    std::vector<net::CommBuffer> send(3);
+    std::vector<net::RecvTarget> into(3);
+    for (int r = 0; r < 3; ++r) {
+      const uint32_t n = me + r + 1;
+      data[r].assign(n, static_cast<float>(me * 10 + r));
+      send[r] = {net::FrameDType::kF32, {n}, data[r].data(), n * 4};
+      targets[me][r].assign(n + 2, -1.0f);
+      into[r] = {targets[me][r].data(), targets[me][r].size() * 4};
+    }
+    auto headers = g.comms[me]->AllToAllVInto(net::FrameKind::kEpDispatch, 10, 1, send, into, 5000ms);
+    ASSERT_TRUE(headers.ok()) << headers.status().ToString();
+    for (int r = 0; r < 3; ++r) {
+      if (r == me) continue;
+      const uint32_t n = me + r + 1;
+      EXPECT_EQ((*headers)[r].shape(), std::vector<uint32_t>{n}) << me << " from " << r;
+      EXPECT_EQ((*headers)[r].payload_bytes, n * 4u);
+      std::vector<float> want(n, static_cast<float>(r * 10 + me));
+      want.insert(want.end(), {-1.0f, -1.0f});   // nothing past the payload
+      EXPECT_EQ(targets[me][r], want) << me << " from " << r;
+    }
+  });
+
+  // Refused before anything is sent: a device target, a target count other than the group's.
+  float spare[4];
+  std::vector<net::CommBuffer> none(3);
+  std::vector<net::RecvTarget> device_target(3, net::RecvTarget{spare, sizeof spare});
+  device_target[1].device = true;
+  auto refused = g.comms[0]->AllToAllVInto(net::FrameKind::kEpDispatch, 11, 0, none, device_target, 5000ms);
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("a device buffer for rank 1"), std::string::npos)
+      << refused.status().message();
+  refused = g.comms[0]->AllToAllVInto(net::FrameKind::kEpDispatch, 11, 0, none,
+                                      std::vector<net::RecvTarget>(2), 5000ms);
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("all-to-all: 2 buffers for 3 ranks"), std::string::npos)
+      << refused.status().message();
+
+  // Rank 2 sends rank 0 three floats into a target of one: rank 0's call names both sizes; the
+  // others' exchange completes, and the group goes on.
+  g.All([&](int me) {
+    std::vector<float> three(3, 7.0f);
+    std::vector<net::CommBuffer> send(3);
+    if (me == 2) send[0] = {net::FrameDType::kF32, {3}, three.data(), 12};
+    std::vector<net::RecvTarget> into(3, net::RecvTarget{spare, sizeof spare});
+    if (me == 0) into[2].capacity = 4;
+    auto got = g.comms[me]->AllToAllVInto(net::FrameKind::kEpDispatch, 12, 0, send, into, 5000ms);
+    if (me != 0) {
+      EXPECT_TRUE(got.ok()) << "rank " << me << ": " << got.status().ToString();
+      return;
+    }
+    EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status().ToString();
+    EXPECT_NE(got.status().message().find("receive from rank 2: a payload of 12 bytes for a buffer of 4"),
+              std::string::npos)
+        << got.status().message();
+  });
+  g.All([&](int me) { EXPECT_TRUE(g.comms[me]->Barrier(13, 5000ms).ok()); });
+}
+
 TEST(Communicator, StaleFramesAreSkippedAndAPeerAheadEndsTheStepButKeepsItsFrame) {
   CommGroup g(2);
   ASSERT_TRUE(g.comms[1]);

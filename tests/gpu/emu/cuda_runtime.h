@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -168,4 +169,78 @@ void EmuLaunch(void (*kernel)(P...), EmuConfig cfg, A... args) {
     return;
   }
   EmuRun(kernel, cfg.grid, cfg.block, args...);
+}
+
+// The runtime API that net/nccl_communicator.cpp calls (tests/gpu/emu/nccl.h runs it): one
+// device, 0, whose memory is host memory; a stream is a handle whose work is done at once.
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNotReady = 600,
+};
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+};
+inline constexpr unsigned cudaStreamNonBlocking = 0x01;
+
+inline const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+  }
+  return "cudaErrorUnknown";
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNotReady: return "device not ready";
+  }
+  return "unknown error";
+}
+
+inline cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+}
+
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  static int the_queue;
+  *stream = &the_queue;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+
+inline cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);   // cudaMalloc's alignment
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                                   cudaStream_t) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return cudaSuccess;
 }
