@@ -4,7 +4,9 @@
 // sequences, as one stage (pp1 x ep2) and as two stages of two (pp2 x ep2). The members' prefills
 // differ in length, so they run different numbers of device steps (AgreeRounds pads the shorter),
 // and in the last step one member has no rows (it serves the other's pairs only). No CPU expert
-// kernel runs: each member's experts run on its device (DeviceExpertRunner).
+// kernel runs: each member's experts run on its device (DeviceExpertRunner). The same over an
+// NCCL group (device buffers: rows and outputs go device to device, no host copy of them): in
+// the emulation over tests/gpu/emu/nccl.h, on a GPU machine with one GPU a member.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -22,6 +24,7 @@
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
 #include "model/moe.h"
+#include "net/nccl_communicator.h"
 #include "tests/model_test_util.h"
 #include "tests/unit/test_comm_group.h"
 #include "worker/ep_expert_executor.h"
@@ -39,10 +42,41 @@ struct Member {
   std::unique_ptr<SequenceCache> seq;
 };
 
+// An EP group's communicators: TCP on loopback, or NCCL (one device a member when the machine
+// has several; the emulation's one device otherwise).
+struct Group {
+  std::unique_ptr<CommGroup> tcp;
+  std::vector<std::unique_ptr<net::NcclCommunicator>> nccl;
+  int device(int r) const { return nccl.empty() ? 0 : r % cuda::DeviceCount(); }
+  net::Communicator* comm(int r) const {
+    return nccl.empty() ? tcp->comms[r].get() : static_cast<net::Communicator*>(nccl[r].get());
+  }
+};
+
+std::unique_ptr<Group> MakeGroup(int n, bool nccl) {
+  auto g = std::make_unique<Group>();
+  if (!nccl) {
+    g->tcp = std::make_unique<CommGroup>(n);
+    return g;
+  }
+  std::vector<net::CommMember> members;
+  for (int r = 0; r < n; ++r) members.push_back({"m" + std::to_string(r), ""});
+  auto id = net::NcclNewUniqueId();
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  if (!id.ok()) return nullptr;
+  for (int r = 0; r < n; ++r) {
+    auto c = net::MakeNcclCommunicator(members, r, r % cuda::DeviceCount(), *id);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return nullptr;
+    g->nccl.push_back(std::move(c).value());
+  }
+  return g;
+}
+
 // The members of stage [begin, end) of an ep-member group over `comms`.
 std::vector<Member> OpenStage(const std::string& dir, int64_t begin, int64_t end, bool last,
-                              CommGroup* comms, const std::vector<int64_t>& expert_begin) {
-  std::vector<Member> ms(comms->comms.size());
+                              const Group& comms, const std::vector<int64_t>& expert_begin) {
+  std::vector<Member> ms(expert_begin.size() - 1);
   for (size_t r = 0; r < ms.size(); ++r) {
     ShardSelection sel;
     sel.layer_begin = begin;
@@ -54,14 +88,15 @@ std::vector<Member> OpenStage(const std::string& dir, int64_t begin, int64_t end
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return {};
     ms[r].ckpt = std::move(c).value();
-    auto m = CreateCudaShardModel(*ms[r].ckpt, 0);
+    auto m = CreateCudaShardModel(*ms[r].ckpt, comms.device(static_cast<int>(r)));
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     if (!m.ok()) return {};
     ms[r].model = std::move(m).value();
     ExpertRunner* runner = ms[r].model->LocalExperts();
     EXPECT_NE(runner, nullptr);
     ms[r].ep = std::make_unique<EpExpertExecutor>(ms[r].ckpt->config(), runner,
-                                                  comms->comms[r].get(), expert_begin, 20000ms);
+                                                  comms.comm(static_cast<int>(r)), expert_begin,
+                                                  20000ms);
     ms[r].model->SetExpertExecutor(ms[r].ep.get());
     ms[r].seq = ms[r].model->NewSequence(256);
   }
@@ -96,8 +131,11 @@ void StepStage(std::vector<Member>& ms, uint64_t step,
 }
 
 // stages: the layer boundaries ({0, L}: one stage; {0, 3, L}: two).
-void ExpectEpEqualsSingleDevice(const std::vector<int64_t>& bounds) {
+void ExpectEpEqualsSingleDevice(const std::vector<int64_t>& bounds, bool nccl = false) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const bool emulated = cuda::DeviceDescription(0) == "CPU emulation";
+  if (nccl && !emulated && cuda::DeviceCount() < 2)
+    GTEST_SKIP() << "needs 2 CUDA devices (NCCL: one rank per GPU)";
   const std::string& dir = modeltest::PresetDir("tiny");
   auto ck = Checkpoint::Open(dir, {});
   ASSERT_TRUE(ck.ok());
@@ -107,11 +145,12 @@ void ExpectEpEqualsSingleDevice(const std::vector<int64_t>& bounds) {
   const int64_t row = cfg.hc_mult * cfg.hidden_size, E = cfg.n_routed_experts;
   const std::vector<int64_t> expert_begin = {0, E / 2, E};
   const size_t S = bounds.size() - 1;
-  std::vector<std::unique_ptr<CommGroup>> groups;
+  std::vector<std::unique_ptr<Group>> groups;
   std::vector<std::vector<Member>> stages;
   for (size_t s = 0; s < S; ++s) {
-    groups.push_back(std::make_unique<CommGroup>(2));
-    stages.push_back(OpenStage(dir, bounds[s], bounds[s + 1], s + 1 == S, groups.back().get(),
+    groups.push_back(MakeGroup(2, nccl));
+    ASSERT_TRUE(groups.back());
+    stages.push_back(OpenStage(dir, bounds[s], bounds[s + 1], s + 1 == S, *groups.back(),
                                expert_begin));
     ASSERT_EQ(stages.back().size(), 2u);
   }
@@ -157,6 +196,10 @@ TEST(CudaExpertParallel, OneStageOfTwoMembersEqualsTheSingleDeviceShardBitForBit
 
 TEST(CudaExpertParallel, TwoStagesOfTwoMembersEqualTheSingleDeviceShardBitForBit) {
   ExpectEpEqualsSingleDevice({0, 3, 6});
+}
+
+TEST(CudaExpertParallel, OverNcclRowsGoDeviceToDeviceAndEqualTheSingleDeviceShard) {
+  ExpectEpEqualsSingleDevice({0, 6}, /*nccl=*/true);
 }
 
 }  // namespace
