@@ -36,6 +36,17 @@ class TpGroup {
   // Every member's `mine`, in rank order (this member's own included). Every member calls the
   // same gathers in the same order; pieces may differ in length. Errors name the member.
   virtual Result<std::vector<std::vector<float>>> AllGather(std::span<const float> mine) = 0;
+  // Whether AllGatherInPlace takes device memory (a group over NCCL): a device member's pieces
+  // then go GPU to GPU; otherwise it gathers through the host (AllGather).
+  virtual bool device_buffers() const { return false; }
+  // `all`: every member's piece side by side in device memory, member r's counts[r] floats
+  // after the counts before it; this member's is in place already, the others' land in theirs.
+  // The same gathers in the same order as AllGather's; a piece of another length is an error
+  // naming the member. Only where device_buffers() (the default refuses).
+  virtual Status AllGatherInPlace(float* all, const std::vector<int64_t>& counts) {
+    (void)all, (void)counts;
+    return InvalidArgument("tensor-parallel gather: this group exchanges host memory only");
+  }
 };
 
 // y [N, rows.size()] = rows [rows.begin, rows.end) of w . x [N, w.cols]. The same bits as those

@@ -43,4 +43,41 @@ Result<std::vector<std::vector<float>>> CommTpGroup::AllGather(std::span<const f
   return pieces;
 }
 
+Status CommTpGroup::AllGatherInPlace(float* all, const std::vector<int64_t>& counts) {
+  const int n = size(), me = rank();
+  const uint32_t tag = next_tag_++;
+  if (static_cast<int>(counts.size()) != n)
+    return InvalidArgument("tensor-parallel gather " + std::to_string(tag) + ": " +
+                           std::to_string(counts.size()) + " counts for " + std::to_string(n) +
+                           " members");
+  std::vector<net::CommBuffer> send(n);
+  std::vector<net::RecvTarget> into(n);
+  int64_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    float* piece = all + at;
+    const size_t bytes = static_cast<size_t>(counts[r]) * sizeof(float);
+    into[r] = {piece, bytes, /*device=*/true};
+    at += counts[r];
+  }
+  int64_t mine_at = 0;
+  for (int r = 0; r < me; ++r) mine_at += counts[r];
+  const net::CommBuffer buf{net::FrameDType::kF32, {static_cast<uint32_t>(counts[me])},
+                            all + mine_at, static_cast<size_t>(counts[me]) * sizeof(float),
+                            /*device=*/true};
+  send.assign(n, buf);
+  FM_ASSIGN_OR_RETURN(std::vector<net::FrameHeader> in,
+                      comm_->AllToAllVInto(net::FrameKind::kTpGather, step_, tag, send, into,
+                                           timeout_));
+  bytes_sent_ += static_cast<uint64_t>(n - 1) * buf.nbytes;
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    if (in[r].dtype != net::FrameDType::kF32 || in[r].numel() != static_cast<uint64_t>(counts[r]))
+      return InvalidArgument("tensor-parallel gather " + std::to_string(tag) + " of step " +
+                             std::to_string(step_) + ": member " + std::to_string(r) + " (" +
+                             comm_->name(r) + ") sent " + std::to_string(in[r].numel()) +
+                             " values, expected " + std::to_string(counts[r]));
+  }
+  return Status::Ok();
+}
+
 }  // namespace fm

@@ -22,6 +22,8 @@ class CommTpGroup : public TpGroup {
   int size() const override { return comm_->size(); }
   int ExpertOwner(int32_t e) const override;
   Result<std::vector<std::vector<float>>> AllGather(std::span<const float> mine) override;
+  bool device_buffers() const override { return comm_->device_buffers(); }
+  Status AllGatherInPlace(float* all, const std::vector<int64_t>& counts) override;
 
   // The step whose layers run next: tags its gathers, counted from 0.
   void SetStep(uint64_t step) {

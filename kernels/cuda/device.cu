@@ -42,6 +42,11 @@ Status Synchronize() {
   return Status::Ok();
 }
 
+Status SynchronizeStream() {
+  FM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(current_stream));
+  return Status::Ok();
+}
+
 Result<DeviceMemory> MemoryInfo() {
   DeviceMemory m;
   FM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&m.free, &m.total));

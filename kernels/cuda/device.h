@@ -16,6 +16,9 @@ int DeviceCount();
 std::string DeviceDescription(int index);
 // Waits for all work queued on the current device; reports the first asynchronous error.
 Status Synchronize();
+// Waits for the work queued on this thread's current stream (StreamScope below): before
+// another stream (a communicator's) reads what it wrote.
+Status SynchronizeStream();
 // Free and total bytes of the current device (cudaMemGetInfo).
 struct DeviceMemory {
   size_t free = 0, total = 0;

@@ -1,6 +1,8 @@
-// Row and element ops on CUDA (ops.h): RMSNorm, the vector sum and the embedding lookup.
+// Row and element ops on CUDA (ops.h): RMSNorm, the vector sum, the embedding lookup and row
+// piece copies.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "kernels/cuda/check.cuh"
@@ -66,7 +68,39 @@ __global__ void EmbedRowsKernel(const void* table, bool bf16, int64_t vocab, int
   for (int64_t j = 0; j < n; ++j) x[(t * n + j) * H + c] = v;
 }
 
+// dst[dst_row(i) * dst_stride + c] = src[src_row(i) * src_stride + c]; block (c, i) takes
+// columns [c * 256, (c + 1) * 256) of piece i, a thread one column.
+__global__ void CopyRowPiecesKernel(const float* src, int64_t src_stride, const int32_t* src_row,
+                                    float* dst, int64_t dst_stride, const int32_t* dst_row,
+                                    int64_t width) {
+  const int64_t i = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
+  if (c >= width) return;
+  const int64_t s = src_row ? src_row[i] : i, d = dst_row ? dst_row[i] : i;
+  dst[d * dst_stride + c] = src[s * src_stride + c];
+}
+
 }  // namespace
+
+Status CopyRowPieces(const float* src, int64_t src_stride, const int32_t* src_row, float* dst,
+                     int64_t dst_stride, const int32_t* dst_row, int64_t n, int64_t width) {
+  if (n < 0 || width < 0 || src_stride < width || dst_stride < width)
+    return InvalidArgument("CopyRowPieces: n " + std::to_string(n) + ", width " +
+                           std::to_string(width) + ", strides " + std::to_string(src_stride) +
+                           " / " + std::to_string(dst_stride) +
+                           ": need n, width >= 0 and both strides >= width");
+  if (n == 0 || width == 0) return Status::Ok();
+  if (!src || !dst) return InvalidArgument("CopyRowPieces: null device pointer");
+  for (int64_t i0 = 0; i0 < n; i0 += 65535) {   // grid.y: at most 65535 pieces a launch
+    const int64_t m = std::min<int64_t>(65535, n - i0);
+    const dim3 grid(BlocksFor(width, kElemThreads), static_cast<unsigned>(m));
+    CopyRowPiecesKernel<<<grid, kElemThreads, 0, CurrentStream()>>>(
+        src_row ? src : src + i0 * src_stride, src_stride, src_row ? src_row + i0 : nullptr,
+        dst_row ? dst : dst + i0 * dst_stride, dst_stride, dst_row ? dst_row + i0 : nullptr, width);
+    FM_RETURN_IF_ERROR(LaunchStatus("CopyRowPiecesKernel"));
+  }
+  return Status::Ok();
+}
 
 Status EmbedRows(const void* table, bool bf16, int64_t vocab, int64_t H, const int32_t* ids,
                  int64_t T, int64_t n, float* x) {

@@ -93,6 +93,13 @@ Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, in
 // y[i] = a[i] + b[i]; y may equal a or b.
 Status AddVectors(const float* a, const float* b, float* y, int64_t n);
 
+// For i < n, c < width: dst[dst_row[i] * dst_stride + c] = src[src_row[i] * src_stride + c]
+// (row indices in device memory; null: i). Column slices, joins of side-by-side pieces,
+// gathers and scatters of row-major f32 (the device tensor-parallel gathers); a column offset
+// is folded into src or dst. Rows must not overlap between src and dst.
+Status CopyRowPieces(const float* src, int64_t src_stride, const int32_t* src_row, float* dst,
+                     int64_t dst_stride, const int32_t* dst_row, int64_t n, int64_t width);
+
 // The embedding lookup (model/forward.h EmbedManifold): x [T, n, H], every one of the n streams
 // of row t = table[ids[t]] as f32. table [vocab, H] is BF16 (bf16 true) or F32; ids [T] int32 on
 // the device, checked against the vocabulary by the caller before (an id outside [0, vocab)

@@ -134,6 +134,11 @@ Status CudaShardModel::AllocScratch() {
   FM_ASSIGN_OR_RETURN(s.table, DeviceBuffer::Alloc(layers_.size() * C * sizeof(cuda::RowCache)));
   FM_ASSIGN_OR_RETURN(s.inputs, DeviceBuffer::Alloc(sizeof(StepInputs)));
   FM_ASSIGN_OR_RETURN(s.embed_ids, DeviceBuffer::Alloc(C * sizeof(int32_t)));
+  if (tp_size_ > 1) {  // the gathers of a group that takes device memory (tp_step.h)
+    const int64_t pieces = std::max({G * R, (k + 1) * H, Is});
+    FM_ASSIGN_OR_RETURN(s.tp_all, AllocFloats(C * pieces));
+    FM_ASSIGN_OR_RETURN(s.tp_rows, DeviceBuffer::Alloc(C * k * sizeof(int32_t)));
+  }
   if (has_head_) {
     FM_ASSIGN_OR_RETURN(s.sample_params, DeviceBuffer::Alloc(C * sizeof(cuda::SampleParams)));
     FM_ASSIGN_OR_RETURN(s.sample_out, DeviceBuffer::Alloc(C * sizeof(cuda::SampleResult)));
@@ -325,10 +330,10 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
     const cuda::GemvTask wo_b = l.wo_b.Task(u, G * R, s_.out.as<float>(), H);
     return cuda::GemmMany(&wo_b, 1, T);
   }
-  FM_RETURN_IF_ERROR(GatherColumnsOnDevice(tp_, s_.u, T, nG * R, &s_.u));
+  FM_RETURN_IF_ERROR(GatherColumnsOnDevice(tp_, s_.u, T, nG * R, &s_.u, &s_.tp_all));
   const cuda::GemvTask wo_b = l.wo_b.Task(u, G * R, s_.routed.as<float>(), l.wo_b.rows);
   FM_RETURN_IF_ERROR(cuda::GemmMany(&wo_b, 1, T));
-  return GatherColumnsOnDevice(tp_, s_.routed, T, l.wo_b.rows, &s_.out);
+  return GatherColumnsOnDevice(tp_, s_.routed, T, l.wo_b.rows, &s_.out, &s_.tp_all);
 }
 
 Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const {
@@ -348,7 +353,9 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
   float* h = s_.h.as<float>();
   float* contrib = s_.contrib.as<float>();
   float* out = s_.out.as<float>();
-  if (tp_) return MoeTpOnDevice(cfg_, l, tp_, T, {y, &s_.ids, rw, &s_.h, hs, &s_.contrib, out});
+  if (tp_)
+    return MoeTpOnDevice(cfg_, l, tp_, T,
+                         {y, &s_.ids, rw, &s_.h, hs, &s_.contrib, out, &s_.tp_all, &s_.tp_rows});
   if (exec_ || !l.all_experts) {
     // Expert parallelism: the executor brings every (row, k) pair's unweighted output (this
     // member's experts run on this GPU through LocalExperts(), for every member); they are

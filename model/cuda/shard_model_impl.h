@@ -58,6 +58,7 @@ struct DeviceStepScratch {
   cuda::DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
   cuda::DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
   cuda::DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
+  cuda::DeviceBuffer tp_all, tp_rows;  // a tp member's gathered pieces (f32), row indices (int32)
 };
 
 class CudaShardModel final : public ShardModel {

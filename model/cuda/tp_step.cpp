@@ -11,12 +11,26 @@
 namespace fm {
 
 Status GatherColumnsOnDevice(TpGroup* tp, const cuda::DeviceBuffer& mine, int64_t T,
-                             int64_t width, cuda::DeviceBuffer* full) {
+                             int64_t width, cuda::DeviceBuffer* full, cuda::DeviceBuffer* all) {
+  const int t = tp->size();
+  if (tp->device_buffers()) {
+    const int64_t n = T * width;
+    float* pieces = all->as<float>();
+    FM_RETURN_IF_ERROR(cuda::CopyOnDevice(pieces + tp->rank() * n, mine.data(),
+                                          static_cast<size_t>(n) * sizeof(float)));
+    FM_RETURN_IF_ERROR(cuda::SynchronizeStream());   // the group's stream reads it next
+    FM_RETURN_IF_ERROR(tp->AllGatherInPlace(pieces, std::vector<int64_t>(t, n)));
+    for (int r = 0; r < t; ++r)
+      FM_RETURN_IF_ERROR(cuda::CopyRowPieces(pieces + r * n, width, nullptr,
+                                             full->as<float>() + r * width, t * width, nullptr,
+                                             T, width));
+    return Status::Ok();
+  }
   std::vector<float> piece(static_cast<size_t>(T * width));
   FM_RETURN_IF_ERROR(mine.CopyToHost(piece.data(), piece.size() * sizeof(float)));
   FM_ASSIGN_OR_RETURN(auto pieces, tp->AllGather(piece));
   FM_ASSIGN_OR_RETURN(std::vector<float> joined,
-                      JoinColumns(pieces, T, std::vector<int64_t>(tp->size(), width)));
+                      JoinColumns(pieces, T, std::vector<int64_t>(t, width)));
   return full->CopyFromHost(joined.data(), joined.size() * sizeof(float));
 }
 
@@ -29,6 +43,76 @@ std::vector<float> Columns(const std::vector<float>& rows, int64_t T, int64_t st
   for (int64_t t = 0; t < T; ++t)
     std::memcpy(out.data() + t * n, rows.data() + t * stride + c0, n * sizeof(float));
   return out;
+}
+
+// The shared expert's mid on a group that takes device memory: this member's columns
+// [first, first + rows) of h's shared rows [T, hs] into its place of `all`, the gather, then
+// every member's [T, rows] side by side into columns [0, Is) of those rows.
+Status GatherMidOnDevice(const DevLayer& l, TpGroup* tp, int64_t T, int64_t k,
+                         const MoeTpBuffers& b) {
+  const int t = tp->size();
+  const int64_t hs = b.hs, w = l.s1.rows, n = T * w;
+  float* shared = b.h->as<float>() + T * k * hs;
+  float* pieces = b.all->as<float>();
+  FM_RETURN_IF_ERROR(cuda::CopyRowPieces(shared + l.s1.first, hs, nullptr,
+                                         pieces + tp->rank() * n, w, nullptr, T, w));
+  FM_RETURN_IF_ERROR(cuda::SynchronizeStream());   // the group's stream reads it next
+  FM_RETURN_IF_ERROR(tp->AllGatherInPlace(pieces, std::vector<int64_t>(t, n)));
+  for (int r = 0; r < t; ++r)
+    FM_RETURN_IF_ERROR(
+        cuda::CopyRowPieces(pieces + r * n, w, nullptr, shared + r * w, hs, nullptr, T, w));
+  return Status::Ok();
+}
+
+// The MoE pieces on a group that takes device memory (JoinMoePieces' device twin): this
+// member's piece (its rows of the shared output, then its pairs' outputs in (row, k) order) into
+// its place of `all`, the gather, then every member's shared rows into its column block of each
+// row's shared slot and its pairs' outputs into their (row, k) slots: contrib [T, k + 1, H].
+Status JoinMoeOnDevice(const ModelConfig& cfg, const DevLayer& l, TpGroup* tp, int64_t T,
+                       const std::vector<int32_t>& ids, const MoeTpBuffers& b) {
+  const int64_t H = cfg.hidden_size, k = cfg.num_experts_per_tok;
+  const int t = tp->size(), me = tp->rank();
+  const int64_t w = H / t;   // every member's rows of the shared output
+  if (l.s2.rows != w)
+    return InvalidArgument("MoE layer " + std::to_string(l.layer) + ": " +
+                           std::to_string(l.s2.rows) + " rows of the shared output, not H/t = " +
+                           std::to_string(w));
+  // Each member's pairs: the (row, k) slots whose expert it owns, ascending (checked before).
+  std::vector<std::vector<int32_t>> slots_of(t);
+  for (size_t i = 0; i < ids.size(); ++i)
+    slots_of[tp->ExpertOwner(ids[i])].push_back(static_cast<int32_t>(i));
+  std::vector<int64_t> counts(t), at(t + 1, 0);
+  for (int r = 0; r < t; ++r) {
+    counts[r] = T * w + static_cast<int64_t>(slots_of[r].size()) * H;
+    at[r + 1] = at[r] + counts[r];
+  }
+  float* pieces = b.all->as<float>();
+  float* contrib = b.contrib->as<float>();
+  float* mine = pieces + at[me];
+  int32_t* rows = b.rows->as<int32_t>();
+  const int64_t p = static_cast<int64_t>(slots_of[me].size());
+  FM_RETURN_IF_ERROR(cuda::CopyRowPieces(contrib + T * k * H + l.s2.first, l.s2.w.rows, nullptr,
+                                         mine, w, nullptr, T, w));
+  FM_RETURN_IF_ERROR(b.rows->CopyFromHostAsync(slots_of[me].data(), p * sizeof(int32_t)));
+  FM_RETURN_IF_ERROR(cuda::CopyRowPieces(contrib, H, rows, mine + T * w, H, nullptr, p, H));
+  FM_RETURN_IF_ERROR(cuda::SynchronizeStream());   // the group's stream reads it next
+  FM_RETURN_IF_ERROR(tp->AllGatherInPlace(pieces, counts));
+  // Slot (row, j) of [T, k] is row row (k + 1) + j of contrib.
+  std::vector<int32_t> dst;
+  for (int r = 0; r < t; ++r)
+    for (const int32_t i : slots_of[r])
+      dst.push_back(static_cast<int32_t>((i / k) * (k + 1) + i % k));
+  FM_RETURN_IF_ERROR(b.rows->CopyFromHostAsync(dst.data(), dst.size() * sizeof(int32_t)));
+  int64_t first = 0;
+  for (int r = 0; r < t; ++r) {
+    const int64_t pr = static_cast<int64_t>(slots_of[r].size());
+    FM_RETURN_IF_ERROR(cuda::CopyRowPieces(pieces + at[r], w, nullptr, contrib + k * H + r * w,
+                                           (k + 1) * H, nullptr, T, w));
+    FM_RETURN_IF_ERROR(cuda::CopyRowPieces(pieces + at[r] + T * w, H, nullptr, contrib, H,
+                                           rows + first, pr, H));
+    first += pr;
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -68,17 +152,21 @@ Status MoeTpOnDevice(const ModelConfig& cfg, const DevLayer& l, TpGroup* tp, int
   FM_RETURN_IF_ERROR(
       cuda::ExpertsUpGate(none, none, nullptr, T, 0, b.y, H, limit, &shared, h + shared_h, hs));
   // The shared expert's mid [T, Is] from every member's rows, back into the shared rows of h.
-  std::vector<float> hrows(static_cast<size_t>(T * hs));
-  FM_RETURN_IF_ERROR(b.h->CopyToHost(hrows.data(), hrows.size() * sizeof(float),
-                                     shared_h * sizeof(float)));
-  FM_ASSIGN_OR_RETURN(auto mids, tp->AllGather(Columns(hrows, T, hs, l.s1.first, l.s1.rows)));
-  FM_ASSIGN_OR_RETURN(std::vector<float> mid,
-                      JoinColumns(mids, T, std::vector<int64_t>(t, l.s1.rows)));
-  const int64_t Is = l.s1.whole_rows;
-  for (int64_t r = 0; r < T; ++r)
-    std::memcpy(hrows.data() + r * hs, mid.data() + r * Is, Is * sizeof(float));
-  FM_RETURN_IF_ERROR(b.h->CopyFromHost(hrows.data(), hrows.size() * sizeof(float),
+  if (tp->device_buffers()) {
+    FM_RETURN_IF_ERROR(GatherMidOnDevice(l, tp, T, k, b));
+  } else {
+    std::vector<float> hrows(static_cast<size_t>(T * hs));
+    FM_RETURN_IF_ERROR(b.h->CopyToHost(hrows.data(), hrows.size() * sizeof(float),
                                        shared_h * sizeof(float)));
+    FM_ASSIGN_OR_RETURN(auto mids, tp->AllGather(Columns(hrows, T, hs, l.s1.first, l.s1.rows)));
+    FM_ASSIGN_OR_RETURN(std::vector<float> mid,
+                        JoinColumns(mids, T, std::vector<int64_t>(t, l.s1.rows)));
+    const int64_t Is = l.s1.whole_rows;
+    for (int64_t r = 0; r < T; ++r)
+      std::memcpy(hrows.data() + r * hs, mid.data() + r * Is, Is * sizeof(float));
+    FM_RETURN_IF_ERROR(b.h->CopyFromHost(hrows.data(), hrows.size() * sizeof(float),
+                                         shared_h * sizeof(float)));
+  }
 
   // Down: the pairs' outputs [T k, H], then this member's rows of the shared output.
   float* contrib = b.contrib->as<float>();
@@ -87,6 +175,10 @@ Status MoeTpOnDevice(const ModelConfig& cfg, const DevLayer& l, TpGroup* tp, int
                                        contrib));
   FM_RETURN_IF_ERROR(
       cuda::ExpertsDown(none, nullptr, T, 0, h + shared_h, hs, &shared, contrib + T * k * H));
+  if (tp->device_buffers()) {
+    FM_RETURN_IF_ERROR(JoinMoeOnDevice(cfg, l, tp, T, ids, b));
+    return cuda::MoeCombine(contrib, b.rw, T, k, H, b.out, /*add_shared=*/true);
+  }
   std::vector<float> routed(static_cast<size_t>(T * k * H)), shared_rows(T * s2_rows);
   FM_RETURN_IF_ERROR(b.contrib->CopyToHost(routed.data(), routed.size() * sizeof(float)));
   FM_RETURN_IF_ERROR(b.contrib->CopyToHost(shared_rows.data(), shared_rows.size() * sizeof(float),

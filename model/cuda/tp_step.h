@@ -1,6 +1,8 @@
 // Tensor parallelism on the device shard (model/tp.h; docs/gpu.md "Tensor parallel on the
-// device"): the pieces a member exchanges go through the host (a copy of its piece out,
-// TpGroup::AllGather, a copy of the joined rows in), so a tensor-parallel step runs eagerly.
+// device"): on a group that takes device memory (NCCL) the pieces a member exchanges go GPU to
+// GPU (TpGroup::AllGatherInPlace into a scratch, then CopyRowPieces joins them); otherwise
+// through the host (a copy of its piece out, TpGroup::AllGather, a copy of the joined rows in).
+// The exchanges are driven by the host, so a tensor-parallel step runs eagerly.
 // Every output element is still computed on one member by the same kernel as in a shard of its
 // own (GemvTask::plan_rows, experts rows), so the result has the single device shard's bits.
 #pragma once
@@ -15,14 +17,16 @@
 namespace fm {
 
 // full [T, t * width] (device, from byte 0) <- every member's [T, width] piece side by side,
-// this member's read from device `mine` (from byte 0). full may be mine.
+// this member's read from device `mine` (from byte 0). full may be mine. all: scratch of at
+// least t * T * width floats (the device path's gathered pieces).
 Status GatherColumnsOnDevice(TpGroup* tp, const cuda::DeviceBuffer& mine, int64_t T,
-                             int64_t width, cuda::DeviceBuffer* full);
+                             int64_t width, cuda::DeviceBuffer* full, cuda::DeviceBuffer* all);
 
 // A layer's MoE on a member (MoeForwardTp's device twin): out [T, H] from the normed input y
 // [T, H] and the routing ids / weights [T, k] every member computed alike. This member runs its
 // rows of the shared expert and the (row, k) pairs of its experts; the rest is gathered.
-// Scratch: h (>= T (k + 1) rows of hs floats), contrib (>= T (k + 1) rows of H floats).
+// Scratch: h (>= T (k + 1) rows of hs floats), contrib (>= T (k + 1) rows of H floats); for the
+// device path all (>= T (k + 1) H and t T hs floats) and rows (>= T k int32).
 struct MoeTpBuffers {
   const float* y = nullptr;
   cuda::DeviceBuffer* ids = nullptr;  // overwritten: other members' experts masked to -1
@@ -31,6 +35,8 @@ struct MoeTpBuffers {
   int64_t hs = 0;
   cuda::DeviceBuffer* contrib = nullptr;
   float* out = nullptr;
+  cuda::DeviceBuffer* all = nullptr;
+  cuda::DeviceBuffer* rows = nullptr;
 };
 Status MoeTpOnDevice(const ModelConfig& cfg, const DevLayer& l, TpGroup* tp, int64_t T,
                      const MoeTpBuffers& b);

@@ -44,10 +44,11 @@ kernel_srcs=("${kernel_test[@]}" model/sampler.cpp model/embed.cpp "${kernels[@]
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
              kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp
              kernels/cpu/hc_ref.cpp "${common[@]}")
-# The EP test (test_cuda_ep) runs the worker's EP executor over the TCP communicator and over
-# the NCCL one (emu/nccl.h).
+# The EP and tp tests (test_cuda_ep, test_cuda_tp) run the worker's EP executor and tp group over
+# the TCP communicator and over the NCCL one (emu/nccl.h).
 ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cpp net/tcp_conn.cpp
-         net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp net/nccl_communicator.cpp)
+         net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp net/nccl_communicator.cpp
+         worker/tp_group.cpp)
 shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
             model/cuda/shard_model.cpp model/cuda/shard_head.cpp model/cuda/device_weights.cpp
             model/cuda/step_inputs.cpp

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,7 +25,9 @@
 #include "model/kv_cache.h"
 #include "model/mkmodel.h"
 #include "model/tp.h"
+#include "net/nccl_communicator.h"
 #include "tests/model_test_util.h"
+#include "worker/tp_group.h"
 
 namespace fm {
 namespace {
@@ -95,13 +98,13 @@ struct Shard {
   std::vector<std::unique_ptr<SequenceCache>> seqs;
 };
 
-Shard Open(const std::string& dir, const ShardSelection& sel, int nseq) {
+Shard Open(const std::string& dir, const ShardSelection& sel, int nseq, int device = 0) {
   Shard s;
   auto c = Checkpoint::Open(dir, sel);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   if (!c.ok()) return s;
   s.ckpt = std::move(c).value();
-  auto m = CreateCudaShardModel(*s.ckpt, 0);
+  auto m = CreateCudaShardModel(*s.ckpt, device);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return s;
   s.model = std::move(m).value();
@@ -113,6 +116,54 @@ std::vector<BatchItem> Items(Shard& s, const std::vector<std::vector<int32_t>>& 
   std::vector<BatchItem> items;
   for (size_t i = 0; i < tokens.size(); ++i) items.push_back({s.seqs[i].get(), tokens[i]});
   return items;
+}
+
+// Step 1 prefills three prompts (two longer than the window: 81 rows, device steps of 32, 32
+// and 17), steps 2-4 decode one token of each, on the single shard and on every member at once
+// (set_step(step) first): every member's manifold equals the single shard's bit for bit.
+void ExpectMembersEqualSingle(Shard& single, std::vector<Shard>& members,
+                              const std::function<void(uint64_t)>& set_step) {
+  const ModelConfig& cfg = single.model->config();
+  const int64_t row = cfg.hc_mult * cfg.hidden_size;
+  const int t = static_cast<int>(members.size());
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
+  const int64_t W = cfg.sliding_window;
+  for (int step = 1; step <= 4; ++step) {
+    set_step(step);
+    std::vector<std::vector<int32_t>> tokens(3);
+    const std::vector<int64_t> lens =
+        step == 1 ? std::vector<int64_t>{W + 9, 2 * W + 5 + 16, 3} : std::vector<int64_t>{1, 1, 1};
+    std::vector<int32_t> all;
+    for (int i = 0; i < 3; ++i) {
+      for (int64_t j = 0; j < lens[i]; ++j) tokens[i].push_back(tok(rng));
+      all.insert(all.end(), tokens[i].begin(), tokens[i].end());
+    }
+    std::vector<float> want(all.size() * row);
+    ASSERT_TRUE(modeltest::OnShard(*single.model, &want, [&](float* dx) {
+                  return single.model->Embed(all, dx);
+                }).ok());
+    std::vector<std::vector<float>> got(t, want);
+    auto items = Items(single, tokens);
+    ASSERT_TRUE(modeltest::OnShard(*single.model, &want, [&](float* dx) {
+                  return single.model->ForwardLayers(items, dx);
+                }).ok());
+    std::vector<std::thread> threads;
+    std::vector<Status> status(t);
+    for (int r = 0; r < t; ++r)
+      threads.emplace_back([&, r] {
+        auto mine = Items(members[r], tokens);
+        status[r] = modeltest::OnShard(*members[r].model, &got[r], [&](float* dx) {
+          return members[r].model->ForwardLayers(mine, dx);
+        });
+      });
+    for (auto& th : threads) th.join();
+    for (int r = 0; r < t; ++r) {
+      ASSERT_TRUE(status[r].ok()) << "member " << r << ": " << status[r].ToString();
+      EXPECT_EQ(std::memcmp(want.data(), got[r].data(), want.size() * sizeof(float)), 0)
+          << "member " << r << " step " << step << ": differs from the single device shard";
+    }
+  }
 }
 
 TEST(CudaTensorParallel, TwoMembersEqualTheSingleDeviceShardBitForBit) {
@@ -154,48 +205,53 @@ TEST(CudaTensorParallel, TwoMembersEqualTheSingleDeviceShardBitForBit) {
   for (int r = 0; r < t; ++r)
     ASSERT_TRUE(members[r].model->SetTensorParallel(group.member(r)).ok());
 
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
-  const int64_t W = cfg.sliding_window;
-  // Step 1 prefills three prompts (two longer than the window: 81 rows, device steps of 32, 32 and 17),
-  // steps 2-4 decode one token of each.
-  for (int step = 1; step <= 4; ++step) {
-    std::vector<std::vector<int32_t>> tokens(3);
-    const std::vector<int64_t> lens =
-        step == 1 ? std::vector<int64_t>{W + 9, 2 * W + 5 + 16, 3} : std::vector<int64_t>{1, 1, 1};
-    std::vector<int32_t> all;
-    for (int i = 0; i < 3; ++i) {
-      for (int64_t j = 0; j < lens[i]; ++j) tokens[i].push_back(tok(rng));
-      all.insert(all.end(), tokens[i].begin(), tokens[i].end());
-    }
-    std::vector<float> want(all.size() * row);
-    ASSERT_TRUE(modeltest::OnShard(*single.model, &want, [&](float* dx) {
-                  return single.model->Embed(all, dx);
-                }).ok());
-    std::vector<std::vector<float>> got(t, want);
-    auto items = Items(single, tokens);
-    ASSERT_TRUE(modeltest::OnShard(*single.model, &want, [&](float* dx) {
-                  return single.model->ForwardLayers(items, dx);
-                }).ok());
-    std::vector<std::thread> threads;
-    std::vector<Status> status(t);
-    for (int r = 0; r < t; ++r)
-      threads.emplace_back([&, r] {
-        auto mine = Items(members[r], tokens);
-        status[r] = modeltest::OnShard(*members[r].model, &got[r], [&](float* dx) {
-          return members[r].model->ForwardLayers(mine, dx);
-        });
-      });
-    for (auto& th : threads) th.join();
-    for (int r = 0; r < t; ++r) {
-      ASSERT_TRUE(status[r].ok()) << "member " << r << ": " << status[r].ToString();
-      EXPECT_EQ(std::memcmp(want.data(), got[r].data(), want.size() * sizeof(float)), 0)
-          << "member " << r << " step " << step << ": differs from the single device shard";
-    }
-  }
+  ExpectMembersEqualSingle(single, members, [](uint64_t) {});
   // Every layer of every device step (3 prefill, 3 decode) gathered 4 times: the o_lora outputs,
   // wo_b's rows, the shared expert's mid, then its output rows with the routed outputs.
   EXPECT_EQ(group.gathers(), (3 + 3) * cfg.num_hidden_layers * 4);
+}
+
+// The same over NCCL (CommTpGroup, the worker's): every gather's pieces go device to device
+// (AllGatherInPlace, joined by CopyRowPieces), in the emulation over tests/gpu/emu/nccl.h and
+// on a GPU machine with one GPU a member.
+TEST(CudaTensorParallel, OverNcclPiecesGoDeviceToDeviceAndEqualTheSingleDeviceShard) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  if (cuda::DeviceDescription(0) != "CPU emulation" && cuda::DeviceCount() < 2)
+    GTEST_SKIP() << "needs 2 CUDA devices (NCCL: one rank per GPU)";
+  const std::string& dir = modeltest::PresetDir("tiny");
+  constexpr int t = 2;
+  Shard single = Open(dir, {}, 3);
+  ASSERT_TRUE(single.model);
+  const ModelConfig& cfg = single.model->config();
+  const int64_t E = cfg.n_routed_experts;
+  std::vector<int64_t> begin;
+  for (int r = 0; r <= t; ++r) begin.push_back(E * r / t);
+  std::vector<net::CommMember> names;
+  for (int r = 0; r < t; ++r) names.push_back({"m" + std::to_string(r), ""});
+  auto id = net::NcclNewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  std::vector<std::unique_ptr<net::NcclCommunicator>> comms;
+  std::vector<std::unique_ptr<CommTpGroup>> groups;
+  std::vector<Shard> members;
+  for (int r = 0; r < t; ++r) {
+    const int device = r % cuda::DeviceCount();
+    auto c = net::MakeNcclCommunicator(names, r, device, *id);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    comms.push_back(std::move(c).value());
+    groups.push_back(std::make_unique<CommTpGroup>(comms[r].get(), begin, std::chrono::seconds(60)));
+    ASSERT_TRUE(groups[r]->device_buffers());
+    ShardSelection sel;
+    for (int64_t e = begin[r]; e < begin[r + 1]; ++e) sel.experts.push_back(e);
+    sel.tp_rank = r;
+    sel.tp_size = t;
+    members.push_back(Open(dir, sel, 3, device));
+    ASSERT_TRUE(members[r].model);
+    ASSERT_TRUE(members[r].model->SetTensorParallel(groups[r].get()).ok());
+  }
+  ExpectMembersEqualSingle(single, members, [&](uint64_t step) {
+    for (auto& g : groups) g->SetStep(step);
+  });
+  for (auto& g : groups) EXPECT_GT(g->bytes_sent(), 0u);
 }
 
 }  // namespace

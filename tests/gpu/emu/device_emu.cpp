@@ -17,6 +17,7 @@ int DeviceCount() { return 1; }
 int64_t KernelLaunches() { return launches_made.load(std::memory_order_relaxed); }
 std::string DeviceDescription(int) { return "CPU emulation"; }
 Status Synchronize() { return Status::Ok(); }
+Status SynchronizeStream() { return Status::Ok(); }
 Result<DeviceMemory> MemoryInfo() { return DeviceMemory{size_t{8} << 30, size_t{8} << 30}; }
 Status SetDevice(int index) {
   if (index == 0) return Status::Ok();
