@@ -248,25 +248,31 @@ class NcclComm final : public NcclCommunicator {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.load())
       return Unavailable(Group() + " is broken (" + broken_why_ + "); the group must be loaded again");
-    std::vector<FrameHeader> frame_headers(size());   // checked before the group is touched
+    // The headers this rank sends, encoded and so checked (shape, payload length) before the
+    // group is touched: a bad buffer is this caller's error, not the group's end. NCCL delivers
+    // the bytes or fails the group, so the payload CRC is not used (a device payload could not
+    // be read for it anyway): 0 on the wire, not checked.
+    std::vector<uint8_t> encoded(size() * kFrameHeaderSize, 0);
     for (int p = 0; p < size(); ++p) {
-      if (out[p]) {
-        FM_ASSIGN_OR_RETURN(frame_headers[p], HeaderFor(p, kind, step, tag, *out[p]));
-      }
+      if (!out[p]) continue;
+      FM_ASSIGN_OR_RETURN(FrameHeader h, HeaderFor(p, kind, step, tag, *out[p]));
+      FM_RETURN_IF_ERROR(EncodeFrameHeaderWithoutPayloadCrc(&h, out[p]->nbytes,
+                                                            encoded.data() + p * kFrameHeaderSize)
+                             .Wrap(Group() + ": send to rank " + std::to_string(p)));
     }
     FM_CUDA_OK(cudaSetDevice(device_));
     FM_RETURN_IF_ERROR(EnsureInit(step, deadline));
     // From here on the peers are in the exchange too: any failure ends the group (a rank that
     // went on would meet the others' payload round with its next header round).
     Result<std::vector<Frame>> got =
-        ExchangeRounds(kind, step, tag, out, frame_headers, in, deadline, into);
+        ExchangeRounds(kind, step, tag, out, encoded, in, deadline, into);
     if (!got.ok() && !broken_.load()) return Fail(got.status());
     return got;
   }
 
   Result<std::vector<Frame>> ExchangeRounds(FrameKind kind, uint64_t step, uint32_t tag,
                                             const std::vector<const CommBuffer*>& out,
-                                            std::vector<FrameHeader>& frame_headers,
+                                            const std::vector<uint8_t>& encoded,
                                             const std::vector<bool>& in,
                                             Clock::time_point deadline,
                                             const std::vector<RecvTarget>* into) {
@@ -274,18 +280,11 @@ class NcclComm final : public NcclCommunicator {
                              " tag " + std::to_string(tag);
     const int R = size();
     const size_t hdr = R * kFrameHeaderSize;
-    // Headers: rank r's 64 bytes at r * 64 of each area (sent, then received). NCCL delivers
-    // the bytes or fails the group, so the payload CRC is not used (a device payload could not
-    // be read for it anyway): 0 on the wire, not checked.
+    // Headers: rank r's 64 bytes at r * 64 of each area (sent, then received).
     std::vector<uint8_t> headers(2 * hdr, 0);
     uint8_t* hs = headers.data();
     uint8_t* hr = headers.data() + hdr;
-    for (int p = 0; p < R; ++p) {
-      if (!out[p]) continue;
-      FM_RETURN_IF_ERROR(EncodeFrameHeaderWithoutPayloadCrc(&frame_headers[p], out[p]->nbytes,
-                                                            hs + p * kFrameHeaderSize)
-                             .Wrap(Group() + ": send to rank " + std::to_string(p)));
-    }
+    std::memcpy(hs, encoded.data(), hdr);
     FM_RETURN_IF_ERROR(dev_.Reserve(2 * hdr, stream_));
     uint8_t* ds = dev_.data();
     uint8_t* dr = dev_.data() + hdr;

@@ -276,6 +276,25 @@ TEST(NcclEmu, ASilentMemberIsADeadlineAndAbortStepEndsAWaitPromptly) {
 
 // The emulation itself: the group forms with its last member, a byte-count mismatch and a
 // peer's abort are errors of the receiver, an aborted communicator refuses every call.
+// A buffer whose byte count does not match its shape is the caller's error, found before the
+// group is touched: the communicator stays whole and the next exchange goes through.
+TEST(NcclEmu, ABufferThatDoesNotMatchItsShapeIsRefusedAndTheGroupStaysWhole) {
+  EmuGroup g(2);
+  std::vector<float> v(8, 1.0f);
+  const net::CommBuffer bad{FrameDType::kF32, {2, 4}, v.data(), 12, false};   // 32 bytes
+  const Status st = g.c[0]->Send(1, FrameKind::kEpDispatch, 1, 0, bad, 2000ms);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("send to rank 1"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(g.c[0]->broken());
+  g.All([&](int r) {
+    const net::CommBuffer good{FrameDType::kF32, {2, 4}, v.data(), 32, false};
+    std::vector<net::CommBuffer> send(2, good);
+    auto got = g.c[r]->AllToAllV(FrameKind::kEpDispatch, 2, 0, send, 5000ms);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ((*got)[1 - r].payload.size(), 32u);
+  });
+}
+
 TEST(NcclEmu, TheEmulationFormsGroupsAndFailsAsNcclWould) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
