@@ -375,5 +375,75 @@ TEST(EpExpertExecutor, HashRoutedLayerToo) { ExpectEpEqualsLocal(3, 0); }
 TEST(EpExpertExecutor, DevicePathEqualsOneProcessBitForBit) { ExpectEpEqualsLocal(3, 4, 0b111); }
 TEST(EpExpertExecutor, DeviceAndHostMembersMixInOneGroup) { ExpectEpEqualsLocal(3, 3, 0b101); }
 
+// What a peer sends is checked before it is used: pairs naming another member's expert or a row
+// it did not send, a pairs frame of the wrong shape, and (device path) more rows than pairs are
+// errors naming the peer, on both paths; the member then runs its next step as usual.
+TEST(EpExpertExecutor, MalformedDispatchFromAPeerIsAnErrorNamingIt) {
+  auto full = Checkpoint::Open(Tiny());
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  const ModelConfig& cfg = (*full)->config();
+  const int64_t H = cfg.hidden_size, E = cfg.n_routed_experts, layer = 3;
+  const std::vector<int64_t> begin = {0, E / 2, E};
+  ShardSelection sel;
+  for (int64_t e = 0; e < E / 2; ++e) sel.experts.push_back(e);
+  auto ck = Checkpoint::Open(Tiny(), sel);
+  ASSERT_TRUE(ck.ok());
+  auto moe = BindMoe(**ck, "layers." + std::to_string(layer) + ".ffn.", layer);
+  ASSERT_TRUE(moe.ok()) << moe.status().ToString();
+  ThreadPool pool(1);
+  std::vector<const MoeWeights*> layers(cfg.num_hidden_layers + 1, nullptr);
+  layers[layer] = &*moe;
+  CpuExpertRunner cpu(cfg, layers, &pool);
+  HostDeviceRows dev(&cpu, H);
+  struct Case {
+    std::vector<int32_t> pairs;   // [p, 2] as sent (shape {p, pair_width})
+    uint32_t pair_width;
+    int64_t rows;
+    bool device_only;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {{0, static_cast<int32_t>(E - 1)}, 2, 1, false,
+       "pair 0 from rank 1 (m1): row 0, expert " + std::to_string(E - 1) + " is not this member's"},
+      {{5, 0}, 2, 1, false, "pair 0 from rank 1 (m1): row 5, expert 0"},
+      {{0, 0, 1}, 3, 1, false, "malformed dispatch pairs from rank 1 (m1)"},
+      {{0, 0}, 2, 3, true, "a payload of " + std::to_string(3 * H * 4) + " bytes for a buffer of " +
+                               std::to_string(H * 4)},
+  };
+  uint64_t step = 0;
+  for (const bool on_device : {false, true}) {
+    CommGroup g(2);
+    ASSERT_TRUE(g.comms[1]);
+    EpExpertExecutor ep(cfg, on_device ? static_cast<ExpertRunner*>(&dev) : &cpu,
+                        g.comms[0].get(), begin, 3000ms);
+    for (const Case& c : cases) {
+      if (c.device_only && !on_device) continue;
+      ++step;
+      Status got;
+      std::thread member([&] {
+        ep.SetStep(step);
+        got = on_device ? ep.RunSlotsOnDevice(layer, nullptr, 0, nullptr, nullptr)
+                        : ep.RunSlots(layer, nullptr, 0, nullptr, nullptr);
+      });
+      // The peer: its pairs, then its rows, with the executor's tags (layer * 4 + part).
+      const uint32_t p = static_cast<uint32_t>(c.pairs.size() / c.pair_width);
+      std::vector<net::CommBuffer> send(2);
+      send[0] = {net::FrameDType::kI32, {p, c.pair_width}, c.pairs.data(), c.pairs.size() * 4};
+      auto in = g.comms[1]->AllToAllV(net::FrameKind::kEpDispatch, step, layer * 4 + 0, send, 3000ms);
+      EXPECT_TRUE(in.ok()) << in.status().ToString();
+      const std::vector<float> rows = RandomRows(c.rows, H, 3);
+      send[0] = {net::FrameDType::kF32, {static_cast<uint32_t>(c.rows), static_cast<uint32_t>(H)},
+                 rows.data(), rows.size() * 4};
+      if (c.pair_width == 2)   // a malformed pairs frame ends the step before the rows
+        EXPECT_TRUE(g.comms[1]->AllToAllV(net::FrameKind::kEpDispatch, step, layer * 4 + 1, send,
+                                          3000ms).ok());
+      member.join();
+      EXPECT_EQ(got.code(), Code::kInvalidArgument) << got.ToString();
+      EXPECT_NE(got.message().find(c.want), std::string::npos)
+          << (on_device ? "device" : "host") << ": " << got.ToString();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fm
