@@ -62,10 +62,11 @@ class ExpertExecutor {
 Status RunEmptyRounds(ExpertExecutor* exec, int64_t from, int64_t to, int64_t layer_begin,
                       int64_t layer_end);
 
+class DeviceRows;
+
 // The routed experts a shard holds, run for an expert-parallel executor on behalf of any
 // member: out [p, H] = the unweighted output of expert pairs[2i + 1] on row pairs[2i] of rows
 // [n, H], host memory. Errors name a pair whose expert is not held here.
-class DeviceRows;
 class ExpertRunner {
  public:
   virtual ~ExpertRunner() = default;

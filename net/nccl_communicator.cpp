@@ -248,8 +248,10 @@ class NcclComm final : public NcclCommunicator {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.load())
       return Unavailable(Group() + " is broken (" + broken_why_ + "); the group must be loaded again");
-    // The headers this rank sends, encoded and so checked (shape, payload length) before the
-    // group is touched: a bad buffer is this caller's error, not the group's end. NCCL delivers
+    // The headers this rank sends, encoded and so checked (shape, payload length) before this
+    // rank touches the group: a bad buffer is this caller's error and this communicator stays
+    // whole (the peers, already in the exchange, still meet their deadline or a tag mismatch
+    // unless the caller retries the same exchange correctly). NCCL delivers
     // the bytes or fails the group, so the payload CRC is not used (a device payload could not
     // be read for it anyway): 0 on the wire, not checked.
     std::vector<uint8_t> encoded(size() * kFrameHeaderSize, 0);

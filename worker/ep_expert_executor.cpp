@@ -15,12 +15,13 @@ constexpr uint32_t kRoundsTag = 0xFFFFFFFEu;   // a step's round count (the barr
 
 EpExpertExecutor::EpExpertExecutor(const ModelConfig& cfg, ExpertRunner* runner,
                                    net::Communicator* comm, std::vector<int64_t> expert_begin,
-                                   net::Millis timeout)
+                                   net::Millis timeout, int64_t max_rows)
     : cfg_(cfg),
       runner_(runner),
       comm_(comm),
       expert_begin_(std::move(expert_begin)),
-      timeout_(timeout) {
+      timeout_(timeout),
+      max_pairs_(std::max<int64_t>(max_rows, 1) * cfg.num_experts_per_tok) {
   stats_.tokens_per_expert.assign(cfg.n_routed_experts, 0);
 }
 
@@ -108,14 +109,22 @@ Result<std::vector<net::Frame>> EpExpertExecutor::SendPairs(int64_t layer,
     const net::Frame& f = in[r];
     if (f.header.dtype != net::FrameDType::kI32 || f.header.rank != 2 || f.header.dims[1] != 2)
       return InvalidArgument(What(layer) + ": malformed dispatch pairs from " + Who(r));
+    if (static_cast<int64_t>(f.header.dims[0]) > max_pairs_)
+      return InvalidArgument(What(layer) + ": " + Who(r) + " sends " +
+                             std::to_string(f.header.dims[0]) + " pairs, more than a step's rows x k (" +
+                             std::to_string(max_pairs_) + ")");
   }
   return in;
 }
 
-Status EpExpertExecutor::CheckRows(int64_t layer, int r, const net::FrameHeader& h) const {
+Status EpExpertExecutor::CheckRows(int64_t layer, int r, const net::FrameHeader& h,
+                                   int64_t pairs) const {
   if (h.dtype != net::FrameDType::kF32 || h.rank != 2 ||
       h.dims[1] != static_cast<uint32_t>(cfg_.hidden_size))
     return InvalidArgument(What(layer) + ": malformed dispatch rows from " + Who(r));
+  if (static_cast<int64_t>(h.dims[0]) > pairs)   // every row sent has a pair here
+    return InvalidArgument(What(layer) + ": " + Who(r) + " sends " + std::to_string(h.dims[0]) +
+                           " rows for " + std::to_string(pairs) + " pairs");
   return Status::Ok();
 }
 
@@ -185,9 +194,9 @@ Status EpExpertExecutor::RunSlots(int64_t layer, const float* x, int64_t T,
       rows.insert(rows.end(), rows_for[r].begin(), rows_for[r].end());
     } else {
       const net::Frame& fr = in_rows[r];
-      FM_RETURN_IF_ERROR(CheckRows(layer, r, fr.header));
-      n = fr.header.dims[0];
       p = in_pairs[r].header.dims[0];
+      FM_RETURN_IF_ERROR(CheckRows(layer, r, fr.header, p));
+      n = fr.header.dims[0];
       // A rank that routed nothing here sends empty frames: no memcpy from a null pointer.
       rows.resize(rows.size() + fr.header.numel());
       if (!fr.payload.empty())
@@ -306,7 +315,7 @@ Status EpExpertExecutor::RunSlotsOnDevice(int64_t layer, const float* x, int64_t
       FM_RETURN_IF_ERROR(AppendPairs(layer, r, out[r].pairs.data(), pairs_in[r],
                                      send_at[r + 1] - send_at[r], send_at[r], &pairs));
     } else {
-      FM_RETURN_IF_ERROR(CheckRows(layer, r, got[r]));
+      FM_RETURN_IF_ERROR(CheckRows(layer, r, got[r], pairs_in[r]));
       FM_RETURN_IF_ERROR(AppendPairs(layer, r,
                                      reinterpret_cast<const int32_t*>(in_pairs[r].payload.data()),
                                      pairs_in[r], got[r].dims[0], recv_at[r], &pairs));

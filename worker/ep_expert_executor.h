@@ -31,9 +31,11 @@ struct EpStats {
 class EpExpertExecutor : public ExpertExecutor {
  public:
   // runner: this member's experts (outliving the executor); expert_begin[r]..expert_begin[r+1]:
-  // rank r's experts (size+1 entries, last = n_routed_experts).
+  // rank r's experts (size+1 entries, last = n_routed_experts); max_rows: the most rows a member
+  // runs in one round (a step's), so a peer announcing more than max_rows x k pairs is refused
+  // before anything is sized by it.
   EpExpertExecutor(const ModelConfig& cfg, ExpertRunner* runner, net::Communicator* comm,
-                   std::vector<int64_t> expert_begin, net::Millis timeout);
+                   std::vector<int64_t> expert_begin, net::Millis timeout, int64_t max_rows);
 
   // The step whose layers run next (tags every frame so members cannot mix steps).
   void SetStep(uint64_t step) { step_ = step; }
@@ -67,8 +69,8 @@ class EpExpertExecutor : public ExpertExecutor {
   Result<std::vector<Outgoing>> Route(int64_t layer, int64_t T, const int32_t* expert_ids);
   // The dispatch's first exchange: the pairs each owner runs; returns every rank's (checked [p, 2]).
   Result<std::vector<net::Frame>> SendPairs(int64_t layer, const std::vector<Outgoing>& out);
-  // Rank r's dispatch rows [n, H] f32.
-  Status CheckRows(int64_t layer, int r, const net::FrameHeader& h) const;
+  // Rank r's dispatch rows [n, H] f32, n <= its pairs.
+  Status CheckRows(int64_t layer, int r, const net::FrameHeader& h, int64_t pairs) const;
   // Rank r's p pairs (over its n rows) appended as (row0 + row, expert), each checked to be a
   // row it sent and an expert of this member.
   Status AppendPairs(int64_t layer, int r, const int32_t* in, int64_t p, int64_t n, int64_t row0,
@@ -96,6 +98,7 @@ class EpExpertExecutor : public ExpertExecutor {
   net::Communicator* comm_;
   std::vector<int64_t> expert_begin_;
   net::Millis timeout_;
+  int64_t max_pairs_;   // a peer's pairs in one round: max_rows x k
   uint64_t step_ = 0;
   mutable std::mutex stats_mu_;
   EpStats stats_;

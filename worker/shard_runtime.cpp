@@ -55,8 +55,13 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
     if (!ep_group) return Internal("expert-parallel shard without an EP group");
     // The shard's own experts serve the group: a CPU shard's on the pool, a device shard's on
     // its GPU (uploaded with the shard).
+    // A member sends at most a step's rows a round, each to at most k experts here.
+    const int64_t max_context = p.max_context > 0 ? p.max_context
+                                : cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings
+                                                                  : 8192;
+    const int64_t max_rows = p.max_step_rows > 0 ? p.max_step_rows : max_context;
     ep = std::make_unique<EpExpertExecutor>(cfg, model->LocalExperts(), ep_group,
-                                            p.ep_expert_begin, kEpTimeout);
+                                            p.ep_expert_begin, kEpTimeout, max_rows);
     model->SetExpertExecutor(ep.get());
   }
   std::lock_guard<std::mutex> lock(mu_);

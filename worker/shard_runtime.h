@@ -32,6 +32,7 @@ struct ShardPlacement {
   bool embed = true, head = true;
   std::vector<int64_t> experts;              // empty = all
   int64_t max_context = 0;                   // 0 = the model's max_position_embeddings or 8192
+  int64_t max_step_rows = 0;                 // the rows of the plan's largest step; 0 = max_context
   uint64_t kv_cache_bytes = 0;               // 0 = unlimited
   int cuda_device = -1;                      // run on GPU N (model/cuda/shard_model.h); -1 = CPU
   // Expert parallelism (empty = off): member r holds experts [ep_expert_begin[r],

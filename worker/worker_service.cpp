@@ -105,6 +105,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   p.ep_rank = s.ep_rank();
   p.ep_expert_begin.assign(s.ep_expert_begin().begin(), s.ep_expert_begin().end());
   p.tensor_parallel = std::max(s.tensor_parallel(), 1);
+  p.max_step_rows = s.max_step_rows();
   if (p.tensor_parallel > 1 && s.ep_nodes_size() != p.tensor_parallel)
     return WorkerError(ctx, InvalidArgument("shard.tensor_parallel " + std::to_string(p.tensor_parallel) +
                                             " but shard.ep_nodes names " + std::to_string(s.ep_nodes_size()) +

@@ -23,7 +23,8 @@ Result<std::unique_ptr<DeviceExpertRunner>> DeviceExpertRunner::Create(
 
 Status DeviceExpertRunner::Reserve(cuda::DeviceBuffer* b, size_t bytes) {
   if (b->size() >= bytes) return Status::Ok();
-  FM_ASSIGN_OR_RETURN(*b, cuda::DeviceBuffer::Alloc(bytes));
+  // At least doubled: a freed buffer waits for the device, so growing is kept rare.
+  FM_ASSIGN_OR_RETURN(*b, cuda::DeviceBuffer::Alloc(std::max(bytes, 2 * b->size())));
   return Status::Ok();
 }
 
@@ -98,10 +99,11 @@ Status DeviceExpertRunner::RunPairsOnDevice(int64_t layer, const float* rows, in
     row_of[j] = pairs[2 * j];
     ids[j] = pairs[2 * j + 1];
   }
-  FM_RETURN_IF_ERROR(GatherRows(rows, n, row_of.data(), p, nullptr));
   std::lock_guard<std::mutex> lock(mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
   cuda::StreamScope on_stream(stream_);
+  FM_RETURN_IF_ERROR(Reserve(&x_, static_cast<size_t>(p * H) * sizeof(float)));
+  FM_RETURN_IF_ERROR(Gather(rows, n, row_of.data(), p, x_.as<float>()));
   FM_RETURN_IF_ERROR(Reserve(&ids_, ids.size() * sizeof(int32_t)));
   FM_RETURN_IF_ERROR(ids_.CopyFromHostAsync(ids.data(), ids.size() * sizeof(int32_t)));
   return Launch(*l, p, out);
@@ -120,10 +122,8 @@ Result<float*> DeviceExpertRunner::Buffer(int which, int64_t floats) {
   return rows_[which].as<float>();
 }
 
-// dst null: the pair rows x_ (RunPairsOnDevice).
 Status DeviceExpertRunner::GatherRows(const float* src, int64_t src_rows, const int32_t* idx,
                                       int64_t n, float* dst) {
-  const int64_t H = cfg_.hidden_size;
   for (int64_t i = 0; i < n; ++i)
     if (idx[i] < 0 || idx[i] >= src_rows)
       return InvalidArgument("GatherRows: index " + std::to_string(i) + " is row " +
@@ -132,10 +132,13 @@ Status DeviceExpertRunner::GatherRows(const float* src, int64_t src_rows, const 
   std::lock_guard<std::mutex> lock(mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
   cuda::StreamScope on_stream(stream_);
-  if (!dst) {
-    FM_RETURN_IF_ERROR(Reserve(&x_, static_cast<size_t>(n * H) * sizeof(float)));
-    dst = x_.as<float>();
-  }
+  return Gather(src, src_rows, idx, n, dst);
+}
+
+// Under mu_, on stream_, the indices checked by the caller.
+Status DeviceExpertRunner::Gather(const float* src, int64_t src_rows, const int32_t* idx,
+                                  int64_t n, float* dst) {
+  const int64_t H = cfg_.hidden_size;
   FM_RETURN_IF_ERROR(Reserve(&idx_, static_cast<size_t>(n) * sizeof(int32_t)));
   FM_RETURN_IF_ERROR(idx_.CopyFromHostAsync(idx, static_cast<size_t>(n) * sizeof(int32_t)));
   // The embedding lookup's kernel on an f32 table of src_rows rows, one stream (a launch takes

@@ -48,6 +48,8 @@ class DeviceExpertRunner : public ExpertRunner, public DeviceRows {
   Result<const DevLayer*> CheckPairs(int64_t layer, int64_t n, const int32_t* pairs, int64_t p) const;
   // out [p, H] = expert ids_[j] of row x_[j] for every pair j: ExpertsUpGate + ExpertsDown.
   Status Launch(const DevLayer& l, int64_t p, float* out);
+  // dst [n, H] = src rows idx (checked), into device memory: GatherRows under mu_ on stream_.
+  Status Gather(const float* src, int64_t src_rows, const int32_t* idx, int64_t n, float* dst);
   // Which of the two buffers holds [p, p + bytes), and at which offset; null when neither does.
   cuda::DeviceBuffer* Holding(const void* p, size_t bytes, size_t* offset);
 

@@ -9,12 +9,27 @@
 #include "kernels/cuda/ops.h"
 
 namespace fm {
+namespace {
+
+// A device path's write of `floats` f32 (or int32) into `b`: refused when it would not fit, so a
+// scratch sized for another geometry is an error, not a write past its end.
+Status CheckRoom(const cuda::DeviceBuffer& b, int64_t floats, const char* what) {
+  if (floats < 0 || static_cast<uint64_t>(floats) * 4 > b.size())
+    return Internal(std::string("tensor-parallel gather: ") + what + " needs " +
+                    std::to_string(floats * 4) + " bytes, its buffer has " +
+                    std::to_string(b.size()));
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status GatherColumnsOnDevice(TpGroup* tp, const cuda::DeviceBuffer& mine, int64_t T,
                              int64_t width, cuda::DeviceBuffer* full, cuda::DeviceBuffer* all) {
   const int t = tp->size();
   if (tp->device_buffers()) {
     const int64_t n = T * width;
+    FM_RETURN_IF_ERROR(CheckRoom(*all, t * n, "the pieces"));
+    FM_RETURN_IF_ERROR(CheckRoom(*full, t * n, "the joined rows"));
     float* pieces = all->as<float>();
     FM_RETURN_IF_ERROR(cuda::CopyOnDevice(pieces + tp->rank() * n, mine.data(),
                                           static_cast<size_t>(n) * sizeof(float)));
@@ -52,6 +67,8 @@ Status GatherMidOnDevice(const DevLayer& l, TpGroup* tp, int64_t T, int64_t k,
                          const MoeTpBuffers& b) {
   const int t = tp->size();
   const int64_t hs = b.hs, w = l.s1.rows, n = T * w;
+  FM_RETURN_IF_ERROR(CheckRoom(*b.all, t * n, "the shared mid's pieces"));
+  FM_RETURN_IF_ERROR(CheckRoom(*b.h, T * (k + 1) * hs, "the shared mid"));
   float* shared = b.h->as<float>() + T * k * hs;
   float* pieces = b.all->as<float>();
   FM_RETURN_IF_ERROR(cuda::CopyRowPieces(shared + l.s1.first, hs, nullptr,
@@ -86,6 +103,9 @@ Status JoinMoeOnDevice(const ModelConfig& cfg, const DevLayer& l, TpGroup* tp, i
     counts[r] = T * w + static_cast<int64_t>(slots_of[r].size()) * H;
     at[r + 1] = at[r] + counts[r];
   }
+  FM_RETURN_IF_ERROR(CheckRoom(*b.all, at[t], "the MoE pieces"));
+  FM_RETURN_IF_ERROR(CheckRoom(*b.contrib, T * (k + 1) * H, "the MoE slots"));
+  FM_RETURN_IF_ERROR(CheckRoom(*b.rows, T * k, "the MoE row indices"));
   float* pieces = b.all->as<float>();
   float* contrib = b.contrib->as<float>();
   float* mine = pieces + at[me];

@@ -26,7 +26,8 @@ Status GatherColumnsOnDevice(TpGroup* tp, const cuda::DeviceBuffer& mine, int64_
 // [T, H] and the routing ids / weights [T, k] every member computed alike. This member runs its
 // rows of the shared expert and the (row, k) pairs of its experts; the rest is gathered.
 // Scratch: h (>= T (k + 1) rows of hs floats), contrib (>= T (k + 1) rows of H floats); for the
-// device path all (>= T (k + 1) H and t T hs floats) and rows (>= T k int32).
+// device path all (>= T (k + 1) H and T Is floats: the gathered pieces) and rows (>= T k int32);
+// the device path checks each before it writes.
 struct MoeTpBuffers {
   const float* y = nullptr;
   cuda::DeviceBuffer* ids = nullptr;  // overwritten: other members' experts masked to -1

@@ -96,7 +96,7 @@ std::vector<Member> OpenStage(const std::string& dir, int64_t begin, int64_t end
     EXPECT_NE(runner, nullptr);
     ms[r].ep = std::make_unique<EpExpertExecutor>(ms[r].ckpt->config(), runner,
                                                   comms.comm(static_cast<int>(r)), expert_begin,
-                                                  20000ms);
+                                                  20000ms, 64);
     ms[r].model->SetExpertExecutor(ms[r].ep.get());
     ms[r].seq = ms[r].model->NewSequence(256);
   }

@@ -372,7 +372,7 @@ TEST_F(CudaShardTest, ExpertExecutorPathMatchesCpu) {
   const ModelConfig& cfg = p.ckpt->config();
   CommGroup solo(1);
   EpExpertExecutor exec(cfg, p.gpu->LocalExperts(), solo.comms[0].get(),
-                        {0, cfg.n_routed_experts}, std::chrono::milliseconds(20000));
+                        {0, cfg.n_routed_experts}, std::chrono::milliseconds(20000), 64);
   p.gpu->SetExpertExecutor(&exec);
   const auto toks = Tokens(16, 51);
   auto cc = p.cpu->NewSequence(256), gc = p.gpu->NewSequence(256);

@@ -333,7 +333,7 @@ void ExpectEpEqualsLocal(int members, int64_t layer, unsigned device_members = 0
     HostDeviceRows dev(&cpu, H);
     const bool on_device = (device_members >> r) & 1;
     EpExpertExecutor ep(cfg, on_device ? static_cast<ExpertRunner*>(&dev) : &cpu,
-                        g.comms[r].get(), begin, 5000ms);
+                        g.comms[r].get(), begin, 5000ms, 64);
     for (uint64_t step = 1; step <= 3; ++step) {
       ep.SetStep(step);
       const int64_t T = (r + step) % 3 == 0 ? 0 : 1 + 3 * r + step;  // some members idle
@@ -376,8 +376,9 @@ TEST(EpExpertExecutor, DevicePathEqualsOneProcessBitForBit) { ExpectEpEqualsLoca
 TEST(EpExpertExecutor, DeviceAndHostMembersMixInOneGroup) { ExpectEpEqualsLocal(3, 3, 0b101); }
 
 // What a peer sends is checked before it is used: pairs naming another member's expert or a row
-// it did not send, a pairs frame of the wrong shape, and (device path) more rows than pairs are
-// errors naming the peer, on both paths; the member then runs its next step as usual.
+// it did not send, a pairs frame of the wrong shape, more pairs than a step's rows x k, more rows
+// than pairs (on the device path already by the room its pairs made) are errors naming the peer,
+// on both paths; the member then runs its next step as usual.
 TEST(EpExpertExecutor, MalformedDispatchFromAPeerIsAnErrorNamingIt) {
   auto full = Checkpoint::Open(Tiny());
   ASSERT_TRUE(full.ok()) << full.status().ToString();
@@ -399,25 +400,31 @@ TEST(EpExpertExecutor, MalformedDispatchFromAPeerIsAnErrorNamingIt) {
     std::vector<int32_t> pairs;   // [p, 2] as sent (shape {p, pair_width})
     uint32_t pair_width;
     int64_t rows;
-    bool device_only;
+    int only;   // 0: both paths, 1: the host path only, 2: the device path only
     std::string want;
   };
+  const int64_t k = cfg.num_experts_per_tok, too_many = 4 * k + 1;   // max_rows 4 below
+  std::vector<int32_t> many;
+  for (int64_t i = 0; i < too_many; ++i) many.insert(many.end(), {0, 0});
   const std::vector<Case> cases = {
-      {{0, static_cast<int32_t>(E - 1)}, 2, 1, false,
+      {{0, static_cast<int32_t>(E - 1)}, 2, 1, 0,
        "pair 0 from rank 1 (m1): row 0, expert " + std::to_string(E - 1) + " is not this member's"},
-      {{5, 0}, 2, 1, false, "pair 0 from rank 1 (m1): row 5, expert 0"},
-      {{0, 0, 1}, 3, 1, false, "malformed dispatch pairs from rank 1 (m1)"},
-      {{0, 0}, 2, 3, true, "a payload of " + std::to_string(3 * H * 4) + " bytes for a buffer of " +
-                               std::to_string(H * 4)},
+      {{5, 0}, 2, 1, 0, "pair 0 from rank 1 (m1): row 5, expert 0"},
+      {{0, 0, 1}, 3, 1, 0, "malformed dispatch pairs from rank 1 (m1)"},
+      {many, 2, 1, 0, "rank 1 (m1) sends " + std::to_string(too_many) +
+                          " pairs, more than a step's rows x k (" + std::to_string(4 * k) + ")"},
+      {{0, 0}, 2, 3, 1, "rank 1 (m1) sends 3 rows for 1 pairs"},
+      {{0, 0}, 2, 3, 2, "a payload of " + std::to_string(3 * H * 4) + " bytes for a buffer of " +
+                            std::to_string(H * 4)},
   };
   uint64_t step = 0;
   for (const bool on_device : {false, true}) {
     CommGroup g(2);
     ASSERT_TRUE(g.comms[1]);
     EpExpertExecutor ep(cfg, on_device ? static_cast<ExpertRunner*>(&dev) : &cpu,
-                        g.comms[0].get(), begin, 3000ms);
+                        g.comms[0].get(), begin, 3000ms, 4);
     for (const Case& c : cases) {
-      if (c.device_only && !on_device) continue;
+      if (c.only == (on_device ? 1 : 2)) continue;
       ++step;
       Status got;
       std::thread member([&] {
@@ -434,7 +441,8 @@ TEST(EpExpertExecutor, MalformedDispatchFromAPeerIsAnErrorNamingIt) {
       const std::vector<float> rows = RandomRows(c.rows, H, 3);
       send[0] = {net::FrameDType::kF32, {static_cast<uint32_t>(c.rows), static_cast<uint32_t>(H)},
                  rows.data(), rows.size() * 4};
-      if (c.pair_width == 2)   // a malformed pairs frame ends the step before the rows
+      // Malformed or too many pairs end the step before the rows.
+      if (c.pair_width == 2 && static_cast<int64_t>(p) <= 4 * k)
         EXPECT_TRUE(g.comms[1]->AllToAllV(net::FrameKind::kEpDispatch, step, layer * 4 + 1, send,
                                           3000ms).ok());
       member.join();
