@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -105,6 +106,21 @@ inline double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
     den = std::max(den, std::fabs(static_cast<double>(b[i])));
   }
   return num / den;
+}
+
+// The largest RelErr of one row of `width` (one step's logits of one sequence): every step is
+// held to the bound, not only the steps with the largest logits. Sizes that are not whole rows
+// of the same count give infinity.
+inline double RowRelErr(const std::vector<float>& a, const std::vector<float>& b, int64_t width) {
+  if (width <= 0 || a.size() != b.size() || a.size() % static_cast<size_t>(width) != 0)
+    return std::numeric_limits<double>::infinity();
+  double worst = 0.0;
+  for (size_t r = 0; r < a.size(); r += static_cast<size_t>(width)) {
+    const std::vector<float> ra(a.begin() + r, a.begin() + r + width),
+        rb(b.begin() + r, b.begin() + r + width);
+    worst = std::max(worst, RelErr(ra, rb));
+  }
+  return worst;
 }
 
 }  // namespace fm::modeltest
