@@ -25,6 +25,7 @@
 #include "model/mkmodel.h"
 #include "model/moe.h"
 #include "net/nccl_communicator.h"
+#include "tests/gpu/nccl_test_group.h"
 #include "tests/model_test_util.h"
 #include "tests/unit/test_comm_group.h"
 #include "worker/ep_expert_executor.h"
@@ -59,17 +60,8 @@ std::unique_ptr<Group> MakeGroup(int n, bool nccl) {
     g->tcp = std::make_unique<CommGroup>(n);
     return g;
   }
-  std::vector<net::CommMember> members;
-  for (int r = 0; r < n; ++r) members.push_back({"m" + std::to_string(r), ""});
-  auto id = net::NcclNewUniqueId();
-  EXPECT_TRUE(id.ok()) << id.status().ToString();
-  if (!id.ok()) return nullptr;
-  for (int r = 0; r < n; ++r) {
-    auto c = net::MakeNcclCommunicator(members, r, r % cuda::DeviceCount(), *id);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    if (!c.ok()) return nullptr;
-    g->nccl.push_back(std::move(c).value());
-  }
+  g->nccl = NcclGroupInProcess(n, "m");
+  if (g->nccl.empty()) return nullptr;
   return g;
 }
 

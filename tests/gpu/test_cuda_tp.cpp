@@ -26,6 +26,7 @@
 #include "model/mkmodel.h"
 #include "model/tp.h"
 #include "net/nccl_communicator.h"
+#include "tests/gpu/nccl_test_group.h"
 #include "tests/model_test_util.h"
 #include "worker/tp_group.h"
 
@@ -226,18 +227,12 @@ TEST(CudaTensorParallel, OverNcclPiecesGoDeviceToDeviceAndEqualTheSingleDeviceSh
   const int64_t E = cfg.n_routed_experts;
   std::vector<int64_t> begin;
   for (int r = 0; r <= t; ++r) begin.push_back(E * r / t);
-  std::vector<net::CommMember> names;
-  for (int r = 0; r < t; ++r) names.push_back({"m" + std::to_string(r), ""});
-  auto id = net::NcclNewUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status().ToString();
-  std::vector<std::unique_ptr<net::NcclCommunicator>> comms;
+  std::vector<std::unique_ptr<net::NcclCommunicator>> comms = NcclGroupInProcess(t, "m");
+  ASSERT_EQ(comms.size(), static_cast<size_t>(t));
   std::vector<std::unique_ptr<CommTpGroup>> groups;
   std::vector<Shard> members;
   for (int r = 0; r < t; ++r) {
     const int device = r % cuda::DeviceCount();
-    auto c = net::MakeNcclCommunicator(names, r, device, *id);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    comms.push_back(std::move(c).value());
     groups.push_back(std::make_unique<CommTpGroup>(comms[r].get(), begin, std::chrono::seconds(60)));
     ASSERT_TRUE(groups[r]->device_buffers());
     ShardSelection sel;

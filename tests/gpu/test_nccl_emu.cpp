@@ -16,6 +16,7 @@
 #include "common/device_transfers.h"
 #include "net/frame.h"
 #include "net/nccl_communicator.h"
+#include "tests/gpu/nccl_test_group.h"
 
 namespace fm {
 namespace {
@@ -26,20 +27,10 @@ using net::FrameDType;
 using net::FrameKind;
 constexpr uint64_t kHeader = net::kFrameHeaderSize;
 
-// n communicators of one fresh unique id, all on device 0, named g0..g{n-1}.
+// n communicators of one fresh unique id on the emulation's one device, named g0..g{n-1}.
 struct EmuGroup {
   std::vector<std::unique_ptr<net::NcclCommunicator>> c;
-  explicit EmuGroup(int n) {
-    std::vector<net::CommMember> members;
-    for (int i = 0; i < n; ++i) members.push_back({"g" + std::to_string(i), ""});
-    auto id = net::NcclNewUniqueId();
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-    for (int r = 0; r < n; ++r) {
-      auto m = net::MakeNcclCommunicator(members, r, 0, *id);
-      EXPECT_TRUE(m.ok()) << m.status().ToString();
-      c.push_back(std::move(m).value());
-    }
-  }
+  explicit EmuGroup(int n) : c(NcclGroupInProcess(n, "g")) {}
   int size() const { return static_cast<int>(c.size()); }
   // Runs fn(rank) on every rank at once.
   void All(const std::function<void(int)>& fn) {
