@@ -106,6 +106,14 @@ class Communicator {
         .status();
   }
 
+  // A payload of `bytes` from `peer` against the capacity of a RecvTarget.
+  static Status CheckFits(int peer, uint64_t bytes, size_t capacity) {
+    if (bytes > capacity)
+      return InvalidArgument("receive from rank " + std::to_string(peer) + ": a payload of " +
+                             std::to_string(bytes) + " bytes for a buffer of " +
+                             std::to_string(capacity));
+    return Status::Ok();
+  }
   // Makes every wait of step `step`, in progress or to come, return Cancelled within a few
   // milliseconds: a reset ends a step blocked on a member that will never answer instead of
   // leaving it to its deadline. 0 = none. Callable from any thread.
@@ -135,14 +143,6 @@ class Communicator {
     h.tag = tag;
     h.set_shape(buf.shape);
     return h;
-  }
-  // A payload of `bytes` from `peer` against the capacity of a RecvTarget.
-  static Status CheckFits(int peer, uint64_t bytes, size_t capacity) {
-    if (bytes > capacity)
-      return InvalidArgument("receive from rank " + std::to_string(peer) + ": a payload of " +
-                             std::to_string(bytes) + " bytes for a buffer of " +
-                             std::to_string(capacity));
-    return Status::Ok();
   }
   Status CheckBufferCount(size_t buffers) const {
     if (static_cast<int>(buffers) != size())

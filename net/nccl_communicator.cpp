@@ -88,12 +88,7 @@ class NcclComm final : public NcclCommunicator {
   Result<std::vector<Frame>> AllToAllV(FrameKind kind, uint64_t step, uint32_t tag,
                                        const std::vector<CommBuffer>& send,
                                        Millis timeout) override {
-    FM_RETURN_IF_ERROR(CheckBufferCount(send.size()));
-    std::vector<const CommBuffer*> out(size(), nullptr);
-    std::vector<bool> in(size(), true);
-    for (int r = 0; r < size(); ++r) out[r] = r == rank_ ? nullptr : &send[r];
-    in[rank_] = false;
-    return Exchange(kind, step, tag, out, in, Clock::now() + timeout);
+    return AllToAll(kind, step, tag, send, Clock::now() + timeout, nullptr);
   }
 
   // NCCL sends are rendezvous: Send returns once the peer's matching Recv took the frame.
@@ -136,20 +131,28 @@ class NcclComm final : public NcclCommunicator {
                                                  const std::vector<CommBuffer>& send,
                                                  const std::vector<RecvTarget>& into,
                                                  Millis timeout) override {
-    FM_RETURN_IF_ERROR(CheckBufferCount(send.size()));
     FM_RETURN_IF_ERROR(CheckBufferCount(into.size()));
-    std::vector<const CommBuffer*> out(size(), nullptr);
-    std::vector<bool> in(size(), true);
-    for (int r = 0; r < size(); ++r) out[r] = r == rank_ ? nullptr : &send[r];
-    in[rank_] = false;
     FM_ASSIGN_OR_RETURN(std::vector<Frame> got,
-                        Exchange(kind, step, tag, out, in, Clock::now() + timeout, &into));
+                        AllToAll(kind, step, tag, send, Clock::now() + timeout, &into));
     std::vector<FrameHeader> headers(size());
     for (int r = 0; r < size(); ++r) headers[r] = got[r].header;
     return headers;
   }
 
  private:
+
+  // send[r] to every other rank r, a frame (or into[r]) from each.
+  Result<std::vector<Frame>> AllToAll(FrameKind kind, uint64_t step, uint32_t tag,
+                                      const std::vector<CommBuffer>& send,
+                                      Clock::time_point deadline,
+                                      const std::vector<RecvTarget>* into) {
+    FM_RETURN_IF_ERROR(CheckBufferCount(send.size()));
+    std::vector<const CommBuffer*> out(size(), nullptr);
+    std::vector<bool> in(size(), true);
+    for (int r = 0; r < size(); ++r) out[r] = r == rank_ ? nullptr : &send[r];
+    in[rank_] = false;
+    return Exchange(kind, step, tag, out, in, deadline, into);
+  }
 
   std::string Group() const {
     return label_ + " (rank " + std::to_string(rank_) + " of " + std::to_string(size()) + ")";

@@ -42,14 +42,13 @@ Result<int64_t> EpExpertExecutor::AgreeRounds(int64_t rounds) {
     if (r == me) continue;
     const net::Frame& f = in[r];
     if (f.header.dtype != net::FrameDType::kI32 || f.header.numel() != 1 || f.payload.size() != 4)
-      return InvalidArgument("EP step " + std::to_string(step_) + ": malformed round count from rank " +
-                             std::to_string(r) + " (" + comm_->name(r) + ")");
+      return InvalidArgument("EP step " + std::to_string(step_) + ": malformed round count from " +
+                             Who(r));
     int32_t theirs = 0;
     std::memcpy(&theirs, f.payload.data(), sizeof theirs);
     if (theirs < 0 || theirs > (1 << 20))
-      return InvalidArgument("EP step " + std::to_string(step_) + ": rank " + std::to_string(r) +
-                             " (" + comm_->name(r) + ") announces " + std::to_string(theirs) +
-                             " rounds");
+      return InvalidArgument("EP step " + std::to_string(step_) + ": " + Who(r) + " announces " +
+                             std::to_string(theirs) + " rounds");
     most = std::max<int64_t>(most, theirs);
   }
   return most;
@@ -239,8 +238,9 @@ Status EpExpertExecutor::RunSlots(int64_t layer, const float* x, int64_t T,
 }
 
 Result<std::vector<net::FrameHeader>> EpExpertExecutor::ExchangeOnDevice(
-    DeviceRows* dev, net::FrameKind kind, uint32_t tag, const std::vector<net::CommBuffer>& send,
-    const std::vector<net::RecvTarget>& into) {
+    DeviceRows* dev, net::FrameKind kind, int64_t layer, uint32_t part,
+    const std::vector<net::CommBuffer>& send, const std::vector<net::RecvTarget>& into) {
+  const uint32_t tag = Tag(layer, part);
   if (comm_->device_buffers()) return comm_->AllToAllVInto(kind, step_, tag, send, into, timeout_);
   // TCP: each payload crosses the host once each way.
   const int R = comm_->size(), me = comm_->rank();
@@ -257,10 +257,8 @@ Result<std::vector<net::FrameHeader>> EpExpertExecutor::ExchangeOnDevice(
   std::vector<net::FrameHeader> headers(R);
   for (int r = 0; r < R; ++r) {
     if (r == me) continue;
-    if (in[r].payload.size() > into[r].capacity)
-      return InvalidArgument("receive from " + Who(r) + ": a payload of " +
-                             std::to_string(in[r].payload.size()) + " bytes for a buffer of " +
-                             std::to_string(into[r].capacity));
+    FM_RETURN_IF_ERROR(net::Communicator::CheckFits(r, in[r].payload.size(), into[r].capacity)
+                           .Wrap(What(layer)));
     FM_RETURN_IF_ERROR(dev->FromHost(in[r].payload.data(), into[r].data, in[r].payload.size()));
     headers[r] = in[r].header;
   }
@@ -304,8 +302,8 @@ Status EpExpertExecutor::RunSlotsOnDevice(int64_t layer, const float* x, int64_t
     if (r != me) bytes += send[r].nbytes;
   }
   CountBytes(bytes, 0);
-  FM_ASSIGN_OR_RETURN(auto got, ExchangeOnDevice(dev, net::FrameKind::kEpDispatch,
-                                                 Tag(layer, kRowsPart), send, into));
+  FM_ASSIGN_OR_RETURN(auto got, ExchangeOnDevice(dev, net::FrameKind::kEpDispatch, layer,
+                                                 kRowsPart, send, into));
 
   // Every member's pairs over buffer 0's rows, in rank order.
   std::vector<int32_t> pairs;
@@ -343,8 +341,8 @@ Status EpExpertExecutor::RunSlotsOnDevice(int64_t layer, const float* x, int64_t
     if (r != me) bytes += send[r].nbytes;
   }
   CountBytes(0, bytes);
-  FM_ASSIGN_OR_RETURN(got, ExchangeOnDevice(dev, net::FrameKind::kEpCombine,
-                                            Tag(layer, kOutPart), send, into));
+  FM_ASSIGN_OR_RETURN(got, ExchangeOnDevice(dev, net::FrameKind::kEpCombine, layer, kOutPart,
+                                            send, into));
 
   // Slot (row, j) = the output of its pair: one gather from buffer 1.
   std::vector<int32_t> from(static_cast<size_t>(T * k), 0);

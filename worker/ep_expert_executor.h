@@ -77,10 +77,10 @@ class EpExpertExecutor : public ExpertExecutor {
                      std::vector<int32_t>* pairs) const;
   // Rank r's combine: `pairs` outputs [pairs, H] f32.
   Status CheckCombine(int64_t layer, int r, const net::FrameHeader& h, size_t pairs) const;
-  // An all-to-all of payloads in device memory into device targets: as they are when the
-  // communicator takes device memory, else through host copies by `dev`.
+  // Layer `layer`'s exchange `part` of payloads in device memory into device targets: as they
+  // are when the communicator takes device memory, else through host copies by `dev`.
   Result<std::vector<net::FrameHeader>> ExchangeOnDevice(DeviceRows* dev, net::FrameKind kind,
-                                                         uint32_t tag,
+                                                         int64_t layer, uint32_t part,
                                                          const std::vector<net::CommBuffer>& send,
                                                          const std::vector<net::RecvTarget>& into);
   void CountBytes(uint64_t dispatch, uint64_t combine) {

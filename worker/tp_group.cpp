@@ -50,21 +50,15 @@ Status CommTpGroup::AllGatherInPlace(float* all, const std::vector<int64_t>& cou
     return InvalidArgument("tensor-parallel gather " + std::to_string(tag) + ": " +
                            std::to_string(counts.size()) + " counts for " + std::to_string(n) +
                            " members");
-  std::vector<net::CommBuffer> send(n);
   std::vector<net::RecvTarget> into(n);
   int64_t at = 0;
   for (int r = 0; r < n; ++r) {
-    float* piece = all + at;
-    const size_t bytes = static_cast<size_t>(counts[r]) * sizeof(float);
-    into[r] = {piece, bytes, /*device=*/true};
+    into[r] = {all + at, static_cast<size_t>(counts[r]) * sizeof(float), /*device=*/true};
     at += counts[r];
   }
-  int64_t mine_at = 0;
-  for (int r = 0; r < me; ++r) mine_at += counts[r];
   const net::CommBuffer buf{net::FrameDType::kF32, {static_cast<uint32_t>(counts[me])},
-                            all + mine_at, static_cast<size_t>(counts[me]) * sizeof(float),
-                            /*device=*/true};
-  send.assign(n, buf);
+                            into[me].data, into[me].capacity, /*device=*/true};
+  const std::vector<net::CommBuffer> send(n, buf);
   FM_ASSIGN_OR_RETURN(std::vector<net::FrameHeader> in,
                       comm_->AllToAllVInto(net::FrameKind::kTpGather, step_, tag, send, into,
                                            timeout_));

@@ -21,25 +21,35 @@ Status CheckRoom(const cuda::DeviceBuffer& b, int64_t floats, const char* what) 
   return Status::Ok();
 }
 
+// On a group that takes device memory: every member's [T, w] piece side by side into dst (row
+// stride dst_stride, member r's at column r w). This member's, read from src (row stride
+// src_stride), goes into its place of `all`, the others' come GPU to GPU, then all are joined.
+Status JoinColumnPiecesOnDevice(TpGroup* tp, const float* src, int64_t src_stride, int64_t T,
+                                int64_t w, const cuda::DeviceBuffer& all, float* dst,
+                                int64_t dst_stride, const char* what) {
+  const int t = tp->size();
+  const int64_t n = T * w;
+  FM_RETURN_IF_ERROR(CheckRoom(all, t * n, what));
+  float* pieces = all.as<float>();
+  FM_RETURN_IF_ERROR(
+      cuda::CopyRowPieces(src, src_stride, nullptr, pieces + tp->rank() * n, w, nullptr, T, w));
+  FM_RETURN_IF_ERROR(cuda::SynchronizeStream());   // the group's stream reads it next
+  FM_RETURN_IF_ERROR(tp->AllGatherInPlace(pieces, std::vector<int64_t>(t, n)));
+  for (int r = 0; r < t; ++r)
+    FM_RETURN_IF_ERROR(
+        cuda::CopyRowPieces(pieces + r * n, w, nullptr, dst + r * w, dst_stride, nullptr, T, w));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status GatherColumnsOnDevice(TpGroup* tp, const cuda::DeviceBuffer& mine, int64_t T,
                              int64_t width, cuda::DeviceBuffer* full, cuda::DeviceBuffer* all) {
   const int t = tp->size();
   if (tp->device_buffers()) {
-    const int64_t n = T * width;
-    FM_RETURN_IF_ERROR(CheckRoom(*all, t * n, "the pieces"));
-    FM_RETURN_IF_ERROR(CheckRoom(*full, t * n, "the joined rows"));
-    float* pieces = all->as<float>();
-    FM_RETURN_IF_ERROR(cuda::CopyOnDevice(pieces + tp->rank() * n, mine.data(),
-                                          static_cast<size_t>(n) * sizeof(float)));
-    FM_RETURN_IF_ERROR(cuda::SynchronizeStream());   // the group's stream reads it next
-    FM_RETURN_IF_ERROR(tp->AllGatherInPlace(pieces, std::vector<int64_t>(t, n)));
-    for (int r = 0; r < t; ++r)
-      FM_RETURN_IF_ERROR(cuda::CopyRowPieces(pieces + r * n, width, nullptr,
-                                             full->as<float>() + r * width, t * width, nullptr,
-                                             T, width));
-    return Status::Ok();
+    FM_RETURN_IF_ERROR(CheckRoom(*full, t * T * width, "the joined rows"));
+    return JoinColumnPiecesOnDevice(tp, mine.as<const float>(), width, T, width, *all,
+                                    full->as<float>(), t * width, "the pieces");
   }
   std::vector<float> piece(static_cast<size_t>(T * width));
   FM_RETURN_IF_ERROR(mine.CopyToHost(piece.data(), piece.size() * sizeof(float)));
@@ -65,20 +75,11 @@ std::vector<float> Columns(const std::vector<float>& rows, int64_t T, int64_t st
 // every member's [T, rows] side by side into columns [0, Is) of those rows.
 Status GatherMidOnDevice(const DevLayer& l, TpGroup* tp, int64_t T, int64_t k,
                          const MoeTpBuffers& b) {
-  const int t = tp->size();
-  const int64_t hs = b.hs, w = l.s1.rows, n = T * w;
-  FM_RETURN_IF_ERROR(CheckRoom(*b.all, t * n, "the shared mid's pieces"));
+  const int64_t hs = b.hs;
   FM_RETURN_IF_ERROR(CheckRoom(*b.h, T * (k + 1) * hs, "the shared mid"));
   float* shared = b.h->as<float>() + T * k * hs;
-  float* pieces = b.all->as<float>();
-  FM_RETURN_IF_ERROR(cuda::CopyRowPieces(shared + l.s1.first, hs, nullptr,
-                                         pieces + tp->rank() * n, w, nullptr, T, w));
-  FM_RETURN_IF_ERROR(cuda::SynchronizeStream());   // the group's stream reads it next
-  FM_RETURN_IF_ERROR(tp->AllGatherInPlace(pieces, std::vector<int64_t>(t, n)));
-  for (int r = 0; r < t; ++r)
-    FM_RETURN_IF_ERROR(
-        cuda::CopyRowPieces(pieces + r * n, w, nullptr, shared + r * w, hs, nullptr, T, w));
-  return Status::Ok();
+  return JoinColumnPiecesOnDevice(tp, shared + l.s1.first, hs, T, l.s1.rows, *b.all, shared, hs,
+                                  "the shared mid's pieces");
 }
 
 // The MoE pieces on a group that takes device memory (JoinMoePieces' device twin): this
