@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv_core.cuh"
+#include "kernels/cuda/gemv_tc.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -97,9 +98,46 @@ __device__ void ExpertTile(const ExpertsLaunch& p, WeightFormat format, bool vec
   }
 }
 
+// Tensor-core twin of ExpertTile: slots tile[0..n) (n <= 8) through the warp's 16 mma rows.
+// Up/gate: stream 0 = W1 row r_out + g, stream 1 = W3's, so a lane holds both halves of its
+// SwiGLU; down: W2 rows r_out + g and r_out + g + 8.
+__device__ void ExpertTileTc(const ExpertsLaunch& p, WeightFormat format, int64_t cols,
+                             const ExpertMat& m0, const ExpertMat& m1, int64_t out_rows,
+                             int64_t r_out, int nout, const int64_t* tile, int n, int lane) {
+  const int gl = lane >> 2, tq = lane & 3;
+  TcRows rows;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = r_out + gl + (p.up_gate ? 0 : 8 * i);
+    rows.data[i] = (p.up_gate && i == 1 ? m1 : m0).data;
+    rows.scale[i] = (p.up_gate && i == 1 ? m1 : m0).scale;
+    rows.row[i] = r < out_rows ? r : out_rows - 1;
+  }
+  auto x_of = [&](int t) {
+    return t < n ? p.x + (p.up_gate ? tile[t] / Slots(p) : tile[t]) * p.x_stride : nullptr;
+  };
+  const TcLaneX lx{x_of(gl), 1.0f, {x_of(2 * tq), x_of(2 * tq + 1)}, {1.0f, 1.0f}, nullptr};
+  float d[4];
+  if (format == WeightFormat::kFP8Block)
+    StreamTileTc<WeightFormat::kFP8Block>(rows, cols, lx, lane, 0, 1, d);
+  else
+    StreamTileTc<WeightFormat::kFP4Block32>(rows, cols, lx, lane, 0, 1, d);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int row = gl + (q >= 2 ? 8 : 0), t = 2 * tq + (q & 1);
+    if (p.up_gate) {
+      if (q < 2 && gl < nout && t < n) p.y[tile[t] * p.y_stride + r_out + gl] = SwiGlu(d[q], d[q + 2], p.limit);
+    } else if (row < nout && t < n) {
+      p.y[tile[t] * p.y_stride + r_out + row] = d[q];
+    }
+  }
+}
+
 // T = 1 (the decode step) caps registers at 128 for two blocks an SM; the wider tiles would
 // spill under that cap (ptxas -v), so they keep one block an SM.
-template <int NT>
+// kTc: every slot of the launch takes the tensor-core core, 8 slots a pass (an instance of its
+// own, NT = 1: the two cores in one body would not fit the decode instance's 128 registers).
+template <int NT, bool kTc>
 __global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
     ExpertsKernel(const ExpertsLaunch p) {
   const int s = static_cast<int>(blockIdx.y), key = SlotKey(p, s);
@@ -114,7 +152,7 @@ __global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
   if (served) return;
   const bool is_shared = key == p.E;
   const int64_t out_rows = is_shared ? p.shared_rows : p.rows;
-  const int per_warp = p.up_gate ? kWarpRows / 2 : kWarpRows;
+  const int per_warp = (kTc ? kTcRows : kWarpRows) / (p.up_gate ? 2 : 1);
   const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kGemvWarps * per_warp;
   if (block_row >= out_rows) return;
   if (key < 0) {
@@ -147,13 +185,13 @@ __global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
   const WeightFormat format = is_shared ? p.shared_format : p.format;
   const bool vec = is_shared ? p.shared_vec : p.vec;
   const int64_t cols = is_shared ? p.shared_cols : p.cols;
-  __shared__ int64_t tile[NT];
+  __shared__ int64_t tile[NT > kTcTokens ? NT : kTcTokens];
   __shared__ int64_t tile_n, tile_next;
-  const int slots = static_cast<int>(p.T * Slots(p));
+  const int slots = static_cast<int>(p.T * Slots(p)), per_pass = kTc ? kTcTokens : NT;
   for (int next = s; next < slots;) {
-    if (threadIdx.x == 0) {  // the next (up to) NT slots of this expert, ascending
+    if (threadIdx.x == 0) {  // the next (up to) per_pass slots of this expert, ascending
       int n = 0, e = next;
-      for (; e < slots && n < NT; ++e)
+      for (; e < slots && n < per_pass; ++e)
         if (SlotKey(p, e) == key) tile[n++] = e;
       tile_n = n;
       tile_next = e;
@@ -161,7 +199,11 @@ __global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
     __syncthreads();
     const int n = static_cast<int>(tile_n);
     next = tile_next;
-    if (n > 0) ExpertTile<NT>(p, format, vec, cols, rows, r_out, nout, tile, n, lane);
+    if constexpr (kTc) {
+      if (n > 0) ExpertTileTc(p, format, cols, m0, m1, out_rows, r_out, nout, tile, n, lane);
+    } else {
+      if (n > 0) ExpertTile<NT>(p, format, vec, cols, rows, r_out, nout, tile, n, lane);
+    }
     __syncthreads();  // tile is rewritten by the next pass
   }
 }
@@ -243,16 +285,21 @@ Status Launch(const char* who, const DevExperts& a, const DevExperts* b, const Q
   p.ids = ids;
   p.T = T, p.k = k;
   p.x = x, p.x_stride = x_stride, p.y = y, p.y_stride = y_stride;
-  const int64_t block_rows = kGemvWarps * (p.up_gate ? kWarpRows / 2 : kWarpRows);
+  // The tensor-core core when asked for and every weight of the launch takes it.
+  const bool tc = GetWeightPath() == WeightPath::kTensorCore &&
+                  (k == 0 || (p.vec && TcFormat(a.format))) &&
+                  (!sa || (p.shared_vec && TcFormat(sa->format)));
+  const int64_t block_rows = kGemvWarps * (tc ? kTcRows : kWarpRows) / (p.up_gate ? 2 : 1);
   const dim3 grid(static_cast<unsigned>((out_rows + block_rows - 1) / block_rows), static_cast<unsigned>(slots));
   // An expert has at most T slots in practice (one per token). While the step's routed picks
   // do not outnumber the experts (decode batches: T k <= E), nearly every expert has one slot,
   // and a wider tile would multiply its decode work by idle tokens; only the shared expert
   // then makes T passes (over weights L2 keeps).
-  switch (k > 0 && T * k <= a.E ? 1 : TokenTile(T)) {
-    case 1: ExpertsKernel<1><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 2: ExpertsKernel<2><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    default: ExpertsKernel<4><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+  switch (tc ? 0 : k > 0 && T * k <= a.E ? 1 : TokenTile(T)) {
+    case 0: ExpertsKernel<1, true><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 1: ExpertsKernel<1, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 2: ExpertsKernel<2, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    default: ExpertsKernel<4, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
   }
   return LaunchStatus("ExpertsKernel");
 }

@@ -7,10 +7,12 @@
 // even a [1024, 4096] product keeps every SM streaming.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv_core.cuh"
+#include "kernels/cuda/gemv_tc.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -20,6 +22,7 @@ namespace {
 struct GemvTaskK {
   WeightFormat format;
   bool vec;
+  bool tc;  // the tensor-core core (gemv_tc.cuh): 16-row tiles, 8 tokens a pass
   const void* data;
   const uint8_t* scale;
   int64_t row0, rows, cols;
@@ -29,6 +32,8 @@ struct GemvTaskK {
   int64_t y_stride;
   int slices;  // warps sharing each row group (1, 2, 4 or 8); a block has 8 / slices groups
 };
+
+std::atomic<WeightPath> g_weight_path{WeightPath::kFma};
 
 struct GemvLaunch {
   GemvTaskK task[kMaxGemvTasks];
@@ -100,17 +105,77 @@ __device__ void TaskTile(const GemvTaskK& k, const WarpRows& rows, int64_t r_rel
   __syncthreads();  // slice_sums is rewritten by the next tile
 }
 
+// Tensor-core twin of TaskTile: tokens t0..t0+7 (those >= T idle) of the warp's 16-row tile
+// at r_rel, its slice of the columns; the tile's first warp sums the slices in slice order.
+__device__ void TcTaskTile(const GemvTaskK& k, int64_t r_rel, int64_t t0, int64_t T,
+                          const float* g, const float* inv_sh, int lane, int slice) {
+  __shared__ float tc_sums[kGemvWarps][32][4];
+  const int gl = lane >> 2, tq = lane & 3;
+  TcRows rows;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = r_rel + gl + 8 * i;
+    rows.data[i] = k.data;
+    rows.scale[i] = k.scale;
+    rows.row[i] = k.row0 + (r < k.rows ? r : k.rows - 1);
+  }
+  auto x_of = [&](int t) { return t0 + t < T ? k.x + (t0 + t) * k.x_stride : nullptr; };
+  auto inv_of = [&](int t) { return g ? inv_sh[t] : 1.0f; };
+  const TcLaneX lx{x_of(gl), inv_of(gl), {x_of(2 * tq), x_of(2 * tq + 1)},
+                   {inv_of(2 * tq), inv_of(2 * tq + 1)}, g};
+  float d[4];
+  if (k.format == WeightFormat::kFP8Block)
+    StreamTileTc<WeightFormat::kFP8Block>(rows, k.cols, lx, lane, slice, k.slices, d);
+  else
+    StreamTileTc<WeightFormat::kFP4Block32>(rows, k.cols, lx, lane, slice, k.slices, d);
+  if (k.slices > 1) {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) tc_sums[warp][lane][q] = d[q];
+    __syncthreads();
+    if (slice == 0)
+      for (int w = 1; w < k.slices; ++w)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) d[q] += tc_sums[warp + w][lane][q];
+    __syncthreads();  // tc_sums is rewritten by the next tile
+  }
+  if (slice != 0) return;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int64_t r = r_rel + gl + (q >= 2 ? 8 : 0), t = t0 + 2 * tq + (q & 1);
+    if (r < k.rows && t < T) k.y[t * k.y_stride + r] = d[q];
+  }
+}
+
+// A tensor-core task's block: 8 / slices tiles of 16 rows, all T tokens 8 at a time.
+__device__ void TcTaskBlock(const GemvLaunch& p, const GemvTaskK& k, int64_t block, int lane,
+                            int warp, int slice) {
+  __shared__ float inv_sh[kTcTokens];
+  const int64_t r_rel = (block * (kGemvWarps / k.slices) + warp / k.slices) * kTcRows;
+  for (int64_t t0 = 0; t0 < p.T; t0 += kTcTokens) {
+    if (p.norm)
+      TileInvRms(k.x, k.x_stride, t0, p.T - t0 < kTcTokens ? p.T - t0 : kTcTokens, k.cols, p.eps, inv_sh);
+    TcTaskTile(k, r_rel, t0, p.T, p.norm, inv_sh, lane, slice);
+    if (p.norm) __syncthreads();  // inv_sh is rewritten by the next tile
+  }
+}
+
 // Block b: task i with block_end[i-1] <= b < block_end[i], its row block b - block_end[i-1] (8 /
 // slices groups of 4 rows), all T tokens in tiles of NT. Warps past the task's last row stream
 // its last row again (never stored), so every warp takes the same path through the barriers.
 // Two blocks an SM: the register cap (128) holds every tile without spills (ptxas -v).
-template <int NT>
+// kTc: the launch has tensor-core tasks (an instance of its own, so the FMA-only launches keep
+// their registers).
+template <int NT, bool kTc>
 __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLaunch p) {
   int i = 0;
   while (i + 1 < p.ntasks && blockIdx.x >= p.block_end[i]) ++i;
   const GemvTaskK& k = p.task[i];
   const int64_t block = blockIdx.x - (i > 0 ? p.block_end[i - 1] : 0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, slice = warp % k.slices;
+  if constexpr (kTc) {
+    if (k.tc) return TcTaskBlock(p, k, block, lane, warp, slice);
+  }
   const int64_t r_rel = (block * (kGemvWarps / k.slices) + warp / k.slices) * kWarpRows;
   const int64_t left = k.rows - r_rel;
   const int nrows = left <= 0 ? 0 : left < kWarpRows ? static_cast<int>(left) : kWarpRows;
@@ -178,11 +243,13 @@ Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std
   if (!task.x || !task.y)
     return InvalidArgument(who + ": x and y must be device pointers, got null");
   const bool x_vec = Aligned16(task.x) && (T == 1 || (task.x_stride * 4) % 16 == 0);
-  *k = GemvTaskK{w.format, x_vec && (!norm || Aligned16(norm)) && Aligned16(w.data) &&
-                               VectorCols(w.format, w.cols),
-                 w.data, w.scale, task.row0, rows, w.cols, task.x, task.x_stride, task.y,
-                 task.y_stride,
-                 RowSlices(task.plan_rows > 0 ? task.plan_rows : rows, w.cols, w.format)};
+  const bool vec = x_vec && (!norm || Aligned16(norm)) && Aligned16(w.data) &&
+                   VectorCols(w.format, w.cols);
+  const bool tc = vec && TcFormat(w.format) && GetWeightPath() == WeightPath::kTensorCore;
+  const int64_t plan = task.plan_rows > 0 ? task.plan_rows : rows;
+  *k = GemvTaskK{w.format, vec, tc, w.data, w.scale, task.row0, rows, w.cols, task.x,
+                 task.x_stride, task.y, task.y_stride,
+                 tc ? TcSlices(plan, w.cols, w.format) : RowSlices(plan, w.cols, w.format)};
   return Status::Ok();
 }
 
@@ -206,7 +273,7 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
       return InvalidArgument(name + ": cols " + std::to_string(tasks[i].w.cols) +
                              " differ from task 0's " + std::to_string(tasks[0].w.cols) +
                              " (the norm weight has one length)");
-    const int64_t block_rows = kGemvWarps / p.task[i].slices * kWarpRows;
+    const int64_t block_rows = kGemvWarps / p.task[i].slices * (p.task[i].tc ? kTcRows : kWarpRows);
     blocks += (p.task[i].rows + block_rows - 1) / block_rows;
     p.block_end[i] = blocks;
   }
@@ -217,15 +284,23 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   p.norm = norm;
   p.eps = eps;
   const unsigned grid = static_cast<unsigned>(blocks);
-  switch (TokenTile(T)) {
-    case 1: GemvTasksKernel<1><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 2: GemvTasksKernel<2><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    default: GemvTasksKernel<4><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+  bool tc = false;
+  for (int i = 0; i < p.ntasks; ++i) tc = tc || p.task[i].tc;
+  switch (TokenTile(T) + (tc ? 8 : 0)) {
+    case 1: GemvTasksKernel<1, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 2: GemvTasksKernel<2, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 4: GemvTasksKernel<4, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 9: GemvTasksKernel<1, true><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 10: GemvTasksKernel<2, true><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    default: GemvTasksKernel<4, true><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
   }
   return LaunchStatus("GemvTasksKernel");
 }
 
 }  // namespace
+
+void SetWeightPath(WeightPath path) { g_weight_path.store(path); }
+WeightPath GetWeightPath() { return g_weight_path.load(); }
 
 QWeight DeviceWeight::view() const {
   QWeight w;

@@ -72,20 +72,26 @@ __device__ __forceinline__ void DecodeE4m3x4(uint32_t word, float (&w)[4]) {
 #endif
 }
 
-// Four e2m1 nibbles (bits 0..15, element 0 lowest) -> e2m1 * 2^-14 as f32, exact. Device: a
-// nibble's magnitude bits (e1 e0 m) placed at f16 bits 11..9 are the f16 of e2m1 * 2^-14
-// (exponent field e, top mantissa bit m; e = 0 is the f16 subnormal m * 2^-15), its sign goes
-// to bit 15; two nibbles make one f16x2 in a few bit operations, then an exact conversion.
-__device__ __forceinline__ void DecodeE2m1x4(uint32_t bits, float (&w)[4]) {
-#ifdef __CUDA_ARCH__
-  // Nibbles 0, 1 (then 2, 3) at bits 9..12 of the low and high f16.
+// Four e2m1 nibbles (bits 0..15) -> f16x2 of elements (0, 1) and (2, 3), each e2m1 * 2^-14,
+// exact: a nibble's magnitude bits (e1 e0 m) placed at f16 bits 11..9 are the f16 of
+// e2m1 * 2^-14 (exponent field e, top mantissa bit m; e = 0 is the f16 subnormal m * 2^-15), its
+// sign goes to bit 15; a few bit operations a pair.
+__host__ __device__ __forceinline__ void E2m1x4ToF16x2(uint32_t bits, uint32_t (&h)[2]) {
   const uint32_t p01 = ((bits & 0x000Fu) << 9) | ((bits & 0x00F0u) << 21);
   const uint32_t p23 = ((bits & 0x0F00u) << 1) | ((bits & 0xF000u) << 13);
-  const uint32_t h01 = (p01 & 0x0E000E00u) | ((p01 << 3) & 0x80008000u);
-  const uint32_t h23 = (p23 & 0x0E000E00u) | ((p23 << 3) & 0x80008000u);
+  h[0] = (p01 & 0x0E000E00u) | ((p01 << 3) & 0x80008000u);
+  h[1] = (p23 & 0x0E000E00u) | ((p23 << 3) & 0x80008000u);
+}
+
+// Four e2m1 nibbles (bits 0..15, element 0 lowest) -> e2m1 * 2^-14 as f32, exact. Device: the
+// f16x2 above, then an exact conversion.
+__device__ __forceinline__ void DecodeE2m1x4(uint32_t bits, float (&w)[4]) {
+#ifdef __CUDA_ARCH__
+  uint32_t h[2];
+  E2m1x4ToF16x2(bits, h);
   __half2_raw r01, r23;
-  r01.x = static_cast<unsigned short>(h01), r01.y = static_cast<unsigned short>(h01 >> 16);
-  r23.x = static_cast<unsigned short>(h23), r23.y = static_cast<unsigned short>(h23 >> 16);
+  r01.x = static_cast<unsigned short>(h[0]), r01.y = static_cast<unsigned short>(h[0] >> 16);
+  r23.x = static_cast<unsigned short>(h[1]), r23.y = static_cast<unsigned short>(h[1] >> 16);
   const float2 a = __half22float2(__half2(r01)), b = __half22float2(__half2(r23));
   w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y;
 #else

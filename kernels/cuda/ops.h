@@ -61,6 +61,19 @@ constexpr int kMaxGemvTasks = 8;
 Status GemmMany(const GemvTask* tasks, int64_t n, int64_t T, const float* norm = nullptr,
                 float eps = 0.0f);
 
+// Which core streams FP8 and FP4 weights in Gemv/Gemm/GemmMany and the experts (BF16 and F32
+// always take the FMA one), for the whole process, read at each launch (a captured graph keeps
+// the core it was captured with):
+// - kFma (default): f32 FMAs, 4 rows a warp (gemv_core.cuh), the core measured on the H200.
+// - kTensorCore: mma.sync with f16 operands, 16 rows x 8 tokens a warp (gemv_tc.cuh): the
+//   weight decode is paid once for 8 tokens. x enters as two f16 parts (~22 bits), so |x| must
+//   stay below 65504 (larger gives inf/NaN). Not yet measured on a GPU (docs/gpu.md).
+// Each core keeps a token's bits independent of T and the other tokens; the two cores' results
+// differ in the last bits. Every worker of a cluster must use the same one.
+enum class WeightPath { kFma, kTensorCore };
+void SetWeightPath(WeightPath path);
+WeightPath GetWeightPath();
+
 // y[r, :] = g * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows; g = weight[dim], or 1 when
 // weight is null. y may equal x. One block per row.
 Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim,

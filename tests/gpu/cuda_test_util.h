@@ -12,6 +12,7 @@
 #include "common/numfmt.h"
 #include "common/tensor.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/ops.h"
 
 namespace fm {
 namespace cudatest {
@@ -126,6 +127,26 @@ inline HostWeight RandomWeight(WeightFormat format, int64_t rows, int64_t cols, 
   h.w.data = h.data.data();
   h.w.scale = h.scale.empty() ? nullptr : h.scale.data();
   return h;
+}
+
+// The core for FP8/FP4 weights (ops.h SetWeightPath) for the rest of a scope, then the one
+// before it again.
+class WeightPathScope {
+ public:
+  explicit WeightPathScope(cuda::WeightPath path) : old_(cuda::GetWeightPath()) {
+    cuda::SetWeightPath(path);
+  }
+  ~WeightPathScope() { cuda::SetWeightPath(old_); }
+  WeightPathScope(const WeightPathScope&) = delete;
+  WeightPathScope& operator=(const WeightPathScope&) = delete;
+
+ private:
+  cuda::WeightPath old_;
+};
+inline const cuda::WeightPath kWeightPaths[] = {cuda::WeightPath::kFma,
+                                                cuda::WeightPath::kTensorCore};
+inline std::string PathName(cuda::WeightPath p) {
+  return p == cuda::WeightPath::kFma ? "fma" : "tensor-core";
 }
 
 }  // namespace cudatest

@@ -33,8 +33,9 @@ std::vector<float> Ref(const QWeight& w, const float* x) {
 // Gemm of T tokens (x rows of xs floats, y rows of ys) == Gemv of each token alone, bit for bit,
 // and close to MatvecRef; y's padding untouched.
 void CheckTokens(WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng) {
-  const std::string what = std::string("format ") + std::to_string(static_cast<int>(f)) + " [" +
-                           std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  const std::string what = PathName(cuda::GetWeightPath()) + " format " +
+                           std::to_string(static_cast<int>(f)) + " [" + std::to_string(rows) +
+                           ", " + std::to_string(cols) + "]";
   const int64_t Tmax = 32, xs = cols + 4, ys = rows + 3;
   HostWeight h = RandomWeight(f, rows, cols, rng);
   auto dw = cuda::UploadWeight(h.w);
@@ -63,46 +64,69 @@ void CheckTokens(WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng) 
 
 // Every format, vector and scalar paths, partial FP8 blocks (rows and cols not multiples of
 // 128), tails where the format allows them, rows split among warps, T = 1..32.
+// Both cores for FP8/FP4 (the tensor-core one: 16-row tiles, steps of 4 vectors, a partial last
+// step, FP4 groups whose scale the f16 weights cannot hold on the FMA fallback).
 TEST(CudaGemmTokens, EveryTokenHasItsGemvBitsForAnyT) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(2024);
-  CheckTokens(WeightFormat::kFP8Block, 75, 336, rng);    // vector path, 336 = 2*128 + 80
-  CheckTokens(WeightFormat::kFP8Block, 130, 200, rng);   // scalar path (200 % 16 != 0)
-  CheckTokens(WeightFormat::kFP4Block32, 37, 96, rng);
+  for (cuda::WeightPath path : kWeightPaths) {
+    WeightPathScope scope(path);
+    CheckTokens(WeightFormat::kFP8Block, 75, 336, rng);    // vector path, 336 = 2*128 + 80
+    CheckTokens(WeightFormat::kFP8Block, 130, 200, rng);   // scalar path (200 % 16 != 0)
+    CheckTokens(WeightFormat::kFP4Block32, 37, 96, rng);
+    CheckTokens(WeightFormat::kFP4Block32, 19, 352, rng);  // 11 groups: a partial step
+    // Few rows, long rows: each row split among 8 warps.
+    CheckTokens(WeightFormat::kFP8Block, 20, 4096, rng);
+    CheckTokens(WeightFormat::kFP4Block32, 9, 2048, rng);
+  }
   CheckTokens(WeightFormat::kBF16, 33, 24, rng);
   CheckTokens(WeightFormat::kBF16, 5, 1001, rng);        // scalar: odd cols
   CheckTokens(WeightFormat::kF32, 9, 36, rng);
   CheckTokens(WeightFormat::kF32, 3, 7, rng);
-  // Few rows, long rows: each row split among 8 warps (FP8), 2 (BF16, scalar path: odd cols).
-  CheckTokens(WeightFormat::kFP8Block, 20, 4096, rng);
-  CheckTokens(WeightFormat::kBF16, 7, 1001, rng);
+  CheckTokens(WeightFormat::kBF16, 7, 1001, rng);        // split among 2 warps, scalar path
 }
 
 // A NaN in one token's x gives NaN only in that token's outputs; a NaN scale byte only in its rows.
+// Both cores, FP4 (a NaN scale byte) and FP8 (a NaN e4m3 code, 0x7F).
 TEST(CudaGemmTokens, NanStaysInItsTokenAndRows) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(5);
   const int64_t rows = 40, cols = 128, T = 5;
-  HostWeight h = RandomWeight(WeightFormat::kFP4Block32, rows, cols, rng);
-  h.scale[7 * (cols / 32) + 2] = 0xFF;  // row 7, group 2
-  std::vector<float> x = RandomNormal(T * cols, rng);
-  x[2 * cols + 100] = kNaN;  // token 2
-  auto dw = cuda::UploadWeight(h.w);
-  ASSERT_TRUE(dw.ok()) << dw.status().ToString();
-  DeviceBuffer dx = ToDevice(x), dy = Zeros(T * rows);
-  ASSERT_OK(cuda::Gemm(dw->view(), dx.as<float>(), cols, dy.as<float>(), rows, T));
-  const std::vector<float> y = ToHost(dy, T * rows);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t r = 0; r < rows; ++r)
-      EXPECT_EQ(std::isnan(y[t * rows + r]), t == 2 || r == 7) << "t " << t << " r " << r;
-    ExpectClose(std::vector<float>(y.begin() + t * rows, y.begin() + (t + 1) * rows),
-                Ref(h.w, x.data() + t * cols), 1e-4, "token " + std::to_string(t));
-  }
+  for (cuda::WeightPath path : kWeightPaths)
+    for (WeightFormat f : {WeightFormat::kFP4Block32, WeightFormat::kFP8Block}) {
+      WeightPathScope scope(path);
+      const std::string what = PathName(path) + " format " + std::to_string(static_cast<int>(f));
+      HostWeight h = RandomWeight(f, rows, cols, rng);
+      if (f == WeightFormat::kFP4Block32) h.scale[7 * (cols / 32) + 2] = 0xFF;  // row 7, group 2
+      else h.data[7 * cols + 77] = 0x7F;                                        // row 7, col 77
+      std::vector<float> x = RandomNormal(T * cols, rng);
+      x[2 * cols + 100] = kNaN;  // token 2
+      auto dw = cuda::UploadWeight(h.w);
+      ASSERT_TRUE(dw.ok()) << dw.status().ToString();
+      DeviceBuffer dx = ToDevice(x), dy = Zeros(T * rows);
+      ASSERT_OK(cuda::Gemm(dw->view(), dx.as<float>(), cols, dy.as<float>(), rows, T));
+      const std::vector<float> y = ToHost(dy, T * rows);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t r = 0; r < rows; ++r)
+          EXPECT_EQ(std::isnan(y[t * rows + r]), t == 2 || r == 7) << what << " t " << t << " r " << r;
+        ExpectClose(std::vector<float>(y.begin() + t * rows, y.begin() + (t + 1) * rows),
+                    Ref(h.w, x.data() + t * cols), 1e-4, what + " token " + std::to_string(t));
+      }
+    }
 }
 
 // Four products of different formats and shapes in one launch == each one's Gemm, bit for bit;
 // with a norm weight == RmsNorm then Gemm, bit for bit.
-TEST(CudaGemmMany, TasksEqualTheirOwnGemm) {
+class CudaGemmManyPaths : public ::testing::TestWithParam<cuda::WeightPath> {
+ protected:
+  WeightPathScope scope_{GetParam()};
+};
+std::string CoreName(const ::testing::TestParamInfo<cuda::WeightPath>& info) {
+  return info.param == cuda::WeightPath::kFma ? "Fma" : "TensorCore";
+}
+INSTANTIATE_TEST_SUITE_P(Cores, CudaGemmManyPaths, ::testing::ValuesIn(kWeightPaths), CoreName);
+
+TEST_P(CudaGemmManyPaths, TasksEqualTheirOwnGemm) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(31);
   const int64_t cols = 256;
@@ -152,7 +176,7 @@ TEST(CudaGemmMany, TasksEqualTheirOwnGemm) {
 
 // The grouped wo_a: G row-slice tasks whose slices start inside FP8 128-row scale blocks, one
 // launch, == the whole wo_a's Gemm on each group's x, rows of that group, bit for bit.
-TEST(CudaGemmMany, GroupedRowSlicesEqualPerGroupGemm) {
+TEST_P(CudaGemmManyPaths, GroupedRowSlicesEqualPerGroupGemm) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(8);
   const int64_t G = 4, R = 48, gin = 160, T = 3;  // rows 48, 96, 144: inside scale blocks
@@ -311,7 +335,14 @@ void RunExperts(const Experts& x, const std::vector<int32_t>& ids, int64_t T, in
 
 // Both launches against MatvecRef + SwigluClampRef for T = 1..32 with repeated experts and one
 // id outside [0, E) (NaN rows); every slot has the bits of the same token run alone (T = 1).
-TEST(CudaExperts, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
+// Routed FP4 and shared FP8 experts on either core.
+class CudaExpertsPaths : public ::testing::TestWithParam<cuda::WeightPath> {
+ protected:
+  WeightPathScope scope_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Cores, CudaExpertsPaths, ::testing::ValuesIn(kWeightPaths), CoreName);
+
+TEST_P(CudaExpertsPaths, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(61);
   Experts x;
@@ -366,7 +397,7 @@ TEST(CudaExperts, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
 }
 
 // A slot of ExpertsDown has the bits of Gemm with its expert's weight alone.
-TEST(CudaExperts, DownSlotEqualsGemmOfItsExpert) {
+TEST_P(CudaExpertsPaths, DownSlotEqualsGemmOfItsExpert) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(3);
   Experts x;
@@ -391,7 +422,7 @@ TEST(CudaExperts, DownSlotEqualsGemmOfItsExpert) {
 
 // k = 0 with the shared expert (the EP path): only the shared slots; MoeCombine adds the shared
 // row of [T, k + 1, H] contributions last.
-TEST(CudaExperts, SharedOnlyAndCombineWithSharedRow) {
+TEST_P(CudaExpertsPaths, SharedOnlyAndCombineWithSharedRow) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(17);
   Experts x;

@@ -94,6 +94,18 @@ inline float __shfl_sync(unsigned, float v, int src) {
   return other;
 }
 
+// Bit l of the result: lane l's predicate, for the caller's warp; block-wide, as above.
+inline unsigned __ballot_sync(unsigned, int pred) {
+  static int votes[1024];
+  const unsigned t = threadIdx.x;
+  votes[t] = pred != 0;
+  __syncthreads();
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32; ++l) bits |= (votes[(t & ~31u) | l] ? 1u : 0u) << l;
+  __syncthreads();
+  return bits;
+}
+
 template <class T>
 T __ldg(const T* p) { return *p; }
 template <class T>
