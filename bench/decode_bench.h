@@ -38,6 +38,7 @@ struct DecodeOptions {
   int threads = 0;
   int cuda_device = -1;  // --device cuda:N; -1 = CPU
   bool eager = false;    // --eager: no CUDA graph
+  bool tensor_cores = false;  // --weight-core tc: FP8/FP4 weights through the tensor cores
   bool json = false;
 };
 

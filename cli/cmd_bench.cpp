@@ -42,6 +42,8 @@ const CommandSpec kDecodeSpec{
                              "probe; also prefill tok/s (the context as batched device steps)"},
      {"eager", nullptr, "with cuda:N: launch every kernel of each decode step instead of\n"
                         "replaying the sequence's CUDA graph"},
+     {"weight-core", "fma|tc", "with cuda:N: stream FP8/FP4 weights on f32 FMAs (default) or the\n"
+                               "tensor cores (docs/gpu.md)"},
      {"json", nullptr, "one JSON object on stdout"}}};
 
 const CommandSpec kClusterSpec{
@@ -77,6 +79,12 @@ Result<bench::DecodeOptions> ParseDecode(const Flags& f) {
   if (!cuda.ok()) return cuda.status().Wrap("--device");
   o.cuda_device = *cuda;
   if (o.eager && o.cuda_device < 0) return InvalidArgument("--eager: only with --device cuda:N");
+  const std::string core = f.Get("weight-core", "fma");
+  if (core != "fma" && core != "tc")
+    return InvalidArgument("--weight-core: '" + core + "' (want fma or tc)");
+  if (core == "tc" && o.cuda_device < 0)
+    return InvalidArgument("--weight-core tc: only with --device cuda:N");
+  o.tensor_cores = core == "tc";
   if (o.streams > 256) return InvalidArgument("--streams: " + std::to_string(o.streams) + " > 256");
   return o;
 }

@@ -524,6 +524,12 @@ Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt,
   return std::unique_ptr<ShardModel>(std::move(m));
 }
 
+Status SetCudaWeightCore(CudaWeightCore core) {
+  cuda::SetWeightPath(core == CudaWeightCore::kTensorCore ? cuda::WeightPath::kTensorCore
+                                                          : cuda::WeightPath::kFma);
+  return Status::Ok();
+}
+
 Result<double> CudaReadBandwidthGbps(int device) {
   FM_RETURN_IF_ERROR(cuda::SetDevice(device));
   return cuda::MeasureReadBandwidth(size_t{1} << 30, 10);

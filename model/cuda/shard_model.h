@@ -28,6 +28,13 @@ enum class CudaStepMode { kGraph, kEager };
 Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt, int device,
                                                          CudaStepMode mode = CudaStepMode::kGraph);
 
+// The core device kernels stream FP8/FP4 weights with (kernels/cuda/ops.h SetWeightPath) for the
+// whole process: f32 FMAs (the default, measured on the H200) or the tensor cores (mma.sync,
+// gemv_tc.cuh; not yet measured). Set it before creating device shards: a shard's CUDA graphs keep
+// the core they were captured with. Without CUDA in the build: an error that says so.
+enum class CudaWeightCore { kFma, kTensorCore };
+Status SetCudaWeightCore(CudaWeightCore core);
+
 // Read bandwidth of CUDA device `device` in GB/s (kernels/cuda MeasureReadBandwidth over 1 GiB),
 // what `flashmesh bench decode --device cuda:N` divides its weight traffic by.
 Result<double> CudaReadBandwidthGbps(int device);

@@ -11,6 +11,11 @@ Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint&, int 
                      ": this flashmesh was built without CUDA (no nvcc at configure time)");
 }
 
+Status SetCudaWeightCore(CudaWeightCore) {
+  return Unavailable("the tensor-core choice: this flashmesh was built without CUDA (no nvcc at "
+                     "configure time)");
+}
+
 Result<double> CudaReadBandwidthGbps(int device) {
   return Unavailable("device cuda:" + std::to_string(device) +
                      ": this flashmesh was built without CUDA (no nvcc at configure time)");

@@ -5,7 +5,8 @@
 // T = 1, 2, 4, 8, 32 tokens (bytes counted once: each weight is read once a call); GemmMany of
 // the attention's products of x (one launch); the MoE step's ExpertsUpGate (W1 + W3 of k = 6 of
 // 256 FP4 experts and the FP8 shared expert, I = 2048, H = 4096) and ExpertsDown, for 1 and 8
-// tokens; HcPostPre at the real manifold.
+// tokens; HcPostPre at the real manifold. The FP8/FP4 cases run on both cores of ops.h
+// SetWeightPath, "fma" and "tc" (tensor cores), in the same run.
 // Usage: bench_cuda_gemv  (one line per case; exit 1 on a CUDA error; 0 devices: skip).
 #include <cuda_runtime.h>
 
@@ -15,6 +16,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/check.cuh"
@@ -50,6 +52,10 @@ const Shape kAttnX[] = {
 };
 
 double g_probe = 0;  // GB/s
+
+// Each FP8/FP4 case on the FMA core, then on the tensor-core one; the core names the line.
+const cuda::WeightPath kCores[] = {cuda::WeightPath::kFma, cuda::WeightPath::kTensorCore};
+std::string CoreTag(cuda::WeightPath p) { return p == cuda::WeightPath::kFma ? "fma " : "tc  "; }
 
 // Host bytes of a weight of small codes (no NaN/inf patterns), scales near 1.
 struct HostBytes {
@@ -106,7 +112,7 @@ Status Time(const std::string& name, size_t bytes, int warm, const std::function
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   const double us = 1000.0 * ms / iters, gbs = bytes / (us * 1e3);
-  std::printf("%-34s %8.2f MiB %9.2f us %8.1f GB/s  %.2f of probe\n", name.c_str(),
+  std::printf("%-42s %8.2f MiB %9.2f us %8.1f GB/s  %.2f of probe\n", name.c_str(),
               bytes / double(1 << 20), us, gbs, gbs / g_probe);
   return Status::Ok();
 }
@@ -116,16 +122,23 @@ Status BenchShape(const Shape& s) {
   const size_t bytes = h.w.bytes();
   const int copies = CopiesFor(bytes);
   FM_ASSIGN_OR_RETURN(auto weights, Copies(h, copies));
-  for (int64_t T : {1, 2, 4, 8, 32}) {
-    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * s.cols, 0.5f));
-    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * s.rows, 0.0f));
-    char name[64];
-    std::snprintf(name, sizeof name, "%s T=%-2lld [%lld, %lld]", s.name, static_cast<long long>(T),
-                  static_cast<long long>(s.rows), static_cast<long long>(s.cols));
-    FM_RETURN_IF_ERROR(Time(name, bytes, copies, [&](int i) {
-      return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, T);
-    }));
+  const bool both = s.format == WeightFormat::kFP8Block || s.format == WeightFormat::kFP4Block32;
+  for (cuda::WeightPath core : kCores) {
+    if (core != kCores[0] && !both) break;
+    cuda::SetWeightPath(core);
+    for (int64_t T : {1, 2, 4, 8, 32}) {
+      FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * s.cols, 0.5f));
+      FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * s.rows, 0.0f));
+      char name[80];
+      std::snprintf(name, sizeof name, "%s%s T=%-2lld [%lld, %lld]", CoreTag(core).c_str(), s.name,
+                    static_cast<long long>(T), static_cast<long long>(s.rows),
+                    static_cast<long long>(s.cols));
+      FM_RETURN_IF_ERROR(Time(name, bytes, copies, [&](int i) {
+        return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, T);
+      }));
+    }
   }
+  cuda::SetWeightPath(kCores[0]);
   return Status::Ok();
 }
 
@@ -145,11 +158,12 @@ Status BenchAttnX() {
     w.push_back(std::move(c));
     out += h.w.rows;
   }
-  for (int64_t T : {1, 4}) {
+  for (const auto& [core, T] : {std::pair{kCores[0], 1}, {kCores[0], 4}, {kCores[1], 1}, {kCores[1], 4}}) {
+    cuda::SetWeightPath(core);
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * 4096, 0.5f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * out, 0.0f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer g, Floats(4096, 1.0f));
-    const std::string name = "GemmMany attn x (7) T=" + std::to_string(T);
+    const std::string name = CoreTag(core) + "GemmMany attn x (7) T=" + std::to_string(T);
     FM_RETURN_IF_ERROR(Time(name, bytes, copies, [&](int i) {
       std::vector<cuda::GemvTask> tasks;
       int64_t off = 0;
@@ -161,6 +175,7 @@ Status BenchAttnX() {
       return cuda::GemmMany(tasks.data(), tasks.size(), T, g.as<float>(), 1e-6f);
     }));
   }
+  cuda::SetWeightPath(kCores[0]);
   return Status::Ok();
 }
 
@@ -197,7 +212,9 @@ Status BenchExperts() {
   // 64 id sets of T tokens x 6 distinct experts each, rotated: 384 expert picks or more > 256,
   // beyond L2. T = 8: a decode step of 8 streams (48 picks, mostly distinct experts).
   const int sets = 64;
-  for (const int64_t T : {1, 8}) {
+  for (const auto& [core, T] : {std::pair{kCores[0], int64_t{1}}, {kCores[0], int64_t{8}},
+                               {kCores[1], int64_t{1}}, {kCores[1], int64_t{8}}}) {
+    cuda::SetWeightPath(core);
     std::mt19937 rng(5);
     std::vector<int32_t> ids(sets * T * k);
     for (int i = 0; i < sets * T; ++i) {
@@ -215,16 +232,17 @@ Status BenchExperts() {
     const size_t up_bytes = 2 * (distinct * up.w.bytes() + s_up.w.bytes());
     const size_t down_bytes = distinct * down.w.bytes() + s_down.w.bytes();
     const std::string t = " T=" + std::to_string(T);
-    FM_RETURN_IF_ERROR(Time("ExpertsUpGate k=6+shared" + t, up_bytes, sets, [&](int i) {
+    FM_RETURN_IF_ERROR(Time(CoreTag(core) + "ExpertsUpGate k=6+shared" + t, up_bytes, sets, [&](int i) {
       return cuda::ExpertsUpGate(set(p1, q1, I, H), set(p3, q3, I, H),
                                  dids.as<int32_t>() + (i % sets) * T * k, T, k, x.as<float>(), H,
                                  10.0f, &shared, h.as<float>(), I);
     }));
-    FM_RETURN_IF_ERROR(Time("ExpertsDown   k=6+shared" + t, down_bytes, sets, [&](int i) {
+    FM_RETURN_IF_ERROR(Time(CoreTag(core) + "ExpertsDown   k=6+shared" + t, down_bytes, sets, [&](int i) {
       return cuda::ExpertsDown(set(p2, q2, H, I), dids.as<int32_t>() + (i % sets) * T * k, T, k,
                                h.as<float>(), I, &shared, c.as<float>());
     }));
   }
+  cuda::SetWeightPath(kCores[0]);
   return Status::Ok();
 }
 

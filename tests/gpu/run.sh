@@ -7,9 +7,10 @@
 #                                     machine: no configure, no build (the GPU machine's way)
 #   add --profile: an ncu per-kernel table of eager decode steps instead of the checks
 # The checks: each GPU test binary (kernels vs their CPU twins, the device shard vs the CPU
-# shard, NCCL), bench_cuda_gemv, `bench decode --device cuda:0` on the bench preset (CUDA graph
-# and eager) and on `mkmodel --preset flash --layers 2` (the real shapes: per-layer time and the
-# 43-layer prediction), bench cluster of pp2 / ep2 / tp2 cuda:0 workers against one cuda:0
+# shard, NCCL), bench_cuda_gemv (FP8/FP4 on both weight cores), `bench decode --device cuda:0`
+# on the bench preset (CUDA graph and eager) and on `mkmodel --preset flash --layers 2` (the real
+# shapes: per-layer time and the 43-layer prediction), each graph row again with
+# `--weight-core tc` (the tensor-core core, ops.h SetWeightPath), bench cluster of pp2 / ep2 / tp2 cuda:0 workers against one cuda:0
 # worker, test_integration DeviceShard.*. Without a GPU each GPU step reports
 # "skipped: no GPU" (--prebuilt still checks that every packed binary loads).
 # Prints a table last; full logs go to $OUT if set, else a fresh /tmp/fm-gpu.* (printed).
@@ -224,8 +225,10 @@ else
   mkmodel_step bench --preset bench
   bench_step "decode bench graph" bench --context 64 --tokens 64 --streams 8
   bench_step "decode bench eager" bench --context 64 --tokens 64 --eager
+  bench_step "decode bench graph tc" bench --context 64 --tokens 64 --streams 8 --weight-core tc
   mkmodel_step flash2 --preset flash --layers 2
   bench_step "decode flash2 graph" flash2 --context 256 --tokens 32 --streams 8
+  bench_step "decode flash2 graph tc" flash2 --context 256 --tokens 32 --streams 8 --weight-core tc
   cluster_step "cluster pp2 cuda" "$(cuda_yaml pp2 'pipeline_stages: 2, expert_parallel: 1' 2)"
   cluster_step "cluster ep2 cuda" "$(cuda_yaml ep2 'pipeline_stages: 1, expert_parallel: 2' 2)"
   cluster_step "cluster tp2 cuda" "$(cuda_yaml tp2 'pipeline_stages: 1, tensor_parallel: 2' 2)"

@@ -127,21 +127,32 @@ TEST(DeviceShard, NcclStageLinkEqualsOneGpuWorkerOrSaysWhyItCannotLoad) {
   EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s), 1) << out;  // degraded
 }
 
-// The device decode bench: with a GPU it reports the JSON keys (graph and eager); without one
-// it fails naming the device; --eager alone is a usage error.
+// The device decode bench: with a GPU it reports the JSON keys (graph, eager, the tensor-core
+// weight core); without one it fails naming the device; --eager or --weight-core tc alone, and a
+// weight core that does not exist, are usage errors naming the flag.
 TEST(DeviceShard, BenchDecodeOnADeviceRunsOrSaysWhy) {
   std::string out;
   EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--eager"}, &out), 2);
   EXPECT_NE(out.find("--eager: only with --device cuda:N"), std::string::npos) << out;
-  for (const char* mode : {"--json", "--eager"}) {
-    const int rc = RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--device", "cuda:0",
-                                 "--context", "8", "--tokens", "4", "--streams", "3", "--json", mode},
-                                &out, 120s);
+  EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--weight-core", "tc"}, &out), 2);
+  EXPECT_NE(out.find("--weight-core tc: only with --device cuda:N"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--device", "cuda:0",
+                          "--weight-core", "mma"}, &out), 2);
+  EXPECT_NE(out.find("--weight-core: 'mma' (want fma or tc)"), std::string::npos) << out;
+  const std::vector<std::vector<std::string>> modes = {{"--json"}, {"--eager"}, {"--weight-core", "tc"}};
+  for (const auto& mode : modes) {
+    std::vector<std::string> args = {"bench", "decode", "--model", SmallModel(), "--device", "cuda:0",
+                                     "--context", "8", "--tokens", "4", "--streams", "3", "--json"};
+    args.insert(args.end(), mode.begin(), mode.end());
+    const int rc = RunFlashmesh(args, &out, 120s);
     if (Gpus() > 0) {
       EXPECT_EQ(rc, 0) << out;
       EXPECT_NE(out.find("\"tok_per_s\""), std::string::npos) << out;
       EXPECT_NE(out.find("\"streams\": 3, \"streams_tok_per_s\""), std::string::npos) << out;
-      EXPECT_NE(out.find(std::string("\"cuda_graph\": ") + (mode[2] == 'e' ? "false" : "true")),
+      EXPECT_NE(out.find(std::string("\"cuda_graph\": ") + (mode[0] == "--eager" ? "false" : "true")),
+                std::string::npos)
+          << out;
+      EXPECT_NE(out.find(std::string("\"weight_core\": \"") + (mode.size() == 2 ? "tc" : "fma")),
                 std::string::npos)
           << out;
       EXPECT_NE(out.find("\"h2d_bytes_per_token\": "), std::string::npos) << out;
