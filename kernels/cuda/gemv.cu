@@ -4,7 +4,9 @@
 // GemmMany: a launch carries up to kMaxGemvTasks products (their own weights, x and y) by
 // value, so a captured graph bakes them, and blocks map to (task, row block) through a prefix
 // table. A task with few rows splits each row among 2-8 warps of its block (its `slices`), so
-// even a [1024, 4096] product keeps every SM streaming.
+// even a [1024, 4096] product keeps every SM streaming. With SetWeightPath(kTensorCore) an FP8 or
+// FP4 task runs on gemv_tc.cuh instead (16-row tiles, 8 tokens a pass, TcSlices), in the same
+// launch as the other formats' tasks.
 #include <cuda_runtime.h>
 
 #include <atomic>

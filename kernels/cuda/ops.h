@@ -29,7 +29,8 @@ Result<DeviceWeight> UploadWeight(const QWeight& host);
 
 // y[rows] = W[rows, cols] x[cols], W dequantized on the fly exactly as MatvecRef does (FP8 e4m3
 // with e8m0 128x128 block scales incl. partial edge blocks, FP4 e2m1 with e8m0 per-32 scales,
-// BF16, F32). w.data/w.scale, x and y are device pointers. Four rows a warp (gemv.cu).
+// BF16, F32). w.data/w.scale, x and y are device pointers. Four rows a warp (gemv.cu; FP8/FP4
+// on the tensor-core core: 16, see SetWeightPath below).
 Status Gemv(const QWeight& w, const float* x, float* y);
 // T products with the same weight: y[t * y_stride + r] = W x_t with x_t = x + t * x_stride, each
 // bit-identical to Gemv(w, x_t, ...) whatever T is (when x and x_stride keep every x_t 16-byte
