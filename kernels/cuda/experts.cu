@@ -116,7 +116,8 @@ __device__ void ExpertTileTc(const ExpertsLaunch& p, WeightFormat format, int64_
   auto x_of = [&](int t) {
     return t < n ? p.x + (p.up_gate ? tile[t] / Slots(p) : tile[t]) * p.x_stride : nullptr;
   };
-  const TcLaneX lx{x_of(gl), 1.0f, {x_of(2 * tq), x_of(2 * tq + 1)}, {1.0f, 1.0f}, nullptr};
+  const TcLaneX lx{x_of(gl < n ? gl : 0), gl < n, 1.0f, {x_of(2 * tq), x_of(2 * tq + 1)},
+                   {1.0f, 1.0f}, nullptr};
   float d[4];
   if (format == WeightFormat::kFP8Block)
     StreamTileTc<WeightFormat::kFP8Block>(rows, cols, lx, lane, 0, 1, d);

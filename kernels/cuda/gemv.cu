@@ -123,8 +123,9 @@ __device__ void TcTaskTile(const GemvTaskK& k, int64_t r_rel, int64_t t0, int64_
   }
   auto x_of = [&](int t) { return t0 + t < T ? k.x + (t0 + t) * k.x_stride : nullptr; };
   auto inv_of = [&](int t) { return g ? inv_sh[t] : 1.0f; };
-  const TcLaneX lx{x_of(gl), inv_of(gl), {x_of(2 * tq), x_of(2 * tq + 1)},
-                   {inv_of(2 * tq), inv_of(2 * tq + 1)}, g};
+  const bool live_g = t0 + gl < T;
+  const TcLaneX lx{x_of(live_g ? gl : 0), live_g, inv_of(live_g ? gl : 0),
+                   {x_of(2 * tq), x_of(2 * tq + 1)}, {inv_of(2 * tq), inv_of(2 * tq + 1)}, g};
   float d[4];
   if (k.format == WeightFormat::kFP8Block)
     StreamTileTc<WeightFormat::kFP8Block>(rows, k.cols, lx, lane, slice, k.slices, d);
@@ -162,22 +163,12 @@ __device__ void TcTaskBlock(const GemvLaunch& p, const GemvTaskK& k, int64_t blo
   }
 }
 
-// Block b: task i with block_end[i-1] <= b < block_end[i], its row block b - block_end[i-1] (8 /
-// slices groups of 4 rows), all T tokens in tiles of NT. Warps past the task's last row stream
-// its last row again (never stored), so every warp takes the same path through the barriers.
-// Two blocks an SM: the register cap (128) holds every tile without spills (ptxas -v).
-// kTc: the launch has tensor-core tasks (an instance of its own, so the FMA-only launches keep
-// their registers).
-template <int NT, bool kTc>
-__global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLaunch p) {
-  int i = 0;
-  while (i + 1 < p.ntasks && blockIdx.x >= p.block_end[i]) ++i;
-  const GemvTaskK& k = p.task[i];
-  const int64_t block = blockIdx.x - (i > 0 ? p.block_end[i - 1] : 0);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, slice = warp % k.slices;
-  if constexpr (kTc) {
-    if (k.tc) return TcTaskBlock(p, k, block, lane, warp, slice);
-  }
+// An FMA task's block: 8 / slices groups of 4 rows, all T tokens in tiles of NT. Warps past the
+// task's last row stream its last row again (never stored), so every warp takes the same path
+// through the barriers.
+template <int NT>
+__device__ void FmaTaskBlock(const GemvLaunch& p, const GemvTaskK& k, int64_t block, int lane,
+                             int warp, int slice) {
   const int64_t r_rel = (block * (kGemvWarps / k.slices) + warp / k.slices) * kWarpRows;
   const int64_t left = k.rows - r_rel;
   const int nrows = left <= 0 ? 0 : left < kWarpRows ? static_cast<int>(left) : kWarpRows;
@@ -193,6 +184,28 @@ __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLau
     if (p.norm) TileInvRms(k.x, k.x_stride, t0, p.T - t0 < NT ? p.T - t0 : NT, k.cols, p.eps, inv_sh);
     TaskTile<NT>(k, rows, r_rel, nrows, t0, p.T, p.norm, inv_sh, lane, slice);
     if (p.norm) __syncthreads();  // inv_sh is rewritten by the next tile
+  }
+}
+
+// Which cores a launch's tasks take; each combination is an instance of its own, so FMA-only
+// launches keep their registers and tensor-core-only ones carry no FMA body.
+enum GemvCores { kFmaTasks, kMixedTasks, kTcTasks };
+
+// Block b: task i with block_end[i-1] <= b < block_end[i], its row block b - block_end[i-1].
+// Two blocks an SM: the register cap (128) holds every FMA tile without spills (ptxas -v).
+
+template <int NT, int kCores>
+__global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLaunch p) {
+  int i = 0;
+  while (i + 1 < p.ntasks && blockIdx.x >= p.block_end[i]) ++i;
+  const GemvTaskK& k = p.task[i];
+  const int64_t block = blockIdx.x - (i > 0 ? p.block_end[i - 1] : 0);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, slice = warp % k.slices;
+  if constexpr (kCores == kTcTasks) {
+    return TcTaskBlock(p, k, block, lane, warp, slice);
+  } else {
+    if (kCores == kMixedTasks && k.tc) return TcTaskBlock(p, k, block, lane, warp, slice);
+    FmaTaskBlock<NT>(p, k, block, lane, warp, slice);
   }
 }
 
@@ -247,7 +260,10 @@ Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std
   const bool x_vec = Aligned16(task.x) && (T == 1 || (task.x_stride * 4) % 16 == 0);
   const bool vec = x_vec && (!norm || Aligned16(norm)) && Aligned16(w.data) &&
                    VectorCols(w.format, w.cols);
-  const bool tc = vec && TcFormat(w.format) && GetWeightPath() == WeightPath::kTensorCore;
+  // The tensor-core core also for T = 1 only with a stride that keeps every x_t aligned, so a
+  // token's core (and bits) never depend on T.
+  const bool tc = vec && (task.x_stride * 4) % 16 == 0 && w.cols < (int64_t{1} << 31) &&
+                  TcFormat(w.format) && GetWeightPath() == WeightPath::kTensorCore;
   const int64_t plan = task.plan_rows > 0 ? task.plan_rows : rows;
   *k = GemvTaskK{w.format, vec, tc, w.data, w.scale, task.row0, rows, w.cols, task.x,
                  task.x_stride, task.y, task.y_stride,
@@ -286,15 +302,17 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   p.norm = norm;
   p.eps = eps;
   const unsigned grid = static_cast<unsigned>(blocks);
-  bool tc = false;
-  for (int i = 0; i < p.ntasks; ++i) tc = tc || p.task[i].tc;
-  switch (TokenTile(T) + (tc ? 8 : 0)) {
-    case 1: GemvTasksKernel<1, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 2: GemvTasksKernel<2, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 4: GemvTasksKernel<4, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 9: GemvTasksKernel<1, true><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 10: GemvTasksKernel<2, true><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    default: GemvTasksKernel<4, true><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+  int tc_tasks = 0;
+  for (int i = 0; i < p.ntasks; ++i) tc_tasks += p.task[i].tc ? 1 : 0;
+  const int cores = tc_tasks == 0 ? kFmaTasks : tc_tasks == p.ntasks ? kTcTasks : kMixedTasks;
+  switch (cores == kTcTasks ? 0 : TokenTile(T) + (cores == kMixedTasks ? 8 : 0)) {
+    case 0: GemvTasksKernel<1, kTcTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 1: GemvTasksKernel<1, kFmaTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 2: GemvTasksKernel<2, kFmaTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 4: GemvTasksKernel<4, kFmaTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 9: GemvTasksKernel<1, kMixedTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 10: GemvTasksKernel<2, kMixedTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    default: GemvTasksKernel<4, kMixedTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
   }
   return LaunchStatus("GemvTasksKernel");
 }

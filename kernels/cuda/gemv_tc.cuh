@@ -9,7 +9,8 @@
 // Columns: a step is 4 consecutive vectors, lane t taking vector 4 step + t; mma j of a step
 // takes elements 4j..4j+3 of every lane's vector, for the weights and x alike (a permutation
 // of the columns, which the sum does not see).
-// Numbers: e4m3 and e2m1 are exact in f16; x enters as hi + lo f16 (two mmas, ~22 bits). FP8:
+// Numbers: e4m3 and e2m1 are exact in f16; x enters as hi = f16(x) and lo = f16((x - hi) 2^11)
+// (two mmas, two sums; ~22 bits for |x| >= 2^-13, absolute error < 2^-36 below). FP8:
 // a step's sums are scaled in f32 by their 128-block's scale. FP4: the group scale is folded
 // into the f16 weight (e2m1 * 2^(s-127) is exact in f16 for s in [104, 128], weights of
 // magnitude 2^-24..12); a row whose group is outside takes that step on f32 FMAs (row-local:
@@ -23,7 +24,8 @@ namespace fm::cuda {
 
 constexpr int kTcRows = 16;    // weight rows a warp streams (the mma's m)
 constexpr int kTcTokens = 8;   // tokens a pass serves (the mma's n)
-constexpr int kTcAhead = 2;    // steps whose weight loads a lane issues before the first mma
+constexpr int kTcAhead = 3;    // steps whose weight loads a lane issues before the first mma
+                               // (3: no spills under the 128-register cap; 4 spilled)
 constexpr uint32_t kTcFp4ScaleMin = 104, kTcFp4ScaleMax = 128;
 
 __host__ __device__ constexpr bool TcFormat(WeightFormat f) {
@@ -37,20 +39,25 @@ struct TcRows {
   int64_t row[2];
 };
 
-// The x a lane reads, for a tile of 8 tokens: token g's (its B column; null: an idle token,
-// zeros) and, for an FP4 step on the FMA fallback, tokens 2t and 2t + 1 (its outputs); with a
-// norm weight g, x = g * (x * inv). Plain fields: an array indexed by lane would live in local memory.
+// The x a lane reads, for a tile of 8 tokens: token g's (its B column) and, for an FP4 step on
+// the FMA fallback, tokens 2t and 2t + 1 (its outputs; null: idle); with a norm weight g,
+// x = g * (x * inv). xg is always a valid row (an idle token's lane reads a live token's and
+// zeroes it), so its loads need no branch. Plain fields: an array indexed by lane would live in
+// local memory.
 struct TcLaneX {
   const float* xg;
+  bool live_g;
   float inv_g;
   const float* xo[2];
   float inv_o[2];
   const float* g;
 };
 
-// Columns c..c+3 of a token's x (zeros for a null x), normed with g.
-__device__ __forceinline__ float4 TcX4(const float* x, const float* g, float inv, int64_t c) {
-  if (!x) return float4{0.0f, 0.0f, 0.0f, 0.0f};
+// x's lo part is scaled by 2^11 into the f16 range (mma.cuh SplitF16x2), its sums scaled back.
+constexpr float kTcLoUnscale = 1.0f / 2048.0f;
+
+// Columns c..c+3 of x, normed with g (c inside the row: the caller clamps dead columns).
+__device__ __forceinline__ float4 TcX4(const float* x, const float* g, float inv, int c) {
   float4 a = __ldg(reinterpret_cast<const float4*>(x + c));
   if (g) {
     const float4 gg = __ldg(reinterpret_cast<const float4*>(g + c));
@@ -60,12 +67,20 @@ __device__ __forceinline__ float4 TcX4(const float* x, const float* g, float inv
   return a;
 }
 
+// The B fragments (hi, lo) of 4 x columns; zeros where the token is idle or the step dead.
+__device__ __forceinline__ void TcB(float4 a, bool keep, uint32_t (&bh)[2], uint32_t (&bl)[2]) {
+  if (!keep) a = float4{0.0f, 0.0f, 0.0f, 0.0f};
+  SplitF16x2(a.x, a.y, bh[0], bl[0]);
+  SplitF16x2(a.z, a.w, bh[1], bl[1]);
+}
+
 // Stream i's exact sums of step st for the lane's tokens 2t, 2t + 1, on f32 FMAs (an FP4 group
 // scale the f16 weights cannot hold).
 template <WeightFormat F>
-__device__ void TcRowFallback(const TcRows& rows, int i, int64_t cols, int64_t st,
-                              const TcLaneX& lx, float (&d)[4]) {
-  const int64_t c0 = st * 4 * VecElems(F), c1 = c0 + 4 * VecElems(F) < cols ? c0 + 4 * VecElems(F) : cols;
+__device__ void TcRowFallback(const TcRows& rows, int i, int64_t cols, int st, const TcLaneX& lx,
+                              float (&d)[4]) {
+  const int64_t c0 = static_cast<int64_t>(st) * 4 * VecElems(F);
+  const int64_t c1 = c0 + 4 * VecElems(F) < cols ? c0 + 4 * VecElems(F) : cols;
   for (int u = 0; u < 2; ++u) {
     const float* x = lx.xo[u];
     if (!x) continue;
@@ -78,35 +93,41 @@ __device__ void TcRowFallback(const TcRows& rows, int i, int64_t cols, int64_t s
   }
 }
 
-// Step st of the lane's two rows (q: its vectors 4 st + t, zero past the row's end) into d.
+// d += c_hi + c_lo 2^-11 (the step's sums of x's two parts), times a row's scale (FP8).
+__device__ __forceinline__ void TcFold(const float (&ch)[4], const float (&cl)[4], float s0,
+                                       float s1, float (&d)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) d[q] = fmaf(fmaf(cl[q], kTcLoUnscale, ch[q]), q < 2 ? s0 : s1, d[q]);
+}
+
+// Step st of the lane's two rows into d: q its vectors 4 st + t (zero past the row's end), sb
+// their scale bytes (FP8: the step's 128-block; FP4: the vector's group). x's hi and lo parts
+// go through separate mmas into separate sums (two chains, not one).
 template <WeightFormat F>
-__device__ __forceinline__ void TcStep(const uint4 (&q)[2], const TcRows& rows,
-                                       const uint8_t* const (&sr)[2], int64_t st, int64_t nvec,
-                                       int64_t cols, const TcLaneX& lx, int g, int t,
-                                       float (&d)[4]) {
-  const int64_t v = 4 * st + t;
-  const bool live = v < nvec;
-  const float* xv = live ? lx.xg : nullptr;
-  const float inv = lx.inv_g;
+__device__ __forceinline__ void TcStep(const uint4 (&q)[2], const uint32_t (&sb)[2],
+                                       const TcRows& rows, int st, int nvec, int64_t cols,
+                                       const TcLaneX& lx, int g, int t, float (&d)[4]) {
+  constexpr int kElems = VecElems(F);
+  const int v = 4 * st + t;
+  const bool live = v < nvec, keep = live && lx.live_g;
+  const int c0 = live ? v * kElems : 0;  // a dead step reads column 0 and zeroes it
+  float ch[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if constexpr (F == WeightFormat::kFP8Block) {
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float4 xa[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xa[j] = TcX4(lx.xg, lx.g, lx.inv_g, c0 + 4 * j);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float4 xa = TcX4(xv, lx.g, inv, v * 16 + 4 * j);
       uint32_t bh[2], bl[2];
-      SplitF16x2(xa.x, xa.y, bh[0], bl[0]);
-      SplitF16x2(xa.z, xa.w, bh[1], bl[1]);
+      TcB(xa[j], keep, bh, bl);
       const uint32_t w0 = Word(q[0], j), w1 = Word(q[1], j);
       const uint32_t a[4] = {E4m3x2ToF16x2(w0), E4m3x2ToF16x2(w1), E4m3x2ToF16x2(w0 >> 16),
                              E4m3x2ToF16x2(w1 >> 16)};
-      MmaF16(a, bh, c);
-      MmaF16(a, bl, c);
+      MmaF16(a, bh, ch);
+      MmaF16(a, bl, cl);
     }
-    if (4 * st < nvec) {  // the whole warp: the step's 64 columns lie in 128-block st / 2
-      const float s0 = E8m0Decode(sr[0][st / 2]), s1 = E8m0Decode(sr[1][st / 2]);
-      d[0] = fmaf(c[0], s0, d[0]), d[1] = fmaf(c[1], s0, d[1]);
-      d[2] = fmaf(c[2], s1, d[2]), d[3] = fmaf(c[3], s1, d[3]);
-    }
+    // A dead step adds zero (its scale byte is a stand-in).
+    TcFold(ch, cl, E8m0Decode(sb[0]), E8m0Decode(sb[1]), d);
   } else {
     // Each lane's vector is one 32-group of each row: its scale, as an f16x2 factor
     // 2^(s - 113) on e2m1 * 2^-14; a row with any group of the step out of range takes the step
@@ -115,43 +136,78 @@ __device__ __forceinline__ void TcStep(const uint4 (&q)[2], const TcRows& rows,
     bool bad[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const uint32_t s = live ? sr[i][v] : 127u;
-      const bool ok = s >= kTcFp4ScaleMin && s <= kTcFp4ScaleMax;
-      const unsigned votes = __ballot_sync(0xffffffffu, !ok);
+      const bool ok = sb[i] >= kTcFp4ScaleMin && sb[i] <= kTcFp4ScaleMax;
+      const unsigned votes = __ballot_sync(0xffffffffu, live && !ok);
       bad[i] = ((votes >> (4 * g)) & 0xFu) != 0;
-      f[i] = bad[i] || !live ? 0u : ((s - 98u) << 10) * 0x10001u;
+      f[i] = bad[i] || !live ? 0u : ((sb[i] - 98u) << 10) * 0x10001u;
     }
-#pragma unroll 2
-    for (int j = 0; j < 8; ++j) {
-      const float4 xa = TcX4(xv, lx.g, inv, v * 32 + 4 * j);
-      uint32_t bh[2], bl[2];
-      SplitF16x2(xa.x, xa.y, bh[0], bl[0]);
-      SplitF16x2(xa.z, xa.w, bh[1], bl[1]);
-      uint32_t h0[2], h1[2];
-      E2m1x4ToF16x2(Word(q[0], j / 2) >> (16 * (j % 2)), h0);
-      E2m1x4ToF16x2(Word(q[1], j / 2) >> (16 * (j % 2)), h1);
-      const uint32_t a[4] = {MulF16x2(h0[0], f[0]), MulF16x2(h1[0], f[1]), MulF16x2(h0[1], f[0]),
-                             MulF16x2(h1[1], f[1])};
-      MmaF16(a, bh, d);
-      MmaF16(a, bl, d);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // x in two loads of 4 float4: registers
+      float4 xa[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) xa[j] = TcX4(lx.xg, lx.g, lx.inv_g, c0 + 16 * half + 4 * j);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * half + jj;
+        uint32_t bh[2], bl[2], h0[2], h1[2];
+        TcB(xa[jj], keep, bh, bl);
+        E2m1x4ToF16x2(Word(q[0], j / 2) >> (16 * (j % 2)), h0);
+        E2m1x4ToF16x2(Word(q[1], j / 2) >> (16 * (j % 2)), h1);
+        const uint32_t a[4] = {MulF16x2(h0[0], f[0]), MulF16x2(h1[0], f[1]),
+                               MulF16x2(h0[1], f[0]), MulF16x2(h1[1], f[1])};
+        MmaF16(a, bh, ch);
+        MmaF16(a, bl, cl);
+      }
     }
+    TcFold(ch, cl, 1.0f, 1.0f, d);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       if (bad[i]) TcRowFallback<F>(rows, i, cols, st, lx, d);
   }
 }
 
+// Loads N steps' weights and scale bytes (from step index it of the slice) before their mmas.
+template <WeightFormat F, int N>
+__device__ __forceinline__ void TcSteps(const TcRows& rows, const uint4* const (&wr)[2],
+                                        const uint8_t* const (&sr)[2], int it, int slice,
+                                        int slices, int nvec, int64_t cols, const TcLaneX& lx,
+                                        int g, int t, float (&d)[4]) {
+  uint4 q[N][2];
+  uint32_t sb[N];  // the two rows' scale bytes, row 1's at bits 8..15
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int st = slice + (it + u) * slices, v = 4 * st + t;
+    sb[u] = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      q[u][i] = v < nvec ? __ldg(wr[i] + v) : uint4{0u, 0u, 0u, 0u};
+      uint32_t b;
+      if constexpr (F == WeightFormat::kFP8Block)
+        b = 4 * st < nvec ? __ldg(sr[i] + st / 2) : 127u;
+      else
+        b = v < nvec ? __ldg(sr[i] + v) : 127u;
+      sb[u] |= b << (8 * i);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const uint32_t b[2] = {sb[u] & 0xFFu, sb[u] >> 8};
+    TcStep<F>(q[u], b, rows, slice + (it + u) * slices, nvec, cols, lx, g, t, d);
+  }
+}
+
 // The lane's share d of the warp's tile over steps slice, slice + slices, ...: d[0], d[1] =
-// stream 0 x tokens 2t, 2t + 1; d[2], d[3] = stream 1. Every warp of the block makes the same
-// trips (the emulated mma is block-wide); dead steps load nothing and add zero.
+// stream 0 x tokens 2t, 2t + 1; d[2], d[3] = stream 1. kTcAhead steps a trip, then the rest
+// one at a time. Every warp of the block makes the same trips (the emulated mma is block-wide:
+// a slice past the last step runs dead steps, which load nothing and add zero).
+// cols < 2^31 (the launchers check).
 template <WeightFormat F>
 __device__ void StreamTileTc(const TcRows& rows, int64_t cols, const TcLaneX& lx, int lane,
                              int slice, int slices, float (&d)[4]) {
   const int g = lane >> 2, t = lane & 3;
   d[0] = d[1] = d[2] = d[3] = 0.0f;
-  const int64_t nvec = cols / VecElems(F), nsteps = (nvec + 3) / 4;
-  const int64_t per = (nsteps + slices - 1) / slices;
-  const int64_t trips = (per + kTcAhead - 1) / kTcAhead * kTcAhead;
+  const int nvec = static_cast<int>(cols / VecElems(F)), nsteps = (nvec + 3) / 4;
+  const int per = (nsteps + slices - 1) / slices;
   const uint4* wr[2];
   const uint8_t* sr[2];
 #pragma unroll
@@ -159,19 +215,12 @@ __device__ void StreamTileTc(const TcRows& rows, int64_t cols, const TcLaneX& lx
     wr[i] = RowVectors<F>(rows.data[i], rows.row[i], cols);
     sr[i] = RowScales<F>(rows.scale[i], rows.row[i], cols);
   }
+  int it = 0;
 #pragma unroll 1
-  for (int64_t it = 0; it < trips; it += kTcAhead) {
-    uint4 q[kTcAhead][2];
-#pragma unroll
-    for (int u = 0; u < kTcAhead; ++u) {
-      const int64_t v = 4 * (slice + (it + u) * slices) + t;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) q[u][i] = v < nvec ? __ldg(wr[i] + v) : uint4{0u, 0u, 0u, 0u};
-    }
-#pragma unroll
-    for (int u = 0; u < kTcAhead; ++u)
-      TcStep<F>(q[u], rows, sr, slice + (it + u) * slices, nvec, cols, lx, g, t, d);
-  }
+  for (; it + kTcAhead <= per; it += kTcAhead)
+    TcSteps<F, kTcAhead>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
+#pragma unroll 1
+  for (; it < per; ++it) TcSteps<F, 1>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
 }
 
 // Warps sharing each 16-row tile of a [rows, cols] product (the tensor-core twin of gemv.cu's

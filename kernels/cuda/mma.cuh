@@ -65,20 +65,21 @@ __device__ __forceinline__ uint32_t MulF16x2(uint32_t a, uint32_t b) {
 #endif
 }
 
-// (a, b) as two f16x2 whose sum is them to ~22 bits: hi = f16(.), lo = f16(. - hi). The mma
-// takes x as hi and lo, so its f16 operands cost ~2^-22 relative instead of f16's 2^-11. |x| past
-// the f16 range (65504) gives inf/NaN (docs/gpu.md).
+// (a, b) as two f16x2 parts: hi = f16(x) and lo = f16((x - hi) * 2^11), so x = hi + lo 2^-11 to
+// ~22 bits (the 2^11 keeps lo out of the f16 subnormals down to |x| ~ 2^-13; it cannot overflow:
+// |x - hi| <= |x| 2^-11). The mma takes each part; the caller sums lo's products times 2^-11.
+// |x| past the f16 range (65504) gives inf/NaN (docs/gpu.md).
 __device__ __forceinline__ void SplitF16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
 #ifdef __CUDA_ARCH__
   const __half2 h = __floats2half2_rn(a, b);
   const float2 back = __half22float2(h);
-  const __half2 l = __floats2half2_rn(a - back.x, b - back.y);
+  const __half2 l = __floats2half2_rn((a - back.x) * 2048.0f, (b - back.y) * 2048.0f);
   hi = *reinterpret_cast<const uint32_t*>(&h);
   lo = *reinterpret_cast<const uint32_t*>(&l);
 #else
   const uint32_t ha = F32ToF16(a), hb = F32ToF16(b);
   hi = ha | (hb << 16);
-  lo = F32ToF16(a - F16ToF32(ha)) | (F32ToF16(b - F16ToF32(hb)) << 16);
+  lo = F32ToF16((a - F16ToF32(ha)) * 2048.0f) | (F32ToF16((b - F16ToF32(hb)) * 2048.0f) << 16);
 #endif
 }
 

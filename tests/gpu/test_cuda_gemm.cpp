@@ -87,6 +87,48 @@ TEST(CudaGemmTokens, EveryTokenHasItsGemvBitsForAnyT) {
 }
 
 // A NaN in one token's x gives NaN only in that token's outputs; a NaN scale byte only in its rows.
+// The tensor-core core's numbers against MatvecRef:
+// - FP4 scales across the range folded into the f16 weights (2^-23..2^1: f16-subnormal weights
+//   at the low end) and at its edges (103 and 129 take the FMA fallback, 104 and 128 the mma,
+//   0 the fallback);
+// - FP8 and FP4 with x of sigma 1e-5, 1e-3 and 1 (x's lo part is scaled by 2^11 so small x keeps its
+//   bits);
+// - every token == its Gemv, bit for bit.
+TEST(CudaGemmTokens, TensorCoreScaleRangeAndSmallX) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  WeightPathScope scope(cuda::WeightPath::kTensorCore);
+  std::mt19937 rng(77);
+  const int64_t rows = 24, cols = 256, T = 3;
+  for (WeightFormat f : {WeightFormat::kFP4Block32, WeightFormat::kFP8Block}) {
+    HostWeight h = RandomWeight(f, rows, cols, rng);
+    if (f == WeightFormat::kFP4Block32) {
+      std::uniform_int_distribution<int> in_range(104, 128);
+      for (auto& b : h.scale) b = static_cast<uint8_t>(in_range(rng));
+      const int64_t groups = cols / 32;
+      h.scale[3 * groups + 0] = 103, h.scale[3 * groups + 1] = 104;
+      h.scale[5 * groups + 2] = 128, h.scale[6 * groups + 3] = 129;
+      h.scale[7 * groups + 4] = 0;
+    }
+    auto dw = cuda::UploadWeight(h.w);
+    ASSERT_TRUE(dw.ok()) << dw.status().ToString();
+    for (float sigma : {1e-5f, 1e-3f, 1.0f}) {
+      const std::string what = "format " + std::to_string(static_cast<int>(f)) + " sigma " + std::to_string(sigma);
+      const std::vector<float> x = RandomNormal(T * cols, rng, sigma);
+      DeviceBuffer dx = ToDevice(x), dy = Zeros(T * rows), d1 = Zeros(rows);
+      ASSERT_OK(cuda::Gemm(dw->view(), dx.as<float>(), cols, dy.as<float>(), rows, T));
+      const std::vector<float> y = ToHost(dy, T * rows);
+      for (int64_t t = 0; t < T; ++t) {
+        const std::vector<float> yt(y.begin() + t * rows, y.begin() + (t + 1) * rows);
+        ExpectClose(yt, Ref(h.w, x.data() + t * cols), 1e-4, what + " token " + std::to_string(t));
+        ASSERT_OK(cuda::Gemv(dw->view(), dx.as<float>() + t * cols, d1.as<float>()));
+        const std::vector<float> alone = ToHost(d1, rows);
+        for (int64_t r = 0; r < rows; ++r)
+          ASSERT_TRUE(SameBits(alone[r], yt[r])) << what << " t " << t << " r " << r;
+      }
+    }
+  }
+}
+
 // Both cores, FP4 (a NaN scale byte) and FP8 (a NaN e4m3 code, 0x7F).
 TEST(CudaGemmTokens, NanStaysInItsTokenAndRows) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
