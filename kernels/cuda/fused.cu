@@ -16,7 +16,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kHcCols = 32;  // columns h of every stream per HcPostPre block
 constexpr int kHcMaxStreams = 5;  // HcPostPre: a token's n x n comb fits a warp's lanes
 constexpr int kHcMaxMix = (2 + kHcMaxStreams) * kHcMaxStreams + 1;  // mix rows + the squares
-constexpr int kHcTokens = kWarps;  // tokens the last HcPostPre block finishes together, a warp each
 constexpr int kHcYPer = 16;  // columns of y a thread of that block holds: H = 4096 in one pass
 constexpr int kMaxEntryDim = 1024;
 constexpr int kAttnMaxDim = 512;
@@ -71,41 +70,39 @@ struct HcArgs {
   float* comb;
   float* y;
   float* partials;  // [blocks, T, M + 1]
-  int32_t* counter;
+  int32_t* counters;  // [T]
 };
 
-// The last HcPostPre block, tokens t0..t0+nt-1 (nt <= kWarps): mix[t][m] = the blocks' partials
-// summed (warp w takes pairs (t, m) = w, w + 8, ...; lane l blocks l, l + 32, ... in order, then a
-// butterfly); warp u then takes token u's pre/post and Sinkhorn comb, entry (j, k) in lane j n + k
-// (each row and column sum gathered by shuffles in kernels/cpu/hc.h's order: the bits of one
-// thread, without a block barrier an iteration); then y = RMSNorm(sum_i pre[i] X'_i) token by
-// token over the whole block, kHcYPer columns a thread with all their loads in flight. Every
-// warp runs every shuffle (idle warps on dummy values): the emulation's shuffles are block-wide.
-__device__ void HcFinishTokens(const HcArgs& a, const float* xs, int t0, int nt, int M) {
-  __shared__ float mix[kHcTokens][kHcMaxMix];
-  __shared__ float pre[kHcTokens][kHcMaxStreams];
+// The last of token t's HcPostPre blocks: mix[m] = the blocks' partials summed (warp w takes
+// rows m = w, w + 8, ...; lane l blocks l, l + 32, ... in order, then a butterfly); warp 0 then
+// takes the token's pre/post and Sinkhorn comb, entry (j, k) in lane j n + k (each row and
+// column sum gathered by shuffles in kernels/cpu/hc.h's order: the bits of one thread, without a
+// block barrier an iteration); then y = RMSNorm(sum_i pre[i] X'_i) over the whole block, kHcYPer
+// columns a thread with all their loads in flight. Every warp runs every shuffle (the others on
+// dummy values): the emulation's shuffles are block-wide.
+__device__ void HcFinishToken(const HcArgs& a, const float* xs, int t, int M) {
+  __shared__ float mix[kHcMaxMix];
+  __shared__ float pre[kHcMaxStreams];
   const int n = a.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int pair0 = 0; pair0 < nt * (M + 1); pair0 += kWarps) {  // the same trips in every warp
-    const int pair = pair0 + warp, t = pair / (M + 1), m = pair % (M + 1);
+  for (int m0 = 0; m0 <= M; m0 += kWarps) {  // the same trips in every warp
+    const int m = m0 + warp;
     float v = 0.0f;
-    if (pair < nt * (M + 1))
+    if (m <= M)
       for (unsigned b = lane; b < gridDim.x; b += 32)
-        v += __ldcg(a.partials + (static_cast<int64_t>(b) * a.T + t0 + t) * (M + 1) + m);
+        v += __ldcg(a.partials + (static_cast<int64_t>(b) * a.T + t) * (M + 1) + m);
     v = WarpSum(v);
-    if (lane == 0 && pair < nt * (M + 1)) mix[t][m] = v;
+    if (lane == 0 && m <= M) mix[m] = v;
   }
   __syncthreads();
-  const bool live = warp < nt;
-  const int64_t tw = t0 + (live ? warp : 0);  // warp's token
-  const float* mx = mix[live ? warp : 0];
-  const float rinv = 1.0f / sqrtf(mx[M] / static_cast<float>(n * a.H) + a.rms_eps);
+  const bool live = warp == 0;
+  const float rinv = 1.0f / sqrtf(mix[M] / static_cast<float>(n * a.H) + a.rms_eps);
   if (live && lane < n) {
-    pre[warp][lane] = SigmoidF(mx[lane] * rinv * a.scale[0] + a.base[lane]) + a.hc_eps;
-    a.post[tw * n + lane] = 2.0f * SigmoidF(mx[n + lane] * rinv * a.scale[1] + a.base[n + lane]);
+    pre[lane] = SigmoidF(mix[lane] * rinv * a.scale[0] + a.base[lane]) + a.hc_eps;
+    a.post[t * n + lane] = 2.0f * SigmoidF(mix[n + lane] * rinv * a.scale[1] + a.base[n + lane]);
   }
   const bool entry = lane < n * n;
   const int j = entry ? lane / n : 0, k = entry ? lane % n : 0;
-  float c = entry ? mx[2 * n + lane] * rinv * a.scale[2] + a.base[2 * n + lane] : 0.0f;
+  float c = entry ? mix[2 * n + lane] * rinv * a.scale[2] + a.base[2 * n + lane] : 0.0f;
   float top = -INFINITY, sum = 0.0f;
   for (int q = 0; q < n; ++q) top = fmaxf(top, __shfl_sync(0xffffffffu, c, j * n + q));
   c = expf(c - top);
@@ -121,87 +118,81 @@ __device__ void HcFinishTokens(const HcArgs& a, const float* xs, int t0, int nt,
     for (int q = 0; q < n; ++q) col += __shfl_sync(0xffffffffu, c, q * n + k);
     c /= col + a.hc_eps;
   }
-  if (live && entry) a.comb[tw * n * n + lane] = c;
+  if (live && entry) a.comb[t * n * n + lane] = c;
   __syncthreads();  // pre
-  for (int u = 0; u < nt; ++u) {
-    const int64_t tt = t0 + u;
-    float* yt = a.y + tt * a.H;
-    float ss = 0.0f;
-    for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
-      float acc[kHcYPer];
+  float* yt = a.y + static_cast<int64_t>(t) * a.H;
+  float ss = 0.0f;
+  for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
+    float acc[kHcYPer];
 #pragma unroll
-      for (int q = 0; q < kHcYPer; ++q) acc[q] = 0.0f;
-      for (int i = 0; i < n; ++i) {  // stream by stream: kHcYPer loads in flight
-        const float* xi = xs + (tt * n + i) * a.H;
+    for (int q = 0; q < kHcYPer; ++q) acc[q] = 0.0f;
+    for (int i = 0; i < n; ++i) {  // stream by stream: kHcYPer loads in flight
+      const float* xi = xs + (static_cast<int64_t>(t) * n + i) * a.H;
 #pragma unroll
-        for (int q = 0; q < kHcYPer; ++q)
-          if (h0 + q * kThreads < a.H) acc[q] += pre[u][i] * __ldcg(xi + h0 + q * kThreads);
+      for (int q = 0; q < kHcYPer; ++q)
+        if (h0 + q * kThreads < a.H) acc[q] += pre[i] * __ldcg(xi + h0 + q * kThreads);
+    }
+#pragma unroll
+    for (int q = 0; q < kHcYPer; ++q)
+      if (h0 + q * kThreads < a.H) {
+        yt[h0 + q * kThreads] = acc[q];
+        ss += acc[q] * acc[q];
       }
-#pragma unroll
-      for (int q = 0; q < kHcYPer; ++q)
-        if (h0 + q * kThreads < a.H) {
-          yt[h0 + q * kThreads] = acc[q];
-          ss += acc[q] * acc[q];
-        }
-    }
-    const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(a.H) + a.rms_eps);
-    for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
-      float v[kHcYPer];
-#pragma unroll
-      for (int q = 0; q < kHcYPer; ++q)
-        v[q] = h0 + q * kThreads < a.H ? yt[h0 + q * kThreads] : 0.0f;
-#pragma unroll
-      for (int q = 0; q < kHcYPer; ++q)
-        if (h0 + q * kThreads < a.H) yt[h0 + q * kThreads] = a.norm[h0 + q * kThreads] * (v[q] * inv);
-    }
   }
-  __syncthreads();  // the next tokens reuse mix and pre
+  const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(a.H) + a.rms_eps);
+  for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
+    float v[kHcYPer];
+#pragma unroll
+    for (int q = 0; q < kHcYPer; ++q)
+      v[q] = h0 + q * kThreads < a.H ? yt[h0 + q * kThreads] : 0.0f;
+#pragma unroll
+    for (int q = 0; q < kHcYPer; ++q)
+      if (h0 + q * kThreads < a.H) yt[h0 + q * kThreads] = a.norm[h0 + q * kThreads] * (v[q] * inv);
+  }
 }
 
-// Block b: columns [32b, 32b+32) of every stream; writes X' there, then warp w reduces rows
-// m = w, w + 8, ... of fn (row M: the squares) over the slice; the last block finishes the rows.
+// Block (b, t): columns [32b, 32b+32) of every stream of token t; writes X' there, then warp w
+// reduces rows m = w, w + 8, ... of fn (row M: the squares) over the slice; the last of token t's
+// blocks (its counter) finishes the token. So the tokens of a step finish on T blocks at once,
+// not one after another on one.
 __global__ void HcPostPreKernel(HcArgs a) {
   __shared__ bool last;
   const int n = a.n, M = (2 + n) * n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int t = static_cast<int>(blockIdx.y);
   const int64_t H = a.H, h0 = static_cast<int64_t>(blockIdx.x) * kHcCols;
   const int cols = static_cast<int>(H - h0 < kHcCols ? H - h0 : kHcCols);
   const float* xs = a.out ? a.x_new : a.x;  // X'
   if (a.out) {
-    for (int i = threadIdx.x; i < a.T * n * cols; i += kThreads) {
-      const int t = i / (n * cols), k = (i / cols) % n, h = i % cols;
-      const float* xt = a.x + static_cast<int64_t>(t) * n * H;
-      const float* ct = a.comb + t * n * n;
+    const float* xt = a.x + static_cast<int64_t>(t) * n * H;
+    const float* ct = a.comb + t * n * n;
+    for (int i = threadIdx.x; i < n * cols; i += kThreads) {
+      const int k = i / cols, h = i % cols;
       float acc = a.post[t * n + k] * a.out[t * H + h0 + h];
       for (int j = 0; j < n; ++j) acc += ct[j * n + k] * xt[j * H + h0 + h];
       a.x_new[(static_cast<int64_t>(t) * n + k) * H + h0 + h] = acc;
     }
     __syncthreads();
   }
-  for (int t = 0; t < a.T; ++t) {
-    const float* xt = xs + static_cast<int64_t>(t) * n * H;
-    for (int m0 = 0; m0 <= M; m0 += kWarps) {
-      const int m = m0 + warp;
-      float v = 0.0f;
-      if (m <= M)
-        for (int i = lane; i < n * cols; i += 32) {
-          const int64_t col = (i / cols) * H + h0 + i % cols;
-          v += (m < M ? a.fn[m * n * H + col] : xt[col]) * xt[col];
-        }
-      v = WarpSum(v);
-      if (m <= M && lane == 0) a.partials[(static_cast<int64_t>(blockIdx.x) * a.T + t) * (M + 1) + m] = v;
-    }
+  const float* xt = xs + static_cast<int64_t>(t) * n * H;
+  for (int m0 = 0; m0 <= M; m0 += kWarps) {
+    const int m = m0 + warp;
+    float v = 0.0f;
+    if (m <= M)
+      for (int i = lane; i < n * cols; i += 32) {
+        const int64_t col = (i / cols) * H + h0 + i % cols;
+        v += (m < M ? a.fn[m * n * H + col] : xt[col]) * xt[col];
+      }
+    v = WarpSum(v);
+    if (m <= M && lane == 0) a.partials[(static_cast<int64_t>(blockIdx.x) * a.T + t) * (M + 1) + m] = v;
   }
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1) == static_cast<int>(gridDim.x) - 1;
+  if (threadIdx.x == 0) last = atomicAdd(a.counters + t, 1) == static_cast<int>(gridDim.x) - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x == 0) *a.counter = 0;
-  for (int t0 = 0; t0 < a.T; t0 += kHcTokens) {
-    const int nt = a.T - t0 < kHcTokens ? a.T - t0 : kHcTokens;
-    HcFinishTokens(a, xs, t0, nt, M);
-  }
+  if (threadIdx.x == 0) a.counters[t] = 0;
+  HcFinishToken(a, xs, t, M);
 }
 
 // row[0..d) = g * row / sqrt(mean(row^2) + eps) (g = weight, or 1 when null), then RoPE.
@@ -436,21 +427,21 @@ int64_t HcFusedPartials(int64_t T, int64_t n, int64_t H) {
 Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn,
                  const float* base, const float* scale, const float* norm, int64_t T, int64_t n,
                  int64_t H, int64_t iters, float hc_eps, float rms_eps, float* post, float* comb,
-                 float* y, float* partials, int32_t* counter) {
-  if (T < 0 || n < 1 || n > kHcMaxStreams || H < 1 || iters < 1)
+                 float* y, float* partials, int32_t* counters) {
+  if (T < 0 || T > 65535 || n < 1 || n > kHcMaxStreams || H < 1 || iters < 1)
     return InvalidArgument("HcPostPre: tokens " + std::to_string(T) + ", hc streams " +
                            std::to_string(n) + ", hidden " + std::to_string(H) + ", sinkhorn iters " +
-                           std::to_string(iters) + " (want tokens >= 0, streams in [1, " +
+                           std::to_string(iters) + " (want tokens in [0, 65535], streams in [1, " +
                            std::to_string(kHcMaxStreams) + "], hidden >= 1, iters >= 1)");
   if (T == 0) return Status::Ok();
-  if (!x || !fn || !base || !scale || !norm || !post || !comb || !y || !partials || !counter ||
+  if (!x || !fn || !base || !scale || !norm || !post || !comb || !y || !partials || !counters ||
       (out && !x_new))
     return InvalidArgument("HcPostPre: null device pointer");
   if (out && x_new == x) return InvalidArgument("HcPostPre: x_new must not alias x");
   const HcArgs a{x, out, x_new, fn, base, scale, norm, static_cast<int>(T), static_cast<int>(n),
-                 H, static_cast<int>(iters), hc_eps, rms_eps, post, comb, y, partials, counter};
-  HcPostPreKernel<<<static_cast<unsigned>((H + kHcCols - 1) / kHcCols), kThreads, 0,
-                    CurrentStream()>>>(a);
+                 H, static_cast<int>(iters), hc_eps, rms_eps, post, comb, y, partials, counters};
+  const dim3 grid(static_cast<unsigned>((H + kHcCols - 1) / kHcCols), static_cast<unsigned>(T));
+  HcPostPreKernel<<<grid, kThreads, 0, CurrentStream()>>>(a);
   return LaunchStatus("HcPostPreKernel");
 }
 

@@ -18,16 +18,17 @@ namespace fm::cuda {
 //   mix[t] = fn [(2+n)*n, n*H] . X'[t], rinv = 1/sqrt(mean(X'[t]^2) + rms_eps), then hc_pre's
 //   pre/post/comb (Sinkhorn, iters >= 1) into post/comb and y[t] = RMSNorm(sum_i pre_i X'[t, i],
 //   norm) (weight norm [H]).
-// Each block takes 32 columns h of every stream and row: it writes its slice of X' and its
-// partial dot products with fn's rows (and of the squares) to `partials`; the last block to finish
-// (a device counter it resets to 0, so a graph replays) sums the partials in block order and does
-// the rest. partials: HcFusedPartials(T, n, H) floats; counter: one int32, 0 before the first call.
+// Block (b, t) takes 32 columns h of every stream of row t: it writes its slice of X' and its
+// partial dot products with fn's rows (and of the squares) to `partials`; the last of row t's
+// blocks to finish (counters[t], which it resets to 0, so a graph replays) sums the row's
+// partials in block order and does the rest, so the rows finish in parallel. partials:
+// HcFusedPartials(T, n, H) floats; counters: T int32, 0 before the first call. T <= 65535.
 // post/comb are read (the previous sublayer's) and then overwritten; x_new must not alias x.
 int64_t HcFusedPartials(int64_t T, int64_t n, int64_t H);
 Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn,
                  const float* base, const float* scale, const float* norm, int64_t T, int64_t n,
                  int64_t H, int64_t iters, float hc_eps, float rms_eps, float* post, float* comb,
-                 float* y, float* partials, int32_t* counter);
+                 float* y, float* partials, int32_t* counters);
 
 // The query/key preparation of attention for T rows after their products, one launch:
 // q [T, nh, d]: each head RMSNorm'd (no weight) then RoPE'd at pos[t]; kv [T, d]: RMSNorm with

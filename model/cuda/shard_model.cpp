@@ -129,7 +129,7 @@ Status CudaShardModel::AllocScratch() {
   }
   // Block counters start at 0; each kernel's last block resets its own.
   const std::vector<int32_t> zeros(kMaxStepRows, 0);
-  FM_ASSIGN_OR_RETURN(s.hc_count, cuda::Upload(zeros.data(), sizeof(int32_t)));
+  FM_ASSIGN_OR_RETURN(s.hc_count, cuda::Upload(zeros.data(), zeros.size() * sizeof(int32_t)));
   FM_ASSIGN_OR_RETURN(s.index_count, cuda::Upload(zeros.data(), zeros.size() * sizeof(int32_t)));
   FM_ASSIGN_OR_RETURN(s.table, DeviceBuffer::Alloc(layers_.size() * C * sizeof(cuda::RowCache)));
   FM_ASSIGN_OR_RETURN(s.inputs, DeviceBuffer::Alloc(sizeof(StepInputs)));

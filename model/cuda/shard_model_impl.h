@@ -53,7 +53,7 @@ struct DeviceStepScratch {
   cuda::DeviceBuffer table;   // cuda::RowCache [layers, rows] of a step (the graphs' too)
   cuda::DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
   cuda::DeviceBuffer x, x_new, mix, y, post, comb, out;
-  cuda::DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials and its int32 block counter
+  cuda::DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials, int32 [kMaxStepRows] block counters
   cuda::DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u;
   cuda::DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
   cuda::DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]

@@ -263,8 +263,8 @@ Status BenchHcPostPre() {
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer comb, Floats(T * n * n, 0.25f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * H, 0.0f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer part, Floats(cuda::HcFusedPartials(T, n, H), 0.0f));
-    std::vector<int32_t> zero{0};
-    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::Upload(zero.data(), 4));
+    std::vector<int32_t> zero(T, 0);
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::Upload(zero.data(), zero.size() * 4));
     const size_t bytes = (M + 2 * T) * n * H * 4;
     for (const int64_t iters : {20, 1}) {
       const std::string name = "HcPostPre T=" + std::to_string(T) + " sinkhorn " + std::to_string(iters);

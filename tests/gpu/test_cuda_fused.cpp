@@ -37,7 +37,7 @@ std::vector<float> Random(size_t n, uint32_t seed, float sd = 1.0f) {
 }
 
 // T rows of X through hc_post (with out) and hc_pre + RMSNorm; the shapes of the presets (H 64,
-// 256, 2048) and a partial last block (H 100). Twice: the block counter is reset by the call.
+// 256, 2048) and a partial last block (H 100). Twice: the block counters are reset by the call.
 TEST(CudaFused, HcPostPreMatchesCpu) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const int64_t n = 4, iters = 20, M = (2 + n) * n;
@@ -68,7 +68,7 @@ TEST(CudaFused, HcPostPreMatchesCpu) {
         auto dxn = ToDevice(std::vector<float>(T * n * H, NAN));
         auto dy = ToDevice(std::vector<float>(T * H, NAN));
         auto dpart = ToDevice(std::vector<float>(cuda::HcFusedPartials(T, n, H), NAN));
-        auto dcount = ToDevice(std::vector<int32_t>{0});
+        auto dcount = ToDevice(std::vector<int32_t>(T, 0));
         std::vector<float> first;
         for (int rep = 0; rep < 2; ++rep) {
           auto dpost = ToDevice(post0), dcomb = ToDevice(comb0);
@@ -95,10 +95,14 @@ TEST(CudaFused, HcPostPreRejectsBadShapes) {
   int32_t c = 0;
   const Status st = cuda::HcPostPre(&f, nullptr, &f, &f, &f, &f, &f, 1, 6, 64, 20, 1e-6f, 1e-6f,
                                     &f, &f, &f, &f, &c);
-  EXPECT_NE(st.ToString().find("hc streams 6, hidden 64, sinkhorn iters 20 (want tokens >= 0, "
-                               "streams in [1, 5]"),
+  EXPECT_NE(st.ToString().find("hc streams 6, hidden 64, sinkhorn iters 20 (want tokens in "
+                               "[0, 65535], streams in [1, 5]"),
             std::string::npos)
       << st.ToString();
+  // Rows are grid.y: more than 65535 is refused, naming the count.
+  const Status rows = cuda::HcPostPre(&f, nullptr, &f, &f, &f, &f, &f, 70000, 4, 64, 20, 1e-6f,
+                                      1e-6f, &f, &f, &f, &f, &c);
+  EXPECT_NE(rows.ToString().find("HcPostPre: tokens 70000"), std::string::npos) << rows.ToString();
 }
 
 // q heads norm + RoPE, kv norm (weighted) + RoPE, indexer q RoPE and weights' scale, T rows at
