@@ -43,7 +43,7 @@ const CommandSpec kDecodeSpec{
      {"eager", nullptr, "with cuda:N: launch every kernel of each decode step instead of\n"
                         "replaying the sequence's CUDA graph"},
      {"weight-core", "fma|tc", "with cuda:N: stream FP8/FP4 weights on f32 FMAs (default) or the\n"
-                               "tensor cores (docs/gpu.md)"},
+                               "tensor cores (docs/gpu-kernels.md)"},
      {"json", nullptr, "one JSON object on stdout"}}};
 
 const CommandSpec kClusterSpec{

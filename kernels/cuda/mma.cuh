@@ -68,7 +68,7 @@ __device__ __forceinline__ uint32_t MulF16x2(uint32_t a, uint32_t b) {
 // (a, b) as two f16x2 parts: hi = f16(x) and lo = f16((x - hi) * 2^11), so x = hi + lo 2^-11 to
 // ~22 bits (the 2^11 keeps lo out of the f16 subnormals down to |x| ~ 2^-13; it cannot overflow:
 // |x - hi| <= |x| 2^-11). The mma takes each part; the caller sums lo's products times 2^-11.
-// |x| past the f16 range (65504) gives inf/NaN (docs/gpu.md).
+// |x| past the f16 range (65504) gives inf/NaN (docs/gpu-kernels.md).
 __device__ __forceinline__ void SplitF16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
 #ifdef __CUDA_ARCH__
   const __half2 h = __floats2half2_rn(a, b);

@@ -68,7 +68,7 @@ Status GemmMany(const GemvTask* tasks, int64_t n, int64_t T, const float* norm =
 // - kFma (default): f32 FMAs, 4 rows a warp (gemv_core.cuh), the core measured on the H200.
 // - kTensorCore: mma.sync with f16 operands, 16 rows x 8 tokens a warp (gemv_tc.cuh): the
 //   weight decode is paid once for 8 tokens. x enters as two f16 parts (~22 bits), so |x| must
-//   stay below 65504 (larger gives inf/NaN). Not yet measured on a GPU (docs/gpu.md).
+//   stay below 65504 (larger gives inf/NaN). Not yet measured on a GPU (docs/gpu-kernels.md).
 // Each core keeps a token's bits independent of T and the other tokens; the two cores' results
 // differ in the last bits. Every worker of a cluster must use the same one.
 enum class WeightPath { kFma, kTensorCore };
