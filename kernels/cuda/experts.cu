@@ -119,10 +119,7 @@ __device__ void ExpertTileTc(const ExpertsLaunch& p, WeightFormat format, int64_
   const TcLaneX lx{x_of(gl < n ? gl : 0), gl < n, 1.0f, {x_of(2 * tq), x_of(2 * tq + 1)},
                    {1.0f, 1.0f}, nullptr};
   float d[4];
-  if (format == WeightFormat::kFP8Block)
-    StreamTileTc<WeightFormat::kFP8Block>(rows, cols, lx, lane, 0, 1, d);
-  else
-    StreamTileTc<WeightFormat::kFP4Block32>(rows, cols, lx, lane, 0, 1, d);
+  StreamTileTc(format, rows, cols, lx, lane, 0, 1, d);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int row = gl + (q >= 2 ? 8 : 0), t = 2 * tq + (q & 1);

@@ -127,10 +127,7 @@ __device__ void TcTaskTile(const GemvTaskK& k, int64_t r_rel, int64_t t0, int64_
   const TcLaneX lx{x_of(live_g ? gl : 0), live_g, inv_of(live_g ? gl : 0),
                    {x_of(2 * tq), x_of(2 * tq + 1)}, {inv_of(2 * tq), inv_of(2 * tq + 1)}, g};
   float d[4];
-  if (k.format == WeightFormat::kFP8Block)
-    StreamTileTc<WeightFormat::kFP8Block>(rows, k.cols, lx, lane, slice, k.slices, d);
-  else
-    StreamTileTc<WeightFormat::kFP4Block32>(rows, k.cols, lx, lane, slice, k.slices, d);
+  StreamTileTc(k.format, rows, k.cols, lx, lane, slice, k.slices, d);
   if (k.slices > 1) {
     const int warp = threadIdx.x / 32;
 #pragma unroll
@@ -193,7 +190,6 @@ enum GemvCores { kFmaTasks, kMixedTasks, kTcTasks };
 
 // Block b: task i with block_end[i-1] <= b < block_end[i], its row block b - block_end[i-1].
 // Two blocks an SM: the register cap (128) holds every FMA tile without spills (ptxas -v).
-
 template <int NT, int kCores>
 __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLaunch p) {
   int i = 0;
@@ -206,6 +202,16 @@ __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLau
   } else {
     if (kCores == kMixedTasks && k.tc) return TcTaskBlock(p, k, block, lane, warp, slice);
     FmaTaskBlock<NT>(p, k, block, lane, warp, slice);
+  }
+}
+
+// The kCores instance for the launch's token tile NT (TokenTile).
+template <int kCores>
+void LaunchWithTile(int nt, unsigned grid, const GemvLaunch& p) {
+  switch (nt) {
+    case 1: GemvTasksKernel<1, kCores><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 2: GemvTasksKernel<2, kCores><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    default: GemvTasksKernel<4, kCores><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
   }
 }
 
@@ -304,16 +310,12 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   const unsigned grid = static_cast<unsigned>(blocks);
   int tc_tasks = 0;
   for (int i = 0; i < p.ntasks; ++i) tc_tasks += p.task[i].tc ? 1 : 0;
-  const int cores = tc_tasks == 0 ? kFmaTasks : tc_tasks == p.ntasks ? kTcTasks : kMixedTasks;
-  switch (cores == kTcTasks ? 0 : TokenTile(T) + (cores == kMixedTasks ? 8 : 0)) {
-    case 0: GemvTasksKernel<1, kTcTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 1: GemvTasksKernel<1, kFmaTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 2: GemvTasksKernel<2, kFmaTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 4: GemvTasksKernel<4, kFmaTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 9: GemvTasksKernel<1, kMixedTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 10: GemvTasksKernel<2, kMixedTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    default: GemvTasksKernel<4, kMixedTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-  }
+  if (tc_tasks == p.ntasks)  // the tensor-core core serves 8 tokens a pass whatever T is
+    GemvTasksKernel<1, kTcTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p);
+  else if (tc_tasks > 0)
+    LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
+  else
+    LaunchWithTile<kFmaTasks>(TokenTile(T), grid, p);
   return LaunchStatus("GemvTasksKernel");
 }
 

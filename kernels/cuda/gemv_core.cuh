@@ -131,6 +131,17 @@ __device__ __forceinline__ const uint8_t* RowScales(const uint8_t* scale, int64_
   return scale;
 }
 
+// Columns c..c+3 of x (16-byte aligned), or g * (x * inv) with an RMSNorm weight g.
+__device__ __forceinline__ float4 NormedX4(const float* x, const float* g, float inv, int64_t c) {
+  float4 a = __ldg(reinterpret_cast<const float4*>(x + c));
+  if (g) {
+    const float4 gg = __ldg(reinterpret_cast<const float4*>(g + c));
+    a.x = gg.x * (a.x * inv), a.y = gg.y * (a.y * inv);
+    a.z = gg.z * (a.z * inv), a.w = gg.w * (a.w * inv);
+  }
+  return a;
+}
+
 // acc[i][t] += vector v of row i (q[i]) . x_t[columns of v], x_t = xs[t] (or g * (xs[t] * inv[t])
 // with an RMSNorm weight g). The dot is a chain over the elements, then one add to acc.
 template <WeightFormat F, int NT>
@@ -154,12 +165,7 @@ __device__ __forceinline__ void AccVector(const uint4 (&q)[kWarpRows],
     for (int i = 0; i < kWarpRows; ++i) DecodeChunk<F>(q[i], j, w[i]);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      float4 a = __ldg(reinterpret_cast<const float4*>(xs[t] + c0) + j);
-      if (g) {
-        const float4 gg = __ldg(reinterpret_cast<const float4*>(g + c0) + j);
-        a.x = gg.x * (a.x * inv[t]), a.y = gg.y * (a.y * inv[t]);
-        a.z = gg.z * (a.z * inv[t]), a.w = gg.w * (a.w * inv[t]);
-      }
+      const float4 a = NormedX4(xs[t], g, inv[t], c0 + 4 * j);
 #pragma unroll
       for (int i = 0; i < kWarpRows; ++i) {
         p[i][t] = fmaf(w[i][0], a.x, p[i][t]);

@@ -56,17 +56,6 @@ struct TcLaneX {
 // x's lo part is scaled by 2^11 into the f16 range (mma.cuh SplitF16x2), its sums scaled back.
 constexpr float kTcLoUnscale = 1.0f / 2048.0f;
 
-// Columns c..c+3 of x, normed with g (c inside the row: the caller clamps dead columns).
-__device__ __forceinline__ float4 TcX4(const float* x, const float* g, float inv, int c) {
-  float4 a = __ldg(reinterpret_cast<const float4*>(x + c));
-  if (g) {
-    const float4 gg = __ldg(reinterpret_cast<const float4*>(g + c));
-    a.x = gg.x * (a.x * inv), a.y = gg.y * (a.y * inv);
-    a.z = gg.z * (a.z * inv), a.w = gg.w * (a.w * inv);
-  }
-  return a;
-}
-
 // The B fragments (hi, lo) of 4 x columns; zeros where the token is idle or the step dead.
 __device__ __forceinline__ void TcB(float4 a, bool keep, uint32_t (&bh)[2], uint32_t (&bl)[2]) {
   if (!keep) a = float4{0.0f, 0.0f, 0.0f, 0.0f};
@@ -110,12 +99,12 @@ __device__ __forceinline__ void TcStep(const uint4 (&q)[2], const uint32_t (&sb)
   constexpr int kElems = VecElems(F);
   const int v = 4 * st + t;
   const bool live = v < nvec, keep = live && lx.live_g;
-  const int c0 = live ? v * kElems : 0;  // a dead step reads column 0 and zeroes it
+  const int c0 = live ? v * kElems : 0;  // a dead step reads x's column 0 and zeroes it
   float ch[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if constexpr (F == WeightFormat::kFP8Block) {
     float4 xa[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) xa[j] = TcX4(lx.xg, lx.g, lx.inv_g, c0 + 4 * j);
+    for (int j = 0; j < 4; ++j) xa[j] = NormedX4(lx.xg, lx.g, lx.inv_g, c0 + 4 * j);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t bh[2], bl[2];
@@ -145,7 +134,7 @@ __device__ __forceinline__ void TcStep(const uint4 (&q)[2], const uint32_t (&sb)
     for (int half = 0; half < 2; ++half) {  // x in two loads of 4 float4: registers
       float4 xa[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) xa[j] = TcX4(lx.xg, lx.g, lx.inv_g, c0 + 16 * half + 4 * j);
+      for (int j = 0; j < 4; ++j) xa[j] = NormedX4(lx.xg, lx.g, lx.inv_g, c0 + 16 * half + 4 * j);
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int j = 4 * half + jj;
@@ -202,8 +191,8 @@ __device__ __forceinline__ void TcSteps(const TcRows& rows, const uint4* const (
 // a slice past the last step runs dead steps, which load nothing and add zero).
 // cols < 2^31 (the launchers check).
 template <WeightFormat F>
-__device__ void StreamTileTc(const TcRows& rows, int64_t cols, const TcLaneX& lx, int lane,
-                             int slice, int slices, float (&d)[4]) {
+__device__ void StreamTileTcOf(const TcRows& rows, int64_t cols, const TcLaneX& lx, int lane,
+                               int slice, int slices, float (&d)[4]) {
   const int g = lane >> 2, t = lane & 3;
   d[0] = d[1] = d[2] = d[3] = 0.0f;
   const int nvec = static_cast<int>(cols / VecElems(F)), nsteps = (nvec + 3) / 4;
@@ -221,6 +210,16 @@ __device__ void StreamTileTc(const TcRows& rows, int64_t cols, const TcLaneX& lx
     TcSteps<F, kTcAhead>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
 #pragma unroll 1
   for (; it < per; ++it) TcSteps<F, 1>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
+}
+
+// StreamTileTcOf for the tensor-core format (FP8 or FP4) of the rows.
+__device__ __forceinline__ void StreamTileTc(WeightFormat format, const TcRows& rows,
+                                             int64_t cols, const TcLaneX& lx, int lane, int slice,
+                                             int slices, float (&d)[4]) {
+  if (format == WeightFormat::kFP8Block)
+    StreamTileTcOf<WeightFormat::kFP8Block>(rows, cols, lx, lane, slice, slices, d);
+  else
+    StreamTileTcOf<WeightFormat::kFP4Block32>(rows, cols, lx, lane, slice, slices, d);
 }
 
 // Warps sharing each 16-row tile of a [rows, cols] product (the tensor-core twin of gemv.cu's

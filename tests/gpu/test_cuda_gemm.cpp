@@ -159,13 +159,16 @@ TEST(CudaGemmTokens, NanStaysInItsTokenAndRows) {
 
 // Four products of different formats and shapes in one launch == each one's Gemm, bit for bit;
 // with a norm weight == RmsNorm then Gemm, bit for bit.
-class CudaGemmManyPaths : public ::testing::TestWithParam<cuda::WeightPath> {
+// A test run once on each weight core (the parameter), named by the core.
+class WeightCoreTest : public ::testing::TestWithParam<cuda::WeightPath> {
  protected:
   WeightPathScope scope_{GetParam()};
 };
 std::string CoreName(const ::testing::TestParamInfo<cuda::WeightPath>& info) {
   return info.param == cuda::WeightPath::kFma ? "Fma" : "TensorCore";
 }
+
+class CudaGemmManyPaths : public WeightCoreTest {};
 INSTANTIATE_TEST_SUITE_P(Cores, CudaGemmManyPaths, ::testing::ValuesIn(kWeightPaths), CoreName);
 
 TEST_P(CudaGemmManyPaths, TasksEqualTheirOwnGemm) {
@@ -378,10 +381,7 @@ void RunExperts(const Experts& x, const std::vector<int32_t>& ids, int64_t T, in
 // Both launches against MatvecRef + SwigluClampRef for T = 1..32 with repeated experts and one
 // id outside [0, E) (NaN rows); every slot has the bits of the same token run alone (T = 1).
 // Routed FP4 and shared FP8 experts on either core.
-class CudaExpertsPaths : public ::testing::TestWithParam<cuda::WeightPath> {
- protected:
-  WeightPathScope scope_{GetParam()};
-};
+class CudaExpertsPaths : public WeightCoreTest {};
 INSTANTIATE_TEST_SUITE_P(Cores, CudaExpertsPaths, ::testing::ValuesIn(kWeightPaths), CoreName);
 
 TEST_P(CudaExpertsPaths, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
