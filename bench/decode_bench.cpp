@@ -345,6 +345,7 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model, sel, TensorBytes::kMapped));  // uploaded once
   FM_RETURN_IF_ERROR(SetCudaWeightCore(o.tensor_cores ? CudaWeightCore::kTensorCore
                                                       : CudaWeightCore::kFma));
+  FM_RETURN_IF_ERROR(SetCudaLaunchOverlap(o.launch_overlap));
   FM_ASSIGN_OR_RETURN(auto shard,
                       CreateCudaShardModel(*ckpt, o.cuda_device,
                                            o.eager ? CudaStepMode::kEager : CudaStepMode::kGraph));
@@ -371,16 +372,17 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   if (o.json) {
     std::printf("{\"tok_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, \"mem_bw_gbps\": %.4f, "
                 "\"bw_efficiency\": %.4f, \"prefill_tok_per_s\": %.4f, \"cuda_graph\": %s, "
-                "\"weight_core\": \"%s\", "
+                "\"weight_core\": \"%s\", \"launch_overlap\": %s, "
                 "\"streams\": %lld, \"streams_tok_per_s\": %.4f, \"streams_speedup\": %.4f, "
                 "\"h2d_bytes_per_token\": %.1f, \"d2h_bytes_per_token\": %.1f%s}\n",
                 tok_per_s, bytes, bw, eff, prefill_tok_per_s, o.eager ? "false" : "true",
-                o.tensor_cores ? "tc" : "fma",
+                o.tensor_cores ? "tc" : "fma", o.launch_overlap ? "true" : "false",
                 static_cast<long long>(o.streams), streams_tok_per_s, streams_tok_per_s / tok_per_s,
                 h2d_per_token, d2h_per_token, PredictionJson(pred).c_str());
   } else {
-    std::printf("model            %s on cuda:%d (%s, FP8/FP4 on %s)\n", o.model.c_str(),
+    std::printf("model            %s on cuda:%d (%s%s, FP8/FP4 on %s)\n", o.model.c_str(),
                 o.cuda_device, o.eager ? "eager launches" : "CUDA graph per step",
+                o.launch_overlap ? " with launch overlap" : "",
                 o.tensor_cores ? "the tensor cores" : "f32 FMAs");
     std::printf("prefill          %lld tokens: %.2f tok/s\n", static_cast<long long>(o.context),
                 prefill_tok_per_s);

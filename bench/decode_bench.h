@@ -39,6 +39,7 @@ struct DecodeOptions {
   int cuda_device = -1;  // --device cuda:N; -1 = CPU
   bool eager = false;    // --eager: no CUDA graph
   bool tensor_cores = false;  // --weight-core tc: FP8/FP4 weights through the tensor cores
+  bool launch_overlap = false;  // --launch-overlap: programmatic dependent launch + L2 prefetch
   bool json = false;
 };
 

@@ -44,6 +44,9 @@ const CommandSpec kDecodeSpec{
                         "replaying the sequence's CUDA graph"},
      {"weight-core", "fma|tc", "with cuda:N: stream FP8/FP4 weights on f32 FMAs (default) or the\n"
                                "tensor cores (docs/gpu-kernels.md)"},
+     {"launch-overlap", nullptr, "with cuda:N: each kernel may start while the one before it\n"
+                                 "finishes (programmatic dependent launch; the weight kernels\n"
+                                 "prefetch their rows into L2 first; docs/gpu-kernels.md)"},
      {"json", nullptr, "one JSON object on stdout"}}};
 
 const CommandSpec kClusterSpec{
@@ -85,6 +88,9 @@ Result<bench::DecodeOptions> ParseDecode(const Flags& f) {
   if (core == "tc" && o.cuda_device < 0)
     return InvalidArgument("--weight-core tc: only with --device cuda:N");
   o.tensor_cores = core == "tc";
+  o.launch_overlap = f.Has("launch-overlap");
+  if (o.launch_overlap && o.cuda_device < 0)
+    return InvalidArgument("--launch-overlap: only with --device cuda:N");
   if (o.streams > 256) return InvalidArgument("--streams: " + std::to_string(o.streams) + " > 256");
   return o;
 }

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
-#include "kernels/cuda/launch.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/quant_decode.h"
 
@@ -32,6 +32,7 @@ __device__ float BlockSum(float v) {
 // columns t, t + 256, ...
 __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int64_t dim,
                               float eps) {
+  KernelPrologue();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * dim;
   float* yr = y + row * dim;
@@ -47,6 +48,7 @@ __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int
 
 // y[i] = a[i] + b[i], one thread per element.
 __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
+  KernelPrologue();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
   if (i < n) y[i] = a[i] + b[i];
 }
@@ -55,6 +57,7 @@ __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
 // [c * 256, (c + 1) * 256) of row t, a thread one column.
 __global__ void EmbedRowsKernel(const void* table, bool bf16, int64_t vocab, int64_t H,
                                 const int32_t* ids, int64_t n, float* x) {
+  KernelPrologue();
   const int64_t t = blockIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
   if (c >= H) return;
@@ -73,6 +76,7 @@ __global__ void EmbedRowsKernel(const void* table, bool bf16, int64_t vocab, int
 __global__ void CopyRowPiecesKernel(const float* src, int64_t src_stride, const int32_t* src_row,
                                     float* dst, int64_t dst_stride, const int32_t* dst_row,
                                     int64_t width) {
+  KernelPrologue();
   const int64_t i = blockIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
   if (c >= width) return;
@@ -94,10 +98,10 @@ Status CopyRowPieces(const float* src, int64_t src_stride, const int32_t* src_ro
   for (int64_t i0 = 0; i0 < n; i0 += 65535) {   // grid.y: at most 65535 pieces a launch
     const int64_t m = std::min<int64_t>(65535, n - i0);
     const dim3 grid(BlocksFor(width, kElemThreads), static_cast<unsigned>(m));
-    CopyRowPiecesKernel<<<grid, kElemThreads, 0, CurrentStream()>>>(
+    FM_RETURN_IF_ERROR(Launch(
+        "CopyRowPiecesKernel", CopyRowPiecesKernel, grid, kElemThreads, 0,
         src_row ? src : src + i0 * src_stride, src_stride, src_row ? src_row + i0 : nullptr,
-        dst_row ? dst : dst + i0 * dst_stride, dst_stride, dst_row ? dst_row + i0 : nullptr, width);
-    FM_RETURN_IF_ERROR(LaunchStatus("CopyRowPiecesKernel"));
+        dst_row ? dst : dst + i0 * dst_stride, dst_stride, dst_row ? dst_row + i0 : nullptr, width));
   }
   return Status::Ok();
 }
@@ -112,8 +116,8 @@ Status EmbedRows(const void* table, bool bf16, int64_t vocab, int64_t H, const i
   if (!table || !ids || !x) return InvalidArgument("EmbedRows: null device pointer");
   if (T > 65535) return InvalidArgument("EmbedRows: T " + std::to_string(T) + " > 65535");
   const dim3 grid(BlocksFor(H, kElemThreads), static_cast<unsigned>(T));
-  EmbedRowsKernel<<<grid, kElemThreads, 0, CurrentStream()>>>(table, bf16, vocab, H, ids, n, x);
-  return LaunchStatus("EmbedRowsKernel");
+  return Launch("EmbedRowsKernel", EmbedRowsKernel, grid, kElemThreads, 0, table, bf16, vocab, H,
+                ids, n, x);
 }
 
 Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim,
@@ -125,17 +129,15 @@ Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int6
   if (rows == 0) return Status::Ok();
   if (!x || !y) return InvalidArgument("RmsNorm: x and y must be device pointers, got null");
   if (rows > 0x7FFFFFFF) return InvalidArgument("RmsNorm: rows " + std::to_string(rows) + " > 2^31-1");
-  RmsNormKernel<<<static_cast<unsigned>(rows), kNormThreads, 0, CurrentStream()>>>(x, weight, y,
-                                                                                  dim, eps);
-  return LaunchStatus("RmsNormKernel");
+  return Launch("RmsNormKernel", RmsNormKernel, static_cast<unsigned>(rows), kNormThreads, 0, x,
+                weight, y, dim, eps);
 }
 
 Status AddVectors(const float* a, const float* b, float* y, int64_t n) {
   if (n < 0) return InvalidArgument("AddVectors: n " + std::to_string(n) + " < 0");
   if (n == 0) return Status::Ok();
   if (!a || !b || !y) return InvalidArgument("AddVectors: null device pointer");
-  AddKernel<<<BlocksFor(n, kElemThreads), kElemThreads, 0, CurrentStream()>>>(a, b, y, n);
-  return LaunchStatus("AddKernel");
+  return Launch("AddKernel", AddKernel, BlocksFor(n, kElemThreads), kElemThreads, 0, a, b, y, n);
 }
 
 }  // namespace fm::cuda

@@ -14,6 +14,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv_core.cuh"
 #include "kernels/cuda/gemv_tc.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -42,6 +43,7 @@ struct ExpertsLaunch {
   int64_t x_stride;
   float* y;  // slot rows
   int64_t y_stride;
+  bool prefetch;  // launch overlap (launch.cuh): the shared expert's rows into L2 before the wait
 };
 
 __device__ __forceinline__ int64_t Slots(const ExpertsLaunch& p) {
@@ -138,6 +140,19 @@ __device__ void ExpertTileTc(const ExpertsLaunch& p, WeightFormat format, int64_
 template <int NT, bool kTc>
 __global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
     ExpertsKernel(const ExpertsLaunch p) {
+  const int per_warp = (kTc ? kTcRows : kWarpRows) / (p.up_gate ? 2 : 1);
+  const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kGemvWarps * per_warp;
+  AllowDependents();
+  // Only the shared expert's weights are known before the router's ids: its slot of token 0
+  // (slot k) is the block that streams them.
+  if (p.prefetch && p.has_shared && blockIdx.y == p.k) {
+    const int64_t left = p.shared_rows - block_row, rows = kGemvWarps * per_warp;
+    const int64_t n = left < rows ? left : rows;
+    for (int i = 0; i < (p.up_gate ? 2 : 1); ++i)
+      PrefetchRows(p.shared_format, p.shared[i].data, p.shared[i].scale, block_row, n,
+                   p.shared_cols);
+  }
+  WaitPredecessors();
   const int s = static_cast<int>(blockIdx.y), key = SlotKey(p, s);
   // The expert's first slot serves this one: the block's threads look at the slots before s
   // together (a decode step of 32 sequences has 224 slots, each block asks).
@@ -150,8 +165,6 @@ __global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
   if (served) return;
   const bool is_shared = key == p.E;
   const int64_t out_rows = is_shared ? p.shared_rows : p.rows;
-  const int per_warp = (kTc ? kTcRows : kWarpRows) / (p.up_gate ? 2 : 1);
-  const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kGemvWarps * per_warp;
   if (block_row >= out_rows) return;
   if (key < 0) {
     const int64_t end = block_row + kGemvWarps * per_warp;
@@ -226,7 +239,7 @@ Status ValidateExperts(const DevExperts& w, const char* who, const char* name) {
 
 // The common checks and launch; `a`/`b` the routed sets (b null for down), `sa`/`sb` the shared
 // weights (sb null for down).
-Status Launch(const char* who, const DevExperts& a, const DevExperts* b, const QWeight* sa,
+Status LaunchExperts(const char* who, const DevExperts& a, const DevExperts* b, const QWeight* sa,
               const QWeight* sb, const int32_t* ids, int64_t T, int64_t k, const float* x,
               int64_t x_stride, int64_t x_width, float limit, float* y, int64_t y_stride) {
   const std::string w = who;
@@ -283,6 +296,7 @@ Status Launch(const char* who, const DevExperts& a, const DevExperts* b, const Q
   p.ids = ids;
   p.T = T, p.k = k;
   p.x = x, p.x_stride = x_stride, p.y = y, p.y_stride = y_stride;
+  p.prefetch = launch_overlap.load(std::memory_order_relaxed);
   // The tensor-core core when asked for and every weight of the launch takes it.
   const bool tc = GetWeightPath() == WeightPath::kTensorCore &&
                   (k == 0 || (p.vec && TcFormat(a.format))) &&
@@ -294,12 +308,11 @@ Status Launch(const char* who, const DevExperts& a, const DevExperts* b, const Q
   // and a wider tile would multiply its decode work by idle tokens; only the shared expert
   // then makes T passes (over weights L2 keeps).
   switch (tc ? 0 : k > 0 && T * k <= a.E ? 1 : TokenTile(T)) {
-    case 0: ExpertsKernel<1, true><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 1: ExpertsKernel<1, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 2: ExpertsKernel<2, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    default: ExpertsKernel<4, false><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 0: return Launch("ExpertsKernel", ExpertsKernel<1, true>, grid, kGemvThreads, 0, p);
+    case 1: return Launch("ExpertsKernel", ExpertsKernel<1, false>, grid, kGemvThreads, 0, p);
+    case 2: return Launch("ExpertsKernel", ExpertsKernel<2, false>, grid, kGemvThreads, 0, p);
+    default: return Launch("ExpertsKernel", ExpertsKernel<4, false>, grid, kGemvThreads, 0, p);
   }
-  return LaunchStatus("ExpertsKernel");
 }
 
 }  // namespace
@@ -308,14 +321,14 @@ Status ExpertsUpGate(const DevExperts& w1, const DevExperts& w3, const int32_t* 
                      int64_t k, const float* x, int64_t x_stride, float limit,
                      const SharedExpert* shared, float* h, int64_t h_stride) {
   const int64_t width = T > 1 ? x_stride : (k > 0 ? w1.cols : shared ? shared->w1.cols : 0);
-  return Launch("ExpertsUpGate", w1, &w3, shared ? &shared->w1 : nullptr,
+  return LaunchExperts("ExpertsUpGate", w1, &w3, shared ? &shared->w1 : nullptr,
                 shared ? &shared->w3 : nullptr, ids, T, k, x, x_stride, width, limit, h, h_stride);
 }
 
 Status ExpertsDown(const DevExperts& w2, const int32_t* ids, int64_t T, int64_t k, const float* h,
                    int64_t h_stride, const SharedExpert* shared, float* contrib) {
   const int64_t H = k > 0 ? w2.rows : shared ? shared->w2.rows : 0;
-  return Launch("ExpertsDown", w2, nullptr, shared ? &shared->w2 : nullptr, nullptr, ids, T, k, h,
+  return LaunchExperts("ExpertsDown", w2, nullptr, shared ? &shared->w2 : nullptr, nullptr, ids, T, k, h,
                 h_stride, h_stride, std::numeric_limits<float>::infinity(), contrib, H);
 }
 

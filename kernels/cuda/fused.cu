@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/fused_ops.h"
 
 namespace fm::cuda {
@@ -71,27 +72,50 @@ struct HcArgs {
   float* y;
   float* partials;  // [blocks, T, M + 1]
   int32_t* counters;  // [T]
+  bool prefetch;  // launch overlap (launch.cuh): the block's fn columns into L2 before the wait
 };
 
+// A warp's trips over the mix rows m = warp, warp + 8, ... (M + 1 <= kHcMaxMix rows).
+constexpr int kHcTrips = (kHcMaxMix + kWarps - 1) / kWarps;
+// X' elements of a block's slice a lane holds (n * kHcCols <= 160: lanes l, l + 32, ...).
+constexpr int kHcLaneElems = (kHcMaxStreams * kHcCols + 31) / 32;
+// Partials a lane loads at once per mix row in the finish (blocks l, l + 32, ...: 128 blocks =
+// H 4096 in one round).
+constexpr int kHcFinishLoads = 4;
+
 // The last of token t's HcPostPre blocks: mix[m] = the blocks' partials summed (warp w takes
-// rows m = w, w + 8, ...; lane l blocks l, l + 32, ... in order, then a butterfly); warp 0 then
-// takes the token's pre/post and Sinkhorn comb, entry (j, k) in lane j n + k (each row and
-// column sum gathered by shuffles in kernels/cpu/hc.h's order: the bits of one thread, without a
-// block barrier an iteration); then y = RMSNorm(sum_i pre[i] X'_i) over the whole block, kHcYPer
-// columns a thread with all their loads in flight. Every warp runs every shuffle (the others on
-// dummy values): the emulation's shuffles are block-wide.
+// rows m = w, w + 8, ...; lane l blocks l, l + 32, ... in order, then a butterfly; every load of
+// a round is issued before the first add); warp 0 then takes the token's pre/post and Sinkhorn
+// comb, entry (j, k) in lane j n + k (each row and column sum gathered by shuffles in
+// kernels/cpu/hc.h's order: the bits of one thread, without a block barrier an iteration); then
+// y = RMSNorm(sum_i pre[i] X'_i) over the whole block, kHcYPer columns a thread with their loads
+// in flight (H <= kThreads * kHcYPer: y stays in registers until it is normed).
+// Every warp runs every shuffle (the others on dummy values): the emulation's shuffles are
+// block-wide.
 __device__ void HcFinishToken(const HcArgs& a, const float* xs, int t, int M) {
   __shared__ float mix[kHcMaxMix];
   __shared__ float pre[kHcMaxStreams];
   const int n = a.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int m0 = 0; m0 <= M; m0 += kWarps) {  // the same trips in every warp
-    const int m = m0 + warp;
-    float v = 0.0f;
-    if (m <= M)
-      for (unsigned b = lane; b < gridDim.x; b += 32)
-        v += __ldcg(a.partials + (static_cast<int64_t>(b) * a.T + t) * (M + 1) + m);
-    v = WarpSum(v);
-    if (lane == 0 && m <= M) mix[m] = v;
+  const int trips = (M + 1 + kWarps - 1) / kWarps;  // the same in every warp
+  float v[kHcTrips] = {};
+  for (unsigned b0 = lane; b0 < gridDim.x; b0 += 32 * kHcFinishLoads)
+#pragma unroll
+    for (int r = 0; r < kHcTrips; ++r) {
+      const int m = warp + kWarps * r;
+      if (r < trips && m <= M)
+#pragma unroll
+        for (int j = 0; j < kHcFinishLoads; ++j) {
+          const unsigned b = b0 + 32 * j;
+          if (b < gridDim.x)
+            v[r] += __ldcg(a.partials + (static_cast<int64_t>(b) * a.T + t) * (M + 1) + m);
+        }
+    }
+#pragma unroll
+  for (int r = 0; r < kHcTrips; ++r) {
+    if (r >= trips) break;
+    const int m = warp + kWarps * r;
+    const float s = WarpSum(v[r]);
+    if (lane == 0 && m <= M) mix[m] = s;
   }
   __syncthreads();
   const bool live = warp == 0;
@@ -121,12 +145,12 @@ __device__ void HcFinishToken(const HcArgs& a, const float* xs, int t, int M) {
   if (live && entry) a.comb[t * n * n + lane] = c;
   __syncthreads();  // pre
   float* yt = a.y + static_cast<int64_t>(t) * a.H;
-  float ss = 0.0f;
+  const bool one_pass = a.H <= static_cast<int64_t>(kThreads) * kHcYPer;
+  float ss = 0.0f, acc[kHcYPer];
   for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
-    float acc[kHcYPer];
 #pragma unroll
     for (int q = 0; q < kHcYPer; ++q) acc[q] = 0.0f;
-    for (int i = 0; i < n; ++i) {  // stream by stream: kHcYPer loads in flight
+    for (int i = 0; i < n; ++i) {  // stream by stream (as hc.h sums them): kHcYPer loads in flight
       const float* xi = xs + (static_cast<int64_t>(t) * n + i) * a.H;
 #pragma unroll
       for (int q = 0; q < kHcYPer; ++q)
@@ -135,55 +159,81 @@ __device__ void HcFinishToken(const HcArgs& a, const float* xs, int t, int M) {
 #pragma unroll
     for (int q = 0; q < kHcYPer; ++q)
       if (h0 + q * kThreads < a.H) {
-        yt[h0 + q * kThreads] = acc[q];
+        if (!one_pass) yt[h0 + q * kThreads] = acc[q];
         ss += acc[q] * acc[q];
       }
   }
   const float inv = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(a.H) + a.rms_eps);
   for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
-    float v[kHcYPer];
 #pragma unroll
-    for (int q = 0; q < kHcYPer; ++q)
-      v[q] = h0 + q * kThreads < a.H ? yt[h0 + q * kThreads] : 0.0f;
-#pragma unroll
-    for (int q = 0; q < kHcYPer; ++q)
-      if (h0 + q * kThreads < a.H) yt[h0 + q * kThreads] = a.norm[h0 + q * kThreads] * (v[q] * inv);
+    for (int q = 0; q < kHcYPer; ++q) {
+      const int64_t h = h0 + q * kThreads;
+      if (h < a.H) yt[h] = a.norm[h] * ((one_pass ? acc[q] : yt[h]) * inv);
+    }
   }
 }
 
-// Block (b, t): columns [32b, 32b+32) of every stream of token t; writes X' there, then warp w
-// reduces rows m = w, w + 8, ... of fn (row M: the squares) over the slice; the last of token t's
-// blocks (its counter) finishes the token. So the tokens of a step finish on T blocks at once,
-// not one after another on one.
-__global__ void HcPostPreKernel(HcArgs a) {
+// Block (b, t): columns [32b, 32b+32) of every stream of token t; writes X' there (and keeps the
+// slice in shared memory), then warp w reduces rows m = w, w + 8, ... of fn (row M: the squares)
+// over the slice, every row's loads issued before its first add and each row summed over the
+// lane's elements in ascending order; the last of token t's blocks (its counter) finishes the
+// token. So the tokens of a step finish on T blocks at once, not one after another on one.
+// 4 blocks an SM (64 registers, no spills; 5 would spill): the T = 8 grid is 1024 blocks.
+__global__ void __launch_bounds__(kThreads, 4) HcPostPreKernel(HcArgs a) {
   __shared__ bool last;
+  __shared__ float xs_sh[kHcMaxStreams * kHcCols];  // X' of the slice, element i = stream * cols + h
   const int n = a.n, M = (2 + n) * n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int t = static_cast<int>(blockIdx.y);
   const int64_t H = a.H, h0 = static_cast<int64_t>(blockIdx.x) * kHcCols;
   const int cols = static_cast<int>(H - h0 < kHcCols ? H - h0 : kHcCols);
+  AllowDependents();
+  if (a.prefetch && t == 0)  // fn's rows m, streams i: 128 bytes each at column h0
+    for (int i = threadIdx.x; i < M * n; i += kThreads)
+      PrefetchL2(a.fn + (static_cast<int64_t>(i / n) * n + i % n) * H + h0, cols * 4);
+  WaitPredecessors();
   const float* xs = a.out ? a.x_new : a.x;  // X'
-  if (a.out) {
+  for (int i = threadIdx.x; i < n * cols; i += kThreads) {
+    const int k = i / cols, h = i % cols;
     const float* xt = a.x + static_cast<int64_t>(t) * n * H;
-    const float* ct = a.comb + t * n * n;
-    for (int i = threadIdx.x; i < n * cols; i += kThreads) {
-      const int k = i / cols, h = i % cols;
-      float acc = a.post[t * n + k] * a.out[t * H + h0 + h];
+    float acc;
+    if (a.out) {
+      const float* ct = a.comb + t * n * n;
+      acc = a.post[t * n + k] * a.out[t * H + h0 + h];
       for (int j = 0; j < n; ++j) acc += ct[j * n + k] * xt[j * H + h0 + h];
       a.x_new[(static_cast<int64_t>(t) * n + k) * H + h0 + h] = acc;
+    } else {
+      acc = xt[k * H + h0 + h];
     }
-    __syncthreads();
+    xs_sh[i] = acc;
   }
-  const float* xt = xs + static_cast<int64_t>(t) * n * H;
-  for (int m0 = 0; m0 <= M; m0 += kWarps) {
-    const int m = m0 + warp;
-    float v = 0.0f;
-    if (m <= M)
-      for (int i = lane; i < n * cols; i += 32) {
-        const int64_t col = (i / cols) * H + h0 + i % cols;
-        v += (m < M ? a.fn[m * n * H + col] : xt[col]) * xt[col];
-      }
-    v = WarpSum(v);
-    if (m <= M && lane == 0) a.partials[(static_cast<int64_t>(blockIdx.x) * a.T + t) * (M + 1) + m] = v;
+  __syncthreads();
+  const int trips = (M + 1 + kWarps - 1) / kWarps;  // the same in every warp
+  int off[kHcLaneElems];  // element i's column in a row of fn, past h0 (n * H < 2^31)
+#pragma unroll
+  for (int q = 0; q < kHcLaneElems; ++q) {
+    const int i = lane + 32 * q;
+    off[q] = i < n * cols ? (i / cols) * static_cast<int>(H) + i % cols : -1;
+  }
+  float v[kHcTrips];
+#pragma unroll
+  for (int r = 0; r < kHcTrips; ++r) {
+    const int m = warp + kWarps * r;
+    const float* fr = a.fn + static_cast<int64_t>(m) * n * H + h0;
+    v[r] = 0.0f;
+    if (r < trips && m <= M)
+#pragma unroll
+      for (int q = 0; q < kHcLaneElems; ++q)
+        if (off[q] >= 0) {
+          const float x = xs_sh[lane + 32 * q];
+          v[r] += (m < M ? fr[off[q]] : x) * x;
+        }
+  }
+#pragma unroll
+  for (int r = 0; r < kHcTrips; ++r) {
+    if (r >= trips) break;
+    const int m = warp + kWarps * r;
+    const float s = WarpSum(v[r]);
+    if (m <= M && lane == 0) a.partials[(static_cast<int64_t>(blockIdx.x) * a.T + t) * (M + 1) + m] = s;
   }
   __threadfence();
   __syncthreads();
@@ -211,6 +261,7 @@ __device__ void NormRopeRow(float* row, int64_t d, const float* weight, float ep
 
 // Blocks: T * nh query heads, then T kv rows, then T * ni indexer heads.
 __global__ void AttnPrepKernel(AttnPrepArgs a, int T) {
+  KernelPrologue();
   const int64_t b = blockIdx.x, nq = T * a.nh;
   if (b < nq) {
     NormRopeRow(a.q + b * a.d, a.d, nullptr, a.eps, a.rd, a.pos[b / a.nh], a.freqs);
@@ -275,6 +326,7 @@ __global__ void CacheRowsKernel(const RowCache* table, int64_t row0, const float
                                 int64_t window, RowSteps steps, CompressorRowArgs comp,
                                 CompressorRowArgs index_comp, const float* freqs, int64_t rd,
                                 float eps) {
+  KernelPrologue();
   const int64_t t = row0 + blockIdx.y;
   const RowCache rc = table[t];
   if (blockIdx.x == 0) {
@@ -302,6 +354,7 @@ __device__ float RankKey(float v) { return v != v ? -INFINITY : v; }
 __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const float* iq,
                                   const float* iw, int nh, int64_t di, float scale,
                                   RowSteps steps, int k, int32_t* picks, int32_t* counters) {
+  KernelPrologue();
   __shared__ bool chosen[kTopKMaxN];
   __shared__ bool last;
   const int64_t t = row0 + blockIdx.y;
@@ -350,6 +403,7 @@ __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const flo
 // split the dot product, then the warp's online softmax (max m, sum l, acc [d]) moves on; the
 // warps merge in order, and the output is rotated back before it is written.
 __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
+  KernelPrologue();
   __shared__ float acc[kWarps][kAttnMaxDim];
   __shared__ float wm[kWarps], wl[kWarps];
   __shared__ float o_s[kAttnMaxDim];
@@ -439,10 +493,10 @@ Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn
     return InvalidArgument("HcPostPre: null device pointer");
   if (out && x_new == x) return InvalidArgument("HcPostPre: x_new must not alias x");
   const HcArgs a{x, out, x_new, fn, base, scale, norm, static_cast<int>(T), static_cast<int>(n),
-                 H, static_cast<int>(iters), hc_eps, rms_eps, post, comb, y, partials, counters};
+                 H, static_cast<int>(iters), hc_eps, rms_eps, post, comb, y, partials, counters,
+                 launch_overlap.load(std::memory_order_relaxed)};
   const dim3 grid(static_cast<unsigned>((H + kHcCols - 1) / kHcCols), static_cast<unsigned>(T));
-  HcPostPreKernel<<<grid, kThreads, 0, CurrentStream()>>>(a);
-  return LaunchStatus("HcPostPreKernel");
+  return Launch("HcPostPreKernel", HcPostPreKernel, grid, kThreads, 0, a);
 }
 
 Status AttnPrep(const AttnPrepArgs& a, int64_t T) {
@@ -455,9 +509,8 @@ Status AttnPrep(const AttnPrepArgs& a, int64_t T) {
   if (!a.q || !a.kv || !a.kv_norm || !a.pos || !a.freqs || (a.iq && !a.iw))
     return InvalidArgument("AttnPrep: null device pointer");
   const int64_t blocks = T * (a.nh + 1 + (a.iq ? a.ni : 0));
-  AttnPrepKernel<<<static_cast<unsigned>(blocks), kThreads, 0, CurrentStream()>>>(
-      a, static_cast<int>(T));
-  return LaunchStatus("AttnPrepKernel");
+  return Launch("AttnPrepKernel", AttnPrepKernel, static_cast<unsigned>(blocks), kThreads, 0, a,
+                static_cast<int>(T));
 }
 
 Status CheckRows(const char* op, const RowCache* table, int64_t row0, int64_t rows) {
@@ -493,10 +546,8 @@ Status CacheRows(const RowCache* table, int64_t row0, int64_t rows, const float*
   if (rows == 0) return Status::Ok();
   const dim3 grid(1 + (comp ? 1 : 0) + (index_comp ? 1 : 0), static_cast<unsigned>(rows));
   const CompressorRowArgs none{};
-  CacheRowsKernel<<<grid, kThreads, 0, CurrentStream()>>>(
-      table, row0, kv, d, window, steps, comp ? *comp : none, index_comp ? *index_comp : none,
-      freqs, rd, eps);
-  return LaunchStatus("CacheRowsKernel");
+  return Launch("CacheRowsKernel", CacheRowsKernel, grid, kThreads, 0, table, row0, kv, d, window,
+                steps, comp ? *comp : none, index_comp ? *index_comp : none, freqs, rd, eps);
 }
 
 Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
@@ -509,10 +560,9 @@ Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const floa
   if (rows == 0) return Status::Ok();
   if (!iq || !iw || !steps.visible || !picks || !counters)
     return InvalidArgument("IndexerTopK: null device pointer");
-  IndexerTopKKernel<<<dim3(kIndexBlocks, static_cast<unsigned>(rows)), kThreads, 0,
-                      CurrentStream()>>>(table, row0, iq, iw, static_cast<int>(nh), di, scale,
-                                         steps, static_cast<int>(k), picks, counters);
-  return LaunchStatus("IndexerTopKKernel");
+  return Launch("IndexerTopKKernel", IndexerTopKKernel,
+                dim3(kIndexBlocks, static_cast<unsigned>(rows)), kThreads, 0, table, row0, iq, iw,
+                static_cast<int>(nh), di, scale, steps, static_cast<int>(k), picks, counters);
 }
 
 Status SinkAttentionRows(const AttentionArgs& a, int64_t row0, int64_t rows) {
@@ -527,9 +577,9 @@ Status SinkAttentionRows(const AttentionArgs& a, int64_t row0, int64_t rows) {
   if (!a.q || !a.steps.win || !a.steps.keys || (a.entries && !a.steps.entries) ||
       (a.topk > 0 && !a.picks) || !a.sink || !a.pos || !a.freqs || !a.o)
     return InvalidArgument("SinkAttentionRows: null device pointer");
-  SinkAttentionRowsKernel<<<dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(rows)),
-                            kThreads, 0, CurrentStream()>>>(a, row0);
-  return LaunchStatus("SinkAttentionRowsKernel");
+  return Launch("SinkAttentionRowsKernel", SinkAttentionRowsKernel,
+                dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(rows)), kThreads, 0, a,
+                row0);
 }
 
 }  // namespace fm::cuda

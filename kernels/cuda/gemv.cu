@@ -15,6 +15,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv_core.cuh"
 #include "kernels/cuda/gemv_tc.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -44,6 +45,7 @@ struct GemvLaunch {
   int64_t T;
   const float* norm;  // RMSNorm weight [cols] of every task's x, or null
   float eps;
+  bool prefetch;  // launch overlap (launch.cuh): the block's weight rows into L2 before the wait
 };
 
 // inv[t] = 1 / sqrt(mean(x_t^2) + eps) for tokens t0..t0+n-1 into shared memory, summed in
@@ -197,6 +199,14 @@ __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLau
   const GemvTaskK& k = p.task[i];
   const int64_t block = blockIdx.x - (i > 0 ? p.block_end[i - 1] : 0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, slice = warp % k.slices;
+  AllowDependents();
+  if (p.prefetch) {
+    const int64_t block_rows = kGemvWarps / k.slices * (k.tc ? kTcRows : kWarpRows);
+    const int64_t first = block * block_rows, left = k.rows - first;
+    PrefetchRows(k.format, k.data, k.scale, k.row0 + first, left < block_rows ? left : block_rows,
+                 k.cols);
+  }
+  WaitPredecessors();
   if constexpr (kCores == kTcTasks) {
     return TcTaskBlock(p, k, block, lane, warp, slice);
   } else {
@@ -207,11 +217,11 @@ __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLau
 
 // The kCores instance for the launch's token tile NT (TokenTile).
 template <int kCores>
-void LaunchWithTile(int nt, unsigned grid, const GemvLaunch& p) {
+Status LaunchWithTile(int nt, unsigned grid, const GemvLaunch& p) {
   switch (nt) {
-    case 1: GemvTasksKernel<1, kCores><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    case 2: GemvTasksKernel<2, kCores><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
-    default: GemvTasksKernel<4, kCores><<<grid, kGemvThreads, 0, CurrentStream()>>>(p); break;
+    case 1: return Launch("GemvTasksKernel", GemvTasksKernel<1, kCores>, grid, kGemvThreads, 0, p);
+    case 2: return Launch("GemvTasksKernel", GemvTasksKernel<2, kCores>, grid, kGemvThreads, 0, p);
+    default: return Launch("GemvTasksKernel", GemvTasksKernel<4, kCores>, grid, kGemvThreads, 0, p);
   }
 }
 
@@ -307,22 +317,22 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   p.T = T;
   p.norm = norm;
   p.eps = eps;
+  p.prefetch = launch_overlap.load(std::memory_order_relaxed);
   const unsigned grid = static_cast<unsigned>(blocks);
   int tc_tasks = 0;
   for (int i = 0; i < p.ntasks; ++i) tc_tasks += p.task[i].tc ? 1 : 0;
   if (tc_tasks == p.ntasks)  // the tensor-core core serves 8 tokens a pass whatever T is
-    GemvTasksKernel<1, kTcTasks><<<grid, kGemvThreads, 0, CurrentStream()>>>(p);
-  else if (tc_tasks > 0)
-    LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
-  else
-    LaunchWithTile<kFmaTasks>(TokenTile(T), grid, p);
-  return LaunchStatus("GemvTasksKernel");
+    return Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p);
+  if (tc_tasks > 0) return LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
+  return LaunchWithTile<kFmaTasks>(TokenTile(T), grid, p);
 }
 
 }  // namespace
 
 void SetWeightPath(WeightPath path) { g_weight_path.store(path); }
 WeightPath GetWeightPath() { return g_weight_path.load(); }
+void SetLaunchOverlap(bool on) { launch_overlap.store(on); }
+bool GetLaunchOverlap() { return launch_overlap.load(); }
 
 QWeight DeviceWeight::view() const {
   QWeight w;

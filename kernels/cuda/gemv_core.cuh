@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.h"
 
 namespace fm::cuda {
@@ -129,6 +130,33 @@ __device__ __forceinline__ const uint8_t* RowScales(const uint8_t* scale, int64_
   if constexpr (F == WeightFormat::kFP8Block) return scale + (r / 128) * ((cols + 127) / 128);
   if constexpr (F == WeightFormat::kFP4Block32) return scale + r * (cols / 32);
   return scale;
+}
+
+// Most bytes of weight data a block asks L2 for before its predecessors finish (PrefetchRows):
+// 264 resident blocks (2 an SM) x 128 KiB = 34 MB, inside the H100/H200's 50 MB L2.
+constexpr int64_t kPrefetchBlockBytes = 128 << 10;
+
+// Launch-overlap prologue of a weight-streaming block (launch.cuh): rows [r0, r0 + n) of a
+// [*, cols] weight of `format` (data and scale bytes) into L2, the data capped at
+// kPrefetchBlockBytes; warp w's lane 0 takes the w-th eighth. Reads weights only.
+__device__ __forceinline__ void PrefetchRows(WeightFormat format, const void* data,
+                                             const uint8_t* scale, int64_t r0, int64_t n,
+                                             int64_t cols) {
+  if (n <= 0 || threadIdx.x % 32 != 0) return;
+  const int64_t row_bytes = format == WeightFormat::kFP4Block32 ? cols / 2
+                            : format == WeightFormat::kFP8Block ? cols
+                            : format == WeightFormat::kBF16     ? cols * 2
+                                                                : cols * 4;
+  const int64_t bytes = n * row_bytes < kPrefetchBlockBytes ? n * row_bytes : kPrefetchBlockBytes;
+  const int64_t part = (bytes / kGemvWarps + 15) / 16 * 16, w = threadIdx.x / 32;
+  if (w * part < bytes)
+    PrefetchL2(static_cast<const uint8_t*>(data) + r0 * row_bytes + w * part,
+               bytes - w * part < part ? bytes - w * part : part);
+  if (w == 0 && format == WeightFormat::kFP4Block32)
+    PrefetchL2(scale + r0 * (cols / 32), n * (cols / 32));
+  if (w == 0 && format == WeightFormat::kFP8Block)
+    PrefetchL2(scale + r0 / 128 * ((cols + 127) / 128),
+               ((r0 + n - 1) / 128 - r0 / 128 + 1) * ((cols + 127) / 128));
 }
 
 // Columns c..c+3 of x (16-byte aligned), or g * (x * inv) with an RMSNorm weight g.

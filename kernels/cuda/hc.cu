@@ -6,7 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
-#include "kernels/cuda/launch.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -43,6 +43,7 @@ __device__ float BlockRmsInv(const float* x, int64_t len, float eps) {
 // One block per token: rinv of X[n*H], the hc_head weights (thread 0), y = sum_i pre_i X[i].
 __global__ void HcHeadKernel(const float* x, const float* mix, const float* base, float scale,
                              int n, int64_t H, float hc_eps, float rms_eps, float* y) {
+  KernelPrologue();
   __shared__ float pre[kHcMaxStreams];
   const int64_t t = blockIdx.x;
   const float* xt = x + t * n * H;
@@ -60,6 +61,7 @@ __global__ void HcHeadKernel(const float* x, const float* mix, const float* base
 // One thread per (t, k, h): X'[k][h] = post[k] * out[h] + sum_j comb[j*n+k] * X[j][h].
 __global__ void HcPostKernel(const float* x, const float* out, const float* post,
                              const float* comb, int64_t T, int n, int64_t H, float* x_new) {
+  KernelPrologue();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
   if (i >= T * n * H) return;
   const int64_t h = i % H, k = (i / H) % n, t = i / (H * n);
@@ -74,6 +76,7 @@ __global__ void HcPostKernel(const float* x, const float* out, const float* post
 // contrib rows per token: k, or k + 1 with the shared expert's row last (added with weight 1).
 __global__ void MoeCombineKernel(const float* contrib, const float* w, int64_t T, int k,
                                  bool add_shared, int64_t H, float* y) {
+  KernelPrologue();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
   if (i >= T * H) return;
   const int64_t h = i % H, t = i / H, slots = k + (add_shared ? 1 : 0);
@@ -99,9 +102,8 @@ Status HcHead(const float* x, const float* mix, const float* base, float scale, 
   FM_RETURN_IF_ERROR(CheckStreams("HcHead", T, n, H));
   if (T == 0) return Status::Ok();
   if (!x || !mix || !base || !y) return InvalidArgument("HcHead: null device pointer");
-  HcHeadKernel<<<static_cast<unsigned>(T), kHcThreads, 0, CurrentStream()>>>(
-      x, mix, base, scale, static_cast<int>(n), H, hc_eps, rms_eps, y);
-  return LaunchStatus("HcHeadKernel");
+  return Launch("HcHeadKernel", HcHeadKernel, static_cast<unsigned>(T), kHcThreads, 0, x, mix, base,
+                scale, static_cast<int>(n), H, hc_eps, rms_eps, y);
 }
 
 Status HcPost(const float* x, const float* out, const float* post, const float* comb, int64_t T,
@@ -110,9 +112,8 @@ Status HcPost(const float* x, const float* out, const float* post, const float* 
   if (T == 0) return Status::Ok();
   if (!x || !out || !post || !comb || !x_new) return InvalidArgument("HcPost: null device pointer");
   if (x == x_new) return InvalidArgument("HcPost: x_new must not alias x");
-  HcPostKernel<<<BlocksFor(T * n * H, kElemThreads), kElemThreads, 0, CurrentStream()>>>(
-      x, out, post, comb, T, static_cast<int>(n), H, x_new);
-  return LaunchStatus("HcPostKernel");
+  return Launch("HcPostKernel", HcPostKernel, BlocksFor(T * n * H, kElemThreads), kElemThreads, 0,
+                x, out, post, comb, T, static_cast<int>(n), H, x_new);
 }
 
 Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, int64_t H, float* y,
@@ -122,9 +123,8 @@ Status MoeCombine(const float* contrib, const float* w, int64_t T, int64_t k, in
                            ", hidden " + std::to_string(H) + " (want tokens >= 0, top_k >= 1, hidden >= 1)");
   if (T == 0) return Status::Ok();
   if (!contrib || !w || !y) return InvalidArgument("MoeCombine: null device pointer");
-  MoeCombineKernel<<<BlocksFor(T * H, kElemThreads), kElemThreads, 0, CurrentStream()>>>(
-      contrib, w, T, static_cast<int>(k), add_shared, H, y);
-  return LaunchStatus("MoeCombineKernel");
+  return Launch("MoeCombineKernel", MoeCombineKernel, BlocksFor(T * H, kElemThreads), kElemThreads,
+                0, contrib, w, T, static_cast<int>(k), add_shared, H, y);
 }
 
 }  // namespace fm::cuda

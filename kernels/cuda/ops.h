@@ -75,6 +75,16 @@ enum class WeightPath { kFma, kTensorCore };
 void SetWeightPath(WeightPath path);
 WeightPath GetWeightPath();
 
+// Launch overlap (programmatic dependent launch, kernels/cuda/launch.cuh), for the whole
+// process, read at each launch (a captured graph keeps what it was captured with): every kernel
+// may start its blocks while the one before it in the stream finishes, waits for it before it
+// touches any buffer, and the weight-streaming kernels (Gemm, GemmMany, the shared expert) first
+// ask L2 for their block's weight rows, so a product's DRAM reads overlap the tail of the kernel
+// before it. Results are bit-identical either way. Default off: not yet measured on a GPU
+// (docs/gpu-kernels.md "Launch overlap").
+void SetLaunchOverlap(bool on);
+bool GetLaunchOverlap();
+
 // y[r, :] = g * x[r, :] / sqrt(mean(x[r, :]^2) + eps) for r < rows; g = weight[dim], or 1 when
 // weight is null. y may equal x. One block per row.
 Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int64_t dim,

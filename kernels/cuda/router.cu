@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -26,6 +27,7 @@ __device__ bool Beats(float v, int i, float bv, int bi) {
 __global__ void RouterKernel(const float* logits, const float* bias, const int64_t* tid2eid,
                              const int32_t* tokens, int64_t vocab, int E, int k,
                              float routed_scale, int32_t* ids, float* w) {
+  KernelPrologue();
   __shared__ float score[kRouterMaxExperts];
   __shared__ float key[kRouterMaxExperts];
   __shared__ bool taken[kRouterMaxExperts];
@@ -100,10 +102,9 @@ Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid
     return InvalidArgument("RouterTopK: hash routing needs the tokens and a vocab >= 1");
   if (!logits || !ids || !w) return InvalidArgument("RouterTopK: null logits, ids or w");
   if (T == 0) return Status::Ok();
-  RouterKernel<<<static_cast<unsigned>(T), kRouterThreads, 0, CurrentStream()>>>(
-      logits, bias, tid2eid, tokens, vocab, static_cast<int>(E), static_cast<int>(k), routed_scale,
-      ids, w);
-  return LaunchStatus("RouterKernel");
+  return Launch("RouterKernel", RouterKernel, static_cast<unsigned>(T), kRouterThreads, 0, logits,
+                bias, tid2eid, tokens, vocab, static_cast<int>(E), static_cast<int>(k),
+                routed_scale, ids, w);
 }
 
 }  // namespace fm::cuda

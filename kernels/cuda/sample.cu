@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sample_ops.h"
 
 namespace fm::cuda {
@@ -63,6 +64,7 @@ __device__ double BlockSum(double v, double* sh) {
 // Grid (chunks, rows). Chunk c of row r: ids [c * chunk, min((c + 1) * chunk, vocab)).
 __global__ void SampleChunkKernel(const float* logits, int64_t vocab, int64_t chunk, int nchunks,
                                   const SampleParams* params, ChunkStats* stats) {
+  KernelPrologue();
   __shared__ float best_v[kSampleThreads];
   __shared__ int best_i[kSampleThreads], nan_i[kSampleThreads], inf_i[kSampleThreads];
   __shared__ double sums[kSampleThreads];
@@ -251,6 +253,7 @@ __device__ void TopCandidates(const float* l, int64_t n, int m, int mpad, unsign
 __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t chunk,
                                    int nchunks, const SampleParams* params,
                                    const ChunkStats* stats, SampleResult* out) {
+  KernelPrologue();
   __shared__ unsigned long long cand[kSampleMaxCandidates];
   __shared__ double sh[kSampleThreads];
   __shared__ int hist[256], off[2 * kSampleThreads];
@@ -357,12 +360,11 @@ Status SampleRows(const float* logits, int64_t rows, int64_t vocab, const Sample
   const int64_t chunk = ChunkSize(vocab);
   const int nchunks = static_cast<int>(NumChunks(vocab));
   auto* stats = static_cast<ChunkStats*>(scratch);
-  SampleChunkKernel<<<dim3(nchunks, static_cast<unsigned>(rows)), kSampleThreads, 0,
-                      CurrentStream()>>>(logits, vocab, chunk, nchunks, params, stats);
-  FM_RETURN_IF_ERROR(LaunchStatus("SampleChunkKernel"));
-  SampleFinishKernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, CurrentStream()>>>(
-      logits, vocab, chunk, nchunks, params, stats, out);
-  return LaunchStatus("SampleFinishKernel");
+  FM_RETURN_IF_ERROR(Launch("SampleChunkKernel", SampleChunkKernel,
+                            dim3(nchunks, static_cast<unsigned>(rows)), kSampleThreads, 0, logits,
+                            vocab, chunk, nchunks, params, stats));
+  return Launch("SampleFinishKernel", SampleFinishKernel, static_cast<unsigned>(rows),
+                kSampleThreads, 0, logits, vocab, chunk, nchunks, params, stats, out);
 }
 
 }  // namespace fm::cuda

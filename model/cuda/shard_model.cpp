@@ -530,6 +530,11 @@ Status SetCudaWeightCore(CudaWeightCore core) {
   return Status::Ok();
 }
 
+Status SetCudaLaunchOverlap(bool on) {
+  cuda::SetLaunchOverlap(on);
+  return Status::Ok();
+}
+
 Result<double> CudaReadBandwidthGbps(int device) {
   FM_RETURN_IF_ERROR(cuda::SetDevice(device));
   return cuda::MeasureReadBandwidth(size_t{1} << 30, 10);

@@ -35,6 +35,11 @@ Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt,
 enum class CudaWeightCore { kFma, kTensorCore };
 Status SetCudaWeightCore(CudaWeightCore core);
 
+// Launch overlap (kernels/cuda/ops.h SetLaunchOverlap: programmatic dependent launch, and the
+// weight kernels' L2 prefetch before they wait) for the whole process; bit-identical results,
+// off by default until a GPU run measures it. Set it before creating device shards, as above.
+Status SetCudaLaunchOverlap(bool on);
+
 // Read bandwidth of CUDA device `device` in GB/s (kernels/cuda MeasureReadBandwidth over 1 GiB),
 // what `flashmesh bench decode --device cuda:N` divides its weight traffic by.
 Result<double> CudaReadBandwidthGbps(int device);

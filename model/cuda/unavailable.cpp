@@ -16,6 +16,11 @@ Status SetCudaWeightCore(CudaWeightCore) {
                      "configure time)");
 }
 
+Status SetCudaLaunchOverlap(bool) {
+  return Unavailable("launch overlap: this flashmesh was built without CUDA (no nvcc at "
+                     "configure time)");
+}
+
 Result<double> CudaReadBandwidthGbps(int device) {
   return Unavailable("device cuda:" + std::to_string(device) +
                      ": this flashmesh was built without CUDA (no nvcc at configure time)");

@@ -6,7 +6,8 @@
 // the attention's products of x (one launch); the MoE step's ExpertsUpGate (W1 + W3 of k = 6 of
 // 256 FP4 experts and the FP8 shared expert, I = 2048, H = 4096) and ExpertsDown, for 1 and 8
 // tokens; HcPostPre at the real manifold. The FP8/FP4 cases run on both cores of ops.h
-// SetWeightPath, "fma" and "tc" (tensor cores), in the same run.
+// SetWeightPath, "fma" and "tc" (tensor cores), in the same run; each Gemm shape's T = 1 also
+// with launch overlap (SetLaunchOverlap), the "ovl" line.
 // Usage: bench_cuda_gemv  (one line per case; exit 1 on a CUDA error; 0 devices: skip).
 #include <cuda_runtime.h>
 
@@ -139,7 +140,16 @@ Status BenchShape(const Shape& s) {
     }
   }
   cuda::SetWeightPath(kCores[0]);
-  return Status::Ok();
+  // T = 1 once more with launch overlap (ops.h SetLaunchOverlap): each call's L2 prefetch of its
+  // rows runs while the call before it finishes, as a decode step's products would.
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(s.cols, 0.5f));
+  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(s.rows, 0.0f));
+  cuda::SetLaunchOverlap(true);
+  const Status st = Time(std::string("ovl ") + s.name + " T=1", bytes, copies, [&](int i) {
+    return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, 1);
+  });
+  cuda::SetLaunchOverlap(false);
+  return st;
 }
 
 Status BenchAttnX() {

@@ -143,6 +143,20 @@ class WeightPathScope {
  private:
   cuda::WeightPath old_;
 };
+// Launch overlap (ops.h SetLaunchOverlap) for the rest of a scope, then the setting before it.
+class LaunchOverlapScope {
+ public:
+  explicit LaunchOverlapScope(bool on) : old_(cuda::GetLaunchOverlap()) {
+    cuda::SetLaunchOverlap(on);
+  }
+  ~LaunchOverlapScope() { cuda::SetLaunchOverlap(old_); }
+  LaunchOverlapScope(const LaunchOverlapScope&) = delete;
+  LaunchOverlapScope& operator=(const LaunchOverlapScope&) = delete;
+
+ private:
+  bool old_;
+};
+
 inline const cuda::WeightPath kWeightPaths[] = {cuda::WeightPath::kFma,
                                                 cuda::WeightPath::kTensorCore};
 inline std::string PathName(cuda::WeightPath p) {

@@ -10,8 +10,9 @@
 # shard, NCCL), bench_cuda_gemv (FP8/FP4 on both weight cores), `bench decode --device cuda:0`
 # on the bench preset (CUDA graph and eager) and on `mkmodel --preset flash --layers 2` (the real
 # shapes: per-layer time and the 43-layer prediction), each graph row again with
-# `--weight-core tc` (the tensor-core core, ops.h SetWeightPath), bench cluster of pp2 / ep2 / tp2 cuda:0 workers against one cuda:0
-# worker, test_integration DeviceShard.*. Without a GPU each GPU step reports
+# `--weight-core tc` (the tensor-core core, ops.h SetWeightPath) and with `--launch-overlap`
+# ("ovl": programmatic dependent launch, ops.h SetLaunchOverlap), bench cluster of pp2 / ep2 /
+# tp2 cuda:0 workers against one cuda:0 worker, test_integration DeviceShard.*. Without a GPU each GPU step reports
 # "skipped: no GPU" (--prebuilt still checks that every packed binary loads).
 # Prints a table last; full logs go to $OUT if set, else a fresh /tmp/fm-gpu.* (printed).
 # Checkpoints are written once to /tmp/fm-gpu-models (bench 2.3 GB, flash 2 layers 13 GB).
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) mode=prebuilt ;;
     --profile) profile=1 ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) build=$1 ;;
   esac
@@ -226,9 +227,13 @@ else
   bench_step "decode bench graph" bench --context 64 --tokens 64 --streams 8
   bench_step "decode bench eager" bench --context 64 --tokens 64 --eager
   bench_step "decode bench graph tc" bench --context 64 --tokens 64 --streams 8 --weight-core tc
+  bench_step "decode bench graph ovl" bench --context 64 --tokens 64 --streams 8 --launch-overlap
   mkmodel_step flash2 --preset flash --layers 2
   bench_step "decode flash2 graph" flash2 --context 256 --tokens 32 --streams 8
   bench_step "decode flash2 graph tc" flash2 --context 256 --tokens 32 --streams 8 --weight-core tc
+  bench_step "decode flash2 graph ovl" flash2 --context 256 --tokens 32 --streams 8 --launch-overlap
+  bench_step "decode flash2 graph tc ovl" flash2 --context 256 --tokens 32 --streams 8 \
+    --weight-core tc --launch-overlap
   cluster_step "cluster pp2 cuda" "$(cuda_yaml pp2 'pipeline_stages: 2, expert_parallel: 1' 2)"
   cluster_step "cluster ep2 cuda" "$(cuda_yaml ep2 'pipeline_stages: 1, expert_parallel: 2' 2)"
   cluster_step "cluster tp2 cuda" "$(cuda_yaml tp2 'pipeline_stages: 1, tensor_parallel: 2' 2)"

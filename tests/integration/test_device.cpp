@@ -128,18 +128,22 @@ TEST(DeviceShard, NcclStageLinkEqualsOneGpuWorkerOrSaysWhyItCannotLoad) {
 }
 
 // The device decode bench: with a GPU it reports the JSON keys (graph, eager, the tensor-core
-// weight core); without one it fails naming the device; --eager or --weight-core tc alone, and a
-// weight core that does not exist, are usage errors naming the flag.
+// weight core, launch overlap); without one it fails naming the device; --eager, --weight-core tc
+// or --launch-overlap alone, and a weight core that does not exist, are usage errors naming the
+// flag.
 TEST(DeviceShard, BenchDecodeOnADeviceRunsOrSaysWhy) {
   std::string out;
   EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--eager"}, &out), 2);
   EXPECT_NE(out.find("--eager: only with --device cuda:N"), std::string::npos) << out;
   EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--weight-core", "tc"}, &out), 2);
   EXPECT_NE(out.find("--weight-core tc: only with --device cuda:N"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--launch-overlap"}, &out), 2);
+  EXPECT_NE(out.find("--launch-overlap: only with --device cuda:N"), std::string::npos) << out;
   EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--device", "cuda:0",
                           "--weight-core", "mma"}, &out), 2);
   EXPECT_NE(out.find("--weight-core: 'mma' (want fma or tc)"), std::string::npos) << out;
-  const std::vector<std::vector<std::string>> modes = {{"--json"}, {"--eager"}, {"--weight-core", "tc"}};
+  const std::vector<std::vector<std::string>> modes = {
+      {"--json"}, {"--eager"}, {"--weight-core", "tc"}, {"--launch-overlap"}};
   for (const auto& mode : modes) {
     std::vector<std::string> args = {"bench", "decode", "--model", SmallModel(), "--device", "cuda:0",
                                      "--context", "8", "--tokens", "4", "--streams", "3", "--json"};
@@ -153,6 +157,10 @@ TEST(DeviceShard, BenchDecodeOnADeviceRunsOrSaysWhy) {
                 std::string::npos)
           << out;
       EXPECT_NE(out.find(std::string("\"weight_core\": \"") + (mode.size() == 2 ? "tc" : "fma")),
+                std::string::npos)
+          << out;
+      EXPECT_NE(out.find(std::string("\"launch_overlap\": ") +
+                         (mode[0] == "--launch-overlap" ? "true" : "false")),
                 std::string::npos)
           << out;
       EXPECT_NE(out.find("\"h2d_bytes_per_token\": "), std::string::npos) << out;

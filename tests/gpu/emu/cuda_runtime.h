@@ -183,6 +183,29 @@ void EmuLaunch(void (*kernel)(P...), EmuConfig cfg, A... args) {
   EmuRun(kernel, cfg.grid, cfg.block, args...);
 }
 
+// cudaLaunchKernelEx (kernels/cuda/launch.cuh): the launch as EmuLaunch; the programmatic
+// dependent launch attribute changes nothing here, where launches run one after another.
+enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization = 6 };
+union cudaLaunchAttributeValue {
+  int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim, blockDim;
+  size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+template <class... P, class... A>
+int cudaLaunchKernelEx(const cudaLaunchConfig_t* c, void (*kernel)(P...), A... args) {
+  EmuLaunch(kernel, EmuConfig{c->gridDim, c->blockDim, c->dynamicSmemBytes, c->stream}, args...);
+  return 0;
+}
+
 // The runtime API that net/nccl_communicator.cpp calls (tests/gpu/emu/nccl.h runs it): one
 // device, 0, whose memory is host memory; a stream is a handle whose work is done at once.
 enum cudaError_t {
