@@ -482,11 +482,13 @@ Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn
                  const float* base, const float* scale, const float* norm, int64_t T, int64_t n,
                  int64_t H, int64_t iters, float hc_eps, float rms_eps, float* post, float* comb,
                  float* y, float* partials, int32_t* counters) {
-  if (T < 0 || T > 65535 || n < 1 || n > kHcMaxStreams || H < 1 || iters < 1)
+  if (T < 0 || T > 65535 || n < 1 || n > kHcMaxStreams || H < 1 || n * H > 0x7FFFFFFF ||
+      iters < 1)
     return InvalidArgument("HcPostPre: tokens " + std::to_string(T) + ", hc streams " +
                            std::to_string(n) + ", hidden " + std::to_string(H) + ", sinkhorn iters " +
                            std::to_string(iters) + " (want tokens in [0, 65535], streams in [1, " +
-                           std::to_string(kHcMaxStreams) + "], hidden >= 1, iters >= 1)");
+                           std::to_string(kHcMaxStreams) + "], hidden >= 1 with streams * hidden " +
+                           "< 2^31, iters >= 1)");
   if (T == 0) return Status::Ok();
   if (!x || !fn || !base || !scale || !norm || !post || !comb || !y || !partials || !counters ||
       (out && !x_new))

@@ -22,7 +22,8 @@ namespace fm::cuda {
 // partial dot products with fn's rows (and of the squares) to `partials`; the last of row t's
 // blocks to finish (counters[t], which it resets to 0, so a graph replays) sums the row's
 // partials in block order and does the rest, so the rows finish in parallel. partials:
-// HcFusedPartials(T, n, H) floats; counters: T int32, 0 before the first call. T <= 65535.
+// HcFusedPartials(T, n, H) floats; counters: T int32, 0 before the first call. T <= 65535,
+// n * H < 2^31.
 // post/comb are read (the previous sublayer's) and then overwritten; x_new must not alias x.
 int64_t HcFusedPartials(int64_t T, int64_t n, int64_t H);
 Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn,

@@ -33,7 +33,9 @@ __device__ __forceinline__ void AllowDependents() {
 #endif
 }
 
-// Returns once every earlier launch of the stream has completed and its writes are visible.
+// Returns once the kernel before this one in the stream has completed and its writes are
+// visible. That covers every earlier launch only because every kernel calls this before it exits
+// (the rules above): a new kernel must start with it too.
 __device__ __forceinline__ void WaitPredecessors() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

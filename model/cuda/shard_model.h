@@ -30,14 +30,15 @@ Result<std::unique_ptr<ShardModel>> CreateCudaShardModel(const Checkpoint& ckpt,
 
 // The core device kernels stream FP8/FP4 weights with (kernels/cuda/ops.h SetWeightPath) for the
 // whole process: f32 FMAs (the default, measured on the H200) or the tensor cores (mma.sync,
-// gemv_tc.cuh; not yet measured). Set it before creating device shards: a shard's CUDA graphs keep
-// the core they were captured with. Without CUDA in the build: an error that says so.
+// gemv_tc.cuh; not yet measured). Set it before a shard's first step and leave it: a shard captures
+// a CUDA graph at each batch bucket's first step, and a graph keeps the core it was captured
+// with. Without CUDA in the build: an error that says so.
 enum class CudaWeightCore { kFma, kTensorCore };
 Status SetCudaWeightCore(CudaWeightCore core);
 
 // Launch overlap (kernels/cuda/ops.h SetLaunchOverlap: programmatic dependent launch, and the
 // weight kernels' L2 prefetch before they wait) for the whole process; bit-identical results,
-// off by default until a GPU run measures it. Set it before creating device shards, as above.
+// off by default until a GPU run measures it. Set it before a shard's first step, as above.
 Status SetCudaLaunchOverlap(bool on);
 
 // Read bandwidth of CUDA device `device` in GB/s (kernels/cuda MeasureReadBandwidth over 1 GiB),

@@ -104,9 +104,9 @@ Status Time(const std::string& name, size_t bytes, int warm, const std::function
   FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
   FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
   const int iters = std::max(20, 4 * warm);
-  FM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
+  FM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, cuda::CurrentStream()));
   for (int i = 0; i < iters; ++i) FM_RETURN_IF_ERROR(call(i));
-  FM_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
+  FM_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, cuda::CurrentStream()));
   FM_RETURN_IF_ERROR(cuda::Synchronize());
   float ms = 0;
   FM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
@@ -141,9 +141,12 @@ Status BenchShape(const Shape& s) {
   }
   cuda::SetWeightPath(kCores[0]);
   // T = 1 once more with launch overlap (ops.h SetLaunchOverlap): each call's L2 prefetch of its
-  // rows runs while the call before it finishes, as a decode step's products would.
+  // rows runs while the call before it finishes, as a decode step's products would; on a stream
+  // of its own, as the device shard launches (not the legacy default stream).
   FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(s.cols, 0.5f));
   FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(s.rows, 0.0f));
+  FM_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+  const cuda::StreamScope on_stream(stream);
   cuda::SetLaunchOverlap(true);
   const Status st = Time(std::string("ovl ") + s.name + " T=1", bytes, copies, [&](int i) {
     return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, 1);

@@ -103,6 +103,11 @@ TEST(CudaFused, HcPostPreRejectsBadShapes) {
   const Status rows = cuda::HcPostPre(&f, nullptr, &f, &f, &f, &f, &f, 70000, 4, 64, 20, 1e-6f,
                                       1e-6f, &f, &f, &f, &f, &c);
   EXPECT_NE(rows.ToString().find("HcPostPre: tokens 70000"), std::string::npos) << rows.ToString();
+  // The slice offsets are 32-bit: streams * hidden must stay below 2^31.
+  const Status wide = cuda::HcPostPre(&f, nullptr, &f, &f, &f, &f, &f, 1, 4, int64_t{1} << 29, 20,
+                                      1e-6f, 1e-6f, &f, &f, &f, &f, &c);
+  EXPECT_NE(wide.ToString().find("hidden 536870912"), std::string::npos) << wide.ToString();
+  EXPECT_NE(wide.ToString().find("streams * hidden < 2^31"), std::string::npos) << wide.ToString();
 }
 
 // q heads norm + RoPE, kv norm (weighted) + RoPE, indexer q RoPE and weights' scale, T rows at
