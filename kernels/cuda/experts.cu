@@ -239,9 +239,10 @@ Status ValidateExperts(const DevExperts& w, const char* who, const char* name) {
 
 // The common checks and launch; `a`/`b` the routed sets (b null for down), `sa`/`sb` the shared
 // weights (sb null for down).
-Status LaunchExperts(const char* who, const DevExperts& a, const DevExperts* b, const QWeight* sa,
-              const QWeight* sb, const int32_t* ids, int64_t T, int64_t k, const float* x,
-              int64_t x_stride, int64_t x_width, float limit, float* y, int64_t y_stride) {
+Status LaunchExperts(const char* who, const DevExperts& a, const DevExperts* b,
+                     const QWeight* sa, const QWeight* sb, const int32_t* ids, int64_t T,
+                     int64_t k, const float* x, int64_t x_stride, int64_t x_width, float limit,
+                     float* y, int64_t y_stride) {
   const std::string w = who;
   if (T < 0 || k < 0) return InvalidArgument(w + ": tokens " + std::to_string(T) + ", k " + std::to_string(k) + " (want >= 0)");
   if (k == 0 && !sa) return InvalidArgument(w + ": k 0 and no shared expert: nothing to compute");
@@ -322,14 +323,16 @@ Status ExpertsUpGate(const DevExperts& w1, const DevExperts& w3, const int32_t* 
                      const SharedExpert* shared, float* h, int64_t h_stride) {
   const int64_t width = T > 1 ? x_stride : (k > 0 ? w1.cols : shared ? shared->w1.cols : 0);
   return LaunchExperts("ExpertsUpGate", w1, &w3, shared ? &shared->w1 : nullptr,
-                shared ? &shared->w3 : nullptr, ids, T, k, x, x_stride, width, limit, h, h_stride);
+                       shared ? &shared->w3 : nullptr, ids, T, k, x, x_stride, width, limit, h,
+                       h_stride);
 }
 
 Status ExpertsDown(const DevExperts& w2, const int32_t* ids, int64_t T, int64_t k, const float* h,
                    int64_t h_stride, const SharedExpert* shared, float* contrib) {
   const int64_t H = k > 0 ? w2.rows : shared ? shared->w2.rows : 0;
-  return LaunchExperts("ExpertsDown", w2, nullptr, shared ? &shared->w2 : nullptr, nullptr, ids, T, k, h,
-                h_stride, h_stride, std::numeric_limits<float>::infinity(), contrib, H);
+  return LaunchExperts("ExpertsDown", w2, nullptr, shared ? &shared->w2 : nullptr, nullptr, ids,
+                       T, k, h, h_stride, h_stride, std::numeric_limits<float>::infinity(),
+                       contrib, H);
 }
 
 }  // namespace fm::cuda

@@ -3,8 +3,7 @@
 // leaves the GPU draining the last blocks of one kernel and then starting the next. With
 // SetLaunchOverlap(true) (ops.h) every launch carries the attribute
 // cudaLaunchAttributeProgrammaticStreamSerialization, so a kernel's blocks may start while its
-// predecessor still runs. The rules that keep this
-// exact:
+// predecessor still runs. The rules that keep the results exact:
 // - every kernel calls AllowDependents() and then WaitPredecessors() before it reads or writes
 //   any buffer that an earlier launch writes or reads (the step's activations, caches, counters);
 //   KernelPrologue() does both;
