@@ -9,6 +9,8 @@
 // SetWeightPath, "fma" and "tc" (tensor cores), in the same run; each Gemm shape's T = 1 also
 // with launch overlap (SetLaunchOverlap), the "ovl" line.
 // Usage: bench_cuda_gemv  (one line per case; exit 1 on a CUDA error; 0 devices: skip).
+//        bench_cuda_gemv --once  (every case launched once, untimed, one weight copy, no probe:
+//        "launch N: case" names the N-th kernel launch, for ncu: tests/gpu/run.sh --profile).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,6 +55,8 @@ const Shape kAttnX[] = {
 };
 
 double g_probe = 0;  // GB/s
+bool g_once = false;  // --once
+int g_launches = 0;   // cases launched under --once
 
 // Each FP8/FP4 case on the FMA core, then on the tensor-core one; the core names the line.
 const cuda::WeightPath kCores[] = {cuda::WeightPath::kFma, cuda::WeightPath::kTensorCore};
@@ -89,7 +93,9 @@ Result<std::vector<cuda::DeviceWeight>> Copies(const HostBytes& h, int copies) {
   return v;
 }
 
-int CopiesFor(size_t bytes) { return static_cast<int>(std::max<size_t>(2, (512ull << 20) / bytes + 1)); }
+int CopiesFor(size_t bytes) {
+  return g_once ? 1 : static_cast<int>(std::max<size_t>(2, (512ull << 20) / bytes + 1));
+}
 
 Result<cuda::DeviceBuffer> Floats(size_t n, float v) {
   std::vector<float> h(n, v);
@@ -97,8 +103,12 @@ Result<cuda::DeviceBuffer> Floats(size_t n, float v) {
 }
 
 // The mean over `iters` calls of call(i) after a warm-up round of `warm` calls, timed
-// with events; prints one line.
+// with events; prints one line. Under --once: call(0) alone, its line naming the launch.
 Status Time(const std::string& name, size_t bytes, int warm, const std::function<Status(int)>& call) {
+  if (g_once) {  // one launch, named for the profiler's table
+    std::printf("launch %d: %s\n", g_launches++, name.c_str());
+    return call(0);
+  }
   for (int i = 0; i < warm; ++i) FM_RETURN_IF_ERROR(call(i));
   cudaEvent_t start, stop;
   FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
@@ -295,19 +305,26 @@ Status BenchHcPostPre() {
 }  // namespace
 }  // namespace fm
 
-int main() {
+int main(int argc, char** argv) {
+  fm::g_once = argc == 2 && std::string(argv[1]) == "--once";
+  if (argc > 1 && !fm::g_once) {
+    std::fprintf(stderr, "usage: bench_cuda_gemv [--once]\n");
+    return 2;
+  }
   if (fm::cuda::DeviceCount() == 0) {
     std::printf("bench_cuda_gemv: no CUDA device, skipped\n");
     return 0;
   }
   std::printf("bench_cuda_gemv on %s\n", fm::cuda::DeviceDescription(0).c_str());
-  auto probe = fm::cuda::MeasureReadBandwidth(1ull << 30, 10);
-  if (!probe.ok()) {
-    std::fprintf(stderr, "bench_cuda_gemv: read probe: %s\n", probe.status().ToString().c_str());
-    return 1;
+  if (!fm::g_once) {
+    auto probe = fm::cuda::MeasureReadBandwidth(1ull << 30, 10);
+    if (!probe.ok()) {
+      std::fprintf(stderr, "bench_cuda_gemv: read probe: %s\n", probe.status().ToString().c_str());
+      return 1;
+    }
+    fm::g_probe = *probe;
+    std::printf("device read probe: %.1f GB/s\n", fm::g_probe);
   }
-  fm::g_probe = *probe;
-  std::printf("device read probe: %.1f GB/s\n", fm::g_probe);
   fm::Status st;
   for (const auto& s : fm::kShapes)
     if (st.ok()) st = fm::BenchShape(s);

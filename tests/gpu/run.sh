@@ -5,7 +5,9 @@
 #                                     default build dir build-gpu)
 #   tests/gpu/run.sh --prebuilt       check what tests/gpu/pack.sh put in .devrun/ on a build
 #                                     machine: no configure, no build (the GPU machine's way)
-#   add --profile: an ncu per-kernel table of eager decode steps instead of the checks
+#   add --profile: ncu tables instead of the checks: time per kernel of eager decode steps, and
+#                  per weight-kernel case of bench_cuda_gemv --once its throughput, occupancy,
+#                  issue use and stall reasons
 # The checks: each GPU test binary (kernels vs their CPU twins, the device shard vs the CPU
 # shard, NCCL), bench_cuda_gemv (FP8/FP4 on both weight cores), `bench decode --device cuda:0`
 # on the bench preset (CUDA graph and eager) and on `mkmodel --preset flash --layers 2` (the real
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) mode=prebuilt ;;
     --profile) profile=1 ;;
-    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) build=$1 ;;
   esac
@@ -207,10 +209,72 @@ PY
   head -20 "$logs/profile-$model.txt"
 }
 
+# Why each weight kernel runs at the speed it does: ncu over `bench_cuda_gemv --once` (every case
+# launched once), one line per case: time, DRAM throughput, occupancy, issue-slot use,
+# instructions, registers, and the main stall reasons (warps stalled per issued instruction:
+# long scoreboard = waiting on memory, lg/math throttle = pipes full, wait = fixed latency).
+# Metrics this ncu does not know are left out (--query-metrics), not fatal.
+profile_gemv() {
+  local ncu t0=$SECONDS want metrics="" m avail
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$gpu" ] || { row "ncu bench_cuda_gemv" "skipped: no GPU" 0 ""; return; }
+  [ -n "$ncu" ] || { row "ncu bench_cuda_gemv" "FAILED" 0 "no ncu on this machine"; return; }
+  want="gpu__time_duration.sum dram__throughput.avg.pct_of_peak_sustained_elapsed
+        sm__warps_active.avg.pct_of_peak_sustained_active
+        smsp__issue_active.avg.pct_of_peak_sustained_active smsp__inst_executed.sum
+        launch__registers_per_thread
+        smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+        smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
+        smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+        smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+        smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+        smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio"
+  avail=$("$ncu" --query-metrics 2>/dev/null | awk '{print $1}')
+  for m in $want; do
+    case $m in gpu__time_duration*|launch__*) metrics+="$m," ;;
+      *) grep -qx "${m%%.*}" <<<"$avail" && metrics+="$m," ;; esac
+  done
+  timeout 400 "$ncu" --metrics "${metrics%,}" --csv --log-file "$logs/ncu-gemv.csv" \
+    "$(bin bench_cuda_gemv)" --once >"$logs/gemv-once.txt" 2>"$logs/ncu-gemv.err" ||
+    { row "ncu bench_cuda_gemv" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/ncu-gemv.err")"; return; }
+  python3 - "$logs/ncu-gemv.csv" "$logs/gemv-once.txt" >"$logs/profile-gemv.txt" <<'PY'
+import collections, csv, re, sys
+lines = open(sys.argv[1]).read().splitlines()
+rows = [r for r in csv.reader(lines[next(i for i, l in enumerate(lines) if l.startswith('"ID"')):])]
+head, rows = rows[0], rows[1:]
+i_id, i_m, i_u, i_v = (head.index(h) for h in ("ID", "Metric Name", "Metric Unit", "Metric Value"))
+labels = dict(re.findall(r"^launch (\d+): (.*)$", open(sys.argv[2]).read(), re.M))
+# Times in us whatever unit ncu picked; counts in millions; the rest as given (%, ratios).
+scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+vals = collections.defaultdict(dict)
+for r in rows:
+    v = float(r[i_v].replace(",", "")) if r[i_v].replace(",", "").replace(".", "").isdigit() else None
+    if v is not None and r[i_m].startswith("gpu__time_duration"): v *= scale.get(r[i_u], float("nan"))
+    if v is not None and r[i_m] == "smsp__inst_executed.sum": v *= 1e-6
+    vals[r[i_id]][r[i_m]] = v
+cols = [("us", "gpu__time_duration.sum"), ("dram%", "dram__throughput"),
+        ("occ%", "sm__warps_active"), ("issue%", "smsp__issue_active"),
+        ("Minst", "smsp__inst_executed.sum"), ("regs", "launch__registers_per_thread"),
+        ("longsb", "long_scoreboard"), ("lgthr", "lg_throttle"), ("math", "math_pipe"),
+        ("wait", "stalled_wait"), ("barr", "barrier"), ("shortsb", "short_scoreboard")]
+print("%-44s" % "case" + "".join("%8s" % c[0] for c in cols))
+for k in sorted(vals, key=int):
+    out = []
+    for _, key in cols:
+        v = next((x for name, x in vals[k].items() if key in name), None)
+        out.append("%8s" % "-" if v is None else "%8.2f" % v)
+    print("%-44s" % labels.get(k, "launch " + k)[:44] + "".join(out))
+PY
+  row "ncu bench_cuda_gemv" "ok" $((SECONDS - t0)) "$(($(wc -l <"$logs/profile-gemv.txt") - 1)) cases, table in $logs/profile-gemv.txt"
+  echo "== bench_cuda_gemv --once"
+  cat "$logs/profile-gemv.txt"
+}
+
 if [ $profile = 1 ]; then
   # Launches of a step: ~14 a layer + the head; bench preset 8 layers, flash2 2.
   mkmodel_step bench --preset bench && profile bench 400 600
   mkmodel_step flash2 --preset flash --layers 2 && profile flash2 120 330
+  profile_gemv
 else
   gtest_step test_cuda_kernels 300
   gtest_step test_cuda_shard 300
