@@ -181,7 +181,7 @@ __device__ void HcFinishToken(const HcArgs& a, const float* xs, int t, int M) {
 // 4 blocks an SM (64 registers, no spills; 5 would spill): the T = 8 grid is 1024 blocks.
 __global__ void __launch_bounds__(kThreads, 4) HcPostPreKernel(HcArgs a) {
   __shared__ bool last;
-  __shared__ float xs_sh[kHcMaxStreams * kHcCols];  // X' of the slice, element i = stream * cols + h
+  __shared__ float xs_sh[kHcMaxStreams * kHcCols];  // X' of the slice: i = stream * cols + h
   const int n = a.n, M = (2 + n) * n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int t = static_cast<int>(blockIdx.y);
   const int64_t H = a.H, h0 = static_cast<int64_t>(blockIdx.x) * kHcCols;
@@ -192,9 +192,9 @@ __global__ void __launch_bounds__(kThreads, 4) HcPostPreKernel(HcArgs a) {
       PrefetchL2(a.fn + (static_cast<int64_t>(i / n) * n + i % n) * H + h0, cols * 4);
   WaitPredecessors();
   const float* xs = a.out ? a.x_new : a.x;  // X'
+  const float* xt = a.x + static_cast<int64_t>(t) * n * H;
   for (int i = threadIdx.x; i < n * cols; i += kThreads) {
     const int k = i / cols, h = i % cols;
-    const float* xt = a.x + static_cast<int64_t>(t) * n * H;
     float acc;
     if (a.out) {
       const float* ct = a.comb + t * n * n;
@@ -233,7 +233,8 @@ __global__ void __launch_bounds__(kThreads, 4) HcPostPreKernel(HcArgs a) {
     if (r >= trips) break;
     const int m = warp + kWarps * r;
     const float s = WarpSum(v[r]);
-    if (m <= M && lane == 0) a.partials[(static_cast<int64_t>(blockIdx.x) * a.T + t) * (M + 1) + m] = s;
+    if (m <= M && lane == 0)
+      a.partials[(static_cast<int64_t>(blockIdx.x) * a.T + t) * (M + 1) + m] = s;
   }
   __threadfence();
   __syncthreads();

@@ -116,14 +116,18 @@ __device__ __forceinline__ void DecodeChunk(const uint4& q, int j, float (&w)[4]
   }
 }
 
+// Bytes of one row of `cols` elements (no scales).
+__host__ __device__ constexpr int64_t RowBytes(WeightFormat f, int64_t cols) {
+  return f == WeightFormat::kFP4Block32 ? cols / 2
+         : f == WeightFormat::kFP8Block ? cols
+         : f == WeightFormat::kBF16     ? cols * 2
+                                        : cols * 4;
+}
+
 // Byte address of row r's first vector, and of its scale row (FP8: the row's 128-row block).
 template <WeightFormat F>
 __device__ __forceinline__ const uint4* RowVectors(const void* data, int64_t r, int64_t cols) {
-  const int64_t row_bytes = F == WeightFormat::kFP4Block32 ? cols / 2
-                            : F == WeightFormat::kFP8Block ? cols
-                            : F == WeightFormat::kBF16     ? cols * 2
-                                                           : cols * 4;
-  return reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(data) + r * row_bytes);
+  return reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(data) + r * RowBytes(F, cols));
 }
 template <WeightFormat F>
 __device__ __forceinline__ const uint8_t* RowScales(const uint8_t* scale, int64_t r, int64_t cols) {
@@ -143,19 +147,16 @@ __device__ __forceinline__ void PrefetchRows(WeightFormat format, const void* da
                                              const uint8_t* scale, int64_t r0, int64_t n,
                                              int64_t cols) {
   if (n <= 0 || threadIdx.x % 32 != 0) return;
-  const int64_t row_bytes = format == WeightFormat::kFP4Block32 ? cols / 2
-                            : format == WeightFormat::kFP8Block ? cols
-                            : format == WeightFormat::kBF16     ? cols * 2
-                                                                : cols * 4;
+  const int64_t row_bytes = RowBytes(format, cols);
   const int64_t bytes = n * row_bytes < kPrefetchBlockBytes ? n * row_bytes : kPrefetchBlockBytes;
   const int64_t part = (bytes / kGemvWarps + 15) / 16 * 16, w = threadIdx.x / 32;
   if (w * part < bytes)
     PrefetchL2(static_cast<const uint8_t*>(data) + r0 * row_bytes + w * part,
                bytes - w * part < part ? bytes - w * part : part);
   if (w == 0 && format == WeightFormat::kFP4Block32)
-    PrefetchL2(scale + r0 * (cols / 32), n * (cols / 32));
-  if (w == 0 && format == WeightFormat::kFP8Block)
-    PrefetchL2(scale + r0 / 128 * ((cols + 127) / 128),
+    PrefetchL2(RowScales<WeightFormat::kFP4Block32>(scale, r0, cols), n * (cols / 32));
+  if (w == 0 && format == WeightFormat::kFP8Block)  // the 128-row blocks of rows r0..r0+n-1
+    PrefetchL2(RowScales<WeightFormat::kFP8Block>(scale, r0, cols),
                ((r0 + n - 1) / 128 - r0 / 128 + 1) * ((cols + 127) / 128));
 }
 

@@ -52,7 +52,8 @@ __device__ __forceinline__ void KernelPrologue() {
 __device__ __forceinline__ void PrefetchL2(const void* p, int64_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uintptr_t p0 = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t a = (p0 + 15) & ~uintptr_t{15}, end = (p0 + static_cast<uintptr_t>(bytes)) & ~uintptr_t{15};
+  const uintptr_t a = (p0 + 15) & ~uintptr_t{15};
+  const uintptr_t end = (p0 + static_cast<uintptr_t>(bytes)) & ~uintptr_t{15};
   for (uintptr_t q = a; q < end; q += 65536) {
     const uint32_t n = static_cast<uint32_t>(end - q < 65536 ? end - q : 65536);
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q), "r"(n) : "memory");

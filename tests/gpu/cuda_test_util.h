@@ -143,6 +143,12 @@ class WeightPathScope {
  private:
   cuda::WeightPath old_;
 };
+inline const cuda::WeightPath kWeightPaths[] = {cuda::WeightPath::kFma,
+                                                cuda::WeightPath::kTensorCore};
+inline std::string PathName(cuda::WeightPath p) {
+  return p == cuda::WeightPath::kFma ? "fma" : "tensor-core";
+}
+
 // Launch overlap (ops.h SetLaunchOverlap) for the rest of a scope, then the setting before it.
 class LaunchOverlapScope {
  public:
@@ -156,12 +162,6 @@ class LaunchOverlapScope {
  private:
   bool old_;
 };
-
-inline const cuda::WeightPath kWeightPaths[] = {cuda::WeightPath::kFma,
-                                                cuda::WeightPath::kTensorCore};
-inline std::string PathName(cuda::WeightPath p) {
-  return p == cuda::WeightPath::kFma ? "fma" : "tensor-core";
-}
 
 }  // namespace cudatest
 }  // namespace fm

@@ -14,8 +14,8 @@
 # shapes: per-layer time and the 43-layer prediction), each graph row again with
 # `--weight-core tc` (the tensor-core core, ops.h SetWeightPath) and with `--launch-overlap`
 # ("ovl": programmatic dependent launch, ops.h SetLaunchOverlap), bench cluster of pp2 / ep2 /
-# tp2 cuda:0 workers against one cuda:0 worker, test_integration DeviceShard.*. Without a GPU each GPU step reports
-# "skipped: no GPU" (--prebuilt still checks that every packed binary loads).
+# tp2 cuda:0 workers against one cuda:0 worker, test_integration DeviceShard.*. Without a GPU
+# each GPU step reports "skipped: no GPU" (--prebuilt still checks that every packed binary loads).
 # Prints a table last; full logs go to $OUT if set, else a fresh /tmp/fm-gpu.* (printed).
 # Checkpoints are written once to /tmp/fm-gpu-models (bench 2.3 GB, flash 2 layers 13 GB).
 # Exit status 0 only if no step failed. About 4-6 minutes on an H200 host (--profile: ~3).
@@ -175,12 +175,14 @@ print("%.0f tok/s = %.2f of one cuda worker (%.0f), same tokens %s; h2d %.0f B/t
   fi
 }
 
+# Nsight Compute, for --profile.
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+
 # Per-kernel device time of eager decode steps: ncu's gpu__time_duration of COUNT kernels after
 # the first SKIP (the prefill and warm-up steps; well inside the 16 decode steps), clocks left
 # alone; a table by kernel. profile MODEL SKIP COUNT (the checkpoint written by mkmodel_step).
 profile() {
-  local model=$1 skip=$2 count=$3 ncu t0=$SECONDS
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  local model=$1 skip=$2 count=$3 t0=$SECONDS
   [ -n "$gpu" ] || { row "ncu profile $model" "skipped: no GPU" 0 ""; return; }
   [ -n "$ncu" ] || { row "ncu profile $model" "FAILED" 0 "no ncu on this machine"; return; }
   [ -f "$models/$model/config.json" ] || { row "ncu profile $model" "skipped: no checkpoint" 0 ""; return; }
@@ -215,8 +217,7 @@ PY
 # long scoreboard = waiting on memory, lg/math throttle = pipes full, wait = fixed latency).
 # Metrics this ncu does not know are left out (--query-metrics), not fatal.
 profile_gemv() {
-  local ncu t0=$SECONDS want metrics="" m avail
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  local t0=$SECONDS want metrics="" m avail
   [ -n "$gpu" ] || { row "ncu bench_cuda_gemv" "skipped: no GPU" 0 ""; return; }
   [ -n "$ncu" ] || { row "ncu bench_cuda_gemv" "FAILED" 0 "no ncu on this machine"; return; }
   want="gpu__time_duration.sum dram__throughput.avg.pct_of_peak_sustained_elapsed
@@ -234,7 +235,7 @@ profile_gemv() {
     case $m in gpu__time_duration*|launch__*) metrics+="$m," ;;
       *) grep -qx "${m%%.*}" <<<"$avail" && metrics+="$m," ;; esac
   done
-  timeout 400 "$ncu" --metrics "${metrics%,}" --csv --log-file "$logs/ncu-gemv.csv" \
+  timeout 400 "$ncu" --clock-control none --metrics "${metrics%,}" --csv --log-file "$logs/ncu-gemv.csv" \
     "$(bin bench_cuda_gemv)" --once >"$logs/gemv-once.txt" 2>"$logs/ncu-gemv.err" ||
     { row "ncu bench_cuda_gemv" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/ncu-gemv.err")"; return; }
   python3 - "$logs/ncu-gemv.csv" "$logs/gemv-once.txt" >"$logs/profile-gemv.txt" <<'PY'

@@ -86,7 +86,6 @@ TEST(CudaGemmTokens, EveryTokenHasItsGemvBitsForAnyT) {
   CheckTokens(WeightFormat::kBF16, 7, 1001, rng);        // split among 2 warps, scalar path
 }
 
-// A NaN in one token's x gives NaN only in that token's outputs; a NaN scale byte only in its rows.
 // The tensor-core core's numbers against MatvecRef:
 // - FP4 scales across the range folded into the f16 weights (2^-23..2^1: f16-subnormal weights
 //   at the low end) and at its edges (103 and 129 take the FMA fallback, 104 and 128 the mma,
@@ -129,6 +128,7 @@ TEST(CudaGemmTokens, TensorCoreScaleRangeAndSmallX) {
   }
 }
 
+// A NaN in one token's x gives NaN only in that token's outputs; a NaN scale byte only in its rows.
 // Both cores, FP4 (a NaN scale byte) and FP8 (a NaN e4m3 code, 0x7F).
 TEST(CudaGemmTokens, NanStaysInItsTokenAndRows) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
@@ -157,8 +157,6 @@ TEST(CudaGemmTokens, NanStaysInItsTokenAndRows) {
     }
 }
 
-// Four products of different formats and shapes in one launch == each one's Gemm, bit for bit;
-// with a norm weight == RmsNorm then Gemm, bit for bit.
 // A test run once on each weight core (the parameter), named by the core.
 class WeightCoreTest : public ::testing::TestWithParam<cuda::WeightPath> {
  protected:
@@ -168,6 +166,8 @@ std::string CoreName(const ::testing::TestParamInfo<cuda::WeightPath>& info) {
   return info.param == cuda::WeightPath::kFma ? "Fma" : "TensorCore";
 }
 
+// Four products of different formats and shapes in one launch == each one's Gemm, bit for bit;
+// with a norm weight == RmsNorm then Gemm, bit for bit.
 class CudaGemmManyPaths : public WeightCoreTest {};
 INSTANTIATE_TEST_SUITE_P(Cores, CudaGemmManyPaths, ::testing::ValuesIn(kWeightPaths), CoreName);
 
