@@ -214,7 +214,9 @@ PY
 # Why each weight kernel runs at the speed it does: ncu over `bench_cuda_gemv --once` (every case
 # launched once), one line per case: time, DRAM throughput, occupancy, issue-slot use,
 # instructions, registers, and the main stall reasons (warps stalled per issued instruction:
-# long scoreboard = waiting on memory, lg/math throttle = pipes full, wait = fixed latency).
+# long scoreboard = waiting on memory, lg/math throttle = pipes full, wait = fixed latency), the
+# pipes' use (% of peak: FMA, ALU, XU = conversions and special functions, LSU, tensor cores) and
+# the DRAM bytes read (ncu flushes the caches first: compare with the case's weight bytes).
 # Metrics this ncu does not know are left out (--query-metrics), not fatal.
 profile_gemv() {
   local t0=$SECONDS want metrics="" m avail
@@ -229,7 +231,13 @@ profile_gemv() {
         smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
         smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
         smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
-        smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio"
+        smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+        sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
+        sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active
+        sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
+        sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
+        sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+        dram__bytes_read.sum"
   avail=$("$ncu" --query-metrics 2>/dev/null | awk '{print $1}')
   for m in $want; do
     case $m in gpu__time_duration*|launch__*) metrics+="$m," ;;
@@ -247,17 +255,21 @@ i_id, i_m, i_u, i_v = (head.index(h) for h in ("ID", "Metric Name", "Metric Unit
 labels = dict(re.findall(r"^launch (\d+): (.*)$", open(sys.argv[2]).read(), re.M))
 # Times in us whatever unit ncu picked; counts in millions; the rest as given (%, ratios).
 scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+mb = {"byte": 1e-6, "Kbyte": 1e-3, "KB": 1e-3, "Mbyte": 1.0, "MB": 1.0, "Gbyte": 1e3, "GB": 1e3}
 vals = collections.defaultdict(dict)
 for r in rows:
     v = float(r[i_v].replace(",", "")) if r[i_v].replace(",", "").replace(".", "").isdigit() else None
     if v is not None and r[i_m].startswith("gpu__time_duration"): v *= scale.get(r[i_u], float("nan"))
     if v is not None and r[i_m] == "smsp__inst_executed.sum": v *= 1e-6
+    if v is not None and r[i_m] == "dram__bytes_read.sum": v *= mb.get(r[i_u], float("nan"))
     vals[r[i_id]][r[i_m]] = v
 cols = [("us", "gpu__time_duration.sum"), ("dram%", "dram__throughput"),
         ("occ%", "sm__warps_active"), ("issue%", "smsp__issue_active"),
         ("Minst", "smsp__inst_executed.sum"), ("regs", "launch__registers_per_thread"),
         ("longsb", "long_scoreboard"), ("lgthr", "lg_throttle"), ("math", "math_pipe"),
-        ("wait", "stalled_wait"), ("barr", "barrier"), ("shortsb", "short_scoreboard")]
+        ("wait", "stalled_wait"), ("barr", "barrier"), ("shortsb", "short_scoreboard"),
+        ("fma%", "pipe_fma."), ("alu%", "pipe_alu."), ("xu%", "pipe_xu."), ("lsu%", "pipe_lsu."),
+        ("tc%", "tensor_op_hmma"), ("MBread", "dram__bytes_read")]
 print("%-44s" % "case" + "".join("%8s" % c[0] for c in cols))
 for k in sorted(vals, key=int):
     out = []
