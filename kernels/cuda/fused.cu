@@ -8,6 +8,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/fused_ops.h"
+#include "kernels/cuda/moe_combine.cuh"
 
 namespace fm::cuda {
 namespace {
@@ -57,7 +58,7 @@ __device__ void RopeRow(float* row, int64_t d, int64_t rd, int32_t pos, const fl
 
 struct HcArgs {
   const float* x;
-  const float* out;
+  HcPostInput out;
   float* x_new;
   const float* fn;
   const float* base;
@@ -191,14 +192,15 @@ __global__ void __launch_bounds__(kThreads, 4) HcPostPreKernel(HcArgs a) {
     for (int i = threadIdx.x; i < M * n; i += kThreads)
       PrefetchL2(a.fn + (static_cast<int64_t>(i / n) * n + i % n) * H + h0, cols * 4);
   WaitPredecessors();
-  const float* xs = a.out ? a.x_new : a.x;  // X'
+  const bool with_post = a.out.out || a.out.contrib;
+  const float* xs = with_post ? a.x_new : a.x;  // X'
   const float* xt = a.x + static_cast<int64_t>(t) * n * H;
   for (int i = threadIdx.x; i < n * cols; i += kThreads) {
     const int k = i / cols, h = i % cols;
     float acc;
-    if (a.out) {
+    if (with_post) {
       const float* ct = a.comb + t * n * n;
-      acc = a.post[t * n + k] * a.out[t * H + h0 + h];
+      acc = a.post[t * n + k] * HcPostInputAt(a.out, t, H, h0 + h);
       for (int j = 0; j < n; ++j) acc += ct[j * n + k] * xt[j * H + h0 + h];
       a.x_new[(static_cast<int64_t>(t) * n + k) * H + h0 + h] = acc;
     } else {
@@ -479,7 +481,7 @@ int64_t HcFusedPartials(int64_t T, int64_t n, int64_t H) {
   return (H + kHcCols - 1) / kHcCols * T * ((2 + n) * n + 1);
 }
 
-Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn,
+Status HcPostPre(const float* x, const HcPostInput& out, float* x_new, const float* fn,
                  const float* base, const float* scale, const float* norm, int64_t T, int64_t n,
                  int64_t H, int64_t iters, float hc_eps, float rms_eps, float* post, float* comb,
                  float* y, float* partials, int32_t* counters) {
@@ -490,11 +492,12 @@ Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn
                            std::to_string(iters) + " (want tokens in [0, 65535], streams in [1, " +
                            std::to_string(kHcMaxStreams) + "], hidden >= 1 with streams * hidden " +
                            "< 2^31, iters >= 1)");
+  FM_RETURN_IF_ERROR(CheckHcPostInput("HcPostPre", out));
   if (T == 0) return Status::Ok();
   if (!x || !fn || !base || !scale || !norm || !post || !comb || !y || !partials || !counters ||
-      (out && !x_new))
+      (out.present() && !x_new))
     return InvalidArgument("HcPostPre: null device pointer");
-  if (out && x_new == x) return InvalidArgument("HcPostPre: x_new must not alias x");
+  if (out.present() && x_new == x) return InvalidArgument("HcPostPre: x_new must not alias x");
   const HcArgs a{x, out, x_new, fn, base, scale, norm, static_cast<int>(T), static_cast<int>(n),
                  H, static_cast<int>(iters), hc_eps, rms_eps, post, comb, y, partials, counters,
                  launch_overlap.load(std::memory_order_relaxed)};

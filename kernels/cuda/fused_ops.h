@@ -13,8 +13,9 @@ namespace fm::cuda {
 
 // hc_post of the previous sublayer fused with hc_pre and the RMSNorm of the next
 // (kernels/cpu/hc.h), for T rows of X [T, n, H]:
-//   with `out`: X'[t, k, h] = post[t, k] * out[t, h] + sum_j comb[t, j*n+k] * X[t, j, h] into
-//   x_new; without: X' = x (x_new unused);
+//   with `out` present (a dense output or the MoE's slots, ops.h HcPostInput): X'[t, k, h] =
+//   post[t, k] * out[t, h] + sum_j comb[t, j*n+k] * X[t, j, h] into x_new; without: X' = x
+//   (x_new unused);
 //   mix[t] = fn [(2+n)*n, n*H] . X'[t], rinv = 1/sqrt(mean(X'[t]^2) + rms_eps), then hc_pre's
 //   pre/post/comb (Sinkhorn, iters >= 1) into post/comb and y[t] = RMSNorm(sum_i pre_i X'[t, i],
 //   norm) (weight norm [H]).
@@ -26,7 +27,7 @@ namespace fm::cuda {
 // n * H < 2^31.
 // post/comb are read (the previous sublayer's) and then overwritten; x_new must not alias x.
 int64_t HcFusedPartials(int64_t T, int64_t n, int64_t H);
-Status HcPostPre(const float* x, const float* out, float* x_new, const float* fn,
+Status HcPostPre(const float* x, const HcPostInput& out, float* x_new, const float* fn,
                  const float* base, const float* scale, const float* norm, int64_t T, int64_t n,
                  int64_t H, int64_t iters, float hc_eps, float rms_eps, float* post, float* comb,
                  float* y, float* partials, int32_t* counters);

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/moe_combine.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
@@ -59,7 +60,7 @@ __global__ void HcHeadKernel(const float* x, const float* mix, const float* base
 }
 
 // One thread per (t, k, h): X'[k][h] = post[k] * out[h] + sum_j comb[j*n+k] * X[j][h].
-__global__ void HcPostKernel(const float* x, const float* out, const float* post,
+__global__ void HcPostKernel(const float* x, const HcPostInput out, const float* post,
                              const float* comb, int64_t T, int n, int64_t H, float* x_new) {
   KernelPrologue();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
@@ -67,7 +68,7 @@ __global__ void HcPostKernel(const float* x, const float* out, const float* post
   const int64_t h = i % H, k = (i / H) % n, t = i / (H * n);
   const float* xt = x + t * n * H;
   const float* ct = comb + t * n * n;
-  float acc = post[t * n + k] * out[t * H + h];
+  float acc = post[t * n + k] * HcPostInputAt(out, t, H, h);
   for (int j = 0; j < n; ++j) acc += ct[j * n + k] * xt[j * H + h];
   x_new[i] = acc;
 }
@@ -79,11 +80,7 @@ __global__ void MoeCombineKernel(const float* contrib, const float* w, int64_t T
   KernelPrologue();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
   if (i >= T * H) return;
-  const int64_t h = i % H, t = i / H, slots = k + (add_shared ? 1 : 0);
-  float acc = 0.0f;
-  for (int j = 0; j < k; ++j) acc += w[t * k + j] * contrib[(t * slots + j) * H + h];
-  if (add_shared) acc += contrib[(t * slots + k) * H + h];
-  y[i] = acc;
+  y[i] = MoeCombineAt(contrib, w, i / H, k, add_shared, H, i % H);
 }
 
 Status CheckStreams(const char* op, int64_t T, int64_t n, int64_t H) {
@@ -106,11 +103,20 @@ Status HcHead(const float* x, const float* mix, const float* base, float scale, 
                 scale, static_cast<int>(n), H, hc_eps, rms_eps, y);
 }
 
-Status HcPost(const float* x, const float* out, const float* post, const float* comb, int64_t T,
-              int64_t n, int64_t H, float* x_new) {
+Status CheckHcPostInput(const char* op, const HcPostInput& in) {
+  if (in.contrib && (in.out || !in.w || in.k < 1 || in.k > 1024))
+    return InvalidArgument(std::string(op) + ": expert slots need their weights and top_k in [1, 1024] " +
+                           "and no dense output beside them (top_k " + std::to_string(in.k) + ")");
+  return Status::Ok();
+}
+
+Status HcPost(const float* x, const HcPostInput& out, const float* post, const float* comb,
+              int64_t T, int64_t n, int64_t H, float* x_new) {
   FM_RETURN_IF_ERROR(CheckStreams("HcPost", T, n, H));
+  FM_RETURN_IF_ERROR(CheckHcPostInput("HcPost", out));
   if (T == 0) return Status::Ok();
-  if (!x || !out || !post || !comb || !x_new) return InvalidArgument("HcPost: null device pointer");
+  if (!x || !out.present() || !post || !comb || !x_new)
+    return InvalidArgument("HcPost: null device pointer");
   if (x == x_new) return InvalidArgument("HcPost: x_new must not alias x");
   return Launch("HcPostKernel", HcPostKernel, BlocksFor(T * n * H, kElemThreads), kElemThreads, 0,
                 x, out, post, comb, T, static_cast<int>(n), H, x_new);

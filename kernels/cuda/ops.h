@@ -105,9 +105,30 @@ Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid
 // the caller, not yet scaled by 1/rms), base [n] -> y [T, H] (before the final norm). n <= 16.
 Status HcHead(const float* x, const float* mix, const float* base, float scale, int64_t T,
               int64_t n, int64_t H, float hc_eps, float rms_eps, float* y);
+// What hc_post adds to the streams: a sublayer's output `out` [T, H], or the MoE's expert slots
+// combined on the fly (Slots: contrib [T, k + 1, H] as ExpertsDown writes them with the shared
+// expert, w [T, k]; the bits of MoeCombine(add_shared) into an `out`), so the MoE needs no
+// combine launch. Neither set: no hc_post.
+struct HcPostInput {
+  const float* out = nullptr;
+  const float* contrib = nullptr;
+  const float* w = nullptr;
+  int64_t k = 0;
+  HcPostInput() = default;
+  HcPostInput(const float* dense) : out(dense) {}  // NOLINT: a plain output converts
+  static HcPostInput Slots(const float* contrib, const float* w, int64_t k) {
+    HcPostInput in;
+    in.contrib = contrib, in.w = w, in.k = k;
+    return in;
+  }
+  bool present() const { return out || contrib; }
+};
+// The launchers' check of a present input: slots need w and 1 <= k <= 1024.
+Status CheckHcPostInput(const char* op, const HcPostInput& in);
+
 // hc_post: x_new [T, n, H] = post[k] * out[T, H] + sum_j comb[j*n+k] * x[j]; no aliasing.
-Status HcPost(const float* x, const float* out, const float* post, const float* comb, int64_t T,
-              int64_t n, int64_t H, float* x_new);
+Status HcPost(const float* x, const HcPostInput& out, const float* post, const float* comb,
+              int64_t T, int64_t n, int64_t H, float* x_new);
 // y [T, H] = sum_j w[T, j] * contrib[T, j, H], j ascending (the routed experts' outputs). With
 // add_shared, contrib is [T, k + 1, H] (ExpertsDown's slots) and the shared row j == k is added
 // last with weight 1.

@@ -215,21 +215,21 @@ Status CudaShardModel::SetTensorParallel(TpGroup* tp) {
 }
 
 Status CudaShardModel::HcPreNorm(const DevHc& hc, const DeviceBuffer& norm, int64_t T,
-                                 bool with_post) const {
+                                 const cuda::HcPostInput& post) const {
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), eh = static_cast<float>(cfg_.hc_eps);
   FM_RETURN_IF_ERROR(cuda::HcPostPre(
-      s_.x.as<float>(), with_post ? s_.out.as<float>() : nullptr, s_.x_new.as<float>(),
+      s_.x.as<float>(), post, s_.x_new.as<float>(),
       hc.fn.data.as<float>(), hc.base.as<float>(), hc.scale.as<float>(), norm.as<float>(), T, n,
       H, cfg_.hc_sinkhorn_iters, eh, eps, s_.post.as<float>(), s_.comb.as<float>(),
       s_.y.as<float>(), s_.hc_part.as<float>(), s_.hc_count.as<int32_t>()));
-  if (with_post) std::swap(s_.x, s_.x_new);
+  if (post.present()) std::swap(s_.x, s_.x_new);
   return Status::Ok();
 }
 
-Status CudaShardModel::HcPostUpdate(int64_t T) const {
+Status CudaShardModel::HcPostUpdate(int64_t T, const cuda::HcPostInput& post) const {
   const int64_t n = cfg_.hc_mult, H = cfg_.hidden_size;
-  FM_RETURN_IF_ERROR(cuda::HcPost(s_.x.as<float>(), s_.out.as<float>(), s_.post.as<float>(),
+  FM_RETURN_IF_ERROR(cuda::HcPost(s_.x.as<float>(), post, s_.post.as<float>(),
                                   s_.comb.as<float>(), T, n, H, s_.x_new.as<float>()));
   std::swap(s_.x, s_.x_new);
   return Status::Ok();
@@ -336,7 +336,8 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
   return GatherColumnsOnDevice(tp_, s_.routed, T, l.wo_b.rows, &s_.out, &s_.tp_all);
 }
 
-Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const {
+Result<cuda::HcPostInput> CudaShardModel::Moe(const DevLayer& l, int64_t T,
+                                               const DevStepInputs& in) const {
   const int64_t H = cfg_.hidden_size, E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok;
   const float limit = DeviceSwigluLimit(cfg_);
   const float* y = s_.y.as<float>();
@@ -353,9 +354,11 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
   float* h = s_.h.as<float>();
   float* contrib = s_.contrib.as<float>();
   float* out = s_.out.as<float>();
-  if (tp_)
-    return MoeTpOnDevice(cfg_, l, tp_, T,
-                         {y, &s_.ids, rw, &s_.h, hs, &s_.contrib, out, &s_.tp_all, &s_.tp_rows});
+  if (tp_) {
+    FM_RETURN_IF_ERROR(MoeTpOnDevice(
+        cfg_, l, tp_, T, {y, &s_.ids, rw, &s_.h, hs, &s_.contrib, out, &s_.tp_all, &s_.tp_rows}));
+    return cuda::HcPostInput(out);
+  }
   if (exec_ || !l.all_experts) {
     // Expert parallelism: the executor brings every (row, k) pair's unweighted output (this
     // member's experts run on this GPU through LocalExperts(), for every member); they are
@@ -373,22 +376,23 @@ Status CudaShardModel::Moe(const DevLayer& l, int64_t T, const DevStepInputs& in
     FM_RETURN_IF_ERROR(cuda::ExpertsUpGate(none, none, nullptr, T, 0, y, H, limit, &shared, h, hs));
     FM_RETURN_IF_ERROR(cuda::ExpertsDown(none, nullptr, T, 0, h, hs, &shared, shared_out));
     FM_RETURN_IF_ERROR(cuda::MoeCombine(contrib, rw, T, k, H, s_.routed.as<float>()));
-    return cuda::AddVectors(s_.routed.as<float>(), shared_out, out, T * H);
+    FM_RETURN_IF_ERROR(cuda::AddVectors(s_.routed.as<float>(), shared_out, out, T * H));
+    return cuda::HcPostInput(out);
   }
   FM_RETURN_IF_ERROR(
       cuda::ExpertsUpGate(l.w1.view(), l.w3.view(), ids, T, k, y, H, limit, &shared, h, hs));
   FM_RETURN_IF_ERROR(cuda::ExpertsDown(l.w2.view(), ids, T, k, h, hs, &shared, contrib));
-  return cuda::MoeCombine(contrib, rw, T, k, H, out, /*add_shared=*/true);
+  return cuda::HcPostInput::Slots(contrib, rw, k);
 }
 
 Status CudaShardModel::LayerStep(const DevLayer& l, const DevLayer* next, int64_t T,
                                  bool distinct, const DevStepInputs& in,
                                  const cuda::RowCache* table) const {
   FM_RETURN_IF_ERROR(Attention(l, T, distinct, in, table));
-  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_ffn, l.ffn_norm, T, true));
-  FM_RETURN_IF_ERROR(Moe(l, T, in));
-  if (next) return HcPreNorm(next->hc_attn, next->attn_norm, T, true);
-  return HcPostUpdate(T);
+  FM_RETURN_IF_ERROR(HcPreNorm(l.hc_ffn, l.ffn_norm, T, s_.out.as<float>()));
+  FM_ASSIGN_OR_RETURN(const cuda::HcPostInput ffn, Moe(l, T, in));
+  if (next) return HcPreNorm(next->hc_attn, next->attn_norm, T, ffn);
+  return HcPostUpdate(T, ffn);
 }
 
 Result<std::vector<cuda::RowCache>> CudaShardModel::RowTable(Rows rows) const {
@@ -411,7 +415,7 @@ Result<std::vector<cuda::RowCache>> CudaShardModel::RowTable(Rows rows) const {
 
 Status CudaShardModel::Step(int64_t T, bool distinct, const DevStepInputs& in,
                             const cuda::RowCache* table) const {
-  FM_RETURN_IF_ERROR(HcPreNorm(layers_[0]->hc_attn, layers_[0]->attn_norm, T, false));
+  FM_RETURN_IF_ERROR(HcPreNorm(layers_[0]->hc_attn, layers_[0]->attn_norm, T, {}));
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DevLayer& l = *layers_[i];
     const DevLayer* next = i + 1 < layers_.size() ? layers_[i + 1].get() : nullptr;

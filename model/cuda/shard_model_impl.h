@@ -102,13 +102,16 @@ class CudaShardModel final : public ShardModel {
   // `next`: the layer after l in this shard (its hc_pre fuses with l's last hc_post), or null.
   Status LayerStep(const DevLayer& l, const DevLayer* next, int64_t T, bool distinct,
                    const DevStepInputs& in, const cuda::RowCache* table) const;
-  // s.x -> s.y, post, comb for T rows; with_post: s.x <- hc_post(s.x, s.out) first.
-  Status HcPreNorm(const DevHc& hc, const cuda::DeviceBuffer& norm, int64_t T, bool with_post) const;
-  Status HcPostUpdate(int64_t T) const;  // s.x <- hc_post(s.x, s.out)
+  // s.x -> s.y, post, comb for T rows; with `post` present: s.x <- hc_post(s.x, post) first.
+  Status HcPreNorm(const DevHc& hc, const cuda::DeviceBuffer& norm, int64_t T,
+                   const cuda::HcPostInput& post) const;
+  Status HcPostUpdate(int64_t T, const cuda::HcPostInput& post) const;  // s.x <- hc_post(s.x, post)
   // table: the layer's cuda::RowCache [T].
   Status Attention(const DevLayer& l, int64_t T, bool distinct, const DevStepInputs& in,
                    const cuda::RowCache* table) const;
-  Status Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;  // s.y -> s.out
+  // s.y -> the FFN's output: s.out, or (every expert on this device) the slots in s.contrib
+  // with the weights in s.rw, which the hc_post after it combines (no combine launch).
+  Result<cuda::HcPostInput> Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;
   // X [T, hc, H] (device) -> s.logits [T, vocab]: hc_head, the final norm and the head.
   Status Head(const float* x, int64_t T) const;
 

@@ -271,7 +271,8 @@ Status BenchExperts() {
 
 // HcPostPre at the real manifold (hc 4 x H 4096, a [24, 16384] F32 mix weight) for T = 1 and
 // 8 rows, with the model's 20 Sinkhorn iterations and with 1 (the difference is the Sinkhorn's
-// share); bytes: the mix weight and X read once.
+// share), and with the FFN's output taken from the 6 + 1 expert slots (the decode layer's way:
+// "slots", against a dense output); bytes: the mix weight and X read once.
 Status BenchHcPostPre() {
   const int64_t n = 4, H = 4096, M = (2 + n) * n;
   for (const int64_t T : {1, 8}) {
@@ -288,13 +289,19 @@ Status BenchHcPostPre() {
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer part, Floats(cuda::HcFusedPartials(T, n, H), 0.0f));
     std::vector<int32_t> zero(T, 0);
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::Upload(zero.data(), zero.size() * 4));
+    const int64_t k = 6;
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer slots, Floats(T * (k + 1) * H, 0.01f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer rw, Floats(T * k, 0.2f));
     const size_t bytes = (M + 2 * T) * n * H * 4;
-    for (const int64_t iters : {20, 1}) {
-      const std::string name = "HcPostPre T=" + std::to_string(T) + " sinkhorn " + std::to_string(iters);
+    for (const int64_t iters : {20, 1, -20}) {  // -20: 20 iterations, the slots' output
+      const cuda::HcPostInput in = iters > 0 ? cuda::HcPostInput(out.as<float>())
+                                             : cuda::HcPostInput::Slots(slots.as<float>(), rw.as<float>(), k);
+      const std::string name = "HcPostPre T=" + std::to_string(T) + " sinkhorn " +
+                               std::to_string(iters > 0 ? iters : -iters) + (iters > 0 ? "" : " slots");
       FM_RETURN_IF_ERROR(Time(name, bytes, 8, [&](int) {
-        return cuda::HcPostPre(x.as<float>(), out.as<float>(), xn.as<float>(), fn.as<float>(),
+        return cuda::HcPostPre(x.as<float>(), in, xn.as<float>(), fn.as<float>(),
                                base.as<float>(), scale.as<float>(), norm.as<float>(), T, n, H,
-                               iters, 1e-6f, 1e-6f, post.as<float>(), comb.as<float>(),
+                               iters > 0 ? iters : -iters, 1e-6f, 1e-6f, post.as<float>(), comb.as<float>(),
                                y.as<float>(), part.as<float>(), counter.as<int32_t>());
       }));
     }

@@ -90,6 +90,52 @@ TEST(CudaFused, HcPostPreMatchesCpu) {
   }
 }
 
+// The FFN's hc_post taken straight from the MoE's expert slots (k routed + the shared row):
+// every output bit equal to MoeCombine into a dense output followed by HcPostPre of it.
+TEST(CudaFused, HcPostPreFromExpertSlotsHasTheCombineBits) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t n = 4, iters = 20, M = (2 + n) * n, k = 6;
+  for (int64_t H : {100, 2048}) {
+    for (int64_t T : {1, 5}) {
+      SCOPED_TRACE("H " + std::to_string(H) + " T " + std::to_string(T));
+      const auto x = Random(T * n * H, 11), slots = Random(T * (k + 1) * H, 12);
+      const auto w = Random(T * k, 13, 0.3f), fn = Random(M * n * H, 14, 0.05f);
+      const auto base = Random(M, 15), scale = Random(3, 16), norm = Random(H, 17);
+      const auto post0 = Random(T * n, 18, 0.5f), comb0 = Random(T * n * n, 19, 0.3f);
+      auto dx = ToDevice(x), ds = ToDevice(slots), dw = ToDevice(w), dfn = ToDevice(fn);
+      auto dbase = ToDevice(base), dscale = ToDevice(scale), dnorm = ToDevice(norm);
+      auto dsum = ToDevice(std::vector<float>(T * H, NAN));
+      auto dpart = ToDevice(std::vector<float>(cuda::HcFusedPartials(T, n, H), NAN));
+      auto dcount = ToDevice(std::vector<int32_t>(T, 0));
+      std::vector<float> got[2][4];  // [dense, slots][y, post, comb, x_new]
+      for (int way = 0; way < 2; ++way) {
+        auto dpost = ToDevice(post0), dcomb = ToDevice(comb0);
+        auto dxn = ToDevice(std::vector<float>(T * n * H, NAN));
+        auto dy = ToDevice(std::vector<float>(T * H, NAN));
+        cuda::HcPostInput in = cuda::HcPostInput::Slots(ds.as<float>(), dw.as<float>(), k);
+        if (way == 0) {
+          ASSERT_OK(cuda::MoeCombine(ds.as<float>(), dw.as<float>(), T, k, H, dsum.as<float>(), true));
+          in = cuda::HcPostInput(dsum.as<float>());
+        }
+        ASSERT_OK(cuda::HcPostPre(dx.as<float>(), in, dxn.as<float>(), dfn.as<float>(),
+                                  dbase.as<float>(), dscale.as<float>(), dnorm.as<float>(), T, n, H,
+                                  iters, 1e-6f, 1e-6f, dpost.as<float>(), dcomb.as<float>(),
+                                  dy.as<float>(), dpart.as<float>(), dcount.as<int32_t>()));
+        got[way][0] = ToHost(dy, T * H);
+        got[way][1] = ToHost(dpost, T * n);
+        got[way][2] = ToHost(dcomb, T * n * n);
+        got[way][3] = ToHost(dxn, T * n * H);
+      }
+      for (int o = 0; o < 4; ++o) {
+        ASSERT_EQ(got[0][o].size(), got[1][o].size());
+        EXPECT_EQ(std::memcmp(got[0][o].data(), got[1][o].data(), got[0][o].size() * 4), 0)
+            << "output " << o;
+        EXPECT_FALSE(std::isnan(got[1][o][0])) << "output " << o << " written";
+      }
+    }
+  }
+}
+
 TEST(CudaFused, HcPostPreRejectsBadShapes) {
   float f = 0;
   int32_t c = 0;

@@ -130,6 +130,10 @@ TEST(CudaArgs, HcAndCombineRejectBadShapes) {
   EXPECT_NE(s.message().find("must not alias"), std::string::npos) << s.ToString();
   s = cuda::MoeCombine(f, f, 1, 0, 8, f);
   EXPECT_NE(s.message().find("top_k 0"), std::string::npos) << s.ToString();
+  // Expert slots for hc_post need their weights.
+  s = cuda::HcPost(f, cuda::HcPostInput::Slots(f, nullptr, 6), f, f, 1, 4, 8, f + 1);
+  EXPECT_NE(s.message().find("HcPost: expert slots need their weights"), std::string::npos)
+      << s.ToString();
   EXPECT_TRUE(cuda::HcHead(nullptr, nullptr, nullptr, 1.0f, 0, 4, 8, 1e-6f, 1e-6f, nullptr).ok());
 }
 
@@ -175,6 +179,28 @@ TEST(CudaHc, PostHeadAndCombineMatchTheCpuKernels) {
   DeviceBuffer dc = ToDevice(contrib), dw = ToDevice(w), dyc = Zeros(T * H);
   ASSERT_OK(cuda::MoeCombine(dc.as<float>(), dw.as<float>(), T, k, H, dyc.as<float>()));
   ExpectClose(ToHost(dyc, T * H), want_c, 1e-6, "combine");
+  // hc_post straight from the expert slots [T, k + 1, H] (the shared row last): the bits of
+  // MoeCombine(add_shared) into an output and hc_post of that output.
+  const std::vector<float> slots = RandomNormal(T * (k + 1) * H, rng);
+  DeviceBuffer ds = ToDevice(slots), dsum = Zeros(T * H), dx2 = Zeros(T * n * H), dx3 = Zeros(T * n * H);
+  ASSERT_OK(cuda::MoeCombine(ds.as<float>(), dw.as<float>(), T, k, H, dsum.as<float>(), true));
+  ASSERT_OK(cuda::HcPost(dx.as<float>(), dsum.as<float>(), cpost.as<float>(), ccomb.as<float>(), T,
+                         n, H, dx2.as<float>()));
+  ASSERT_OK(cuda::HcPost(dx.as<float>(), cuda::HcPostInput::Slots(ds.as<float>(), dw.as<float>(), k),
+                         cpost.as<float>(), ccomb.as<float>(), T, n, H, dx3.as<float>()));
+  const std::vector<float> two = ToHost(dx2, T * n * H), one = ToHost(dx3, T * n * H);
+  EXPECT_EQ(std::memcmp(two.data(), one.data(), two.size() * sizeof(float)), 0);
+  std::vector<float> sum(T * H), want_x2(T * n * H);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) {  // MoeCombine_kH's sum, then the shared row
+      float acc = 0.0f;
+      for (int64_t j = 0; j < k; ++j) acc += w[t * k + j] * slots[(t * (k + 1) + j) * H + h];
+      sum[t * H + h] = acc + slots[(t * (k + 1) + k) * H + h];
+    }
+    HcPost_nH(&x[t * n * H], &sum[t * H], &want_post[t * n], &want_comb[t * n * n], n, H,
+              &want_x2[t * n * H]);
+  }
+  ExpectClose(one, want_x2, 1e-5, "hc_post of the slots");
 }
 
 TEST(CudaArgs, EmbedRowsRejectsBadShapes) {
