@@ -118,10 +118,18 @@ __device__ void ExpertTileTc(const ExpertsLaunch& p, WeightFormat format, int64_
   auto x_of = [&](int t) {
     return t < n ? p.x + (p.up_gate ? tile[t] / Slots(p) : tile[t]) * p.x_stride : nullptr;
   };
+  // The pass's x staged once for the block when it fits (every thread; the caller's barrier
+  // after the pass keeps it until every warp is done).
+  __shared__ uint4 stage[kTcStageBytes / 16];
+  const bool staged = TcStageFits(format, cols, n);
+  if (staged) {
+    TcStageX(format, stage, cols, n, x_of, nullptr, nullptr);
+    __syncthreads();
+  }
   const TcLaneX lx{x_of(gl < n ? gl : 0), gl < n, 1.0f, {x_of(2 * tq), x_of(2 * tq + 1)},
-                   {1.0f, 1.0f}, nullptr};
+                   {1.0f, 1.0f}, nullptr, staged ? stage + gl * TcStageStride(format, cols) : nullptr};
   float d[4];
-  StreamTileTc(format, rows, cols, lx, lane, 0, 1, d);
+  StreamTileTc<true>(format, rows, cols, lx, lane, 0, 1, d);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int row = gl + (q >= 2 ? 8 : 0), t = 2 * tq + (q & 1);

@@ -111,8 +111,11 @@ __device__ void TaskTile(const GemvTaskK& k, const WarpRows& rows, int64_t r_rel
 
 // Tensor-core twin of TaskTile: tokens t0..t0+7 (those >= T idle) of the warp's 16-row tile
 // at r_rel, its slice of the columns; the tile's first warp sums the slices in slice order.
+// stage: the tokens' staged x (TcStageX), or null (always, unless kMayStage).
+template <bool kMayStage>
 __device__ void TcTaskTile(const GemvTaskK& k, int64_t r_rel, int64_t t0, int64_t T,
-                          const float* g, const float* inv_sh, int lane, int slice) {
+                          const float* g, const float* inv_sh, const uint4* stage, int lane,
+                          int slice) {
   __shared__ float tc_sums[kGemvWarps][32][4];
   const int gl = lane >> 2, tq = lane & 3;
   TcRows rows;
@@ -127,9 +130,10 @@ __device__ void TcTaskTile(const GemvTaskK& k, int64_t r_rel, int64_t t0, int64_
   auto inv_of = [&](int t) { return g ? inv_sh[t] : 1.0f; };
   const bool live_g = t0 + gl < T;
   const TcLaneX lx{x_of(live_g ? gl : 0), live_g, inv_of(live_g ? gl : 0),
-                   {x_of(2 * tq), x_of(2 * tq + 1)}, {inv_of(2 * tq), inv_of(2 * tq + 1)}, g};
+                   {x_of(2 * tq), x_of(2 * tq + 1)}, {inv_of(2 * tq), inv_of(2 * tq + 1)}, g,
+                   stage ? stage + gl * TcStageStride(k.format, k.cols) : nullptr};
   float d[4];
-  StreamTileTc(k.format, rows, k.cols, lx, lane, slice, k.slices, d);
+  StreamTileTc<kMayStage>(k.format, rows, k.cols, lx, lane, slice, k.slices, d);
   if (k.slices > 1) {
     const int warp = threadIdx.x / 32;
 #pragma unroll
@@ -149,16 +153,26 @@ __device__ void TcTaskTile(const GemvTaskK& k, int64_t r_rel, int64_t t0, int64_
   }
 }
 
-// A tensor-core task's block: 8 / slices tiles of 16 rows, all T tokens 8 at a time.
+// A tensor-core task's block: 8 / slices tiles of 16 rows, all T tokens 8 at a time, with
+// kMayStage each pass's x staged in shared memory first when it fits. (The launch that mixes
+// cores leaves staging out: it would not fit that kernel's registers with the FMA core.)
+template <bool kMayStage>
 __device__ void TcTaskBlock(const GemvLaunch& p, const GemvTaskK& k, int64_t block, int lane,
                             int warp, int slice) {
   __shared__ float inv_sh[kTcTokens];
+  __shared__ uint4 stage[kTcStageBytes / 16];
   const int64_t r_rel = (block * (kGemvWarps / k.slices) + warp / k.slices) * kTcRows;
   for (int64_t t0 = 0; t0 < p.T; t0 += kTcTokens) {
-    if (p.norm)
-      TileInvRms(k.x, k.x_stride, t0, p.T - t0 < kTcTokens ? p.T - t0 : kTcTokens, k.cols, p.eps, inv_sh);
-    TcTaskTile(k, r_rel, t0, p.T, p.norm, inv_sh, lane, slice);
-    if (p.norm) __syncthreads();  // inv_sh is rewritten by the next tile
+    const int n = static_cast<int>(p.T - t0 < kTcTokens ? p.T - t0 : kTcTokens);
+    if (p.norm) TileInvRms(k.x, k.x_stride, t0, n, k.cols, p.eps, inv_sh);
+    const bool staged = kMayStage && TcStageFits(k.format, k.cols, n);
+    if (staged) {
+      TcStageX(k.format, stage, k.cols, n, [&](int i) { return k.x + (t0 + i) * k.x_stride; },
+               p.norm, inv_sh);
+      __syncthreads();
+    }
+    TcTaskTile<kMayStage>(k, r_rel, t0, p.T, p.norm, inv_sh, staged ? stage : nullptr, lane, slice);
+    if (p.norm || staged) __syncthreads();  // inv_sh and stage are rewritten by the next tile
   }
 }
 
@@ -208,9 +222,9 @@ __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLau
   }
   WaitPredecessors();
   if constexpr (kCores == kTcTasks) {
-    return TcTaskBlock(p, k, block, lane, warp, slice);
+    return TcTaskBlock<true>(p, k, block, lane, warp, slice);
   } else {
-    if (kCores == kMixedTasks && k.tc) return TcTaskBlock(p, k, block, lane, warp, slice);
+    if (kCores == kMixedTasks && k.tc) return TcTaskBlock<false>(p, k, block, lane, warp, slice);
     FmaTaskBlock<NT>(p, k, block, lane, warp, slice);
   }
 }

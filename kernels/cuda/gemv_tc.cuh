@@ -9,6 +9,10 @@
 // Columns: a step is 4 consecutive vectors, lane t taking vector 4 step + t; mma j of a step
 // takes elements 4j..4j+3 of every lane's vector, for the weights and x alike (a permutation
 // of the columns, which the sum does not see).
+// x: when a pass's tokens fit kTcStageBytes, the block splits x once into shared memory in the
+// order the lanes read it (TcStageX), so a lane's B operands of an mma are one 16-byte shared
+// load; otherwise each lane loads and splits its token's columns at every step (at T = 1 that
+// split was over half of an FP8 step's instructions). The same split either way: the same bits.
 // Numbers: e4m3 and e2m1 are exact in f16; x enters as hi = f16(x) and lo = f16((x - hi) 2^11)
 // (two mmas, two sums; ~22 bits for |x| >= 2^-13, absolute error < 2^-36 below). FP8:
 // a step's sums are scaled in f32 by their 128-block's scale. FP4: the group scale is folded
@@ -42,8 +46,9 @@ struct TcRows {
 // The x a lane reads, for a tile of 8 tokens: token g's (its B column) and, for an FP4 step on
 // the FMA fallback, tokens 2t and 2t + 1 (its outputs; null: idle); with a norm weight g,
 // x = g * (x * inv). xg is always a valid row (an idle token's lane reads a live token's and
-// zeroes it), so its loads need no branch. Plain fields: an array indexed by lane would live in
-// local memory.
+// zeroes it), so its loads need no branch. stage: token g's staged fragments (TcStageX), or
+// null: xg is loaded and split at every step. Plain fields: an array indexed by lane would live
+// in local memory.
 struct TcLaneX {
   const float* xg;
   bool live_g;
@@ -51,7 +56,51 @@ struct TcLaneX {
   const float* xo[2];
   float inv_o[2];
   const float* g;
+  const uint4* stage;
 };
+
+// Shared memory for a pass's staged x (a static array of the tensor-core kernels: 2 blocks an
+// SM take 72 KB of the H200's 228 and of a GB10's 100).
+constexpr int kTcStageBytes = 36 << 10;
+
+// A token's staged x, in 16-byte entries: entry (st J + j) 4 + t holds the B fragments of mma j
+// of step st for lane quad t, {hi(c, c+1), hi(c+2, c+3), lo(c, c+1), lo(c+2, c+3)} of x's
+// columns c = 4 j + VecElems (4 st + t) (J = VecElems / 4 mmas a step), zeros past the last
+// vector; whole steps, then 4 entries (64 bytes) so that the two tokens a phase of 8 lanes reads
+// fall on different banks.
+__host__ __device__ constexpr int64_t TcStageStride(WeightFormat f, int64_t cols) {
+  return (cols / VecElems(f) + 3) / 4 * VecElems(f) + 4;
+}
+__host__ __device__ constexpr bool TcStageFits(WeightFormat f, int64_t cols, int64_t tokens) {
+  return tokens * TcStageStride(f, cols) * 16 <= kTcStageBytes;
+}
+
+// Every thread of the block (kGemvThreads): tokens 0..n-1 (x rows row_of(i), with a norm weight g: g * (x *
+// inv[i])) into `stage` [n, TcStageStride], each element split as TcB splits it.
+template <WeightFormat F, class RowOf>
+__device__ void TcStageXOf(uint4* stage, int64_t cols, int n, RowOf row_of, const float* g,
+                           const float* inv) {
+  constexpr int J = VecElems(F) / 4;
+  const int per = static_cast<int>(TcStageStride(F, cols)) - 4;
+  const int nvec = static_cast<int>(cols / VecElems(F));
+  for (int i = threadIdx.x; i < n * per; i += kGemvThreads) {
+    const int tok = i / per, e = i % per, t = e % 4, j = (e / 4) % J, v = 4 * (e / (4 * J)) + t;
+    float4 a = float4{0.0f, 0.0f, 0.0f, 0.0f};
+    if (v < nvec) a = NormedX4(row_of(tok), g, g ? inv[tok] : 1.0f, v * VecElems(F) + 4 * j);
+    uint4 f;
+    SplitF16x2(a.x, a.y, f.x, f.z);
+    SplitF16x2(a.z, a.w, f.y, f.w);
+    stage[static_cast<int64_t>(tok) * (per + 4) + e] = f;
+  }
+}
+template <class RowOf>
+__device__ void TcStageX(WeightFormat format, uint4* stage, int64_t cols, int n, RowOf row_of,
+                         const float* g, const float* inv) {
+  if (format == WeightFormat::kFP8Block)
+    TcStageXOf<WeightFormat::kFP8Block>(stage, cols, n, row_of, g, inv);
+  else
+    TcStageXOf<WeightFormat::kFP4Block32>(stage, cols, n, row_of, g, inv);
+}
 
 // x's lo part is scaled by 2^11 into the f16 range (mma.cuh SplitF16x2), its sums scaled back.
 constexpr float kTcLoUnscale = 1.0f / 2048.0f;
@@ -61,6 +110,28 @@ __device__ __forceinline__ void TcB(float4 a, bool keep, uint32_t (&bh)[2], uint
   if (!keep) a = float4{0.0f, 0.0f, 0.0f, 0.0f};
   SplitF16x2(a.x, a.y, bh[0], bl[0]);
   SplitF16x2(a.z, a.w, bh[1], bl[1]);
+}
+
+// The B fragments (hi, lo) of mmas j0..j0+3 of step st for the lane: its staged entries (with
+// kMayStage, when lx.stage is set), or its token's columns c0 + 4 j loaded and split here; zeros
+// unless `keep`.
+template <WeightFormat F, bool kMayStage>
+__device__ __forceinline__ void TcB4(const TcLaneX& lx, int st, int j0, int t, bool keep, int c0,
+                                     uint32_t (&bh)[4][2], uint32_t (&bl)[4][2]) {
+  constexpr int J = VecElems(F) / 4;
+  if (kMayStage && lx.stage) {
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const uint4 f = keep ? lx.stage[(st * J + j0 + jj) * 4 + t] : uint4{0u, 0u, 0u, 0u};
+      bh[jj][0] = f.x, bh[jj][1] = f.y, bl[jj][0] = f.z, bl[jj][1] = f.w;
+    }
+    return;
+  }
+  float4 xa[4];
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) xa[jj] = NormedX4(lx.xg, lx.g, lx.inv_g, c0 + 4 * (j0 + jj));
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) TcB(xa[jj], keep, bh[jj], bl[jj]);
 }
 
 // Stream i's exact sums of step st for the lane's tokens 2t, 2t + 1, on f32 FMAs (an FP4 group
@@ -92,7 +163,7 @@ __device__ __forceinline__ void TcFold(const float (&ch)[4], const float (&cl)[4
 // Step st of the lane's two rows into d: q its vectors 4 st + t (zero past the row's end), sb
 // their scale bytes (FP8: the step's 128-block; FP4: the vector's group). x's hi and lo parts
 // go through separate mmas into separate sums (two chains, not one).
-template <WeightFormat F>
+template <WeightFormat F, bool kMayStage>
 __device__ __forceinline__ void TcStep(const uint4 (&q)[2], const uint32_t (&sb)[2],
                                        const TcRows& rows, int st, int nvec, int64_t cols,
                                        const TcLaneX& lx, int g, int t, float (&d)[4]) {
@@ -102,18 +173,15 @@ __device__ __forceinline__ void TcStep(const uint4 (&q)[2], const uint32_t (&sb)
   const int c0 = live ? v * kElems : 0;  // a dead step reads x's column 0 and zeroes it
   float ch[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if constexpr (F == WeightFormat::kFP8Block) {
-    float4 xa[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) xa[j] = NormedX4(lx.xg, lx.g, lx.inv_g, c0 + 4 * j);
+    uint32_t bh[4][2], bl[4][2];
+    TcB4<F, kMayStage>(lx, st, 0, t, keep, c0, bh, bl);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      uint32_t bh[2], bl[2];
-      TcB(xa[j], keep, bh, bl);
       const uint32_t w0 = Word(q[0], j), w1 = Word(q[1], j);
       const uint32_t a[4] = {E4m3x2ToF16x2(w0), E4m3x2ToF16x2(w1), E4m3x2ToF16x2(w0 >> 16),
                              E4m3x2ToF16x2(w1 >> 16)};
-      MmaF16(a, bh, ch);
-      MmaF16(a, bl, cl);
+      MmaF16(a, bh[j], ch);
+      MmaF16(a, bl[j], cl);
     }
     // A dead step adds zero (its scale byte is a stand-in).
     TcFold(ch, cl, E8m0Decode(sb[0]), E8m0Decode(sb[1]), d);
@@ -131,21 +199,19 @@ __device__ __forceinline__ void TcStep(const uint4 (&q)[2], const uint32_t (&sb)
       f[i] = bad[i] || !live ? 0u : ((sb[i] - 98u) << 10) * 0x10001u;
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // x in two loads of 4 float4: registers
-      float4 xa[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) xa[j] = NormedX4(lx.xg, lx.g, lx.inv_g, c0 + 16 * half + 4 * j);
+    for (int half = 0; half < 2; ++half) {  // x's fragments in two sets of 4 mmas: registers
+      uint32_t bh[4][2], bl[4][2];
+      TcB4<F, kMayStage>(lx, st, 4 * half, t, keep, c0, bh, bl);
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int j = 4 * half + jj;
-        uint32_t bh[2], bl[2], h0[2], h1[2];
-        TcB(xa[jj], keep, bh, bl);
+        uint32_t h0[2], h1[2];
         E2m1x4ToF16x2(Word(q[0], j / 2) >> (16 * (j % 2)), h0);
         E2m1x4ToF16x2(Word(q[1], j / 2) >> (16 * (j % 2)), h1);
         const uint32_t a[4] = {MulF16x2(h0[0], f[0]), MulF16x2(h1[0], f[1]),
                                MulF16x2(h0[1], f[0]), MulF16x2(h1[1], f[1])};
-        MmaF16(a, bh, ch);
-        MmaF16(a, bl, cl);
+        MmaF16(a, bh[jj], ch);
+        MmaF16(a, bl[jj], cl);
       }
     }
     TcFold(ch, cl, 1.0f, 1.0f, d);
@@ -156,7 +222,7 @@ __device__ __forceinline__ void TcStep(const uint4 (&q)[2], const uint32_t (&sb)
 }
 
 // Loads N steps' weights and scale bytes (from step index it of the slice) before their mmas.
-template <WeightFormat F, int N>
+template <WeightFormat F, int N, bool kMayStage>
 __device__ __forceinline__ void TcSteps(const TcRows& rows, const uint4* const (&wr)[2],
                                         const uint8_t* const (&sr)[2], int it, int slice,
                                         int slices, int nvec, int64_t cols, const TcLaneX& lx,
@@ -181,7 +247,7 @@ __device__ __forceinline__ void TcSteps(const TcRows& rows, const uint4* const (
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     const uint32_t b[2] = {sb[u] & 0xFFu, sb[u] >> 8};
-    TcStep<F>(q[u], b, rows, slice + (it + u) * slices, nvec, cols, lx, g, t, d);
+    TcStep<F, kMayStage>(q[u], b, rows, slice + (it + u) * slices, nvec, cols, lx, g, t, d);
   }
 }
 
@@ -189,8 +255,9 @@ __device__ __forceinline__ void TcSteps(const TcRows& rows, const uint4* const (
 // stream 0 x tokens 2t, 2t + 1; d[2], d[3] = stream 1. kTcAhead steps a trip, then the rest
 // one at a time. Every warp of the block makes the same trips (the emulated mma is block-wide:
 // a slice past the last step runs dead steps, which load nothing and add zero).
-// cols < 2^31 (the launchers check).
-template <WeightFormat F>
+// cols < 2^31 (the launchers check). kMayStage: x may come from lx.stage (a kernel that never
+// stages leaves it out: both ways in one loop do not fit the mixed Gemm kernel's 128 registers).
+template <WeightFormat F, bool kMayStage>
 __device__ void StreamTileTcOf(const TcRows& rows, int64_t cols, const TcLaneX& lx, int lane,
                                int slice, int slices, float (&d)[4]) {
   const int g = lane >> 2, t = lane & 3;
@@ -207,19 +274,21 @@ __device__ void StreamTileTcOf(const TcRows& rows, int64_t cols, const TcLaneX& 
   int it = 0;
 #pragma unroll 1
   for (; it + kTcAhead <= per; it += kTcAhead)
-    TcSteps<F, kTcAhead>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
+    TcSteps<F, kTcAhead, kMayStage>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
 #pragma unroll 1
-  for (; it < per; ++it) TcSteps<F, 1>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
+  for (; it < per; ++it)
+    TcSteps<F, 1, kMayStage>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
 }
 
 // StreamTileTcOf for the tensor-core format (FP8 or FP4) of the rows.
+template <bool kMayStage>
 __device__ __forceinline__ void StreamTileTc(WeightFormat format, const TcRows& rows,
                                              int64_t cols, const TcLaneX& lx, int lane, int slice,
                                              int slices, float (&d)[4]) {
   if (format == WeightFormat::kFP8Block)
-    StreamTileTcOf<WeightFormat::kFP8Block>(rows, cols, lx, lane, slice, slices, d);
+    StreamTileTcOf<WeightFormat::kFP8Block, kMayStage>(rows, cols, lx, lane, slice, slices, d);
   else
-    StreamTileTcOf<WeightFormat::kFP4Block32>(rows, cols, lx, lane, slice, slices, d);
+    StreamTileTcOf<WeightFormat::kFP4Block32, kMayStage>(rows, cols, lx, lane, slice, slices, d);
 }
 
 // Warps sharing each 16-row tile of a [rows, cols] product (the tensor-core twin of gemv.cu's

@@ -438,6 +438,34 @@ TEST_P(CudaExpertsPaths, UpGateAndDownMatchReferenceAndAreBatchIndependent) {
   }
 }
 
+// Eight tokens of one expert over wide rows (H = I = 1280): a pass of 8 slots whose x does not
+// fit the tensor-core core's shared-memory stage (each lane splits its own x), against each
+// token alone (staged): the same bits, in both launches.
+TEST_P(CudaExpertsPaths, WideRowsOfManySlotsHaveTheirAloneBits) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(67);
+  Experts x;
+  x.E = 1, x.I = 1280, x.H = 1280, x.Is = 128;
+  MakeExperts(&x, rng);
+  const int64_t T = 8, k = 1, S = k + 1, hs = x.I;
+  const std::vector<int32_t> ids(T * k, 0);
+  const std::vector<float> in = RandomNormal(T * x.H, rng);
+  std::vector<float> h, c;
+  RunExperts(x, ids, T, k, in, 2.0f, hs, &h, &c);
+  for (int64_t t : {0, 5}) {
+    const std::vector<float> in1(in.begin() + t * x.H, in.begin() + (t + 1) * x.H);
+    std::vector<float> h1, c1;
+    RunExperts(x, {0}, 1, k, in1, 2.0f, hs, &h1, &c1);
+    for (int64_t j = 0; j < S; ++j) {  // the routed slot, then the shared one
+      const int64_t rows = j < k ? x.I : x.Is;
+      for (int64_t i = 0; i < rows; ++i)
+        ASSERT_TRUE(SameBits(h1[j * hs + i], h[(t * S + j) * hs + i])) << "t " << t << " slot " << j << " h " << i;
+      for (int64_t i = 0; i < x.H; ++i)
+        ASSERT_TRUE(SameBits(c1[j * x.H + i], c[(t * S + j) * x.H + i])) << "t " << t << " slot " << j << " c " << i;
+    }
+  }
+}
+
 // A slot of ExpertsDown has the bits of Gemm with its expert's weight alone.
 TEST_P(CudaExpertsPaths, DownSlotEqualsGemmOfItsExpert) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
