@@ -96,7 +96,7 @@ Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int6
 // in [0, E); tokens[T] int32 on the device; a token outside [0, vocab) gives ids -1 and NaN
 // weights); w[t, j] = s[ids[t, j]] / (sum_j s[ids[t, j]] + 1e-20) * routed_scale. bias (score
 // layers) and tid2eid (hash layers) are exclusive; both null = plain top-k of s. E <= 1024. One
-// block per token.
+// warp per token.
 Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid,
                   const int32_t* tokens, int64_t vocab, int64_t T, int64_t E, int64_t k,
                   float routed_scale, int32_t* ids, float* w);

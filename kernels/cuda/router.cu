@@ -10,8 +10,9 @@
 namespace fm::cuda {
 namespace {
 
-constexpr int kRouterThreads = 256;
+constexpr int kRouterWarps = 4;  // tokens a block, a warp each
 constexpr int kRouterMaxExperts = 1024;
+constexpr int kRouterPerLane = kRouterMaxExperts / 32;  // experts a lane holds: e = lane + 32 m
 
 // Whether candidate (v, i) beats (bv, bi): larger value, ties to the lower index (the CPU
 // insertion keeps the earlier of equal scores); i < 0 is "none".
@@ -21,67 +22,64 @@ __device__ bool Beats(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-// One block per token. s[e] = sqrt(softplus(logits[e])); ids = the k best s + bias, one
-// block-wide argmax per pick (thread partials, then a fixed tree), or the token's tid2eid row
-// (hash layers); w[j] = s[ids[j]] / (sum_j s[ids[j]] + 1e-20) * scale, summed in j order.
+// sqrt(softplus(v)), softplus as torch (threshold 20).
+__device__ float RouterScore(float v) { return sqrtf(v > 20.0f ? v : log1pf(expf(v))); }
+
+// One warp per token t (kRouterWarps a block). s[e] = RouterScore(logits[e]); ids = the k best
+// s + bias, each pick the warp's argmax over the experts not yet taken (lane l holds experts
+// l, l + 32, ... in registers; an xor butterfly, then lane 0's winner for every lane), or the
+// token's tid2eid row (hash layers); w[j] = s[ids[j]] / (sum_j s[ids[j]] + 1e-20) * scale,
+// summed in j order by lane 0. No block barrier: a pick costs a few shuffles, not a tree of
+// __syncthreads (the old kernel: one block a token, 10 barriers a pick). Warps past T run the
+// shuffles on dummy values (the emulation's shuffles are block-wide).
 __global__ void RouterKernel(const float* logits, const float* bias, const int64_t* tid2eid,
-                             const int32_t* tokens, int64_t vocab, int E, int k,
+                             const int32_t* tokens, int64_t vocab, int64_t T, int E, int k,
                              float routed_scale, int32_t* ids, float* w) {
   KernelPrologue();
-  __shared__ float score[kRouterMaxExperts];
-  __shared__ float key[kRouterMaxExperts];
-  __shared__ bool taken[kRouterMaxExperts];
-  __shared__ float best_v[kRouterThreads];
-  __shared__ int best_i[kRouterThreads];
-  const int64_t t = blockIdx.x;
-  const int tid = threadIdx.x;
-  for (int e = tid; e < E; e += kRouterThreads) {
-    const float v = logits[t * E + e];
-    const float sp = v > 20.0f ? v : log1pf(expf(v));   // softplus as torch (threshold 20)
-    score[e] = sqrtf(sp);
-    key[e] = score[e] + (bias ? bias[e] : 0.0f);
-    taken[e] = false;
-  }
-  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouterWarps + threadIdx.x / 32;
+  const bool live = t < T;
+  const float* lt = logits + (live ? t : 0) * E;
   int32_t* out_ids = ids + t * k;
   if (tid2eid) {
+    if (!live || lane != 0) return;
     const int64_t tok = tokens[t];
     if (tok < 0 || tok >= vocab) {
-      if (tid == 0)
-        for (int j = 0; j < k; ++j) out_ids[j] = -1, w[t * k + j] = NAN;
+      for (int j = 0; j < k; ++j) out_ids[j] = -1, w[t * k + j] = NAN;
       return;
     }
-    if (tid == 0)
-      for (int j = 0; j < k; ++j) out_ids[j] = static_cast<int32_t>(tid2eid[tok * k + j]);
+    for (int j = 0; j < k; ++j) out_ids[j] = static_cast<int32_t>(tid2eid[tok * k + j]);
   } else {
+    float key[kRouterPerLane];
+#pragma unroll
+    for (int m = 0; m < kRouterPerLane; ++m) {
+      const int e = lane + 32 * m;
+      key[m] = e < E ? RouterScore(lt[e]) + (bias ? bias[e] : 0.0f) : 0.0f;
+    }
+    uint32_t taken = 0;  // bit m: expert lane + 32 m is picked
     for (int j = 0; j < k; ++j) {
       float bv = 0.0f;
       int bi = -1;
-      for (int e = tid; e < E; e += kRouterThreads)
-        if (!taken[e] && Beats(key[e], e, bv, bi)) bv = key[e], bi = e;
-      best_v[tid] = bv;
-      best_i[tid] = bi;
-      __syncthreads();
-      for (int half = kRouterThreads / 2; half > 0; half /= 2) {
-        if (tid < half && Beats(best_v[tid + half], best_i[tid + half], best_v[tid], best_i[tid])) {
-          best_v[tid] = best_v[tid + half];
-          best_i[tid] = best_i[tid + half];
-        }
-        __syncthreads();
+#pragma unroll
+      for (int m = 0; m < kRouterPerLane; ++m) {
+        const int e = lane + 32 * m;
+        if (e < E && !((taken >> m) & 1u) && Beats(key[m], e, bv, bi)) bv = key[m], bi = e;
       }
-      if (tid == 0) {
-        out_ids[j] = best_i[0];
-        taken[best_i[0]] = true;
+      for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (Beats(ov, oi, bv, bi)) bv = ov, bi = oi;
       }
-      __syncthreads();
+      bi = __shfl_sync(0xffffffffu, bi, 0);
+      if (bi >= 0 && bi % 32 == lane) taken |= 1u << (bi / 32);
+      if (live && lane == 0) out_ids[j] = bi;
     }
+    if (!live || lane != 0) return;
   }
-  if (tid == 0) {
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum += score[out_ids[j]];
-    const float denom = sum + 1e-20f;
-    for (int j = 0; j < k; ++j) w[t * k + j] = score[out_ids[j]] / denom * routed_scale;
-  }
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) sum += RouterScore(lt[out_ids[j]]);
+  const float denom = sum + 1e-20f;
+  for (int j = 0; j < k; ++j) w[t * k + j] = RouterScore(lt[out_ids[j]]) / denom * routed_scale;
 }
 
 }  // namespace
@@ -102,8 +100,8 @@ Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid
     return InvalidArgument("RouterTopK: hash routing needs the tokens and a vocab >= 1");
   if (!logits || !ids || !w) return InvalidArgument("RouterTopK: null logits, ids or w");
   if (T == 0) return Status::Ok();
-  return Launch("RouterKernel", RouterKernel, static_cast<unsigned>(T), kRouterThreads, 0, logits,
-                bias, tid2eid, tokens, vocab, static_cast<int>(E), static_cast<int>(k),
+  return Launch("RouterKernel", RouterKernel, BlocksFor(T, kRouterWarps), 32 * kRouterWarps, 0,
+                logits, bias, tid2eid, tokens, vocab, T, static_cast<int>(E), static_cast<int>(k),
                 routed_scale, ids, w);
 }
 

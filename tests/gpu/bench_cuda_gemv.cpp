@@ -8,6 +8,10 @@
 // tokens; HcPostPre at the real manifold. The FP8/FP4 cases run on both cores of ops.h
 // SetWeightPath, "fma" and "tc" (tensor cores), in the same run; each Gemm shape's T = 1 also
 // with launch overlap (SetLaunchOverlap), the "ovl" line.
+// Every case is timed twice, on a stream of its own: calls launched one by one (the "us" column:
+// what an eager step pays, host launch cost included when a call is shorter than its launch)
+// and the same calls replayed from one CUDA graph (the "graph us" column: what a captured decode
+// step pays).
 // Usage: bench_cuda_gemv  (one line per case; exit 1 on a CUDA error; 0 devices: skip).
 //        bench_cuda_gemv --once  (every case launched once, untimed, one weight copy, no probe:
 //        "launch N: case" names the N-th kernel launch, for ncu: tests/gpu/run.sh --profile).
@@ -55,6 +59,7 @@ const Shape kAttnX[] = {
 };
 
 double g_probe = 0;  // GB/s
+const cuda::Stream* g_stream = nullptr;  // every case's stream (main)
 bool g_once = false;  // --once
 int g_launches = 0;   // cases launched under --once
 
@@ -102,29 +107,45 @@ Result<cuda::DeviceBuffer> Floats(size_t n, float v) {
   return cuda::Upload(h.data(), n * 4);
 }
 
-// The mean over `iters` calls of call(i) after a warm-up round of `warm` calls, timed
-// with events; prints one line. Under --once: call(0) alone, its line naming the launch.
+// Event-timed ms of `body` on the current stream.
+Result<float> TimeMs(const std::function<Status()>& body) {
+  cudaEvent_t start, stop;
+  FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  Status st = cuda::CudaStatus(cudaEventRecord(start, cuda::CurrentStream()), "cudaEventRecord");
+  if (st.ok()) st = body();
+  if (st.ok()) st = cuda::CudaStatus(cudaEventRecord(stop, cuda::CurrentStream()), "cudaEventRecord");
+  if (st.ok()) st = cuda::Synchronize();
+  float ms = 0;
+  if (st.ok()) st = cuda::CudaStatus(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  FM_RETURN_IF_ERROR(st);
+  return ms;
+}
+
+// The mean over `iters` calls of call(i) after a warm-up round of `warm` calls, launched one by
+// one and then replayed from a graph of the same calls, timed with events; prints one line.
+// Under --once: call(0) alone, its line naming the launch.
 Status Time(const std::string& name, size_t bytes, int warm, const std::function<Status(int)>& call) {
   if (g_once) {  // one launch, named for the profiler's table
     std::printf("launch %d: %s\n", g_launches++, name.c_str());
     return call(0);
   }
   for (int i = 0; i < warm; ++i) FM_RETURN_IF_ERROR(call(i));
-  cudaEvent_t start, stop;
-  FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
   const int iters = std::max(20, 4 * warm);
-  FM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, cuda::CurrentStream()));
-  for (int i = 0; i < iters; ++i) FM_RETURN_IF_ERROR(call(i));
-  FM_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, cuda::CurrentStream()));
-  FM_RETURN_IF_ERROR(cuda::Synchronize());
-  float ms = 0;
-  FM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  auto all = [&]() -> Status {
+    for (int i = 0; i < iters; ++i) FM_RETURN_IF_ERROR(call(i));
+    return Status::Ok();
+  };
+  FM_ASSIGN_OR_RETURN(const float ms, TimeMs(all));
+  FM_ASSIGN_OR_RETURN(const cuda::Graph graph, cuda::Graph::Capture(*g_stream, all));
+  FM_RETURN_IF_ERROR(graph.Launch(*g_stream));  // the replay's warm-up
+  FM_ASSIGN_OR_RETURN(const float graph_ms, TimeMs([&] { return graph.Launch(*g_stream); }));
   const double us = 1000.0 * ms / iters, gbs = bytes / (us * 1e3);
-  std::printf("%-42s %8.2f MiB %9.2f us %8.1f GB/s  %.2f of probe\n", name.c_str(),
-              bytes / double(1 << 20), us, gbs, gbs / g_probe);
+  const double gus = 1000.0 * graph_ms / iters, ggbs = bytes / (gus * 1e3);
+  std::printf("%-42s %8.2f MiB %9.2f us %8.1f GB/s  %.2f of probe | graph %9.2f us  %.2f of probe\n",
+              name.c_str(), bytes / double(1 << 20), us, gbs, gbs / g_probe, gus, ggbs / g_probe);
   return Status::Ok();
 }
 
@@ -151,12 +172,9 @@ Status BenchShape(const Shape& s) {
   }
   cuda::SetWeightPath(kCores[0]);
   // T = 1 once more with launch overlap (ops.h SetLaunchOverlap): each call's L2 prefetch of its
-  // rows runs while the call before it finishes, as a decode step's products would; on a stream
-  // of its own, as the device shard launches (not the legacy default stream).
+  // rows runs while the call before it finishes, as a decode step's products would.
   FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(s.cols, 0.5f));
   FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(s.rows, 0.0f));
-  FM_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-  const cuda::StreamScope on_stream(stream);
   cuda::SetLaunchOverlap(true);
   const Status st = Time(std::string("ovl ") + s.name + " T=1", bytes, copies, [&](int i) {
     return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, 1);
@@ -332,6 +350,13 @@ int main(int argc, char** argv) {
     fm::g_probe = *probe;
     std::printf("device read probe: %.1f GB/s\n", fm::g_probe);
   }
+  auto stream = fm::cuda::Stream::Create();  // graphs capture a stream of ours, not the default one
+  if (!stream.ok()) {
+    std::fprintf(stderr, "bench_cuda_gemv: %s\n", stream.status().ToString().c_str());
+    return 1;
+  }
+  const fm::cuda::StreamScope on_stream(*stream);
+  fm::g_stream = &*stream;
   fm::Status st;
   for (const auto& s : fm::kShapes)
     if (st.ok()) st = fm::BenchShape(s);

@@ -18,7 +18,7 @@
 # each GPU step reports "skipped: no GPU" (--prebuilt still checks that every packed binary loads).
 # Prints a table last; full logs go to $OUT if set, else a fresh /tmp/fm-gpu.* (printed).
 # Checkpoints are written once to /tmp/fm-gpu-models (bench 2.3 GB, flash 2 layers 13 GB).
-# Exit status 0 only if no step failed. About 4-6 minutes on an H200 host (--profile: ~3).
+# Exit status 0 only if no step failed. About 5-7 minutes on an H200 host (--profile: ~3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=build build=build-gpu profile=0

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,29 @@ TEST(CudaRouter, EqualScoresPickTheLowestIndicesInOrder) {
     EXPECT_EQ(ids[j], j);
     EXPECT_NEAR(w[j], 1.0f / k, 1e-7);
   }
+}
+
+// NaN logits (a broken activation upstream) still give k distinct ids inside [0, E): the experts
+// then read valid weights, and the NaN reaches the output through the weights.
+TEST(CudaRouter, NanLogitsStillPickDistinctExpertsInRange) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(14);
+  const int64_t T = 3, E = 256, k = 6;
+  std::vector<float> logits = RandomNormal(T * E, rng, 2.0f);
+  for (int64_t e = 0; e < E; e += 3) logits[e] = NAN;  // token 0: every third
+  for (int64_t e = 0; e < E; ++e) logits[2 * E + e] = NAN;  // token 2: all of them
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  DeviceRouter(logits, nullptr, nullptr, nullptr, T, E, k, 1.0f, &ids, &w);
+  for (int64_t t = 0; t < T; ++t) {
+    std::set<int32_t> seen;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t id = ids[t * k + j];
+      EXPECT_TRUE(id >= 0 && id < E) << "t " << t << " j " << j << " id " << id;
+      EXPECT_TRUE(seen.insert(id).second) << "t " << t << " id " << id << " twice";
+    }
+  }
+  for (int64_t j = 0; j < k; ++j) EXPECT_TRUE(std::isnan(w[2 * k + j]));
 }
 
 TEST(CudaRouter, HashLayerTakesTheTokensRow) {
