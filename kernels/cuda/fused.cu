@@ -262,22 +262,6 @@ __device__ void NormRopeRow(float* row, int64_t d, const float* weight, float ep
   RopeRow(row, d, rd, pos, freqs, false);
 }
 
-// Blocks: T * nh query heads, then T kv rows, then T * ni indexer heads.
-__global__ void AttnPrepKernel(AttnPrepArgs a, int T) {
-  KernelPrologue();
-  const int64_t b = blockIdx.x, nq = T * a.nh;
-  if (b < nq) {
-    NormRopeRow(a.q + b * a.d, a.d, nullptr, a.eps, a.rd, a.pos[b / a.nh], a.freqs);
-  } else if (b < nq + T) {
-    const int64_t t = b - nq;
-    NormRopeRow(a.kv + t * a.d, a.d, a.kv_norm, a.eps, a.rd, a.pos[t], a.freqs);
-  } else {
-    const int64_t head = b - nq - T, t = head / a.ni;
-    RopeRow(a.iq + head * a.di, a.di, a.rd, a.pos[t], a.freqs, false);
-    if (threadIdx.x == 0) a.iw[head] *= a.iw_scale;
-  }
-}
-
 // Row t's field of a RowSteps pointer.
 template <class T>
 __device__ const T* RowField(const T* row0, int64_t stride, int64_t t) {
@@ -324,25 +308,67 @@ __device__ void CompressorRow(const CompressorRowArgs& c, int64_t t, float* pend
   for (int64_t ch = threadIdx.x; ch < d; ch += kThreads) out[ch] = ent[ch];
 }
 
+// CacheRowsArgs as the kernels take it: the compressors by value, ncomp of them (0, 1 or 2).
+struct CacheKernelArgs {
+  const RowCache* table;  // null: AttnPrep without the cache rows
+  int64_t window;
+  RowSteps steps;
+  CompressorRowArgs comp, index_comp;
+  int ncomp;
+};
+
+// Row t's kv [d] (kv_row) into its ring row of table[t].keys (none when ring_row < 0).
+__device__ void RingStoreRow(const CacheKernelArgs& c, int64_t t, const float* kv_row, int64_t d) {
+  const int64_t r = *RowField(c.steps.ring_row, c.steps.stride, t);
+  float* keys = c.table[t].keys;
+  if (r >= 0)
+    for (int64_t ch = threadIdx.x; ch < d; ch += kThreads) keys[r * d + ch] = kv_row[ch];
+}
+
+// Row t's compressor `which` (0: the layer's, its entries after the ring of d-wide keys; 1: the
+// indexer's, into ikeys).
+__device__ void CacheCompressorRow(const CacheKernelArgs& c, int64_t t, int which, int64_t d,
+                                   const float* freqs, int64_t rd, float eps) {
+  const RowCache rc = c.table[t];
+  const CompressorStep* st = RowField(c.steps.comp, c.steps.stride, t);
+  if (which == 0)
+    CompressorRow(c.comp, t, rc.pend_a, rc.pend_z, rc.keys + c.window * d, st, freqs, rd, eps);
+  else
+    CompressorRow(c.index_comp, t, rc.ipend_a, rc.ipend_z, rc.ikeys, st, freqs, rd, eps);
+}
+
 // Block (0, y): row0 + y's ring store; (1, y): its compressor; (2, y): the indexer's.
-__global__ void CacheRowsKernel(const RowCache* table, int64_t row0, const float* kv, int64_t d,
-                                int64_t window, RowSteps steps, CompressorRowArgs comp,
-                                CompressorRowArgs index_comp, const float* freqs, int64_t rd,
-                                float eps) {
+__global__ void CacheRowsKernel(CacheKernelArgs c, int64_t row0, const float* kv, int64_t d,
+                                const float* freqs, int64_t rd, float eps) {
   KernelPrologue();
   const int64_t t = row0 + blockIdx.y;
-  const RowCache rc = table[t];
-  if (blockIdx.x == 0) {
-    const int64_t r = *RowField(steps.ring_row, steps.stride, t);
-    if (r >= 0)
-      for (int64_t c = threadIdx.x; c < d; c += kThreads) rc.keys[r * d + c] = kv[t * d + c];
-    return;
+  if (blockIdx.x == 0) return RingStoreRow(c, t, kv + t * d, d);
+  CacheCompressorRow(c, t, static_cast<int>(blockIdx.x) - 1, d, freqs, rd, eps);
+}
+
+// Blocks: T * nh query heads, then T kv rows, then T * ni indexer heads, then (with the cache
+// rows, c.table set) T * c.ncomp compressor rows; a kv row's block stores it into its ring row
+// once it is normed and RoPE'd.
+__global__ void AttnPrepKernel(AttnPrepArgs a, int T, CacheKernelArgs c) {
+  KernelPrologue();
+  const int64_t b = blockIdx.x, nq = T * a.nh, ni = a.iq ? T * a.ni : 0;
+  if (b < nq) {
+    NormRopeRow(a.q + b * a.d, a.d, nullptr, a.eps, a.rd, a.pos[b / a.nh], a.freqs);
+  } else if (b < nq + T) {
+    const int64_t t = b - nq;
+    NormRopeRow(a.kv + t * a.d, a.d, a.kv_norm, a.eps, a.rd, a.pos[t], a.freqs);
+    if (c.table) {
+      __syncthreads();  // the RoPE's pairs were written by other threads
+      RingStoreRow(c, t, a.kv + t * a.d, a.d);
+    }
+  } else if (b < nq + T + ni) {
+    const int64_t head = b - nq - T, t = head / a.ni;
+    RopeRow(a.iq + head * a.di, a.di, a.rd, a.pos[t], a.freqs, false);
+    if (threadIdx.x == 0) a.iw[head] *= a.iw_scale;
+  } else {
+    const int64_t i = b - nq - T - ni;
+    CacheCompressorRow(c, i / c.ncomp, static_cast<int>(i % c.ncomp), a.d, a.freqs, a.rd, a.eps);
   }
-  const CompressorStep* st = RowField(steps.comp, steps.stride, t);
-  if (blockIdx.x == 1)
-    CompressorRow(comp, t, rc.pend_a, rc.pend_z, rc.keys + window * d, st, freqs, rd, eps);
-  else
-    CompressorRow(index_comp, t, rc.ipend_a, rc.ipend_z, rc.ikeys, st, freqs, rd, eps);
 }
 
 constexpr int kIndexBlocks = 16;  // blocks scoring one row's keys
@@ -505,20 +531,6 @@ Status HcPostPre(const float* x, const HcPostInput& out, float* x_new, const flo
   return Launch("HcPostPreKernel", HcPostPreKernel, grid, kThreads, 0, a);
 }
 
-Status AttnPrep(const AttnPrepArgs& a, int64_t T) {
-  if (T < 0 || a.nh < 1 || a.d < 1 || (a.iq && (a.ni < 1 || a.di < 1)))
-    return InvalidArgument("AttnPrep: tokens " + std::to_string(T) + ", heads " +
-                           std::to_string(a.nh) + " x " + std::to_string(a.d) + ", indexer heads " +
-                           std::to_string(a.ni) + " x " + std::to_string(a.di));
-  FM_RETURN_IF_ERROR(CheckRope("AttnPrep", a.iq && a.di < a.d ? a.di : a.d, a.rd));
-  if (T == 0) return Status::Ok();
-  if (!a.q || !a.kv || !a.kv_norm || !a.pos || !a.freqs || (a.iq && !a.iw))
-    return InvalidArgument("AttnPrep: null device pointer");
-  const int64_t blocks = T * (a.nh + 1 + (a.iq ? a.ni : 0));
-  return Launch("AttnPrepKernel", AttnPrepKernel, static_cast<unsigned>(blocks), kThreads, 0, a,
-                static_cast<int>(T));
-}
-
 Status CheckRows(const char* op, const RowCache* table, int64_t row0, int64_t rows) {
   if (row0 < 0 || rows < 0 || rows > 65535)
     return InvalidArgument(std::string(op) + ": rows [" + std::to_string(row0) + ", +" +
@@ -527,33 +539,62 @@ Status CheckRows(const char* op, const RowCache* table, int64_t row0, int64_t ro
   return Status::Ok();
 }
 
-Status CacheRows(const RowCache* table, int64_t row0, int64_t rows, const float* kv, int64_t d,
-                 int64_t window, const RowSteps& steps, const CompressorRowArgs* comp,
-                 const CompressorRowArgs* index_comp, const float* freqs, int64_t rd, float eps) {
-  FM_RETURN_IF_ERROR(CheckRows("CacheRows", table, row0, rows));
-  if (d < 1 || window < 1)
-    return InvalidArgument("CacheRows: head_dim " + std::to_string(d) + ", window " +
-                           std::to_string(window) + " (want both >= 1)");
-  if (index_comp && !comp) return InvalidArgument("CacheRows: index compressor without compressor");
-  if (!kv || !steps.ring_row) return InvalidArgument("CacheRows: null device pointer");
-  for (const CompressorRowArgs* c : {comp, index_comp}) {
-    if (!c) continue;
-    if (c->ratio < 1 || c->dim < 1 || c->dim > kMaxEntryDim)
-      return InvalidArgument("CacheRows: compressor ratio " + std::to_string(c->ratio) + ", dim " +
-                             std::to_string(c->dim) + " (want ratio >= 1, dim in [1, " +
+// CacheRows' checks of rows [row0, row0 + rows) (op names the caller), then the kernels' view.
+Result<CacheKernelArgs> CheckCacheRows(const char* op, const CacheRowsArgs& c, int64_t row0,
+                                       int64_t rows, const float* kv, int64_t d,
+                                       const float* freqs, int64_t rd) {
+  const std::string who(op);
+  FM_RETURN_IF_ERROR(CheckRows(op, c.table, row0, rows));
+  if (d < 1 || c.window < 1)
+    return InvalidArgument(who + ": head_dim " + std::to_string(d) + ", window " +
+                           std::to_string(c.window) + " (want both >= 1)");
+  if (c.index_comp && !c.comp) return InvalidArgument(who + ": index compressor without compressor");
+  if (!kv || !c.steps.ring_row) return InvalidArgument(who + ": null device pointer");
+  for (const CompressorRowArgs* k : {c.comp, c.index_comp}) {
+    if (!k) continue;
+    if (k->ratio < 1 || k->dim < 1 || k->dim > kMaxEntryDim)
+      return InvalidArgument(who + ": compressor ratio " + std::to_string(k->ratio) + ", dim " +
+                             std::to_string(k->dim) + " (want ratio >= 1, dim in [1, " +
                              std::to_string(kMaxEntryDim) + "])");
-    FM_RETURN_IF_ERROR(CheckRope("CacheRows", c->dim, rd));
-    if (!c->a || !c->z || !c->ape || !c->norm || !steps.comp || !freqs)
-      return InvalidArgument("CacheRows: null device pointer in a compressor");
+    FM_RETURN_IF_ERROR(CheckRope(op, k->dim, rd));
+    if (!k->a || !k->z || !k->ape || !k->norm || !c.steps.comp || !freqs)
+      return InvalidArgument(who + ": null device pointer in a compressor");
   }
-  if (comp && comp->dim != d)
-    return InvalidArgument("CacheRows: compressor dim " + std::to_string(comp->dim) +
+  if (c.comp && c.comp->dim != d)
+    return InvalidArgument(who + ": compressor dim " + std::to_string(c.comp->dim) +
                            " != head_dim " + std::to_string(d));
-  if (rows == 0) return Status::Ok();
-  const dim3 grid(1 + (comp ? 1 : 0) + (index_comp ? 1 : 0), static_cast<unsigned>(rows));
   const CompressorRowArgs none{};
-  return Launch("CacheRowsKernel", CacheRowsKernel, grid, kThreads, 0, table, row0, kv, d, window,
-                steps, comp ? *comp : none, index_comp ? *index_comp : none, freqs, rd, eps);
+  return CacheKernelArgs{c.table, c.window, c.steps, c.comp ? *c.comp : none,
+                         c.index_comp ? *c.index_comp : none,
+                         (c.comp ? 1 : 0) + (c.index_comp ? 1 : 0)};
+}
+
+Status CacheRows(const CacheRowsArgs& c, int64_t row0, int64_t rows, const float* kv, int64_t d,
+                 const float* freqs, int64_t rd, float eps) {
+  FM_ASSIGN_OR_RETURN(const CacheKernelArgs k,
+                      CheckCacheRows("CacheRows", c, row0, rows, kv, d, freqs, rd));
+  if (rows == 0) return Status::Ok();
+  const dim3 grid(1 + k.ncomp, static_cast<unsigned>(rows));
+  return Launch("CacheRowsKernel", CacheRowsKernel, grid, kThreads, 0, k, row0, kv, d, freqs, rd,
+                eps);
+}
+
+Status AttnPrep(const AttnPrepArgs& a, int64_t T, const CacheRowsArgs* cache) {
+  if (T < 0 || a.nh < 1 || a.d < 1 || (a.iq && (a.ni < 1 || a.di < 1)))
+    return InvalidArgument("AttnPrep: tokens " + std::to_string(T) + ", heads " +
+                           std::to_string(a.nh) + " x " + std::to_string(a.d) + ", indexer heads " +
+                           std::to_string(a.ni) + " x " + std::to_string(a.di));
+  FM_RETURN_IF_ERROR(CheckRope("AttnPrep", a.iq && a.di < a.d ? a.di : a.d, a.rd));
+  CacheKernelArgs c{};
+  if (cache) {
+    FM_ASSIGN_OR_RETURN(c, CheckCacheRows("AttnPrep", *cache, 0, T, a.kv, a.d, a.freqs, a.rd));
+  }
+  if (T == 0) return Status::Ok();
+  if (!a.q || !a.kv || !a.kv_norm || !a.pos || !a.freqs || (a.iq && !a.iw))
+    return InvalidArgument("AttnPrep: null device pointer");
+  const int64_t blocks = T * (a.nh + 1 + (a.iq ? a.ni : 0) + c.ncomp);
+  return Launch("AttnPrepKernel", AttnPrepKernel, static_cast<unsigned>(blocks), kThreads, 0, a,
+                static_cast<int>(T), c);
 }
 
 Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,

@@ -51,7 +51,6 @@ struct AttnPrepArgs {
   int64_t rd;
   float eps;
 };
-Status AttnPrep(const AttnPrepArgs& a, int64_t T);
 
 // One sequence's caches of one layer as the attention-side kernels of a step read them: row t of
 // a step reads table[t] (device memory written by the host before the step), so one launch
@@ -97,9 +96,22 @@ struct CompressorRowArgs {
 // step's window_pos (freqs [rd/2], eps for the RMSNorm). dim <= 1024. Rows of one sequence
 // must go one launch each, in order (a later row's ring store overwrites what an earlier row
 // reads; the compressor's pending rows chain from token to token).
-Status CacheRows(const RowCache* table, int64_t row0, int64_t rows, const float* kv, int64_t d,
-                 int64_t window, const RowSteps& steps, const CompressorRowArgs* comp,
-                 const CompressorRowArgs* index_comp, const float* freqs, int64_t rd, float eps);
+struct CacheRowsArgs {
+  const RowCache* table;
+  int64_t window;
+  RowSteps steps;
+  const CompressorRowArgs* comp;        // null: no compressor
+  const CompressorRowArgs* index_comp;  // null: no indexer compressor
+};
+Status CacheRows(const CacheRowsArgs& c, int64_t row0, int64_t rows, const float* kv, int64_t d,
+                 const float* freqs, int64_t rd, float eps);
+
+// The query/key preparation (above: AttnPrepArgs).
+// With `cache` (rows [0, T) of distinct sequences, the decode step's way), the same launch also
+// makes CacheRows' updates of those rows (a.kv, a.freqs, a.rd, a.eps as its kv and RoPE): the
+// block that norms and RoPEs row t's kv then stores it into its ring row, and blocks of their
+// own run the compressors; the bits of AttnPrep followed by CacheRows, one launch fewer.
+Status AttnPrep(const AttnPrepArgs& a, int64_t T, const CacheRowsArgs* cache = nullptr);
 
 constexpr int64_t kMaxIndexerEntries = 16384;  // IndexerTopK's bound on max_entries
 

@@ -17,6 +17,7 @@
 #include "kernels/cuda/gemv_tc.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/router.cuh"
 
 namespace fm::cuda {
 namespace {
@@ -46,6 +47,8 @@ struct GemvLaunch {
   const float* norm;  // RMSNorm weight [cols] of every task's x, or null
   float eps;
   bool prefetch;  // launch overlap (launch.cuh): the block's weight rows into L2 before the wait
+  RouterParams route;    // GateRouterTopK: the router over task 0's y (its logits)
+  int32_t* route_count;  // its block counter; null: no router
 };
 
 // inv[t] = 1 / sqrt(mean(x_t^2) + eps) for tokens t0..t0+n-1 into shared memory, summed in
@@ -200,6 +203,26 @@ __device__ void FmaTaskBlock(const GemvLaunch& p, const GemvTaskK& k, int64_t bl
   }
 }
 
+// The router after the gate's product (GateRouterTopK): the last block to finish (the counter,
+// which it resets) routes every token, warp w tokens w, w + 8, ... (every warp makes the same
+// passes: the emulation's shuffles are block-wide). Only in the FMA instance of 2 tokens a pass:
+// in the 4-token one it spilled 100 bytes under the 128-register cap, and the 1-token one is
+// the decode products' (on sm_121 it already spills).
+__device__ void RouteAfterLastBlock(const RouterParams r, const float* logits,
+                                                 int64_t T, int32_t* counter) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t t0 = 0; t0 < T; t0 += kGemvWarps)
+    RouteToken(r, logits, t0 + warp, t0 + warp < T, lane);
+}
+
 // Which cores a launch's tasks take; each combination is an instance of its own, so FMA-only
 // launches keep their registers and tensor-core-only ones carry no FMA body.
 enum GemvCores { kFmaTasks, kMixedTasks, kTcTasks };
@@ -226,6 +249,8 @@ __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLau
   } else {
     if (kCores == kMixedTasks && k.tc) return TcTaskBlock<false>(p, k, block, lane, warp, slice);
     FmaTaskBlock<NT>(p, k, block, lane, warp, slice);
+    if constexpr (kCores == kFmaTasks && NT == 2)
+      if (p.route_count) RouteAfterLastBlock(p.route, p.task[0].y, p.T, p.route_count);
   }
 }
 
@@ -301,8 +326,11 @@ Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std
   return Status::Ok();
 }
 
+// With `route` (GateRouterTopK: one task, its y the logits [T, E]) the FMA instance routes the
+// tokens after the product; a tensor-core gate runs RouterTopK's launch after it instead.
 Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float* norm, float eps,
-                   const std::string& who) {
+                   const std::string& who, const RouterParams* route = nullptr,
+                   int32_t* route_count = nullptr) {
   if (ntasks < 1 || ntasks > kMaxGemvTasks || !tasks)
     return InvalidArgument(who + ": " + std::to_string(ntasks) + " tasks (want 1.." +
                            std::to_string(kMaxGemvTasks) + ")");
@@ -335,9 +363,19 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   const unsigned grid = static_cast<unsigned>(blocks);
   int tc_tasks = 0;
   for (int i = 0; i < p.ntasks; ++i) tc_tasks += p.task[i].tc ? 1 : 0;
+  if (route && tc_tasks > 0) {
+    FM_RETURN_IF_ERROR(Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p));
+    const RouterParams& r = *route;
+    return RouterTopK(p.task[0].y, r.bias, r.tid2eid, r.tokens, r.vocab, T, r.E, r.k,
+                      r.routed_scale, r.ids, r.w);
+  }
   if (tc_tasks == p.ntasks)  // the tensor-core core serves 8 tokens a pass whatever T is
     return Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p);
   if (tc_tasks > 0) return LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
+  if (route) {  // the router rides in the 2-token instance (RouteAfterLastBlock)
+    p.route = *route, p.route_count = route_count;
+    return LaunchWithTile<kFmaTasks>(2, grid, p);
+  }
   return LaunchWithTile<kFmaTasks>(TokenTile(T), grid, p);
 }
 
@@ -381,6 +419,17 @@ Status Gemv(const QWeight& w, const float* x, float* y) { return Gemm(w, x, 0, y
 
 Status GemmMany(const GemvTask* tasks, int64_t n, int64_t T, const float* norm, float eps) {
   return LaunchTasks(tasks, n, T, norm, eps, "GemmMany");
+}
+
+Status GateRouterTopK(const QWeight& gate, const float* x, int64_t x_stride, int64_t T,
+                      float* logits, const float* bias, const int64_t* tid2eid,
+                      const int32_t* tokens, int64_t vocab, int64_t k, float routed_scale,
+                      int32_t* ids, float* w, int32_t* counter) {
+  const RouterParams r{bias, tid2eid, tokens, vocab, gate.rows, k, routed_scale, ids, w};
+  FM_RETURN_IF_ERROR(CheckRouter("GateRouterTopK", T, r));
+  if (!counter) return InvalidArgument("GateRouterTopK: null block counter");
+  const GemvTask task{gate, x, x_stride, logits, gate.rows};
+  return LaunchTasks(&task, 1, T, nullptr, 0.0f, "GateRouterTopK", &r, counter);
 }
 
 }  // namespace fm::cuda

@@ -100,6 +100,15 @@ Status RmsNorm(const float* x, const float* weight, float* y, int64_t rows, int6
 Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid,
                   const int32_t* tokens, int64_t vocab, int64_t T, int64_t E, int64_t k,
                   float routed_scale, int32_t* ids, float* w);
+// The MoE gate and router in one launch: logits [T, E] = Gemm(gate [E, cols], x rows x_stride
+// apart), then RouterTopK's ids and weights from them (its arguments); the last of the product's
+// blocks to finish (counter: an int32 in device memory, 0 before the first call, reset by the
+// call) routes every token. The bits of Gemm and then RouterTopK, one launch fewer; a gate on the
+// tensor-core core (ops.h SetWeightPath, FP8/FP4) takes the two launches.
+Status GateRouterTopK(const QWeight& gate, const float* x, int64_t x_stride, int64_t T,
+                      float* logits, const float* bias, const int64_t* tid2eid,
+                      const int32_t* tokens, int64_t vocab, int64_t k, float routed_scale,
+                      int32_t* ids, float* w, int32_t* counter);
 
 // hc_head for T tokens (kernels/cpu/hc.h): x [T, n, H], mix [T, n] = fn . flatten(x) (a Gemm by
 // the caller, not yet scaled by 1/rms), base [n] -> y [T, H] (before the final norm). n <= 16.

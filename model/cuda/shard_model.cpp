@@ -131,6 +131,7 @@ Status CudaShardModel::AllocScratch() {
   const std::vector<int32_t> zeros(kMaxStepRows, 0);
   FM_ASSIGN_OR_RETURN(s.hc_count, cuda::Upload(zeros.data(), zeros.size() * sizeof(int32_t)));
   FM_ASSIGN_OR_RETURN(s.index_count, cuda::Upload(zeros.data(), zeros.size() * sizeof(int32_t)));
+  FM_ASSIGN_OR_RETURN(s.route_count, cuda::Upload(zeros.data(), sizeof(int32_t)));
   FM_ASSIGN_OR_RETURN(s.table, DeviceBuffer::Alloc(layers_.size() * C * sizeof(cuda::RowCache)));
   FM_ASSIGN_OR_RETURN(s.inputs, DeviceBuffer::Alloc(sizeof(StepInputs)));
   FM_ASSIGN_OR_RETURN(s.embed_ids, DeviceBuffer::Alloc(C * sizeof(int32_t)));
@@ -258,8 +259,7 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
     return cuda::GemvTask{w.view(), x, xs, out, w.rows};
   };
   // 1-2: queries and the shared kv of every row: the products of y in one launch, those of cq
-  // (through q_norm, in the same launch) in another, then one launch for every row's norms,
-  // RoPE and the indexer weights' scale.
+  // (through q_norm, in the same launch) in another.
   std::vector<cuda::GemvTask> of_y = {task(l.wq_a, y, H, cq), task(l.wkv, y, H, kv)};
   std::vector<cuda::GemvTask> of_cq = {l.wq_b.Task(cq, QL, q, nh * D)};
   if (l.ratio > 1) {
@@ -275,13 +275,10 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
   FM_RETURN_IF_ERROR(cuda::GemmMany(of_y.data(), static_cast<int64_t>(of_y.size()), T));
   FM_RETURN_IF_ERROR(cuda::GemmMany(of_cq.data(), static_cast<int64_t>(of_cq.size()), T,
                                     l.q_norm.as<float>(), eps));
-  const cuda::AttnPrepArgs prep{q, nh, D, kv, l.kv_norm.as<float>(),
-                                l.ratio == 4 ? s_.iq.as<float>() : nullptr, hw, nI, dI,
-                                1.0f / std::sqrt(static_cast<float>(nI)), p, freq, rd, eps};
-  FM_RETURN_IF_ERROR(cuda::AttnPrep(prep, T));
-  // 3-7: the cache updates, the indexer and the attention core, each one launch over the rows
-  // (their caches from the row table), or row by row in order when a sequence has several rows
-  // in the step (each of its queries sees its caches after its own token).
+  // 3-6: the norms and RoPE with the cache updates, the indexer and the attention core, each one
+  // launch over the rows (their caches from the row table); when a sequence has several rows in
+  // the step, the cache updates, indexer and core go row by row in order after the norms (each
+  // of its queries sees its caches after its own token).
   const cuda::RowSteps steps{in.ring_row(0), in.window(0), in.visible(0, ri), in.entries(0, ri),
                              l.ratio > 1 ? in.keys(0, ri) : in.nwin(0), in.comp(0, ri),
                              sizeof(RowScalars)};
@@ -292,15 +289,19 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
                                            l.index_comp.ape.as<float>(),
                                            l.index_comp.norm.as<float>(), l.index_comp.ratio,
                                            l.index_comp.dim, l.index_comp.overlap};
+  const cuda::CacheRowsArgs cache{table, W, steps, l.ratio > 1 ? &comp : nullptr,
+                                  l.ratio == 4 ? &index_comp : nullptr};
+  const cuda::AttnPrepArgs prep{q, nh, D, kv, l.kv_norm.as<float>(),
+                                l.ratio == 4 ? s_.iq.as<float>() : nullptr, hw, nI, dI,
+                                1.0f / std::sqrt(static_cast<float>(nI)), p, freq, rd, eps};
+  FM_RETURN_IF_ERROR(cuda::AttnPrep(prep, T, distinct ? &cache : nullptr));
   const int64_t topk = l.ratio == 4 ? cfg_.index_topk : 0;
   int32_t* picks = s_.picks.as<int32_t>();
   const cuda::AttentionArgs attn{q, nh, D, table, W, l.ratio > 1, topk, picks, steps,
                                  l.sink.as<float>() + h0, 1.0f / std::sqrt(static_cast<float>(D)), p,
                                  freq, rd, s_.o.as<float>()};
   auto core = [&](int64_t row0, int64_t n) -> Status {
-    FM_RETURN_IF_ERROR(cuda::CacheRows(table, row0, n, kv, D, W, steps,
-                                       l.ratio > 1 ? &comp : nullptr,
-                                       l.ratio == 4 ? &index_comp : nullptr, freq, rd, eps));
+    if (!distinct) FM_RETURN_IF_ERROR(cuda::CacheRows(cache, row0, n, kv, D, freq, rd, eps));
     if (topk > 0)
       FM_RETURN_IF_ERROR(cuda::IndexerTopK(table, row0, n, s_.iq.as<float>(), hw, nI, dI,
                                            1.0f / std::sqrt(static_cast<float>(dI)), steps, topk,
@@ -338,16 +339,15 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
 
 Result<cuda::HcPostInput> CudaShardModel::Moe(const DevLayer& l, int64_t T,
                                                const DevStepInputs& in) const {
-  const int64_t H = cfg_.hidden_size, E = cfg_.n_routed_experts, k = cfg_.num_experts_per_tok;
+  const int64_t H = cfg_.hidden_size, k = cfg_.num_experts_per_tok;
   const float limit = DeviceSwigluLimit(cfg_);
   const float* y = s_.y.as<float>();
   int32_t* ids = s_.ids.as<int32_t>();
   float* rw = s_.rw.as<float>();
-  FM_RETURN_IF_ERROR(cuda::Gemm(l.gate.view(), y, H, s_.gl.as<float>(), E, T));
-  FM_RETURN_IF_ERROR(cuda::RouterTopK(s_.gl.as<float>(), l.hash ? nullptr : l.bias.as<float>(),
-                                      l.hash ? l.tid2eid.as<int64_t>() : nullptr, in.tokens(),
-                                      cfg_.vocab_size, T, E, k,
-                                      static_cast<float>(cfg_.routed_scaling_factor), ids, rw));
+  FM_RETURN_IF_ERROR(cuda::GateRouterTopK(
+      l.gate.view(), y, H, T, s_.gl.as<float>(), l.hash ? nullptr : l.bias.as<float>(),
+      l.hash ? l.tid2eid.as<int64_t>() : nullptr, in.tokens(), cfg_.vocab_size, k,
+      static_cast<float>(cfg_.routed_scaling_factor), ids, rw, s_.route_count.as<int32_t>()));
   // The shared expert is slot k of each token in the expert launches (slot 0 of k = 0 under EP).
   const cuda::SharedExpert shared{l.s1.w.view(), l.s3.w.view(), l.s2.w.view()};
   const int64_t hs = std::max(l.w1.rows, l.s1.whole_rows);

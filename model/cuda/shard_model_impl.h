@@ -52,6 +52,7 @@ struct DeviceStepScratch {
   cuda::DeviceBuffer embed_ids;  // int32 [kMaxStepRows]: the token ids of an Embed chunk
   cuda::DeviceBuffer table;   // cuda::RowCache [layers, rows] of a step (the graphs' too)
   cuda::DeviceBuffer index_count;  // int32 [kMaxStepRows]: IndexerTopK's block counters
+  cuda::DeviceBuffer route_count;  // int32: GateRouterTopK's block counter
   cuda::DeviceBuffer x, x_new, mix, y, post, comb, out;
   cuda::DeviceBuffer hc_part, hc_count;  // HcPostPre's per-block partials, int32 [kMaxStepRows] block counters
   cuda::DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u;

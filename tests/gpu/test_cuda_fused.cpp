@@ -251,9 +251,10 @@ TEST(CudaFused, CacheRowsMatchesCpuCompressors) {
                                       dape.as<float>(), dnorm.as<float>(), k.r, k.d, k.overlap};
       const cuda::CompressorRowArgs ic{dia.as<float>() + p * width, diz.as<float>() + p * width,
                                        dape.as<float>(), dnorm.as<float>(), k.r, k.d, k.overlap};
-      ASSERT_OK(cuda::CacheRows(table.as<cuda::RowCache>(), 0, 1, dkv.as<float>() + p * D, D, W,
-                                StepsOf(drow), &c, k.r == 4 ? &ic : nullptr, dfreq.as<float>(),
-                                rd, 1e-6f));
+      const cuda::CacheRowsArgs cache{table.as<cuda::RowCache>(), W, StepsOf(drow), &c,
+                                      k.r == 4 ? &ic : nullptr};
+      ASSERT_OK(cuda::CacheRows(cache, 0, 1, dkv.as<float>() + p * D, D, dfreq.as<float>(), rd,
+                                1e-6f));
     }
     // CPU: each window's rows with z + ape, pooled (the previous window beside it), norm, RoPE.
     auto entries_of = [&](const std::vector<float>& a_, const std::vector<float>& z_) {
@@ -277,6 +278,75 @@ TEST(CudaFused, CacheRowsMatchesCpuCompressors) {
     for (int64_t p = std::max<int64_t>(0, steps - W); p < steps; ++p)
       for (int64_t c = 0; c < D; ++c) ASSERT_EQ(got[(p % W) * D + c], kv[p * D + c]) << "pos " << p;
   }
+}
+
+// AttnPrep with the cache rows (the decode step's one launch) against AttnPrep and then
+// CacheRows: q, kv, iq, iw and every cache buffer bit for bit. Three rows of three sequences
+// of a ratio-4 layer with the indexer: row 0 completes a window with a previous one (pools 2r
+// rows), row 1 completes its first window, row 2 only stores its pending row; row 1 has no
+// ring row.
+TEST(CudaFused, AttnPrepWithCacheRowsEqualsTheTwoLaunches) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t T = 3, nh = 4, D = 64, rd = 16, ni = 2, di = 64, r = 4, W = 8, width = 2 * D;
+  const int64_t cache_floats = (W + 4) * D, pend_floats = 2 * r * width;
+  const auto q = Random(T * nh * D, 1), kv = Random(T * D, 2), iq = Random(T * ni * di, 3);
+  const auto iw = Random(T * ni, 4), kvn = Random(D, 5), a = Random(T * width, 6);
+  const auto z = Random(T * width, 7), ape = Random(r * width, 8), norm = Random(D, 9);
+  const auto ia = Random(T * width, 10), iz = Random(T * width, 11), pend = Random(pend_floats, 12);
+  const auto freqs = RopeInvFreqDefault(10000.0, rd);
+  const std::vector<int32_t> pos = {11, 3, 6};
+  std::vector<TestRow> rows(T);
+  rows[0] = {static_cast<int32_t>(11 % W), 0, 0, 0, 0, 0, {3, 0, 1, 1, 2, 8}};
+  rows[1] = {-1, 0, 0, 0, 0, 0, {3, 0, 0, 1, 0, 0}};
+  rows[2] = {static_cast<int32_t>(6 % W), 0, 0, 0, 0, 0, {2, 1, 1, 0, -1, 3}};
+  auto dpos = Upload(pos), drows = Upload(rows), dfreq = ToDevice(freqs), dkvn = ToDevice(kvn);
+  auto da = ToDevice(a), dz = ToDevice(z), dape = ToDevice(ape), dnorm = ToDevice(norm);
+  auto dia = ToDevice(ia), diz = ToDevice(iz);
+  const float iw_scale = 0.7f;
+  std::vector<float> got[2];
+  for (int way = 0; way < 2; ++way) {
+    auto dq = ToDevice(q), dkv = ToDevice(kv), diq = ToDevice(iq), diw = ToDevice(iw);
+    std::vector<cudatest::DeviceBuffer> bufs;  // per row: keys, ikeys, pend_a, pend_z, ipend_a, ipend_z
+    std::vector<cuda::RowCache> table;
+    for (int64_t t = 0; t < T; ++t) {
+      bufs.push_back(ToDevice(std::vector<float>(cache_floats, NAN)));
+      bufs.push_back(ToDevice(std::vector<float>(4 * di, NAN)));
+      for (int i = 0; i < 4; ++i) bufs.push_back(ToDevice(pend));
+      auto f = [&](int i) { return bufs[6 * t + i].as<float>(); };
+      table.push_back({f(0), f(1), nullptr, f(2), f(3), f(4), f(5), 4, 0});
+    }
+    auto dtable = Upload(table);
+    const cuda::AttnPrepArgs prep{dq.as<float>(), nh, D, dkv.as<float>(), dkvn.as<float>(),
+                                  diq.as<float>(), diw.as<float>(), ni, di, iw_scale,
+                                  dpos.as<int32_t>(), dfreq.as<float>(), rd, 1e-6f};
+    const cuda::CompressorRowArgs c{da.as<float>(), dz.as<float>(), dape.as<float>(),
+                                    dnorm.as<float>(), r, D, true};
+    const cuda::CompressorRowArgs ic{dia.as<float>(), diz.as<float>(), dape.as<float>(),
+                                     dnorm.as<float>(), r, di, true};
+    const cuda::CacheRowsArgs cache{dtable.as<cuda::RowCache>(), W, StepsOf(drows), &c, &ic};
+    if (way == 0) {
+      ASSERT_OK(cuda::AttnPrep(prep, T));
+      ASSERT_OK(cuda::CacheRows(cache, 0, T, dkv.as<float>(), D, dfreq.as<float>(), rd, 1e-6f));
+    } else {
+      ASSERT_OK(cuda::AttnPrep(prep, T, &cache));
+    }
+    for (auto* b : {&dq, &dkv, &diq, &diw}) {
+      const auto h = ToHost(*b, b == &dq ? T * nh * D : b == &dkv ? T * D : b == &diq ? T * ni * di : T * ni);
+      got[way].insert(got[way].end(), h.begin(), h.end());
+    }
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      const auto h = ToHost(bufs[i], i % 6 == 0 ? cache_floats : i % 6 == 1 ? 4 * di : pend_floats);
+      got[way].insert(got[way].end(), h.begin(), h.end());
+    }
+  }
+  ASSERT_EQ(got[0].size(), got[1].size());
+  EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
+  // The fused launch did write: row 0's ring row holds its normed kv, its entry 2 is pooled.
+  const int64_t ring0 = (11 % W) * D, per_row = cache_floats + 4 * di + 4 * pend_floats;
+  const int64_t bufs0 = T * nh * D + T * D + T * ni * di + T * ni;
+  EXPECT_EQ(std::memcmp(&got[1][bufs0 + ring0], &got[1][T * nh * D], D * sizeof(float)), 0);
+  EXPECT_FALSE(std::isnan(got[1][bufs0 + (W + 2) * D]));
+  EXPECT_TRUE(std::isnan(got[1][bufs0 + per_row + 0]));  // row 1: no ring row, nothing stored
 }
 
 // The indexer over two rows of two sequences in one launch: row 0 has more entries than k

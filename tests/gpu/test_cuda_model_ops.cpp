@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <set>
@@ -96,6 +97,66 @@ TEST(CudaRouter, EqualScoresPickTheLowestIndicesInOrder) {
     EXPECT_EQ(ids[j], j);
     EXPECT_NEAR(w[j], 1.0f / k, 1e-7);
   }
+}
+
+// The gate product and the router in one launch against Gemm and then RouterTopK: logits, ids
+// and weights bit for bit, score (with bias) and hash layers, T = 1..20 (the last block routes
+// up to 8 tokens a pass), each call twice (the block counter resets itself); an FP8 gate on the
+// tensor-core core takes the two launches, with the same results.
+TEST(CudaRouter, GateRouterTopKEqualsGemmThenRouter) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(15);
+  const int64_t E = 256, H = 512, k = 6, V = 50, Tmax = 20;
+  const std::vector<float> x = RandomNormal(Tmax * H, rng), bias = RandomNormal(E, rng, 0.3f);
+  std::vector<int64_t> tid2eid(V * k);
+  for (int64_t i = 0; i < V * k; ++i) tid2eid[i] = (i * 53 + 11) % E;
+  std::vector<int32_t> tokens(Tmax);
+  for (int64_t t = 0; t < Tmax; ++t) tokens[t] = static_cast<int32_t>((t * 7) % V);
+  DeviceBuffer dx = ToDevice(x), db = ToDevice(bias), de = ToDevice(tid2eid), dt = ToDevice(tokens);
+  DeviceBuffer count = ToDevice(std::vector<int32_t>(1, 0));
+  for (const WeightFormat f : {WeightFormat::kBF16, WeightFormat::kF32, WeightFormat::kFP8Block}) {
+    const HostWeight gate = RandomWeight(f, E, H, rng);
+    auto dg = cuda::UploadWeight(gate.w);
+    ASSERT_TRUE(dg.ok()) << dg.status().ToString();
+    WeightPathScope path(f == WeightFormat::kFP8Block ? cuda::WeightPath::kTensorCore
+                                                      : cuda::WeightPath::kFma);
+    for (const bool hash : {false, true}) {
+      for (const int64_t T : {1, 3, 9, 20}) {
+        SCOPED_TRACE("format " + std::to_string(static_cast<int>(f)) + (hash ? " hash" : " score") +
+                     " T " + std::to_string(T));
+        const float* b = hash ? nullptr : db.as<float>();
+        const int64_t* te = hash ? de.as<int64_t>() : nullptr;
+        DeviceBuffer l1 = Zeros(T * E), l2 = Zeros(T * E), w1 = Zeros(T * k), w2 = Zeros(T * k);
+        DeviceBuffer i1 = ToDevice(std::vector<int32_t>(T * k, -9)), i2 = ToDevice(std::vector<int32_t>(T * k, -9));
+        ASSERT_OK(cuda::Gemm(dg->view(), dx.as<float>(), H, l1.as<float>(), E, T));
+        ASSERT_OK(cuda::RouterTopK(l1.as<float>(), b, te, dt.as<int32_t>(), V, T, E, k, 2.5f,
+                                   i1.as<int32_t>(), w1.as<float>()));
+        for (int rep = 0; rep < 2; ++rep) {
+          ASSERT_OK(cuda::GateRouterTopK(dg->view(), dx.as<float>(), H, T, l2.as<float>(), b, te,
+                                         dt.as<int32_t>(), V, k, 2.5f, i2.as<int32_t>(),
+                                         w2.as<float>(), count.as<int32_t>()));
+          const auto la = ToHost(l1, T * E), lb = ToHost(l2, T * E);
+          const auto wa = ToHost(w1, T * k), wb = ToHost(w2, T * k);
+          EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0) << "logits, rep " << rep;
+          EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * 4), 0) << "weights, rep " << rep;
+          std::vector<int32_t> ia(T * k), ib(T * k);
+          ASSERT_OK(i1.CopyToHost(ia.data(), ia.size() * 4));
+          ASSERT_OK(i2.CopyToHost(ib.data(), ib.size() * 4));
+          EXPECT_EQ(ia, ib) << "ids, rep " << rep;
+          EXPECT_NE(ib[0], -9) << "written";
+        }
+      }
+    }
+  }
+  std::vector<int32_t> left(1);
+  ASSERT_OK(count.CopyToHost(left.data(), 4));
+  EXPECT_EQ(left[0], 0) << "the counter is back at 0";
+  int32_t id = 0;
+  float w = 0;
+  const Status st = cuda::GateRouterTopK(QWeight{WeightFormat::kBF16, 2000, 8, &w, nullptr}, &w, 8,
+                                         1, &w, nullptr, nullptr, nullptr, 0, 2, 1.0f, &id, &w, &id);
+  EXPECT_NE(st.message().find("GateRouterTopK: experts 2000 outside [1, 1024]"), std::string::npos)
+      << st.ToString();
 }
 
 // NaN logits (a broken activation upstream) still give k distinct ids inside [0, E): the experts

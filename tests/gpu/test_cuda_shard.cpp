@@ -550,8 +550,9 @@ TEST_F(CudaShardTest, TwoDeviceStagesPassingADeviceXEqualOneDeviceShardBitForBit
 // kernel of each step: 20 layer-steps instead of 32 keep CI shorter).
 TEST_F(CudaShardTest, DecodeStepLaunchesPerLayer) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  // Was 36 / 58 / 44 for ratio 0 / 4 / 128; 14 since hc_post combines the expert slots itself.
-  constexpr int64_t kMaxLaunchesPerLayer = 14;
+  // Was 36 / 58 / 44 for ratio 0 / 4 / 128; 12 since hc_post combines the expert slots itself,
+  // AttnPrep makes the cache updates and the router rides in the gate's launch (11 / 12 / 11).
+  constexpr int64_t kMaxLaunchesPerLayer = 12;
   const std::string& dir = modeltest::PresetDir("bench");
   auto whole = Checkpoint::Open(dir, {});
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
