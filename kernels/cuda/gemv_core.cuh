@@ -171,6 +171,15 @@ __device__ __forceinline__ float4 NormedX4(const float* x, const float* g, float
   return a;
 }
 
+// Chunks of a vector AccVector decodes at once at T = 1: 2 fit sm_90's 128 registers (ptxas -v);
+// on sm_121 (GB10) the decode instance then spilled 300 bytes, so one at a time there (no spills).
+// The chain over the elements is the same either way: the same bits.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+constexpr int kT1ChunkUnroll = 1;
+#else
+constexpr int kT1ChunkUnroll = 2;
+#endif
+
 // acc[i][t] += vector v of row i (q[i]) . x_t[columns of v], x_t = xs[t] (or g * (xs[t] * inv[t])
 // with an RMSNorm weight g). The dot is a chain over the elements, then one add to acc.
 template <WeightFormat F, int NT>
@@ -186,8 +195,8 @@ __device__ __forceinline__ void AccVector(const uint4 (&q)[kWarpRows],
 #pragma unroll
     for (int t = 0; t < NT; ++t) p[i][t] = 0.0f;
   // Chunks one at a time beyond one token: unrolled, the decoded chunks of all rows and the x of
-  // every token would be live at once and spill (ptxas -v); 2 at a time fits T = 1.
-#pragma unroll(NT == 1 ? 2 : 1)
+  // every token would be live at once and spill (ptxas -v); T = 1: kT1ChunkUnroll.
+#pragma unroll(NT == 1 ? kT1ChunkUnroll : 1)
   for (int j = 0; j < kElems / 4; ++j) {
     float w[kWarpRows][4];
 #pragma unroll
