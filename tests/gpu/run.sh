@@ -37,8 +37,10 @@ models=/tmp/fm-gpu-models
 mkdir -p "$logs" "$models"
 
 rows=() failed=0
-row() {  # step result seconds detail
+row() {  # step result seconds detail; also appended to $logs/summary.txt at once, so a run cut
+         # short by a time limit still leaves the table of the steps it finished
   rows+=("$(printf '%-26s %-22s %5s  %s' "$1" "$2" "$3" "$4")")
+  printf '%s\n' "${rows[-1]}" >>"$logs/summary.txt"
   case $2 in FAILED*) failed=1 ;; esac
 }
 
