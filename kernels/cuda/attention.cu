@@ -1,0 +1,176 @@
+// The attention side of the device decode layer (kernels/cuda/fused_ops.h): the Lightning
+// indexer's top-k and the decode attention with its sink and inverse RoPE, every row of a step
+// in one launch each. Conventions in fused_common.cuh.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/fused_common.cuh"
+#include "kernels/cuda/fused_ops.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace fm::cuda {
+namespace {
+
+using namespace fused;
+
+constexpr int kAttnMaxDim = 512;
+constexpr int kIndexBlocks = 16;  // blocks scoring one row's keys
+constexpr int kTopKMaxN = static_cast<int>(kMaxIndexerEntries);
+
+// NaN ranks lowest.
+__device__ float RankKey(float v) { return v != v ? -INFINITY : v; }
+
+// Blocks (b, y) score keys b * 256 + tid, stepping 16 * 256, of row row0 + y; the row's last
+// block picks its top k: e is chosen when fewer than k keys come before it (score descending,
+// index ascending), then thread 0 writes the chosen ascending.
+__global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const float* iq,
+                                  const float* iw, int nh, int64_t di, float scale,
+                                  RowSteps steps, int k, int32_t* picks, int32_t* counters) {
+  KernelPrologue();
+  __shared__ bool chosen[kTopKMaxN];
+  __shared__ bool last;
+  const int64_t t = row0 + blockIdx.y;
+  const RowCache rc = table[t];
+  if (rc.max_entries <= k) return;  // this sequence attends every entry
+  const int visible = *RowField(steps.visible, steps.stride, t);
+  const int n = max(0, min(visible, rc.max_entries));
+  const float* q = iq + t * nh * di;
+  const float* w = iw + t * nh;
+  for (int e = blockIdx.x * kThreads + threadIdx.x; e < n; e += kIndexBlocks * kThreads) {
+    const float* key = rc.ikeys + e * di;
+    float acc = 0.0f;
+    for (int h = 0; h < nh; ++h) {
+      float dot = 0.0f;
+      for (int64_t c = 0; c < di; ++c) dot += q[h * di + c] * key[c];
+      acc += ((dot > 0.0f ? dot : 0.0f) * scale) * w[h];
+    }
+    rc.score[e] = acc;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counters + t, 1) == kIndexBlocks - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) counters[t] = 0;
+  const volatile float* score = rc.score;
+  for (int e = threadIdx.x; e < n; e += kThreads) {
+    const float ke = RankKey(score[e]);
+    int before = 0;
+    for (int j = 0; j < n && before < k; ++j) {
+      const float kj = RankKey(score[j]);
+      if (kj > ke || (kj == ke && j < e)) ++before;
+    }
+    chosen[e] = before < k;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int m = 0;
+    for (int e = 0; e < n && m < k; ++e)
+      if (chosen[e]) picks[t * k + m++] = e;
+  }
+}
+
+// One block per (head h, row row0 + y): warp w takes keys w, w + 8, ...; per key the lanes
+// split the dot product, then the warp's online softmax (max m, sum l, acc [d]) moves on; the
+// warps merge in order, and the output is rotated back before it is written.
+__global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
+  KernelPrologue();
+  __shared__ float acc[kWarps][kAttnMaxDim];
+  __shared__ float wm[kWarps], wl[kWarps];
+  __shared__ float o_s[kAttnMaxDim];
+  const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const RowCache rc = a.table[t];
+  const int32_t* win = RowField(a.steps.win, a.steps.stride, t);
+  const int64_t nwin = win[1], ne = a.entries ? *RowField(a.steps.entries, a.steps.stride, t) : 0;
+  const bool indexed = a.topk > 0 && rc.max_entries > a.topk;
+  const int64_t max_keys = a.window + (!a.entries ? 0 : indexed ? a.topk : rc.max_entries);
+  const int64_t counted = *RowField(a.steps.keys, a.steps.stride, t);
+  int64_t n = nwin + ne < max_keys ? nwin + ne : max_keys;
+  n = counted < n ? (counted < 0 ? 0 : counted) : n;
+  const int32_t* picks = indexed ? a.picks + t * a.topk : nullptr;
+  const float* qh = a.q + (t * a.nh + h) * d;
+  for (int64_t c = lane; c < d; c += 32) acc[warp][c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t i0 = 0; i0 < n; i0 += kWarps) {  // the same trip count in every warp
+    const int64_t i = i0 + warp;
+    const float* k = nullptr;
+    if (i < n) {
+      const int64_t row = i < nwin ? (win[0] + i) % a.window
+                                   : a.window + (picks ? picks[i - nwin] : i - nwin);
+      k = rc.keys + row * d;
+    }
+    float dot = 0.0f;
+    if (k)
+      for (int64_t c = lane; c < d; c += 32) dot += qh[c] * k[c];
+    const float s = WarpSum(dot) * a.scale;
+    if (!k) continue;
+    if (s > m) {  // a new max rescales what came before (exp(-inf) = 0 on the first key)
+      const float r = expf(m - s);
+      for (int64_t c = lane; c < d; c += 32) acc[warp][c] = acc[warp][c] * r + k[c];
+      l = l * r + 1.0f;
+      m = s;
+    } else {  // NaN scores land here and poison l and acc, as on the CPU
+      const float p = expf(s - m);
+      for (int64_t c = lane; c < d; c += 32) acc[warp][c] += p * k[c];
+      l += p;
+    }
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+  __syncthreads();
+  float mx = a.sink[h];
+  for (int w = 0; w < kWarps; ++w) mx = wm[w] > mx ? wm[w] : mx;
+  float den = expf(a.sink[h] - mx);
+  for (int w = 0; w < kWarps; ++w) den += wl[w] * expf(wm[w] - mx);
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w) v += acc[w][c] * expf(wm[w] - mx);
+    o_s[c] = v / den;
+  }
+  __syncthreads();
+  RopeRow(o_s, d, a.rd, a.pos[t], a.freqs, true);
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) a.o[(t * a.nh + h) * d + c] = o_s[c];
+}
+
+}  // namespace
+
+Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
+                   const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
+                   int64_t k, int32_t* picks, int32_t* counters) {
+  FM_RETURN_IF_ERROR(CheckRows("IndexerTopK", table, row0, rows));
+  if (nh < 1 || di < 1 || k < 1)
+    return InvalidArgument("IndexerTopK: heads " + std::to_string(nh) + ", head_dim " +
+                           std::to_string(di) + ", k " + std::to_string(k) + " (want all >= 1)");
+  if (rows == 0) return Status::Ok();
+  if (!iq || !iw || !steps.visible || !picks || !counters)
+    return InvalidArgument("IndexerTopK: null device pointer");
+  return Launch("IndexerTopKKernel", IndexerTopKKernel,
+                dim3(kIndexBlocks, static_cast<unsigned>(rows)), kThreads, 0, table, row0, iq, iw,
+                static_cast<int>(nh), di, scale, steps, static_cast<int>(k), picks, counters);
+}
+
+Status SinkAttentionRows(const AttentionArgs& a, int64_t row0, int64_t rows) {
+  FM_RETURN_IF_ERROR(CheckRows("SinkAttentionRows", a.table, row0, rows));
+  if (a.nh < 0 || a.d < 1 || a.d > kAttnMaxDim || a.window < 1 || a.topk < 0)
+    return InvalidArgument("SinkAttentionRows: heads " + std::to_string(a.nh) + ", head_dim " +
+                           std::to_string(a.d) + ", window " + std::to_string(a.window) +
+                           ", topk " + std::to_string(a.topk) + " (want head_dim in [1, " +
+                           std::to_string(kAttnMaxDim) + "], window >= 1, topk >= 0)");
+  FM_RETURN_IF_ERROR(CheckRope("SinkAttentionRows", a.d, a.rd));
+  if (a.nh == 0 || rows == 0) return Status::Ok();
+  if (!a.q || !a.steps.win || !a.steps.keys || (a.entries && !a.steps.entries) ||
+      (a.topk > 0 && !a.picks) || !a.sink || !a.pos || !a.freqs || !a.o)
+    return InvalidArgument("SinkAttentionRows: null device pointer");
+  return Launch("SinkAttentionRowsKernel", SinkAttentionRowsKernel,
+                dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(rows)), kThreads, 0, a,
+                row0);
+}
+
+}  // namespace fm::cuda
