@@ -127,7 +127,8 @@ __device__ void ExpertTileTc(const ExpertsLaunch& p, WeightFormat format, int64_
     __syncthreads();
   }
   const TcLaneX lx{x_of(gl < n ? gl : 0), gl < n, 1.0f, {x_of(2 * tq), x_of(2 * tq + 1)},
-                   {1.0f, 1.0f}, nullptr, staged ? stage + gl * TcStageStride(format, cols) : nullptr};
+                   {1.0f, 1.0f}, nullptr,
+                   staged ? stage + (gl < n ? gl : 0) * TcStageStride(format, cols) : nullptr};
   float d[4];
   StreamTileTc<true>(format, rows, cols, lx, lane, 0, 1, d);
 #pragma unroll

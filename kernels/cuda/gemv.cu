@@ -134,7 +134,7 @@ __device__ void TcTaskTile(const GemvTaskK& k, int64_t r_rel, int64_t t0, int64_
   const bool live_g = t0 + gl < T;
   const TcLaneX lx{x_of(live_g ? gl : 0), live_g, inv_of(live_g ? gl : 0),
                    {x_of(2 * tq), x_of(2 * tq + 1)}, {inv_of(2 * tq), inv_of(2 * tq + 1)}, g,
-                   stage ? stage + gl * TcStageStride(k.format, k.cols) : nullptr};
+                   stage ? stage + (live_g ? gl : 0) * TcStageStride(k.format, k.cols) : nullptr};
   float d[4];
   StreamTileTc<kMayStage>(k.format, rows, k.cols, lx, lane, slice, k.slices, d);
   if (k.slices > 1) {
@@ -205,11 +205,14 @@ __device__ void FmaTaskBlock(const GemvLaunch& p, const GemvTaskK& k, int64_t bl
 
 // The router after the gate's product (GateRouterTopK): the last block to finish (the counter,
 // which it resets) routes every token, warp w tokens w, w + 8, ... (every warp makes the same
-// passes: the emulation's shuffles are block-wide). Only in the FMA instance of 2 tokens a pass:
-// in the 4-token one it spilled 100 bytes under the 128-register cap, and the 1-token one is
-// the decode products' (on sm_121 it already spills).
-__device__ void RouteAfterLastBlock(const RouterParams r, const float* logits,
-                                                 int64_t T, int32_t* counter) {
+// passes: the emulation's shuffles are block-wide). Only in the FMA instance of kRouteTile
+// tokens a pass: in the 4-token one it spilled 100 bytes under the 128-register cap, and the
+// 1-token one is the decode products' (on sm_121 it already spilled). At most kRouteMaxTokens
+// (one block routes them 8 at a time); a longer step takes RouterTopK's launch.
+constexpr int kRouteTile = 2;
+constexpr int64_t kRouteMaxTokens = 32;
+__device__ void RouteAfterLastBlock(const RouterParams r, const float* logits, int64_t T,
+                                    int32_t* counter) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
@@ -249,7 +252,7 @@ __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLau
   } else {
     if (kCores == kMixedTasks && k.tc) return TcTaskBlock<false>(p, k, block, lane, warp, slice);
     FmaTaskBlock<NT>(p, k, block, lane, warp, slice);
-    if constexpr (kCores == kFmaTasks && NT == 2)
+    if constexpr (kCores == kFmaTasks && NT == kRouteTile)
       if (p.route_count) RouteAfterLastBlock(p.route, p.task[0].y, p.T, p.route_count);
   }
 }
@@ -327,7 +330,8 @@ Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std
 }
 
 // With `route` (GateRouterTopK: one task, its y the logits [T, E]) the FMA instance routes the
-// tokens after the product; a tensor-core gate runs RouterTopK's launch after it instead.
+// tokens after the product; a tensor-core gate or more than kRouteMaxTokens tokens run
+// RouterTopK's launch after it instead.
 Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float* norm, float eps,
                    const std::string& who, const RouterParams* route = nullptr,
                    int32_t* route_count = nullptr) {
@@ -363,8 +367,10 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   const unsigned grid = static_cast<unsigned>(blocks);
   int tc_tasks = 0;
   for (int i = 0; i < p.ntasks; ++i) tc_tasks += p.task[i].tc ? 1 : 0;
-  if (route && tc_tasks > 0) {
-    FM_RETURN_IF_ERROR(Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p));
+  if (route && (tc_tasks > 0 || T > kRouteMaxTokens)) {
+    FM_RETURN_IF_ERROR(tc_tasks > 0 ? Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid,
+                                             kGemvThreads, 0, p)
+                                    : LaunchWithTile<kFmaTasks>(TokenTile(T), grid, p));
     const RouterParams& r = *route;
     return RouterTopK(p.task[0].y, r.bias, r.tid2eid, r.tokens, r.vocab, T, r.E, r.k,
                       r.routed_scale, r.ids, r.w);
@@ -372,9 +378,9 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   if (tc_tasks == p.ntasks)  // the tensor-core core serves 8 tokens a pass whatever T is
     return Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p);
   if (tc_tasks > 0) return LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
-  if (route) {  // the router rides in the 2-token instance (RouteAfterLastBlock)
+  if (route) {  // the router rides in the kRouteTile instance (RouteAfterLastBlock)
     p.route = *route, p.route_count = route_count;
-    return LaunchWithTile<kFmaTasks>(2, grid, p);
+    return LaunchWithTile<kFmaTasks>(kRouteTile, grid, p);
   }
   return LaunchWithTile<kFmaTasks>(TokenTile(T), grid, p);
 }

@@ -104,7 +104,8 @@ Status RouterTopK(const float* logits, const float* bias, const int64_t* tid2eid
 // apart), then RouterTopK's ids and weights from them (its arguments); the last of the product's
 // blocks to finish (counter: an int32 in device memory, 0 before the first call, reset by the
 // call) routes every token. The bits of Gemm and then RouterTopK, one launch fewer; a gate on the
-// tensor-core core (ops.h SetWeightPath, FP8/FP4) takes the two launches.
+// tensor-core core (ops.h SetWeightPath, FP8/FP4) or more than 32 tokens (a prefill chunk, which
+// one block would route slowly) take the two launches.
 Status GateRouterTopK(const QWeight& gate, const float* x, int64_t x_stride, int64_t T,
                       float* logits, const float* bias, const int64_t* tid2eid,
                       const int32_t* tokens, int64_t vocab, int64_t k, float routed_scale,

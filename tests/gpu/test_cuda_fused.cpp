@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/attention_core.h"
@@ -281,10 +282,11 @@ TEST(CudaFused, CacheRowsMatchesCpuCompressors) {
 }
 
 // AttnPrep with the cache rows (the decode step's one launch) against AttnPrep and then
-// CacheRows: q, kv, iq, iw and every cache buffer bit for bit. Three rows of three sequences
-// of a ratio-4 layer with the indexer: row 0 completes a window with a previous one (pools 2r
-// rows), row 1 completes its first window, row 2 only stores its pending row; row 1 has no
-// ring row.
+// CacheRows: q, kv, iq, iw and every cache buffer bit for bit. Three rows of three sequences:
+// row 0 completes a window with a previous one (pools 2r rows), row 1 completes its first
+// window and has no ring row, row 2 only stores its pending row. Three layer kinds: ratio 4 with
+// the indexer (two compressors and the indexer's heads), a compressor alone without the indexer
+// (ratio 128's shape), and neither (a window-only layer: the ring store alone).
 TEST(CudaFused, AttnPrepWithCacheRowsEqualsTheTwoLaunches) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const int64_t T = 3, nh = 4, D = 64, rd = 16, ni = 2, di = 64, r = 4, W = 8, width = 2 * D;
@@ -302,51 +304,57 @@ TEST(CudaFused, AttnPrepWithCacheRowsEqualsTheTwoLaunches) {
   auto dpos = Upload(pos), drows = Upload(rows), dfreq = ToDevice(freqs), dkvn = ToDevice(kvn);
   auto da = ToDevice(a), dz = ToDevice(z), dape = ToDevice(ape), dnorm = ToDevice(norm);
   auto dia = ToDevice(ia), diz = ToDevice(iz);
-  const float iw_scale = 0.7f;
-  std::vector<float> got[2];
-  for (int way = 0; way < 2; ++way) {
-    auto dq = ToDevice(q), dkv = ToDevice(kv), diq = ToDevice(iq), diw = ToDevice(iw);
-    std::vector<cudatest::DeviceBuffer> bufs;  // per row: keys, ikeys, pend_a, pend_z, ipend_a, ipend_z
-    std::vector<cuda::RowCache> table;
-    for (int64_t t = 0; t < T; ++t) {
-      bufs.push_back(ToDevice(std::vector<float>(cache_floats, NAN)));
-      bufs.push_back(ToDevice(std::vector<float>(4 * di, NAN)));
-      for (int i = 0; i < 4; ++i) bufs.push_back(ToDevice(pend));
-      auto f = [&](int i) { return bufs[6 * t + i].as<float>(); };
-      table.push_back({f(0), f(1), nullptr, f(2), f(3), f(4), f(5), 4, 0});
+  for (const int comps : {2, 1, 0}) {  // 2: with the indexer; 1: a compressor alone; 0: none
+    SCOPED_TRACE("compressors " + std::to_string(comps));
+    std::vector<float> got[2];
+    for (int way = 0; way < 2; ++way) {
+      auto dq = ToDevice(q), dkv = ToDevice(kv), diq = ToDevice(iq), diw = ToDevice(iw);
+      std::vector<cudatest::DeviceBuffer> bufs;  // a row's keys, ikeys, pend_a/z, ipend_a/z
+      std::vector<cuda::RowCache> table;
+      for (int64_t t = 0; t < T; ++t) {
+        bufs.push_back(ToDevice(std::vector<float>(cache_floats, NAN)));
+        bufs.push_back(ToDevice(std::vector<float>(4 * di, NAN)));
+        for (int i = 0; i < 4; ++i) bufs.push_back(ToDevice(pend));
+        auto f = [&](int i) { return bufs[6 * t + i].as<float>(); };
+        table.push_back({f(0), f(1), nullptr, f(2), f(3), f(4), f(5), 4, 0});
+      }
+      auto dtable = Upload(table);
+      const cuda::AttnPrepArgs prep{dq.as<float>(), nh, D, dkv.as<float>(), dkvn.as<float>(),
+                                    comps == 2 ? diq.as<float>() : nullptr, diw.as<float>(), ni,
+                                    di, 0.7f, dpos.as<int32_t>(), dfreq.as<float>(), rd, 1e-6f};
+      const cuda::CompressorRowArgs c{da.as<float>(), dz.as<float>(), dape.as<float>(),
+                                      dnorm.as<float>(), r, D, true};
+      const cuda::CompressorRowArgs ic{dia.as<float>(), diz.as<float>(), dape.as<float>(),
+                                       dnorm.as<float>(), r, di, true};
+      const cuda::CacheRowsArgs cache{dtable.as<cuda::RowCache>(), W, StepsOf(drows),
+                                      comps >= 1 ? &c : nullptr, comps == 2 ? &ic : nullptr};
+      if (way == 0) {
+        ASSERT_OK(cuda::AttnPrep(prep, T));
+        ASSERT_OK(cuda::CacheRows(cache, 0, T, dkv.as<float>(), D, dfreq.as<float>(), rd, 1e-6f));
+      } else {
+        ASSERT_OK(cuda::AttnPrep(prep, T, &cache));
+      }
+      const std::pair<cudatest::DeviceBuffer*, int64_t> outs[] = {
+          {&dq, T * nh * D}, {&dkv, T * D}, {&diq, T * ni * di}, {&diw, T * ni}};
+      for (const auto& [b, n] : outs) {
+        const auto h = ToHost(*b, n);
+        got[way].insert(got[way].end(), h.begin(), h.end());
+      }
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        const auto h = ToHost(bufs[i], i % 6 == 0 ? cache_floats : i % 6 == 1 ? 4 * di : pend_floats);
+        got[way].insert(got[way].end(), h.begin(), h.end());
+      }
     }
-    auto dtable = Upload(table);
-    const cuda::AttnPrepArgs prep{dq.as<float>(), nh, D, dkv.as<float>(), dkvn.as<float>(),
-                                  diq.as<float>(), diw.as<float>(), ni, di, iw_scale,
-                                  dpos.as<int32_t>(), dfreq.as<float>(), rd, 1e-6f};
-    const cuda::CompressorRowArgs c{da.as<float>(), dz.as<float>(), dape.as<float>(),
-                                    dnorm.as<float>(), r, D, true};
-    const cuda::CompressorRowArgs ic{dia.as<float>(), diz.as<float>(), dape.as<float>(),
-                                     dnorm.as<float>(), r, di, true};
-    const cuda::CacheRowsArgs cache{dtable.as<cuda::RowCache>(), W, StepsOf(drows), &c, &ic};
-    if (way == 0) {
-      ASSERT_OK(cuda::AttnPrep(prep, T));
-      ASSERT_OK(cuda::CacheRows(cache, 0, T, dkv.as<float>(), D, dfreq.as<float>(), rd, 1e-6f));
-    } else {
-      ASSERT_OK(cuda::AttnPrep(prep, T, &cache));
-    }
-    for (auto* b : {&dq, &dkv, &diq, &diw}) {
-      const auto h = ToHost(*b, b == &dq ? T * nh * D : b == &dkv ? T * D : b == &diq ? T * ni * di : T * ni);
-      got[way].insert(got[way].end(), h.begin(), h.end());
-    }
-    for (size_t i = 0; i < bufs.size(); ++i) {
-      const auto h = ToHost(bufs[i], i % 6 == 0 ? cache_floats : i % 6 == 1 ? 4 * di : pend_floats);
-      got[way].insert(got[way].end(), h.begin(), h.end());
-    }
+    ASSERT_EQ(got[0].size(), got[1].size());
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
+    // The fused launch did write: row 0's ring row holds its normed kv; with a compressor its
+    // entry 2 is pooled; row 1 (no ring row) stored nothing there.
+    const int64_t ring0 = (11 % W) * D, per_row = cache_floats + 4 * di + 4 * pend_floats;
+    const int64_t bufs0 = T * nh * D + T * D + T * ni * di + T * ni;
+    EXPECT_EQ(std::memcmp(&got[1][bufs0 + ring0], &got[1][T * nh * D], D * sizeof(float)), 0);
+    EXPECT_EQ(std::isnan(got[1][bufs0 + (W + 2) * D]), comps == 0);
+    EXPECT_TRUE(std::isnan(got[1][bufs0 + per_row + 0]));
   }
-  ASSERT_EQ(got[0].size(), got[1].size());
-  EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
-  // The fused launch did write: row 0's ring row holds its normed kv, its entry 2 is pooled.
-  const int64_t ring0 = (11 % W) * D, per_row = cache_floats + 4 * di + 4 * pend_floats;
-  const int64_t bufs0 = T * nh * D + T * D + T * ni * di + T * ni;
-  EXPECT_EQ(std::memcmp(&got[1][bufs0 + ring0], &got[1][T * nh * D], D * sizeof(float)), 0);
-  EXPECT_FALSE(std::isnan(got[1][bufs0 + (W + 2) * D]));
-  EXPECT_TRUE(std::isnan(got[1][bufs0 + per_row + 0]));  // row 1: no ring row, nothing stored
 }
 
 // The indexer over two rows of two sequences in one launch: row 0 has more entries than k

@@ -101,12 +101,13 @@ TEST(CudaRouter, EqualScoresPickTheLowestIndicesInOrder) {
 
 // The gate product and the router in one launch against Gemm and then RouterTopK: logits, ids
 // and weights bit for bit, score (with bias) and hash layers, T = 1..20 (the last block routes
-// up to 8 tokens a pass), each call twice (the block counter resets itself); an FP8 gate on the
-// tensor-core core takes the two launches, with the same results.
+// up to 8 tokens a pass) and 40 (over 32 tokens: RouterTopK's launch after the product), each
+// call twice (the block counter resets itself); an FP8 gate on the tensor-core core takes the
+// two launches, with the same results.
 TEST(CudaRouter, GateRouterTopKEqualsGemmThenRouter) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(15);
-  const int64_t E = 256, H = 512, k = 6, V = 50, Tmax = 20;
+  const int64_t E = 256, H = 512, k = 6, V = 50, Tmax = 40;
   const std::vector<float> x = RandomNormal(Tmax * H, rng), bias = RandomNormal(E, rng, 0.3f);
   std::vector<int64_t> tid2eid(V * k);
   for (int64_t i = 0; i < V * k; ++i) tid2eid[i] = (i * 53 + 11) % E;
@@ -121,7 +122,7 @@ TEST(CudaRouter, GateRouterTopKEqualsGemmThenRouter) {
     WeightPathScope path(f == WeightFormat::kFP8Block ? cuda::WeightPath::kTensorCore
                                                       : cuda::WeightPath::kFma);
     for (const bool hash : {false, true}) {
-      for (const int64_t T : {1, 3, 9, 20}) {
+      for (const int64_t T : {1, 3, 9, 20, 40}) {
         SCOPED_TRACE("format " + std::to_string(static_cast<int>(f)) + (hash ? " hash" : " score") +
                      " T " + std::to_string(T));
         const float* b = hash ? nullptr : db.as<float>();
