@@ -17,19 +17,92 @@ using namespace fused;
 
 constexpr int kAttnMaxDim = 512;
 constexpr int kIndexBlocks = 16;  // blocks scoring one row's keys
-constexpr int kTopKMaxN = static_cast<int>(kMaxIndexerEntries);
 
-// NaN ranks lowest.
-__device__ float RankKey(float v) { return v != v ? -INFINITY : v; }
+// A score's rank as ordered bits: a larger key, a larger value; NaN ranks as -inf (lowest), and
+// -0 as +0 (they compare equal, so their order is the index's).
+__device__ uint32_t RankBits(float v) {
+  if (v != v) v = -INFINITY;
+  if (v == 0.0f) v = 0.0f;
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum of v over the block's threads in thread order (integers: exact); all
+// threads call it.
+__device__ int BlockExclusiveScan(int v) {
+  __shared__ int vals[kThreads];
+  __shared__ int warp_tot[kWarps];
+  const int tid = threadIdx.x, w = tid / 32;
+  vals[tid] = v;
+  __syncthreads();
+  if (tid % 32 == 0) {
+    int s = 0;
+    for (int i = 0; i < 32; ++i) s += vals[w * 32 + i];
+    warp_tot[w] = s;
+  }
+  __syncthreads();
+  int before = 0;
+  for (int i = 0; i < w; ++i) before += warp_tot[i];
+  for (int i = w * 32; i < tid; ++i) before += vals[i];
+  __syncthreads();  // vals is rewritten by the next call
+  return before;
+}
+
+// The row's top k of score[0, n) into picks ascending (score descending, index ascending; n > k):
+// the k-th largest key's bits by a radix select (4 passes of 8 bits, counted in shared memory,
+// so the order of the counts does not matter), then every key above it and the first `need`
+// equal to it in index order; thread i takes the contiguous keys [i per, (i + 1) per), so block
+// scans of its counts give each chosen key its place. Linear in n; no bound on n.
+__device__ void RowTopK(const volatile float* score, int n, int k, int32_t* picks) {
+  __shared__ int hist[256];
+  __shared__ uint32_t digit_prefix;
+  __shared__ int digit_need;
+  uint32_t prefix = 0, mask = 0;
+  int need = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) hist[i] = 0;
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      const uint32_t u = RankBits(score[e]);
+      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xFFu], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the digit of the need-th largest among the candidates
+      int d = 255;
+      while (hist[d] < need) need -= hist[d--];
+      digit_prefix = prefix | (static_cast<uint32_t>(d) << shift);
+      digit_need = need;
+    }
+    __syncthreads();
+    prefix = digit_prefix;
+    need = digit_need;
+    mask |= 0xFFu << shift;
+    __syncthreads();  // hist and the digit are rewritten by the next pass
+  }
+  const int per = (n + kThreads - 1) / kThreads;
+  const int lo = min(n, static_cast<int>(threadIdx.x) * per), hi = min(n, lo + per);
+  int ties = 0;
+  for (int e = lo; e < hi; ++e) ties += RankBits(score[e]) == prefix ? 1 : 0;
+  const int tie0 = BlockExclusiveScan(ties);  // ties before this thread's keys
+  int tie = tie0, chosen = 0;
+  for (int e = lo; e < hi; ++e) {
+    const uint32_t u = RankBits(score[e]);
+    chosen += (u > prefix || (u == prefix && tie++ < need)) ? 1 : 0;
+  }
+  int at = BlockExclusiveScan(chosen);
+  tie = tie0;
+  for (int e = lo; e < hi; ++e) {
+    const uint32_t u = RankBits(score[e]);
+    if (u > prefix || (u == prefix && tie++ < need)) picks[at++] = e;
+  }
+}
 
 // Blocks (b, y) score keys b * 256 + tid, stepping 16 * 256, of row row0 + y; the row's last
-// block picks its top k: e is chosen when fewer than k keys come before it (score descending,
-// index ascending), then thread 0 writes the chosen ascending.
+// block picks its top k (RowTopK), written ascending.
 __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const float* iq,
                                   const float* iw, int nh, int64_t di, float scale,
                                   RowSteps steps, int k, int32_t* picks, int32_t* counters) {
   KernelPrologue();
-  __shared__ bool chosen[kTopKMaxN];
   __shared__ bool last;
   const int64_t t = row0 + blockIdx.y;
   const RowCache rc = table[t];
@@ -55,22 +128,11 @@ __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const flo
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) counters[t] = 0;
-  const volatile float* score = rc.score;
-  for (int e = threadIdx.x; e < n; e += kThreads) {
-    const float ke = RankKey(score[e]);
-    int before = 0;
-    for (int j = 0; j < n && before < k; ++j) {
-      const float kj = RankKey(score[j]);
-      if (kj > ke || (kj == ke && j < e)) ++before;
-    }
-    chosen[e] = before < k;
+  if (n <= k) {  // fewer visible entries than k: every one, in order
+    for (int e = threadIdx.x; e < n; e += kThreads) picks[t * k + e] = e;
+    return;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int m = 0;
-    for (int e = 0; e < n && m < k; ++e)
-      if (chosen[e]) picks[t * k + m++] = e;
-  }
+  RowTopK(rc.score, n, k, picks + t * k);
 }
 
 // One block per (head h, row row0 + y): warp w takes keys w, w + 8, ...; per key the lanes

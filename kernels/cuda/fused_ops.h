@@ -113,14 +113,14 @@ Status CacheRows(const CacheRowsArgs& c, int64_t row0, int64_t rows, const float
 // own run the compressors; the bits of AttnPrep followed by CacheRows, one launch fewer.
 Status AttnPrep(const AttnPrepArgs& a, int64_t T, const CacheRowsArgs* cache = nullptr);
 
-constexpr int64_t kMaxIndexerEntries = 16384;  // IndexerTopK's bound on max_entries
-
 // The Lightning indexer for rows [row0, row0 + rows) whose table[t].max_entries > k (the others
 // attend every entry and are skipped): score[e] = sum_h (relu(q_h . k_e) * scale) * w[h] over
 // the first visible(t) keys of table[t].ikeys, q = iq [T, nh, di] row t, w = iw [T, nh] row t;
 // then picks[t, :] = the k best (ties to the lower index, NaN lowest) in ascending index order
 // (min(visible, k) of them). Each row's keys are spread over a fixed number of blocks; the last
-// of them (counters[t], reset by it) ranks. max_entries <= kMaxIndexerEntries; counters [T] start at 0.
+// of them (counters[t], reset by it) ranks them by a radix select, linear in the entries (no
+// bound on max_entries; until 2026-12-05 a pairwise count, O(n^2), at most 16384 entries).
+// counters [T] start at 0.
 Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
                    const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
                    int64_t k, int32_t* picks, int32_t* counters);

@@ -395,15 +395,11 @@ Status CudaShardModel::LayerStep(const DevLayer& l, const DevLayer* next, int64_
   return HcPostUpdate(T, ffn);
 }
 
-Result<std::vector<cuda::RowCache>> CudaShardModel::RowTable(Rows rows) const {
+std::vector<cuda::RowCache> CudaShardModel::RowTable(Rows rows) const {
   std::vector<cuda::RowCache> table;
   for (int64_t l = begin_; l < end_; ++l) {
     for (const SequenceCache* row : rows) {
       auto* c = static_cast<DeviceAttentionCache*>(row->layer(l));
-      if (c->ratio == 4 && c->max_entries > cfg_.index_topk && c->max_entries > cuda::kMaxIndexerEntries)
-        return InvalidArgument("layer " + std::to_string(l) + ": the indexer ranks at most " +
-                               std::to_string(cuda::kMaxIndexerEntries) + " entries on the device, a " +
-                               "sequence cache holds " + std::to_string(c->max_entries));
       table.push_back({c->keys.as<float>(), c->ikeys.as<float>(), c->score.as<float>(),
                        c->comp.pend_a.as<float>(), c->comp.pend_z.as<float>(),
                        c->index_comp.pend_a.as<float>(), c->index_comp.pend_z.as<float>(),
@@ -497,7 +493,7 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
       step_rows.push_back(pad_.get());
       FM_RETURN_IF_ERROR(cuda::CopyOnDevice(s_.x.as<char>() + t * row_bytes, xr, row_bytes));
     }
-    FM_ASSIGN_OR_RETURN(const std::vector<cuda::RowCache> table, RowTable(step_rows));
+    const std::vector<cuda::RowCache> table = RowTable(step_rows);
     FM_RETURN_IF_ERROR(s_.inputs.CopyFromHostAsync(&in, sizeof in));
     FM_RETURN_IF_ERROR(s_.table.CopyFromHost(table.data(), table.size() * sizeof table[0]));
     // A sequence's rows are adjacent; the padding rows share pad_ but their results are dropped.

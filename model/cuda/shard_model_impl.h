@@ -99,7 +99,7 @@ class CudaShardModel final : public ShardModel {
   // distinct: every row is another sequence's (the attention side takes all rows in one launch).
   Status Step(int64_t T, bool distinct, const DevStepInputs& in,
               const cuda::RowCache* table) const;
-  Result<std::vector<cuda::RowCache>> RowTable(Rows rows) const;
+  std::vector<cuda::RowCache> RowTable(Rows rows) const;
   // `next`: the layer after l in this shard (its hc_pre fuses with l's last hc_post), or null.
   Status LayerStep(const DevLayer& l, const DevLayer* next, int64_t T, bool distinct,
                    const DevStepInputs& in, const cuda::RowCache* table) const;

@@ -400,6 +400,43 @@ TEST(CudaFused, IndexerTopKMatchesCpu) {
   }
 }
 
+// The ranking alone on long rows with many exact ties: 20000 entries (the old pairwise count
+// stopped at 16384) whose keys repeat 50 distinct rows, one of them zero (score exactly 0), so
+// equal scores are bit-equal on the device, plus NaN keys; k = 1, 512 and 19999. The picks must
+// be the CPU's top k (ties to the lower index, NaN lowest) of the device's own scores.
+TEST(CudaFused, IndexerTopKRanksLongRowsWithTies) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t nh = 2, di = 32, n = 20000;
+  auto base = Random(50 * di, 21);
+  for (int64_t c = 0; c < di; ++c) base[7 * di + c] = 0.0f;
+  const auto iq = Random(nh * di, 22), iw = Random(nh, 23);
+  std::vector<float> ikeys(n * di);
+  for (int64_t e = 0; e < n; ++e)
+    for (int64_t c = 0; c < di; ++c) ikeys[e * di + c] = base[(e % 50) * di + c];
+  for (int64_t e : {3, 777, 15000}) ikeys[e * di] = NAN;
+  auto dkeys = ToDevice(ikeys), dq = ToDevice(iq), dw = ToDevice(iw);
+  for (int64_t k : {1, 512, 19999}) {
+    SCOPED_TRACE("k " + std::to_string(k));
+    auto score = ToDevice(std::vector<float>(n, NAN));
+    const cuda::RowCache r0{nullptr, dkeys.as<float>(), score.as<float>(), nullptr, nullptr,
+                            nullptr, nullptr, static_cast<int32_t>(n), 0};
+    auto table = Upload(std::vector<cuda::RowCache>{r0});
+    TestRow row{};
+    row.visible = static_cast<int32_t>(n);
+    auto rows = Upload(std::vector<TestRow>{row});
+    auto picks = Upload(std::vector<int32_t>(k, -7));
+    auto counters = Upload(std::vector<int32_t>(1, 0));
+    ASSERT_OK(cuda::IndexerTopK(table.as<cuda::RowCache>(), 0, 1, dq.as<float>(), dw.as<float>(),
+                                nh, di, 0.25f, StepsOf(rows), k, picks.as<int32_t>(),
+                                counters.as<int32_t>()));
+    const std::vector<float> got_score = ToHost(score, n);
+    std::vector<int32_t> want(k), got(k);
+    TopKAscending_n(got_score.data(), n, k, want.data());
+    ASSERT_OK(picks.CopyToHost(got.data(), got.size() * 4));
+    EXPECT_EQ(got, want);
+  }
+}
+
 // Decode attention over two rows of two sequences in one launch: window ring rows then entries
 // (all, or the indexer's picks), counts from the device; n = 0, partial warp rounds, long
 // contexts; NaN in a key propagates as on the CPU.
