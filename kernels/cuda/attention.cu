@@ -84,17 +84,17 @@ __device__ void RowTopK(const volatile float* score, int n, int k, int32_t* pick
   int ties = 0;
   for (int e = lo; e < hi; ++e) ties += RankBits(score[e]) == prefix ? 1 : 0;
   const int tie0 = BlockExclusiveScan(ties);  // ties before this thread's keys
-  int tie = tie0, chosen = 0;
-  for (int e = lo; e < hi; ++e) {
+  int tie = tie0;
+  auto take = [&](int e) {  // key e, this thread's keys in ascending order from lo
     const uint32_t u = RankBits(score[e]);
-    chosen += (u > prefix || (u == prefix && tie++ < need)) ? 1 : 0;
-  }
+    return u > prefix || (u == prefix && tie++ < need);
+  };
+  int chosen = 0;
+  for (int e = lo; e < hi; ++e) chosen += take(e) ? 1 : 0;
   int at = BlockExclusiveScan(chosen);
   tie = tie0;
-  for (int e = lo; e < hi; ++e) {
-    const uint32_t u = RankBits(score[e]);
-    if (u > prefix || (u == prefix && tie++ < need)) picks[at++] = e;
-  }
+  for (int e = lo; e < hi; ++e)
+    if (take(e)) picks[at++] = e;
 }
 
 // Blocks (b, y) score keys b * 256 + tid, stepping 16 * 256, of row row0 + y; the row's last

@@ -380,6 +380,8 @@ Status HcPostPre(const float* x, const HcPostInput& out, float* x_new, const flo
   return Launch("HcPostPreKernel", HcPostPreKernel, grid, kThreads, 0, a);
 }
 
+namespace {
+
 // CacheRows' checks of rows [row0, row0 + rows) (op names the caller), then the kernels' view.
 Result<CacheKernelArgs> CheckCacheRows(const char* op, const CacheRowsArgs& c, int64_t row0,
                                        int64_t rows, const float* kv, int64_t d,
@@ -409,6 +411,8 @@ Result<CacheKernelArgs> CheckCacheRows(const char* op, const CacheRowsArgs& c, i
                          c.index_comp ? *c.index_comp : none,
                          (c.comp ? 1 : 0) + (c.index_comp ? 1 : 0)};
 }
+
+}  // namespace
 
 Status CacheRows(const CacheRowsArgs& c, int64_t row0, int64_t rows, const float* kv, int64_t d,
                  const float* freqs, int64_t rd, float eps) {

@@ -367,22 +367,20 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   const unsigned grid = static_cast<unsigned>(blocks);
   int tc_tasks = 0;
   for (int i = 0; i < p.ntasks; ++i) tc_tasks += p.task[i].tc ? 1 : 0;
-  if (route && (tc_tasks > 0 || T > kRouteMaxTokens)) {
-    FM_RETURN_IF_ERROR(tc_tasks > 0 ? Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid,
-                                             kGemvThreads, 0, p)
-                                    : LaunchWithTile<kFmaTasks>(TokenTile(T), grid, p));
-    const RouterParams& r = *route;
-    return RouterTopK(p.task[0].y, r.bias, r.tid2eid, r.tokens, r.vocab, T, r.E, r.k,
-                      r.routed_scale, r.ids, r.w);
-  }
+  // The router rides in the kRouteTile FMA instance (RouteAfterLastBlock), or launches after.
+  const bool route_inside = route && tc_tasks == 0 && T <= kRouteMaxTokens;
+  if (route_inside) p.route = *route, p.route_count = route_count;
+  Status st;
   if (tc_tasks == p.ntasks)  // the tensor-core core serves 8 tokens a pass whatever T is
-    return Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p);
-  if (tc_tasks > 0) return LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
-  if (route) {  // the router rides in the kRouteTile instance (RouteAfterLastBlock)
-    p.route = *route, p.route_count = route_count;
-    return LaunchWithTile<kFmaTasks>(kRouteTile, grid, p);
-  }
-  return LaunchWithTile<kFmaTasks>(TokenTile(T), grid, p);
+    st = Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p);
+  else if (tc_tasks > 0)
+    st = LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
+  else
+    st = LaunchWithTile<kFmaTasks>(route_inside ? kRouteTile : TokenTile(T), grid, p);
+  if (!st.ok() || !route || route_inside) return st;
+  const RouterParams& r = *route;
+  return RouterTopK(p.task[0].y, r.bias, r.tid2eid, r.tokens, r.vocab, T, r.E, r.k,
+                    r.routed_scale, r.ids, r.w);
 }
 
 }  // namespace
