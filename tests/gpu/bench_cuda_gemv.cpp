@@ -311,15 +311,17 @@ Status BenchHcPostPre() {
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer slots, Floats(T * (k + 1) * H, 0.01f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer rw, Floats(T * k, 0.2f));
     const size_t bytes = (M + 2 * T) * n * H * 4;
-    for (const int64_t iters : {20, 1, -20}) {  // -20: 20 iterations, the slots' output
-      const cuda::HcPostInput in = iters > 0 ? cuda::HcPostInput(out.as<float>())
-                                             : cuda::HcPostInput::Slots(slots.as<float>(), rw.as<float>(), k);
+    struct Case { int64_t iters; bool slots; };
+    for (const Case c : {Case{20, false}, Case{1, false}, Case{20, true}}) {
+      const cuda::HcPostInput in =
+          c.slots ? cuda::HcPostInput::Slots(slots.as<float>(), rw.as<float>(), k)
+                  : cuda::HcPostInput(out.as<float>());
       const std::string name = "HcPostPre T=" + std::to_string(T) + " sinkhorn " +
-                               std::to_string(iters > 0 ? iters : -iters) + (iters > 0 ? "" : " slots");
+                               std::to_string(c.iters) + (c.slots ? " slots" : "");
       FM_RETURN_IF_ERROR(Time(name, bytes, 8, [&](int) {
         return cuda::HcPostPre(x.as<float>(), in, xn.as<float>(), fn.as<float>(),
                                base.as<float>(), scale.as<float>(), norm.as<float>(), T, n, H,
-                               iters > 0 ? iters : -iters, 1e-6f, 1e-6f, post.as<float>(), comb.as<float>(),
+                               c.iters, 1e-6f, 1e-6f, post.as<float>(), comb.as<float>(),
                                y.as<float>(), part.as<float>(), counter.as<int32_t>());
       }));
     }
