@@ -3,6 +3,8 @@
 // in one launch each. Conventions in fused_common.cuh.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <string>
 
 #include "kernels/cuda/check.cuh"
@@ -16,7 +18,12 @@ namespace {
 using namespace fused;
 
 constexpr int kAttnMaxDim = 512;
-constexpr int kIndexBlocks = 16;  // blocks scoring one row's keys
+// IndexerTopK: a block scores kIndexKeys keys x kIndexHeads heads at a time, kIndexSlab
+// columns staged at once; a row's keys are spread over up to kIndexMaxBlocks blocks.
+constexpr int kIndexKeys = 64, kIndexHeads = 64, kIndexSlab = 32;
+constexpr int64_t kIndexMaxBlocks = 256;
+static_assert(kIndexKeys == 64 && kIndexHeads == 64 && kThreads == 256,
+              "IndexerScoreKeys: 256 threads of 4 x 4 dots cover 64 heads x 64 keys");
 
 // A score's rank as ordered bits: a larger key, a larger value; NaN ranks as -inf (lowest), and
 // -0 as +0 (they compare equal, so their order is the index's).
@@ -97,11 +104,60 @@ __device__ void RowTopK(const volatile float* score, int n, int k, int32_t* pick
     if (take(e)) picks[at++] = e;
 }
 
-// Blocks (b, y) score keys b * 256 + tid, stepping 16 * 256, of row row0 + y; the row's last
-// block picks its top k (RowTopK), written ascending.
+// Row t's scores of keys [e0, e0 + kIndexKeys) into score (those below n): the block's
+// [kIndexHeads, kIndexKeys] dot products a head pass at a time, thread (hy, kx) holding heads
+// 4 hy.. x keys 4 kx.. in registers, over columns staged kIndexSlab at a time in shared memory;
+// each dot a single chain over c ascending (as one thread's loop: the same bits), then thread
+// e sums key e's terms over h ascending: sum_h (relu(dot) * scale) * w[h].
+__device__ void IndexerScoreKeys(const float* q, const float* w, int nh, int di, float scale,
+                                 const float* ikeys, int64_t e0, int n, float* score) {
+  alignas(16) __shared__ float q_s[kIndexSlab][kIndexHeads];  // q_s[j][h] = q[h0 + h][c0 + j]
+  alignas(16) __shared__ float k_s[kIndexSlab][kIndexKeys];   // k_s[j][e] = key e0 + e, c0 + j
+  alignas(16) __shared__ float dots[kIndexHeads][kIndexKeys];
+  const int tid = threadIdx.x, kx = tid % 16, hy = tid / 16;
+  float acc = 0.0f;  // key e0 + tid's score (tid < kIndexKeys)
+  for (int h0 = 0; h0 < nh; h0 += kIndexHeads) {
+    float d[4][4] = {};
+    for (int c0 = 0; c0 < di; c0 += kIndexSlab) {
+      const int cw = min(kIndexSlab, di - c0);
+      __syncthreads();  // the previous slab (or pass's dots) is read
+      for (int i = tid; i < kIndexSlab * kIndexKeys; i += kThreads) {
+        const int j = i / kIndexKeys, col = i % kIndexKeys;  // a warp: 32 rows, one column
+        const bool in = j < cw;
+        q_s[j][col] = in && h0 + col < nh ? q[static_cast<int64_t>(h0 + col) * di + c0 + j] : 0.0f;
+        k_s[j][col] = in && e0 + col < n ? ikeys[(e0 + col) * di + c0 + j] : 0.0f;
+      }
+      __syncthreads();
+      for (int j = 0; j < cw; ++j) {
+        const float4 qv = *reinterpret_cast<const float4*>(&q_s[j][4 * hy]);
+        const float4 kv = *reinterpret_cast<const float4*>(&k_s[j][4 * kx]);
+        const float qa[4] = {qv.x, qv.y, qv.z, qv.w}, ka[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) d[a][b] += qa[a] * ka[b];
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+      *reinterpret_cast<float4*>(&dots[4 * hy + a][4 * kx]) =
+          float4{d[a][0], d[a][1], d[a][2], d[a][3]};
+    __syncthreads();
+    if (tid < kIndexKeys)
+      for (int h = 0; h < min(kIndexHeads, nh - h0); ++h) {
+        const float dot = dots[h][tid];
+        acc += ((dot > 0.0f ? dot : 0.0f) * scale) * w[h0 + h];
+      }
+  }
+  if (tid < kIndexKeys && e0 + tid < n) score[e0 + tid] = acc;
+}
+
+// Blocks (b, y) of row row0 + y score the key tiles b, b + gridDim.x, ... (IndexerScoreKeys);
+// the row's last block picks its top k (RowTopK), written ascending. A row of no more than k
+// visible entries picks them all, in order, without scores.
 __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const float* iq,
-                                  const float* iw, int nh, int64_t di, float scale,
-                                  RowSteps steps, int k, int32_t* picks, int32_t* counters) {
+                                  const float* iw, int nh, int di, float scale, RowSteps steps,
+                                  int k, int32_t* picks, int32_t* counters) {
   KernelPrologue();
   __shared__ bool last;
   const int64_t t = row0 + blockIdx.y;
@@ -109,29 +165,21 @@ __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const flo
   if (rc.max_entries <= k) return;  // this sequence attends every entry
   const int visible = *RowField(steps.visible, steps.stride, t);
   const int n = max(0, min(visible, rc.max_entries));
-  const float* q = iq + t * nh * di;
-  const float* w = iw + t * nh;
-  for (int e = blockIdx.x * kThreads + threadIdx.x; e < n; e += kIndexBlocks * kThreads) {
-    const float* key = rc.ikeys + e * di;
-    float acc = 0.0f;
-    for (int h = 0; h < nh; ++h) {
-      float dot = 0.0f;
-      for (int64_t c = 0; c < di; ++c) dot += q[h * di + c] * key[c];
-      acc += ((dot > 0.0f ? dot : 0.0f) * scale) * w[h];
-    }
-    rc.score[e] = acc;
+  if (n <= k) {  // every visible entry, in order
+    if (blockIdx.x == 0)
+      for (int e = threadIdx.x; e < n; e += kThreads) picks[t * k + e] = e;
+    return;
   }
+  for (int64_t e0 = static_cast<int64_t>(blockIdx.x) * kIndexKeys; e0 < n;
+       e0 += static_cast<int64_t>(gridDim.x) * kIndexKeys)
+    IndexerScoreKeys(iq + t * nh * di, iw + t * nh, nh, di, scale, rc.ikeys, e0, n, rc.score);
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counters + t, 1) == kIndexBlocks - 1;
+  if (threadIdx.x == 0) last = atomicAdd(counters + t, 1) == static_cast<int>(gridDim.x) - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) counters[t] = 0;
-  if (n <= k) {  // fewer visible entries than k: every one, in order
-    for (int e = threadIdx.x; e < n; e += kThreads) picks[t * k + e] = e;
-    return;
-  }
   RowTopK(rc.score, n, k, picks + t * k);
 }
 
@@ -205,17 +253,24 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
 
 Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
                    const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
-                   int64_t k, int32_t* picks, int32_t* counters) {
+                   int64_t max_entries, int64_t k, int32_t* picks, int32_t* counters) {
   FM_RETURN_IF_ERROR(CheckRows("IndexerTopK", table, row0, rows));
-  if (nh < 1 || di < 1 || k < 1)
+  if (nh < 1 || di < 1 || k < 1 || max_entries < 0 || nh * di > (int64_t{1} << 24) ||
+      max_entries > INT32_MAX)
     return InvalidArgument("IndexerTopK: heads " + std::to_string(nh) + ", head_dim " +
-                           std::to_string(di) + ", k " + std::to_string(k) + " (want all >= 1)");
+                           std::to_string(di) + ", k " + std::to_string(k) + ", max_entries " +
+                           std::to_string(max_entries) +
+                           " (want heads, head_dim, k >= 1, heads x head_dim <= 2^24, "
+                           "max_entries in [0, 2^31))");
   if (rows == 0) return Status::Ok();
   if (!iq || !iw || !steps.visible || !picks || !counters)
     return InvalidArgument("IndexerTopK: null device pointer");
+  const int64_t tiles = (max_entries + kIndexKeys - 1) / kIndexKeys;
+  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kIndexMaxBlocks));
   return Launch("IndexerTopKKernel", IndexerTopKKernel,
-                dim3(kIndexBlocks, static_cast<unsigned>(rows)), kThreads, 0, table, row0, iq, iw,
-                static_cast<int>(nh), di, scale, steps, static_cast<int>(k), picks, counters);
+                dim3(blocks, static_cast<unsigned>(rows)), kThreads, 0, table, row0, iq, iw,
+                static_cast<int>(nh), static_cast<int>(di), scale, steps, static_cast<int>(k),
+                picks, counters);
 }
 
 Status SinkAttentionRows(const AttentionArgs& a, int64_t row0, int64_t rows) {

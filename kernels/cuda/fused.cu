@@ -50,6 +50,23 @@ constexpr int kHcLaneElems = (kHcMaxStreams * kHcCols + 31) / 32;
 // H 4096 in one round).
 constexpr int kHcFinishLoads = 4;
 
+// v[q] = c of lane base + q * stride, q < kHcMaxStreams (lanes past the last wrap): every
+// shuffle is issued before any use, so a Sinkhorn sum waits for one round trip, not n.
+__device__ __forceinline__ void LanesOf(float c, int base, int stride, float (&v)[kHcMaxStreams]) {
+#pragma unroll
+  for (int q = 0; q < kHcMaxStreams; ++q) v[q] = __shfl_sync(0xffffffffu, c, base + q * stride);
+}
+
+// sum over q < n of c at lane base + q * stride, added in q order (kernels/cpu/hc.h's order).
+__device__ __forceinline__ float LaneSum(float c, int base, int stride, int n) {
+  float v[kHcMaxStreams], s = 0.0f;
+  LanesOf(c, base, stride, v);
+#pragma unroll
+  for (int q = 0; q < kHcMaxStreams; ++q)
+    if (q < n) s += v[q];
+  return s;
+}
+
 // The last of token t's HcPostPre blocks: mix[m] = the blocks' partials summed (warp w takes
 // rows m = w, w + 8, ...; lane l blocks l, l + 32, ... in order, then a butterfly; every load of
 // a round is issued before the first add); warp 0 then takes the token's pre/post and Sinkhorn
@@ -94,20 +111,16 @@ __device__ void HcFinishToken(const HcArgs& a, const float* xs, int t, int M) {
   const bool entry = lane < n * n;
   const int j = entry ? lane / n : 0, k = entry ? lane % n : 0;
   float c = entry ? mix[2 * n + lane] * rinv * a.scale[2] + a.base[2 * n + lane] : 0.0f;
-  float top = -INFINITY, sum = 0.0f;
-  for (int q = 0; q < n; ++q) top = fmaxf(top, __shfl_sync(0xffffffffu, c, j * n + q));
+  float top = -INFINITY, row[kHcMaxStreams];
+  LanesOf(c, j * n, 1, row);  // row j
+#pragma unroll
+  for (int q = 0; q < kHcMaxStreams; ++q)
+    if (q < n) top = fmaxf(top, row[q]);
   c = expf(c - top);
-  for (int q = 0; q < n; ++q) sum += __shfl_sync(0xffffffffu, c, j * n + q);
-  c = c / sum + a.hc_eps;
+  c = c / LaneSum(c, j * n, 1, n) + a.hc_eps;
   for (int it = 0; it < a.iters; ++it) {
-    if (it > 0) {
-      float r = 0.0f;
-      for (int q = 0; q < n; ++q) r += __shfl_sync(0xffffffffu, c, j * n + q);
-      c /= r + a.hc_eps;
-    }
-    float col = 0.0f;
-    for (int q = 0; q < n; ++q) col += __shfl_sync(0xffffffffu, c, q * n + k);
-    c /= col + a.hc_eps;
+    if (it > 0) c /= LaneSum(c, j * n, 1, n) + a.hc_eps;  // row j
+    c /= LaneSum(c, k, n, n) + a.hc_eps;                  // column k
   }
   if (live && entry) a.comb[t * n * n + lane] = c;
   __syncthreads();  // pre
@@ -145,8 +158,15 @@ __device__ void HcFinishToken(const HcArgs& a, const float* xs, int t, int M) {
 // over the slice, every row's loads issued before its first add and each row summed over the
 // lane's elements in ascending order; the last of token t's blocks (its counter) finishes the
 // token. So the tokens of a step finish on T blocks at once, not one after another on one.
-// 4 blocks an SM (64 registers, no spills; 5 would spill): the T = 8 grid is 1024 blocks.
-__global__ void __launch_bounds__(kThreads, 4) HcPostPreKernel(HcArgs a) {
+// 4 blocks an SM (64 registers, no spills; 5 would spill): the T = 8 grid is 1024 blocks. On
+// sm_12x (GB10) 64 registers spilled 20 bytes, so 3 there (80 registers; its 48 SMs still hold
+// the T = 1 grid's 128 blocks at once).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+constexpr int kHcBlocksPerSm = 3;
+#else
+constexpr int kHcBlocksPerSm = 4;
+#endif
+__global__ void __launch_bounds__(kThreads, kHcBlocksPerSm) HcPostPreKernel(HcArgs a) {
   __shared__ bool last;
   __shared__ float xs_sh[kHcMaxStreams * kHcCols];  // X' of the slice: i = stream * cols + h
   const int n = a.n, M = (2 + n) * n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;

@@ -116,14 +116,16 @@ Status AttnPrep(const AttnPrepArgs& a, int64_t T, const CacheRowsArgs* cache = n
 // The Lightning indexer for rows [row0, row0 + rows) whose table[t].max_entries > k (the others
 // attend every entry and are skipped): score[e] = sum_h (relu(q_h . k_e) * scale) * w[h] over
 // the first visible(t) keys of table[t].ikeys, q = iq [T, nh, di] row t, w = iw [T, nh] row t;
-// then picks[t, :] = the k best (ties to the lower index, NaN lowest) in ascending index order
-// (min(visible, k) of them). Each row's keys are spread over a fixed number of blocks; the last
-// of them (counters[t], reset by it) ranks them by a radix select, linear in the entries (no
-// bound on max_entries; until 2026-12-05 a pairwise count, O(n^2), at most 16384 entries).
-// counters [T] start at 0.
+// then picks[t, :] = the k best (ties to the lower index, NaN lowest) in ascending index order.
+// A row of no more than k visible entries picks them all, in order, and is not scored.
+// A row's keys are scored in tiles of 64 keys x 64 heads (dot products as register tiles over
+// columns staged in shared memory), the tiles spread over max_entries / 64 blocks (at most 256;
+// max_entries: the largest table[t].max_entries, which only sizes the grid); the last of a
+// row's blocks (counters[t], reset by it) ranks them by a radix select, linear in the entries.
+// Until 2026-12-05 a thread scored a key alone over 16 blocks a row. counters [T] start at 0.
 Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
                    const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
-                   int64_t k, int32_t* picks, int32_t* counters);
+                   int64_t max_entries, int64_t k, int32_t* picks, int32_t* counters);
 
 // Decode attention of rows [row0, row0 + rows) with the key index built in the kernel and the
 // output's inverse RoPE as its epilogue (kernels/cpu/attention_core.h SinkAttentionHeads, then

@@ -304,8 +304,9 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
     if (!distinct) FM_RETURN_IF_ERROR(cuda::CacheRows(cache, row0, n, kv, D, freq, rd, eps));
     if (topk > 0)
       FM_RETURN_IF_ERROR(cuda::IndexerTopK(table, row0, n, s_.iq.as<float>(), hw, nI, dI,
-                                           1.0f / std::sqrt(static_cast<float>(dI)), steps, topk,
-                                           picks, s_.index_count.as<int32_t>()));
+                                           1.0f / std::sqrt(static_cast<float>(dI)), steps,
+                                           max_positions_ / l.ratio, topk, picks,
+                                           s_.index_count.as<int32_t>()));
     return cuda::SinkAttentionRows(attn, row0, n);
   };
   if (distinct) {

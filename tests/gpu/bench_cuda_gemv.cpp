@@ -5,7 +5,7 @@
 // T = 1, 2, 4, 8, 32 tokens (bytes counted once: each weight is read once a call); GemmMany of
 // the attention's products of x (one launch); the MoE step's ExpertsUpGate (W1 + W3 of k = 6 of
 // 256 FP4 experts and the FP8 shared expert, I = 2048, H = 4096) and ExpertsDown, for 1 and 8
-// tokens; HcPostPre at the real manifold. The FP8/FP4 cases run on both cores of ops.h
+// tokens; HcPostPre at the real manifold; IndexerTopK at the real indexer's shapes. The FP8/FP4 cases run on both cores of ops.h
 // SetWeightPath, "fma" and "tc" (tensor cores), in the same run; each Gemm shape's T = 1 also
 // with launch overlap (SetLaunchOverlap), the "ovl" line.
 // Every case is timed twice, on a stream of its own: calls launched one by one (the "us" column:
@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -329,6 +330,40 @@ Status BenchHcPostPre() {
   return Status::Ok();
 }
 
+// The Lightning indexer of one decode row at DeepSeek-V4-Flash's shapes (64 heads x 128, top
+// 512) over n compressed entries (a ratio-4 layer at 4n positions: 16K, 64K, 256K): scores and
+// the top-k in one launch. Compute bound (64 x 128 multiply-adds an entry): bytes = the keys.
+Status BenchIndexer() {
+  const int64_t nh = 64, di = 128, k = 512;
+  for (const int64_t n : {4096, 16384, 65536}) {
+    std::vector<float> host(n * di);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (float& v : host) v = dist(rng);
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer keys, cuda::Upload(host.data(), host.size() * 4));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer score, Floats(n, 0.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer q, Floats(nh * di, 0.05f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer w, Floats(nh, 0.1f));
+    const cuda::RowCache rc{nullptr, keys.as<float>(), score.as<float>(), nullptr, nullptr,
+                            nullptr, nullptr, static_cast<int32_t>(n), 0};
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer table, cuda::Upload(&rc, sizeof rc));
+    const int32_t visible = static_cast<int32_t>(n);
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer vis, cuda::Upload(&visible, 4));
+    std::vector<int32_t> zero(1, 0);
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::Upload(zero.data(), 4));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer picks, cuda::Upload(std::vector<int32_t>(k).data(), k * 4));
+    cuda::RowSteps steps{};
+    steps.visible = vis.as<int32_t>();
+    FM_RETURN_IF_ERROR(Time("IndexerTopK 64x128 top512 n=" + std::to_string(n), n * di * 4, 2,
+                            [&](int) {
+      return cuda::IndexerTopK(table.as<cuda::RowCache>(), 0, 1, q.as<float>(), w.as<float>(), nh,
+                               di, 1.0f / std::sqrt(128.0f), steps, n, k, picks.as<int32_t>(),
+                               counter.as<int32_t>());
+    }));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace fm
 
@@ -365,6 +400,7 @@ int main(int argc, char** argv) {
   if (st.ok()) st = fm::BenchAttnX();
   if (st.ok()) st = fm::BenchExperts();
   if (st.ok()) st = fm::BenchHcPostPre();
+  if (st.ok()) st = fm::BenchIndexer();
   if (!st.ok()) {
     std::fprintf(stderr, "bench_cuda_gemv: %s\n", st.ToString().c_str());
     return 1;

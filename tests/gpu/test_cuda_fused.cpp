@@ -38,15 +38,19 @@ std::vector<float> Random(size_t n, uint32_t seed, float sd = 1.0f) {
 }
 
 // T rows of X through hc_post (with out) and hc_pre + RMSNorm; the shapes of the presets (H 64,
-// 256, 2048) and a partial last block (H 100). Twice: the block counters are reset by the call.
+// 256, 2048) and a partial last block (H 100), at 4 streams and at 2, 3 and 5 (the device's
+// most: a Sinkhorn comb fits a warp). Twice: the block counters are reset by the call.
 TEST(CudaFused, HcPostPreMatchesCpu) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const int64_t n = 4, iters = 20, M = (2 + n) * n;
+  const int64_t iters = 20;
   const float eh = 1e-6f, eps = 1e-6f;
-  for (int64_t H : {64, 100, 256, 2048}) {
+  struct Shape { int64_t n, H; };
+  for (const Shape sh : {Shape{4, 64}, Shape{4, 100}, Shape{4, 256}, Shape{4, 2048}, Shape{2, 100},
+                         Shape{3, 100}, Shape{5, 100}}) {
+    const int64_t n = sh.n, H = sh.H, M = (2 + n) * n;
     for (int64_t T : {1, 3, 9, 17}) {
       for (bool post_first : {false, true}) {
-        SCOPED_TRACE("H " + std::to_string(H) + " T " + std::to_string(T) +
+        SCOPED_TRACE("n " + std::to_string(n) + " H " + std::to_string(H) + " T " + std::to_string(T) +
                      (post_first ? " with hc_post" : ""));
         const auto x = Random(T * n * H, 1), out = Random(T * H, 2), fn = Random(M * n * H, 3, 0.05f);
         const auto base = Random(M, 4), scale = Random(3, 5), norm = Random(H, 6);
@@ -358,46 +362,55 @@ TEST(CudaFused, AttnPrepWithCacheRowsEqualsTheTwoLaunches) {
 }
 
 // The indexer over two rows of two sequences in one launch: row 0 has more entries than k
-// (scored and ranked, partial last block, NaN scores rank lowest), row 1's sequence holds no
-// more than k (skipped: it attends every entry); then once more (the counters were reset).
+// (scored and ranked, partial last tile, NaN scores rank lowest) or no more than k (all picked,
+// in order, unscored); row 1's sequence holds no more than k (skipped: it attends every entry);
+// at a few head and column counts: one partial head pass and slab (2 x 32), DeepSeek-V4-Flash's
+// 64 x 128, two head passes and a partial slab (70 x 40). Then once more with a grid of one
+// block (max_entries 1 only sizes the grid; the counters were reset).
 TEST(CudaFused, IndexerTopKMatchesCpu) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const int64_t nh = 2, di = 32, k = 4;
-  for (int64_t visible : {3, 4, 37, 5000}) {
-    SCOPED_TRACE("visible " + std::to_string(visible));
-    const int64_t max_entries = 5001;
-    auto ikeys = Random(max_entries * di, 1);
-    const auto iq = Random(2 * nh * di, 2), iw = Random(2 * nh, 3);
-    if (visible > 10) ikeys[7 * di] = NAN;
-    auto dkeys = ToDevice(ikeys), dq = ToDevice(iq), dw = ToDevice(iw);
-    auto score = ToDevice(std::vector<float>(max_entries, NAN));
-    const cuda::RowCache r0{nullptr, dkeys.as<float>(), score.as<float>(), nullptr, nullptr,
-                            nullptr, nullptr, static_cast<int32_t>(max_entries), 0};
-    const cuda::RowCache r1{nullptr, dkeys.as<float>(), score.as<float>(), nullptr, nullptr,
-                            nullptr, nullptr, static_cast<int32_t>(k), 0};
-    auto table = Upload(std::vector<cuda::RowCache>{r0, r1});
-    TestRow row{};
-    row.visible = static_cast<int32_t>(visible);
-    auto rows = Upload(std::vector<TestRow>{row, row});
-    auto picks = Upload(std::vector<int32_t>(2 * k, -7));
-    auto counters = Upload(std::vector<int32_t>(2, 0));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(di));
-    std::vector<float> want_score(visible);
-    IndexerScores_hd(iq.data(), iw.data(), nh, di, ikeys.data(), visible, scale, want_score.data());
-    const int64_t m = std::min(visible, k);
-    std::vector<int32_t> want(m);
-    TopKAscending_n(want_score.data(), visible, m, want.data());
-    for (int rep = 0; rep < 2; ++rep) {
-      ASSERT_OK(cuda::IndexerTopK(table.as<cuda::RowCache>(), 0, 2, dq.as<float>(), dw.as<float>(),
-                                  nh, di, scale, StepsOf(rows), k, picks.as<int32_t>(),
-                                  counters.as<int32_t>()));
-      std::vector<int32_t> got(2 * k);
-      ASSERT_OK(picks.CopyToHost(got.data(), got.size() * 4));
-      for (int64_t j = 0; j < m; ++j) EXPECT_EQ(got[j], want[j]) << "pick " << j;
-      for (int64_t j = k; j < 2 * k; ++j) EXPECT_EQ(got[j], -7) << "row 1 was skipped";
-      ExpectClose(ToHost(score, visible), want_score, 1e-5, "scores");
+  const int64_t k = 4;
+  struct Shape { int64_t nh, di; };
+  for (const Shape sh : {Shape{2, 32}, Shape{64, 128}, Shape{70, 40}})
+    for (int64_t visible : {3, 4, 37, 5000}) {
+      const int64_t nh = sh.nh, di = sh.di;
+      SCOPED_TRACE("heads " + std::to_string(nh) + " x " + std::to_string(di) + ", visible " +
+                   std::to_string(visible));
+      const int64_t max_entries = 5001;
+      auto ikeys = Random(max_entries * di, 1);
+      const auto iq = Random(2 * nh * di, 2), iw = Random(2 * nh, 3);
+      if (visible > 10) ikeys[7 * di] = NAN;
+      auto dkeys = ToDevice(ikeys), dq = ToDevice(iq), dw = ToDevice(iw);
+      auto score = ToDevice(std::vector<float>(max_entries, NAN));
+      const cuda::RowCache r0{nullptr, dkeys.as<float>(), score.as<float>(), nullptr, nullptr,
+                              nullptr, nullptr, static_cast<int32_t>(max_entries), 0};
+      const cuda::RowCache r1{nullptr, dkeys.as<float>(), score.as<float>(), nullptr, nullptr,
+                              nullptr, nullptr, static_cast<int32_t>(k), 0};
+      auto table = Upload(std::vector<cuda::RowCache>{r0, r1});
+      TestRow row{};
+      row.visible = static_cast<int32_t>(visible);
+      auto rows = Upload(std::vector<TestRow>{row, row});
+      auto picks = Upload(std::vector<int32_t>(2 * k, -7));
+      auto counters = Upload(std::vector<int32_t>(2, 0));
+      const float scale = 1.0f / std::sqrt(static_cast<float>(di));
+      std::vector<float> want_score(visible);
+      IndexerScores_hd(iq.data(), iw.data(), nh, di, ikeys.data(), visible, scale,
+                       want_score.data());
+      const int64_t m = std::min(visible, k);
+      std::vector<int32_t> want(m);
+      TopKAscending_n(want_score.data(), visible, m, want.data());
+      for (const int64_t grid_entries : {max_entries, int64_t{1}}) {
+        ASSERT_OK(cuda::IndexerTopK(table.as<cuda::RowCache>(), 0, 2, dq.as<float>(),
+                                    dw.as<float>(), nh, di, scale, StepsOf(rows), grid_entries, k,
+                                    picks.as<int32_t>(), counters.as<int32_t>()));
+        std::vector<int32_t> got(2 * k);
+        ASSERT_OK(picks.CopyToHost(got.data(), got.size() * 4));
+        for (int64_t j = 0; j < m; ++j) EXPECT_EQ(got[j], want[j]) << "pick " << j;
+        for (int64_t j = k; j < 2 * k; ++j) EXPECT_EQ(got[j], -7) << "row 1 was skipped";
+        if (visible > k) ExpectClose(ToHost(score, visible), want_score, 1e-5, "scores");
+        else EXPECT_TRUE(std::isnan(ToHost(score, 1)[0])) << "a row of <= k entries is not scored";
+      }
     }
-  }
 }
 
 // The ranking alone on long rows with many exact ties: 20000 entries (the old pairwise count
@@ -427,7 +440,7 @@ TEST(CudaFused, IndexerTopKRanksLongRowsWithTies) {
     auto picks = Upload(std::vector<int32_t>(k, -7));
     auto counters = Upload(std::vector<int32_t>(1, 0));
     ASSERT_OK(cuda::IndexerTopK(table.as<cuda::RowCache>(), 0, 1, dq.as<float>(), dw.as<float>(),
-                                nh, di, 0.25f, StepsOf(rows), k, picks.as<int32_t>(),
+                                nh, di, 0.25f, StepsOf(rows), n, k, picks.as<int32_t>(),
                                 counters.as<int32_t>()));
     const std::vector<float> got_score = ToHost(score, n);
     std::vector<int32_t> want(k), got(k);
