@@ -22,6 +22,7 @@ constexpr int kAttnMaxDim = 512;
 // columns staged at once; a row's keys are spread over up to kIndexMaxBlocks blocks.
 constexpr int kIndexKeys = 64, kIndexHeads = 64, kIndexSlab = 32;
 constexpr int64_t kIndexMaxBlocks = 256;
+constexpr int kTopKLoads = 8;  // RowTopK: 16-byte score loads a thread has in flight
 static_assert(kIndexKeys == 64 && kIndexHeads == 64 && kThreads == 256,
               "IndexerScoreKeys: 256 threads of 4 x 4 dots cover 64 heads x 64 keys");
 
@@ -55,12 +56,33 @@ __device__ int BlockExclusiveScan(int v) {
   return before;
 }
 
+// The ranks of score[e0, e0 + 4) (e0 % 4 == 0, score 16-byte aligned), read through L2: other
+// blocks of the launch wrote them. Entries at n and past are not read (rank 0, never counted).
+__device__ __forceinline__ uint4 RankBits4(const float* score, int e0, int n) {
+  float4 v;
+  if (e0 + 3 < n) {
+    v = __ldcg(reinterpret_cast<const float4*>(score + e0));
+  } else {
+    v.x = e0 < n ? __ldcg(score + e0) : 0.0f;
+    v.y = e0 + 1 < n ? __ldcg(score + e0 + 1) : 0.0f;
+    v.z = e0 + 2 < n ? __ldcg(score + e0 + 2) : 0.0f;
+    v.w = 0.0f;
+  }
+  return uint4{RankBits(v.x), RankBits(v.y), RankBits(v.z), RankBits(v.w)};
+}
+
+__device__ __forceinline__ uint32_t Lane4(const uint4& u, int c) {
+  return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w;
+}
+
 // The row's top k of score[0, n) into picks ascending (score descending, index ascending; n > k):
 // the k-th largest key's bits by a radix select (4 passes of 8 bits, counted in shared memory,
 // so the order of the counts does not matter), then every key above it and the first `need`
 // equal to it in index order; thread i takes the contiguous keys [i per, (i + 1) per), so block
-// scans of its counts give each chosen key its place. Linear in n; no bound on n.
-__device__ void RowTopK(const volatile float* score, int n, int k, int32_t* picks) {
+// scans of its counts give each chosen key its place. Linear in n; no bound on n. Every pass
+// reads the scores as 16-byte vectors, kTopKLoads of them in flight a thread (a pass of 64K
+// entries: 8 round trips to L2, where one key a thread at a time took 256).
+__device__ void RowTopK(const float* score, int n, int k, int32_t* picks) {
   __shared__ int hist[256];
   __shared__ uint32_t digit_prefix;
   __shared__ int digit_need;
@@ -69,9 +91,18 @@ __device__ void RowTopK(const volatile float* score, int n, int k, int32_t* pick
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kThreads) hist[i] = 0;
     __syncthreads();
-    for (int e = threadIdx.x; e < n; e += kThreads) {
-      const uint32_t u = RankBits(score[e]);
-      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xFFu], 1);
+    for (int v0 = threadIdx.x; 4 * v0 < n; v0 += kThreads * kTopKLoads) {
+      uint4 u[kTopKLoads];
+#pragma unroll
+      for (int j = 0; j < kTopKLoads; ++j) u[j] = RankBits4(score, 4 * (v0 + j * kThreads), n);
+#pragma unroll
+      for (int j = 0; j < kTopKLoads; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const uint32_t b = Lane4(u[j], c);
+          if (4 * (v0 + j * kThreads) + c < n && (b & mask) == prefix)
+            atomicAdd(&hist[(b >> shift) & 0xFFu], 1);
+        }
     }
     __syncthreads();
     if (threadIdx.x == 0) {  // the digit of the need-th largest among the candidates
@@ -86,22 +117,36 @@ __device__ void RowTopK(const volatile float* score, int n, int k, int32_t* pick
     mask |= 0xFFu << shift;
     __syncthreads();  // hist and the digit are rewritten by the next pass
   }
-  const int per = (n + kThreads - 1) / kThreads;
+  // A thread's keys: [lo, hi), lo a multiple of 4.
+  const int per = ((n + kThreads - 1) / kThreads + 3) / 4 * 4;
   const int lo = min(n, static_cast<int>(threadIdx.x) * per), hi = min(n, lo + per);
+  // f(e, rank) for the thread's keys in ascending order, kTopKLoads vectors in flight.
+  auto each = [&](auto&& f) {
+    for (int e0 = lo; e0 < hi; e0 += 4 * kTopKLoads) {
+      uint4 u[kTopKLoads];
+#pragma unroll
+      for (int j = 0; j < kTopKLoads; ++j) u[j] = RankBits4(score, e0 + 4 * j, hi);
+#pragma unroll
+      for (int j = 0; j < kTopKLoads; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (e0 + 4 * j + c < hi) f(e0 + 4 * j + c, Lane4(u[j], c));
+    }
+  };
   int ties = 0;
-  for (int e = lo; e < hi; ++e) ties += RankBits(score[e]) == prefix ? 1 : 0;
+  each([&](int, uint32_t u) { ties += u == prefix ? 1 : 0; });
   const int tie0 = BlockExclusiveScan(ties);  // ties before this thread's keys
   int tie = tie0;
-  auto take = [&](int e) {  // key e, this thread's keys in ascending order from lo
-    const uint32_t u = RankBits(score[e]);
+  auto take = [&](uint32_t u) {  // the thread's keys in ascending order from lo
     return u > prefix || (u == prefix && tie++ < need);
   };
   int chosen = 0;
-  for (int e = lo; e < hi; ++e) chosen += take(e) ? 1 : 0;
+  each([&](int, uint32_t u) { chosen += take(u) ? 1 : 0; });
   int at = BlockExclusiveScan(chosen);
   tie = tie0;
-  for (int e = lo; e < hi; ++e)
-    if (take(e)) picks[at++] = e;
+  each([&](int e, uint32_t u) {
+    if (take(u)) picks[at++] = e;
+  });
 }
 
 // Row t's scores of keys [e0, e0 + kIndexKeys) into score (those below n): the block's

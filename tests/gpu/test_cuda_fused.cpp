@@ -413,19 +413,25 @@ TEST(CudaFused, IndexerTopKMatchesCpu) {
     }
 }
 
-// The ranking alone on long rows with many exact ties: 20000 entries (the old pairwise count
+// The ranking alone on long rows with many exact ties: 20003 entries (the old pairwise count
 // stopped at 16384) whose keys repeat 50 distinct rows, one of them zero (score exactly 0), so
-// equal scores are bit-equal on the device, plus NaN keys; k = 1, 512 and 19999. The picks must
-// be the CPU's top k (ties to the lower index, NaN lowest) of the device's own scores.
+// equal scores are bit-equal on the device, plus NaN keys; the last key (in the partial last
+// 16-byte vector of scores) 100 x the best row, the unique largest; k = 1, 512 and 19999. The
+// picks must be the CPU's top k (ties to the lower index, NaN lowest) of the device's own scores.
 TEST(CudaFused, IndexerTopKRanksLongRowsWithTies) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const int64_t nh = 2, di = 32, n = 20000;
+  const int64_t nh = 2, di = 32, n = 20003;
   auto base = Random(50 * di, 21);
   for (int64_t c = 0; c < di; ++c) base[7 * di + c] = 0.0f;
   const auto iq = Random(nh * di, 22), iw = Random(nh, 23);
+  std::vector<float> base_score(50);
+  IndexerScores_hd(iq.data(), iw.data(), nh, di, base.data(), 50, 0.25f, base_score.data());
+  const int64_t best = std::max_element(base_score.begin(), base_score.end()) - base_score.begin();
+  ASSERT_GT(base_score[best], 0.0f);
   std::vector<float> ikeys(n * di);
   for (int64_t e = 0; e < n; ++e)
-    for (int64_t c = 0; c < di; ++c) ikeys[e * di + c] = base[(e % 50) * di + c];
+    for (int64_t c = 0; c < di; ++c)
+      ikeys[e * di + c] = e == n - 1 ? 100.0f * base[best * di + c] : base[(e % 50) * di + c];
   for (int64_t e : {3, 777, 15000}) ikeys[e * di] = NAN;
   auto dkeys = ToDevice(ikeys), dq = ToDevice(iq), dw = ToDevice(iw);
   for (int64_t k : {1, 512, 19999}) {
