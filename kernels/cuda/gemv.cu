@@ -370,14 +370,14 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
   // The router rides in the kRouteTile FMA instance (RouteAfterLastBlock), or launches after.
   const bool route_inside = route && tc_tasks == 0 && T <= kRouteMaxTokens;
   if (route_inside) p.route = *route, p.route_count = route_count;
-  Status st;
-  if (tc_tasks == p.ntasks)  // the tensor-core core serves 8 tokens a pass whatever T is
-    st = Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p);
-  else if (tc_tasks > 0)
-    st = LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
-  else
-    st = LaunchWithTile<kFmaTasks>(route_inside ? kRouteTile : TokenTile(T), grid, p);
-  if (!st.ok() || !route || route_inside) return st;
+  auto launch = [&]() -> Status {
+    if (tc_tasks == p.ntasks)  // the tensor-core core serves 8 tokens a pass whatever T is
+      return Launch("GemvTasksKernel", GemvTasksKernel<1, kTcTasks>, grid, kGemvThreads, 0, p);
+    if (tc_tasks > 0) return LaunchWithTile<kMixedTasks>(TokenTile(T), grid, p);
+    return LaunchWithTile<kFmaTasks>(route_inside ? kRouteTile : TokenTile(T), grid, p);
+  };
+  FM_RETURN_IF_ERROR(launch());
+  if (!route || route_inside) return Status::Ok();
   const RouterParams& r = *route;
   return RouterTopK(p.task[0].y, r.bias, r.tid2eid, r.tokens, r.vocab, T, r.E, r.k,
                     r.routed_scale, r.ids, r.w);

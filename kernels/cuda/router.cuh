@@ -41,54 +41,68 @@ __device__ __forceinline__ float RouterScore(float v) {
 // Token t's routing by the calling warp (live: t is a token; a warp without one still makes
 // every shuffle, as the emulation's block-wide shuffles need). s[e] = RouterScore(logits[t, e]);
 // ids = the k best s + bias, each pick the warp's argmax over the experts not yet taken (lane l
-// holds experts l, l + 32, ... in registers; an xor butterfly, then lane 0's winner for every
-// lane), or the token's tid2eid row (a token outside [0, vocab): ids -1, weights NaN);
-// w[j] = s[ids[j]] / (sum_j s[ids[j]] + 1e-20) * scale, summed in j order by lane 0. Logits are
-// read through L2 (__ldcg): in a fused launch other blocks wrote them.
+// holds experts l, l + 32, ... and their s in registers; an xor butterfly carrying the s along,
+// then lane 0's winner for every lane), or the token's tid2eid row (a token
+// outside [0, vocab): ids -1, weights NaN); w[j] = s[ids[j]] / (sum_j s[ids[j]] + 1e-20) * scale,
+// summed in j order by lane 0, each s computed once (w holds it until the sum is known). Logits
+// are read through L2 (__ldcg): in a fused launch other blocks wrote them.
 __device__ __forceinline__ void RouteToken(const RouterParams& r, const float* logits, int64_t t,
                                            bool live, int lane) {
   const float* lt = logits + (live ? t : 0) * r.E;
   int32_t* out_ids = r.ids + t * r.k;
+  float* out_w = r.w + t * r.k;
+  float sum = 0.0f;  // lane 0: the picks' s in j order
   if (r.tid2eid) {
     if (!live || lane != 0) return;
     const int64_t tok = r.tokens[t];
     if (tok < 0 || tok >= r.vocab) {
-      for (int j = 0; j < r.k; ++j) out_ids[j] = -1, r.w[t * r.k + j] = NAN;
+      for (int j = 0; j < r.k; ++j) out_ids[j] = -1, out_w[j] = NAN;
       return;
     }
-    for (int j = 0; j < r.k; ++j) out_ids[j] = static_cast<int32_t>(r.tid2eid[tok * r.k + j]);
+    for (int j = 0; j < r.k; ++j) {
+      const int32_t id = static_cast<int32_t>(r.tid2eid[tok * r.k + j]);
+      const float s = RouterScore(__ldcg(lt + id));
+      out_ids[j] = id;
+      out_w[j] = s;
+      sum += s;
+    }
   } else {
-    float key[kRouterPerLane];
+    float key[kRouterPerLane], score[kRouterPerLane];
 #pragma unroll
     for (int m = 0; m < kRouterPerLane; ++m) {
       const int e = lane + 32 * m;
-      key[m] = e < r.E ? RouterScore(__ldcg(lt + e)) + (r.bias ? r.bias[e] : 0.0f) : 0.0f;
+      score[m] = e < r.E ? RouterScore(__ldcg(lt + e)) : 0.0f;
+      key[m] = e < r.E ? score[m] + (r.bias ? r.bias[e] : 0.0f) : 0.0f;
     }
     uint32_t taken = 0;  // bit m: expert lane + 32 m is picked
     for (int j = 0; j < r.k; ++j) {
-      float bv = 0.0f;
+      float bv = 0.0f, bs = 0.0f;  // the best key, and its expert's s
       int bi = -1;
 #pragma unroll
       for (int m = 0; m < kRouterPerLane; ++m) {
         const int e = lane + 32 * m;
-        if (e < r.E && !((taken >> m) & 1u) && Beats(key[m], e, bv, bi)) bv = key[m], bi = e;
+        if (e < r.E && !((taken >> m) & 1u) && Beats(key[m], e, bv, bi))
+          bv = key[m], bi = e, bs = score[m];
       }
       for (int off = 16; off > 0; off >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (Beats(ov, oi, bv, bi)) bv = ov, bi = oi;
+        const float os = __shfl_xor_sync(0xffffffffu, bs, off);
+        if (Beats(ov, oi, bv, bi)) bv = ov, bi = oi, bs = os;
       }
-      bi = __shfl_sync(0xffffffffu, bi, 0);
-      if (bi >= 0 && bi % 32 == lane) taken |= 1u << (bi / 32);
-      if (live && lane == 0) out_ids[j] = bi;
+      bi = __shfl_sync(0xffffffffu, bi, 0);  // >= 0: k <= E leaves a candidate every pick
+      const float s = __shfl_sync(0xffffffffu, bs, 0);
+      if (bi % 32 == lane) taken |= 1u << (bi / 32);
+      if (live && lane == 0) {
+        out_ids[j] = bi;
+        out_w[j] = s;
+        sum += s;
+      }
     }
     if (!live || lane != 0) return;
   }
-  float sum = 0.0f;
-  for (int j = 0; j < r.k; ++j) sum += RouterScore(__ldcg(lt + out_ids[j]));
   const float denom = sum + 1e-20f;
-  for (int j = 0; j < r.k; ++j)
-    r.w[t * r.k + j] = RouterScore(__ldcg(lt + out_ids[j])) / denom * r.routed_scale;
+  for (int j = 0; j < r.k; ++j) out_w[j] = out_w[j] / denom * r.routed_scale;
 }
 
 // RouterTopK's argument checks (op names the caller in the error), for T tokens of E experts.
