@@ -18,6 +18,8 @@ namespace {
 using namespace fused;
 
 constexpr int kAttnMaxDim = 512;
+constexpr int kAttnPerLane = kAttnMaxDim / 32;  // a key's elements a lane holds
+constexpr int kAttnBatch = 4;  // keys a warp of SinkAttentionRows scores at once
 // IndexerTopK: a block scores kIndexKeys keys x kIndexHeads heads at a time, kIndexSlab
 // columns staged at once; a row's keys are spread over up to kIndexMaxBlocks blocks.
 constexpr int kIndexKeys = 64, kIndexHeads = 64, kIndexSlab = 32;
@@ -229,11 +231,15 @@ __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const flo
 }
 
 // One block per (head h, row row0 + y): warp w takes keys w, w + 8, ...; per key the lanes
-// split the dot product, then the warp's online softmax (max m, sum l, acc [d]) moves on; the
-// warps merge in order, and the output is rotated back before it is written.
+// split the dot product (lane l: elements l, l + 32, ... of q, the key and the warp's acc, in
+// registers), then the warp's online softmax (max m, sum l, acc [d]) moves on; the warps merge in
+// order, and the output is rotated back before it is written. A warp scores kAttnBatch of its
+// keys at once (their loads and butterflies in flight together: one round trip a batch, not a
+// key), then updates its softmax with them one by one in key order, so the bits are those of
+// one key at a time.
 __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
   KernelPrologue();
-  __shared__ float acc[kWarps][kAttnMaxDim];
+  __shared__ float acc_s[kWarps][kAttnMaxDim];
   __shared__ float wm[kWarps], wl[kWarps];
   __shared__ float o_s[kAttnMaxDim];
   const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
@@ -248,32 +254,67 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
   n = counted < n ? (counted < 0 ? 0 : counted) : n;
   const int32_t* picks = indexed ? a.picks + t * a.topk : nullptr;
   const float* qh = a.q + (t * a.nh + h) * d;
-  for (int64_t c = lane; c < d; c += 32) acc[warp][c] = 0.0f;
+  float qv[kAttnPerLane], acc[kAttnPerLane];
+#pragma unroll
+  for (int j = 0; j < kAttnPerLane; ++j) {
+    const int64_t c = lane + 32 * j;
+    qv[j] = c < d ? qh[c] : 0.0f;
+    acc[j] = 0.0f;
+  }
   float m = -INFINITY, l = 0.0f;
-  for (int64_t i0 = 0; i0 < n; i0 += kWarps) {  // the same trip count in every warp
-    const int64_t i = i0 + warp;
-    const float* k = nullptr;
-    if (i < n) {
-      const int64_t row = i < nwin ? (win[0] + i) % a.window
-                                   : a.window + (picks ? picks[i - nwin] : i - nwin);
-      k = rc.keys + row * d;
+  for (int64_t i0 = 0; i0 < n; i0 += kWarps * kAttnBatch) {  // the same trip count in every warp
+    const float* k[kAttnBatch];
+    float kv[kAttnBatch][kAttnPerLane], dot[kAttnBatch];
+#pragma unroll
+    for (int b = 0; b < kAttnBatch; ++b) {
+      const int64_t i = i0 + b * kWarps + warp;
+      k[b] = nullptr;
+      if (i < n) {
+        const int64_t row = i < nwin ? (win[0] + i) % a.window
+                                     : a.window + (picks ? picks[i - nwin] : i - nwin);
+        k[b] = rc.keys + row * d;
+      }
     }
-    float dot = 0.0f;
-    if (k)
-      for (int64_t c = lane; c < d; c += 32) dot += qh[c] * k[c];
-    const float s = WarpSum(dot) * a.scale;
-    if (!k) continue;
-    if (s > m) {  // a new max rescales what came before (exp(-inf) = 0 on the first key)
-      const float r = expf(m - s);
-      for (int64_t c = lane; c < d; c += 32) acc[warp][c] = acc[warp][c] * r + k[c];
-      l = l * r + 1.0f;
-      m = s;
-    } else {  // NaN scores land here and poison l and acc, as on the CPU
-      const float p = expf(s - m);
-      for (int64_t c = lane; c < d; c += 32) acc[warp][c] += p * k[c];
-      l += p;
+#pragma unroll
+    for (int b = 0; b < kAttnBatch; ++b)
+#pragma unroll
+      for (int j = 0; j < kAttnPerLane; ++j) {
+        const int64_t c = lane + 32 * j;
+        kv[b][j] = k[b] && c < d ? k[b][c] : 0.0f;
+      }
+#pragma unroll
+    for (int b = 0; b < kAttnBatch; ++b) {
+      dot[b] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kAttnPerLane; ++j)
+        if (k[b] && lane + 32 * j < d) dot[b] += qv[j] * kv[b][j];
+    }
+    for (int off = 16; off > 0; off >>= 1)  // kAttnBatch butterflies side by side (WarpSum's)
+#pragma unroll
+      for (int b = 0; b < kAttnBatch; ++b) dot[b] += __shfl_xor_sync(0xffffffffu, dot[b], off);
+#pragma unroll
+    for (int b = 0; b < kAttnBatch; ++b) {
+      if (!k[b]) break;  // the batch's keys are in order, the missing ones last
+      const float s = dot[b] * a.scale;
+      if (s > m) {  // a new max rescales what came before (exp(-inf) = 0 on the first key)
+        const float r = expf(m - s);
+#pragma unroll
+        for (int j = 0; j < kAttnPerLane; ++j)
+          if (lane + 32 * j < d) acc[j] = acc[j] * r + kv[b][j];
+        l = l * r + 1.0f;
+        m = s;
+      } else {  // NaN scores land here and poison l and acc, as on the CPU
+        const float p = expf(s - m);
+#pragma unroll
+        for (int j = 0; j < kAttnPerLane; ++j)
+          if (lane + 32 * j < d) acc[j] += p * kv[b][j];
+        l += p;
+      }
     }
   }
+#pragma unroll
+  for (int j = 0; j < kAttnPerLane; ++j)
+    if (lane + 32 * j < d) acc_s[warp][lane + 32 * j] = acc[j];
   if (lane == 0) {
     wm[warp] = m;
     wl[warp] = l;
@@ -285,7 +326,7 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
   for (int w = 0; w < kWarps; ++w) den += wl[w] * expf(wm[w] - mx);
   for (int64_t c = threadIdx.x; c < d; c += kThreads) {
     float v = 0.0f;
-    for (int w = 0; w < kWarps; ++w) v += acc[w][c] * expf(wm[w] - mx);
+    for (int w = 0; w < kWarps; ++w) v += acc_s[w][c] * expf(wm[w] - mx);
     o_s[c] = v / den;
   }
   __syncthreads();
