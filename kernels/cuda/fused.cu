@@ -130,11 +130,20 @@ __device__ void HcFinishToken(const HcArgs& a, const float* xs, int t, int M) {
   for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kThreads * kHcYPer) {
 #pragma unroll
     for (int q = 0; q < kHcYPer; ++q) acc[q] = 0.0f;
-    for (int i = 0; i < n; ++i) {  // stream by stream (as hc.h sums them): kHcYPer loads in flight
-      const float* xi = xs + (static_cast<int64_t>(t) * n + i) * a.H;
+    for (int i0 = 0; i0 < n; i0 += 2) {  // 2 streams' loads in flight, summed in stream order (hc.h)
+      float xv[2][kHcYPer];
 #pragma unroll
-      for (int q = 0; q < kHcYPer; ++q)
-        if (h0 + q * kThreads < a.H) acc[q] += pre[i] * __ldcg(xi + h0 + q * kThreads);
+      for (int u = 0; u < 2; ++u) {
+        const float* xi = xs + (static_cast<int64_t>(t) * n + i0 + u) * a.H;
+#pragma unroll
+        for (int q = 0; q < kHcYPer; ++q)
+          xv[u][q] = i0 + u < n && h0 + q * kThreads < a.H ? __ldcg(xi + h0 + q * kThreads) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int q = 0; q < kHcYPer; ++q)
+          if (i0 + u < n && h0 + q * kThreads < a.H) acc[q] += pre[i0 + u] * xv[u][q];
     }
 #pragma unroll
     for (int q = 0; q < kHcYPer; ++q)
