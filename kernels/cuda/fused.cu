@@ -195,8 +195,16 @@ __global__ void __launch_bounds__(kThreads, kHcBlocksPerSm) HcPostPreKernel(HcAr
     float acc;
     if (with_post) {
       const float* ct = a.comb + t * n * n;
+      float cv[kHcMaxStreams], xv[kHcMaxStreams];  // every load issued before the first add
+#pragma unroll
+      for (int j = 0; j < kHcMaxStreams; ++j) {
+        cv[j] = j < n ? ct[j * n + k] : 0.0f;
+        xv[j] = j < n ? xt[j * H + h0 + h] : 0.0f;
+      }
       acc = a.post[t * n + k] * HcPostInputAt(a.out, t, H, h0 + h);
-      for (int j = 0; j < n; ++j) acc += ct[j * n + k] * xt[j * H + h0 + h];
+#pragma unroll
+      for (int j = 0; j < kHcMaxStreams; ++j)
+        if (j < n) acc += cv[j] * xv[j];
       a.x_new[(static_cast<int64_t>(t) * n + k) * H + h0 + h] = acc;
     } else {
       acc = xt[k * H + h0 + h];
