@@ -21,7 +21,7 @@ constexpr int kAttnMaxDim = 512;
 constexpr int kAttnPerLane = kAttnMaxDim / 32;  // a key's elements a lane holds
 constexpr int kAttnBatch = 4;  // keys a warp of SinkAttentionRows scores at once
 // IndexerTopK: a block scores kIndexKeys keys x kIndexHeads heads at a time, kIndexSlab
-// columns staged at once; a row's keys are spread over up to kIndexMaxBlocks blocks.
+// columns staged at once; a step's rows share up to kIndexMaxBlocks blocks (at least one a row).
 constexpr int kIndexKeys = 64, kIndexHeads = 64, kIndexSlab = 32;
 constexpr int64_t kIndexMaxBlocks = 256;
 constexpr int kTopKLoads = 8;  // RowTopK: 16-byte score loads a thread has in flight
@@ -351,8 +351,11 @@ Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const floa
   if (rows == 0) return Status::Ok();
   if (!iq || !iw || !steps.visible || !picks || !counters)
     return InvalidArgument("IndexerTopK: null device pointer");
+  // Blocks a row: its tiles, at most kIndexMaxBlocks over the step's rows (rows of short
+  // sequences leave their blocks at once, and at 32 rows x 256 blocks that alone took waves).
   const int64_t tiles = (max_entries + kIndexKeys - 1) / kIndexKeys;
-  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kIndexMaxBlocks));
+  const int64_t cap = std::max<int64_t>(1, kIndexMaxBlocks / rows);
+  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, cap));
   return Launch("IndexerTopKKernel", IndexerTopKKernel,
                 dim3(blocks, static_cast<unsigned>(rows)), kThreads, 0, table, row0, iq, iw,
                 static_cast<int>(nh), static_cast<int>(di), scale, steps, static_cast<int>(k),

@@ -119,9 +119,10 @@ Status AttnPrep(const AttnPrepArgs& a, int64_t T, const CacheRowsArgs* cache = n
 // then picks[t, :] = the k best (ties to the lower index, NaN lowest) in ascending index order.
 // A row of no more than k visible entries picks them all, in order, and is not scored.
 // A row's keys are scored in tiles of 64 keys x 64 heads (dot products as register tiles over
-// columns staged in shared memory), the tiles spread over max_entries / 64 blocks (at most 256;
-// max_entries: the largest table[t].max_entries, which only sizes the grid); the last of a
-// row's blocks (counters[t], reset by it) ranks them by a radix select, linear in the entries.
+// columns staged in shared memory), the tiles spread over max_entries / 64 blocks a row (at most
+// 256 / rows, at least 1; max_entries: the largest table[t].max_entries, which only sizes the
+// grid); the last of a row's blocks (counters[t], reset by it) ranks them by a radix select,
+// linear in the entries.
 // Until 2026-12-05 a thread scored a key alone over 16 blocks a row. counters [T] start at 0.
 Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const float* iq,
                    const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
