@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <string>
 
 #include "kernels/cuda/check.cuh"
@@ -23,6 +22,7 @@ constexpr int kAttnBatch = 4;  // keys a warp of SinkAttentionRows scores at onc
 // IndexerTopK: a block scores kIndexKeys keys x kIndexHeads heads at a time, kIndexSlab
 // columns staged at once; a step's rows share up to kIndexMaxBlocks blocks (at least one a row).
 constexpr int kIndexKeys = 64, kIndexHeads = 64, kIndexSlab = 32;
+constexpr int kIndexPad = kIndexKeys + 4;  // a staged row's floats
 constexpr int64_t kIndexMaxBlocks = 256;
 constexpr int kTopKLoads = 8;  // RowTopK: 16-byte score loads a thread has in flight
 static_assert(kIndexKeys == 64 && kIndexHeads == 64 && kThreads == 256,
@@ -77,13 +77,24 @@ __device__ __forceinline__ uint32_t Lane4(const uint4& u, int c) {
   return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w;
 }
 
+// hist[bin] += 1 for every lane of the warp with that bin (kNoBin: none), one shared atomic per
+// distinct bin: scores share their top bits (sign and exponent), so the lanes' bins mostly
+// coincide, and per-lane atomics on one bin would queue 32 deep. All lanes call it.
+constexpr uint32_t kNoBin = 256;
+__device__ __forceinline__ void HistAdd(int* hist, uint32_t bin) {
+  const unsigned peers = __match_any_sync(0xffffffffu, bin);
+  if (bin != kNoBin && __ffs(static_cast<int>(peers)) - 1 == static_cast<int>(threadIdx.x % 32))
+    atomicAdd(&hist[bin], __popc(peers));
+}
+
 // The row's top k of score[0, n) into picks ascending (score descending, index ascending; n > k):
 // the k-th largest key's bits by a radix select (4 passes of 8 bits, counted in shared memory,
 // so the order of the counts does not matter), then every key above it and the first `need`
 // equal to it in index order; thread i takes the contiguous keys [i per, (i + 1) per), so block
 // scans of its counts give each chosen key its place. Linear in n; no bound on n. Every pass
 // reads the scores as 16-byte vectors, kTopKLoads of them in flight a thread (a pass of 64K
-// entries: 8 round trips to L2, where one key a thread at a time took 256).
+// entries: 8 round trips to L2, where one key a thread at a time took 256); the counts are
+// added a warp's bin at a time (HistAdd).
 __device__ void RowTopK(const float* score, int n, int k, int32_t* picks) {
   __shared__ int hist[256];
   __shared__ uint32_t digit_prefix;
@@ -93,7 +104,9 @@ __device__ void RowTopK(const float* score, int n, int k, int32_t* picks) {
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kThreads) hist[i] = 0;
     __syncthreads();
-    for (int v0 = threadIdx.x; 4 * v0 < n; v0 += kThreads * kTopKLoads) {
+    // The same trip count in every thread (the match below takes whole warps).
+    for (int base = 0; 4 * base < n; base += kThreads * kTopKLoads) {
+      const int v0 = base + static_cast<int>(threadIdx.x);
       uint4 u[kTopKLoads];
 #pragma unroll
       for (int j = 0; j < kTopKLoads; ++j) u[j] = RankBits4(score, 4 * (v0 + j * kThreads), n);
@@ -102,8 +115,8 @@ __device__ void RowTopK(const float* score, int n, int k, int32_t* picks) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const uint32_t b = Lane4(u[j], c);
-          if (4 * (v0 + j * kThreads) + c < n && (b & mask) == prefix)
-            atomicAdd(&hist[(b >> shift) & 0xFFu], 1);
+          const bool cand = 4 * (v0 + j * kThreads) + c < n && (b & mask) == prefix;
+          HistAdd(hist, cand ? (b >> shift) & 0xFFu : kNoBin);
         }
     }
     __syncthreads();
@@ -158,21 +171,29 @@ __device__ void RowTopK(const float* score, int n, int k, int32_t* picks) {
 // e sums key e's terms over h ascending: sum_h (relu(dot) * scale) * w[h].
 __device__ void IndexerScoreKeys(const float* q, const float* w, int nh, int di, float scale,
                                  const float* ikeys, int64_t e0, int n, float* score) {
-  alignas(16) __shared__ float q_s[kIndexSlab][kIndexHeads];  // q_s[j][h] = q[h0 + h][c0 + j]
-  alignas(16) __shared__ float k_s[kIndexSlab][kIndexKeys];   // k_s[j][e] = key e0 + e, c0 + j
+  // q_s[j][h] = q[h0 + h][c0 + j], k_s[j][e] = key e0 + e's column c0 + j: rows padded to
+  // kIndexPad floats (16-byte aligned for the float4 reads, 4-way store conflicts at most).
+  alignas(16) __shared__ float q_s[kIndexSlab][kIndexPad];
+  alignas(16) __shared__ float k_s[kIndexSlab][kIndexPad];
   alignas(16) __shared__ float dots[kIndexHeads][kIndexKeys];
   const int tid = threadIdx.x, kx = tid % 16, hy = tid / 16;
   float acc = 0.0f;  // key e0 + tid's score (tid < kIndexKeys)
   for (int h0 = 0; h0 < nh; h0 += kIndexHeads) {
     float d[4][4] = {};
     for (int c0 = 0; c0 < di; c0 += kIndexSlab) {
-      const int cw = min(kIndexSlab, di - c0);
+      const int cw = min(kIndexSlab, di - c0);  // a multiple of 4 (di is)
       __syncthreads();  // the previous slab (or pass's dots) is read
-      for (int i = tid; i < kIndexSlab * kIndexKeys; i += kThreads) {
-        const int j = i / kIndexKeys, col = i % kIndexKeys;  // a warp: 32 rows, one column
+      // 16-byte loads along a row (8 lanes read a row's 128-byte slab), stored transposed.
+      for (int i = tid; i < kIndexSlab / 4 * kIndexKeys; i += kThreads) {
+        const int col = i / (kIndexSlab / 4), j = 4 * (i % (kIndexSlab / 4));
         const bool in = j < cw;
-        q_s[j][col] = in && h0 + col < nh ? q[static_cast<int64_t>(h0 + col) * di + c0 + j] : 0.0f;
-        k_s[j][col] = in && e0 + col < n ? ikeys[(e0 + col) * di + c0 + j] : 0.0f;
+        float4 qv{0.0f, 0.0f, 0.0f, 0.0f}, kv{0.0f, 0.0f, 0.0f, 0.0f};
+        if (in && h0 + col < nh)
+          qv = *reinterpret_cast<const float4*>(q + static_cast<int64_t>(h0 + col) * di + c0 + j);
+        if (in && e0 + col < n)
+          kv = *reinterpret_cast<const float4*>(ikeys + (e0 + col) * di + c0 + j);
+        q_s[j][col] = qv.x, q_s[j + 1][col] = qv.y, q_s[j + 2][col] = qv.z, q_s[j + 3][col] = qv.w;
+        k_s[j][col] = kv.x, k_s[j + 1][col] = kv.y, k_s[j + 2][col] = kv.z, k_s[j + 3][col] = kv.w;
       }
       __syncthreads();
       for (int j = 0; j < cw; ++j) {
@@ -341,13 +362,13 @@ Status IndexerTopK(const RowCache* table, int64_t row0, int64_t rows, const floa
                    const float* iw, int64_t nh, int64_t di, float scale, const RowSteps& steps,
                    int64_t max_entries, int64_t k, int32_t* picks, int32_t* counters) {
   FM_RETURN_IF_ERROR(CheckRows("IndexerTopK", table, row0, rows));
-  if (nh < 1 || di < 1 || k < 1 || max_entries < 0 || nh * di > (int64_t{1} << 24) ||
-      max_entries > INT32_MAX)
+  if (nh < 1 || di < 1 || di % 4 != 0 || k < 1 || max_entries < 0 ||
+      nh * di > (int64_t{1} << 24) || max_entries > (int64_t{1} << 30))
     return InvalidArgument("IndexerTopK: heads " + std::to_string(nh) + ", head_dim " +
                            std::to_string(di) + ", k " + std::to_string(k) + ", max_entries " +
                            std::to_string(max_entries) +
-                           " (want heads, head_dim, k >= 1, heads x head_dim <= 2^24, "
-                           "max_entries in [0, 2^31))");
+                           " (want heads, k >= 1, head_dim a positive multiple of 4, "
+                           "heads x head_dim <= 2^24, max_entries in [0, 2^30])");
   if (rows == 0) return Status::Ok();
   if (!iq || !iw || !steps.visible || !picks || !counters)
     return InvalidArgument("IndexerTopK: null device pointer");

@@ -57,8 +57,8 @@ struct AttnPrepArgs {
 // serves rows of different sequences and a captured step replays over a new table.
 struct RowCache {
   float* keys;    // [window + max_entries, d]: ring row s % window, then entry e at window + e
-  float* ikeys;   // [max_entries, di]: the indexer's entries (ratio 4)
-  float* score;   // [max_entries]: the indexer's scores
+  float* ikeys;   // [max_entries, di]: the indexer's entries (ratio 4; 16-byte aligned)
+  float* score;   // [max_entries]: the indexer's scores (16-byte aligned: read as float4s)
   float* pend_a;  // [2, r, width] each: the compressor's pending rows
   float* pend_z;
   float* ipend_a;  // the indexer compressor's

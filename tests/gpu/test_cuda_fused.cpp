@@ -413,6 +413,22 @@ TEST(CudaFused, IndexerTopKMatchesCpu) {
     }
 }
 
+// The indexer's shape limits, each refused with the value that breaks it: head_dim a multiple
+// of 4 (its 16-byte loads), max_entries within 2^30 (its 32-bit entry offsets).
+TEST(CudaFused, IndexerTopKRejectsBadShapes) {
+  float f = 0;
+  int32_t c = 0;
+  const cuda::RowCache rc{};
+  const cuda::RowSteps steps{&c, &c, &c, &c, &c, nullptr, 0};
+  const Status odd = cuda::IndexerTopK(&rc, 0, 1, &f, &f, 2, 30, 1.0f, steps, 100, 4, &c, &c);
+  EXPECT_NE(odd.ToString().find("head_dim 30"), std::string::npos) << odd.ToString();
+  EXPECT_NE(odd.ToString().find("head_dim a positive multiple of 4"), std::string::npos)
+      << odd.ToString();
+  const Status big = cuda::IndexerTopK(&rc, 0, 1, &f, &f, 2, 32, 1.0f, steps,
+                                       (int64_t{1} << 30) + 1, 4, &c, &c);
+  EXPECT_NE(big.ToString().find("max_entries 1073741825"), std::string::npos) << big.ToString();
+}
+
 // The ranking alone on long rows with many exact ties: 20003 entries (the old pairwise count
 // stopped at 16384) whose keys repeat 50 distinct rows, one of them zero (score exactly 0), so
 // equal scores are bit-equal on the device, plus NaN keys; the last key (in the partial last

@@ -106,6 +106,21 @@ inline unsigned __ballot_sync(unsigned, int pred) {
   return bits;
 }
 
+// Bit l of the result: whether lane l's value equals the caller's, for the caller's warp;
+// block-wide, as above.
+inline unsigned __match_any_sync(unsigned, unsigned v) {
+  static unsigned vals[1024];
+  const unsigned t = threadIdx.x;
+  vals[t] = v;
+  __syncthreads();
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32; ++l) bits |= (vals[(t & ~31u) | l] == v ? 1u : 0u) << l;
+  __syncthreads();
+  return bits;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
+
 template <class T>
 T __ldg(const T* p) { return *p; }
 template <class T>
