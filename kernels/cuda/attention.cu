@@ -251,20 +251,21 @@ __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const flo
   RowTopK(rc.score, n, k, picks + t * k);
 }
 
-// One block per (head h, row row0 + y): warp w takes keys w, w + 8, ...; per key the lanes
-// split the dot product (lane l: elements l, l + 32, ... of q, the key and the warp's acc, in
-// registers), then the warp's online softmax (max m, sum l, acc [d]) moves on; the warps merge in
-// order, and the output is rotated back before it is written. A warp scores kAttnBatch of its
-// keys at once (their loads and butterflies in flight together: one round trip a batch, not a
-// key), then updates its softmax with them one by one in key order, so the bits are those of
-// one key at a time.
-__global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
-  KernelPrologue();
-  __shared__ float acc_s[kWarps][kAttnMaxDim];
-  __shared__ float wm[kWarps], wl[kWarps];
-  __shared__ float o_s[kAttnMaxDim];
-  const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// Row t's keys for the decode attention: n of them, the window's ring rows (oldest first), then
+// the entries (all, or the indexer's picks), key i's row of table[t].keys from Key(i).
+struct AttnKeys {
+  const float* keys;
+  const int32_t* win;    // {win_start, nwin}
+  const int32_t* picks;  // null: entries in order
+  int64_t nwin, n, window, d;
+  __device__ const float* Key(int64_t i) const {
+    const int64_t row = i < nwin ? (win[0] + i) % window
+                                 : window + (picks ? picks[i - nwin] : i - nwin);
+    return keys + row * d;
+  }
+};
+
+__device__ AttnKeys AttnKeysOf(const AttentionArgs& a, int64_t t) {
   const RowCache rc = a.table[t];
   const int32_t* win = RowField(a.steps.win, a.steps.stride, t);
   const int64_t nwin = win[1], ne = a.entries ? *RowField(a.steps.entries, a.steps.stride, t) : 0;
@@ -273,7 +274,92 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
   const int64_t counted = *RowField(a.steps.keys, a.steps.stride, t);
   int64_t n = nwin + ne < max_keys ? nwin + ne : max_keys;
   n = counted < n ? (counted < 0 ? 0 : counted) : n;
-  const int32_t* picks = indexed ? a.picks + t * a.topk : nullptr;
+  return AttnKeys{rc.keys, win, indexed ? a.picks + t * a.topk : nullptr, nwin, n, a.window, a.d};
+}
+
+// One key's step of a warp's online softmax (max m, sum l) at score s; the caller then updates
+// acc with the coefficient cf: true, a new max: acc = acc * cf + key (exp(-inf) = 0 rescales
+// nothing on the first key); false: acc += cf * key (NaN scores land here and poison l and acc,
+// as on the CPU).
+__device__ __forceinline__ bool SoftmaxStep(float s, float& m, float& l, float& cf) {
+  if (s > m) {
+    cf = expf(m - s);
+    l = l * cf + 1.0f;
+    m = s;
+    return true;
+  }
+  cf = expf(s - m);
+  l += cf;
+  return false;
+}
+
+// The block's warps' softmax states (wm, wl, acc_s rows) merged in warp order with the head's
+// sink, the inverse RoPE of the result, and o[t, h] written. Call after a barrier.
+__device__ void AttnMergeStore(const AttentionArgs& a, int64_t h, int64_t t,
+                               const float (*acc_s)[kAttnMaxDim], const float* wm, const float* wl) {
+  __shared__ float o_s[kAttnMaxDim];
+  const int64_t d = a.d;
+  float mx = a.sink[h];
+  for (int w = 0; w < kWarps; ++w) mx = wm[w] > mx ? wm[w] : mx;
+  float den = expf(a.sink[h] - mx);
+  for (int w = 0; w < kWarps; ++w) den += wl[w] * expf(wm[w] - mx);
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w) v += acc_s[w][c] * expf(wm[w] - mx);
+    o_s[c] = v / den;
+  }
+  __syncthreads();
+  RopeRow(o_s, d, a.rd, a.pos[t], a.freqs, true);
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < d; c += kThreads) a.o[(t * a.nh + h) * d + c] = o_s[c];
+}
+
+// One block per (head h, row row0 + y), for steps of many rows (blocks to fill every SM many
+// times over: 32 registers, 8 blocks an SM): warp w takes keys w, w + 8, ... one at a time; per
+// key the lanes split the dot product, then the warp's online softmax (acc in shared memory)
+// moves on; the warps merge in order.
+__global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
+  KernelPrologue();
+  __shared__ float acc[kWarps][kAttnMaxDim];
+  __shared__ float wm[kWarps], wl[kWarps];
+  const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const AttnKeys ks = AttnKeysOf(a, t);
+  const float* qh = a.q + (t * a.nh + h) * d;
+  for (int64_t c = lane; c < d; c += 32) acc[warp][c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t i0 = 0; i0 < ks.n; i0 += kWarps) {  // the same trip count in every warp
+    const int64_t i = i0 + warp;
+    const float* k = i < ks.n ? ks.Key(i) : nullptr;
+    float dot = 0.0f;
+    if (k)
+      for (int64_t c = lane; c < d; c += 32) dot += qh[c] * k[c];
+    const float s = WarpSum(dot) * a.scale;
+    if (!k) continue;
+    float cf;
+    if (SoftmaxStep(s, m, l, cf))
+      for (int64_t c = lane; c < d; c += 32) acc[warp][c] = acc[warp][c] * cf + k[c];
+    else
+      for (int64_t c = lane; c < d; c += 32) acc[warp][c] += cf * k[c];
+  }
+  if (lane == 0) wm[warp] = m, wl[warp] = l;
+  __syncthreads();
+  AttnMergeStore(a, h, t, acc, wm, wl);
+}
+
+// The same for a one-row step (the single-stream decode: a block per head, fewer than the
+// SMs, so latency rather than occupancy decides): a warp scores kAttnBatch of its keys at once
+// (their loads and butterflies in flight together, q and the warp's acc in registers, lane l
+// holding elements l, l + 32, ...), then updates its softmax with them one by one in key order.
+// So the bits are SinkAttentionRowsKernel's (the test compares the two bit for bit), and a warp
+// waits one round trip per kAttnBatch keys, not per key. 180 registers (sm_90): one block an SM.
+__global__ void SinkAttentionRowBatchedKernel(AttentionArgs a, int64_t row0) {
+  KernelPrologue();
+  __shared__ float acc_s[kWarps][kAttnMaxDim];
+  __shared__ float wm[kWarps], wl[kWarps];
+  const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const AttnKeys ks = AttnKeysOf(a, t);
   const float* qh = a.q + (t * a.nh + h) * d;
   float qv[kAttnPerLane], acc[kAttnPerLane];
 #pragma unroll
@@ -283,18 +369,13 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
     acc[j] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  for (int64_t i0 = 0; i0 < n; i0 += kWarps * kAttnBatch) {  // the same trip count in every warp
+  for (int64_t i0 = 0; i0 < ks.n; i0 += kWarps * kAttnBatch) {  // the same trips in every warp
     const float* k[kAttnBatch];
     float kv[kAttnBatch][kAttnPerLane], dot[kAttnBatch];
 #pragma unroll
     for (int b = 0; b < kAttnBatch; ++b) {
       const int64_t i = i0 + b * kWarps + warp;
-      k[b] = nullptr;
-      if (i < n) {
-        const int64_t row = i < nwin ? (win[0] + i) % a.window
-                                     : a.window + (picks ? picks[i - nwin] : i - nwin);
-        k[b] = rc.keys + row * d;
-      }
+      k[b] = i < ks.n ? ks.Key(i) : nullptr;
     }
 #pragma unroll
     for (int b = 0; b < kAttnBatch; ++b)
@@ -317,43 +398,19 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
     for (int b = 0; b < kAttnBatch; ++b) {
       if (!k[b]) break;  // the batch's keys are in order, the missing ones last
       const float s = dot[b] * a.scale;
-      if (s > m) {  // a new max rescales what came before (exp(-inf) = 0 on the first key)
-        const float r = expf(m - s);
+      float cf;
+      const bool rescale = SoftmaxStep(s, m, l, cf);
 #pragma unroll
-        for (int j = 0; j < kAttnPerLane; ++j)
-          if (lane + 32 * j < d) acc[j] = acc[j] * r + kv[b][j];
-        l = l * r + 1.0f;
-        m = s;
-      } else {  // NaN scores land here and poison l and acc, as on the CPU
-        const float p = expf(s - m);
-#pragma unroll
-        for (int j = 0; j < kAttnPerLane; ++j)
-          if (lane + 32 * j < d) acc[j] += p * kv[b][j];
-        l += p;
-      }
+      for (int j = 0; j < kAttnPerLane; ++j)
+        if (lane + 32 * j < d) acc[j] = rescale ? acc[j] * cf + kv[b][j] : acc[j] + cf * kv[b][j];
     }
   }
 #pragma unroll
   for (int j = 0; j < kAttnPerLane; ++j)
     if (lane + 32 * j < d) acc_s[warp][lane + 32 * j] = acc[j];
-  if (lane == 0) {
-    wm[warp] = m;
-    wl[warp] = l;
-  }
+  if (lane == 0) wm[warp] = m, wl[warp] = l;
   __syncthreads();
-  float mx = a.sink[h];
-  for (int w = 0; w < kWarps; ++w) mx = wm[w] > mx ? wm[w] : mx;
-  float den = expf(a.sink[h] - mx);
-  for (int w = 0; w < kWarps; ++w) den += wl[w] * expf(wm[w] - mx);
-  for (int64_t c = threadIdx.x; c < d; c += kThreads) {
-    float v = 0.0f;
-    for (int w = 0; w < kWarps; ++w) v += acc_s[w][c] * expf(wm[w] - mx);
-    o_s[c] = v / den;
-  }
-  __syncthreads();
-  RopeRow(o_s, d, a.rd, a.pos[t], a.freqs, true);
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < d; c += kThreads) a.o[(t * a.nh + h) * d + c] = o_s[c];
+  AttnMergeStore(a, h, t, acc_s, wm, wl);
 }
 
 }  // namespace
@@ -395,9 +452,11 @@ Status SinkAttentionRows(const AttentionArgs& a, int64_t row0, int64_t rows) {
   if (!a.q || !a.steps.win || !a.steps.keys || (a.entries && !a.steps.entries) ||
       (a.topk > 0 && !a.picks) || !a.sink || !a.pos || !a.freqs || !a.o)
     return InvalidArgument("SinkAttentionRows: null device pointer");
-  return Launch("SinkAttentionRowsKernel", SinkAttentionRowsKernel,
-                dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(rows)), kThreads, 0, a,
-                row0);
+  const dim3 grid(static_cast<unsigned>(a.nh), static_cast<unsigned>(rows));
+  if (rows == 1)
+    return Launch("SinkAttentionRowBatchedKernel", SinkAttentionRowBatchedKernel, grid, kThreads,
+                  0, a, row0);
+  return Launch("SinkAttentionRowsKernel", SinkAttentionRowsKernel, grid, kThreads, 0, a, row0);
 }
 
 }  // namespace fm::cuda

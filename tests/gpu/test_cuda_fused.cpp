@@ -474,7 +474,8 @@ TEST(CudaFused, IndexerTopKRanksLongRowsWithTies) {
 
 // Decode attention over two rows of two sequences in one launch: window ring rows then entries
 // (all, or the indexer's picks), counts from the device; n = 0, partial warp rounds, long
-// contexts; NaN in a key propagates as on the CPU.
+// contexts; NaN in a key propagates as on the CPU. Then each row in a launch of its own (the
+// one-row kernel, keys batched a warp), bit for bit the same.
 TEST(CudaFused, SinkAttentionRowsMatchesCpu) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   struct Case { int64_t nh, d, W, nwin, ne; bool picks; bool nan; };
@@ -533,7 +534,17 @@ TEST(CudaFused, SinkAttentionRowsMatchesCpu) {
     if (k.nan) {
       for (int64_t i = 0; i < k.nh * k.d; ++i) ASSERT_TRUE(std::isnan(want[i]));
     }
-    ExpectClose(ToHost(dout, want.size()), want, 2e-5, "o");
+    const std::vector<float> two_rows = ToHost(dout, want.size());
+    ExpectClose(two_rows, want, 2e-5, "o");
+    // Each row alone takes the one-row kernel (keys batched a warp): the same bits.
+    auto dout1 = ToDevice(std::vector<float>(2 * k.nh * k.d, NAN));
+    cuda::AttentionArgs a1 = a;
+    a1.o = dout1.as<float>();
+    ASSERT_OK(cuda::SinkAttentionRows(a1, 0, 1));
+    ASSERT_OK(cuda::SinkAttentionRows(a1, 1, 1));
+    const std::vector<float> one_row = ToHost(dout1, want.size());
+    EXPECT_EQ(std::memcmp(one_row.data(), two_rows.data(), one_row.size() * 4), 0)
+        << "one-row and many-row kernels differ";
   }
 }
 
