@@ -1,13 +1,14 @@
 // GEMV bandwidth on the GPU for the model's decode shapes: bytes of weights + scales read per
 // call / time per call, and that as a fraction of the device's read probe (MeasureReadBandwidth).
-// Every case rotates over enough weight copies (>= 512 MiB) that L2 (50-60 MiB on H100/H200)
+// Every weight case rotates over enough copies (>= 512 MiB) that L2 (50-60 MiB on H100/H200)
 // cannot hold them, so the number is DRAM bandwidth, as in decode. Cases: Gemm of each shape at
 // T = 1, 2, 4, 8, 32 tokens (bytes counted once: each weight is read once a call); GemmMany of
 // the attention's products of x (one launch); the MoE step's ExpertsUpGate (W1 + W3 of k = 6 of
 // 256 FP4 experts and the FP8 shared expert, I = 2048, H = 4096) and ExpertsDown, for 1 and 8
-// tokens; HcPostPre at the real manifold; IndexerTopK at the real indexer's shapes. The FP8/FP4 cases run on both cores of ops.h
-// SetWeightPath, "fma" and "tc" (tensor cores), in the same run; each Gemm shape's T = 1 also
-// with launch overlap (SetLaunchOverlap), the "ovl" line.
+// tokens; HcPostPre at the real manifold; IndexerTopK at the real indexer's shapes; the decode
+// attention at 1 and 8 rows. The FP8/FP4 cases run on both cores of ops.h SetWeightPath, "fma"
+// and "tc" (tensor cores), in the same run; each Gemm shape's T = 1 also with launch overlap
+// (SetLaunchOverlap), the "ovl" line.
 // Every case is timed twice, on a stream of its own: calls launched one by one (the "us" column:
 // what an eager step pays, host launch cost included when a call is shorter than its launch)
 // and the same calls replayed from one CUDA graph (the "graph us" column: what a captured decode
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -364,6 +366,44 @@ Status BenchIndexer() {
   return Status::Ok();
 }
 
+// The decode attention at DeepSeek-V4-Flash's shapes (64 heads of 512, one kv head) over a
+// ratio-4 layer's 640 keys (128 window rows + 512 picked entries) for 1 row (the batched
+// one-row kernel) and 8 rows (the one-key kernel); bytes = each row's keys, read once.
+Status BenchAttention() {
+  const int64_t nh = 64, d = 512, W = 128, topk = 512, max_entries = 4096, rd = 64;
+  struct Row { int32_t ring_row, win_start, nwin, visible, entries, keys; };
+  for (const int64_t T : {1, 8}) {
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer keys, Floats((W + max_entries) * d, 0.01f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer q, Floats(T * nh * d, 0.02f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer o, Floats(T * nh * d, 0.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer sink, Floats(nh, 0.0f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer freqs, Floats(rd / 2, 0.001f));
+    std::vector<int32_t> picks(T * topk), pos(T, 5000);
+    for (int64_t i = 0; i < T * topk; ++i) picks[i] = static_cast<int32_t>((i % topk) * 7 % max_entries);
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer dpicks, cuda::Upload(picks.data(), picks.size() * 4));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer dpos, cuda::Upload(pos.data(), pos.size() * 4));
+    std::vector<cuda::RowCache> table(T);
+    for (auto& rc : table) rc.keys = keys.as<float>(), rc.max_entries = max_entries;
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer dtable, cuda::Upload(table.data(), table.size() * sizeof(table[0])));
+    std::vector<Row> rows(T, Row{0, 0, static_cast<int32_t>(W), static_cast<int32_t>(max_entries),
+                                 static_cast<int32_t>(topk), static_cast<int32_t>(W + topk)});
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer drows, cuda::Upload(rows.data(), rows.size() * sizeof(Row)));
+    const char* b = drows.as<const char>();
+    auto at = [b](size_t off) { return reinterpret_cast<const int32_t*>(b + off); };
+    const cuda::RowSteps steps{at(offsetof(Row, ring_row)), at(offsetof(Row, win_start)),
+                               at(offsetof(Row, visible)), at(offsetof(Row, entries)),
+                               at(offsetof(Row, keys)), nullptr, sizeof(Row)};
+    const cuda::AttentionArgs a{q.as<float>(), nh, d, dtable.as<cuda::RowCache>(), W, true, topk,
+                                dpicks.as<int32_t>(), steps, sink.as<float>(),
+                                1.0f / std::sqrt(static_cast<float>(d)), dpos.as<int32_t>(),
+                                freqs.as<float>(), rd, o.as<float>()};
+    FM_RETURN_IF_ERROR(Time("SinkAttention 64x512 keys=640 rows=" + std::to_string(T),
+                            T * (W + topk) * d * 4, 2,
+                            [&](int) { return cuda::SinkAttentionRows(a, 0, T); }));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace fm
 
@@ -401,6 +441,7 @@ int main(int argc, char** argv) {
   if (st.ok()) st = fm::BenchExperts();
   if (st.ok()) st = fm::BenchHcPostPre();
   if (st.ok()) st = fm::BenchIndexer();
+  if (st.ok()) st = fm::BenchAttention();
   if (!st.ok()) {
     std::fprintf(stderr, "bench_cuda_gemv: %s\n", st.ToString().c_str());
     return 1;
