@@ -67,9 +67,13 @@ __device__ __forceinline__ void RouteToken(const RouterParams& r, const float* l
       sum += s;
     }
   } else {
+    // Register slots m < groups hold experts; the loops stop there (a warp-uniform exit: at
+    // E = 256, 8 of the 32 slots), so the unused slots cost no instructions.
+    const int groups = static_cast<int>((r.E + 31) / 32);
     float key[kRouterPerLane], score[kRouterPerLane];
 #pragma unroll
     for (int m = 0; m < kRouterPerLane; ++m) {
+      if (m >= groups) break;
       const int e = lane + 32 * m;
       score[m] = e < r.E ? RouterScore(__ldcg(lt + e)) : 0.0f;
       key[m] = e < r.E ? score[m] + (r.bias ? r.bias[e] : 0.0f) : 0.0f;
@@ -80,6 +84,7 @@ __device__ __forceinline__ void RouteToken(const RouterParams& r, const float* l
       int bi = -1;
 #pragma unroll
       for (int m = 0; m < kRouterPerLane; ++m) {
+        if (m >= groups) break;
         const int e = lane + 32 * m;
         if (e < r.E && !((taken >> m) & 1u) && Beats(key[m], e, bv, bi))
           bv = key[m], bi = e, bs = score[m];
