@@ -352,7 +352,7 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
 // (their loads and butterflies in flight together, q and the warp's acc in registers, lane l
 // holding elements l, l + 32, ...), then updates its softmax with them one by one in key order.
 // So the bits are SinkAttentionRowsKernel's (the test compares the two bit for bit), and a warp
-// waits one round trip per kAttnBatch keys, not per key. 180 registers (sm_90): one block an SM.
+// waits one round trip per kAttnBatch keys, not per key. 164 registers (sm_90): one block an SM.
 __global__ void SinkAttentionRowBatchedKernel(AttentionArgs a, int64_t row0) {
   KernelPrologue();
   __shared__ float acc_s[kWarps][kAttnMaxDim];
