@@ -91,7 +91,8 @@ __device__ __forceinline__ void HistAdd(int* hist, uint32_t bin) {
 // the k-th largest key's bits by a radix select (4 passes of 8 bits, counted in shared memory,
 // so the order of the counts does not matter), then every key above it and the first `need`
 // equal to it in index order; thread i takes the contiguous keys [i per, (i + 1) per), so block
-// scans of its counts give each chosen key its place. Linear in n; no bound on n. Every pass
+// scans of its counts (one pass counts both) give each chosen key its place, and a last pass
+// writes them: 6 passes over the scores. Linear in n; no bound on n. Every pass
 // reads the scores as 16-byte vectors, kTopKLoads of them in flight a thread (a pass of 64K
 // entries: 8 round trips to L2, where one key a thread at a time took 256); the counts are
 // added a warp's bin at a time (HistAdd).
@@ -148,19 +149,18 @@ __device__ void RowTopK(const float* score, int n, int k, int32_t* picks) {
           if (e0 + 4 * j + c < hi) f(e0 + 4 * j + c, Lane4(u[j], c));
     }
   };
-  int ties = 0;
-  each([&](int, uint32_t u) { ties += u == prefix ? 1 : 0; });
+  // One pass counts the thread's keys above the k-th and equal to it; the ties taken are the
+  // first `need` in index order, so the thread takes min(max(need - tie0, 0), ties) of its own.
+  int ties = 0, above = 0;
+  each([&](int, uint32_t u) {
+    ties += u == prefix ? 1 : 0;
+    above += u > prefix ? 1 : 0;
+  });
   const int tie0 = BlockExclusiveScan(ties);  // ties before this thread's keys
+  int at = BlockExclusiveScan(above + min(max(need - tie0, 0), ties));
   int tie = tie0;
-  auto take = [&](uint32_t u) {  // the thread's keys in ascending order from lo
-    return u > prefix || (u == prefix && tie++ < need);
-  };
-  int chosen = 0;
-  each([&](int, uint32_t u) { chosen += take(u) ? 1 : 0; });
-  int at = BlockExclusiveScan(chosen);
-  tie = tie0;
-  each([&](int e, uint32_t u) {
-    if (take(u)) picks[at++] = e;
+  each([&](int e, uint32_t u) {  // the thread's keys in ascending order from lo
+    if (u > prefix || (u == prefix && tie++ < need)) picks[at++] = e;
   });
 }
 
