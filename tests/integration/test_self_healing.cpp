@@ -181,11 +181,16 @@ TEST(SelfHealing, FailedLoadShardLeavesTheWorkerUnloadedAndALaterGoodLoadServes)
   ASSERT_TRUE(w1->Health(&hctx, flashmesh::v1::HealthRequest(), &h).ok());
   EXPECT_FALSE(h.loaded()) << "half-wired: loaded without its next stage";
 
+  // The coordinator sees w1 unloaded and loads it again: health says "is loading its shard"
+  // while that LoadShard runs, then "LoadShard failed" once the missing config.json fails it.
   std::string out;
-  const auto until = Clock::now() + 5s;
+  const auto until = Clock::now() + 10s;
   int rc = 0;
-  while (Clock::now() < until && (rc = RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s)) == 0)
+  while (Clock::now() < until) {
+    rc = RunFlashmesh({"health", "--server", cluster.api()}, &out, 5s);
+    if (rc != 0 && out.find("LoadShard failed") != std::string::npos) break;
     std::this_thread::sleep_for(100ms);
+  }
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("node w1"), std::string::npos) << out;
   EXPECT_NE(out.find("LoadShard failed"), std::string::npos) << out;
