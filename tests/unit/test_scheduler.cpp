@@ -423,8 +423,14 @@ TEST(Scheduler, AtMostMaxBatchSequencesLiveAndEveryRequestCompletes) {
   SchedulerLimits limits;
   limits.max_batch = 2;
   Scheduler s(&w, nullptr, limits);
+  // Starts wait until all six are queued: else a loaded machine can run the first request to its
+  // end before the second arrives, and two are never live together.
+  w.Hold("start");
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 6; ++i) streams.push_back(*s.Submit(Params({i * 100}, 5)));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("start") == 6; }));   // 2 sequences x 3 workers
+  EXPECT_EQ(s.queued(), 4);
+  w.Release("start");
   for (int i = 0; i < 6; ++i) {
     Outcome o = Collect(streams[i].get());
     ASSERT_TRUE(o.finished) << i << ": " << o.error.ToString();
