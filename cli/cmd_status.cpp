@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cluster_status.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
-#include "coordinator/api_client.h"
 
 namespace fm::cli {
 namespace {
@@ -68,19 +68,9 @@ int CmdStatus(int argc, char** argv) {
   int rc = 0;
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc;
-  auto client = ConnectApi(flags->Get("server"), flags->Get("token-file"), flags->Get("tls-ca"));
-  if (!client.ok()) {
-    std::fprintf(stderr, "status: %s\n", client.status().message().c_str());
-    return 2;
-  }
-  flashmesh::v1::ClusterStatusRequest req;
-  flashmesh::v1::ClusterStatusResponse resp;
-  auto ctx = client->Context(5);
-  grpc::Status s = client->stub->ClusterStatus(ctx.get(), req, &resp);
-  if (!s.ok()) {
-    std::fprintf(stderr, "status: %s: %s\n", flags->Get("server").c_str(), s.error_message().c_str());
-    return 1;
-  }
+  const auto status = FetchClusterStatus("status", *flags);
+  if (!status) return 2;
+  const flashmesh::v1::ClusterStatusResponse& resp = *status;
   if (flags->Has("json")) {
     nlohmann::json j;
     j["healthy"] = resp.healthy();

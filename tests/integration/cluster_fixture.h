@@ -84,7 +84,7 @@ class Cluster {
   std::string secret_file() const { return dir_.path() + "/cluster.secret"; }
   std::string api() const { return "127.0.0.1:" + std::to_string(api_port_); }
   int http_port() const { return http_port_; }   // 0 without spec.http
-  std::string node(int i) const { return "w" + std::to_string(i); }
+  std::string node(int i) const { return std::string("w").append(std::to_string(i)); }
   const std::string& control(int i) const { return control_[i]; }   // host:port of node i
   const std::string& data(int i) const { return data_[i]; }
   // A copy of the YAML whose coordinator listens on 127.0.0.1:api_port (a second coordinator).

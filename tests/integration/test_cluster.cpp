@@ -232,6 +232,9 @@ TEST(ClusterCli, UpStartsTheWholeClusterStatusListsNodesAndSigintStopsAll) {
   up.Signal(SIGINT);
   EXPECT_EQ(up.Wait(15s), 0) << up.Log();
   EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 10s), 2) << "coordinator still up";
+  // status exits like health: 2 when the coordinator does not answer.
+  EXPECT_EQ(RunFlashmesh({"status", "--server", cluster.api()}, &out, 10s), 2) << out;
+  EXPECT_NE(out.find("down: coordinator"), std::string::npos) << out;
 }
 
 TEST(ClusterCli, YamlErrorsNameFileAndLineThroughCoordinator) {

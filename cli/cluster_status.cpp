@@ -1,0 +1,27 @@
+#include "cli/cluster_status.h"
+
+#include <cstdio>
+
+#include "coordinator/api_client.h"
+
+namespace fm::cli {
+
+std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const char* cmd,
+                                                                      const Flags& flags) {
+  auto client = ConnectApi(flags.Get("server"), flags.Get("token-file"), flags.Get("tls-ca"));
+  if (!client.ok()) {
+    std::fprintf(stderr, "%s: %s\n", cmd, client.status().message().c_str());
+    return std::nullopt;
+  }
+  flashmesh::v1::ClusterStatusRequest req;
+  flashmesh::v1::ClusterStatusResponse resp;
+  auto ctx = client->Context(5);
+  const grpc::Status s = client->stub->ClusterStatus(ctx.get(), req, &resp);
+  if (!s.ok()) {
+    std::printf("down: coordinator %s: %s\n", flags.Get("server").c_str(), s.error_message().c_str());
+    return std::nullopt;
+  }
+  return resp;
+}
+
+}  // namespace fm::cli
