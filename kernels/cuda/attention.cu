@@ -10,6 +10,7 @@
 #include "kernels/cuda/fused_common.cuh"
 #include "kernels/cuda/fused_ops.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/top_k.cuh"
 
 namespace fm::cuda {
 namespace {
@@ -24,145 +25,9 @@ constexpr int kAttnBatch = 4;  // keys a warp of SinkAttentionRows scores at onc
 constexpr int kIndexKeys = 64, kIndexHeads = 64, kIndexSlab = 32;
 constexpr int kIndexPad = kIndexKeys + 4;  // a staged row's floats
 constexpr int64_t kIndexMaxBlocks = 256;
-constexpr int kTopKLoads = 8;  // RowTopK: 16-byte score loads a thread has in flight
 static_assert(kIndexKeys == 64 && kIndexHeads == 64 && kThreads == 256,
               "IndexerScoreKeys: 256 threads of 4 x 4 dots cover 64 heads x 64 keys");
-
-// A score's rank as ordered bits: a larger key, a larger value; NaN ranks as -inf (lowest), and
-// -0 as +0 (they compare equal, so their order is the index's).
-__device__ uint32_t RankBits(float v) {
-  if (v != v) v = -INFINITY;
-  if (v == 0.0f) v = 0.0f;
-  const uint32_t u = __float_as_uint(v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Exclusive prefix sum of v over the block's threads in thread order (integers: exact); all
-// threads call it.
-__device__ int BlockExclusiveScan(int v) {
-  __shared__ int vals[kThreads];
-  __shared__ int warp_tot[kWarps];
-  const int tid = threadIdx.x, w = tid / 32;
-  vals[tid] = v;
-  __syncthreads();
-  if (tid % 32 == 0) {
-    int s = 0;
-    for (int i = 0; i < 32; ++i) s += vals[w * 32 + i];
-    warp_tot[w] = s;
-  }
-  __syncthreads();
-  int before = 0;
-  for (int i = 0; i < w; ++i) before += warp_tot[i];
-  for (int i = w * 32; i < tid; ++i) before += vals[i];
-  __syncthreads();  // vals is rewritten by the next call
-  return before;
-}
-
-// The ranks of score[e0, e0 + 4) (e0 % 4 == 0, score 16-byte aligned), read through L2: other
-// blocks of the launch wrote them. Entries at n and past are not read (rank 0, never counted).
-__device__ __forceinline__ uint4 RankBits4(const float* score, int e0, int n) {
-  float4 v;
-  if (e0 + 3 < n) {
-    v = __ldcg(reinterpret_cast<const float4*>(score + e0));
-  } else {
-    v.x = e0 < n ? __ldcg(score + e0) : 0.0f;
-    v.y = e0 + 1 < n ? __ldcg(score + e0 + 1) : 0.0f;
-    v.z = e0 + 2 < n ? __ldcg(score + e0 + 2) : 0.0f;
-    v.w = 0.0f;
-  }
-  return uint4{RankBits(v.x), RankBits(v.y), RankBits(v.z), RankBits(v.w)};
-}
-
-__device__ __forceinline__ uint32_t Lane4(const uint4& u, int c) {
-  return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w;
-}
-
-// hist[bin] += 1 for every lane of the warp with that bin (kNoBin: none), one shared atomic per
-// distinct bin: scores share their top bits (sign and exponent), so the lanes' bins mostly
-// coincide, and per-lane atomics on one bin would queue 32 deep. All lanes call it.
-constexpr uint32_t kNoBin = 256;
-__device__ __forceinline__ void HistAdd(int* hist, uint32_t bin) {
-  const unsigned peers = __match_any_sync(0xffffffffu, bin);
-  if (bin != kNoBin && __ffs(static_cast<int>(peers)) - 1 == static_cast<int>(threadIdx.x % 32))
-    atomicAdd(&hist[bin], __popc(peers));
-}
-
-// The row's top k of score[0, n) into picks ascending (score descending, index ascending; n > k):
-// the k-th largest key's bits by a radix select (4 passes of 8 bits, counted in shared memory,
-// so the order of the counts does not matter), then every key above it and the first `need`
-// equal to it in index order; thread i takes the contiguous keys [i per, (i + 1) per), so block
-// scans of its counts (one pass counts both) give each chosen key its place, and a last pass
-// writes them: 6 passes over the scores. Linear in n; no bound on n. Every pass
-// reads the scores as 16-byte vectors, kTopKLoads of them in flight a thread (a pass of 64K
-// entries: 8 round trips to L2, where one key a thread at a time took 256); the counts are
-// added a warp's bin at a time (HistAdd).
-__device__ void RowTopK(const float* score, int n, int k, int32_t* picks) {
-  __shared__ int hist[256];
-  __shared__ uint32_t digit_prefix;
-  __shared__ int digit_need;
-  uint32_t prefix = 0, mask = 0;
-  int need = k;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += kThreads) hist[i] = 0;
-    __syncthreads();
-    // The same trip count in every thread (the match below takes whole warps).
-    for (int base = 0; 4 * base < n; base += kThreads * kTopKLoads) {
-      const int v0 = base + static_cast<int>(threadIdx.x);
-      uint4 u[kTopKLoads];
-#pragma unroll
-      for (int j = 0; j < kTopKLoads; ++j) u[j] = RankBits4(score, 4 * (v0 + j * kThreads), n);
-#pragma unroll
-      for (int j = 0; j < kTopKLoads; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const uint32_t b = Lane4(u[j], c);
-          const bool cand = 4 * (v0 + j * kThreads) + c < n && (b & mask) == prefix;
-          HistAdd(hist, cand ? (b >> shift) & 0xFFu : kNoBin);
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {  // the digit of the need-th largest among the candidates
-      int d = 255;
-      while (hist[d] < need) need -= hist[d--];
-      digit_prefix = prefix | (static_cast<uint32_t>(d) << shift);
-      digit_need = need;
-    }
-    __syncthreads();
-    prefix = digit_prefix;
-    need = digit_need;
-    mask |= 0xFFu << shift;
-    __syncthreads();  // hist and the digit are rewritten by the next pass
-  }
-  // A thread's keys: [lo, hi), lo a multiple of 4.
-  const int per = ((n + kThreads - 1) / kThreads + 3) / 4 * 4;
-  const int lo = min(n, static_cast<int>(threadIdx.x) * per), hi = min(n, lo + per);
-  // f(e, rank) for the thread's keys in ascending order, kTopKLoads vectors in flight.
-  auto each = [&](auto&& f) {
-    for (int e0 = lo; e0 < hi; e0 += 4 * kTopKLoads) {
-      uint4 u[kTopKLoads];
-#pragma unroll
-      for (int j = 0; j < kTopKLoads; ++j) u[j] = RankBits4(score, e0 + 4 * j, hi);
-#pragma unroll
-      for (int j = 0; j < kTopKLoads; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (e0 + 4 * j + c < hi) f(e0 + 4 * j + c, Lane4(u[j], c));
-    }
-  };
-  // One pass counts the thread's keys above the k-th and equal to it; the ties taken are the
-  // first `need` in index order, so the thread takes min(max(need - tie0, 0), ties) of its own.
-  int ties = 0, above = 0;
-  each([&](int, uint32_t u) {
-    ties += u == prefix ? 1 : 0;
-    above += u > prefix ? 1 : 0;
-  });
-  const int tie0 = BlockExclusiveScan(ties);  // ties before this thread's keys
-  int at = BlockExclusiveScan(above + min(max(need - tie0, 0), ties));
-  int tie = tie0;
-  each([&](int e, uint32_t u) {  // the thread's keys in ascending order from lo
-    if (u > prefix || (u == prefix && tie++ < need)) picks[at++] = e;
-  });
-}
+static_assert(kThreads == kTopKThreads, "IndexerTopK's last block ranks with BlockTopK");
 
 // Row t's scores of keys [e0, e0 + kIndexKeys) into score (those below n): the block's
 // [kIndexHeads, kIndexKeys] dot products a head pass at a time, thread (hy, kx) holding heads
@@ -221,7 +86,7 @@ __device__ void IndexerScoreKeys(const float* q, const float* w, int nh, int di,
 }
 
 // Blocks (b, y) of row row0 + y score the key tiles b, b + gridDim.x, ... (IndexerScoreKeys);
-// the row's last block picks its top k (RowTopK), written ascending. A row of no more than k
+// the row's last block picks its top k (top_k.cuh BlockTopK), written ascending. A row of no more than k
 // visible entries picks them all, in order, without scores.
 __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const float* iq,
                                   const float* iw, int nh, int di, float scale, RowSteps steps,
@@ -248,7 +113,9 @@ __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const flo
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) counters[t] = 0;
-  RowTopK(rc.score, n, k, picks + t * k);
+  int32_t* row_picks = picks + t * k;
+  BlockTopK(rc.score, n, k,
+            [&](int slot, int64_t e, uint32_t) { row_picks[slot] = static_cast<int32_t>(e); });
 }
 
 // Row t's keys for the decode attention: n of them, the window's ring rows (oldest first), then
@@ -293,12 +160,16 @@ __device__ __forceinline__ bool SoftmaxStep(float s, float& m, float& l, float& 
   return false;
 }
 
-// The block's warps' softmax states (wm, wl, acc_s rows) merged in warp order with the head's
-// sink, the inverse RoPE of the result, and o[t, h] written. Call after a barrier.
+// The block's warps' softmax states (each warp's m and l, acc_s row warp) merged in warp order
+// with the head's sink, the inverse RoPE of the result, and o[t, h] written. Every thread calls
+// it once its warp's acc_s row is written.
 __device__ void AttnMergeStore(const AttentionArgs& a, int64_t h, int64_t t,
-                               const float (*acc_s)[kAttnMaxDim], const float* wm, const float* wl) {
+                               const float (*acc_s)[kAttnMaxDim], float m, float l) {
+  __shared__ float wm[kWarps], wl[kWarps];
   __shared__ float o_s[kAttnMaxDim];
   const int64_t d = a.d;
+  if (threadIdx.x % 32 == 0) wm[threadIdx.x / 32] = m, wl[threadIdx.x / 32] = l;
+  __syncthreads();
   float mx = a.sink[h];
   for (int w = 0; w < kWarps; ++w) mx = wm[w] > mx ? wm[w] : mx;
   float den = expf(a.sink[h] - mx);
@@ -321,7 +192,6 @@ __device__ void AttnMergeStore(const AttentionArgs& a, int64_t h, int64_t t,
 __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
   KernelPrologue();
   __shared__ float acc[kWarps][kAttnMaxDim];
-  __shared__ float wm[kWarps], wl[kWarps];
   const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const AttnKeys ks = AttnKeysOf(a, t);
@@ -342,9 +212,7 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
     else
       for (int64_t c = lane; c < d; c += 32) acc[warp][c] += cf * k[c];
   }
-  if (lane == 0) wm[warp] = m, wl[warp] = l;
-  __syncthreads();
-  AttnMergeStore(a, h, t, acc, wm, wl);
+  AttnMergeStore(a, h, t, acc, m, l);
 }
 
 // The same for a one-row step (the single-stream decode: a block per head, fewer than the
@@ -356,7 +224,6 @@ __global__ void SinkAttentionRowsKernel(AttentionArgs a, int64_t row0) {
 __global__ void SinkAttentionRowBatchedKernel(AttentionArgs a, int64_t row0) {
   KernelPrologue();
   __shared__ float acc_s[kWarps][kAttnMaxDim];
-  __shared__ float wm[kWarps], wl[kWarps];
   const int64_t h = blockIdx.x, t = row0 + blockIdx.y, d = a.d;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const AttnKeys ks = AttnKeysOf(a, t);
@@ -408,9 +275,7 @@ __global__ void SinkAttentionRowBatchedKernel(AttentionArgs a, int64_t row0) {
 #pragma unroll
   for (int j = 0; j < kAttnPerLane; ++j)
     if (lane + 32 * j < d) acc_s[warp][lane + 32 * j] = acc[j];
-  if (lane == 0) wm[warp] = m, wl[warp] = l;
-  __syncthreads();
-  AttnMergeStore(a, h, t, acc_s, wm, wl);
+  AttnMergeStore(a, h, t, acc_s, m, l);
 }
 
 }  // namespace

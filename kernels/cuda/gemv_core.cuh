@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/cuda/bits.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/quant_decode.h"
 
@@ -53,10 +54,6 @@ __host__ __device__ constexpr int VecElems(WeightFormat f) {
          : f == WeightFormat::kFP8Block ? 16
          : f == WeightFormat::kBF16     ? 8
                                         : 4;
-}
-
-__device__ __forceinline__ uint32_t Word(const uint4& q, int i) {
-  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
 // Four e4m3 bytes of `word` (lowest first) -> f32, exact. Device: the e4m3x2 -> f16x2 hardware

@@ -12,11 +12,13 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sample_ops.h"
+#include "kernels/cuda/top_k.cuh"
 
 namespace fm::cuda {
 namespace {
 
 constexpr int kSampleThreads = 256;
+static_assert(kSampleThreads == kTopKThreads, "TopCandidates ranks with BlockTopK");
 constexpr int64_t kSampleChunk = 2048;  // logits per chunk block (more when the vocab needs it)
 constexpr int kSampleMaxChunks = 256;
 
@@ -168,69 +170,15 @@ __device__ Crossing FirstCrossing(const Weights& w, int64_t n, double base, doub
   return c;
 }
 
-// Orderable bits of a (non-NaN) float: a larger float has a larger key.
-__device__ unsigned OrderKey(float f) {
-  const unsigned b = __float_as_uint(f);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
 // cand[0, m) = the m best ids of l[0, n) by (logit desc, id asc), sorted so, as
-// key << 32 | (0xFFFFFFFF - id); cand holds mpad (a power of two >= m) entries.
-__device__ void TopCandidates(const float* l, int64_t n, int m, int mpad, unsigned long long* cand,
-                              int* hist, int* off) {
-  __shared__ unsigned prefix, mask;
-  __shared__ int need;
+// RankBits(logit) << 32 | (0xFFFFFFFF - id) (unique: the ids differ); cand holds mpad (a power of
+// two >= m) entries. The set is top_k.cuh's BlockTopK (the CPU's order: -0 ties +0).
+__device__ void TopCandidates(const float* l, int64_t n, int m, int mpad, unsigned long long* cand) {
   const int tid = threadIdx.x;
-  if (tid == 0) prefix = 0, mask = 0, need = m;
-  // Radix select on the key, most significant byte first: the key K of the m-th best, and how
-  // many of the ids with key K (the lowest ids first) complete the m.
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    hist[tid] = 0;
-    __syncthreads();
-    for (int64_t i = tid; i < n; i += kSampleThreads) {
-      const unsigned k = OrderKey(l[i]);
-      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1);
-    }
-    __syncthreads();
-    if (tid == 0) {
-      int above = 0, d = 255;
-      while (above + hist[d] < need) above += hist[d--];
-      need -= above;
-      prefix |= static_cast<unsigned>(d) << shift;
-      mask |= 255u << shift;
-    }
-    __syncthreads();
-  }
-  const unsigned K = prefix;
-  const int take_eq = need, n_gt = m - need;
-  // Compaction in id order: contiguous ranges per thread, offsets by a scan in thread order.
-  const int64_t per = (n + kSampleThreads - 1) / kSampleThreads;
-  const int64_t lo = tid * per, hi = lo + per < n ? lo + per : n;
-  int gt = 0, eq = 0;
-  for (int64_t i = lo; i < hi; ++i) {
-    const unsigned k = OrderKey(l[i]);
-    gt += k > K;
-    eq += k == K;
-  }
-  off[tid] = gt, off[kSampleThreads + tid] = eq;
-  __syncthreads();
-  if (tid == 0) {
-    int a = 0, b = 0;
-    for (int t = 0; t < kSampleThreads; ++t) {
-      const int g = off[t], e = off[kSampleThreads + t];
-      off[t] = a, off[kSampleThreads + t] = b;
-      a += g, b += e;
-    }
-  }
-  __syncthreads();
-  int og = off[tid], oe = off[kSampleThreads + tid];
-  for (int64_t i = lo; i < hi; ++i) {
-    const unsigned k = OrderKey(l[i]);
-    const unsigned long long c = (static_cast<unsigned long long>(k) << 32) |
-                                 (0xFFFFFFFFu - static_cast<unsigned>(i));
-    if (k > K) cand[og++] = c;
-    else if (k == K && oe < take_eq) cand[n_gt + oe++] = c;
-  }
+  BlockTopK(l, n, m, [&](int slot, int64_t id, uint32_t rank) {
+    cand[slot] = (static_cast<unsigned long long>(rank) << 32) |
+                 (0xFFFFFFFFu - static_cast<unsigned>(id));
+  });
   for (int j = m + tid; j < mpad; j += kSampleThreads) cand[j] = 0;
   __syncthreads();
   // Bitonic sort, descending.
@@ -256,7 +204,6 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
   KernelPrologue();
   __shared__ unsigned long long cand[kSampleMaxCandidates];
   __shared__ double sh[kSampleThreads];
-  __shared__ int hist[256], off[2 * kSampleThreads];
   __shared__ float M;
   __shared__ int done;
   const int tid = threadIdx.x;
@@ -320,7 +267,7 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
   const int m = top_k ? p.top_k : static_cast<int>(vocab < kSampleMaxCandidates ? vocab : kSampleMaxCandidates);
   int mpad = 1;
   while (mpad < m) mpad <<= 1;
-  TopCandidates(l, vocab, m, mpad, cand, hist, off);
+  TopCandidates(l, vocab, m, mpad, cand);
   const Weights w{l, cand, 0, inv_t, top};
   int64_t keep = m;
   double total = all;

@@ -1,7 +1,8 @@
 // Device sampling (kernels/cuda/sample_ops.h SampleRows) against the CPU Sampler
 // (model/sampler.h SampleWith) given the same uniform draw: greedy, temperature alone, top-k,
-// top-p, both, ties, -inf logits, several rows in one call, the errors, and the hand-off to the
-// host when the candidate set is larger than the device keeps. Device tests skip without a GPU.
+// top-p, both, ties (-0 and +0 among them), -inf logits, several rows in one call, the errors,
+// and the hand-off to the host when the candidate set is larger than the device keeps. Device
+// tests skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -121,6 +122,19 @@ TEST(CudaSample, TiesAndNegativeInfinityFollowTheCpuOrder) {
   for (int64_t i = 1; i < vocab; i += 7) logits[i] = -INFINITY;
   logits[2500] = 4.0f, logits[2501] = 4.0f;  // the argmax tie: the lower id wins
   ExpectMatchesCpu(logits, vocab, AllKinds(), &rng);
+}
+
+TEST(CudaSample, SignedZerosTieAndTheLowerIdComesFirst) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(3);
+  const int64_t vocab = 3001;  // not a multiple of 4: rows past the first are not 16-byte aligned
+  std::vector<float> logits(vocab, -1.0f);
+  logits[5] = -0.0f, logits[9] = 0.0f, logits[3000] = -0.0f;  // -0 == +0: id 5, 9, 3000
+  std::vector<SamplerConfig> c(3);
+  c[0].temperature = 1.0f, c[0].top_k = 1;
+  c[1].temperature = 1.0f, c[1].top_k = 2;
+  c[2].temperature = 0.5f, c[2].top_p = 0.3f;
+  ExpectMatchesCpu(logits, vocab, c, &rng);
 }
 
 TEST(CudaSample, ErrorsNameTheLogit) {

@@ -8,13 +8,14 @@
 // Streams are one queue: a launch runs at once, except while a graph is being captured
 // (device_emu.cpp Graph::Capture), when it is recorded with its arguments by value and runs on
 // each replay, as a CUDA graph bakes them.
-// It checks indexing, layouts, reductions and barrier structure; not timing, the memory model,
-// FMA contraction or alignment faults.
+// It checks indexing, layouts, reductions, barrier structure and the alignment of __ldg/__ldcg
+// loads; not timing, the memory model, FMA contraction or the alignment of plain loads.
 #pragma once
 #include <boost/context/fiber.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -121,10 +122,20 @@ inline unsigned __match_any_sync(unsigned, unsigned v) {
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
 
+// A device load of T needs an address aligned to T (a 16-byte vector to 16): these check it,
+// as the GPU would fault, so that a kernel's choice of vector loads is tested here too.
 template <class T>
-T __ldg(const T* p) { return *p; }
+const T* EmuAlignedLoad(const T* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) {
+    std::fprintf(stderr, "emu: misaligned %zu-byte load at %p\n", sizeof(T), static_cast<const void*>(p));
+    std::abort();
+  }
+  return p;
+}
 template <class T>
-T __ldcg(const T* p) { return *p; }
+T __ldg(const T* p) { return *EmuAlignedLoad(p); }
+template <class T>
+T __ldcg(const T* p) { return *EmuAlignedLoad(p); }
 
 // Blocks run one after another, each to its end: every write of an earlier block is done and
 // visible, so the fence has nothing to order, and an atomic is a plain read-modify-write (a
