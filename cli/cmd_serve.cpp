@@ -81,7 +81,9 @@ int CmdServe(int argc, char** argv) {
   cluster.heartbeat.timeout_ms = 2500;
   BlockShutdownSignals();
   // One stage: the data plane is never dialed, it only has to exist.
-  auto data_plane = net::MakeTcpTransport({.self_name = "local"});
+  net::TransportOptions dp;
+  dp.self_name = "local";
+  auto data_plane = net::MakeTcpTransport(dp);
   if (!data_plane.ok()) {
     std::fprintf(stderr, "serve: %s\n", data_plane.status().message().c_str());
     return 1;

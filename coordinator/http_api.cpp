@@ -23,8 +23,10 @@ Json Usage(const flashmesh::v1::Usage& u) {
           {"total_tokens", u.prompt_tokens() + u.completion_tokens()}};
 }
 
-void ReplyError(HttpResponder* out, const Status& s) {
+// code: OpenAI's error code when not the one ErrorFromStatus gives.
+void ReplyError(HttpResponder* out, const Status& s, const char* code = nullptr) {
   OpenAiError e = ErrorFromStatus(s);
+  if (code) e.code = code;
   HttpResponder::Headers extra;
   if (e.http_status == 429 || e.http_status == 503) extra.emplace_back("Retry-After", "1");
   if (e.http_status == 401) extra.emplace_back("WWW-Authenticate", "Bearer");
@@ -49,15 +51,14 @@ Json ChatLogprob(const std::string& token, float logprob, int64_t top) {
   return e;
 }
 
-Json CompletionLogprobs(const Json& entries, size_t offset0) {
-  Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
-  size_t offset = offset0;
+// Completions' logprobs of the tokens `entries` (ChatLogprob's), each starting at its offset in
+// the generated text (a token may add no text: a special token, or part of a character).
+Json CompletionLogprobs(const Json& entries, const Json& offsets) {
+  Json tokens = Json::array(), lps = Json::array(), tops = Json::array();
   for (const auto& e : entries) {
     tokens.push_back(e["token"]);
     lps.push_back(e["logprob"]);
     tops.push_back(Json{{e["token"].get<std::string>(), e["logprob"]}});
-    offsets.push_back(offset);
-    offset += e["token"].get<std::string>().size();
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -75,6 +76,7 @@ struct HttpApi::Job {
   size_t sent = 0;      // bytes of text already streamed
   size_t hold = 0;      // longest stop string - 1
   Json logprobs = Json::array();   // entries of the tokens not yet streamed (all when not streaming)
+  Json offsets = Json::array();    // where each of those tokens starts in text
   explicit Job(Metrics* m) : meter(m, "http") {}
   // The fields every response object and stream chunk starts with.
   Json Envelope(const std::string& object, const std::string& model) const {
@@ -157,7 +159,7 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
   int64_t max_tokens = r.max_tokens;
   if (max_tokens == 0) max_tokens = std::max<int64_t>(1, std::min(options_.max_tokens, options_.max_context - prompt));
   if (max_tokens > options_.max_tokens)
-    return InvalidArgument("max_tokens: " + std::to_string(max_tokens) + " outside [1, " +
+    return InvalidArgument(r.max_tokens_field + ": " + std::to_string(max_tokens) + " outside [1, " +
                            std::to_string(options_.max_tokens) + "] (limits.max_tokens)");
   g.set_max_tokens(static_cast<int32_t>(max_tokens));
   auto* s = g.mutable_sampling();
@@ -199,7 +201,10 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   if (!params.ok()) return fail(params.status());
   // HTTP requests carry no address here: a client is its token ("" = every tokenless client).
   auto slot = grpc_api_->AcquireStream("http " + http.Header("authorization"));
-  if (!slot.ok()) return fail(slot.status());
+  if (!slot.ok()) {
+    job.meter.Failed(slot.status());
+    return ReplyError(out, slot.status(), "rate_limit_exceeded");
+  }
   for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());
@@ -213,10 +218,25 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   else Collect(&job, out);
 }
 
+void HttpApi::AddToken(Job* job, const flashmesh::v1::TokenEvent& token) const {
+  job->meter.Token();
+  if (job->req.logprobs) {
+    job->logprobs.push_back(ChatLogprob(TokenString(token.id(), token.text()), token.logprob(),
+                                        job->req.top_logprobs));
+    job->offsets.push_back(job->text.size());
+  }
+  job->text += token.text();
+}
+
 bool HttpApi::NextEvent(Job* job, HttpResponder* out, RequestStream::Event* ev) {
   while (!out->Abandoned())
     if (job->stream->Pop(ev, kPollInterval)) return true;
   job->stream->Cancel();  // the scheduler frees the sequence on every worker
+  const Status why = out->AbandonedBecause();
+  if (why.code() != Code::kCancelled) {  // the response timed out or the server stops: say so
+    *ev = RequestStream::Event{RequestStream::Event::kError, {}, {}, why};
+    return true;
+  }
   flashmesh::v1::Finish cancelled;
   cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
   job->meter.Finished(cancelled);
@@ -232,11 +252,7 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
       return ReplyError(out, ev.error);
     }
     if (ev.kind == RequestStream::Event::kToken) {
-      job->meter.Token();
-      job->text += ev.token.text();
-      if (job->req.logprobs)
-        job->logprobs.push_back(ChatLogprob(TokenString(ev.token.id(), ev.token.text()), ev.token.logprob(),
-                                            job->req.top_logprobs));
+      AddToken(job, ev.token);
       continue;
     }
     break;
@@ -252,7 +268,7 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
     body = job->Envelope("chat.completion", options_.model_name);
   } else {
     choice["text"] = text;
-    if (job->req.logprobs) choice["logprobs"] = CompletionLogprobs(job->logprobs, 0);
+    if (job->req.logprobs) choice["logprobs"] = CompletionLogprobs(job->logprobs, job->offsets);
     body = job->Envelope("text_completion", options_.model_name);
   }
   body["choices"] = Json::array({choice});
@@ -279,10 +295,11 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
       if (!job->logprobs.empty()) choice["logprobs"] = {{"content", job->logprobs}};
     } else {
       choice["text"] = delta;
-      if (!job->logprobs.empty()) choice["logprobs"] = CompletionLogprobs(job->logprobs, job->sent);
+      if (!job->logprobs.empty()) choice["logprobs"] = CompletionLogprobs(job->logprobs, job->offsets);
     }
     job->sent = upto;
     job->logprobs = Json::array();
+    job->offsets = Json::array();
     return choice;
   };
   if (!out->StartStream(200, "text/event-stream")) return job->stream->Cancel();
@@ -300,11 +317,7 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
       return;
     }
     if (ev.kind == RequestStream::Event::kFinish) break;
-    job->meter.Token();
-    job->text += ev.token.text();
-    if (job->req.logprobs)
-      job->logprobs.push_back(ChatLogprob(TokenString(ev.token.id(), ev.token.text()), ev.token.logprob(),
-                                          job->req.top_logprobs));
+    AddToken(job, ev.token);
     // Never past the start of a stop string this token completed (the finish event follows).
     size_t upto = Releasable(job->text, job->hold, job->sent);
     for (const auto& stop : job->req.stop)

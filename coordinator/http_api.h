@@ -30,8 +30,12 @@ class HttpApi {
   void Stream(Job* job, HttpResponder* out);
   void Collect(Job* job, HttpResponder* out);
   // The request's next event (true), or false when the client went away first: the request is
-  // then cancelled and counted so.
+  // then cancelled and counted so. A response past HttpLimits.response_timeout, or one the
+  // stopping server ends, is cancelled too and gets an error event naming why (504 / 503).
   bool NextEvent(Job* job, HttpResponder* out, RequestStream::Event* ev);
+  // A generated token: its text appended to the job's, its logprobs entry and text offset kept
+  // when asked for.
+  void AddToken(Job* job, const flashmesh::v1::TokenEvent& token) const;
   void Models(HttpResponder* out) const;
   void Health(HttpResponder* out) const;
   Status Authenticate(const HttpRequest& req) const;

@@ -217,6 +217,16 @@ bool HttpResponder::Abandoned() {
   return false;   // readable: a pipelined request, read after this response
 }
 
+Status HttpResponder::AbandonedBecause() const {
+  if (failed_) return Cancelled("the client closed the connection");
+  if (*stop_) return Unavailable("the server is shutting down");
+  if (Clock::now() >= deadline_)
+    return DeadlineExceeded("the response ran past the server's limit of " +
+                            std::to_string(timeout_.count() / 1000) +
+                            " s (HttpLimits.response_timeout)");
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen, HttpLimits limits,
                                                       HttpHandler handler,
                                                       const std::optional<HttpTls>& tls) {
@@ -307,7 +317,7 @@ bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* r
   Clock::time_point deadline = Clock::now() + limits_.idle_timeout;
   bool started = false;
   auto reply_error = [&](int status, const std::string& message) {
-    HttpResponder r(conn, Clock::now() + std::chrono::seconds(5), &stop_);
+    HttpResponder r(conn, std::chrono::seconds(5), &stop_);
     r.keep_alive_ = false;
     r.Reply(status, "application/json", ErrorJson(status, message));
   };
@@ -362,7 +372,7 @@ void HttpServer::Serve(int fd) {
   while (ok && !stop_) {
     HttpRequest req;
     if (!ReadRequest(&conn, &buffer, &req)) break;
-    HttpResponder r(&conn, Clock::now() + limits_.response_timeout, &stop_);
+    HttpResponder r(&conn, limits_.response_timeout, &stop_);
     r.keep_alive_ = req.keep_alive;
     handler_(req, &r);
     if (!r.replied_) r.Reply(500, "application/json", ErrorJson(500, "the handler sent no response"));

@@ -56,14 +56,18 @@ class HttpResponder {
   // The client closed its side (or reset), the response deadline passed, or the server stops:
   // a handler waiting for tokens polls this to cancel its request.
   bool Abandoned();
+  // Why Abandoned() said so: Cancelled (the client is gone), DeadlineExceeded (the response ran
+  // past HttpLimits.response_timeout) or Unavailable (the server stops); Ok while it has not.
+  Status AbandonedBecause() const;
 
  private:
   friend class HttpServer;
-  HttpResponder(HttpConn* conn, std::chrono::steady_clock::time_point deadline,
-                const std::atomic<bool>* stop)
-      : conn_(conn), deadline_(deadline), stop_(stop) {}
+  HttpResponder(HttpConn* conn, std::chrono::milliseconds timeout, const std::atomic<bool>* stop)
+      : conn_(conn), timeout_(timeout), deadline_(std::chrono::steady_clock::now() + timeout),
+        stop_(stop) {}
   bool SendAll(std::string_view bytes);
   HttpConn* conn_;
+  std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
   const std::atomic<bool>* stop_;
   bool keep_alive_ = true;

@@ -189,6 +189,7 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (const Json* v = Field(j, key)) {
       FM_ASSIGN_OR_RETURN(r->max_tokens, Integer(*v, key));
+      r->max_tokens_field = key;
       if (r->max_tokens < 1) return InvalidArgument(std::string(key) + ": " + std::to_string(r->max_tokens) + " (must be >= 1)");
     }
   }

@@ -23,6 +23,7 @@ struct OpenAiRequest {
   std::string prompt;                    // completions, text prompt
   std::vector<int32_t> prompt_ids;       // completions, token-id prompt (non-empty when used)
   int64_t max_tokens = 0;                // 0 = unset: as many as the limits allow
+  std::string max_tokens_field = "max_tokens";   // the field that set it (errors name it)
   double temperature = 1.0;              // OpenAI's default; 0 = greedy
   double top_p = 1.0;
   int64_t top_k = 0;                     // extension (vLLM's); 0 = off

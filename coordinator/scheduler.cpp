@@ -494,6 +494,9 @@ void Scheduler::Complete(StepCall* call) {
 
 void Scheduler::ApplyToken(Request* r, int32_t id, float logprob) {
   ++r->generated;
+  const bool eos = tokenizer_ && id == tokenizer_->eos_id() && !r->params.ignore_eos;
+  const int64_t context = static_cast<int64_t>(r->params.prompt.size()) + r->generated;
+  const bool length = r->generated >= r->params.max_tokens || context >= limits_.max_context;
   RequestStream::Event ev;
   ev.kind = RequestStream::Event::kToken;
   ev.token.set_id(id);
@@ -501,21 +504,19 @@ void Scheduler::ApplyToken(Request* r, int32_t id, float logprob) {
   size_t scan_from = r->text.size();
   if (r->decoder) {
     auto piece = r->decoder->Push(id);
-    if (piece.ok()) {
-      ev.token.set_text(*piece);
-      r->text += *piece;
-    }
+    std::string text = piece.ok() ? *piece : std::string();
+    // The last token: an unfinished UTF-8 character still held comes out as U+FFFD.
+    if (eos || length) text += r->decoder->Flush();
+    ev.token.set_text(text);
+    r->text += text;
   }
   r->stream->Push(std::move(ev));
-  if (tokenizer_ && id == tokenizer_->eos_id() && !r->params.ignore_eos)
-    return Finish(r, flashmesh::v1::FINISH_REASON_STOP, "");
+  if (eos) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, "");
   for (const auto& s : r->params.stop) {
     size_t from = scan_from >= s.size() ? scan_from - s.size() + 1 : 0;
     if (r->text.find(s, from) != std::string::npos) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, s);
   }
-  const int64_t context = static_cast<int64_t>(r->params.prompt.size()) + r->generated;
-  if (r->generated >= r->params.max_tokens || context >= limits_.max_context)
-    return Finish(r, flashmesh::v1::FINISH_REASON_LENGTH, "");
+  if (length) return Finish(r, flashmesh::v1::FINISH_REASON_LENGTH, "");
   r->next = {id};
 }
 

@@ -242,6 +242,24 @@ TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
   EXPECT_EQ(text, ids_want.text);
   EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
+
+  // text_offset counts the whole text, also while a stop string holds some of it back: the
+  // streamed offsets are the non-streamed ones.
+  c["logprobs"] = 0;
+  c["stop"] = "\x01never-in-the-text";
+  c["stream"] = false;
+  r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const Json want_offsets = ParseBody(r)["choices"][0]["logprobs"]["text_offset"];
+  ASSERT_EQ(want_offsets.size(), 6u) << r.body;
+  c["stream"] = true;
+  r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  Json offsets = Json::array();
+  for (const Json& e : Events(r.body))
+    if (e["choices"][0]["logprobs"].is_object())
+      for (const Json& o : e["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+  EXPECT_EQ(offsets, want_offsets) << r.body;
 }
 
 TEST_F(HttpApiTest, StopStringIsCutFromTheText) {
@@ -309,6 +327,7 @@ TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
       {with("n", 2), "n"},
       {with("max_tokens", "8"), "max_tokens"},
       {with("max_tokens", 100000), "max_tokens"},
+      {with("max_completion_tokens", 100000), "max_completion_tokens"},
       {with("stop", 5), "stop"},
       {with("stream", "yes"), "stream"},
       {with("seed", 1.5), "seed"},
@@ -519,6 +538,7 @@ TEST(HttpLimits, FullQueueIs429WithRetryAfter) {
   EXPECT_EQ(r.headers["retry-after"], "1");
   Json e = ParseBody(r)["error"];
   EXPECT_EQ(e["type"], "rate_limit_error");
+  EXPECT_EQ(e["code"], "queue_full");
   EXPECT_NE(e["message"].get<std::string>().find("max_queue"), std::string::npos);
 }
 
@@ -526,7 +546,8 @@ TEST(HttpAuth, BearerTokensOfTheTokenFile) {
   TempDir dir;
   std::ofstream(dir.path() + "/tokens") << "# API tokens\ns3cret\n";
   const int http = FreePort();
-  Server server({"--token-file", dir.path() + "/tokens", "--http", "127.0.0.1:" + std::to_string(http)});
+  Server server({"--token-file", dir.path() + "/tokens", "--http", "127.0.0.1:" + std::to_string(http),
+                 "--max-streams-per-client", "1"});
   // Probes need no token.
   ASSERT_TRUE(Eventually([&] { return HttpCall(http, "GET", "/health").status == 200; }, 60s))
       << server.process()->Log();
@@ -539,6 +560,20 @@ TEST(HttpAuth, BearerTokensOfTheTokenFile) {
   r = HttpCall(http, "POST", "/v1/chat/completions", body, {"Authorization: Bearer s3cret"});
   EXPECT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(HttpCall(http, "GET", "/metrics").status, 200);
+  // A token is one client: with one generation of it running, its second is 429, with OpenAI's
+  // rate-limit code (not queue_full: the queue is empty).
+  Json long_body = ChatBody("long", 2000);
+  long_body["stream"] = true;
+  HttpStream running(http, "POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n"
+                           "Content-Type: application/json\r\nContent-Length: " +
+                               std::to_string(long_body.dump().size()) + "\r\n\r\n" + long_body.dump());
+  ASSERT_NE(running.ReadUntil("data: ", 2, 60s).find("data: "), std::string::npos);
+  r = HttpCall(http, "POST", "/v1/chat/completions", body, {"Authorization: Bearer s3cret"});
+  EXPECT_EQ(r.status, 429) << r.raw;
+  Json e = ParseBody(r)["error"];
+  EXPECT_EQ(e["code"], "rate_limit_exceeded") << r.raw;
+  EXPECT_NE(e["message"].get<std::string>().find("already has 1 generations running"), std::string::npos)
+      << r.raw;
 }
 
 }  // namespace

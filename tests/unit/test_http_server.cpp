@@ -21,6 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 struct TestServer {
   std::atomic<int> abandoned{0};
+  std::atomic<Code> why{Code::kOk};   // AbandonedBecause() of the last abandoned stream
   std::unique_ptr<HttpServer> server;
   explicit TestServer(HttpLimits limits, const std::optional<HttpTls>& tls = std::nullopt) {
     auto s = HttpServer::Start("127.0.0.1:0", limits, [this](const HttpRequest& req, HttpResponder* out) {
@@ -30,6 +31,7 @@ struct TestServer {
           out->Send("data: x\n\n");
           std::this_thread::sleep_for(20ms);
         }
+        why = out->AbandonedBecause().code();
         ++abandoned;
         return;
       }
@@ -89,6 +91,7 @@ TEST(HttpServer, AStreamEndsAtTheResponseDeadline) {
   EXPECT_GE(took, 550ms);
   EXPECT_LT(took, 3s);
   EXPECT_EQ(t.abandoned, 1);
+  EXPECT_EQ(t.why, Code::kDeadlineExceeded);
 }
 
 TEST(HttpServer, AClientThatGoesAwayAbandonsItsStream) {
@@ -101,6 +104,7 @@ TEST(HttpServer, AClientThatGoesAwayAbandonsItsStream) {
   const auto deadline = Clock::now() + 2s;
   while (t.abandoned == 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(t.abandoned, 1);
+  EXPECT_EQ(t.why, Code::kCancelled);
 }
 
 TEST(HttpServer, ShutdownEndsOpenConnectionsPromptly) {
@@ -114,6 +118,7 @@ TEST(HttpServer, ShutdownEndsOpenConnectionsPromptly) {
   t.server->Shutdown();
   EXPECT_LT(Clock::now() - start, 2s);
   EXPECT_EQ(t.abandoned, 1);
+  EXPECT_EQ(t.why, Code::kUnavailable);
 }
 
 // A fresh directory with a test CA and a certificate for 127.0.0.1 (removed at exit).

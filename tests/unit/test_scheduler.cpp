@@ -7,7 +7,11 @@
 #include <set>
 #include <thread>
 
+#include <filesystem>
+
 #include "coordinator/scheduler.h"
+#include "model/mkmodel.h"
+#include "model/tokenizer.h"
 
 namespace fm {
 namespace {
@@ -247,6 +251,7 @@ GenerateParams Params(std::vector<int32_t> prompt, int64_t max_tokens) {
 
 struct Outcome {
   std::vector<int32_t> ids;
+  std::string text;   // the tokens' pieces
   bool finished = false;
   flashmesh::v1::FinishReason reason = flashmesh::v1::FINISH_REASON_UNSPECIFIED;
   Status error;
@@ -261,6 +266,7 @@ Outcome Collect(RequestStream* s, std::chrono::milliseconds timeout = 5000ms) {
     if (!s->Pop(&ev, 20ms)) continue;
     if (ev.kind == RequestStream::Event::kToken) {
       o.ids.push_back(ev.token.id());
+      o.text += ev.token.text();
     } else if (ev.kind == RequestStream::Event::kFinish) {
       o.finished = true;
       o.reason = ev.finish.reason();
@@ -437,6 +443,26 @@ TEST(Scheduler, AtMostMaxBatchSequencesLiveAndEveryRequestCompletes) {
     EXPECT_EQ(o.ids, (std::vector<int32_t>{i * 100 + 1, i * 100 + 2, i * 100 + 3, i * 100 + 4, i * 100 + 5}));
   }
   EXPECT_EQ(w.max_live(), 2u);   // two at a time, never more
+}
+
+TEST(Scheduler, AnUnfinishedCharacterAtTheEndComesOutAsTheReplacementCharacter) {
+  const std::string dir = ::testing::TempDir() + "scheduler_tokenizer";
+  ASSERT_TRUE(WriteTestTokenizer(dir, 300).ok());
+  auto tok = Tokenizer::Load(dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  auto euro = tok->Encode("\xE2\x82\xAC");   // three byte tokens at 300 ids
+  ASSERT_TRUE(euro.ok() && euro->size() == 3u);
+  FakeWorkers w(2);
+  Scheduler s(&w, &*tok, {});
+  // The fake samples the last token + 1: the one new token is the character's first byte alone.
+  auto r = s.Submit(Params({(*euro)[0] - 1}, 1));
+  ASSERT_TRUE(r.ok());
+  Outcome o = Collect(r->get());
+  ASSERT_TRUE(o.finished) << o.error.ToString();
+  EXPECT_EQ(o.reason, flashmesh::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(o.ids, std::vector<int32_t>{(*euro)[0]});
+  EXPECT_EQ(o.text, "\xEF\xBF\xBD");   // U+FFFD, as generate --model prints it; was ""
 }
 
 TEST(Scheduler, CancellingALiveRequestFreesItOnEveryWorker) {
