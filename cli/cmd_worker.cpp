@@ -59,10 +59,12 @@ int CmdWorker(int argc, char** argv) {
                  nc->data.ToString().c_str(), listening.message().c_str());
     return 1;
   }
-  if (cfg->security.insecure && secret->empty())
+  if (cfg->security.insecure && secret->empty()) {
     FM_LOG(kWarn, "worker") << "security.insecure: this worker obeys any caller and takes data "
                                "from any peer that claims a node's name";
-  WorkerSecurity security{.cluster_secret = *secret};
+  }
+  WorkerSecurity security;
+  security.cluster_secret = *secret;
   std::vector<net::AllowedPeer> peers;   // until LoadShard names this worker's: any node's
   for (const NodeConfig& n : cfg->nodes) {
     security.node_data[n.name] = n.data.ToString();

@@ -42,6 +42,18 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, model->NewActivations());
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> last_rows, model->NewActivations());
   const ModelConfig& cfg = ckpt->config();
+  if (!p.ep_expert_begin.empty()) {
+    // Each member's first expert, then the expert count: EP routes by it, TP splits by it.
+    const auto& b = p.ep_expert_begin;
+    const bool rises = std::is_sorted(b.begin(), b.end()) && b.front() == 0 &&
+                       b.back() == cfg.n_routed_experts;
+    if (!rises) {
+      std::string got;
+      for (int64_t v : b) got += (got.empty() ? "" : ", ") + std::to_string(v);
+      return InvalidArgument("shard.ep_expert_begin: [" + got + "] must rise from 0 to the model's " +
+                             std::to_string(cfg.n_routed_experts) + " routed experts");
+    }
+  }
   std::unique_ptr<EpExpertExecutor> ep;
   std::unique_ptr<CommTpGroup> tp;
   if (p.tensor_parallel > 1) {
@@ -181,6 +193,17 @@ Result<ShardRuntime::Sequence*> ShardRuntime::Find(uint64_t seq_id) {
   return &it->second;
 }
 
+Status ShardRuntime::CheckSlices(std::span<const StepSlice> slices) {
+  for (const auto& s : slices) {
+    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    if (s.tokens.empty()) return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": no tokens");
+    if (seq->position + static_cast<int64_t>(s.tokens.size()) > seq->max_context)
+      return OutOfRange("sequence " + std::to_string(s.seq_id) + ": context beyond " +
+                        std::to_string(seq->max_context));
+  }
+  return Status::Ok();
+}
+
 Status ShardRuntime::Embed(std::span<const StepSlice> slices, Activations* x) const {
   if (!model_->has_embed()) return Internal("this shard has no embedding");
   std::vector<int32_t> tokens;
@@ -222,14 +245,11 @@ Status ShardRuntime::Forward(uint64_t step, std::span<const StepSlice> slices, f
     FM_ASSIGN_OR_RETURN(const int64_t rounds, ep_->AgreeRounds(0));
     return RunEmptyRounds(ep_.get(), 0, rounds, placement_.layer_begin, placement_.layer_end);
   }
+  FM_RETURN_IF_ERROR(CheckSlices(slices));
   std::vector<BatchItem> items;
   items.reserve(slices.size());
   for (const auto& s : slices) {
     FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
-    if (s.tokens.empty()) return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": no tokens");
-    if (seq->position + static_cast<int64_t>(s.tokens.size()) > seq->max_context)
-      return OutOfRange("sequence " + std::to_string(s.seq_id) + ": context beyond " +
-                        std::to_string(seq->max_context));
     items.push_back({seq->cache.get(), s.tokens});
   }
   FM_RETURN_IF_ERROR(model_->ForwardLayers(items, x));

@@ -94,6 +94,9 @@ class ShardRuntime {
   // through the layers to the head or the send. Needs loaded().
   Activations& activations() { return *x_; }
 
+  // Every slice names a started sequence and brings 1.. tokens that fit its context: checked
+  // before X is sized for a step (a step's row count comes from the network).
+  Status CheckSlices(std::span<const StepSlice> slices);
   // Stage 0: tokens of every slice -> X [T, hc, H] (x resized to T rows). Needs the embedding.
   Status Embed(std::span<const StepSlice> slices, Activations* x) const;
   // X [T, hc, H] (a pointer into activations()) through this shard's layers; each slice's

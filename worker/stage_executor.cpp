@@ -183,6 +183,7 @@ Status StageExecutor::Execute(Step* step, const net::Frame* received) {
   // X stays in the shard's memory (the device for a device shard) from here to the send or
   // the head; only a received frame's payload is copied in, once.
   Activations& x = runtime_->activations();
+  FM_RETURN_IF_ERROR(runtime_->CheckSlices(step->slices));   // before X is sized by them
   int64_t rows = 0;
   for (const auto& s : step->slices) rows += static_cast<int64_t>(s.tokens.size());
   if (p.stage == 0) {

@@ -112,6 +112,46 @@ std::vector<int32_t> OneStageDecode(std::vector<int32_t> prompt, int n) {
   return Decode({&single}, std::move(prompt), n, &step);
 }
 
+// LoadShard's expert ranges route every expert id: ranges that leave some id to no member (or
+// to one past the last) are refused by name before any group is used.
+TEST(ShardRuntimeLoad, ExpertRangesThatDoNotCoverTheExpertsAreRefusedByName) {
+  const std::vector<std::vector<int64_t>> bad = {{0, 1, 2}, {1, 4, 8}, {0, 6, 4, 8}, {0, 4, 9}};
+  for (const auto& b : bad) {
+    ShardPlacement p = Stage(0, 1, 0, -1);
+    p.ep_expert_begin = b;
+    ShardRuntime r(1);
+    const Status s = r.Load(p);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("shard.ep_expert_begin: ["), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("the model's 8 routed experts"), std::string::npos) << s.ToString();
+    EXPECT_FALSE(r.loaded());
+  }
+  ShardPlacement p = Stage(0, 1, 0, -1);
+  p.ep_expert_begin = {0, 4, 8};   // good ranges: it gets as far as wanting its group
+  ShardRuntime r(1);
+  EXPECT_EQ(r.Load(p).message().find("shard.ep_expert_begin"), std::string::npos);
+}
+
+// A step's slices are checked before X is sized by them: a stage-0 step of far more tokens than
+// the sequence's context is refused without embedding them (a StepBatch of tens of millions of
+// ids would otherwise size X in terabytes and end the worker).
+TEST(StageExecutorChecks, TooManyTokensAreRefusedBeforeXIsSized) {
+  ShardRuntime whole(1);
+  ASSERT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
+  StageExecutor single(&whole);
+  SamplerConfig greedy;
+  greedy.greedy = true;
+  ASSERT_TRUE(whole.StartSequence(1, 64, greedy).ok());
+  const std::vector<int32_t> many(100000, 5);
+  std::vector<SampledId> out;
+  const Status s = single.RunStep(1, 0, {StepSlice{1, many}}, StageExecutor::Clock::now() + 20s, &out);
+  EXPECT_EQ(s.code(), Code::kOutOfRange) << s.ToString();
+  EXPECT_NE(s.message().find("sequence 1: context beyond 64"), std::string::npos) << s.ToString();
+  EXPECT_LT(whole.activations().rows(), 100000) << "X was sized for the refused step";
+  uint64_t step = 2;
+  EXPECT_EQ(Decode({&single}, {1, 2, 3}, 2, &step).size(), 2u) << "the sequence still runs";
+}
+
 TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {
   const std::vector<int32_t> want = OneStageDecode({5, 17, 42, 99}, 6);
   ASSERT_EQ(want.size(), 6u);
