@@ -93,7 +93,7 @@ class Cluster final : public WorkerSet {
   const ClusterOptions& options() const { return options_; }
   const std::vector<std::unique_ptr<NodeHandle>>& nodes() const { return nodes_; }
   NodeHandle* Find(const std::string& name) const;
-  uint64_t term() const { return term_; }
+  uint64_t term() const override { return term_; }
   // Whether a newer coordinator took the cluster over (a worker follows a higher term): this
   // one then stops loading and stepping workers and Ready() says why.
   bool stepped_down() const { return stepped_down_; }

@@ -70,6 +70,7 @@ Scheduler::Scheduler(WorkerSet* workers, const Tokenizer* tokenizer, SchedulerLi
       resetting_(workers->workers().size(), 0),
       unowned_(workers->workers().size()),
       stray_(workers->workers().size()) {
+  next_step_id_ = (workers_->term() << 20) + 1;   // above every earlier coordinator's (worker_set.h)
   // The closures posted run on the scheduling thread only, so `this` in them is alive.
   workers_->OnChange([weak = std::weak_ptr<Signal>(signal_)] {
     if (auto s = weak.lock()) s->Post(nullptr);

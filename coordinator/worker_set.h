@@ -44,6 +44,11 @@ class WorkerSet {
   virtual ~WorkerSet() = default;
   virtual int num_stages() const = 0;
   virtual int expert_parallel() const = 0;
+  // This coordinator's term (its start time in ms; a coordinator that takes over has a higher
+  // one). Step ids start at term x 2^20 + 1, so they rise across coordinators too: a frame an
+  // earlier coordinator's step left in a worker's queues is older than every step of this one,
+  // and skipped as such.
+  virtual uint64_t term() const = 0;
   virtual const std::vector<WorkerInfo>& workers() const = 0;
   // Ok while every worker takes new sequences (UP); otherwise why not, naming the node.
   virtual Status Ready() const = 0;

@@ -40,6 +40,8 @@ class FakeWorkers final : public WorkerSet {
   }
 
   int num_stages() const override { return stages_; }
+  uint64_t term() const override { return term_; }
+  uint64_t term_ = 1765000000000;   // a coordinator's start time in ms (2025-12-06)
   int expert_parallel() const override { return 1; }
   const std::vector<WorkerInfo>& workers() const override { return infos_; }
   Status Ready() const override {
@@ -368,7 +370,7 @@ TEST(Scheduler, AWorkerErrorEndsTheRequestsWithItsCodeAndText) {
   ASSERT_TRUE(a.ok());
   Outcome o = Collect(a->get());
   EXPECT_EQ(o.error.code(), Code::kInternal);
-  EXPECT_EQ(o.error.message(), "step 1: node w1: sampler exploded");
+  EXPECT_EQ(o.error.message(), "step " + std::to_string((w.term_ << 20) + 1) + ": node w1: sampler exploded");
   EXPECT_TRUE(w.marked_down().empty());
 }
 
@@ -463,6 +465,30 @@ TEST(Scheduler, AnUnfinishedCharacterAtTheEndComesOutAsTheReplacementCharacter) 
   EXPECT_EQ(o.reason, flashmesh::v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(o.ids, std::vector<int32_t>{(*euro)[0]});
   EXPECT_EQ(o.text, "\xEF\xBF\xBD");   // U+FFFD, as generate --model prints it; was ""
+}
+
+// A coordinator that takes over (a later term) numbers its steps above every step of the one
+// before, even one that ran a million steps: the frames an old step left in a worker's queues
+// are then older than every new step and skipped, never taken for a new step's.
+TEST(Scheduler, StepIdsRiseAcrossCoordinators) {
+  uint64_t last_old = 0;
+  {
+    FakeWorkers w(2);
+    Scheduler s(&w, nullptr, {});
+    auto r = s.Submit(Params({1}, 3));
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(Collect(r->get()).finished);
+    for (const auto& st : w.steps()) last_old = std::max(last_old, st.req.step_id());
+    EXPECT_EQ(w.steps().front().req.step_id(), (w.term_ << 20) + 1);
+  }
+  last_old += 1000000;   // as if it had run a million more
+  FakeWorkers w(2);
+  w.term_ += 1;          // started a millisecond later
+  Scheduler s(&w, nullptr, {});
+  auto r = s.Submit(Params({1}, 1));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(Collect(r->get()).finished);
+  EXPECT_GT(w.steps().front().req.step_id(), last_old);
 }
 
 TEST(Scheduler, CancellingALiveRequestFreesItOnEveryWorker) {
