@@ -121,8 +121,14 @@ uint64_t ShardRuntime::weight_bytes() const {
   return ckpt_ ? ckpt_->selected_bytes() : 0;
 }
 
+ShardPlacement ShardRuntime::placement() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return placement_;
+}
+
 int64_t ShardRuntime::row_floats() const {
-  return model_->config().hc_mult * model_->config().hidden_size;
+  std::lock_guard<std::mutex> lock(mu_);   // the data plane asks while LoadShard swaps the model
+  return model_ ? model_->config().hc_mult * model_->config().hidden_size : 0;
 }
 
 Status ShardRuntime::StartSequence(uint64_t seq_id, int64_t max_context,

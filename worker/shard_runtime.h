@@ -77,7 +77,8 @@ class ShardRuntime {
   bool loaded() const;
   // Drops the shard and every sequence: loaded() is false until the next Load.
   void Unload();
-  const ShardPlacement& placement() const { return placement_; }
+  // A copy: LoadShard replaces it while the data plane and the RPCs read it.
+  ShardPlacement placement() const;
   const ModelConfig& config() const;   // needs loaded()
   uint64_t weight_bytes() const;
 

@@ -95,6 +95,11 @@ void StageExecutor::Free(const std::vector<uint64_t>& seq_ids) {
   for (auto id : seq_ids) runtime_->FreeSequence(id);
 }
 
+Status StageExecutor::Exclusive(const std::function<Status()>& swap) {
+  std::lock_guard<std::mutex> exec(exec_mu_);
+  return swap();
+}
+
 void StageExecutor::Reset() {
   uint64_t running = 0;
   {
@@ -112,7 +117,7 @@ void StageExecutor::Reset() {
   std::lock_guard<std::mutex> exec(exec_mu_);
   runtime_->AbortStep(0);
   std::lock_guard<std::mutex> lock(mu_);
-  if (next_) next_->AbortStep(0);   // step ids may start over after a reset
+  if (next_) next_->AbortStep(0);   // clears the aborted step for the steps after the reset
   if (prev_) prev_->AbortStep(0);
   FailWaitingLocked();   // steps that arrived meanwhile belong to the aborted schedule too
   inbox_.clear();
@@ -155,6 +160,9 @@ void StageExecutor::Loop() {
     waiting_.erase(step->id);
     step->running = true;
     last_run_ = step->id;
+    // Step ids only rise (across resets and coordinators, coordinator/worker_set.h term()):
+    // activations of earlier steps belong to aborted ones and would only fill the inbox.
+    inbox_.erase(inbox_.begin(), inbox_.lower_bound(step->id));
     std::optional<net::Frame> received;
     if (auto it = inbox_.find(step->id); it != inbox_.end()) {
       received = std::move(it->second);
@@ -179,7 +187,7 @@ void StageExecutor::Loop() {
 Status StageExecutor::Execute(Step* step, const net::Frame* received) {
   if (!runtime_->loaded())
     return Unavailable("step " + std::to_string(step->id) + ": no shard loaded");
-  const ShardPlacement& p = runtime_->placement();
+  const ShardPlacement p = runtime_->placement();
   // X stays in the shard's memory (the device for a device shard) from here to the send or
   // the head; only a received frame's payload is copied in, once.
   Activations& x = runtime_->activations();

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,6 +73,9 @@ class StageExecutor {
 
   // Frees sequences between steps (never under a running step).
   void Free(const std::vector<uint64_t>& seq_ids);
+  // Runs `swap` (LoadShard replacing or dropping the shard) with no step computing: a step
+  // that becomes ready meanwhile starts after it.
+  Status Exclusive(const std::function<Status()>& swap);
   // Fails every waiting step, aborts the running one's EP exchanges, waits for it to end,
   // then drops the inbox and every sequence.
   void Reset();

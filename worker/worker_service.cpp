@@ -178,11 +178,16 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   executor_.Reset();
   executor_.SetNext(nullptr);   // before the hops they use are replaced
   executor_.SetPrev(nullptr);
-  Status st = runtime_.Load(p, ep_group.get());
+  // No step of the old shard computes while the model is replaced (an old coordinator's step
+  // can still arrive until this load fences it).
+  Status st = executor_.Exclusive([&] {
+    Status loaded = runtime_.Load(p, ep_group.get());
+    if (!loaded.ok()) runtime_.Unload();
+    return loaded;
+  });
   if (!st.ok()) {
     // The old shard's wiring is gone: unloaded, never half-wired (Health says loaded: false
     // and the coordinator loads it again).
-    runtime_.Unload();
     epoch_ = 0;
     {
       std::lock_guard<std::mutex> g(shard_mu_);
