@@ -22,6 +22,12 @@
 namespace fm::net {
 namespace {
 
+// Connections that may be in their handshake at once: a node has a few peers, so more are a
+// flood (each holds a descriptor for up to handshake_timeout); the extra ones are closed at once.
+constexpr size_t kMaxHandshaking = 64;
+// After a failed accept (out of descriptors, EMFILE): the same error would come back at once.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+
 class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(TransportOptions o)
@@ -274,8 +280,21 @@ class TcpTransport final : public Transport {
       error_code ec;
       co_await acceptor_->async_accept(c->socket, Redirect(ec));
       if (ec == asio::error::operation_aborted || !acceptor_->is_open()) co_return;
-      if (ec) {
-        FM_LOG(kWarn, "net") << "accept on " << listen_address() << ": " << ec.message();
+      if (ec) {   // wait instead of spinning the I/O thread (and the log) on it
+        FM_LOG(kWarn, "net") << "accept on " << listen_address() << ": " << ec.message()
+                             << "; trying again in " << kAcceptRetry.count() << " ms";
+        asio::steady_timer pause(io_, kAcceptRetry);
+        co_await pause.async_wait(Redirect(ec));
+        continue;
+      }
+      bool flood = false;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        flood = handshaking_.size() >= kMaxHandshaking;
+        if (flood) stats_.connections_rejected++;
+      }
+      if (flood) {
+        c->socket.close(ec);
         continue;
       }
       asio::co_spawn(io_, Accepted(std::move(c)), asio::detached);

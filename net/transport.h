@@ -60,7 +60,8 @@ struct AllowedPeer {
 struct TransportStats {
   uint64_t frames_sent = 0, frames_received = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;  // headers + payloads
-  uint64_t connections_rejected = 0;             // failed handshakes
+  uint64_t connections_rejected = 0;             // failed handshakes, and connections closed
+                                                 // at once with 64 handshakes under way
   uint64_t connections_dropped = 0;              // closed because of a bad frame / flooding
 };
 

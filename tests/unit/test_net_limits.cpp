@@ -128,6 +128,24 @@ TEST(DataPlaneLimits, IdleConnectionBetweenFramesIsKept) {
   EXPECT_EQ(f->header.step_id, 4u);
 }
 
+// A flood of connections that never say hello holds at most 64 descriptors (each until its
+// handshake times out): the 65th and later are closed at once; once the flood goes, a good
+// peer connects as before.
+TEST(DataPlaneLimits, AtMost64ConnectionsWaitInTheHandshake) {
+  auto a = MakeListener("a", 2000ms);
+  asio::io_context io;
+  std::vector<tcp::socket> idle;
+  for (int i = 0; i < 70; ++i) {
+    idle.emplace_back(io);
+    idle.back().connect(EndpointOf(a->listen_address()));
+  }
+  EXPECT_TRUE(Eventually([&] { return a->stats().connections_rejected == 6; }))
+      << a->stats().connections_rejected;
+  EXPECT_TRUE(ClosedByServer(idle.back(), 1000ms));
+  for (auto& s : idle) s.close();
+  ExpectGoodPeerServed(*a);
+}
+
 TEST(DataPlaneLimits, UnknownPeerNameIsRefusedInTheHandshake) {
   auto a = MakeListener("a", 2000ms);
   ASSERT_TRUE(a->SetAllowedPeers({{"b", ""}, {"good", "127.0.0.1"}}).ok());
