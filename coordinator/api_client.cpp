@@ -21,7 +21,9 @@ Result<ApiClient> ConnectApi(const std::string& server, const std::string& token
   if (server.empty() || server.find(':') == std::string::npos)
     return InvalidArgument("--server: '" + server + "' is not HOST:PORT");
   ApiClient c;
-  FM_ASSIGN_OR_RETURN(auto credentials, ChannelCredentialsFor({.ca = tls_ca}));
+  TlsFiles tls;
+  tls.ca = tls_ca;
+  FM_ASSIGN_OR_RETURN(auto credentials, ChannelCredentialsFor(tls));
   // A client that waits for a starting server (bench cluster, scripts) retries within 0.5 s.
   c.stub = flashmesh::v1::Inference::NewStub(
       grpc::CreateCustomChannel(server, credentials, ReconnectingChannelArgs()));
