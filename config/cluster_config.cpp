@@ -4,11 +4,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -17,6 +20,8 @@ namespace fm {
 namespace {
 
 namespace fs = std::filesystem;
+
+constexpr int64_t kMaxBatch = 4096;   // sequences a step holds, at most
 
 class Parser {
  public:
@@ -72,12 +77,15 @@ class Parser {
     return n.Scalar();
   }
 
-  Result<int64_t> Int(const YAML::Node& n, const std::string& path, int64_t min) const {
+  Result<int64_t> Int(const YAML::Node& n, const std::string& path, int64_t min,
+                      int64_t max = std::numeric_limits<int64_t>::max()) const {
     int64_t v = 0;
     if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v))
       return Error(n, path, "expected an integer, got " + Show(n));
     if (v < min) return Error(n, path, std::to_string(v) + " is below the minimum " +
                                            std::to_string(min));
+    if (v > max) return Error(n, path, std::to_string(v) + " is above the maximum " +
+                                           std::to_string(max));
     return v;
   }
 
@@ -218,8 +226,11 @@ Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConf
   return Status::Ok();
 }
 
+// localhost, ::1, or an IPv4 address in 127.0.0.0/8 (not a name that merely starts "127.").
 bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a{};
+  return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
 // Without a cluster secret nothing authenticates the workers' callers and peers: every
@@ -325,8 +336,13 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     FM_RETURN_IF_ERROR(p.Keys(l, "limits", {"max_batch", "max_context", "kv_cache_gib",
                                             "max_queue", "max_tokens", "max_streams_per_client"}));
     LimitsConfig& lim = cfg->limits;
-    if (l["max_batch"]) { FM_ASSIGN_OR_RETURN(lim.max_batch, p.Int(l["max_batch"], "limits.max_batch", 1)); }
-    if (l["max_context"]) { FM_ASSIGN_OR_RETURN(lim.max_context, p.Int(l["max_context"], "limits.max_context", 1)); }
+    // max_context travels as int32 (worker.proto); max_batch x max_context bounds a step's
+    // rows and, with the KV per sequence, the plan's memory sums.
+    if (l["max_batch"]) { FM_ASSIGN_OR_RETURN(lim.max_batch, p.Int(l["max_batch"], "limits.max_batch", 1, kMaxBatch)); }
+    if (l["max_context"]) {
+      FM_ASSIGN_OR_RETURN(lim.max_context,
+                          p.Int(l["max_context"], "limits.max_context", 1, std::numeric_limits<int32_t>::max()));
+    }
     if (l["kv_cache_gib"]) { FM_ASSIGN_OR_RETURN(lim.kv_cache_gib, p.Number(l["kv_cache_gib"], "limits.kv_cache_gib", true)); }
     if (l["max_queue"]) { FM_ASSIGN_OR_RETURN(lim.max_queue, p.Int(l["max_queue"], "limits.max_queue", 1)); }
     if (l["max_tokens"]) { FM_ASSIGN_OR_RETURN(lim.max_tokens, p.Int(l["max_tokens"], "limits.max_tokens", 1)); }
@@ -378,8 +394,9 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
   if (const YAML::Node h = root["heartbeat"]; h.IsDefined() && !h.IsNull()) {
     FM_RETURN_IF_ERROR(p.Keys(h, "heartbeat", {"interval_ms", "timeout_ms"}));
     HeartbeatConfig& hb = cfg->heartbeat;
-    if (h["interval_ms"]) { FM_ASSIGN_OR_RETURN(hb.interval_ms, p.Int(h["interval_ms"], "heartbeat.interval_ms", 1)); }
-    if (h["timeout_ms"]) { FM_ASSIGN_OR_RETURN(hb.timeout_ms, p.Int(h["timeout_ms"], "heartbeat.timeout_ms", 1)); }
+    // Below 10 ms a heartbeat loop is a busy loop, and nodes flap on any scheduling hiccup.
+    if (h["interval_ms"]) { FM_ASSIGN_OR_RETURN(hb.interval_ms, p.Int(h["interval_ms"], "heartbeat.interval_ms", 10)); }
+    if (h["timeout_ms"]) { FM_ASSIGN_OR_RETURN(hb.timeout_ms, p.Int(h["timeout_ms"], "heartbeat.timeout_ms", 40)); }
     if (hb.timeout_ms <= hb.interval_ms)
       return p.Error(h["timeout_ms"] ? h["timeout_ms"] : h, "heartbeat.timeout_ms",
                      std::to_string(hb.timeout_ms) + " must exceed interval_ms " +

@@ -10,6 +10,7 @@
 
 #include "coordinator/cost_model.h"
 #include "model/tensor_schema.h"
+#include "model/tp_split.h"
 
 namespace fm {
 namespace {
@@ -43,10 +44,9 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
     return InvalidArgument("parallel." + std::string(tp > 1 ? "tensor" : "expert") + "_parallel " +
                            std::to_string(k) + " exceeds n_routed_experts " + std::to_string(E) +
                            ": every member of a group needs at least one expert");
-  if (tp > 1 && (m.o_groups % tp != 0 || m.num_attention_heads % tp != 0))
-    return InvalidArgument("parallel.tensor_parallel " + std::to_string(tp) +
-                           " must divide o_groups " + std::to_string(m.o_groups) +
-                           " and num_attention_heads " + std::to_string(m.num_attention_heads));
+  // The loader's own rule (heads, o_groups, hidden_size, moe_intermediate_size): a plan it
+  // would refuse on every worker is refused here.
+  if (tp > 1) FM_RETURN_IF_ERROR(CheckTensorParallel(m, tp).Wrap("parallel"));
   if (stages > L)
     return InvalidArgument("parallel.pipeline_stages " + std::to_string(stages) +
                            " exceeds num_hidden_layers " + std::to_string(L) +
@@ -210,8 +210,10 @@ Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) 
   std::string tried;
   for (const PlanCandidate& c : all) {
     if (!c.plan.ok()) {
-      tried += "\n  " + std::to_string(c.pipeline_stages) + " x " +
-               std::to_string(c.expert_parallel) + ": " + c.plan.status().message();
+      tried += "\n  pp" + std::to_string(c.pipeline_stages) +
+               (c.tensor_parallel > 1 ? " x tp" + std::to_string(c.tensor_parallel)
+                                      : " x ep" + std::to_string(c.expert_parallel)) +
+               ": " + c.plan.status().message();
       continue;
     }
     if (!c.prediction.ok()) return c.prediction.status();
@@ -220,7 +222,7 @@ Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) 
   if (best) return *best->plan;
   const int n = static_cast<int>(cluster.nodes.size());
   return ResourceExhausted("parallel auto: no layout of the " + std::to_string(n) +
-                           " nodes fits (stages x expert_parallel):" + tried);
+                           " nodes fits:" + tried);
 }
 
 std::string FormatPlanTable(const Plan& plan) {

@@ -14,7 +14,8 @@
 // - Tensor parallel (tensor_parallel t, issue 20): the t members of a stage split each layer's
 //   heads (wq_b, wo_a by groups, wo_b by rows) and the shared expert (ceil(bytes / t) each),
 //   replicate the rest of the dense part, and hold routed experts like an EP group; every
-//   member keeps the KV of all the stage's sequences. t divides o_groups and the heads.
+//   member keeps the KV of all the stage's sequences. t divides the heads, o_groups, hidden_size
+//   and moe_intermediate_size (CheckTensorParallel, the loader's rule).
 // - parallel "auto": among the layouts of the nodes (S x ep and S x tp with S * k == nodes;
 //   PlanCandidates in cost_model.h) that fit every node's memory_gib, the one the cost model
 //   predicts fastest at batch 1; ties go to fewer stages. cpu profiles are probed first (ProbeHostProfile).
@@ -62,8 +63,8 @@ struct Plan {
   }
 };
 
-// Plans the cluster. Errors: stages * k != number of nodes, stages > num_hidden_layers, k not
-// dividing n_routed_experts, or a worker that does not fit: "node 'spark-a' (stage 0, ep 0):
+// Plans the cluster. Errors: stages * k != number of nodes, stages > num_hidden_layers, k above
+// n_routed_experts, a tensor-parallel t the shapes do not split by, or a worker that does not fit: "node 'spark-a' (stage 0, ep 0):
 // needs 130.2 GiB (weights 120.1 + KV 10.1) but memory_gib is 121.0".
 Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster);
 // One layout: `stages` x expert_parallel `ep` x tensor_parallel `tp` (ep or tp is 1), with the

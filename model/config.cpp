@@ -203,7 +203,10 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     return f.Error("num_experts_per_tok", "must be <= n_routed_experts");
   if (c.num_hash_layers < 0 || c.num_hash_layers > c.num_hidden_layers)
     return f.Error("num_hash_layers", "must be in [0, num_hidden_layers]");
-  if (c.num_nextn_predict_layers < 0) return f.Error("num_nextn_predict_layers", "must be >= 0");
+  // The official checkpoint has 1; a bound keeps a wrong value an error, not terabytes of
+  // compress_ratios padding (bad_alloc).
+  if (c.num_nextn_predict_layers < 0 || c.num_nextn_predict_layers > 64)
+    return f.Error("num_nextn_predict_layers", "must be in [0, 64]");
   if (c.scoring_func != "sqrtsoftplus")
     return f.Error("scoring_func", "must be \"sqrtsoftplus\", got \"" + c.scoring_func + "\"");
   const size_t want = static_cast<size_t>(c.num_hidden_layers + c.num_nextn_predict_layers);

@@ -146,15 +146,21 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* bytes, size_t av
             [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
               return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
             });
-  for (size_t i = 1; i < h.tensors.size(); ++i) {
-    const auto& a = h.tensors[i - 1];
+  // Each non-empty tensor against the non-empty one before it (sorted and disjoint so far,
+  // that one ends last): a zero-size tensor sorted between two overlapping ones hides nothing.
+  size_t prev = h.tensors.size();
+  for (size_t i = 0; i < h.tensors.size(); ++i) {
     const auto& b = h.tensors[i];
-    // Zero-size tensors occupy no bytes and cannot overlap anything.
-    if (b.begin < a.end && b.begin != b.end)
-      return InvalidArgument(origin + ": tensors " + Quoted(a.name) + " [" +
-                             std::to_string(a.begin) + ", " + std::to_string(a.end) + ") and " +
-                             Quoted(b.name) + " [" + std::to_string(b.begin) + ", " +
-                             std::to_string(b.end) + ") overlap");
+    if (b.begin == b.end) continue;   // zero-size tensors occupy no bytes
+    if (prev == h.tensors.size() || b.begin >= h.tensors[prev].end) {
+      prev = i;
+      continue;
+    }
+    const auto& a = h.tensors[prev];
+    return InvalidArgument(origin + ": tensors " + Quoted(a.name) + " [" +
+                           std::to_string(a.begin) + ", " + std::to_string(a.end) + ") and " +
+                           Quoted(b.name) + " [" + std::to_string(b.begin) + ", " +
+                           std::to_string(b.end) + ") overlap");
   }
   for (size_t i = 0; i < h.tensors.size(); ++i) h.by_name[h.tensors[i].name] = i;
   return h;

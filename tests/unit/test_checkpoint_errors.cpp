@@ -2,11 +2,14 @@
 // (no crash, no partial state), and `flashmesh inspect` exits non-zero with that message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include "cli/commands.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/safetensors.h"
 #include "tests/unit/test_checkpoint_util.h"
 
 namespace fm {
@@ -84,6 +87,20 @@ TEST(CheckpointErrors, DataOffsetsOverlap) {
   EXPECT_HAS(m, kNorm);
   EXPECT_HAS(m, other);
   EXPECT_HAS(m, "overlap");
+}
+
+// A zero-size tensor sorted between two overlapping ones does not hide the overlap.
+TEST(CheckpointErrors, OverlapBehindAZeroSizeTensor) {
+  const std::string header =
+      R"({"A": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+      R"( "Z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},)"
+      R"( "B": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})";
+  std::vector<uint8_t> file(8 + header.size() + 8, 0);
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+  std::copy(header.begin(), header.end(), file.begin() + 8);
+  auto h = ParseSafetensorsHeader(file.data(), file.size(), file.size(), "x.safetensors");
+  ASSERT_FALSE(h.ok());
+  EXPECT_HAS(h.status().message(), "x.safetensors: tensors 'A' [0, 8) and 'B' [4, 8) overlap");
 }
 
 TEST(CheckpointErrors, SpanDoesNotMatchShape) {
@@ -174,6 +191,19 @@ TEST(CheckpointErrors, ConfigMistypedField) {
   const std::string m = OpenError(d);
   EXPECT_HAS(m, d + "/config.json");
   EXPECT_HAS(m, "field 'hidden_size' must be an integer");
+}
+
+// A huge MTP layer count is an error naming the field (it padded compress_ratios to it:
+// bad_alloc, the process ended).
+TEST(CheckpointErrors, ConfigHugeMtpLayerCount) {
+  const std::string d = TinyCopy("cfg_mtp");
+  json j = json::parse(ReadAll(d + "/config.json"));
+  j["num_nextn_predict_layers"] = int64_t{1000000000000};
+  WriteAll(d + "/config.json", j.dump());
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, d + "/config.json");
+  EXPECT_HAS(m, "num_nextn_predict_layers");
+  EXPECT_HAS(m, "must be in [0, 64]");
 }
 
 // A config.json that disagrees with the tensors (more experts than the files hold).

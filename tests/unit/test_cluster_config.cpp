@@ -124,6 +124,10 @@ TEST(ClusterConfig, WithoutASecretEveryListenerMustBeLoopbackUnlessInsecure) {
   ExpectError(exposed("http: 127.0.0.1", "http: 10.1.1.1"), 2, "coordinator.http: 10.1.1.1:8080" + hint);
   ExpectError(exposed("control: 127.0.0.1", "control: 10.1.1.1"), 3, "nodes[0].control: 10.1.1.1:7101" + hint);
   ExpectError(exposed("data: 127.0.0.1", "data: spark-a"), 3, "nodes[0].data: spark-a:7201" + hint);
+  // A name is not an address: 127.example.com may resolve anywhere.
+  ExpectError(exposed("control: 127.0.0.1", "control: 127.example.com"), 3,
+              "nodes[0].control: 127.example.com:7101" + hint);
+  EXPECT_TRUE(Parse(exposed("control: 127.0.0.1", "control: 127.3.4.5")).ok());
   EXPECT_TRUE(Parse(exposed("data: 127.0.0.1", "data: 10.1.1.1") + "security: { insecure: true }\n").ok());
   EXPECT_TRUE(Parse(exposed("data: 127.0.0.1", "data: 10.1.1.1") +
                     "security: { cluster_secret_file: s }\n").ok());
@@ -223,6 +227,14 @@ TEST(ClusterConfig, BadValues) {
   ExpectError(Edit("max_tokens: 512", "max_tokens: 5000"), 12,
               "limits.max_tokens: 5000 exceeds limits.max_context 4096");
   ExpectError(Edit("timeout_ms: 3000", "timeout_ms: 500"), 17, "heartbeat.timeout_ms: 500 must");
+  // A step's rows and the plan's memory sums stay in range; max_context travels as int32.
+  ExpectError(Edit("max_context: 4096", "max_context: 2147483648"), 12,
+              "limits.max_context: 2147483648 is above the maximum 2147483647");
+  ExpectError(Edit("max_batch: 8", "max_batch: 4611686018427387904"), 12,
+              "limits.max_batch: 4611686018427387904 is above the maximum 4096");
+  // Heartbeats in a busy loop: refused.
+  ExpectError(Edit("interval_ms: 500, timeout_ms: 3000", "interval_ms: 1, timeout_ms: 3"), 17,
+              "heartbeat.interval_ms: 1 is below the minimum 10");
   ExpectError(Edit("  - name: b", "  - name: b c"), 7, "nodes[1].name: 'b c'");
 }
 

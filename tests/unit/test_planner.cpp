@@ -177,6 +177,16 @@ TEST(Planner, LayoutErrorsAreNamed) {
   auto too_many = PlanShards(m, Cluster(5, 5, 1, 100));
   ASSERT_FALSE(too_many.ok());
   EXPECT_NE(too_many.status().message().find("exceeds num_hidden_layers 4"), std::string::npos);
+  // Tensor parallel 3 divides the heads and groups but not hidden_size 256: the loader would
+  // refuse it on every worker, so the planner does.
+  ModelConfig odd = SmallModel(4);
+  odd.num_attention_heads = 6, odd.o_groups = 3;
+  ClusterConfig three = Cluster(3, 1, 1, 100);
+  three.parallel.tensor_parallel = 3;
+  auto tp3 = PlanShards(odd, three);
+  ASSERT_FALSE(tp3.ok());
+  EXPECT_NE(tp3.status().message().find("parallel: tensor_parallel 3 does not divide hidden_size 256"),
+            std::string::npos) << tp3.status().message();
 }
 
 TEST(Planner, RefusesAPlanThatDoesNotFitNamingNodeAndNumbers) {
@@ -294,7 +304,9 @@ TEST(Planner, AutoFallsBackToMoreStagesWhenDenseCopiesDoNotFit) {
   auto none = PlanShards(m, Cluster(2, 0, 0, pp_need / 4));
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("parallel auto: no layout"), std::string::npos);
-  EXPECT_NE(none.status().message().find("1 x 2: node 'n0'"), std::string::npos)
+  EXPECT_NE(none.status().message().find("pp1 x ep2: node 'n0'"), std::string::npos)
+      << none.status().message();
+  EXPECT_NE(none.status().message().find("pp1 x tp2: node 'n0'"), std::string::npos)
       << none.status().message();
 }
 
