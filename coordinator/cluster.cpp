@@ -180,18 +180,24 @@ Status NotReady(const NodeHandle& n, NodeState s) {
 
 }  // namespace
 
+Status Cluster::SteppedDown() const {
+  if (!stepped_down_) return Status::Ok();
+  std::lock_guard<std::mutex> lock(step_down_mu_);
+  return Unavailable("this coordinator (term " + std::to_string(term_) + ") stepped down: " +
+                     step_down_reason_);
+}
+
 Status Cluster::Ready() const {
-  if (stepped_down_) {
-    std::lock_guard<std::mutex> lock(step_down_mu_);
-    return Unavailable("this coordinator (term " + std::to_string(term_) + ") stepped down: " +
-                       step_down_reason_);
-  }
+  FM_RETURN_IF_ERROR(SteppedDown());
   for (const auto& n : nodes_)
     if (NodeState s = n->state(); s != flashmesh::v1::NODE_STATE_UP) return NotReady(*n, s);
   return Status::Ok();
 }
 
 Status Cluster::Running() const {
+  // The workers follow the newer coordinator: steps of this one would only be refused (and
+  // read as nodes that do not answer).
+  FM_RETURN_IF_ERROR(SteppedDown());
   for (const auto& n : nodes_)
     if (NodeState s = n->state(); s != flashmesh::v1::NODE_STATE_UP && s != flashmesh::v1::NODE_STATE_DRAINING)
       return NotReady(*n, s);

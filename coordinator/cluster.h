@@ -122,6 +122,8 @@ class Cluster final : public WorkerSet {
                                   Done<flashmesh::v1::StepBatchResponse> done) override;
 
  private:
+  // Ok, or Unavailable naming the newer term's takeover once this coordinator stepped down.
+  Status SteppedDown() const;
   // An NCCL EP group: its members in rank order; generation counts whole-group loads.
   struct NcclGroup {
     std::mutex mu;
@@ -138,6 +140,15 @@ class Cluster final : public WorkerSet {
   NcclGroup* GroupOf(const NodeHandle* node) const;
   void SetState(NodeHandle* node, flashmesh::v1::NodeState state, const std::string& error);
   void StepDown(const std::string& why);
+  // `done`, after stepping down when the worker answered that it follows a newer coordinator.
+  template <typename T>
+  Done<T> StepDownIfSuperseded(NodeHandle* node, Done<T> done) {
+    return [this, node, done = std::move(done)](RpcResult r, T resp) {
+      if (r.fault == RpcFault::kSuperseded)
+        StepDown("node " + node->name() + " follows a newer coordinator: " + r.status.message());
+      done(std::move(r), std::move(resp));
+    };
+  }
 
   ClusterOptions options_;
   int num_stages_ = 1;

@@ -32,8 +32,10 @@ RpcResult Classify(const NodeHandle& node, const grpc::ClientContext& ctx, const
                                  : "is unavailable: " + s.error_message();
     return {Unavailable("node " + node.name() + " (" + node.control() + ") " + what), RpcFault::kUnreachable};
   }
-  const bool lost = std::string(it->second.data(), it->second.size()) == kFaultLostSequences;
-  return {FromGrpc(s), lost ? RpcFault::kLostSequences : RpcFault::kWorker};
+  const std::string fault(it->second.data(), it->second.size());
+  return {FromGrpc(s), fault == kFaultLostSequences ? RpcFault::kLostSequences
+                       : fault == kFaultSuperseded  ? RpcFault::kSuperseded
+                                                    : RpcFault::kWorker};
 }
 
 // Starts one async call: `start(ctx, req, resp, on_done)` issues it on the node's stub.
@@ -54,7 +56,8 @@ std::shared_ptr<PendingCall<Req, Resp>> Call(NodeHandle* node, const Req& req, W
 void Cluster::StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req, Deadline deadline,
                             Done<flashmesh::v1::StartSequenceResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  Call(n, req, deadline, std::move(done), [n](auto* ctx, auto* q, auto* r, auto cb) {
+  Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+       [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->StartSequence(ctx, q, r, std::move(cb));
   });
 }
@@ -62,14 +65,16 @@ void Cluster::StartSequence(int worker, const flashmesh::v1::StartSequenceReques
 void Cluster::FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req, Deadline deadline,
                            Done<flashmesh::v1::FreeSequenceResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  Call(n, req, deadline, std::move(done), [n](auto* ctx, auto* q, auto* r, auto cb) {
+  Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+       [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->FreeSequence(ctx, q, r, std::move(cb));
   });
 }
 
 void Cluster::Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  Call(n, flashmesh::v1::ResetRequest(), deadline, std::move(done), [n](auto* ctx, auto* q, auto* r, auto cb) {
+  Call(n, flashmesh::v1::ResetRequest(), deadline,
+       StepDownIfSuperseded(n, std::move(done)), [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->Reset(ctx, q, r, std::move(cb));
   });
 }
@@ -77,7 +82,8 @@ void Cluster::Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResp
 std::function<void()> Cluster::StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,
                                          Deadline deadline, Done<flashmesh::v1::StepBatchResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  auto p = Call(n, req, deadline, std::move(done), [n](auto* ctx, auto* q, auto* r, auto cb) {
+  auto p = Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+                [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->StepBatch(ctx, q, r, std::move(cb));
   });
   return [p] { p->ctx.TryCancel(); };

@@ -46,7 +46,7 @@ struct Scheduler::StepCall {
   uint64_t step_id = 0;
   std::vector<uint64_t> seq_ids;
   size_t rows = 0;
-  Clock::time_point launched;
+  Clock::time_point launched, deadline;
   std::vector<RpcResult> results;                        // per worker
   std::vector<flashmesh::v1::StepBatchResponse> responses;
   std::vector<char> done;
@@ -269,7 +269,8 @@ void Scheduler::SendResets() {
     workers_->Reset(w, deadline, [this, w](RpcResult r, flashmesh::v1::ResetResponse) {
       Post([this, w, r] {
         resetting_[w] = 0;
-        if (r.ok()) return;
+        // Superseded: the newer coordinator owns the worker now (Running() says this one stepped down).
+        if (r.ok() || r.fault == RpcFault::kSuperseded) return;
         // It may still hold sequences: DOWN (which fails what runs) until it answers again.
         needs_reset_[w] = 1;
         workers_->MarkDown(w, "Reset failed: " + r.status.message());
@@ -384,6 +385,7 @@ void Scheduler::Launch() {
     size_t rows_to_run = 0;
     for (const auto& [id, c] : in_flight_) rows_to_run += c->rows;
     const auto deadline = StepDeadline(call->launched, rows_to_run);
+    call->deadline = deadline;
     {
       std::lock_guard<std::mutex> lock(health_mu_);
       step_times_[call->step_id] = {call->launched, call->launched + (deadline - call->launched) / 2};
@@ -546,11 +548,15 @@ void Scheduler::End(Request* r, const Status& why) {
 void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector<uint64_t>& ids) {
   flashmesh::v1::FreeSequenceRequest req;
   for (uint64_t id : ids) req.add_seq_ids(id);
-  const auto deadline = Clock::now() + limits_.control_timeout;
+  // A worker frees between steps: behind the steps in flight (a prefill may run for seconds),
+  // so the free has until their deadlines, plus its own time. A busy worker is not a dead one.
+  auto deadline = Clock::now() + limits_.control_timeout;
+  for (const auto& [id, call] : in_flight_)
+    deadline = std::max(deadline, call->deadline + limits_.control_timeout);
   for (int w : workers) {
     Track();
     workers_->FreeSequence(w, req, deadline, [this, w](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
-      if (!r.ok()) {
+      if (!r.ok() && r.fault != RpcFault::kSuperseded) {
         // Its KV stays behind: DOWN fails what runs and resets it once it answers again.
         Post([this, w, r] { workers_->MarkDown(w, "FreeSequence failed: " + r.status.message()); });
       }

@@ -20,6 +20,7 @@ enum class RpcFault {
   kUnreachable,     // no answer from the worker (connection, deadline): the node itself failed
   kWorker,          // the worker answered with this error
   kLostSequences,   // the worker answered that it does not hold a sequence of the call
+  kSuperseded,      // the worker answered that it follows a newer coordinator (this one steps down)
 };
 
 struct RpcResult {

@@ -191,13 +191,13 @@ Status ControlGuard::Fence(uint64_t term, const std::string& method) const {
   return Status::Ok();
 }
 
-grpc::Status ControlGuard::Admit(const grpc::ServerContext& ctx, const std::string& method,
+grpc::Status ControlGuard::Admit(grpc::ServerContext* ctx, const std::string& method,
                                  const google::protobuf::Message& req, bool changes_state,
                                  uint64_t* caller_term) {
-  Result<uint64_t> term = Authenticate(ctx, method, req);
+  Result<uint64_t> term = Authenticate(*ctx, method, req);
   if (!term.ok()) return ToGrpc(term.status());
   if (caller_term) *caller_term = *term;
-  if (changes_state) return ToGrpc(Fence(*term, method));
+  if (changes_state) return WorkerError(ctx, Fence(*term, method), kFaultSuperseded);
   return grpc::Status::OK;
 }
 

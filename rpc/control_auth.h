@@ -65,8 +65,9 @@ class ControlGuard {
   // For RPCs that change state: refuses a term older than the one followed (FailedPrecondition).
   Status Fence(uint64_t term, const std::string& method) const;
   // Both, as a grpc::Status for the handlers (OK when the call may go on); *term gets the
-  // caller's term when not null.
-  grpc::Status Admit(const grpc::ServerContext& ctx, const std::string& method,
+  // caller's term when not null. A fenced call is marked kFaultSuperseded (grpc_status.h), so
+  // that the stale coordinator steps down rather than take this worker for a dead one.
+  grpc::Status Admit(grpc::ServerContext* ctx, const std::string& method,
                      const google::protobuf::Message& req, bool changes_state,
                      uint64_t* term = nullptr);
   // A LoadShard of `term` succeeded: follow it from now on (never goes back).

@@ -21,6 +21,8 @@ inline constexpr char kFaultKey[] = "fm-fault";
 inline constexpr char kFaultWorker[] = "worker";
 // The call names a sequence the worker does not hold (it was reset or restarted meanwhile).
 inline constexpr char kFaultLostSequences[] = "lost-sequences";
+// The worker follows a newer coordinator (a higher term): the caller is to step down.
+inline constexpr char kFaultSuperseded[] = "superseded";
 grpc::Status WorkerError(grpc::ServerContext* ctx, const Status& s, const char* fault = kFaultWorker);
 
 // PEM files of security.tls: this process's certificate and key, and the CA that signed the

@@ -81,7 +81,7 @@ Status WorkerService::ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s) {
 grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh::v1::LoadShardRequest* req,
                                       flashmesh::v1::LoadShardResponse* resp) {
   uint64_t term = 0;
-  if (grpc::Status a = guard_.Admit(*ctx, "LoadShard", *req, true, &term); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "LoadShard", *req, true, &term); !a.ok()) return a;
   std::lock_guard<std::mutex> lock(load_mu_);
   const auto& s = req->shard();
   if (Status peers = CheckPeers(s); !peers.ok()) return ToGrpc(peers.Wrap("node " + node_));
@@ -231,7 +231,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
 
 grpc::Status WorkerService::Health(grpc::ServerContext* ctx, const flashmesh::v1::HealthRequest* req,
                                    flashmesh::v1::HealthResponse* resp) {
-  if (grpc::Status a = guard_.Admit(*ctx, "Health", *req, false); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "Health", *req, false); !a.ok()) return a;
   resp->set_node(node_);
   bool group_ok = true;
   {
@@ -250,7 +250,7 @@ grpc::Status WorkerService::Health(grpc::ServerContext* ctx, const flashmesh::v1
 
 grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const flashmesh::v1::StatsRequest* req,
                                   flashmesh::v1::StatsResponse* resp) {
-  if (grpc::Status a = guard_.Admit(*ctx, "Stats", *req, false); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "Stats", *req, false); !a.ok()) return a;
   resp->set_node(node_);
   bool loaded = runtime_.loaded();
   resp->set_loaded(loaded);
@@ -279,7 +279,7 @@ grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const flashmesh::v1:
 
 grpc::Status WorkerService::Drain(grpc::ServerContext* ctx, const flashmesh::v1::DrainRequest* req,
                                   flashmesh::v1::DrainResponse* resp) {
-  if (grpc::Status a = guard_.Admit(*ctx, "Drain", *req, true); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "Drain", *req, true); !a.ok()) return a;
   draining_ = true;
   FM_LOG(kInfo, "worker") << node_ << ": draining";
   resp->set_active_sequences(runtime_.active_sequences());
@@ -289,7 +289,7 @@ grpc::Status WorkerService::Drain(grpc::ServerContext* ctx, const flashmesh::v1:
 grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
                                           const flashmesh::v1::StartSequenceRequest* req,
                                           flashmesh::v1::StartSequenceResponse* resp) {
-  if (grpc::Status a = guard_.Admit(*ctx, "StartSequence", *req, true); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "StartSequence", *req, true); !a.ok()) return a;
   if (draining_ || stopping_)
     return WorkerError(ctx, Unavailable("node " + node_ + (stopping_ ? " is stopping" : " is draining")));
   SamplerConfig sp;
@@ -308,7 +308,7 @@ grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
 grpc::Status WorkerService::FreeSequence(grpc::ServerContext* ctx,
                                          const flashmesh::v1::FreeSequenceRequest* req,
                                          flashmesh::v1::FreeSequenceResponse* resp) {
-  if (grpc::Status a = guard_.Admit(*ctx, "FreeSequence", *req, true); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "FreeSequence", *req, true); !a.ok()) return a;
   executor_.Free(std::vector<uint64_t>(req->seq_ids().begin(), req->seq_ids().end()));
   resp->set_kv_bytes(runtime_.kv_bytes());
   return grpc::Status::OK;
@@ -317,7 +317,7 @@ grpc::Status WorkerService::FreeSequence(grpc::ServerContext* ctx,
 grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
                                       const flashmesh::v1::StepBatchRequest* req,
                                       flashmesh::v1::StepBatchResponse* resp) {
-  if (grpc::Status a = guard_.Admit(*ctx, "StepBatch", *req, true); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "StepBatch", *req, true); !a.ok()) return a;
   if (!runtime_.loaded()) return WorkerError(ctx, Unavailable("node " + node_ + ": no shard loaded"));
   if (stopping_) return WorkerError(ctx, Unavailable("node " + node_ + " is stopping"));
   // Refused before it joins the step order: a step that cannot run must not make the next
@@ -361,7 +361,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
 
 grpc::Status WorkerService::Reset(grpc::ServerContext* ctx, const flashmesh::v1::ResetRequest* req,
                                   flashmesh::v1::ResetResponse*) {
-  if (grpc::Status a = guard_.Admit(*ctx, "Reset", *req, true); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "Reset", *req, true); !a.ok()) return a;
   std::lock_guard<std::mutex> lock(load_mu_);   // the runtime's EP group stays put meanwhile
   executor_.Reset();
   return grpc::Status::OK;
@@ -369,7 +369,7 @@ grpc::Status WorkerService::Reset(grpc::ServerContext* ctx, const flashmesh::v1:
 
 grpc::Status WorkerService::NewNcclId(grpc::ServerContext* ctx, const flashmesh::v1::NewNcclIdRequest* req,
                                       flashmesh::v1::NewNcclIdResponse* resp) {
-  if (grpc::Status a = guard_.Admit(*ctx, "NewNcclId", *req, true); !a.ok()) return a;
+  if (grpc::Status a = guard_.Admit(ctx, "NewNcclId", *req, true); !a.ok()) return a;
   Result<std::string> id = net::NcclNewUniqueId();
   if (!id.ok()) return WorkerError(ctx, id.status().Wrap("node " + node_));
   resp->set_unique_id(*id);

@@ -27,7 +27,7 @@ class GuardedService final : public v1::Worker::Service {
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
                       v1::HealthResponse* resp) override {
     Remember(*ctx);
-    if (grpc::Status a = guard_.Admit(*ctx, "Health", *req, false); !a.ok()) return a;
+    if (grpc::Status a = guard_.Admit(ctx, "Health", *req, false); !a.ok()) return a;
     resp->set_term(guard_.term());
     return grpc::Status::OK;
   }
@@ -35,7 +35,7 @@ class GuardedService final : public v1::Worker::Service {
                              v1::StartSequenceResponse*) override {
     Remember(*ctx);
     uint64_t term = 0;
-    grpc::Status a = guard_.Admit(*ctx, "StartSequence", *req, true, &term);
+    grpc::Status a = guard_.Admit(ctx, "StartSequence", *req, true, &term);
     if (a.ok()) guard_.Follow(term);
     return a;
   }
@@ -109,6 +109,17 @@ TEST_F(ControlAuth, SignedCallsPassAndTheNewestTermIsFollowed) {
   auto t50 = Signed("s3cret", 50);
   ExpectRefused(Start(t50.get(), 2), grpc::StatusCode::FAILED_PRECONDITION,
                 "StartSequence refused: stale coordinator term 50; this worker follows term 100");
+  {  // marked, so that the stale coordinator steps down instead of taking the worker for dead
+    grpc::ClientContext ctx;
+    v1::StartSequenceRequest req;
+    req.set_seq_id(5);
+    v1::StartSequenceResponse resp;
+    ASSERT_FALSE(t50->StartSequence(&ctx, req, &resp).ok());
+    const auto& md = ctx.GetServerTrailingMetadata();
+    auto it = md.find(kFaultKey);
+    ASSERT_NE(it, md.end()) << "no fault mark";
+    EXPECT_EQ(std::string(it->second.data(), it->second.size()), kFaultSuperseded);
+  }
   ASSERT_TRUE(Health(t50.get(), &h).ok());   // the stale one may still look, and learns why
   EXPECT_EQ(h.term(), 100u);
   ASSERT_TRUE(Start(Signed("s3cret", 200).get(), 3).ok());

@@ -85,8 +85,12 @@ class FakeWorkers final : public WorkerSet {
     };
     Run("start", w, std::move(finish));
   }
-  void FreeSequence(int w, const flashmesh::v1::FreeSequenceRequest& req, Deadline,
+  void FreeSequence(int w, const flashmesh::v1::FreeSequenceRequest& req, Deadline deadline,
                     Done<flashmesh::v1::FreeSequenceResponse> done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_budgets_.push_back(deadline - Clock::now());
+    }
     Run("free", w, [this, w, req, done] {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -205,6 +209,10 @@ class FakeWorkers final : public WorkerSet {
     std::lock_guard<std::mutex> lock(mu_);
     return max_live_;
   }
+  std::vector<Clock::duration> free_budgets() {   // deadline - the time sent, per free
+    std::lock_guard<std::mutex> lock(mu_);
+    return free_budgets_;
+  }
   std::vector<int> marked_down() {
     std::lock_guard<std::mutex> lock(mu_);
     return marked_down_;
@@ -237,6 +245,7 @@ class FakeWorkers final : public WorkerSet {
   std::map<std::string, std::vector<std::function<void()>>> held_calls_;
   std::function<RpcResult(int, const flashmesh::v1::StepBatchRequest&)> step_fault_;
   std::vector<Step> steps_;
+  std::vector<Clock::duration> free_budgets_;
   std::vector<std::string> log_;
   std::vector<int> marked_down_;
   std::function<void()> listener_;
@@ -371,6 +380,23 @@ TEST(Scheduler, AWorkerErrorEndsTheRequestsWithItsCodeAndText) {
   Outcome o = Collect(a->get());
   EXPECT_EQ(o.error.code(), Code::kInternal);
   EXPECT_EQ(o.error.message(), "step " + std::to_string((w.term_ << 20) + 1) + ": node w1: sampler exploded");
+  EXPECT_TRUE(w.marked_down().empty());
+}
+
+// A worker that follows a newer coordinator answered: it is not a dead node (the coordinator
+// steps down, cluster_rpc.cpp), so nothing is marked DOWN and the request ends with its words.
+TEST(Scheduler, AWorkerThatFollowsANewerCoordinatorIsNotMarkedDown) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.SetStepFault([](int, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    return {FailedPrecondition("StepBatch refused: stale coordinator term 1; this worker follows term 2"),
+            RpcFault::kSuperseded};
+  });
+  auto a = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(a.ok());
+  Outcome o = Collect(a->get());
+  EXPECT_EQ(o.error.code(), Code::kFailedPrecondition) << o.error.ToString();
+  EXPECT_NE(o.error.message().find("this worker follows term 2"), std::string::npos) << o.error.ToString();
   EXPECT_TRUE(w.marked_down().empty());
 }
 
@@ -601,6 +627,24 @@ TEST(Scheduler, ASequenceNoRequestOwnsIsFreedAndDegradesHealthUntilItIsGone) {
   w.Release("free");
   w.Heartbeat(1);
   EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+}
+
+// A worker frees between steps, so a free sent while a step runs (a long prefill) waits for it:
+// its deadline covers the step's, or a busy worker would be marked DOWN and the cluster reset.
+TEST(Scheduler, AFreeBehindAStepInFlightHasTheStepsTimeToo) {
+  FakeWorkers w(1);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step");
+  auto a = s.Submit(Params({1}, 3));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
+  w.AddHeld(0, 999);   // a stray sequence: freed at the next beat, while a's step runs
+  w.Heartbeat(0);
+  ASSERT_TRUE(WaitFor([&] { return !w.free_budgets().empty(); }));
+  const auto step_budget = w.steps().front().budget;
+  EXPECT_GT(w.free_budgets().front(), step_budget) << "the free's deadline ends before the step's";
+  EXPECT_GE(step_budget, 29s) << "the first step's deadline is first_step (30 s)";
+  w.Release("step");
+  EXPECT_TRUE(Collect(a->get()).finished);
 }
 
 TEST(Scheduler, ARequestWhoseSequenceAWorkerLostBetweenStepsEndsUnavailable) {
