@@ -191,10 +191,11 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
     params->deadline = std::chrono::steady_clock::now() +
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            ctx->deadline() - std::chrono::system_clock::now());
-  // The client: its token when it sent one, else its address without the port.
+  // The client: its (checked) token, else its address without the port.
   auto auth = ctx->client_metadata().find("authorization");
   std::string client = ctx->peer().substr(0, ctx->peer().rfind(':'));
-  if (auth != ctx->client_metadata().end()) client = std::string(auth->second.data(), auth->second.size());
+  if (checks_tokens() && auth != ctx->client_metadata().end())
+    client = std::string(auth->second.data(), auth->second.size());
   auto slot = AcquireStream(client);
   if (!slot.ok()) return fail(slot.status());
   auto stream = scheduler_->Submit(std::move(params).value());

@@ -69,6 +69,9 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   // A slot for `client` (its bearer token, else its address); RESOURCE_EXHAUSTED when it
   // already has max_streams_per_client generations running.
   Result<std::unique_ptr<StreamSlot>> AcquireStream(const std::string& client) const;
+  // Whether bearer tokens are checked: only then does a token name a client (else any client
+  // could send a new one with each request and never reach its limit).
+  bool checks_tokens() const { return !options_.api_tokens.empty(); }
 
  private:
   Status Authenticate(grpc::ServerContext* ctx) const;

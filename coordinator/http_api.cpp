@@ -199,8 +199,10 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   job.req = std::move(decoded).value();
   auto params = ToParams(job.req);
   if (!params.ok()) return fail(params.status());
-  // HTTP requests carry no address here: a client is its token ("" = every tokenless client).
-  auto slot = grpc_api_->AcquireStream("http " + http.Header("authorization"));
+  // HTTP requests carry no address here: a client is its (checked) token; without tokens,
+  // every client is one.
+  auto slot = grpc_api_->AcquireStream(
+      grpc_api_->checks_tokens() ? "http " + http.Header("authorization") : "http");
   if (!slot.ok()) {
     job.meter.Failed(slot.status());
     return ReplyError(out, slot.status(), "rate_limit_exceeded");

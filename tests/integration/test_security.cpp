@@ -270,28 +270,33 @@ TEST(Security, DataPlaneAttacksOnAWorkerAreDroppedWithItsMemoryBounded) {
 }
 
 TEST(Security, PublicApiLimitsRequestSizePromptStopStringsAndStreamsPerClient) {
-  Server server({"--max-streams-per-client", "16"});
-  ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
+  TempDir dir;   // tokens name clients (only checked tokens do)
+  std::ofstream(dir.path() + "/tokens") << "client-a\nclient-b\nclient-c\n";
+  Server server({"--max-streams-per-client", "16", "--token-file", dir.path() + "/tokens"});
   auto stub = Connect(server.api());
+  const auto ready_by = std::chrono::steady_clock::now() + 60s;
+  while (!Generate(stub.get(), TokensRequest({5, 6}, 1), "client-c").status.ok() &&
+         std::chrono::steady_clock::now() < ready_by)   // until the in-process worker loaded
+    std::this_thread::sleep_for(100ms);
   auto text = [](size_t bytes) {
     v1::GenerateRequest r;
     r.set_text(std::string(bytes, 'a'));
     r.set_max_tokens(1);
     return r;
   };
-  Generation big = Generate(stub.get(), text(5 << 20));   // over the 4 MiB request limit
+  Generation big = Generate(stub.get(), text(5 << 20), "client-c");   // over the 4 MiB request limit
   EXPECT_EQ(big.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.status.error_message();
-  Generation long_prompt = Generate(stub.get(), text(32 * 8192 + 1));   // serve: max_context 8192
+  Generation long_prompt = Generate(stub.get(), text(32 * 8192 + 1), "client-c");   // serve: max_context 8192
   EXPECT_EQ(long_prompt.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(long_prompt.status.error_message().find("input.text: 262145 bytes, more than 262144"),
             std::string::npos) << long_prompt.status.error_message();
   v1::GenerateRequest stops = TokensRequest({1, 2}, 1);
   for (int i = 0; i < 5; ++i) stops.add_stop("s" + std::to_string(i));
-  Generation five = Generate(stub.get(), stops);
+  Generation five = Generate(stub.get(), stops, "client-c");
   EXPECT_NE(five.status.error_message().find("stop: 5 strings (at most 4)"), std::string::npos);
   stops.clear_stop();
   stops.add_stop(std::string(257, 'x'));
-  Generation long_stop = Generate(stub.get(), stops);
+  Generation long_stop = Generate(stub.get(), stops, "client-c");
   EXPECT_NE(long_stop.status.error_message().find("stop[0]: 257 bytes (at most 256)"),
             std::string::npos) << long_stop.status.error_message();
   // 16 generations of one client run; its 17th is refused at once; another client's is not.
@@ -321,6 +326,23 @@ TEST(Security, PublicApiLimitsRequestSizePromptStopStringsAndStreamsPerClient) {
   }
   for (auto& c : ctxs) c->TryCancel();
   for (auto& r : running) r->Finish();
+}
+
+// Without a token file a header names nobody: a tokenless gRPC client is its address, whatever
+// it sends, so a new header per request does not get past the limit.
+TEST(Security, WithoutTokensAClientIsItsAddressNotItsHeader) {
+  Server server({"--max-streams-per-client", "1"});
+  ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
+  auto stub = Connect(server.api());
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer x1");
+  auto running = stub->Generate(&ctx, TokensRequest({1, 2, 3}, 4000));
+  v1::GenerateResponse first;
+  ASSERT_TRUE(running->Read(&first)) << "the first stream did not start";
+  Generation second = Generate(stub.get(), TokensRequest({1, 2, 3}, 1), "x2");
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.status.error_message();
+  ctx.TryCancel();
+  running->Finish();
 }
 
 TEST(Security, TlsEndToEndWithGeneratedCertificates) {
