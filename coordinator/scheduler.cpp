@@ -8,8 +8,12 @@ namespace fm {
 namespace {
 
 // After the first failed RPC of a micro-batch, how long to wait for the others so that the
-// error names the node that failed rather than a peer that could not reach it.
+// error names the node that failed rather than a peer that could not reach it. A peer that gave
+// up waiting for its input answers at 9/10 of the step's deadline (worker_service.cpp), the
+// stage that froze only at the deadline: that failure waits for the deadline itself, plus
+// kDeadlineSlack for the frozen one's RPC to end.
 constexpr auto kFailureGrace = std::chrono::milliseconds(300);
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(200);
 constexpr size_t kRecentSteps = 32;   // steps whose per-row time sizes the next deadlines
 // The longest the scheduling thread sleeps with nothing due (every event also wakes it).
 constexpr auto kMaxSleep = std::chrono::seconds(1);
@@ -53,7 +57,7 @@ struct Scheduler::StepCall {
   std::vector<std::function<void()>> cancels;   // dropped once done: they may hold this call
   int remaining = 0;
   bool failed = false;
-  Clock::time_point first_failure;
+  Clock::time_point settle_by;   // failed: when to complete it without the missing answers
   // Cancels what still runs and drops the handles.
   void Cancel() {
     for (const auto& c : cancels) c();
@@ -176,7 +180,7 @@ void Scheduler::Loop() {
 Scheduler::Clock::time_point Scheduler::NextWake() {
   auto at = Clock::now() + kMaxSleep;
   for (const auto& [id, call] : in_flight_)
-    if (call->failed) at = std::min(at, call->first_failure + kFailureGrace);
+    if (call->failed) at = std::min(at, call->settle_by);
   std::lock_guard<std::mutex> lock(signal_->mu);
   for (const auto& r : incoming_) at = std::min(at, r->params.deadline);
   return at;
@@ -186,7 +190,7 @@ void Scheduler::Tick() {
   const auto now = Clock::now();
   // A failed micro-batch whose other RPCs had their grace.
   for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
-    if (it->second->failed && now >= it->second->first_failure + kFailureGrace) {
+    if (it->second->failed && now >= it->second->settle_by) {
       std::shared_ptr<StepCall> call = it->second;
       in_flight_.erase(it);
       Complete(call.get());
@@ -425,7 +429,10 @@ void Scheduler::OnStepDone(const std::shared_ptr<StepCall>& call, int worker, Rp
   if (r.ok() && step_observer_) step_observer_(workers_->workers()[worker].name, seconds);
   if (!r.ok() && !call->failed) {
     call->failed = true;
-    call->first_failure = Clock::now();
+    const bool gave_up_waiting =
+        r.fault == RpcFault::kWorker && r.status.code() == Code::kDeadlineExceeded;
+    call->settle_by = gave_up_waiting ? std::max(Clock::now() + kFailureGrace, call->deadline + kDeadlineSlack)
+                                      : Clock::now() + kFailureGrace;
   }
   call->results[worker] = std::move(r);
   call->responses[worker] = std::move(resp);

@@ -219,14 +219,16 @@ class FakeWorkers final : public WorkerSet {
   }
 
  private:
+  // Held when its kind is ("step"), or the kind of this worker ("step w1").
   void Run(const std::string& kind, int w, std::function<void()> answer) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       log_.push_back(kind + " w" + std::to_string(w));
-      if (holding_.count(kind)) {
-        held_calls_[kind].push_back(std::move(answer));
-        return;
-      }
+      for (const std::string& k : {kind, kind + " w" + std::to_string(w)})
+        if (holding_.count(k)) {
+          held_calls_[k].push_back(std::move(answer));
+          return;
+        }
     }
     answer();
   }
@@ -366,6 +368,31 @@ TEST(Scheduler, AWorkerThatLostTheSequencesEndsTheRequestsUnavailableWithItsReas
   EXPECT_EQ(o.error.code(), Code::kUnavailable);
   EXPECT_NE(o.error.message().find("does not hold sequence 1"), std::string::npos) << o.error.message();
   EXPECT_TRUE(w.marked_down().empty());
+}
+
+// A stage that froze answers nothing; the stage after it gives up waiting for its input at 9/10
+// of the step's deadline and says so. The blame goes to the frozen stage once its own RPC ends
+// (at the deadline), not to the peer that answered first.
+TEST(Scheduler, APeerThatGaveUpWaitingIsNotBlamedForTheStageThatFroze) {
+  FakeWorkers w(3);
+  SchedulerLimits limits;
+  limits.first_step = 2s;
+  Scheduler s(&w, nullptr, limits);
+  w.Hold("step w1");
+  w.SetStepFault([](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    if (worker == 2) return {DeadlineExceeded("step waited too long for its input"), RpcFault::kWorker};
+    if (worker == 1) return {Unavailable("node w1 (fake:1) did not answer in time"), RpcFault::kUnreachable};
+    return {};
+  });
+  auto a = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step w1") == 1; }));
+  std::this_thread::sleep_for(1s);   // past the 300 ms grace, before the step's deadline
+  w.Release("step w1");              // its RPC ends: no answer in time
+  Outcome o = Collect(a->get());
+  EXPECT_EQ(o.error.code(), Code::kUnavailable) << o.error.ToString();
+  EXPECT_NE(o.error.message().find("node w1"), std::string::npos) << o.error.ToString();
+  EXPECT_EQ(w.marked_down(), std::vector<int>{1});
 }
 
 TEST(Scheduler, AWorkerErrorEndsTheRequestsWithItsCodeAndText) {
