@@ -198,15 +198,15 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
     client = std::string(auth->second.data(), auth->second.size());
   auto slot = AcquireStream(client);
   if (!slot.ok()) return fail(slot.status());
+  const int64_t prompt_tokens = static_cast<int64_t>(params->prompt.size());
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());
+  meter.Submitted(prompt_tokens);
   RequestStream::Event ev;
-  flashmesh::v1::Finish cancelled;
-  cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
   while (true) {
     if (ctx->IsCancelled()) {
       (*stream)->Cancel();
-      meter.Finished(cancelled);
+      meter.Cancelled();
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     }
     if (!(*stream)->Pop(&ev, kPollInterval)) continue;
@@ -217,7 +217,7 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
       *out.mutable_token() = ev.token;
       if (!writer->Write(out)) {
         (*stream)->Cancel();
-        meter.Finished(cancelled);
+        meter.Cancelled();
         return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       }
       continue;

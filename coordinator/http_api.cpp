@@ -208,8 +208,10 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
     return ReplyError(out, slot.status(), "rate_limit_exceeded");
   }
   for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
+  const int64_t prompt_tokens = static_cast<int64_t>(params->prompt.size());
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());
+  job.meter.Submitted(prompt_tokens);
   job.stream = *stream;
   char id[32];
   std::snprintf(id, sizeof id, "%s%016llx", chat ? "chatcmpl-" : "cmpl-",
@@ -239,9 +241,7 @@ bool HttpApi::NextEvent(Job* job, HttpResponder* out, RequestStream::Event* ev) 
     *ev = RequestStream::Event{RequestStream::Event::kError, {}, {}, why};
     return true;
   }
-  flashmesh::v1::Finish cancelled;
-  cancelled.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
-  job->meter.Finished(cancelled);
+  job->meter.Cancelled();
   return false;
 }
 
@@ -304,11 +304,15 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     job->offsets = Json::array();
     return choice;
   };
-  if (!out->StartStream(200, "text/event-stream")) return job->stream->Cancel();
+  auto client_gone = [&] {
+    job->stream->Cancel();
+    job->meter.Cancelled();
+  };
+  if (!out->StartStream(200, "text/event-stream")) return client_gone();
   if (chat) {
     Json first = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
                   {"finish_reason", nullptr}};
-    if (!send(first, nullptr)) return job->stream->Cancel();
+    if (!send(first, nullptr)) return client_gone();
   }
   RequestStream::Event ev;
   while (true) {

@@ -165,6 +165,15 @@ void RequestMeter::Token() {
   else metrics_->InterToken(s);
   first_ = false;
   last_ = now;
+  ++generated_;
+}
+
+void RequestMeter::Cancelled() {
+  flashmesh::v1::Finish f;
+  f.set_reason(flashmesh::v1::FINISH_REASON_CANCELLED);
+  f.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(prompt_));
+  f.mutable_usage()->set_completion_tokens(static_cast<int32_t>(generated_));
+  Finished(f);
 }
 
 }  // namespace fm

@@ -56,8 +56,12 @@ class RequestMeter {
  public:
   RequestMeter(Metrics* metrics, std::string api)
       : metrics_(metrics), api_(std::move(api)), last_(std::chrono::steady_clock::now()) {}
+  // The request's prompt length, once it is submitted (a cancelled request's usage).
+  void Submitted(int64_t prompt_tokens) { prompt_ = prompt_tokens; }
   void Token();
   void Finished(const flashmesh::v1::Finish& finish) { metrics_->Finished(api_, finish); }
+  // The client went away: finish_reason cancelled, with the tokens used until then.
+  void Cancelled();
   void Failed(const Status& error) { metrics_->Failed(api_, error); }
 
  private:
@@ -65,6 +69,7 @@ class RequestMeter {
   std::string api_;
   std::chrono::steady_clock::time_point last_;
   bool first_ = true;
+  int64_t prompt_ = 0, generated_ = 0;
 };
 
 }  // namespace fm

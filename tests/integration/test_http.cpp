@@ -405,6 +405,10 @@ TEST_F(HttpApiTest, ClientDisconnectMidStreamFreesTheSequence) {
   const auto after = Scrape(port());
   const std::string key = "flashmesh_requests_total{api=\"http\",finish_reason=\"cancelled\"}";
   EXPECT_EQ(after.at(key) - (before.count(key) ? before.at(key) : 0), 1);
+  // What it used counts too: its prompt, and the tokens it got (the role chunk, then >= 3).
+  auto delta = [&](const std::string& k) { return after.at(k) - (before.count(k) ? before.at(k) : 0); };
+  EXPECT_GT(delta("flashmesh_prompt_tokens_total"), 0);
+  EXPECT_GE(delta("flashmesh_generation_tokens_total"), 3);
 }
 
 TEST_F(HttpApiTest, MetricsMoveByTheExpectedAmounts) {
