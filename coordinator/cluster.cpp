@@ -262,17 +262,25 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   }
   if (ls.ok()) {
     vocab_size_ = lresp.vocab_size();
-    node->load_failures_ = 0;
+    {
+      std::lock_guard<std::mutex> lock(node->mu_);
+      node->load_failures_ = 0;
+    }
     SetState(node, flashmesh::v1::NODE_STATE_UP, "");
   } else if (ls.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     StepDown("node " + node->name() + " refused LoadShard: " + ls.error_message());
   } else {
-    const auto backoff = std::min<std::chrono::milliseconds>(
-        kLoadBackoff * (1 << std::min(node->load_failures_, 5)), kMaxLoadBackoff);
-    ++node->load_failures_;
-    node->next_load_ = std::chrono::steady_clock::now() + backoff;
+    std::chrono::milliseconds backoff;
+    int failures = 0;
+    {
+      std::lock_guard<std::mutex> lock(node->mu_);
+      backoff = std::min<std::chrono::milliseconds>(
+          kLoadBackoff * (1 << std::min(node->load_failures_, 5)), kMaxLoadBackoff);
+      failures = ++node->load_failures_;
+      node->next_load_ = std::chrono::steady_clock::now() + backoff;
+    }
     SetState(node, flashmesh::v1::NODE_STATE_DOWN,
-             "LoadShard failed (" + std::to_string(node->load_failures_) + " in a row, next in " +
+             "LoadShard failed (" + std::to_string(failures) + " in a row, next in " +
                  std::to_string(backoff.count()) + " ms): " + ls.error_message());
   }
 }
@@ -357,7 +365,12 @@ void Cluster::Heartbeat(NodeHandle* node) {
         if (resp.loaded() && resp.epoch() == epoch_) {
           FM_LOG(kWarn, "coordinator") << "node " << node->name() << " holds another shard than the plan's: reloading";
         }
-        if (now >= node->next_load_) {
+        bool due = false;
+        {
+          std::lock_guard<std::mutex> lock(node->mu_);
+          due = now >= node->next_load_;
+        }
+        if (due) {
           if (group) {
             LoadNcclGroup(group, node, seen);
           } else {

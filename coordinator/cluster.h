@@ -78,7 +78,8 @@ class NodeHandle {
   std::chrono::steady_clock::time_point last_ok_;
   int index_ = 0;                                        // in Cluster::nodes()
   grpc::ClientContext* loading_ = nullptr;              // its LoadShard in flight (under mu_)
-  int load_failures_ = 0;                                // in a row; heartbeat thread only
+  // Under mu_: an NCCL group's loads run on threads of whichever member's heartbeat starts them.
+  int load_failures_ = 0;                                // in a row
   std::chrono::steady_clock::time_point next_load_{};   // no LoadShard before (backoff)
 };
 
