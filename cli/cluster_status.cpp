@@ -7,7 +7,8 @@
 namespace fm::cli {
 
 std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const char* cmd,
-                                                                      const Flags& flags) {
+                                                                      const Flags& flags,
+                                                                      std::FILE* down) {
   auto client = ConnectApi(flags.Get("server"), flags.Get("token-file"), flags.Get("tls-ca"));
   if (!client.ok()) {
     std::fprintf(stderr, "%s: %s\n", cmd, client.status().message().c_str());
@@ -18,7 +19,8 @@ std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const cha
   auto ctx = client->Context(5);
   const grpc::Status s = client->stub->ClusterStatus(ctx.get(), req, &resp);
   if (!s.ok()) {
-    std::printf("down: coordinator %s: %s\n", flags.Get("server").c_str(), s.error_message().c_str());
+    std::fprintf(down, "down: coordinator %s: %s\n", flags.Get("server").c_str(),
+                 s.error_message().c_str());
     return std::nullopt;
   }
   return resp;

@@ -26,7 +26,7 @@ int CmdHealth(int argc, char** argv) {
   int rc = 0;
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc;
-  const auto status = FetchClusterStatus("health", *flags);
+  const auto status = FetchClusterStatus("health", *flags, stdout);
   if (!status) return 2;
   const flashmesh::v1::ClusterStatusResponse& resp = *status;
   if (flags->Has("node")) {

@@ -44,14 +44,16 @@ int CmdServe(int argc, char** argv) {
   int rc = 0;
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc;
-  struct IntFlag { const char* name; int64_t fallback; int64_t* out; };
+  struct IntFlag { const char* name; int64_t fallback; int64_t* out; int64_t max; };
   int64_t max_batch, max_context, max_tokens, max_queue, max_streams, threads;
-  const IntFlag ints[] = {{"max-batch", 16, &max_batch},   {"max-context", 8192, &max_context},
-                          {"max-tokens", 4096, &max_tokens}, {"max-queue", 64, &max_queue},
-                          {"max-streams-per-client", 64, &max_streams},
-                          {"threads", std::thread::hardware_concurrency(), &threads}};
+  constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+  const IntFlag ints[] = {{"max-batch", 16, &max_batch, kMaxBatchLimit},
+                          {"max-context", 8192, &max_context, kMaxContextLimit},
+                          {"max-tokens", 4096, &max_tokens, kAny}, {"max-queue", 64, &max_queue, kAny},
+                          {"max-streams-per-client", 64, &max_streams, kAny},
+                          {"threads", std::thread::hardware_concurrency(), &threads, kAny}};
   for (const auto& f : ints) {
-    auto v = flags->GetInt(f.name, f.fallback, 1);
+    auto v = flags->GetInt(f.name, f.fallback, 1, f.max);
     if (!v.ok()) return UsageError(kSpec, v.status().message());
     *f.out = *v;
   }

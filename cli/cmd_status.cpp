@@ -68,7 +68,7 @@ int CmdStatus(int argc, char** argv) {
   int rc = 0;
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc;
-  const auto status = FetchClusterStatus("status", *flags);
+  const auto status = FetchClusterStatus("status", *flags, stderr);
   if (!status) return 2;
   const flashmesh::v1::ClusterStatusResponse& resp = *status;
   if (flags->Has("json")) {

@@ -21,8 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kMaxBatch = 4096;   // sequences a step holds, at most
-
 class Parser {
  public:
   Parser(std::string origin, std::string base_dir)
@@ -336,12 +334,9 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     FM_RETURN_IF_ERROR(p.Keys(l, "limits", {"max_batch", "max_context", "kv_cache_gib",
                                             "max_queue", "max_tokens", "max_streams_per_client"}));
     LimitsConfig& lim = cfg->limits;
-    // max_context travels as int32 (worker.proto); max_batch x max_context bounds a step's
-    // rows and, with the KV per sequence, the plan's memory sums.
-    if (l["max_batch"]) { FM_ASSIGN_OR_RETURN(lim.max_batch, p.Int(l["max_batch"], "limits.max_batch", 1, kMaxBatch)); }
+    if (l["max_batch"]) { FM_ASSIGN_OR_RETURN(lim.max_batch, p.Int(l["max_batch"], "limits.max_batch", 1, kMaxBatchLimit)); }
     if (l["max_context"]) {
-      FM_ASSIGN_OR_RETURN(lim.max_context,
-                          p.Int(l["max_context"], "limits.max_context", 1, std::numeric_limits<int32_t>::max()));
+      FM_ASSIGN_OR_RETURN(lim.max_context, p.Int(l["max_context"], "limits.max_context", 1, kMaxContextLimit));
     }
     if (l["kv_cache_gib"]) { FM_ASSIGN_OR_RETURN(lim.kv_cache_gib, p.Number(l["kv_cache_gib"], "limits.kv_cache_gib", true)); }
     if (l["max_queue"]) { FM_ASSIGN_OR_RETURN(lim.max_queue, p.Int(l["max_queue"], "limits.max_queue", 1)); }

@@ -57,6 +57,11 @@ struct ParallelConfig {
   int tensor_parallel = 1;     // when !automatic: >= 1; not with expert_parallel > 1
 };
 
+// The largest limits accepted (YAML and `serve` flags alike): max_context travels as int32
+// (worker.proto); max_batch x max_context bounds a step's rows and the plan's KV sums.
+constexpr int64_t kMaxBatchLimit = 4096;
+constexpr int64_t kMaxContextLimit = 2147483647;
+
 struct LimitsConfig {
   int64_t max_batch = 16;      // sequences decoded together (whole cluster)
   int64_t max_context = 8192;  // tokens per sequence (prompt + generated)

@@ -336,8 +336,12 @@ void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
     r->started.push_back(worker);
   } else if (r->start_error.ok()) {
     if (res.fault == RpcFault::kUnreachable) workers_->MarkDown(worker, res.status.message());
+    // Superseded: this coordinator stepped down (cluster_rpc.cpp), which is what the client hears.
+    const Status stepped_down = workers_->Running();
     r->start_error = res.fault == RpcFault::kUnreachable ? res.status
-                                                          : res.status.Wrap("starting the sequence");
+                     : res.fault == RpcFault::kSuperseded
+                         ? (stepped_down.ok() ? Unavailable(res.status.message()) : stepped_down)
+                         : res.status.Wrap("starting the sequence");
     FM_LOG(kWarn, "scheduler") << "request " << id << ": " << r->start_error.ToString();
   }
   if (r->starting == 0) r->started_at = Clock::now();

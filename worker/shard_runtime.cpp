@@ -34,6 +34,19 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   FM_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(p.model_dir, sel,
                                                   p.cuda_device >= 0 ? TensorBytes::kMapped
                                                                      : TensorBytes::kPrivate));
+  // Before the model is built (the weights read): a bad list costs nothing.
+  if (!p.ep_expert_begin.empty()) {
+    // Each member's first expert, then the expert count: EP routes by it, TP splits by it.
+    const auto& b = p.ep_expert_begin;
+    const bool rises = std::is_sorted(b.begin(), b.end()) && b.front() == 0 &&
+                       b.back() == ckpt->config().n_routed_experts;
+    if (!rises) {
+      std::string got;
+      for (int64_t v : b) got += (got.empty() ? "" : ", ") + std::to_string(v);
+      return InvalidArgument("shard.ep_expert_begin: [" + got + "] must rise from 0 to the model's " +
+                             std::to_string(ckpt->config().n_routed_experts) + " routed experts");
+    }
+  }
   Result<std::unique_ptr<ShardModel>> made = p.cuda_device >= 0
                                                   ? CreateCudaShardModel(*ckpt, p.cuda_device)
                                                   : ShardModel::Create(*ckpt, &pool_);
@@ -42,18 +55,6 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, model->NewActivations());
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> last_rows, model->NewActivations());
   const ModelConfig& cfg = ckpt->config();
-  if (!p.ep_expert_begin.empty()) {
-    // Each member's first expert, then the expert count: EP routes by it, TP splits by it.
-    const auto& b = p.ep_expert_begin;
-    const bool rises = std::is_sorted(b.begin(), b.end()) && b.front() == 0 &&
-                       b.back() == cfg.n_routed_experts;
-    if (!rises) {
-      std::string got;
-      for (int64_t v : b) got += (got.empty() ? "" : ", ") + std::to_string(v);
-      return InvalidArgument("shard.ep_expert_begin: [" + got + "] must rise from 0 to the model's " +
-                             std::to_string(cfg.n_routed_experts) + " routed experts");
-    }
-  }
   std::unique_ptr<EpExpertExecutor> ep;
   std::unique_ptr<CommTpGroup> tp;
   if (p.tensor_parallel > 1) {
@@ -124,6 +125,11 @@ uint64_t ShardRuntime::weight_bytes() const {
 ShardPlacement ShardRuntime::placement() const {
   std::lock_guard<std::mutex> lock(mu_);
   return placement_;
+}
+
+bool ShardRuntime::first_stage() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return model_ != nullptr && placement_.stage == 0;
 }
 
 int64_t ShardRuntime::row_floats() const {

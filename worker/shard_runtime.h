@@ -79,6 +79,8 @@ class ShardRuntime {
   void Unload();
   // A copy: LoadShard replaces it while the data plane and the RPCs read it.
   ShardPlacement placement() const;
+  // Loaded, as stage 0 (whose steps need no input): the executor asks on every wake.
+  bool first_stage() const;
   const ModelConfig& config() const;   // needs loaded()
   uint64_t weight_bytes() const;
 

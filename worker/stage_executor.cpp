@@ -143,7 +143,7 @@ void StageExecutor::FailWaitingLocked() {
 }
 
 StageExecutor::Step* StageExecutor::NextReadyLocked() {
-  const bool first = runtime_->loaded() && runtime_->placement().stage == 0;
+  const bool first = runtime_->first_stage();
   for (auto& [id, step] : waiting_)
     // prev 0: the first step since the coordinator reset the cluster.
     if ((step->prev == last_run_ || step->prev == 0) && (first || prev_ || inbox_.count(id)))

@@ -271,8 +271,9 @@ grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const flashmesh::v1:
   resp->set_device_to_host_bytes(device.device_to_host);
   resp->set_device_tokens(device.tokens);
   if (loaded) {
-    resp->set_layer_begin(static_cast<int32_t>(runtime_.placement().layer_begin));
-    resp->set_layer_end(static_cast<int32_t>(runtime_.placement().layer_end));
+    const ShardPlacement p = runtime_.placement();
+    resp->set_layer_begin(static_cast<int32_t>(p.layer_begin));
+    resp->set_layer_end(static_cast<int32_t>(p.layer_end));
   }
   return grpc::Status::OK;
 }

@@ -58,5 +58,16 @@ TEST(Cli, ABadDeviceIsNamed) {
   EXPECT_NE(out.find("--device: 'cuda:x': want cpu or cuda:N"), std::string::npos) << out;
 }
 
+// serve's limits have the YAML's bounds (config/cluster_config.h): max_context travels as int32.
+TEST(Cli, ServeLimitsHaveTheYamlsBounds) {
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"serve", "--model", SmallModel(), "--max-context", "3000000000"}, &out), 2)
+      << out;
+  EXPECT_NE(out.find("--max-context"), std::string::npos) << out;
+  EXPECT_NE(out.find("2147483647"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"serve", "--model", SmallModel(), "--max-batch", "5000"}, &out), 2) << out;
+  EXPECT_NE(out.find("--max-batch"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace fm::it

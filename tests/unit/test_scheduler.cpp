@@ -52,6 +52,7 @@ class FakeWorkers final : public WorkerSet {
   }
   Status Running() const override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!stepped_down_.empty()) return Unavailable(stepped_down_);
     for (int i = 0; i < stages_; ++i)
       if (down_[i]) return Unavailable("node w" + std::to_string(i) + " is down");
     return Status::Ok();
@@ -117,6 +118,9 @@ class FakeWorkers final : public WorkerSet {
         {
           std::lock_guard<std::mutex> lock(mu_);
           if (step_fault_) r = step_fault_(w, req);
+          // As Cluster does (cluster_rpc.cpp): a worker that follows a newer coordinator.
+          if (r.fault == RpcFault::kSuperseded)
+            stepped_down_ = "this coordinator stepped down: " + r.status.message();
         }
         flashmesh::v1::StepBatchResponse resp;
         if (r.ok() && infos_[w].head)
@@ -241,6 +245,7 @@ class FakeWorkers final : public WorkerSet {
   mutable std::mutex mu_;
   std::vector<bool> down_;
   int draining_ = -1;
+  std::string stepped_down_;   // why, once a worker answered kSuperseded
   std::map<int, std::set<uint64_t>> held_;   // sequences each worker holds
   size_t max_live_ = 0;
   std::set<std::string> holding_;
@@ -411,7 +416,8 @@ TEST(Scheduler, AWorkerErrorEndsTheRequestsWithItsCodeAndText) {
 }
 
 // A worker that follows a newer coordinator answered: it is not a dead node (the coordinator
-// steps down, cluster_rpc.cpp), so nothing is marked DOWN and the request ends with its words.
+// steps down, cluster_rpc.cpp), so nothing is marked DOWN and the request ends UNAVAILABLE,
+// saying so.
 TEST(Scheduler, AWorkerThatFollowsANewerCoordinatorIsNotMarkedDown) {
   FakeWorkers w(2);
   Scheduler s(&w, nullptr, {});
@@ -422,8 +428,9 @@ TEST(Scheduler, AWorkerThatFollowsANewerCoordinatorIsNotMarkedDown) {
   auto a = s.Submit(Params({5}, 4));
   ASSERT_TRUE(a.ok());
   Outcome o = Collect(a->get());
-  EXPECT_EQ(o.error.code(), Code::kFailedPrecondition) << o.error.ToString();
-  EXPECT_NE(o.error.message().find("this worker follows term 2"), std::string::npos) << o.error.ToString();
+  EXPECT_EQ(o.error.code(), Code::kUnavailable) << o.error.ToString();
+  EXPECT_NE(o.error.message().find("stepped down: StepBatch refused: stale coordinator term 1"),
+            std::string::npos) << o.error.ToString();
   EXPECT_TRUE(w.marked_down().empty());
 }
 
