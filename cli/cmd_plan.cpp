@@ -15,11 +15,6 @@
 namespace fm::cli {
 namespace {
 
-std::string Layout(int stages, int ep, int tp) {
-  return "pp" + std::to_string(stages) + (tp > 1 ? " x tp" + std::to_string(tp)
-                                                 : " x ep" + std::to_string(ep));
-}
-
 nlohmann::json PredictionJson(const Prediction& p) {
   return {{"decode_tok_s", p.tok_s},           {"decode_tok_s_batch", p.tok_s_batch},
           {"ttft_s", p.ttft_s},                {"step_ms", p.step_s * 1e3},
@@ -45,7 +40,7 @@ std::string FormatCandidates(const std::vector<PlanCandidate>& all, const Plan& 
                 "tok/s b1", batch.c_str(), "TTFT s", "read GB", "wire KB", "wire ms");
   out += line;
   for (const PlanCandidate& c : all) {
-    const std::string name = Layout(c.pipeline_stages, c.expert_parallel, c.tensor_parallel);
+    const std::string name = LayoutName(c.pipeline_stages, c.expert_parallel, c.tensor_parallel);
     const bool is_chosen = c.pipeline_stages == chosen.pipeline_stages &&
                            c.expert_parallel == chosen.expert_parallel &&
                            c.tensor_parallel == chosen.tensor_parallel;

@@ -209,6 +209,7 @@ bool Cluster::down(int worker) const {
 }
 
 void Cluster::MarkDown(int worker, const std::string& why) {
+  if (stepped_down_) return;  // a refusal of the newer term is no fault of the node (worker_set.h)
   if (down(worker)) return;   // keep the first cause
   SetState(nodes_[worker].get(), flashmesh::v1::NODE_STATE_DOWN, why);
 }

@@ -210,10 +210,8 @@ Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) 
   std::string tried;
   for (const PlanCandidate& c : all) {
     if (!c.plan.ok()) {
-      tried += "\n  pp" + std::to_string(c.pipeline_stages) +
-               (c.tensor_parallel > 1 ? " x tp" + std::to_string(c.tensor_parallel)
-                                      : " x ep" + std::to_string(c.expert_parallel)) +
-               ": " + c.plan.status().message();
+      tried += "\n  " + LayoutName(c.pipeline_stages, c.expert_parallel, c.tensor_parallel) + ": " +
+               c.plan.status().message();
       continue;
     }
     if (!c.prediction.ok()) return c.prediction.status();
@@ -223,6 +221,11 @@ Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster) 
   const int n = static_cast<int>(cluster.nodes.size());
   return ResourceExhausted("parallel auto: no layout of the " + std::to_string(n) +
                            " nodes fits:" + tried);
+}
+
+std::string LayoutName(int stages, int ep, int tp) {
+  return "pp" + std::to_string(stages) + (tp > 1 ? " x tp" + std::to_string(tp)
+                                                 : " x ep" + std::to_string(ep));
 }
 
 std::string FormatPlanTable(const Plan& plan) {

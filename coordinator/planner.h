@@ -71,6 +71,8 @@ Result<Plan> PlanShards(const ModelConfig& model, const ClusterConfig& cluster);
 // same errors. The layouts auto considers, with predictions: PlanCandidates (cost_model.h).
 Result<Plan> PlanLayout(const ModelConfig& model, const ClusterConfig& cluster, int stages, int ep,
                         int tp);
+// A layout's short name: "pp2 x ep4", "pp1 x tp2".
+std::string LayoutName(int stages, int ep, int tp);
 // The cluster with every cpu profile's unset figures measured on this host (ProbeHostProfile).
 ClusterConfig WithProbedProfiles(ClusterConfig cluster);
 

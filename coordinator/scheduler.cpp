@@ -273,8 +273,7 @@ void Scheduler::SendResets() {
     workers_->Reset(w, deadline, [this, w](RpcResult r, flashmesh::v1::ResetResponse) {
       Post([this, w, r] {
         resetting_[w] = 0;
-        // Superseded: the newer coordinator owns the worker now (Running() says this one stepped down).
-        if (r.ok() || r.fault == RpcFault::kSuperseded) return;
+        if (r.ok()) return;
         // It may still hold sequences: DOWN (which fails what runs) until it answers again.
         needs_reset_[w] = 1;
         workers_->MarkDown(w, "Reset failed: " + r.status.message());
@@ -335,13 +334,16 @@ void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
   if (res.ok()) {
     r->started.push_back(worker);
   } else if (r->start_error.ok()) {
-    if (res.fault == RpcFault::kUnreachable) workers_->MarkDown(worker, res.status.message());
-    // Superseded: this coordinator stepped down (cluster_rpc.cpp), which is what the client hears.
-    const Status stepped_down = workers_->Running();
-    r->start_error = res.fault == RpcFault::kUnreachable ? res.status
-                     : res.fault == RpcFault::kSuperseded
-                         ? (stepped_down.ok() ? Unavailable(res.status.message()) : stepped_down)
-                         : res.status.Wrap("starting the sequence");
+    if (res.fault == RpcFault::kUnreachable) {
+      workers_->MarkDown(worker, res.status.message());
+      r->start_error = res.status;
+    } else if (res.fault == RpcFault::kSuperseded) {
+      // This coordinator stepped down (cluster_rpc.cpp): that is what the client hears.
+      const Status running = workers_->Running();
+      r->start_error = running.ok() ? Unavailable(res.status.message()) : running;
+    } else {
+      r->start_error = res.status.Wrap("starting the sequence");
+    }
     FM_LOG(kWarn, "scheduler") << "request " << id << ": " << r->start_error.ToString();
   }
   if (r->starting == 0) r->started_at = Clock::now();
@@ -567,7 +569,7 @@ void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector
   for (int w : workers) {
     Track();
     workers_->FreeSequence(w, req, deadline, [this, w](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
-      if (!r.ok() && r.fault != RpcFault::kSuperseded) {
+      if (!r.ok()) {
         // Its KV stays behind: DOWN fails what runs and resets it once it answers again.
         Post([this, w, r] { workers_->MarkDown(w, "FreeSequence failed: " + r.status.message()); });
       }

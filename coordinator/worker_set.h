@@ -57,6 +57,7 @@ class WorkerSet {
   virtual Status Running() const = 0;
   virtual bool down(int worker) const = 0;
   // The worker failed an RPC at the transport level: DOWN until its heartbeat answers again.
+  // Nothing once this coordinator stepped down: the workers are the newer one's to judge.
   virtual void MarkDown(int worker, const std::string& why) = 0;
   // `fn` runs (on any thread) after every change of a worker's state; set before Start.
   virtual void OnChange(std::function<void()> fn) = 0;

@@ -148,15 +148,14 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* bytes, size_t av
             });
   // Each non-empty tensor against the non-empty one before it (sorted and disjoint so far,
   // that one ends last): a zero-size tensor sorted between two overlapping ones hides nothing.
-  size_t prev = h.tensors.size();
-  for (size_t i = 0; i < h.tensors.size(); ++i) {
-    const auto& b = h.tensors[i];
+  const SafetensorsTensor* prev = nullptr;
+  for (const auto& b : h.tensors) {
     if (b.begin == b.end) continue;   // zero-size tensors occupy no bytes
-    if (prev == h.tensors.size() || b.begin >= h.tensors[prev].end) {
-      prev = i;
+    if (!prev || b.begin >= prev->end) {
+      prev = &b;
       continue;
     }
-    const auto& a = h.tensors[prev];
+    const auto& a = *prev;
     return InvalidArgument(origin + ": tensors " + Quoted(a.name) + " [" +
                            std::to_string(a.begin) + ", " + std::to_string(a.end) + ") and " +
                            Quoted(b.name) + " [" + std::to_string(b.begin) + ", " +

@@ -104,7 +104,8 @@ class ShardRuntime {
   Status Embed(std::span<const StepSlice> slices, Activations* x) const;
   // X [T, hc, H] (a pointer into activations()) through this shard's layers; each slice's
   // cache advances. An EP member with no slices still takes part in every layer's all-to-all
-  // (with no rows). `step` tags them.
+  // (with no rows). `step` tags them. The slices passed CheckSlices (StageExecutor::Execute,
+  // before X was sized by them).
   Status Forward(uint64_t step, std::span<const StepSlice> slices, float* x);
   // Makes `step`'s EP exchanges return Cancelled promptly (0 = none): a reset must not wait
   // out the deadline of a step blocked on a member that will never answer. Any thread, but

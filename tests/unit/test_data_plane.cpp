@@ -100,16 +100,23 @@ std::vector<int32_t> Decode(std::vector<StageExecutor*> stages, std::vector<int3
   return out;
 }
 
+// One executor holding every layer, sequence 1 started (context 64, greedy).
+struct OneStage {
+  ShardRuntime whole{1};
+  StageExecutor single{&whole};
+  OneStage() {
+    EXPECT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
+    SamplerConfig greedy;
+    greedy.greedy = true;
+    EXPECT_TRUE(whole.StartSequence(1, 64, greedy).ok());
+  }
+};
+
 // The reference: one executor holding every layer decodes `n` tokens after `prompt`.
 std::vector<int32_t> OneStageDecode(std::vector<int32_t> prompt, int n) {
-  ShardRuntime whole(1);
-  EXPECT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
-  StageExecutor single(&whole);
-  SamplerConfig greedy;
-  greedy.greedy = true;
-  EXPECT_TRUE(whole.StartSequence(1, 64, greedy).ok());
+  OneStage one;
   uint64_t step = 1;
-  return Decode({&single}, std::move(prompt), n, &step);
+  return Decode({&one.single}, std::move(prompt), n, &step);
 }
 
 // LoadShard's expert ranges route every expert id: ranges that leave some id to no member (or
@@ -136,20 +143,17 @@ TEST(ShardRuntimeLoad, ExpertRangesThatDoNotCoverTheExpertsAreRefusedByName) {
 // the sequence's context is refused without embedding them (a StepBatch of tens of millions of
 // ids would otherwise size X in terabytes and end the worker).
 TEST(StageExecutorChecks, TooManyTokensAreRefusedBeforeXIsSized) {
-  ShardRuntime whole(1);
-  ASSERT_TRUE(whole.Load(Stage(0, 1, 0, -1)).ok());
-  StageExecutor single(&whole);
-  SamplerConfig greedy;
-  greedy.greedy = true;
-  ASSERT_TRUE(whole.StartSequence(1, 64, greedy).ok());
+  OneStage one;
+  ASSERT_TRUE(one.whole.loaded() && one.whole.HasSequence(1));
   const std::vector<int32_t> many(100000, 5);
   std::vector<SampledId> out;
-  const Status s = single.RunStep(1, 0, {StepSlice{1, many}}, StageExecutor::Clock::now() + 20s, &out);
+  const Status s =
+      one.single.RunStep(1, 0, {StepSlice{1, many}}, StageExecutor::Clock::now() + 20s, &out);
   EXPECT_EQ(s.code(), Code::kOutOfRange) << s.ToString();
   EXPECT_NE(s.message().find("sequence 1: context beyond 64"), std::string::npos) << s.ToString();
-  EXPECT_LT(whole.activations().rows(), 100000) << "X was sized for the refused step";
+  EXPECT_LT(one.whole.activations().rows(), 100000) << "X was sized for the refused step";
   uint64_t step = 2;
-  EXPECT_EQ(Decode({&single}, {1, 2, 3}, 2, &step).size(), 2u) << "the sequence still runs";
+  EXPECT_EQ(Decode({&one.single}, {1, 2, 3}, 2, &step).size(), 2u) << "the sequence still runs";
 }
 
 TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {

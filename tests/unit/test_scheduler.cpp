@@ -64,6 +64,7 @@ class FakeWorkers final : public WorkerSet {
   void MarkDown(int w, const std::string& why) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!stepped_down_.empty()) return;   // as Cluster::MarkDown
       down_[w] = true;
       marked_down_.push_back(w);
     }
