@@ -43,10 +43,17 @@ struct Run {
   double total_s = 0;    // request -> last token
 };
 
-Status WaitHealthy(const ApiClient& api, const std::string& what) {
+// Until `api` answers healthy; a child that exits meanwhile (a port in use, a bad --model)
+// ends the wait at once, named.
+Status WaitHealthy(const ApiClient& api, const std::string& what,
+                   const std::vector<std::unique_ptr<ChildProcess>>& children) {
   const auto deadline = Clock::now() + kStartTimeout;
   std::string last = "no answer";
   while (Clock::now() < deadline) {
+    for (const auto& child : children)
+      if (!child->Running())
+        return Unavailable(child->name() + " exited (" + child->exit_text() +
+                           ") while waiting for " + what + " to become healthy");
     flashmesh::v1::ClusterStatusResponse resp;
     auto ctx = api.Context(2);
     grpc::Status s = api.stub->ClusterStatus(ctx.get(), {}, &resp);
@@ -203,15 +210,18 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
                                       "--threads", threads, "--max-batch",
                                       std::to_string(cfg.limits.max_batch), "--max-context",
                                       std::to_string(cfg.limits.max_context), "--max-tokens",
-                                      std::to_string(cfg.limits.max_tokens)};
+                                      std::to_string(cfg.limits.max_tokens), "--max-queue",
+                                      std::to_string(cfg.limits.max_queue),
+                                      "--max-streams-per-client",
+                                      std::to_string(cfg.limits.max_streams_per_client)};
     serve.insert(serve.end(), quiet.begin(), quiet.end());
     FM_ASSIGN_OR_RETURN(auto single_process,
                         ChildProcess::Start("serve", SelfBinary(), serve, cluster.output));
     children.push_back(std::move(single_process));
     FM_ASSIGN_OR_RETURN(ApiClient single, ConnectApi(single_addr, ""));
     FM_ASSIGN_OR_RETURN(ApiClient pipe, ConnectApi(setup.listen, cfg.security.token_file, cfg.security.tls.ca));
-    FM_RETURN_IF_ERROR(WaitHealthy(single, "serve"));
-    FM_RETURN_IF_ERROR(WaitHealthy(pipe, "the cluster of " + o.config));
+    FM_RETURN_IF_ERROR(WaitHealthy(single, "serve", children));
+    FM_RETURN_IF_ERROR(WaitHealthy(pipe, "the cluster of " + o.config, children));
     FM_LOG(kInfo, "bench") << "both up; measuring";
     Options warm = o;
     warm.tokens = 2;
@@ -321,6 +331,14 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
 
 Status RunClusterBench(const ClusterBenchOptions& o) {
   FM_ASSIGN_OR_RETURN(const ClusterConfig cfg, LoadClusterConfig(o.config));
+  // Every stream comes from this one client: the YAML's limits must admit them all.
+  const LimitsConfig& lim = cfg.limits;
+  if (o.streams > lim.max_streams_per_client || o.streams > lim.max_batch + lim.max_queue)
+    return InvalidArgument("--streams " + std::to_string(o.streams) + ": " + o.config +
+                           " admits " + std::to_string(lim.max_streams_per_client) +
+                           " streams of one client (limits.max_streams_per_client) and " +
+                           std::to_string(lim.max_batch + lim.max_queue) +
+                           " requests at once (limits.max_batch + limits.max_queue)");
   // Probe the cpu profiles now, before the children compete for the memory bandwidth.
   const ClusterConfig probed = WithProbedProfiles(cfg);
   FM_ASSIGN_OR_RETURN(const CoordinatorSetup setup, SetupFromConfig(probed, o.model));

@@ -110,7 +110,12 @@ class GreedyDecode {
         next_(static_cast<size_t>(streams)) {
     std::mt19937 rng(1234);
     for (int64_t b = 0; b < streams; ++b) {
-      caches_.push_back(shard->NewSequence(context + tokens + 1));
+      Result<std::unique_ptr<SequenceCache>> cache = shard->NewSequence(context + tokens + 1);
+      if (!cache.ok()) {
+        made_ = cache.status();
+        break;
+      }
+      caches_.push_back(std::move(cache).value());
       prompts_.emplace_back(static_cast<size_t>(std::max<int64_t>(context, 1)));
       for (auto& t : prompts_.back())
         t = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size));
@@ -118,6 +123,7 @@ class GreedyDecode {
     }
   }
   Status Prefill() {
+    FM_RETURN_IF_ERROR(made_);   // every stream's cache
     for (size_t b = 0; context_ > 0 && b < caches_.size(); ++b) {
       BatchItem item{caches_[b].get(), prompts_[b]};
       FM_RETURN_IF_ERROR(Run({&item, 1}, prompts_[b], b));
@@ -187,6 +193,7 @@ class GreedyDecode {
   const ModelConfig& cfg_;
   int64_t context_;
   std::vector<std::unique_ptr<SequenceCache>> caches_;
+  Status made_;   // the streams' caches: an error ends Prefill
   std::vector<std::vector<int32_t>> prompts_;
   std::vector<Sampler> greedy_;
   std::vector<int32_t> next_;
@@ -286,13 +293,19 @@ Status RunDecode(const DecodeOptions& o) {
   const double tok_per_s = static_cast<double>(o.tokens * o.streams) / decode_s;
   const double bytes_per_token = static_cast<double>(dense_bytes) + routed_bytes / o.tokens;
   const double eff = Median(effs), mem_bw = Median(bws);
-  FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
-  const FullModelPrediction pred = Predict(cfg, decode_s / o.tokens, head_s, mem_bw);
+  // The full-model prediction is of one stream's token time (as on a device, which times the
+  // single stream first): a step of B rows is not a token, and the head was timed for one row.
+  const bool predicts = o.streams == 1;
+  FullModelPrediction pred;
+  if (predicts) {
+    FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
+    pred = Predict(cfg, decode_s / o.tokens, head_s, mem_bw);
+  }
   if (o.json) {
     std::printf("{\"tok_per_s\": %.4f, \"streams\": %lld, \"weight_bytes_per_token\": %.0f, "
                 "\"mem_bw_gbps\": %.4f, \"bw_efficiency\": %.4f%s}\n",
                 tok_per_s, static_cast<long long>(o.streams), bytes_per_token, mem_bw, eff,
-                PredictionJson(pred).c_str());
+                predicts ? PredictionJson(pred).c_str() : "");
   } else {
     std::printf("model            %s (%.2f GB resident)\n", o.model.c_str(), resident / 1e9);
     std::printf("threads          %d\n", pool.size());
@@ -308,7 +321,8 @@ Status RunDecode(const DecodeOptions& o) {
     std::printf("memory bandwidth %.2f GB/s (median of the probes after each round, same threads)\n", mem_bw);
     std::printf("bw_efficiency    %.3f (median round; rounds %.3f .. %.3f)\n", eff,
                 *std::min_element(effs.begin(), effs.end()), *std::max_element(effs.begin(), effs.end()));
-    PrintPrediction(pred);
+    if (predicts) PrintPrediction(pred);
+    else std::printf("full model       predicted from one stream: run with --streams 1\n");
   }
   return Status::Ok();
 }

@@ -37,7 +37,8 @@ const CommandSpec kDecodeSpec{
      {"tokens", "N", "tokens decoded (default 32)"},
      {"threads", "N", "kernel threads (default: all cores)"},
      {"streams", "B", "B sequences decode together, a step of B rows (default 1); tok/s counts\n"
-                      "them all; on a device also the single stream first and streams_speedup"},
+                      "them all; on a device also the single stream first and streams_speedup;\n"
+                      "the full-model prediction is of one stream (on cpu: with B = 1 only)"},
      {"device", "cpu|cuda:N", "cuda:N: the shard resident on GPU N; bandwidth = a device read\n"
                              "probe; also prefill tok/s (the context as batched device steps)"},
      {"eager", nullptr, "with cuda:N: launch every kernel of each decode step instead of\n"
@@ -73,7 +74,7 @@ Result<bench::DecodeOptions> ParseDecode(const Flags& f) {
   FM_ASSIGN_OR_RETURN(o.context, f.GetInt("context", o.context, 0));
   FM_ASSIGN_OR_RETURN(o.tokens, f.GetInt("tokens", o.tokens, 1));
   FM_ASSIGN_OR_RETURN(o.streams, f.GetInt("streams", o.streams, 1));
-  FM_ASSIGN_OR_RETURN(const int64_t threads, f.GetInt("threads", 0, 0, 4096));
+  FM_ASSIGN_OR_RETURN(const int64_t threads, f.GetInt("threads", 0, 0, kMaxThreads));
   o.threads = static_cast<int>(threads);
   constexpr int64_t kMaxTokens = int64_t{1} << 30;   // the caches hold context + tokens
   if (o.context > kMaxTokens || o.tokens > kMaxTokens)
@@ -103,8 +104,8 @@ Result<bench::ClusterBenchOptions> ParseCluster(const Flags& f) {
   constexpr int64_t kMax = 1 << 20;
   FM_ASSIGN_OR_RETURN(o.tokens, f.GetInt("tokens", o.tokens, 2, kMax));
   FM_ASSIGN_OR_RETURN(o.prompt, f.GetInt("prompt", o.prompt, 1, kMax));
-  FM_ASSIGN_OR_RETURN(o.streams, f.GetInt("streams", o.streams, 1, kMax));
-  FM_ASSIGN_OR_RETURN(o.threads, f.GetInt("threads", o.threads, 0, kMax));
+  FM_ASSIGN_OR_RETURN(o.streams, f.GetInt("streams", o.streams, 1, 256));
+  FM_ASSIGN_OR_RETURN(o.threads, f.GetInt("threads", o.threads, 0, kMaxThreads));
   if (o.threads == 0) o.threads = std::max(1u, std::thread::hardware_concurrency());
   return o;
 }

@@ -83,7 +83,7 @@ Status ParseArgs(const Flags& f, GenerateArgs* args) {
   args->format = f.Get("format", "text");
   if (args->format != "text" && args->format != "ids")
     return InvalidArgument("--format: expected text or ids, got '" + args->format + "'");
-  FM_ASSIGN_OR_RETURN(const int64_t threads, f.GetInt("threads", 0, 1, 1024));
+  FM_ASSIGN_OR_RETURN(const int64_t threads, f.GetInt("threads", 0, 1, kMaxThreads));
   args->threads = static_cast<int>(threads);
   if (args->model.empty() == args->server.empty())
     return InvalidArgument("give exactly one of --model and --server");

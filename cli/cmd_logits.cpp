@@ -53,7 +53,7 @@ Status Run(const std::string& model, const std::vector<int32_t>& tokens, bool de
   const ModelConfig& cfg = shard->config();
   const int64_t T = static_cast<int64_t>(tokens.size()), V = cfg.vocab_size;
   const int64_t row = cfg.hc_mult * cfg.hidden_size;
-  auto cache = shard->NewSequence(T);
+  FM_ASSIGN_OR_RETURN(std::unique_ptr<SequenceCache> cache, shard->NewSequence(T));
   std::vector<float> logits(T * V);
   const std::span<const int32_t> all(tokens);
   const int64_t first = decode ? 1 : T;
@@ -88,7 +88,7 @@ int CmdLogits(int argc, char** argv) {
   if (!flags) return rc;
   const std::string model = flags->Get("model"), mode = flags->Get("mode", "prefill");
   const std::string out = flags->Get("out");
-  const Result<int64_t> threads = flags->GetInt("threads", 0, 1, 1024);
+  const Result<int64_t> threads = flags->GetInt("threads", 0, 1, kMaxThreads);
   if (!threads.ok()) return UsageError(kSpec, threads.status().message());
   if (mode != "prefill" && mode != "decode")
     return UsageError(kSpec, "--mode: expected prefill or decode, got '" + mode + "'");

@@ -2,6 +2,7 @@
 // in-process worker holding the whole model; the reference every distributed run is compared with.
 // The coordinator is set up from a one-node ClusterConfig through SetupFromConfig, the same
 // path as `flashmesh coordinator`.
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -51,12 +52,17 @@ int CmdServe(int argc, char** argv) {
                           {"max-context", 8192, &max_context, kMaxContextLimit},
                           {"max-tokens", 4096, &max_tokens, kAny}, {"max-queue", 64, &max_queue, kAny},
                           {"max-streams-per-client", 64, &max_streams, kAny},
-                          {"threads", std::thread::hardware_concurrency(), &threads, kAny}};
+                          {"threads", std::thread::hardware_concurrency(), &threads, kMaxThreads}};
   for (const auto& f : ints) {
     auto v = flags->GetInt(f.name, f.fallback, 1, f.max);
     if (!v.ok()) return UsageError(kSpec, v.status().message());
     *f.out = *v;
   }
+  // As the YAML's limits: max_tokens defaults to at most max_context and may not exceed it.
+  if (!flags->Has("max-tokens")) max_tokens = std::min(max_tokens, max_context);
+  if (max_tokens > max_context)
+    return UsageError(kSpec, "--max-tokens: " + std::to_string(max_tokens) + " exceeds --max-context " +
+                                 std::to_string(max_context));
   // serve is a one-node cluster set up as a YAML's coordinator is (SetupFromConfig); its node
   // is the worker below, in this process on an ephemeral loopback port.
   ClusterConfig cluster;

@@ -22,15 +22,10 @@ namespace {
 
 constexpr auto kStopGrace = std::chrono::seconds(5);
 
-std::string ExitText(int exit_code) {
-  return exit_code >= 128 ? "signal " + std::to_string(exit_code - 128)
-                          : "status " + std::to_string(exit_code);
-}
-
 const CommandSpec kSpec{
     "up",
     "starts the coordinator and every worker of FILE whose control host is local\n"
-    "(127.0.0.1, localhost, ::1) as child processes; Ctrl-C stops them all.",
+    "(127.0.0.0/8, localhost, ::1, 0.0.0.0) as child processes; Ctrl-C stops them all.",
     {{"config", "FILE", "the cluster YAML", true},
      {"model", "DIR", "checkpoint directory instead of the YAML's `model`"}}};
 
@@ -40,6 +35,9 @@ int CmdUp(int argc, char** argv) {
   int rc = 0;
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc;
+  // Before any thread starts (gRPC's credentials below start some), so that no thread takes
+  // SIGINT/SIGTERM by their default action.
+  BlockShutdownSignals();
   // Everything that can be wrong with the YAML or the plan is reported before anything starts.
   auto cfg = LoadClusterConfig(flags->Get("config"));
   if (!cfg.ok()) {
@@ -51,7 +49,6 @@ int CmdUp(int argc, char** argv) {
     std::fprintf(stderr, "up: %s\n", setup.status().message().c_str());
     return 1;
   }
-  BlockShutdownSignals();
   LocalClusterArgs args;
   args.config_path = flags->Get("config");
   if (flags->Has("model")) args.worker_args = {"--model", flags->Get("model")};
@@ -81,7 +78,7 @@ int CmdUp(int argc, char** argv) {
     bool died = false;
     for (auto& c : children) {
       if (c->exit_code() >= 0 || c->Running()) continue;   // reported once, when it exits
-      FM_LOG(kError, "up") << c->name() << " exited (" << ExitText(c->exit_code()) << ")";
+      FM_LOG(kError, "up") << c->name() << " exited (" << c->exit_text() << ")";
       died = died || c->name() == "coordinator";   // a dead worker is the coordinator's to report
     }
     if (died) {

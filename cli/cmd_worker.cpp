@@ -32,7 +32,7 @@ int CmdWorker(int argc, char** argv) {
   int rc = 0;
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc;
-  auto threads = flags->GetInt("threads", std::thread::hardware_concurrency(), 1);
+  auto threads = flags->GetInt("threads", std::thread::hardware_concurrency(), 1, kMaxThreads);
   if (!threads.ok()) return UsageError(kSpec, threads.status().message());
   BlockShutdownSignals();
   auto cfg = LoadClusterConfig(flags->Get("config"));

@@ -68,6 +68,10 @@ std::optional<Flags> StartCommand(const CommandSpec& spec, int argc, char** argv
 // help on stderr; returns 2, the exit code of usage errors.
 int UsageError(const CommandSpec& spec, const std::string& message);
 
+// The most kernel threads a command takes (--threads): a larger count is a typo, and creating
+// it would end the process when the system refuses threads.
+constexpr int64_t kMaxThreads = 1024;
+
 // Blocks SIGINT and SIGTERM in the calling thread (call first in main, before any thread
 // starts, so every thread inherits the mask); WaitForShutdownSignal then returns the signal.
 void BlockShutdownSignals();

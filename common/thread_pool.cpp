@@ -107,10 +107,21 @@ void ThreadPool::ParallelFor(size_t n, size_t grain,
   job_parts_ = parts;
   pending_.store(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
   Publish(generation_, generation_.load() + 1);  // only this thread writes generation_
-  fn(0, std::min(chunk, n));  // part 0 on the caller
+  std::exception_ptr error;
+  try {
+    fn(0, std::min(chunk, n));  // part 0 on the caller
+  } catch (...) {
+    error = std::current_exception();
+  }
   for (uint32_t left = pending_.load(std::memory_order_acquire); left != 0;)
     left = AwaitChange(pending_, left);
   job_ = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!error) error = error_;
+    error_ = nullptr;
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::WorkerLoop(int index) {
@@ -121,7 +132,14 @@ void ThreadPool::WorkerLoop(int index) {
     if (index < job_parts_) {
       const size_t begin = job_chunk_ * static_cast<size_t>(index);
       const size_t end = std::min(job_n_, begin + job_chunk_);
-      if (begin < end) (*job_)(begin, end);
+      if (begin < end) {
+        try {
+          (*job_)(begin, end);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mu_);
+          if (!error_) error_ = std::current_exception();
+        }
+      }
     }
     if (pending_.fetch_sub(1) == 1 && sleepers_.load() > 0) WakeAll(pending_);
   }

@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -25,7 +27,9 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // Calls fn(begin, end) on disjoint chunks covering [0, n); the caller thread takes part.
-  // Chunks are at least `grain` long. Not reentrant: do not call from inside fn.
+  // Chunks are at least `grain` long. Not reentrant: do not call from inside fn. A chunk that
+  // throws (bad_alloc) does not end the process or leave the pool mid-job: every chunk is
+  // waited for, then the first exception is rethrown here.
   void ParallelFor(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
 
  private:
@@ -43,6 +47,8 @@ class ThreadPool {
   std::atomic<uint32_t> generation_{0};
   std::atomic<uint32_t> pending_{0};
   std::atomic<int> sleepers_{0};  // threads inside SleepWhile on either word
+  std::mutex error_mu_;
+  std::exception_ptr error_;   // a worker's chunk threw (the first); under error_mu_
 };
 
 }  // namespace fm

@@ -17,6 +17,13 @@
 #include <sstream>
 
 namespace fm {
+
+bool IsLoopback(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a{};
+  return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -222,13 +229,6 @@ Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConf
     FM_RETURN_IF_ERROR(claim(cfg.nodes[i].data, path + ".data", n["data"]));
   }
   return Status::Ok();
-}
-
-// localhost, ::1, or an IPv4 address in 127.0.0.0/8 (not a name that merely starts "127.").
-bool IsLoopback(const std::string& host) {
-  if (host == "localhost" || host == "::1") return true;
-  in_addr a{};
-  return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
 // Without a cluster secret nothing authenticates the workers' callers and peers: every

@@ -33,6 +33,8 @@ struct HostPort {
 };
 // "host:port" / "[v6]:port"; port 1..65535 (0 only when allow_zero). Errors say what is wrong.
 Result<HostPort> ParseHostPort(const std::string& s, bool allow_zero = false);
+// localhost, ::1, or an IPv4 address in 127.0.0.0/8 (not a name that merely starts "127.").
+bool IsLoopback(const std::string& host);
 // "cpu" -> -1, "cuda:N" -> N (N of at most 3 digits); anything else an error that quotes it.
 Result<int> ParseDevice(const std::string& device);
 

@@ -263,7 +263,7 @@ void Scheduler::SendResets() {
   }
   // A StartSequence still on its way could land after the Reset and leave its sequence behind.
   if (starts_outstanding_ > 0) return;
-  const auto deadline = Clock::now() + limits_.control_timeout;
+  const auto deadline = std::max(Clock::now(), busy_until_) + limits_.control_timeout;
   for (size_t i = 0; i < needs_reset_.size(); ++i) {
     const int w = static_cast<int>(i);
     if (!needs_reset_[i] || resetting_[i] || workers_->down(w)) continue;   // down: once it is back
@@ -476,6 +476,7 @@ void Scheduler::Complete(StepCall* call) {
   if (call->failed) {
     const Status why = Attribute(*call);
     call->Cancel();   // FailAll below cancels only what is still in flight
+    busy_until_ = std::max(busy_until_, call->deadline);
     FM_LOG(kWarn, "scheduler") << "micro-batch " << call->step_id << " failed: " << why.ToString();
     FailAll(why);
     return;
@@ -611,7 +612,10 @@ void Scheduler::Reconcile(int worker, const std::vector<uint64_t>& held, Clock::
 }
 
 void Scheduler::FailAll(const Status& why) {
-  for (auto& [id, call] : in_flight_) call->Cancel();
+  for (auto& [id, call] : in_flight_) {
+    call->Cancel();
+    busy_until_ = std::max(busy_until_, call->deadline);
+  }
   in_flight_.clear();
   {
     std::lock_guard<std::mutex> lock(health_mu_);

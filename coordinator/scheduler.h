@@ -171,6 +171,9 @@ class Scheduler {
   uint64_t next_request_id_ = 1, next_step_id_ = 1;
   uint64_t last_step_id_ = 0;          // the step launched last; 0 once none is in flight
   int starts_outstanding_ = 0;         // StartSequence calls not answered, live or abandoned
+  // The latest deadline of the steps FailAll cancelled: a worker may still compute them (compute
+  // is not cut short) and takes its Reset after, so the Resets have until then too.
+  Clock::time_point busy_until_{};
   std::vector<char> needs_reset_;      // per worker: holds sequences of a failed schedule
   std::vector<char> resetting_;        // per worker: its Reset is in flight
   std::deque<double> recent_row_seconds_;   // per-row time of the last steps, newest last

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,9 +27,14 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(std::string name,
   argv.push_back(const_cast<char*>(binary.c_str()));
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return Internal("fork failed for " + name);
   if (pid == 0) {
+    // The child dies with its parent: a launcher killed by a signal (SIGTERM's default action,
+    // SIGKILL, a crash) leaves no daemon holding the cluster's ports. Checked after the prctl
+    // in case the parent died before it.
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(127);
     sigset_t none;
     sigemptyset(&none);
     pthread_sigmask(SIG_SETMASK, &none, nullptr);

@@ -22,7 +22,9 @@ struct ChildOutput {
 class ChildProcess {
  public:
   // Runs `binary` with `args` (argv[1..]; argv[0] is the binary) in a new process. `name` is
-  // for logs ("worker w0", "coordinator"). Errors: fork failed.
+  // for logs ("worker w0", "coordinator"). The child gets SIGTERM when the thread that started
+  // it ends (PR_SET_PDEATHSIG), so start children from a thread that outlives them (main).
+  // Errors: fork failed.
   static Result<std::unique_ptr<ChildProcess>> Start(std::string name, const std::string& binary,
                                                      const std::vector<std::string>& args,
                                                      const ChildOutput& output = {});
@@ -39,6 +41,11 @@ class ChildProcess {
   bool Running();
   // The exit status, or 128 + the signal that ended it; -1 while it runs.
   int exit_code() const { return exit_code_; }
+  // exit_code() for people: "status 1", "signal 9".
+  std::string exit_text() const {
+    return exit_code_ >= 128 ? "signal " + std::to_string(exit_code_ - 128)
+                             : "status " + std::to_string(exit_code_);
+  }
   // Waits up to `timeout` for the exit: exit_code(), or -1 on timeout.
   int Wait(std::chrono::milliseconds timeout);
 

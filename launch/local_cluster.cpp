@@ -4,9 +4,7 @@
 
 namespace fm {
 
-bool IsLocalHost(const std::string& host) {
-  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "0.0.0.0";
-}
+bool IsLocalHost(const std::string& host) { return IsLoopback(host) || host == "0.0.0.0"; }
 
 Result<std::vector<std::unique_ptr<ChildProcess>>> StartLocalCluster(const ClusterConfig& cfg,
                                                                      const LocalClusterArgs& args) {

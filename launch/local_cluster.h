@@ -18,7 +18,7 @@ struct LocalClusterArgs {
   ChildOutput output;
 };
 
-// 127.0.0.1, localhost, ::1 or 0.0.0.0.
+// A loopback address (IsLoopback: 127.0.0.0/8, localhost, ::1) or 0.0.0.0.
 bool IsLocalHost(const std::string& host);
 
 // Starts this binary (SelfBinary) as the worker of every node of `cfg` whose control host is

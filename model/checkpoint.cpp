@@ -128,6 +128,7 @@ class CheckpointImpl final : public Checkpoint {
     return &it->second;
   }
   Status CheckTid2eid(const Entry& e) const;
+  static Status CheckE4m3Codes(const Entry& e);
 
   ModelConfig cfg_;
   ShardSelection sel_;
@@ -271,6 +272,8 @@ Result<std::unique_ptr<Checkpoint>> CheckpointImpl::Open(const std::string& dir,
   for (const auto& s : specs)
     if (s.role == TensorRole::kTid2eid && ck->entries_.count(s.name))
       FM_RETURN_IF_ERROR(ck->CheckTid2eid(ck->entries_.at(s.name)));
+  for (const auto& [name, e] : ck->entries_)
+    if (e.view.dtype == DType::kF8E4M3) FM_RETURN_IF_ERROR(CheckE4m3Codes(e));
   FM_LOG(kInfo, "checkpoint") << dir << ": " << ck->order_.size() << " tensors, "
                               << ck->selected_bytes_ << " of " << ck->total_bytes_
                               << " bytes selected from " << ck->files_.size() << " shard(s)";
@@ -294,6 +297,22 @@ Status CheckpointImpl::CheckTid2eid(const Entry& e) const {
                              ", outside [0, " + std::to_string(cfg_.n_routed_experts) + ")");
   }
   return Status::Ok();
+}
+
+// e4m3 has no infinities; 0x7F and 0xFF are NaN. A weight never is: such a byte is a damaged
+// file, and the CPU's exact decode would read it as +-480 where a GPU reads NaN, so one kind of
+// worker would quietly disagree with the other. One pass over the loaded bytes (vectorized).
+Status CheckpointImpl::CheckE4m3Codes(const Entry& e) {
+  const uint8_t* p = e.view.data + e.load_begin;
+  const uint64_t n = e.load_end - e.load_begin;
+  uint8_t nan = 0;
+  for (uint64_t i = 0; i < n; ++i) nan |= static_cast<uint8_t>((p[i] & 0x7F) == 0x7F);
+  if (!nan) return Status::Ok();
+  uint64_t at = 0;
+  while ((p[at] & 0x7F) != 0x7F) ++at;
+  return InvalidArgument(e.file->path() + ": tensor '" + e.view.name + "' byte " +
+                         std::to_string(e.load_begin + at) + " is an e4m3 NaN code (0x" +
+                         (p[at] == 0x7F ? "7F" : "FF") + "): the file is damaged");
 }
 
 Result<QWeight> CheckpointImpl::Weight(const std::string& prefix) const {

@@ -113,7 +113,7 @@ class ShardModelImpl : public ShardModel {
   bool has_head() const override { return has_head_; }
   bool has_mtp() const override { return mtp_ != nullptr; }
 
-  std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const override;
+  Result<std::unique_ptr<SequenceCache>> NewSequence(int64_t max_context) const override;
   Status Embed(std::span<const int32_t> tokens, float* x) const override;
   Status ForwardLayers(std::span<const BatchItem> items, float* x) const override;
   Status Logits(const float* x, int64_t rows, float* logits) const override;
@@ -193,7 +193,7 @@ Status ShardModelImpl::Bind(const Checkpoint& ckpt) {
   return Status::Ok();
 }
 
-std::unique_ptr<SequenceCache> ShardModelImpl::NewSequence(int64_t max_context) const {
+Result<std::unique_ptr<SequenceCache>> ShardModelImpl::NewSequence(int64_t max_context) const {
   std::vector<std::unique_ptr<AttentionCache>> caches;
   for (int64_t l = begin_; l < end_; ++l)
     caches.push_back(NewAttentionCache(cfg_, cfg_.compress_ratio(l), max_context));

@@ -132,8 +132,9 @@ class ShardModel {
   virtual bool has_embed() const = 0;
   virtual bool has_head() const = 0;
 
-  // Empty decode state for this shard's layers, able to hold max_context positions.
-  virtual std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const = 0;
+  // Empty decode state for this shard's layers, able to hold max_context positions. Errors:
+  // ResourceExhausted when a device shard's memory cannot hold it.
+  virtual Result<std::unique_ptr<SequenceCache>> NewSequence(int64_t max_context) const = 0;
 
   // An empty manifold buffer [0, hc*H] in this shard's activation memory: host memory on the
   // CPU shard (the default), device memory on a device shard. Every `x` below points into such

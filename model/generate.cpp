@@ -60,7 +60,7 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
 
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
-  std::unique_ptr<SequenceCache> cache = model.NewSequence(max_context);
+  FM_ASSIGN_OR_RETURN(std::unique_ptr<SequenceCache> cache, model.NewSequence(max_context));
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, model.NewActivations());
   auto t0 = std::chrono::steady_clock::now();
   FM_ASSIGN_OR_RETURN(SampledToken tok, Step(model, cache.get(), prompt, &sampler, x.get()));

@@ -127,9 +127,9 @@ size_t AppendValidUtf8(const std::string& in, bool final, std::string* out) {
       if (!final) return i;
       bad = true;
     }
-    if (bad) {
+    if (bad) {   // one U+FFFD for the maximal subpart (lead + the continuations that fit)
       out->append(kReplacement);
-      ++i;
+      i += k;
       continue;
     }
     out->append(in, i, n);
@@ -230,6 +230,23 @@ std::string JsonPath(const std::string& origin, const std::string& path) {
   return origin + ": " + path;
 }
 
+// Ids above this are refused (the real vocabulary has 129280): every id sizes the id tables.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
+// Member `key` of object `o` (at JSON path `where`): `fallback` when absent or null, an error
+// naming the path when it has another type (nlohmann's value() would throw past every caller).
+Result<std::string> OptString(const json& o, const char* key, const char* fallback,
+                              const std::string& where) {
+  if (!o.contains(key) || o[key].is_null()) return std::string(fallback);
+  if (!o[key].is_string()) return InvalidArgument(where + "/" + key + ": expected a string");
+  return o[key].get<std::string>();
+}
+Result<bool> OptBool(const json& o, const char* key, bool fallback, const std::string& where) {
+  if (!o.contains(key) || o[key].is_null()) return fallback;
+  if (!o[key].is_boolean()) return InvalidArgument(where + "/" + key + ": expected true or false");
+  return o[key].get<bool>();
+}
+
 // A token string of tokenizer_config.json: "text" or {"content": "text", ...}.
 Result<std::string> ConfigToken(const json& cfg, const char* key, const std::string& origin) {
   const json& v = cfg[key];
@@ -275,7 +292,8 @@ struct Tokenizer::Impl {
 
 Status Tokenizer::Impl::ParseModel(const json& m) {
   if (!m.is_object()) return InvalidArgument(JsonPath(origin, "/model") + ": missing object");
-  if (m.value("type", "") != "BPE")
+  FM_ASSIGN_OR_RETURN(const std::string type, OptString(m, "type", "", JsonPath(origin, "/model")));
+  if (type != "BPE")
     return InvalidArgument(JsonPath(origin, "/model/type") + ": expected \"BPE\"");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(key) && m[key].is_string() && !m[key].get<std::string>().empty())
@@ -287,9 +305,9 @@ Status Tokenizer::Impl::ParseModel(const json& m) {
   int32_t max_id = -1;
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > INT32_MAX)
+        it.value().get<int64_t>() > kMaxTokenId)
       return InvalidArgument(JsonPath(origin, "/model/vocab/" + it.key()) +
-                             ": expected a non-negative integer id");
+                             ": expected an integer id in [0, " + std::to_string(kMaxTokenId) + "]");
     int32_t id = it.value().get<int32_t>();
     vocab[it.key()] = id;
     max_id = std::max(max_id, id);
@@ -350,8 +368,10 @@ Status Tokenizer::Impl::ParseModel(const json& m) {
 
 Status Tokenizer::Impl::ParsePreTokenizer(const json& p) {
   if (p.is_null()) return Status::Ok();
+  if (!p.is_object()) return InvalidArgument(JsonPath(origin, "/pre_tokenizer") + ": expected an object");
   std::vector<std::pair<const json*, std::string>> list;
-  if (p.value("type", "") == "Sequence") {
+  FM_ASSIGN_OR_RETURN(const std::string top, OptString(p, "type", "", JsonPath(origin, "/pre_tokenizer")));
+  if (top == "Sequence") {
     if (!p.contains("pretokenizers") || !p["pretokenizers"].is_array())
       return InvalidArgument(JsonPath(origin, "/pre_tokenizer/pretokenizers") + ": missing array");
     for (size_t i = 0; i < p["pretokenizers"].size(); ++i)
@@ -360,25 +380,31 @@ Status Tokenizer::Impl::ParsePreTokenizer(const json& p) {
     list.emplace_back(&p, "/pre_tokenizer");
   }
   for (const auto& [step, path] : list) {
-    std::string type = step->is_object() ? step->value("type", "") : "";
+    if (!step->is_object()) return InvalidArgument(JsonPath(origin, path) + ": expected an object");
+    const std::string where = JsonPath(origin, path);
+    FM_ASSIGN_OR_RETURN(const std::string type, OptString(*step, "type", "", where));
     if (type == "Split") {
-      const json& pat = (*step)["pattern"];
+      static const json kNone;
+      const json& pat = step->contains("pattern") ? (*step)["pattern"] : kNone;
       bool literal = pat.is_object() && pat.contains("String") && pat["String"].is_string();
       bool regex = pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string();
       if (!literal && !regex)
         return InvalidArgument(JsonPath(origin, path + "/pattern") +
                                ": expected {\"Regex\": ...} or {\"String\": ...}");
-      if (step->value("behavior", "") != "Isolated")
+      FM_ASSIGN_OR_RETURN(const std::string behavior, OptString(*step, "behavior", "", where));
+      if (behavior != "Isolated")
         return InvalidArgument(JsonPath(origin, path + "/behavior") + ": only \"Isolated\" is supported");
-      if (step->value("invert", false))
+      FM_ASSIGN_OR_RETURN(const bool invert, OptBool(*step, "invert", false, where));
+      if (invert)
         return InvalidArgument(JsonPath(origin, path + "/invert") + ": only false is supported");
       std::string text = literal ? pat["String"].get<std::string>() : pat["Regex"].get<std::string>();
       FM_ASSIGN_OR_RETURN(RegexPtr re, CompileRegex(text, literal, JsonPath(origin, path + "/pattern")));
       steps.push_back({std::move(re), false});
     } else if (type == "ByteLevel") {
       // Byte mapping itself is implicit: BPE runs on the raw bytes of each piece.
-      bool prefix = step->value("add_prefix_space", false);
-      if (step->value("use_regex", true)) {
+      FM_ASSIGN_OR_RETURN(const bool prefix, OptBool(*step, "add_prefix_space", false, where));
+      FM_ASSIGN_OR_RETURN(const bool use_regex, OptBool(*step, "use_regex", true, where));
+      if (use_regex) {
         FM_ASSIGN_OR_RETURN(RegexPtr re, CompileRegex(kGpt2Pattern, false, "GPT-2 regex"));
         steps.push_back({std::move(re), prefix});
       } else if (prefix) {
@@ -399,13 +425,13 @@ Status Tokenizer::Impl::ParseAdded(const json& a) {
     std::string path = JsonPath(origin, "/added_tokens/" + std::to_string(i));
     const json& t = a[i];
     if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
-        t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > INT32_MAX)
-      return InvalidArgument(path + "/id: expected a non-negative integer");
+        t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > kMaxTokenId)
+      return InvalidArgument(path + "/id: expected an integer in [0, " + std::to_string(kMaxTokenId) + "]");
     if (!t.contains("content") || !t["content"].is_string() ||
         t["content"].get<std::string>().empty())
       return InvalidArgument(path + "/content: expected a non-empty string");
-    AddedToken tok{t["content"].get<std::string>(), t["id"].get<int32_t>(),
-                   t.value("special", false)};
+    FM_ASSIGN_OR_RETURN(const bool special, OptBool(t, "special", false, path));
+    AddedToken tok{t["content"].get<std::string>(), t["id"].get<int32_t>(), special};
     if (tok.id >= static_cast<int32_t>(id_bytes.size())) {
       id_bytes.resize(tok.id + 1);
       id_defined.resize(tok.id + 1, 0);
@@ -506,7 +532,8 @@ Result<Tokenizer> Tokenizer::FromJson(const std::string& json_text, const std::s
   impl->origin = origin;
   // DeepSeek ships an empty Sequence: the identity, like null.
   if (j.contains("normalizer") && !j["normalizer"].is_null() &&
-      !(j["normalizer"].is_object() && j["normalizer"].value("type", "") == "Sequence" &&
+      !(j["normalizer"].is_object() && j["normalizer"].contains("type") &&
+        j["normalizer"]["type"] == "Sequence" &&
         j["normalizer"].contains("normalizers") && j["normalizer"]["normalizers"].is_array() &&
         j["normalizer"]["normalizers"].empty()))
     return InvalidArgument(JsonPath(origin, "/normalizer") +
@@ -515,8 +542,9 @@ Result<Tokenizer> Tokenizer::FromJson(const std::string& json_text, const std::s
   FM_RETURN_IF_ERROR(impl->ParseModel(j["model"]));
   FM_RETURN_IF_ERROR(impl->ParsePreTokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json()));
   FM_RETURN_IF_ERROR(impl->ParseAdded(j.contains("added_tokens") ? j["added_tokens"] : json()));
-  if (j.contains("decoder") && !j["decoder"].is_null() && j["decoder"].value("type", "") != "ByteLevel")
-    return InvalidArgument(JsonPath(origin, "/decoder/type") + ": only \"ByteLevel\" is supported");
+  if (j.contains("decoder") && !j["decoder"].is_null() &&
+      !(j["decoder"].is_object() && j["decoder"].contains("type") && j["decoder"]["type"] == "ByteLevel"))
+    return InvalidArgument(JsonPath(origin, "/decoder") + ": only {\"type\": \"ByteLevel\"} is supported");
   Tokenizer t(impl);
   impl->bos_text = kBos;
   impl->eos_text = kEos;

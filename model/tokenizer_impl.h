@@ -17,9 +17,11 @@ void AppendUtf8(uint32_t cp, std::string* out);
 // The byte-mapped form of raw bytes (what tokenizer.json stores as vocab keys).
 std::string ByteMap(const std::string& raw);
 
-// Appends the longest prefix of `in` made of complete characters to `out`, every invalid byte
-// replaced by U+FFFD; returns how many bytes of `in` were consumed. When `final`, an incomplete
-// character at the end is replaced too and everything is consumed.
+// Appends the longest prefix of `in` made of complete characters to `out`, each maximal invalid
+// subpart (a lead byte and the continuation bytes that fit it; a stray byte alone) replaced by
+// one U+FFFD, as HF's ByteLevel decoder (Rust's from_utf8_lossy) does; returns how many bytes of
+// `in` were consumed. When `final`, an incomplete character at the end is replaced too (one
+// U+FFFD) and everything is consumed.
 size_t AppendValidUtf8(const std::string& in, bool final, std::string* out);
 
 }  // namespace fm::tok

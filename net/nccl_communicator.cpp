@@ -82,6 +82,7 @@ class NcclComm final : public NcclCommunicator {
   int size() const override { return static_cast<int>(members_.size()); }
   const std::string& name(int rank) const override { return members_[rank].name; }
   bool broken() const override { return broken_.load(); }
+  void SetMaxPayload(uint64_t bytes) override { max_payload_.store(bytes); }
   bool device_buffers() const override { return true; }
   void AbortStep(uint64_t step) override { aborted_step_.store(step); }
 
@@ -311,7 +312,8 @@ class NcclComm final : public NcclCommunicator {
       if (out[p]) payload_bytes += out[p]->nbytes;
       if (!in[p]) continue;
       const std::string who = "rank " + std::to_string(p) + " (" + name(p) + ")";
-      Result<FrameHeader> h = DecodeFrameHeader(hr + p * kFrameHeaderSize, kFrameHeaderSize);
+      Result<FrameHeader> h = DecodeFrameHeader(hr + p * kFrameHeaderSize, kFrameHeaderSize,
+                                                  max_payload_.load());
       if (!h.ok()) return h.status().Wrap(Group() + ": header from " + who);
       if (h->kind != kind || h->step_id != step || h->tag != tag)
         return Internal(who + " sent " + FrameKindName(h->kind) + " step " +
@@ -385,6 +387,7 @@ class NcclComm final : public NcclCommunicator {
   std::atomic<bool> broken_{false};
   std::string broken_why_;   // under mu_
   std::atomic<uint64_t> aborted_step_{0};
+  std::atomic<uint64_t> max_payload_{kDefaultMaxFramePayload};   // SetMaxPayload
 };
 
 }  // namespace

@@ -44,6 +44,10 @@ class NcclCommunicator : public Communicator {
  public:
   // True once an exchange failed for good (see above).
   virtual bool broken() const = 0;
+  // The largest payload a received header may claim (kDefaultMaxFramePayload until set): the
+  // worker sets the plan's largest frame, as for its TCP transport; a header above it is an
+  // error naming both sizes, and the group breaks.
+  virtual void SetMaxPayload(uint64_t bytes) = 0;
 };
 
 // members in rank order (names are used in errors only); `cuda_device` is this process's GPU;

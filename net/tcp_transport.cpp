@@ -179,7 +179,7 @@ class TcpTransport final : public Transport {
                          ")");
     Frame f = std::move(p->queue.front());
     p->queue.pop_front();
-    p->queued_bytes -= f.payload.size();
+    p->queued_bytes -= QueuedCost(f.payload.size());
     return f;
   }
 
@@ -267,9 +267,13 @@ class TcpTransport final : public Transport {
   }
 
  private:
+  // What an unread frame holds: its payload plus the header and bookkeeping, so that a flood
+  // of empty frames reaches the limit too (each ~100 bytes of memory).
+  static uint64_t QueuedCost(uint64_t payload_bytes) { return payload_bytes + 128; }
+
   struct PeerState {
     std::deque<Frame> queue;
-    uint64_t queued_bytes = 0;    // payload bytes in queue
+    uint64_t queued_bytes = 0;    // QueuedCost of the frames in queue
     std::shared_ptr<Conn> conn;   // the current connection; null when closed
     std::string close_reason;
   };
@@ -519,10 +523,9 @@ class TcpTransport final : public Transport {
     const FrameHeader h = *decoded;
     {
       std::lock_guard<std::mutex> l(mu_);
-      const uint64_t queued = peers_[c->peer].queued_bytes;
-      if (queued + h.payload_bytes > max_queued_)
-        co_return ResourceExhausted("unread frames would hold " +
-                                    std::to_string(queued + h.payload_bytes) +
+      const uint64_t queued = peers_[c->peer].queued_bytes + QueuedCost(h.payload_bytes);
+      if (queued > max_queued_)
+        co_return ResourceExhausted("unread frames would hold " + std::to_string(queued) +
                                     " bytes, over the limit of " + std::to_string(max_queued_.load()));
     }
     Frame f;
@@ -574,7 +577,7 @@ class TcpTransport final : public Transport {
         if (it == peers_.end() || it->second.conn != c) continue;  // replaced: drop its frames
         stats_.frames_received++;
         stats_.bytes_received += kFrameHeaderSize + f->payload.size() + (c->rx ? kFrameTagSize : 0);
-        it->second.queued_bytes += f->payload.size();
+        it->second.queued_bytes += QueuedCost(f->payload.size());
         it->second.queue.push_back(std::move(f).value());
       }
       cv_.notify_all();

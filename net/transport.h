@@ -15,6 +15,7 @@
 // receipt; the per-peer FIFO plus non-blocking sends (the receiver drains every connection
 // into its queue continuously) make "send to all, then receive from all" deadlock-free.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +29,12 @@
 namespace fm::net {
 
 using Millis = std::chrono::milliseconds;
+
+// The time left until `deadline`, at least 1 ms (a wait whose time ran out still looks once).
+inline Millis Until(std::chrono::steady_clock::time_point deadline) {
+  return std::max(std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()),
+                  Millis(1));
+}
 
 struct TransportOptions {
   std::string self_name;  // this process's peer name (1..255 printable ASCII, no spaces)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds flashmesh (Release) and runs every test with ctest. GPU tests report as skipped
+# Installs the Debian packages if missing, builds flashmesh (Release) and runs every test with ctest. GPU tests report as skipped
 # on machines without a CUDA device. Usage: scripts/test.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 JOBS=${JOBS:-$(nproc)}
+bash scripts/install-deps.sh   # a fresh machine: the Debian packages (a no-op when present)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 # Unit tests in parallel; integration tests (multi-process clusters on loopback) one at a time.

@@ -8,7 +8,6 @@ namespace fm {
 namespace {
 
 constexpr net::Millis kDialTimeout{5000};
-constexpr net::Millis kSendTimeout{30000};
 constexpr net::Millis kRecvPoll{250};  // how often the receiver notices a new peer or stop
 
 // x's rows in host memory: x itself on a CPU shard; from a device, one copy into `staging`
@@ -59,7 +58,7 @@ class TransportActivationSink : public ActivationSink {
       : t_(t), peer_(std::move(peer)), address_(std::move(address)), dtype_(dtype) {}
 
   // A device X crosses once, into the host buffer the transport writes the payload from (f32).
-  Status Send(uint64_t step_id, const Activations& x) override {
+  Status Send(uint64_t step_id, Clock::time_point deadline, const Activations& x) override {
     if (!t_->IsConnected(peer_))
       FM_RETURN_IF_ERROR(t_->Connect(peer_, address_, kDialTimeout).Wrap("next stage"));
     FM_ASSIGN_OR_RETURN(const float* rows, HostRows(x, &staging_));
@@ -69,7 +68,7 @@ class TransportActivationSink : public ActivationSink {
     h.dtype = b.dtype;
     h.step_id = step_id;
     h.set_shape(b.shape);
-    return t_->Send(peer_, h, b.data, b.nbytes, kSendTimeout).Wrap("next stage");
+    return t_->Send(peer_, h, b.data, b.nbytes, net::Until(deadline)).Wrap("next stage");
   }
 
  private:
@@ -87,7 +86,7 @@ class CommActivationSink : public ActivationSink {
   CommActivationSink(net::Communicator* comm, int peer, net::FrameDType dtype)
       : comm_(comm), peer_(peer), dtype_(dtype) {}
 
-  Status Send(uint64_t step_id, const Activations& x) override {
+  Status Send(uint64_t step_id, Clock::time_point deadline, const Activations& x) override {
     net::CommBuffer b;
     if (x.device() && comm_->device_buffers() && dtype_ == net::FrameDType::kF32) {
       b.shape = {static_cast<uint32_t>(x.rows()), static_cast<uint32_t>(x.row_floats())};
@@ -98,7 +97,7 @@ class CommActivationSink : public ActivationSink {
       FM_ASSIGN_OR_RETURN(const float* rows, HostRows(x, &staging_));
       b = ActivationBuffer(dtype_, x.rows(), x.row_floats(), rows, &bf16_);
     }
-    return comm_->Send(peer_, net::FrameKind::kActivation, step_id, 0, b, kSendTimeout)
+    return comm_->Send(peer_, net::FrameKind::kActivation, step_id, 0, b, net::Until(deadline))
         .Wrap("next stage");
   }
   void AbortStep(uint64_t step) override { comm_->AbortStep(step); }
@@ -120,8 +119,7 @@ class CommActivationSource : public ActivationSource {
 
   Status Receive(uint64_t step_id, int64_t rows, Clock::time_point deadline,
                  Activations* x) override {
-    const auto left = std::chrono::duration_cast<net::Millis>(deadline - Clock::now());
-    const net::Millis timeout = std::max(left, net::Millis(1));
+    const net::Millis timeout = net::Until(deadline);
     FM_RETURN_IF_ERROR(x->Resize(rows));
     if (dtype_ == net::FrameDType::kF32 && (!x->device() || comm_->device_buffers())) {
       const net::RecvTarget into{x->data(), x->bytes(), x->device()};

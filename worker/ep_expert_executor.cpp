@@ -36,7 +36,7 @@ Result<int64_t> EpExpertExecutor::AgreeRounds(int64_t rounds) {
   const int32_t mine = static_cast<int32_t>(std::clamp<int64_t>(rounds, 0, 1 << 20));
   std::vector<net::CommBuffer> send(R, {net::FrameDType::kI32, {1}, &mine, sizeof mine});
   FM_ASSIGN_OR_RETURN(auto in, comm_->AllToAllV(net::FrameKind::kControl, step_, kRoundsTag,
-                                                send, timeout_));
+                                                send, Wait()));
   int64_t most = mine;
   for (int r = 0; r < R; ++r) {
     if (r == me) continue;
@@ -102,7 +102,7 @@ Result<std::vector<net::Frame>> EpExpertExecutor::SendPairs(int64_t layer,
   }
   CountBytes(bytes, 0);
   FM_ASSIGN_OR_RETURN(auto in, comm_->AllToAllV(net::FrameKind::kEpDispatch, step_,
-                                                Tag(layer, kPairsPart), send, timeout_));
+                                                Tag(layer, kPairsPart), send, Wait()));
   for (int r = 0; r < R; ++r) {
     if (r == comm_->rank()) continue;
     const net::Frame& f = in[r];
@@ -178,7 +178,7 @@ Status EpExpertExecutor::RunSlots(int64_t layer, const float* x, int64_t T,
   }
   CountBytes(bytes, 0);
   FM_ASSIGN_OR_RETURN(auto in_rows, comm_->AllToAllV(net::FrameKind::kEpDispatch, step_,
-                                                     Tag(layer, kRowsPart), send_rows, timeout_));
+                                                     Tag(layer, kRowsPart), send_rows, Wait()));
 
   // Every member's requests (this member's own rows directly) as one batch of rows and pairs,
   // so the runner reads each expert's weights once for the whole layer.
@@ -220,7 +220,7 @@ Status EpExpertExecutor::RunSlots(int64_t layer, const float* x, int64_t T,
   }
   CountBytes(0, bytes);
   FM_ASSIGN_OR_RETURN(auto in_out, comm_->AllToAllV(net::FrameKind::kEpCombine, step_,
-                                                    Tag(layer, kOutPart), send_out, timeout_));
+                                                    Tag(layer, kOutPart), send_out, Wait()));
 
   // Each pair's output into its (row, j) slot.
   std::fill(slots, slots + T * k * H, 0.0f);
@@ -241,7 +241,7 @@ Result<std::vector<net::FrameHeader>> EpExpertExecutor::ExchangeOnDevice(
     DeviceRows* dev, net::FrameKind kind, int64_t layer, uint32_t part,
     const std::vector<net::CommBuffer>& send, const std::vector<net::RecvTarget>& into) {
   const uint32_t tag = Tag(layer, part);
-  if (comm_->device_buffers()) return comm_->AllToAllVInto(kind, step_, tag, send, into, timeout_);
+  if (comm_->device_buffers()) return comm_->AllToAllVInto(kind, step_, tag, send, into, Wait());
   // TCP: each payload crosses the host once each way.
   const int R = comm_->size(), me = comm_->rank();
   std::vector<std::vector<uint8_t>> staged(R);
@@ -253,7 +253,7 @@ Result<std::vector<net::FrameHeader>> EpExpertExecutor::ExchangeOnDevice(
     host[r].data = staged[r].data();
     host[r].device = false;
   }
-  FM_ASSIGN_OR_RETURN(auto in, comm_->AllToAllV(kind, step_, tag, host, timeout_));
+  FM_ASSIGN_OR_RETURN(auto in, comm_->AllToAllV(kind, step_, tag, host, Wait()));
   std::vector<net::FrameHeader> headers(R);
   for (int r = 0; r < R; ++r) {
     if (r == me) continue;

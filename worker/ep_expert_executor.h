@@ -13,8 +13,10 @@
 // must call RunRouted or RunSlots for the same layers of the same step, with T = 0 when it has
 // no rows.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,8 +39,14 @@ class EpExpertExecutor : public ExpertExecutor {
   EpExpertExecutor(const ModelConfig& cfg, ExpertRunner* runner, net::Communicator* comm,
                    std::vector<int64_t> expert_begin, net::Millis timeout, int64_t max_rows);
 
-  // The step whose layers run next (tags every frame so members cannot mix steps).
-  void SetStep(uint64_t step) { step_ = step; }
+  // The step whose layers run next (tags every frame so members cannot mix steps), and its
+  // deadline: each exchange of the step waits until then (members' loads differ by design:
+  // one may wait out another's long prefill); without one, `timeout` an exchange.
+  void SetStep(uint64_t step,
+               std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
+    step_ = step;
+    deadline_ = deadline;
+  }
   // Ends the exchanges of `step` promptly (Communicator::AbortStep); any thread.
   void AbortStep(uint64_t step) { comm_->AbortStep(step); }
   Status RunRouted(int64_t layer, const float* x, int64_t T, const int32_t* expert_ids,
@@ -100,6 +108,8 @@ class EpExpertExecutor : public ExpertExecutor {
   net::Millis timeout_;
   int64_t max_pairs_;   // a peer's pairs in one round: max_rows x k
   uint64_t step_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;   // SetStep
+  net::Millis Wait() const { return deadline_ ? net::Until(*deadline_) : timeout_; }
   mutable std::mutex stats_mu_;
   EpStats stats_;
 };

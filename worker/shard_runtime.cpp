@@ -47,6 +47,10 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
                              std::to_string(ckpt->config().n_routed_experts) + " routed experts");
     }
   }
+  // A device shard's weights are uploaded while it is built: the old one's device memory goes
+  // first, or a reload of a shard over half the GPU would not fit beside it. (A failed load
+  // leaves the worker unloaded either way.)
+  if (p.cuda_device >= 0) Unload();
   Result<std::unique_ptr<ShardModel>> made = p.cuda_device >= 0
                                                   ? CreateCudaShardModel(*ckpt, p.cuda_device)
                                                   : ShardModel::Create(*ckpt, &pool_);
@@ -146,7 +150,7 @@ Status ShardRuntime::StartSequence(uint64_t seq_id, int64_t max_context,
     return InvalidArgument("max_context " + std::to_string(max_context) + " outside (0, " +
                            std::to_string(placement_.max_context) + "]");
   Sequence s;
-  s.cache = model_->NewSequence(max_context);
+  FM_ASSIGN_OR_RETURN(s.cache, model_->NewSequence(max_context));
   s.max_context = max_context;
   if (placement_.head) {
     FM_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
@@ -247,9 +251,12 @@ void ShardRuntime::AbortStep(uint64_t step) {
   if (tp_) tp_->AbortStep(step);
 }
 
-Status ShardRuntime::Forward(uint64_t step, std::span<const StepSlice> slices, float* x) {
-  if (ep_) ep_->SetStep(step);
-  if (tp_) tp_->SetStep(step);
+Status ShardRuntime::Forward(uint64_t step, std::chrono::steady_clock::time_point deadline,
+                             std::span<const StepSlice> slices, float* x) {
+  // The group's exchanges wait until the step's deadline: a member may wait out another's
+  // long prefill (data-parallel attention), which a fixed timeout would cut short.
+  if (ep_) ep_->SetStep(step, deadline);
+  if (tp_) tp_->SetStep(step, deadline);
   if (slices.empty()) {
     if (!ep_) return Status::Ok();
     // No rows here, but the other members' rows may need this member's experts: as many

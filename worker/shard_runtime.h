@@ -4,6 +4,7 @@
 // only caller of Forward*, the control service calls the rest.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -104,9 +105,10 @@ class ShardRuntime {
   Status Embed(std::span<const StepSlice> slices, Activations* x) const;
   // X [T, hc, H] (a pointer into activations()) through this shard's layers; each slice's
   // cache advances. An EP member with no slices still takes part in every layer's all-to-all
-  // (with no rows). `step` tags them. The slices passed CheckSlices (StageExecutor::Execute,
-  // before X was sized by them).
-  Status Forward(uint64_t step, std::span<const StepSlice> slices, float* x);
+  // (with no rows). `step` tags them; they wait until `deadline` (the step's). The slices passed
+  // CheckSlices (StageExecutor::Execute, before X was sized by them).
+  Status Forward(uint64_t step, std::chrono::steady_clock::time_point deadline,
+                 std::span<const StepSlice> slices, float* x);
   // Makes `step`'s EP exchanges return Cancelled promptly (0 = none): a reset must not wait
   // out the deadline of a step blocked on a member that will never answer. Any thread, but
   // not concurrently with Load.

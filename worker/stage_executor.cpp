@@ -206,12 +206,12 @@ Status StageExecutor::Execute(Step* step, const net::Frame* received) {
     FM_RETURN_IF_ERROR(x.Resize(rows));
     if (rows > 0) FM_RETURN_IF_ERROR(CopyPayloadIn(*received, &x));
   }
-  FM_RETURN_IF_ERROR(runtime_->Forward(step->id, step->slices, x.data()));
+  FM_RETURN_IF_ERROR(runtime_->Forward(step->id, step->deadline, step->slices, x.data()));
   if (p.samples()) {
     FM_ASSIGN_OR_RETURN(step->sampled, runtime_->Sample(step->slices, x));
   } else if (!p.head) {
     if (!next_) return Internal("stage " + std::to_string(p.stage) + " has no next stage");
-    FM_RETURN_IF_ERROR(next_->Send(step->id, x));
+    FM_RETURN_IF_ERROR(next_->Send(step->id, step->deadline, x));
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto now = Clock::now();

@@ -27,9 +27,11 @@ namespace fm {
 // Sends one micro-batch's manifold to the next stage (the data plane, worker/data_plane.h).
 class ActivationSink {
  public:
+  using Clock = std::chrono::steady_clock;
   virtual ~ActivationSink() = default;
-  // x: [x.rows(), hc*H], in host or device memory (x.device()).
-  virtual Status Send(uint64_t step_id, const Activations& x) = 0;
+  // x: [x.rows(), hc*H], in host or device memory (x.device()), sent by `deadline` (the step's:
+  // on a rendezvous link the send waits for the next stage to finish its current step).
+  virtual Status Send(uint64_t step_id, Clock::time_point deadline, const Activations& x) = 0;
   // Ends a Send of step `step` that waits on the next stage (a reset); callable from any thread.
   virtual void AbortStep(uint64_t /*step*/) {}
 };

@@ -23,7 +23,7 @@ Result<std::vector<std::vector<float>>> CommTpGroup::AllGather(std::span<const f
                             mine.data(), mine.size() * sizeof(float)};
   FM_ASSIGN_OR_RETURN(std::vector<net::Frame> in,
                       comm_->AllToAllV(net::FrameKind::kTpGather, step_, tag,
-                                       std::vector<net::CommBuffer>(n, buf), timeout_));
+                                       std::vector<net::CommBuffer>(n, buf), Wait()));
   bytes_sent_ += static_cast<uint64_t>(n - 1) * buf.nbytes;
   std::vector<std::vector<float>> pieces(n);
   for (int r = 0; r < n; ++r) {
@@ -61,7 +61,7 @@ Status CommTpGroup::AllGatherInPlace(float* all, const std::vector<int64_t>& cou
   const std::vector<net::CommBuffer> send(n, buf);
   FM_ASSIGN_OR_RETURN(std::vector<net::FrameHeader> in,
                       comm_->AllToAllVInto(net::FrameKind::kTpGather, step_, tag, send, into,
-                                           timeout_));
+                                           Wait()));
   bytes_sent_ += static_cast<uint64_t>(n - 1) * buf.nbytes;
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;

@@ -5,7 +5,9 @@
 // pieces. Every wait has the deadline `timeout`; a dead member is Unavailable naming it.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "model/tp.h"
@@ -25,9 +27,12 @@ class CommTpGroup : public TpGroup {
   bool device_buffers() const override { return comm_->device_buffers(); }
   Status AllGatherInPlace(float* all, const std::vector<int64_t>& counts) override;
 
-  // The step whose layers run next: tags its gathers, counted from 0.
-  void SetStep(uint64_t step) {
+  // The step whose layers run next: tags its gathers, counted from 0; each gather waits until
+  // the step's deadline (without one, `timeout` a gather).
+  void SetStep(uint64_t step,
+               std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
     step_ = step;
+    deadline_ = deadline;
     next_tag_ = 0;
   }
   // Ends the gathers of `step` promptly (Communicator::AbortStep); any thread.
@@ -40,6 +45,8 @@ class CommTpGroup : public TpGroup {
   std::vector<int64_t> expert_begin_;
   net::Millis timeout_;
   uint64_t step_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;   // SetStep
+  net::Millis Wait() const { return deadline_ ? net::Until(*deadline_) : timeout_; }
   uint32_t next_tag_ = 0;
   std::atomic<uint64_t> bytes_sent_{0};
 };

@@ -75,6 +75,8 @@ Status WorkerService::ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s) {
   const uint64_t cap = uint64_t{1} << 60;   // far beyond any memory; keeps 4x below from wrapping
   const uint64_t max_frame = row_bytes == 0 || rows > cap / row_bytes ? cap : std::max<uint64_t>(rows * row_bytes, 1);
   data_plane_->SetLimits(max_frame, 4 * max_frame);
+  std::lock_guard<std::mutex> g(nccl_mu_);
+  for (net::NcclCommunicator* c : nccl_comms_) c->SetMaxPayload(max_frame);
   return Status::Ok();
 }
 
@@ -111,7 +113,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
                                             " but shard.ep_nodes names " + std::to_string(s.ep_nodes_size()) +
                                             " members (node " + node_ + ")"));
   std::unique_ptr<net::Communicator> ep_group;
-  const net::NcclCommunicator* nccl = nullptr;   // ep_group when it is an NCCL group
+  net::NcclCommunicator* nccl = nullptr;   // ep_group when it is an NCCL group
   if (s.ep_nodes_size() > 1) {
     if (s.ep_data_size() != s.ep_nodes_size() || s.ep_expert_begin_size() != s.ep_nodes_size() + 1 ||
         p.ep_rank < 0 || p.ep_rank >= s.ep_nodes_size() || s.ep_nodes(p.ep_rank) != node_)

@@ -67,7 +67,7 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
 
  private:
   // LoadShard's peers checked against security_.node_data, then made the only ones the data
-  // plane accepts, with frame limits from the plan's largest frame.
+  // plane accepts, with frame limits from the plan's largest frame (NCCL groups and hops too).
   Status CheckPeers(const flashmesh::v1::ShardSpec& s) const;
   Status ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s);
 
@@ -89,7 +89,7 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
   // The NCCL communicators of the loaded shard (EP group, hops): Health reports a broken one as
   // not loaded, so the coordinator loads them all again; swapped under nccl_mu_.
   mutable std::mutex nccl_mu_;
-  std::vector<const net::NcclCommunicator*> nccl_comms_;
+  std::vector<net::NcclCommunicator*> nccl_comms_;
   ShardRuntime runtime_;
   StageExecutor executor_;
   ActivationReceiver receiver_;   // after executor_: stops before it

@@ -77,7 +77,8 @@ Status CudaShardModel::Bind(const Checkpoint& ckpt) {
       ratios_.push_back(r);
     }
   }
-  max_positions_ = cfg_.max_position_embeddings;
+  index_grid_positions_ = cfg_.max_position_embeddings > 0 ? cfg_.max_position_embeddings
+                                                           : int64_t{1} << 20;
   std::vector<const DevLayer*> uploaded;
   for (const auto& l : layers_) uploaded.push_back(l.get());
   FM_ASSIGN_OR_RETURN(experts_, DeviceExpertRunner::Create(cfg_, device_, begin_, uploaded));
@@ -169,22 +170,21 @@ Result<std::unique_ptr<AttentionCache>> CudaShardModel::NewCache(int64_t ratio,
   return std::unique_ptr<AttentionCache>(std::move(c));
 }
 
-std::unique_ptr<SequenceCache> CudaShardModel::NewSequence(int64_t max_context) const {
-  std::lock_guard<std::mutex> lock(mu_);
+// Without mu_: it only allocates (no stream work) and reads the constant config, so a new
+// request does not wait for a step in flight (which holds mu_ for its EP/TP exchanges too), nor
+// does the worker's Health behind it. Called from any thread: the shard's device first.
+Result<std::unique_ptr<SequenceCache>> CudaShardModel::NewSequence(int64_t max_context) const {
+  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
   std::vector<std::unique_ptr<AttentionCache>> caches;
-  const int64_t ctx = std::min(max_context, max_positions_);
-  // Out of device memory: a sequence that can hold nothing, so its first step says so.
-  auto unusable = [&](const Status& why) {
-    FM_LOG(kError, "forward") << "cuda:" << device_ << " sequence cache: " << why.ToString();
-    return std::make_unique<SequenceCache>(begin_, std::vector<std::unique_ptr<AttentionCache>>(),
-                                           nullptr, 0);
-  };
   for (int64_t l = begin_; l < end_; ++l) {
-    Result<std::unique_ptr<AttentionCache>> c = NewCache(cfg_.compress_ratio(l), ctx);
-    if (!c.ok()) return unusable(c.status());
+    Result<std::unique_ptr<AttentionCache>> c = NewCache(cfg_.compress_ratio(l), max_context);
+    if (!c.ok())
+      return ResourceExhausted("cuda:" + std::to_string(device_) + " has no memory for the KV cache of a " +
+                               std::to_string(max_context) + "-position sequence (layer " +
+                               std::to_string(l) + "): " + c.status().message());
     caches.push_back(std::move(c).value());
   }
-  return std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, ctx);
+  return std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, max_context);
 }
 
 Status CudaShardModel::Embed(std::span<const int32_t> tokens, float* x) const {
@@ -305,7 +305,7 @@ Status CudaShardModel::Attention(const DevLayer& l, int64_t T, bool distinct,
     if (topk > 0)
       FM_RETURN_IF_ERROR(cuda::IndexerTopK(table, row0, n, s_.iq.as<float>(), hw, nI, dI,
                                            1.0f / std::sqrt(static_cast<float>(dI)), steps,
-                                           max_positions_ / l.ratio, topk, picks,
+                                           index_grid_positions_ / l.ratio, topk, picks,
                                            s_.index_count.as<int32_t>()));
     return cuda::SinkAttentionRows(attn, row0, n);
   };
@@ -500,8 +500,13 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     // A sequence's rows are adjacent; the padding rows share pad_ but their results are dropped.
     const bool distinct = graph || std::adjacent_find(step_rows.begin(), step_rows.end()) ==
                                        step_rows.end();
-    auto step = [&] {
-      return Step(static_cast<int64_t>(S), distinct, dev, s_.table.as<const cuda::RowCache>());
+    // A whole step exchanges s_.x and s_.x_new twice a layer, so X ends where it began, which
+    // every captured graph has baked in; a step that fails midway is put back the same way.
+    auto step = [&]() -> Status {
+      const void* x0 = s_.x.data();
+      Status st = Step(static_cast<int64_t>(S), distinct, dev, s_.table.as<const cuda::RowCache>());
+      if (s_.x.data() != x0) std::swap(s_.x, s_.x_new);
+      return st;
     };
     cuda::Graph* g = graph ? &graphs_[StepBucketIndex(S)] : nullptr;  // captured on first use
     if (g && g->empty()) {

@@ -74,7 +74,7 @@ class CudaShardModel final : public ShardModel {
   bool has_embed() const override { return sel_embed_; }
   bool has_head() const override { return has_head_; }
 
-  std::unique_ptr<SequenceCache> NewSequence(int64_t max_context) const override;
+  Result<std::unique_ptr<SequenceCache>> NewSequence(int64_t max_context) const override;
   Result<std::unique_ptr<Activations>> NewActivations() const override {
     return NewDeviceActivations(device_, cfg_.hc_mult * cfg_.hidden_size);
   }
@@ -129,7 +129,9 @@ class CudaShardModel final : public ShardModel {
   cuda::DeviceWeight head_;
   cuda::DeviceBuffer norm_;
   DevHc hc_head_;
-  int64_t max_positions_ = 0;
+  // Only sizes the indexer's grid (fixed, for graphs): blocks a row for this many positions'
+  // entries. Sequences are not capped by it (their max_context is the worker's limit).
+  int64_t index_grid_positions_ = 0;
   ExpertExecutor* exec_ = nullptr;  // null: routed experts on the device
   std::unique_ptr<DeviceExpertRunner> experts_;  // the uploaded experts, for an EP executor
   // Tensor parallelism: the member the weights were uploaded for (the checkpoint selection's

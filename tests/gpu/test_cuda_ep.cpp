@@ -90,7 +90,7 @@ std::vector<Member> OpenStage(const std::string& dir, int64_t begin, int64_t end
                                                   comms.comm(static_cast<int>(r)), expert_begin,
                                                   20000ms, 64);
     ms[r].model->SetExpertExecutor(ms[r].ep.get());
-    ms[r].seq = ms[r].model->NewSequence(256);
+    ms[r].seq = ms[r].model->NewSequence(256).value();
   }
   return ms;
 }
@@ -146,8 +146,8 @@ void ExpectEpEqualsSingleDevice(const std::vector<int64_t>& bounds, bool nccl = 
                                expert_begin));
     ASSERT_EQ(stages.back().size(), 2u);
   }
-  std::unique_ptr<SequenceCache> want_seq[2] = {(*single)->NewSequence(256),
-                                                (*single)->NewSequence(256)};
+  std::unique_ptr<SequenceCache> want_seq[2] = {(*single)->NewSequence(256).value(),
+                                                (*single)->NewSequence(256).value()};
   std::mt19937 rng(9);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
   const int64_t cpu_runs = CpuExpertGroupRuns();

@@ -88,7 +88,7 @@ class CudaShardTest : public ::testing::Test {
     Pair p = Open(&pool);
     ASSERT_TRUE(p.gpu);
     const auto toks = Tokens(n, 21);
-    auto cc = p.cpu->NewSequence(1024), gc = p.gpu->NewSequence(1024);
+    auto cc = p.cpu->NewSequence(1024).value(), gc = p.gpu->NewSequence(1024).value();
     std::vector<float> cpu, gpu;
     ASSERT_NO_FATAL_FAILURE(DecodeBoth(p, cc.get(), gc.get(), toks, 0, n, &cpu, &gpu));
     EXPECT_EQ(gc->next_pos(), n);
@@ -142,8 +142,8 @@ TEST_F(CudaShardTest, GraphReplayEqualsEagerLaunchesBitForBit) {
   auto eager = CreateCudaShardModel(**ck, 0, CudaStepMode::kEager);
   ASSERT_TRUE(graph.ok() && eager.ok());
   const auto a = Tokens(24, 41), b = Tokens(6, 42);
-  auto ga = (*graph)->NewSequence(512), gb = (*graph)->NewSequence(512);
-  auto ea = (*eager)->NewSequence(512), eb = (*eager)->NewSequence(512);
+  auto ga = (*graph)->NewSequence(512).value(), gb = (*graph)->NewSequence(512).value();
+  auto ea = (*eager)->NewSequence(512).value(), eb = (*eager)->NewSequence(512).value();
   std::vector<float> g, e;
   for (int t = 0; t < 24; ++t) {  // window wrap at 16, ratio-4 entries, b interleaved
     const BatchItem gi{ga.get(), std::span(a).subspan(t, 1)}, ei{ea.get(), std::span(a).subspan(t, 1)};
@@ -180,9 +180,9 @@ TEST_F(CudaShardTest, BucketGraphsEqualEagerBitForBitAsSequencesJoinAndLeave) {
   std::vector<std::unique_ptr<SequenceCache>> cs, gs, es;
   for (int s = 0; s < 6; ++s) {
     toks.push_back(Tokens(lens[s] + 8, 70 + s));
-    cs.push_back(p.cpu->NewSequence(256));
-    gs.push_back(p.gpu->NewSequence(256));
-    es.push_back((*eager)->NewSequence(256));
+    cs.push_back(p.cpu->NewSequence(256).value());
+    gs.push_back(p.gpu->NewSequence(256).value());
+    es.push_back((*eager)->NewSequence(256).value());
     const auto pre = std::span(toks[s]).first(lens[s]);
     const BatchItem ci{cs[s].get(), pre}, gi{gs[s].get(), pre}, ei{es[s].get(), pre};
     std::vector<float> unused;
@@ -241,8 +241,8 @@ TEST_F(CudaShardTest, PrefillAndBatchMatchCpu) {
   ASSERT_TRUE(p.gpu);
   // 49 rows: two device steps (32 + 17), sequence a in both; then a decodes on its graph.
   const auto a = Tokens(42, 31), b = Tokens(9, 32);
-  auto ca = p.cpu->NewSequence(256), cb = p.cpu->NewSequence(256);
-  auto ga = p.gpu->NewSequence(256), gb = p.gpu->NewSequence(256);
+  auto ca = p.cpu->NewSequence(256).value(), cb = p.cpu->NewSequence(256).value();
+  auto ga = p.gpu->NewSequence(256).value(), gb = p.gpu->NewSequence(256).value();
   const auto a0 = std::span(a).first(40);
   const BatchItem citems[2] = {{ca.get(), a0}, {cb.get(), b}};
   const BatchItem gitems[2] = {{ga.get(), a0}, {gb.get(), b}};
@@ -275,8 +275,8 @@ TEST_F(CudaShardTest, DecodeBatchOfSequencesIsOneLaunchSequence) {
   std::vector<float> cpu, gpu;
   for (int s = 0; s < 3; ++s) {
     toks.push_back(Tokens(lens[s] + 4, 60 + s));
-    cs.push_back(p.cpu->NewSequence(256));
-    gs.push_back(p.gpu->NewSequence(256));
+    cs.push_back(p.cpu->NewSequence(256).value());
+    gs.push_back(p.gpu->NewSequence(256).value());
     const auto pre = std::span(toks[s]).first(lens[s]);
     const BatchItem ci{cs[s].get(), pre}, gi{gs[s].get(), pre};
     std::vector<float> unused;
@@ -325,7 +325,7 @@ TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
   Pair p = Open(&pool);
   ASSERT_TRUE(p.gpu);
   const auto a = Tokens(5, 41);
-  auto ga = p.gpu->NewSequence(64);
+  auto ga = p.gpu->NewSequence(64).value();
   const BatchItem item{ga.get(), a};
   std::vector<float> lg, state;
   ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&item, 1}, &lg, &state).ok());
@@ -375,7 +375,7 @@ TEST_F(CudaShardTest, ExpertExecutorPathMatchesCpu) {
                         {0, cfg.n_routed_experts}, std::chrono::milliseconds(20000), 64);
   p.gpu->SetExpertExecutor(&exec);
   const auto toks = Tokens(16, 51);
-  auto cc = p.cpu->NewSequence(256), gc = p.gpu->NewSequence(256);
+  auto cc = p.cpu->NewSequence(256).value(), gc = p.gpu->NewSequence(256).value();
   std::vector<float> cpu, gpu;
   const BatchItem ci{cc.get(), std::span(toks).first(12)}, gi{gc.get(), std::span(toks).first(12)};
   ASSERT_TRUE(modeltest::RunItems(*p.cpu, {&ci, 1}, &cpu).ok());
@@ -387,7 +387,7 @@ TEST_F(CudaShardTest, ExpertExecutorPathMatchesCpu) {
   std::vector<const MoeWeights*> none(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, nullptr);
   LocalExpertExecutor host_only(cfg, none, &pool);
   p.gpu->SetExpertExecutor(&host_only);
-  auto seq = p.gpu->NewSequence(256);
+  auto seq = p.gpu->NewSequence(256).value();
   const BatchItem item{seq.get(), std::span(toks).first(3)};
   const Status refused = modeltest::RunItems(*p.gpu, {&item, 1}, &gpu);
   EXPECT_NE(refused.message().find("layer 0: this expert executor takes rows in host memory only"),
@@ -414,7 +414,7 @@ TEST_F(CudaShardTest, PipelineStageMatchesCpuStage) {
   for (float& v : xc) v = nd(rng);
   auto xg = modeltest::ToShard(*p.gpu, xc);
   ASSERT_TRUE(xg.ok()) << xg.status().ToString();
-  auto cc = p.cpu->NewSequence(128), gc = p.gpu->NewSequence(128);
+  auto cc = p.cpu->NewSequence(128).value(), gc = p.gpu->NewSequence(128).value();
   const BatchItem ci{cc.get(), toks}, gi{gc.get(), toks};
   ASSERT_TRUE(p.cpu->ForwardLayers({&ci, 1}, xc.data()).ok());
   const Status st = p.gpu->ForwardLayers({&gi, 1}, (*xg)->data());
@@ -435,8 +435,8 @@ Picked ResidentDecode(const ShardModel& first, const ShardModel* last, std::vect
                       int n, bool host_hop) {
   Picked out;
   const ShardModel& head = last ? *last : first;
-  auto c0 = first.NewSequence(256);
-  auto c1 = last ? last->NewSequence(256) : nullptr;
+  auto c0 = first.NewSequence(256).value();
+  auto c1 = last ? last->NewSequence(256).value() : nullptr;
   auto x0 = first.NewActivations();
   auto x1 = head.NewActivations();
   EXPECT_TRUE(x0.ok() && x1.ok());
@@ -500,7 +500,7 @@ TEST_F(CudaShardTest, ResidentDecodeEqualsTheHostXPathAndMatchesCpu) {
                         resident.logits.size() * sizeof(float)), 0);
   // The CPU shard over the tokens the device picked: each step's last-row logits.
   const int64_t V = p.cpu->config().vocab_size;
-  auto cc = p.cpu->NewSequence(256);
+  auto cc = p.cpu->NewSequence(256).value();
   std::vector<int32_t> toks = prompt;
   std::vector<float> cpu;
   for (size_t i = 0; i < resident.ids.size(); ++i) {
@@ -568,7 +568,7 @@ TEST_F(CudaShardTest, DecodeStepLaunchesPerLayer) {
     auto m = CreateCudaShardModel(**ck, 0, CudaStepMode::kEager);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     const ModelConfig& cfg = (*m)->config();
-    auto seq = (*m)->NewSequence(1024);
+    auto seq = (*m)->NewSequence(1024).value();
     auto x = modeltest::ToShard(**m, std::vector<float>(cfg.hc_mult * cfg.hidden_size, 0.5f));
     ASSERT_TRUE(x.ok()) << x.status().ToString();
     const std::vector<int32_t> toks = Tokens(4, 9);
@@ -593,7 +593,7 @@ TEST_F(CudaShardTest, BadRequestsAreErrorsAndMoveNothing) {
   Pair p = Open(&pool);
   ASSERT_TRUE(p.gpu);
   const auto& cfg = p.gpu->config();
-  auto c = p.gpu->NewSequence(4);
+  auto c = p.gpu->NewSequence(4).value();
   auto x = modeltest::ToShard(*p.gpu, std::vector<float>(8 * cfg.hc_mult * cfg.hidden_size));
   ASSERT_TRUE(x.ok()) << x.status().ToString();
   const std::vector<int32_t> bad = {1, 512};

@@ -32,7 +32,7 @@ std::vector<float> RunSchedule(const Checkpoint& ck, CudaStepMode mode) {
   if (!model.ok()) return logits;
   const ShardModel& m = **model;
   const auto a = modeltest::RandomTokens(24, 61, 512), b = modeltest::RandomTokens(9, 62, 512);
-  auto sa = m.NewSequence(256), sb = m.NewSequence(256);
+  auto sa = m.NewSequence(256).value(), sb = m.NewSequence(256).value();
   const BatchItem both[2] = {{sa.get(), std::span(a).first(12)}, {sb.get(), std::span(b).first(3)}};
   EXPECT_TRUE(modeltest::RunItems(m, both, &logits).ok());
   for (int t = 12; t < 24; ++t) {

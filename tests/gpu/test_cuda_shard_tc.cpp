@@ -37,7 +37,7 @@ TEST(CudaShardTensorCore, PrefillDecodeMatchCpuAndGraphEqualsEager) {
   const auto a = modeltest::RandomTokens(30, 51, 512), b = modeltest::RandomTokens(7, 52, 512);
   std::vector<float> logits[3];
   for (int m = 0; m < 3; ++m) {
-    auto sa = models[m]->NewSequence(256), sb = models[m]->NewSequence(256);
+    auto sa = models[m]->NewSequence(256).value(), sb = models[m]->NewSequence(256).value();
     // Prefill: a's first 12 tokens and b's first 3 in one step; then a decodes 18 tokens and
     // b its other 4, interleaved.
     const BatchItem both[2] = {{sa.get(), std::span(a).first(12)}, {sb.get(), std::span(b).first(3)}};

@@ -97,7 +97,7 @@ class CudaShardTransfers : public ::testing::Test {
     std::vector<std::vector<int32_t>> tokens;
     std::vector<Sampler> samplers;
     for (int64_t b = 0; b < B; ++b) {
-      seqs.push_back(m.NewSequence(64));
+      seqs.push_back(m.NewSequence(64).value());
       tokens.push_back({static_cast<int32_t>(5 + b), 17, static_cast<int32_t>(300 - b)});
       samplers.push_back(*Sampler::Create(SamplerConfig{.greedy = true}));
     }

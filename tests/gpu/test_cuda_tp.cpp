@@ -109,7 +109,7 @@ Shard Open(const std::string& dir, const ShardSelection& sel, int nseq, int devi
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return s;
   s.model = std::move(m).value();
-  for (int i = 0; i < nseq; ++i) s.seqs.push_back(s.model->NewSequence(256));
+  for (int i = 0; i < nseq; ++i) s.seqs.push_back(s.model->NewSequence(256).value());
   return s;
 }
 

@@ -219,6 +219,33 @@ TEST(NcclEmu, APayloadAboveTheCapacityIsNamedAndBreaksTheGroup) {
   });
 }
 
+// A received header is checked against the limit the worker sets from its plan (SetMaxPayload),
+// not a fixed 1 GiB: a stage hop of more rows than 1 GiB holds must pass where the plan says so,
+// and one above the plan's limit is refused naming both sizes.
+TEST(NcclEmu, AHeaderIsCheckedAgainstTheLimitTheWorkerSets) {
+  for (const uint64_t limit : {uint64_t{400}, uint64_t{399}}) {
+    EmuGroup g(2);
+    for (auto& c : g.c) c->SetMaxPayload(limit);
+    const std::vector<uint8_t> bytes = Pattern(400, 0, 1);
+    g.All([&](int me) {
+      if (me == 0) {
+        (void)g.c[0]->Send(1, FrameKind::kActivation, 4, 0,
+                           {FrameDType::kU8, {400}, bytes.data(), bytes.size(), true}, 10000ms);
+        return;
+      }
+      auto got = g.c[1]->Recv(0, FrameKind::kActivation, 4, 0, 10000ms);
+      if (limit == 400) {
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_EQ(got->payload, bytes);
+      } else {
+        ASSERT_FALSE(got.ok());
+        EXPECT_NE(got.status().message().find("exceeds the limit of 399"), std::string::npos)
+            << got.status().message();
+      }
+    });
+  }
+}
+
 TEST(NcclEmu, APeerOutOfStepIsAnErrorNamingThatRank) {
   EmuGroup g(3);
   g.All([&](int me) {

@@ -67,6 +67,24 @@ TEST(Cli, ServeLimitsHaveTheYamlsBounds) {
   EXPECT_NE(out.find("2147483647"), std::string::npos) << out;
   EXPECT_EQ(RunFlashmesh({"serve", "--model", SmallModel(), "--max-batch", "5000"}, &out), 2) << out;
   EXPECT_NE(out.find("--max-batch"), std::string::npos) << out;
+  // max_tokens may not exceed max_context, as in the YAML (a request's max_tokens is int32).
+  EXPECT_EQ(RunFlashmesh({"serve", "--model", SmallModel(), "--max-context", "100", "--max-tokens",
+                          "200"}, &out), 2) << out;
+  EXPECT_NE(out.find("--max-tokens: 200 exceeds --max-context 100"), std::string::npos) << out;
+}
+
+// Thread counts are bounded in every command: 2^32 used to wrap to 0 (all cores) in worker
+// and serve, and 100000 ended the process when the system refused the threads.
+TEST(Cli, ThreadCountsAreBounded) {
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"worker", "--config", "x.yaml", "--node", "w0", "--threads", "4294967296"},
+                         &out), 2) << out;
+  EXPECT_NE(out.find("--threads: '4294967296' is not an integer in [1, 1024]"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"serve", "--model", SmallModel(), "--threads", "100000"}, &out), 2) << out;
+  EXPECT_NE(out.find("--threads"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"bench", "cluster", "--config", "x.yaml", "--streams", "100000"}, &out), 2)
+      << out;
+  EXPECT_NE(out.find("--streams"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -4,7 +4,14 @@
 // bf16 frames at half the payload, and the cluster secret enforced between workers.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <fstream>
+#include <string>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -112,6 +119,37 @@ TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndNamedDown) {
   ASSERT_FALSE(g.status.ok());
   EXPECT_NE(g.status.error_message().find("w1"), std::string::npos) << g.status.error_message();
   EXPECT_TRUE(g.ids.empty());
+}
+
+// A worker that cannot start (its control port taken) ends the bench at once, naming it, instead
+// of after the 180 s start timeout; and --streams beyond the YAML's per-client limit is refused
+// before anything starts.
+TEST(BenchCluster, AWorkerThatExitsEndsTheWaitAndTooManyStreamsAreRefused) {
+  ClusterSpec spec;
+  spec.stages = 1;
+  spec.max_streams_per_client = 4;
+  Cluster cluster(spec);
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"bench", "cluster", "--config", cluster.yaml(), "--streams", "5"}, &out), 1)
+      << out;
+  EXPECT_NE(out.find("--streams 5: "), std::string::npos) << out;
+  EXPECT_NE(out.find("limits.max_streams_per_client"), std::string::npos) << out;
+
+  const int port = std::stoi(cluster.control(0).substr(cluster.control(0).rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(RunFlashmesh({"bench", "cluster", "--config", cluster.yaml(), "--tokens", "4",
+                          "--streams", "2"}, &out, std::chrono::seconds(120)), 1) << out;
+  close(fd);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  EXPECT_NE(out.find("worker w0 exited (status 1)"), std::string::npos) << out;
 }
 
 TEST(BenchCluster, ReportsBothSidesTheirRatioAndTheExactWireBytes) {

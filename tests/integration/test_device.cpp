@@ -173,7 +173,7 @@ TEST(DeviceShard, BenchDecodeOnADeviceRunsOrSaysWhy) {
 }
 
 // Streams on the CPU: 3 sequences decode as one batch, each step picks a token for each, and
-// the JSON counts all of them; --streams 0 is a usage error naming the flag.
+// the JSON counts all of them (and predicts no full model); --streams 0 is a usage error naming the flag.
 TEST(BenchDecode, StreamsDecodeTogetherOnTheCpu) {
   std::string out;
   ASSERT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--context", "4", "--tokens",
@@ -182,6 +182,8 @@ TEST(BenchDecode, StreamsDecodeTogetherOnTheCpu) {
             0)
       << out;
   EXPECT_NE(out.find("\"streams\": 3,"), std::string::npos) << out;
+  // A step of 3 rows is not one stream's token time: no full-model prediction from it.
+  EXPECT_EQ(out.find("full_model_ms_per_token"), std::string::npos) << out;
   EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--streams", "0"}, &out), 2);
   EXPECT_NE(out.find("--streams: '0' is not an integer >= 1"), std::string::npos) << out;
 }

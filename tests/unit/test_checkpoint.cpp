@@ -286,6 +286,36 @@ TEST(Checkpoint, AcceptsOtherSmallTensorDtypes) {
   EXPECT_EQ(*(*ck)->GetF32("layers.0.ffn_norm.weight"), norm);
 }
 
+// An e4m3 NaN byte (0x7F / 0xFF) in a weight is a damaged file: refused at load, naming the
+// tensor and the byte (the CPU's exact decode reads it as +-480, a GPU as NaN).
+TEST(Checkpoint, AnE4m3NanByteInAWeightIsRefusedNamingTheTensor) {
+  for (const uint8_t code : {uint8_t{0x7F}, uint8_t{0xFF}}) {
+    const std::string d = TinyCopy(code == 0x7F ? "fp8_nan_pos" : "fp8_nan_neg");
+    const std::string name = "layers.0.attn.wq_a.weight";
+    const std::string shard = ShardOf(d, name);
+    uint64_t at = 0;
+    {
+      auto f = SafetensorsFile::Open(shard);
+      ASSERT_TRUE(f.ok());
+      for (const auto& t : (*f)->header().tensors)
+        if (t.name == name) {
+          ASSERT_EQ(t.dtype, DType::kF8E4M3);
+          at = (*f)->header().data_offset + t.begin + 5;
+        }
+    }
+    ASSERT_GT(at, 0u);
+    const int fd = open(shard.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(pwrite(fd, &code, 1, static_cast<off_t>(at)), 1);
+    close(fd);
+    auto ck = Checkpoint::Open(d);
+    ASSERT_FALSE(ck.ok());
+    EXPECT_EQ(ck.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(ck.status().message().find("tensor '" + name + "' byte 5 is an e4m3 NaN code"),
+              std::string::npos) << ck.status().message();
+  }
+}
+
 TEST(Inspect, TinyFigures) {
   const std::string d = TinyCopy("inspect");
   auto r = InspectCheckpoint(d);

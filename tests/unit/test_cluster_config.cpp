@@ -343,5 +343,24 @@ TEST(ClusterConfig, CommittedConfigsParse) {
   EXPECT_EQ(missing.status().code(), Code::kNotFound);
 }
 
+// The cluster YAML inside deploy/k8s/configmap.yaml (the block under "cluster.yaml: |") is
+// what every pod loads: it must pass the same checks, non-loopback pod addresses included.
+TEST(ClusterConfig, KubernetesConfigMapParses) {
+  std::ifstream in(std::filesystem::path(FM_SOURCE_DIR) / "deploy/k8s/configmap.yaml");
+  ASSERT_TRUE(in);
+  std::string line, yaml;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (inside && line.rfind("    ", 0) != 0) break;
+    if (inside) yaml += line.substr(4) + "\n";
+    if (line == "  cluster.yaml: |") inside = true;
+  }
+  ASSERT_FALSE(yaml.empty());
+  auto r = ParseClusterConfig(yaml, "configmap.yaml", "/");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->nodes.size(), 2u);
+  EXPECT_EQ(r->security.cluster_secret_file, "/etc/flashmesh-secret/cluster.secret");
+}
+
 }  // namespace
 }  // namespace fm

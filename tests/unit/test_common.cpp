@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "common/device_transfers.h"
@@ -87,6 +90,27 @@ TEST(DeviceTransfers, CountsEachDevicePhaseAndDirectionApart) {
       CountTransfer(6, TransferPhase::kStep, TransferDirection::kHostToDevice, i);
   });
   EXPECT_EQ(TransfersOf(6).step.host_to_device, 999u * 1000u / 2);
+}
+
+// A chunk that throws (bad_alloc in a layer's buffers) reaches the caller once every chunk
+// ended, from the caller's part or a worker's, and the pool stays usable; it used to leave
+// workers running a destroyed job (the caller's throw) or end the process (a worker's).
+TEST(ThreadPool, AChunkThatThrowsReachesTheCallerAndThePoolStaysUsable) {
+  ThreadPool pool(4);
+  for (const size_t thrower : {size_t{0}, size_t{2}}) {
+    std::atomic<int> finished{0};
+    EXPECT_THROW(pool.ParallelFor(4, 1,
+                                  [&](size_t b, size_t) {
+                                    if (b == thrower) throw std::runtime_error("chunk");
+                                    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+                                    ++finished;
+                                  }),
+                 std::runtime_error);
+    EXPECT_EQ(finished.load(), 3) << "the call returned before the other chunks ended";
+    std::atomic<int> parts{0};
+    pool.ParallelFor(4, 1, [&](size_t, size_t) { ++parts; });
+    EXPECT_EQ(parts.load(), 4);
+  }
 }
 
 TEST(Status, ResultCarriesValueOrError) {

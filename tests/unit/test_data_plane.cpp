@@ -327,6 +327,7 @@ class DeviceBufferComm final : public net::Communicator {
               const net::CommBuffer& buf, net::Millis timeout) override {
     sent_device = buf.device;
     sent_data = buf.data;
+    sent_timeout = timeout;
     net::CommBuffer host = buf;
     host.device = false;
     return inner_->Send(peer, kind, step, tag, host, timeout);
@@ -347,6 +348,7 @@ class DeviceBufferComm final : public net::Communicator {
 
   bool sent_device = false, received_into_device = false;
   const void* sent_data = nullptr;
+  net::Millis sent_timeout{0};
   void* received_into = nullptr;
   int frames_received = 0;
 
@@ -373,7 +375,7 @@ void FillThreeRows(FlaggedDeviceActivations* x) {
 // Sends step 5 of x from `sink` while `source` receives it into `y`.
 void Hop(ActivationSink* sink, ActivationSource* source, const Activations& x, Activations* y) {
   Status sent;
-  std::thread sender([&] { sent = sink->Send(5, x); });
+  std::thread sender([&] { sent = sink->Send(5, StageExecutor::Clock::now() + 10s, x); });
   const Status got = source->Receive(5, x.rows(), StageExecutor::Clock::now() + 10s, y);
   sender.join();
   EXPECT_TRUE(sent.ok()) << sent.ToString();
@@ -396,6 +398,22 @@ TEST(DataPlane, DeviceXGoesInPlaceThroughACommunicatorOfDeviceBuffers) {
   EXPECT_EQ(x.to_host, 0);
   EXPECT_EQ(y.from_host, 0);
   EXPECT_EQ(y.rows(), 3);
+  EXPECT_EQ(y.Values(), x.Values());
+}
+
+// On a rendezvous link (NCCL) a send completes only once the next stage posts its receive, after
+// its current step: the send has the step's deadline, not a fixed 30 s.
+TEST(DataPlane, AStageSendWaitsUntilTheStepsDeadline) {
+  CommPair pair;
+  DeviceBufferComm d0(pair.c0.get());
+  auto sink = NewCommActivationSink(&d0, 1, net::FrameDType::kF32);
+  auto source = NewCommActivationSource(pair.c1.get(), 0, net::FrameDType::kF32);
+  FlaggedDeviceActivations x(8), y(8);
+  FillThreeRows(&x);
+  ASSERT_TRUE(sink->Send(5, StageExecutor::Clock::now() + 120s, x).ok());
+  EXPECT_GT(d0.sent_timeout, 110s);
+  EXPECT_LE(d0.sent_timeout, 120s);
+  ASSERT_TRUE(source->Receive(5, 3, StageExecutor::Clock::now() + 10s, &y).ok());
   EXPECT_EQ(y.Values(), x.Values());
 }
 
@@ -437,7 +455,7 @@ TEST(DataPlane, TransportSinkCopiesADeviceXOnceIntoTheFrame) {
   auto sink = NewTransportActivationSink(t0.get(), "s1", t1->listen_address(), net::FrameDType::kF32);
   FlaggedDeviceActivations x(8);
   FillThreeRows(&x);
-  ASSERT_TRUE(sink->Send(9, x).ok());
+  ASSERT_TRUE(sink->Send(9, StageExecutor::Clock::now() + 10s, x).ok());
   EXPECT_EQ(x.to_host, 1);
   auto f = t1->Recv("s0", 5000ms);
   ASSERT_TRUE(f.ok()) << f.status().ToString();

@@ -453,5 +453,36 @@ TEST(EpExpertExecutor, MalformedDispatchFromAPeerIsAnErrorNamingIt) {
   }
 }
 
+// Data-parallel attention makes members wait for each other (one's long prefill): an exchange
+// waits until the step's deadline, not the executor's fixed timeout (here 200 ms); without a
+// deadline the timeout still bounds it.
+TEST(EpExpertExecutor, AnExchangeWaitsUntilTheStepsDeadline) {
+  auto full = Checkpoint::Open(Tiny());
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  const ModelConfig& cfg = (*full)->config();
+  const std::vector<int64_t> begin = {0, cfg.n_routed_experts / 2, cfg.n_routed_experts};
+  for (const bool with_deadline : {true, false}) {
+    CommGroup g(2);
+    ASSERT_TRUE(g.comms[1]);
+    EpExpertExecutor ep(cfg, nullptr, g.comms[0].get(), begin, 200ms, 4);
+    if (with_deadline) ep.SetStep(1, std::chrono::steady_clock::now() + 10s);
+    else ep.SetStep(1);
+    Result<int64_t> rounds = Internal("not run");
+    std::thread member([&] { rounds = ep.AgreeRounds(1); });
+    std::this_thread::sleep_for(600ms);   // the peer is busy past the timeout
+    std::vector<net::CommBuffer> send(2);
+    const int32_t three = 3;
+    send[0] = {net::FrameDType::kI32, {1}, &three, sizeof three};
+    (void)g.comms[1]->AllToAllV(net::FrameKind::kControl, 1, 0xFFFFFFFEu, send, 2000ms);
+    member.join();
+    if (with_deadline) {
+      ASSERT_TRUE(rounds.ok()) << rounds.status().ToString();
+      EXPECT_EQ(*rounds, 3);   // the busiest member's rounds
+    } else {
+      EXPECT_EQ(rounds.status().code(), Code::kDeadlineExceeded) << rounds.status().ToString();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fm

@@ -74,9 +74,9 @@ class ForwardTest : public ::testing::Test {
     ASSERT_TRUE(m.shard);
     const auto toks = Tokens(n_tokens, 11);
     std::vector<float> prefill, decode;
-    auto c1 = m.shard->NewSequence(1024);
+    auto c1 = m.shard->NewSequence(1024).value();
     ASSERT_TRUE(Step(*m.shard, c1.get(), toks, &prefill).ok());
-    auto c2 = m.shard->NewSequence(1024);
+    auto c2 = m.shard->NewSequence(1024).value();
     for (int t = 0; t < n_tokens; ++t)
       ASSERT_TRUE(Step(*m.shard, c2.get(), std::span(toks).subspan(t, 1), &decode).ok());
     EXPECT_EQ(c1->next_pos(), n_tokens);
@@ -102,7 +102,7 @@ TEST_F(ForwardTest, ChunkedPrefillMatchesOneShot) {
   ASSERT_TRUE(m.shard);
   const auto toks = Tokens(140, 12);
   std::vector<float> whole, chunked;
-  auto c1 = m.shard->NewSequence(1024), c2 = m.shard->NewSequence(1024);
+  auto c1 = m.shard->NewSequence(1024).value(), c2 = m.shard->NewSequence(1024).value();
   ASSERT_TRUE(Step(*m.shard, c1.get(), toks, &whole).ok());
   const std::span<const int32_t> all(toks);
   ASSERT_TRUE(Step(*m.shard, c2.get(), all.subspan(0, 37), &chunked).ok());
@@ -123,8 +123,8 @@ TEST_F(ForwardTest, BatchIsBitIdenticalToEachSequenceAlone) {
   std::vector<std::unique_ptr<SequenceCache>> batched, alone;
   std::vector<std::vector<int32_t>> steps;
   for (int i = 0; i < 4; ++i) {
-    batched.push_back(m.shard->NewSequence(512));
-    alone.push_back(m.shard->NewSequence(512));
+    batched.push_back(m.shard->NewSequence(512).value());
+    alone.push_back(m.shard->NewSequence(512).value());
     const auto h = Tokens(hist[i], 100 + i);
     std::vector<float> ignore;
     if (hist[i]) {
@@ -161,14 +161,14 @@ TEST_F(ForwardTest, ThreadCountDoesNotChangeBits) {
   ASSERT_TRUE(a.shard && b.shard);
   const auto toks = Tokens(48, 13);
   std::vector<float> la, lb;
-  auto ca = a.shard->NewSequence(64), cb = b.shard->NewSequence(64);
+  auto ca = a.shard->NewSequence(64).value(), cb = b.shard->NewSequence(64).value();
   ASSERT_TRUE(Step(*a.shard, ca.get(), toks, &la).ok());
   ASSERT_TRUE(Step(*b.shard, cb.get(), toks, &lb).ok());
   EXPECT_EQ(la, lb);
   Model c = Open(nullptr);
   ASSERT_TRUE(c.shard);
   std::vector<float> lc;
-  auto cc = c.shard->NewSequence(64);
+  auto cc = c.shard->NewSequence(64).value();
   ASSERT_TRUE(Step(*c.shard, cc.get(), toks, &lc).ok());
   EXPECT_EQ(la, lc);
 }
@@ -187,8 +187,8 @@ TEST_F(ForwardTest, PipelineSplitChainsBitExactly) {
   EXPECT_EQ(b.shard->layer_begin(), 3);
   const auto& cfg = full.shard->config();
   const int64_t row = cfg.hc_mult * cfg.hidden_size, V = cfg.vocab_size;
-  auto cf = full.shard->NewSequence(256), ca = a.shard->NewSequence(256),
-       cb = b.shard->NewSequence(256);
+  auto cf = full.shard->NewSequence(256).value(), ca = a.shard->NewSequence(256).value(),
+       cb = b.shard->NewSequence(256).value();
   const auto toks = Tokens(40, 14);
   const std::span<const int32_t> all(toks);
   for (auto chunk : {all.subspan(0, 33), all.subspan(33, 1), all.subspan(34)}) {
@@ -242,7 +242,7 @@ TEST_F(ForwardTest, HashLayersRouteByTokenId) {
   // Token 77 at positions 0 and 3 (different hidden states), other tokens between.
   const std::vector<int32_t> toks = {77, 5, 300, 77, 9};
   std::vector<float> lg;
-  auto c = m.shard->NewSequence(16);
+  auto c = m.shard->NewSequence(16).value();
   ASSERT_TRUE(Step(*m.shard, c.get(), toks, &lg).ok());
   ASSERT_EQ(rec.calls.size(), 6u);
   for (int64_t layer = 0; layer < 2; ++layer) {
@@ -265,7 +265,7 @@ TEST_F(ForwardTest, HashLayersRouteByTokenId) {
   EXPECT_TRUE(differs);
   m.shard->SetExpertExecutor(nullptr);  // back to local experts
   std::vector<float> lg2;
-  auto c2 = m.shard->NewSequence(16);
+  auto c2 = m.shard->NewSequence(16).value();
   ASSERT_TRUE(Step(*m.shard, c2.get(), toks, &lg2).ok());
   EXPECT_NE(lg, lg2);
 }
@@ -310,7 +310,7 @@ TEST_F(ForwardTest, MtpDraftsConsistentlyAndBatchIndependently) {
   const int64_t row = cfg.hc_mult * cfg.hidden_size, V = cfg.vocab_size, T = 40;
   const auto toks = Tokens(T + 1, 15);
   const std::span<const int32_t> all(toks);
-  auto c = m.shard->NewSequence(128);
+  auto c = m.shard->NewSequence(128).value();
   std::vector<float> lg, state;
   ASSERT_TRUE(Step(*m.shard, c.get(), all.subspan(0, T), &lg, &state).ok());
   // Prefill of the MTP block over all rows vs one row at a time.
@@ -318,7 +318,7 @@ TEST_F(ForwardTest, MtpDraftsConsistentlyAndBatchIndependently) {
   BatchItem item{c.get(), all.subspan(1, T)};
   ASSERT_TRUE(m.shard->MtpLogits({&item, 1}, state.data(), draft.data()).ok());
   EXPECT_EQ(c->mtp_next_pos(), T);
-  auto c2 = m.shard->NewSequence(128);
+  auto c2 = m.shard->NewSequence(128).value();
   std::vector<float> ignore, state2, step_draft;
   ASSERT_TRUE(Step(*m.shard, c2.get(), all.subspan(0, T), &ignore, &state2).ok());
   for (int64_t t = 0; t < T; ++t) {
@@ -340,7 +340,7 @@ TEST_F(ForwardTest, MtpDraftsConsistentlyAndBatchIndependently) {
   Model part = Open(&pool, s);
   ASSERT_TRUE(part.shard);
   EXPECT_FALSE(part.shard->has_mtp());
-  auto pc = part.shard->NewSequence(8);
+  auto pc = part.shard->NewSequence(8).value();
   BatchItem ip{pc.get(), all.subspan(0, 1)};
   EXPECT_EQ(part.shard->MtpLogits({&ip, 1}, state.data(), draft.data()).code(),
             Code::kInvalidArgument);
@@ -358,7 +358,7 @@ TEST_F(ForwardTest, BadRequestsGiveClearErrors) {
   EXPECT_EQ(m.shard->Embed(empty, x.data()).code(), Code::kInvalidArgument);
   EXPECT_EQ(m.shard->Embed(negative, x.data()).code(), Code::kInvalidArgument);
 
-  auto c = m.shard->NewSequence(8);
+  auto c = m.shard->NewSequence(8).value();
   BatchItem big{c.get(), too_big};
   st = m.shard->ForwardLayers({&big, 1}, x.data());
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
@@ -383,7 +383,7 @@ TEST_F(ForwardTest, BadRequestsGiveClearErrors) {
   ASSERT_TRUE(m.shard->ForwardLayers({&eight, 1}, x.data()).ok());
   BatchItem ninth{c.get(), std::span(nine).subspan(8)};
   EXPECT_EQ(m.shard->ForwardLayers({&ninth, 1}, x.data()).code(), Code::kOutOfRange);
-  auto fresh = m.shard->NewSequence(8);
+  auto fresh = m.shard->NewSequence(8).value();
   BatchItem twice[2] = {{fresh.get(), std::span(nine).subspan(0, 1)},
                         {fresh.get(), std::span(nine).subspan(0, 1)}};
   st = m.shard->ForwardLayers(twice, x.data());
@@ -417,7 +417,7 @@ TEST_F(ForwardTest, LogitsCommandWritesRawLogitsAndArgmax) {
   ASSERT_TRUE(m.shard);
   const std::vector<int32_t> toks = {3, 17, 42};
   std::vector<float> want;
-  auto c = m.shard->NewSequence(3);
+  auto c = m.shard->NewSequence(3).value();
   ASSERT_TRUE(Step(*m.shard, c.get(), toks, &want).ok());
   EXPECT_LT(RelErr(got, want), 1e-4);
   std::string argmax;

@@ -244,7 +244,7 @@ class GenerateTest : public ::testing::Test {
   static int32_t PrefillArgmax(const std::vector<int32_t>& tokens) {
     const ModelConfig& c = model_->config();
     const int64_t row = c.hc_mult * c.hidden_size;
-    auto cache = model_->NewSequence(static_cast<int64_t>(tokens.size()));
+    auto cache = model_->NewSequence(static_cast<int64_t>(tokens.size())).value();
     std::vector<float> x(tokens.size() * row), logits(c.vocab_size);
     EXPECT_TRUE(model_->Embed(tokens, x.data()).ok());
     BatchItem item{cache.get(), tokens};
@@ -268,7 +268,7 @@ TEST_F(GenerateTest, SampleNextEqualsLogitsThenSample) {
   const ModelConfig& c = model_->config();
   const int64_t row = c.hc_mult * c.hidden_size, V = c.vocab_size;
   const std::vector<int32_t> tokens = {3, 1, 4, 1, 5};
-  auto cache = model_->NewSequence(8);
+  auto cache = model_->NewSequence(8).value();
   std::vector<float> x(tokens.size() * row), logits(2 * V);
   ASSERT_TRUE(model_->Embed(tokens, x.data()).ok());
   BatchItem item{cache.get(), tokens};

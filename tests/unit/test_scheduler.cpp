@@ -101,7 +101,11 @@ class FakeWorkers final : public WorkerSet {
       done({}, {});
     });
   }
-  void Reset(int w, Deadline, Done<flashmesh::v1::ResetResponse> done) override {
+  void Reset(int w, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reset_budgets_.push_back(deadline - Clock::now());
+    }
     Run("reset", w, [this, w, done] {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -214,6 +218,10 @@ class FakeWorkers final : public WorkerSet {
     std::lock_guard<std::mutex> lock(mu_);
     return max_live_;
   }
+  std::vector<Clock::duration> reset_budgets() {   // deadline - the time sent, per reset
+    std::lock_guard<std::mutex> lock(mu_);
+    return reset_budgets_;
+  }
   std::vector<Clock::duration> free_budgets() {   // deadline - the time sent, per free
     std::lock_guard<std::mutex> lock(mu_);
     return free_budgets_;
@@ -253,7 +261,7 @@ class FakeWorkers final : public WorkerSet {
   std::map<std::string, std::vector<std::function<void()>>> held_calls_;
   std::function<RpcResult(int, const flashmesh::v1::StepBatchRequest&)> step_fault_;
   std::vector<Step> steps_;
-  std::vector<Clock::duration> free_budgets_;
+  std::vector<Clock::duration> free_budgets_, reset_budgets_;
   std::vector<std::string> log_;
   std::vector<int> marked_down_;
   std::function<void()> listener_;
@@ -680,6 +688,30 @@ TEST(Scheduler, AFreeBehindAStepInFlightHasTheStepsTimeToo) {
   EXPECT_GE(step_budget, 29s) << "the first step's deadline is first_step (30 s)";
   w.Release("step");
   EXPECT_TRUE(Collect(a->get()).finished);
+}
+
+// A worker takes its Reset only once the step it computes ends (compute is not cut short): when
+// one stage fails while another runs a long step, that stage's Reset has until the step's
+// deadline, or a busy healthy worker would be marked DOWN 2 s after the failure.
+TEST(Scheduler, AResetBehindAStepStillComputingHasTheStepsTimeToo) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step w0");
+  w.SetStepFault([](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    if (worker == 1) return {Internal("node w1: broken"), RpcFault::kWorker};
+    return {};
+  });
+  auto a = s.Submit(Params({1}, 3));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step w0") == 1; }));
+  EXPECT_EQ(Collect(a->get()).error.code(), Code::kInternal);
+  ASSERT_TRUE(WaitFor([&] { return w.reset_budgets().size() == 2; }));
+  const auto step_budget = w.steps().front().budget;
+  EXPECT_GE(step_budget, 29s) << "the first step's deadline is first_step (30 s)";
+  for (const auto b : w.reset_budgets())
+    EXPECT_GT(b, step_budget - 1s) << "a reset's deadline ends before the cancelled step's";
+  w.Release("step w0");
+  EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+  EXPECT_TRUE(w.marked_down().empty());
 }
 
 TEST(Scheduler, ARequestWhoseSequenceAWorkerLostBetweenStepsEndsUnavailable) {

@@ -136,6 +136,34 @@ TEST(Tokenizer, BadJsonNamesFileAndPath) {
   EXPECT_EQ(missing.status().code(), Code::kNotFound);
 }
 
+// Fields of the wrong JSON type are errors naming their path; they used to throw out of
+// nlohmann's value() and end the process (serve and generate at start).
+TEST(Tokenizer, FieldsOfTheWrongTypeAreErrorsNamingThePath) {
+  auto expect_error = [](std::string text, const std::string& from, const std::string& to,
+                         const std::string& needle) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    auto t = Tokenizer::FromJson(text, "bad.json");
+    ASSERT_FALSE(t.ok()) << needle;
+    EXPECT_NE(t.status().message().find("bad.json: " + needle), std::string::npos)
+        << t.status().message();
+  };
+  const std::string mini = MiniJson("[]");
+  expect_error(mini, R"("special": true)", R"("special": "yes")", "/added_tokens/0/special");
+  expect_error(mini, R"("decoder": {"type": "ByteLevel"})", R"("decoder": "ByteLevel")", "/decoder");
+  expect_error(mini, R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})",
+               R"("pre_tokenizer": "x")", "/pre_tokenizer");
+  expect_error(mini, R"("use_regex": true)", R"("use_regex": "no")", "/pre_tokenizer/use_regex");
+  expect_error(mini, R"("model": {"type": "BPE")", R"("model": {"type": 5)", "/model/type");
+  expect_error(mini, R"("normalizer": null)", R"("normalizer": {"type": 5})", "/normalizer");
+  expect_error(mini, R"("id": 10)", R"("id": 2147483647)", "/added_tokens/1/id");
+  expect_error(mini, R"("d": 8)", R"("d": 2000000000)", "/model/vocab/d");
+  expect_error(mini, R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})",
+               R"({"type": "Sequence", "pretokenizers": [{"type": "Split"}]})",
+               "/pre_tokenizer/pretokenizers/0/pattern");
+}
+
 TEST(Tokenizer, TestTokenizerLayout) {
   for (int64_t v : {300, 512, 4096}) {
     Tokenizer t = TestTokenizer(v);
@@ -218,6 +246,18 @@ TEST(StreamDecoder, HoldsIncompleteCharacters) {
   EXPECT_EQ(*cut.Push(ids[0]), "");
   EXPECT_EQ(cut.Flush(), "\xEF\xBF\xBD");
   EXPECT_FALSE(cut.Push(1 << 20).ok());
+  // Cut after two of its three bytes: still one U+FFFD (the maximal subpart, as HF's decoder),
+  // not one a byte.
+  StreamDecoder two(t);
+  EXPECT_EQ(*two.Push(ids[0]), "");
+  EXPECT_EQ(*two.Push(ids[1]), "");
+  EXPECT_EQ(two.Flush(), "\xEF\xBF\xBD");
+  // E4 B8 then 'A': one U+FFFD for E4 B8, then the A; a stray continuation byte is one each.
+  std::vector<int32_t> bad = Ids(t, "\xE4\xB8\xAD");   // 中: E4 B8 AD
+  ASSERT_EQ(bad.size(), 3u);
+  std::vector<int32_t> a = Ids(t, "A");
+  EXPECT_EQ(*t.Decode({bad[0], bad[1], a[0]}), "\xEF\xBF\xBD" "A");
+  EXPECT_EQ(*t.Decode({bad[1], bad[2], a[0]}), "\xEF\xBF\xBD\xEF\xBF\xBD" "A");
 }
 
 TEST(StreamDecoder, PiecesAreWholeCharactersAndConcatenateToDecode) {

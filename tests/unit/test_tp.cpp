@@ -56,7 +56,7 @@ Shard Open(const std::string& dir, std::vector<int64_t> experts, ThreadPool* poo
   auto m = ShardModel::Create(*s.ckpt, pool);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   s.model = std::move(m).value();
-  for (int i = 0; i < nseq; ++i) s.seqs.push_back(s.model->NewSequence(512));
+  for (int i = 0; i < nseq; ++i) s.seqs.push_back(s.model->NewSequence(512).value());
   return s;
 }
 

@@ -1,0 +1,69 @@
+// launch/: which nodes `up` starts here, and that a child never outlives its launcher.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "launch/child_process.h"
+#include "launch/local_cluster.h"
+
+namespace fm {
+namespace {
+
+// The YAML accepts every 127/8 address as loopback without a secret; `up` must start those
+// nodes too (it used to call 127.0.0.2 remote and never start it).
+TEST(Launch, LocalHostsAreTheLoopbackAddressesAndAny) {
+  for (const char* h : {"127.0.0.1", "127.0.0.2", "127.1.2.3", "localhost", "::1", "0.0.0.0"})
+    EXPECT_TRUE(IsLocalHost(h)) << h;
+  for (const char* h : {"10.0.0.1", "127.example.com", "128.0.0.1", "spark-a", ""})
+    EXPECT_FALSE(IsLocalHost(h)) << h;
+}
+
+// True while `pid` exists and is not a zombie (an orphan is reaped by whoever adopts it,
+// which in a container may never happen).
+bool Alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+// A launcher killed outright (SIGKILL: no destructor, no handler) takes its children along,
+// so no daemon keeps the cluster's ports after a killed `up` or `bench cluster`.
+TEST(Launch, AChildDiesWithItsLauncher) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    close(fds[0]);
+    auto child = ChildProcess::Start("sleeper", "/bin/sleep", {"30"});
+    const pid_t pid = child.ok() ? (*child)->pid() : -1;
+    if (write(fds[1], &pid, sizeof pid) != sizeof pid) _exit(1);
+    pause();
+    _exit(0);
+  }
+  close(fds[1]);
+  pid_t child = -1;
+  ASSERT_EQ(read(fds[0], &child, sizeof child), static_cast<ssize_t>(sizeof child));
+  close(fds[0]);
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(Alive(child));
+  kill(launcher, SIGKILL);
+  waitpid(launcher, nullptr, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Alive(child) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(Alive(child)) << "pid " << child << " outlived its launcher";
+  if (Alive(child)) kill(child, SIGKILL);
+}
+
+}  // namespace
+}  // namespace fm
