@@ -261,6 +261,7 @@ void Scheduler::SendResets() {
     std::lock_guard<std::mutex> lock(health_mu_);
     resetting_any_ = any;
   }
+  if (!any) busy_until_ = {};   // every worker has forgotten the failure
   // A StartSequence still on its way could land after the Reset and leave its sequence behind.
   if (starts_outstanding_ > 0) return;
   const auto deadline = std::max(Clock::now(), busy_until_) + limits_.control_timeout;
@@ -476,9 +477,8 @@ void Scheduler::Complete(StepCall* call) {
   if (call->failed) {
     const Status why = Attribute(*call);
     call->Cancel();   // FailAll below cancels only what is still in flight
-    busy_until_ = std::max(busy_until_, call->deadline);
     FM_LOG(kWarn, "scheduler") << "micro-batch " << call->step_id << " failed: " << why.ToString();
-    FailAll(why);
+    FailAll(why, call->deadline);
     return;
   }
   call->cancels.clear();
@@ -611,7 +611,9 @@ void Scheduler::Reconcile(int worker, const std::vector<uint64_t>& held, Clock::
   }
 }
 
-void Scheduler::FailAll(const Status& why) {
+void Scheduler::FailAll(const Status& why, Clock::time_point failed_step_deadline) {
+  // This failure's Resets wait behind the steps it cancels (and the one that failed).
+  busy_until_ = failed_step_deadline;
   for (auto& [id, call] : in_flight_) {
     call->Cancel();
     busy_until_ = std::max(busy_until_, call->deadline);

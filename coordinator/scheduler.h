@@ -151,7 +151,9 @@ class Scheduler {
   void ApplyToken(Request* r, int32_t id, float logprob);
   void Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string);
   void End(Request* r, const Status& why);
-  void FailAll(const Status& why);
+  // Ends every live request with `why` and resets every worker; failed_step_deadline: the
+  // deadline of the step whose failure this is (the workers may still compute it).
+  void FailAll(const Status& why, Clock::time_point failed_step_deadline = {});
   void FreeOnWorkers(const std::vector<int>& workers, const std::vector<uint64_t>& ids);
   // A worker's heartbeat: frees what it holds that no request owns, ends the requests whose
   // sequence it lost.
@@ -171,8 +173,9 @@ class Scheduler {
   uint64_t next_request_id_ = 1, next_step_id_ = 1;
   uint64_t last_step_id_ = 0;          // the step launched last; 0 once none is in flight
   int starts_outstanding_ = 0;         // StartSequence calls not answered, live or abandoned
-  // The latest deadline of the steps FailAll cancelled: a worker may still compute them (compute
-  // is not cut short) and takes its Reset after, so the Resets have until then too.
+  // The latest deadline of the steps the last FailAll cancelled: a worker may still compute them
+  // (compute is not cut short) and takes its Reset after, so the Resets have until then too.
+  // Cleared once every worker acknowledged its Reset.
   Clock::time_point busy_until_{};
   std::vector<char> needs_reset_;      // per worker: holds sequences of a failed schedule
   std::vector<char> resetting_;        // per worker: its Reset is in flight

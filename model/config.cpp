@@ -113,6 +113,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
     return InvalidArgument(origin + ":" + std::to_string(line) + ":" + std::to_string(column) +
                            ": not valid JSON");
+  } catch (const json::exception& e) {   // out_of_range: a number beyond a double (1e400)
+    return InvalidArgument(origin + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) return InvalidArgument(origin + ": top level must be a JSON object");
   ModelConfig c;

@@ -13,7 +13,9 @@ ShardRuntime::ShardRuntime(int threads) : pool_(threads) {}
 ShardRuntime::~ShardRuntime() = default;
 
 namespace {
-constexpr net::Millis kEpTimeout{30000};   // one MoE exchange; a dead member fails it sooner
+// An EP exchange or TP gather outside a step with a deadline (Forward passes the step's); a
+// dead member fails it sooner.
+constexpr net::Millis kEpTimeout{30000};
 }  // namespace
 
 Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) {

@@ -71,7 +71,8 @@ class ShardRuntime {
   explicit ShardRuntime(int threads);
   ~ShardRuntime();
 
-  // Opens the shard and binds the model; replaces what was loaded (all sequences dropped).
+  // Opens the shard and binds the model; replaces what was loaded (all sequences dropped). A
+  // device shard drops the old one first (its GPU memory), so a failed load leaves none.
   // With expert or tensor parallelism, `ep_group` (outliving the load) carries the MoE
   // all-to-all or the tensor-parallel all-gathers.
   Status Load(const ShardPlacement& placement, net::Communicator* ep_group = nullptr);

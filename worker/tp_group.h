@@ -2,7 +2,8 @@
 // Communicator (TCP on the data plane, or NCCL). Each all-gather is one all-to-all of the same
 // f32 buffer to every member, as a TP_GATHER frame tagged with the step and the gather's index
 // within the step, so members that fall out of step fail naming the peer instead of mixing
-// pieces. Every wait has the deadline `timeout`; a dead member is Unavailable naming it.
+// pieces. Every wait lasts until the step's deadline (SetStep; `timeout` a gather without one);
+// a dead member is Unavailable naming it.
 #pragma once
 #include <atomic>
 #include <chrono>

@@ -10,11 +10,13 @@
 
 namespace fm::cuda {
 
-// "cudaMalloc(&p, bytes): cudaErrorMemoryAllocation (out of memory)"
+// "cudaMalloc(&p, bytes): cudaErrorMemoryAllocation (out of memory)": ResourceExhausted when
+// the device is out of memory (a request may fail alone), Internal for every other error.
 inline Status CudaStatus(cudaError_t err, const char* call) {
   if (err == cudaSuccess) return Status::Ok();
-  return Internal(std::string(call) + ": " + cudaGetErrorName(err) + " (" +
-                  cudaGetErrorString(err) + ")");
+  const std::string what = std::string(call) + ": " + cudaGetErrorName(err) + " (" +
+                           cudaGetErrorString(err) + ")";
+  return err == cudaErrorMemoryAllocation ? ResourceExhausted(what) : Internal(what);
 }
 
 // The stream this thread's launches go to (device.h StreamScope; null = the default stream).

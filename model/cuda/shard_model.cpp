@@ -172,16 +172,19 @@ Result<std::unique_ptr<AttentionCache>> CudaShardModel::NewCache(int64_t ratio,
 
 // Without mu_: it only allocates (no stream work) and reads the constant config, so a new
 // request does not wait for a step in flight (which holds mu_ for its EP/TP exchanges too), nor
-// does the worker's Health behind it. Called from any thread: the shard's device first.
+// does the worker's Health behind it; only a graph capture (brief: nothing runs) excludes it.
+// Called from any thread: the shard's device first.
 Result<std::unique_ptr<SequenceCache>> CudaShardModel::NewSequence(int64_t max_context) const {
+  std::lock_guard<std::mutex> no_capture(capture_mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
   std::vector<std::unique_ptr<AttentionCache>> caches;
   for (int64_t l = begin_; l < end_; ++l) {
     Result<std::unique_ptr<AttentionCache>> c = NewCache(cfg_.compress_ratio(l), max_context);
-    if (!c.ok())
+    if (c.status().code() == Code::kResourceExhausted)
       return ResourceExhausted("cuda:" + std::to_string(device_) + " has no memory for the KV cache of a " +
                                std::to_string(max_context) + "-position sequence (layer " +
                                std::to_string(l) + "): " + c.status().message());
+    if (!c.ok()) return c.status().Wrap("cuda:" + std::to_string(device_) + " sequence cache");
     caches.push_back(std::move(c).value());
   }
   return std::make_unique<SequenceCache>(begin_, std::move(caches), nullptr, max_context);
@@ -510,6 +513,7 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     };
     cuda::Graph* g = graph ? &graphs_[StepBucketIndex(S)] : nullptr;  // captured on first use
     if (g && g->empty()) {
+      std::lock_guard<std::mutex> capturing(capture_mu_);
       FM_ASSIGN_OR_RETURN(*g, cuda::Graph::Capture(stream_, step));
     }
     FM_RETURN_IF_ERROR(g ? g->Launch(stream_) : step());

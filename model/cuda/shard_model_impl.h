@@ -139,6 +139,10 @@ class CudaShardModel final : public ShardModel {
   int tp_rank_ = 0, tp_size_ = 1;
   TpGroup* tp_ = nullptr;
   mutable std::mutex mu_;           // one step at a time: the scratch is shared
+  // NewSequence's allocations (and frees on failure) never overlap a graph capture: a
+  // synchronizing call from another thread may invalidate a capture even in thread-local mode.
+  // (Sequences are freed between steps: the worker's executor serializes that.)
+  mutable std::mutex capture_mu_;
   mutable DeviceStepScratch s_;
   // kGraph: the decode step graph of each bucket of kStepBuckets (empty until its first step),
   // and the caches of the buckets' padding rows (a sequence that never advances past 0).

@@ -609,5 +609,25 @@ TEST_F(CudaShardTest, BadRequestsAreErrorsAndMoveNothing) {
   EXPECT_EQ(c->next_pos(), 0);
 }
 
+// A sequence's KV cache the device cannot hold is an error for that request (ResourceExhausted,
+// naming the device), not an unusable cache whose first step failed every live request; and a
+// sequence may be longer than max_position_embeddings, as on the CPU (the worker's max_context
+// is the limit).
+TEST_F(CudaShardTest, ASequenceTooLargeForTheDeviceIsAnErrorAndContextIsNotCapped) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(1);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  auto huge = p.gpu->NewSequence(int64_t{1} << 44);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), Code::kResourceExhausted) << huge.status().ToString();
+  EXPECT_NE(huge.status().message().find("cuda:0 has no memory for the KV cache"), std::string::npos)
+      << huge.status().message();
+  const int64_t past = p.gpu->config().max_position_embeddings + 16;
+  auto long_seq = p.gpu->NewSequence(past);
+  ASSERT_TRUE(long_seq.ok()) << long_seq.status().ToString();
+  EXPECT_EQ((*long_seq)->max_context(), past);
+}
+
 }  // namespace
 }  // namespace fm

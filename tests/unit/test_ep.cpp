@@ -3,6 +3,7 @@
 // and its own rows) is bit-identical to one process holding every expert.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -468,12 +469,19 @@ TEST(EpExpertExecutor, AnExchangeWaitsUntilTheStepsDeadline) {
     if (with_deadline) ep.SetStep(1, std::chrono::steady_clock::now() + 10s);
     else ep.SetStep(1);
     Result<int64_t> rounds = Internal("not run");
-    std::thread member([&] { rounds = ep.AgreeRounds(1); });
-    std::this_thread::sleep_for(600ms);   // the peer is busy past the timeout
-    std::vector<net::CommBuffer> send(2);
-    const int32_t three = 3;
-    send[0] = {net::FrameDType::kI32, {1}, &three, sizeof three};
-    (void)g.comms[1]->AllToAllV(net::FrameKind::kControl, 1, 0xFFFFFFFEu, send, 2000ms);
+    std::atomic<bool> waiting{false};
+    std::thread member([&] {
+      waiting = true;
+      rounds = ep.AgreeRounds(1);
+    });
+    if (with_deadline) {   // the peer comes 600 ms after the member started waiting
+      while (!waiting) std::this_thread::yield();
+      std::this_thread::sleep_for(600ms);
+      std::vector<net::CommBuffer> send(2);
+      const int32_t three = 3;
+      send[0] = {net::FrameDType::kI32, {1}, &three, sizeof three};
+      (void)g.comms[1]->AllToAllV(net::FrameKind::kControl, 1, 0xFFFFFFFEu, send, 2000ms);
+    }   // else the peer never comes: the timeout ends the wait
     member.join();
     if (with_deadline) {
       ASSERT_TRUE(rounds.ok()) << rounds.status().ToString();

@@ -505,15 +505,22 @@ TEST(Scheduler, AtMostMaxBatchSequencesLiveAndEveryRequestCompletes) {
   w.Hold("start");
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 6; ++i) streams.push_back(*s.Submit(Params({i * 100}, 5)));
-  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("start") == 6; }));   // 2 sequences x 3 workers
+  // Two admitted together (2 sequences x 3 workers), the other four queued behind them.
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("start") == 6; }));
   EXPECT_EQ(s.queued(), 4);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(w.HeldCalls("start"), 6u) << "a third sequence started while two were live";
   w.Release("start");
   for (int i = 0; i < 6; ++i) {
     Outcome o = Collect(streams[i].get());
     ASSERT_TRUE(o.finished) << i << ": " << o.error.ToString();
     EXPECT_EQ(o.ids, (std::vector<int32_t>{i * 100 + 1, i * 100 + 2, i * 100 + 3, i * 100 + 4, i * 100 + 5}));
   }
-  EXPECT_EQ(w.max_live(), 2u);   // two at a time, never more
+  // Never more than two at a time on any worker. (Not exactly two: once released, the first
+  // request can run to its end and be freed before the test thread delivers the second's
+  // held start answers.)
+  EXPECT_LE(w.max_live(), 2u);
+  EXPECT_GE(w.max_live(), 1u);
 }
 
 TEST(Scheduler, AnUnfinishedCharacterAtTheEndComesOutAsTheReplacementCharacter) {
@@ -712,6 +719,16 @@ TEST(Scheduler, AResetBehindAStepStillComputingHasTheStepsTimeToo) {
   w.Release("step w0");
   EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
   EXPECT_TRUE(w.marked_down().empty());
+  // A later failure's Resets have that failure's steps' time, not the first one's 30 s.
+  w.SetStepFault(nullptr);
+  EXPECT_TRUE(Collect(s.Submit(Params({2}, 3))->get()).finished);   // quick steps: ~5 s deadlines
+  w.SetStepFault([](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    if (worker == 1) return {Internal("node w1: broken again"), RpcFault::kWorker};
+    return {};
+  });
+  EXPECT_EQ(Collect(s.Submit(Params({3}, 3))->get()).error.code(), Code::kInternal);
+  ASSERT_TRUE(WaitFor([&] { return w.reset_budgets().size() == 4; }));
+  for (size_t i = 2; i < 4; ++i) EXPECT_LT(w.reset_budgets()[i], 10s) << "reset " << i;
 }
 
 TEST(Scheduler, ARequestWhoseSequenceAWorkerLostBetweenStepsEndsUnavailable) {
