@@ -443,7 +443,10 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
       if (!c) return InvalidArgument("sequence cache was not made by this cuda shard");
     }
   }
-  if (layers_.empty()) return Status::Ok();  // a stage of no layers passes X through
+  if (layers_.empty()) {   // a stage of no layers passes X through; its positions advance (CPU's)
+    for (const BatchItem& item : items) item.cache->Advance(static_cast<int64_t>(item.tokens.size()));
+    return Status::Ok();
+  }
   const size_t row_floats = static_cast<size_t>(cfg_.hc_mult * cfg_.hidden_size);
   auto first = [&](const BatchItem& item) {
     return static_cast<DeviceAttentionCache*>(item.cache->layer(begin_));

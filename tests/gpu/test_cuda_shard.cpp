@@ -609,6 +609,30 @@ TEST_F(CudaShardTest, BadRequestsAreErrorsAndMoveNothing) {
   EXPECT_EQ(c->next_pos(), 0);
 }
 
+// A stage that holds no layers (only the head) passes X through and its sequences' positions
+// advance, as on the CPU (its context check would otherwise never fire).
+TEST_F(CudaShardTest, AStageOfNoLayersAdvancesItsPositionsAsTheCpuDoes) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(1);
+  ShardSelection sel;
+  sel.layer_begin = sel.layer_end = 6;   // tiny: 6 layers
+  sel.embed = false;
+  sel.mtp = false;
+  Pair p = Open(&pool, sel);
+  ASSERT_TRUE(p.gpu);
+  const auto& cfg = p.gpu->config();
+  auto cc = p.cpu->NewSequence(8).value(), gc = p.gpu->NewSequence(8).value();
+  const std::vector<int32_t> toks = {1, 2, 3};
+  auto x = modeltest::ToShard(*p.gpu, std::vector<float>(3 * cfg.hc_mult * cfg.hidden_size, 0.5f));
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  std::vector<float> xc(3 * cfg.hc_mult * cfg.hidden_size, 0.5f);
+  const BatchItem ci{cc.get(), toks}, gi{gc.get(), toks};
+  ASSERT_TRUE(p.cpu->ForwardLayers({&ci, 1}, xc.data()).ok());
+  ASSERT_TRUE(p.gpu->ForwardLayers({&gi, 1}, (*x)->data()).ok());
+  EXPECT_EQ(cc->next_pos(), 3);
+  EXPECT_EQ(gc->next_pos(), 3);
+}
+
 // A sequence's KV cache the device cannot hold is an error for that request (ResourceExhausted,
 // naming the device), not an unusable cache whose first step failed every live request; and a
 // sequence may be longer than max_position_embeddings, as on the CPU (the worker's max_context
