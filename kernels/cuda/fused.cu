@@ -470,6 +470,10 @@ Status AttnPrep(const AttnPrepArgs& a, int64_t T, const CacheRowsArgs* cache) {
   CacheKernelArgs c{};
   if (cache) {
     FM_ASSIGN_OR_RETURN(c, CheckCacheRows("AttnPrep", *cache, 0, T, a.kv, a.d, a.freqs, a.rd));
+    // Its entries go to ikeys rows of the indexer's head dim: a wider one would write past them.
+    if (cache->index_comp && cache->index_comp->dim != a.di)
+      return InvalidArgument("AttnPrep: index compressor dim " + std::to_string(cache->index_comp->dim) +
+                             " != the indexer's head_dim " + std::to_string(a.di));
   }
   if (T == 0) return Status::Ok();
   if (!a.q || !a.kv || !a.kv_norm || !a.pos || !a.freqs || (a.iq && !a.iw))

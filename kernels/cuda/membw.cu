@@ -30,8 +30,9 @@ Result<double> MeasureReadBandwidth(size_t bytes, int passes) {
   if (bytes < (1u << 20) || passes < 1)
     return InvalidArgument("MeasureReadBandwidth: bytes " + std::to_string(bytes) + " (>= 1 MiB), passes " +
                            std::to_string(passes) + " (>= 1)");
-  int sms = 0;
-  FM_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int sms = 0, device = 0;
+  FM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));   // the caller's device, not always 0
+  FM_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const unsigned blocks = static_cast<unsigned>(std::max(sms, 1) * 8);
   FM_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Alloc(bytes));
   FM_ASSIGN_OR_RETURN(DeviceBuffer partial, DeviceBuffer::Alloc(size_t{blocks} * kThreads * 4));
@@ -40,7 +41,10 @@ Result<double> MeasureReadBandwidth(size_t bytes, int passes) {
   ReadKernel<<<blocks, kThreads>>>(buf.as<const float4>(), n, partial.as<float>());  // warm-up
   cudaEvent_t start, stop;
   FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  FM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  if (const cudaError_t e = cudaEventCreate(&stop); e != cudaSuccess) {
+    cudaEventDestroy(start);
+    return CudaStatus(e, "cudaEventCreate");
+  }
   cudaEventRecord(start);
   for (int i = 0; i < passes; ++i)
     ReadKernel<<<blocks, kThreads>>>(buf.as<const float4>(), n, partial.as<float>());

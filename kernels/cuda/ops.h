@@ -189,7 +189,10 @@ struct SharedExpert {
 // e = ids[t * k + j] for j < k, the shared expert for j == k. Both launches below group the slots
 // by expert (the block of an expert's first slot serves all its slots, up to 8 per pass over the
 // weight), so each expert's weight is read about once per step, and a slot's result does not
-// depend on T or on the other slots (bit-identical to Gemm of its expert alone).
+// depend on T or on the other slots. It is bit-identical to Gemm of its expert alone only where
+// that Gemm streams each row in one slice (small matrices): the experts always do, while Gemm
+// splits the rows of a big one over slices (at the real w2 [4096, 2048] FP4: 2, tc: 8), another
+// order of the row's sums. Every path (shard, EP, TP) runs the experts here, so they agree.
 //
 // h[s, :I] = silu(min(W1_e x_t, limit)) * clip(W3_e x_t, -limit, limit) for every slot (rows of
 // h_stride >= max(I, Is) floats; x_t = x + t * x_stride); an id outside [0, E) gives a NaN row.

@@ -2,26 +2,47 @@
 # Packs a CUDA build for a GPU machine that cannot build the project (no Debian -dev packages,
 # no network; docs/gpu.md "Running the GPU checks"): the GPU test binaries, bench_cuda_gemv,
 # test_integration and flashmesh, with every shared library they load that such a machine
-# lacks, into .devrun/ (git-ignored). There: tests/gpu/run.sh --prebuilt.
-# Usage (repo root or anywhere): tests/gpu/pack.sh [BUILD_DIR]   (default: build)
-# The build needs CUDA on and sm_90 (H100/H200) among CMAKE_CUDA_ARCHITECTURES (the default).
+# lacks, into .devrun/pack.tgz (git-ignored). There: tests/gpu/run.sh --prebuilt.
+# Usage (repo root or anywhere):
+#   tests/gpu/pack.sh             builds them first in build-pack/: Release, sm_90 only (H100/
+#                                 H200; half the fatbin), -march=x86-64-v3 (AVX2: runs on any
+#                                 GPU host's CPU); through ccache when installed
+#   tests/gpu/pack.sh BUILD_DIR   packs that build (brought up to date; CUDA with sm_90); a
+#                                 -march=native build records its AVX extensions, and run.sh
+#                                 refuses a CPU without them
 # Left out, as the GPU machine has its own: glibc, libstdc++/libgcc_s, the CUDA driver, NCCL.
+# The device tool carries at most 64 MiB of tree: the pack must stay under 56 MiB.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
-build=$(cd "${1:-$top/build}" && pwd)
 dst=$top/.devrun
 bins=(cli/flashmesh tests/gpu/test_cuda_kernels tests/gpu/test_cuda_shard tests/gpu/bench_cuda_gemv
       tests/gpu/test_nccl_smoke tests/gpu/test_nccl_communicator tests/integration/test_integration)
+targets=()
+for b in "${bins[@]}"; do targets+=("$(basename "$b")"); done
 
+if [ $# -eq 0 ]; then
+  build=$top/build-pack
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
+                                           -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  cmake -S "$top" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHMESH_CUDA=ON \
+    -DFLASHMESH_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES=90 \
+    "${launcher[@]}" >/dev/null
+else
+  build=$(cd "$1" && pwd)
+fi
 grep -q 'code=\[compute_90,sm_90\]' "$build/build.ninja" ||
   { echo "pack.sh: $build is not a CUDA build with sm_90 SASS (see CMAKE_CUDA_ARCHITECTURES)" >&2; exit 1; }
+# Binaries older than the sources would measure the wrong code: bring them up to date (a
+# no-op when they are).
+cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${targets[@]}"
 rm -rf "$dst"
 mkdir -p "$dst/bin" "$dst/lib"
 for b in "${bins[@]}"; do
-  if [ -f "$build/$b" ]; then cp "$build/$b" "$dst/bin/"; else echo "pack.sh: not built, left out: $b"; fi
+  [ -f "$build/$b" ] || { echo "pack.sh: $build/$b was not built" >&2; exit 1; }
+  cp "$build/$b" "$dst/bin/"
 done
-[ -f "$dst/bin/flashmesh" ] || { echo "pack.sh: $build/cli/flashmesh is missing" >&2; exit 1; }
-strip --strip-debug "$dst"/bin/*
+strip --strip-unneeded "$dst"/bin/*
 
 for b in "$dst"/bin/*; do
   if ldd "$b" | grep 'not found'; then echo "pack.sh: $(basename "$b") has unresolved libraries" >&2; exit 1; fi
@@ -33,10 +54,20 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$dst/lib/" ;;
   esac
 done
-# What the binaries were built for, so run.sh can say what it runs.
+# What the binaries were built for, so run.sh can say what it runs (and check the CPU).
 git -C "$top" describe --always --dirty >"$dst/commit" 2>/dev/null || echo unknown >"$dst/commit"
 if grep -q '^FLASHMESH_NATIVE:BOOL=ON' "$build/CMakeCache.txt"; then
-  echo "pack.sh: note: built with -march=native, so the GPU machine's CPU needs this one's" \
-       "extensions (reconfigure with -DFLASHMESH_NATIVE=OFF for a portable pack)"
+  echo "-march=native" >"$dst/march"
+  grep -o 'avx[0-9a-z_]*' /proc/cpuinfo | sort -u | tr '\n' ' ' >"$dst/cpuflags"
+  echo "pack.sh: note: built with -march=native: the GPU host's CPU needs $(cat "$dst/cpuflags")" \
+       "(run.sh checks; tests/gpu/pack.sh with no argument makes a portable pack)"
+else
+  grep -o -- '-march=[a-z0-9-]*' "$build/CMakeCache.txt" | head -1 >"$dst/march" || echo "default" >"$dst/march"
 fi
-echo "pack.sh: $(du -sh "$dst" | cut -f1) in $dst ($(ls "$dst/bin" | wc -l) binaries, $(ls "$dst/lib" | wc -l) libraries)"
+n_bins=$(ls "$dst/bin" | wc -l) n_libs=$(ls "$dst/lib" | wc -l)
+tar -C "$dst" -czf "$dst/pack.tgz" bin lib
+rm -rf "$dst/bin" "$dst/lib"
+size=$(du -sm "$dst" | cut -f1)
+[ "$size" -le 56 ] ||
+  { echo "pack.sh: the pack is $size MiB: over the 56 MiB that leaves the tree room in the tool's 64 MiB" >&2; exit 1; }
+echo "pack.sh: $size MiB in $dst/pack.tgz ($n_bins binaries, $n_libs libraries; run.sh --prebuilt unpacks it)"

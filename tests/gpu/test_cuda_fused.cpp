@@ -336,6 +336,14 @@ TEST(CudaFused, AttnPrepWithCacheRowsEqualsTheTwoLaunches) {
         ASSERT_OK(cuda::AttnPrep(prep, T));
         ASSERT_OK(cuda::CacheRows(cache, 0, T, dkv.as<float>(), D, dfreq.as<float>(), rd, 1e-6f));
       } else {
+        if (comps == 2) {   // an index compressor wider than the indexer's keys is refused
+          cuda::CompressorRowArgs wide = ic;
+          wide.dim = di + 4;
+          const cuda::CacheRowsArgs bad{dtable.as<cuda::RowCache>(), W, StepsOf(drows), &c, &wide};
+          const Status st = cuda::AttnPrep(prep, T, &bad);
+          EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+          EXPECT_NE(st.message().find("index compressor dim"), std::string::npos) << st.ToString();
+        }
         ASSERT_OK(cuda::AttnPrep(prep, T, &cache));
       }
       const std::pair<cudatest::DeviceBuffer*, int64_t> outs[] = {

@@ -220,7 +220,10 @@ TEST_P(CudaGemmManyPaths, TasksEqualTheirOwnGemm) {
 }
 
 // The grouped wo_a: G row-slice tasks whose slices start inside FP8 128-row scale blocks, one
-// launch, == the whole wo_a's Gemm on each group's x, rows of that group, bit for bit.
+// launch, == the whole wo_a's Gemm on each group's x, rows of that group, bit for bit at these
+// sizes, where both take one slice a row. (At the real wo_a [8192, 4096] a 1024-row group takes 8
+// slices and the whole product 1, so only groups equal groups; wo_a is only ever computed as
+// groups, by one device or by tp members alike.)
 TEST_P(CudaGemmManyPaths, GroupedRowSlicesEqualPerGroupGemm) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(8);
@@ -466,7 +469,8 @@ TEST_P(CudaExpertsPaths, WideRowsOfManySlotsHaveTheirAloneBits) {
   }
 }
 
-// A slot of ExpertsDown has the bits of Gemm with its expert's weight alone.
+// A slot of ExpertsDown has the bits of Gemm with its expert's weight alone, at shapes where that
+// Gemm takes one slice a row as the experts do (not at the real w2: ops.h).
 TEST_P(CudaExpertsPaths, DownSlotEqualsGemmOfItsExpert) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(3);
