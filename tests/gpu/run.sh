@@ -69,6 +69,8 @@ out_of_time() {
 }
 # A file name for a step's label ("decode bench graph" -> decode_bench_graph).
 file() { echo "${1// /_}"; }
+# why RC LOG: a failed step's detail: its time limit when timeout ended it, else the log's last line.
+why() { if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then echo "timed out (budget or step limit)"; else tail -1 "$2"; fi; }
 
 gpu=$(nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)
 echo "run.sh: $mode mode, GPU: ${gpu:-none}, logs in $logs"
@@ -167,10 +169,13 @@ mkmodel_step() {
   if [ -f "$models/$name/config.json" ]; then row "mkmodel $name" "ok" 0 "already in $models"; return 0; fi
   out_of_time "mkmodel $name" && return 1
   rm -rf "${models:?}/$name"
-  if timeout "$(limit 300)" "${E[@]}" "$(bin flashmesh)" mkmodel "$@" "$models/$name" >"$logs/mkmodel-$name.log" 2>&1; then
+  timeout "$(limit 300)" "${E[@]}" "$(bin flashmesh)" mkmodel "$@" "$models/$name" >"$logs/mkmodel-$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then
     row "mkmodel $name" "ok" $((SECONDS - t0)) "$(du -sh "$models/$name" | cut -f1)"
   else
-    row "mkmodel $name" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/mkmodel-$name.log")"
+    row "mkmodel $name" "FAILED" $((SECONDS - t0)) "$(why $rc "$logs/mkmodel-$name.log")"
+    rm -rf "${models:?}/$name"
     return 1
   fi
 }
@@ -183,7 +188,9 @@ bench_step() {
   [ -n "$gpu" ] || { row "$label" "skipped: no GPU" 0 ""; return; }
   [ -f "$models/$model/config.json" ] || { row "$label" "skipped: no checkpoint" 0 ""; return; }
   out_of_time "$label" && return
-  if out=$(timeout "$(limit 300)" "${E[@]}" "$(bin flashmesh)" bench decode --model "$models/$model" --device cuda:0 --json "$@" 2>"$logs/$f.err"); then
+  local rc=0
+  out=$(timeout "$(limit 300)" "${E[@]}" "$(bin flashmesh)" bench decode --model "$models/$model" --device cuda:0 --json "$@" 2>"$logs/$f.err") || rc=$?
+  if [ $rc -eq 0 ]; then
     echo "$out" >"$logs/$f.json"
     row "$label" "ok" $((SECONDS - t0)) "$(python3 -c '
 import json, sys
@@ -193,7 +200,7 @@ print("%.0f tok/s, bw_eff %.3f, layer %.3f ms, head %.3f ms, %d-layer model %.2f
     j["full_model_ms_per_token"], j["full_model_floor_ms"], j["streams"], j["streams_speedup"],
     j["h2d_bytes_per_token"], j["d2h_bytes_per_token"]))' "$out")"
   else
-    row "$label" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/$f.err")"
+    row "$label" "FAILED" $((SECONDS - t0)) "$(why $rc "$logs/$f.err")"
   fi
 }
 
@@ -223,8 +230,10 @@ cluster_step() {
   [ -n "$gpu" ] || { row "$label" "skipped: no GPU" 0 ""; return; }
   [ -f "$models/bench/config.json" ] || { row "$label" "skipped: no checkpoint" 0 ""; return; }
   out_of_time "$label" && return
-  if out=$(timeout "$(limit 240)" "${E[@]}" "$(bin flashmesh)" bench cluster --config "$yaml" --model "$models/bench" \
-             --tokens 32 --json 2>"$logs/$f.err"); then
+  local rc=0
+  out=$(timeout "$(limit 240)" "${E[@]}" "$(bin flashmesh)" bench cluster --config "$yaml" --model "$models/bench" \
+          --tokens 32 --json 2>"$logs/$f.err") || rc=$?
+  if [ $rc -eq 0 ]; then
     echo "$out" >"$logs/$f.json"
     row "$label" "ok" $((SECONDS - t0)) "$(python3 -c '
 import json, sys
@@ -233,7 +242,7 @@ print("%.0f tok/s = %.2f of one cuda worker (%.0f), same tokens %s; h2d %.0f B/t
     c["decode_tok_s"], j["decode_ratio"], j["single"]["decode_tok_s"], j["tokens_match"],
     c["h2d_bytes_per_token"], c["d2h_bytes_per_token"], c["wire_bytes_per_token"]))' "$out")"
   else
-    row "$label" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/$f.err")"
+    row "$label" "FAILED" $((SECONDS - t0)) "$(why $rc "$logs/$f.err")"
   fi
 }
 
