@@ -45,7 +45,7 @@ done
 strip --strip-unneeded "$dst"/bin/*
 
 for b in "$dst"/bin/*; do
-  if ldd "$b" | grep 'not found'; then echo "pack.sh: $(basename "$b") has unresolved libraries" >&2; exit 1; fi
+  if ldd "$b" | grep 'not found' >&2; then echo "pack.sh: $(basename "$b") has unresolved libraries" >&2; exit 1; fi
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
@@ -62,7 +62,9 @@ if grep -q '^FLASHMESH_NATIVE:BOOL=ON' "$build/CMakeCache.txt"; then
   echo "pack.sh: note: built with -march=native: the GPU host's CPU needs $(cat "$dst/cpuflags")" \
        "(run.sh checks; tests/gpu/pack.sh with no argument makes a portable pack)"
 else
-  grep -o -- '-march=[a-z0-9-]*' "$build/CMakeCache.txt" | head -1 >"$dst/march" || echo "default" >"$dst/march"
+  # The flag of CMAKE_CXX_FLAGS itself (the cache also holds option help texts that name flags).
+  grep -oP '^CMAKE_CXX_FLAGS:STRING=.*?\K-march=\S+' "$build/CMakeCache.txt" >"$dst/march" ||
+    echo "the compiler's default" >"$dst/march"
 fi
 n_bins=$(ls "$dst/bin" | wc -l) n_libs=$(ls "$dst/lib" | wc -l)
 tar -C "$dst" -czf "$dst/pack.tgz" bin lib

@@ -23,7 +23,8 @@
 # The whole run keeps within FM_GPU_BUDGET_S seconds (default 540, under the tool's 600 s a
 # command): each step's timeout is cut to what is left, and a step that no longer fits says
 # "skipped: out of time". The steps go most wanted first (the speed figures of the untimed
-# kernel work, then the tests, then the clusters).
+# kernel work and the kernel tests, then the device shard's tests, the real shapes, the
+# clusters, NCCL).
 # Checkpoints are written once to /tmp/fm-gpu-models (bench 2.3 GB, flash 2 layers 13 GB).
 # Exit status 0 only if no step failed.
 set -uo pipefail
@@ -58,14 +59,15 @@ row() {  # step result seconds detail: printed at once, appended to summary.txt,
   rows+=("$(printf '%-26s %-22s %5s  %s' "$1" "$2" "$3" "$4")")
   printf '%s\n' "${rows[-1]}" | tee -a "$logs/summary.txt"
   case $2 in FAILED*) failed=1 ;; esac
-  publish
+  publish || true
 }
 # limit WANTED: a step's timeout, cut to the time left (10 s kept for the table).
-limit() { local left=$((deadline - SECONDS - 10)); echo $(($1 < left ? $1 : left)); }
+limit() { local left=$((deadline - SECONDS - 10)); left=$((left < 1 ? 1 : left)); echo $(($1 < left ? $1 : left)); }
 # out_of_time NAME: true (and the row written) when under 30 s are left.
 out_of_time() {
   [ $((deadline - SECONDS)) -ge 30 ] && return 1
   row "$1" "skipped: out of time" 0 "FM_GPU_BUDGET_S=${FM_GPU_BUDGET_S:-540}"
+  return 0
 }
 # A file name for a step's label ("decode bench graph" -> decode_bench_graph).
 file() { echo "${1// /_}"; }
@@ -77,15 +79,21 @@ echo "run.sh: $mode mode, GPU: ${gpu:-none}, logs in $logs"
 
 # Where each binary is: the build tree, or .devrun/bin with the packed libraries.
 if [ $mode = prebuilt ]; then
-  # pack.sh ships bin/ and lib/ as one archive (the tool carries at most 64 MiB).
-  if [ -f .devrun/pack.tgz ]; then tar -xzf .devrun/pack.tgz -C .devrun || exit 1; fi
-  chmod +x .devrun/bin/* 2>/dev/null
-  [ -x .devrun/bin/flashmesh ] || { echo "run.sh: no .devrun/bin/flashmesh: run tests/gpu/pack.sh on the build machine first" >&2; exit 1; }
+  # pack.sh ships bin/ and lib/ as one archive (the tool carries at most 64 MiB); it is unpacked
+  # outside the repo, so a run here never leaves .devrun too large to carry.
+  pk=.devrun
+  if [ -f .devrun/pack.tgz ]; then
+    pk=$(mktemp -d /tmp/fm-pack.XXXXXX)
+    tar -xzf .devrun/pack.tgz -C "$pk" || exit 1
+  fi
+  chmod +x "$pk"/bin/* 2>/dev/null
+  [ -x "$pk/bin/flashmesh" ] || { echo "run.sh: no .devrun/pack.tgz: run tests/gpu/pack.sh on the build machine first" >&2; exit 1; }
   nccl=$(find /usr /opt -name 'libnccl.so.2*' 2>/dev/null | head -1)
   # Only the packed binaries see the packed libraries (not python3, ncu or nvidia-smi).
-  FM_LD=$PWD/.devrun/lib${nccl:+:$(dirname "$nccl")}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  [ "$pk" = .devrun ] && pk=$PWD/.devrun
+  FM_LD=$pk/lib${nccl:+:$(dirname "$nccl")}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
   echo "run.sh: binaries of $(cat .devrun/commit), built for $(cat .devrun/march 2>/dev/null), NCCL ${nccl:-not found}"
-  bin() { echo ".devrun/bin/$1"; }
+  bin() { echo "$pk/bin/$1"; }
   # A -march=native pack needs the build machine's vector extensions here.
   if [ -f .devrun/cpuflags ]; then
     lacking=$(comm -23 <(tr ' ' '\n' <.devrun/cpuflags | sort -u) <(grep -o 'avx[0-9a-z_]*' /proc/cpuinfo | sort -u) | tr '\n' ' ')
@@ -94,13 +102,13 @@ if [ $mode = prebuilt ]; then
       exit 1
     fi
   fi
-  # Every library resolves, from .devrun/lib or from the set pack.sh leaves to the GPU machine.
+  # Every library resolves, from the packed lib/ or from the set pack.sh leaves to the GPU machine.
   t0=$SECONDS missing=""
-  for b in .devrun/bin/*; do
+  for b in "$pk"/bin/*; do
     while read -r name arrow path _; do
       [ "$arrow" = "=>" ] || continue
       case $path in
-        "$PWD/.devrun/lib/"*) continue ;;
+        "$pk/lib/"*) continue ;;
         not) missing+=" $(basename "$b"):$name(not found)"; continue ;;
       esac
       case $name in
@@ -111,8 +119,8 @@ if [ $mode = prebuilt ]; then
     done < <(LD_LIBRARY_PATH=$FM_LD ldd "$b")
   done
   if [ -n "$missing" ]; then row "packed libraries" "FAILED" $((SECONDS - t0)) "not packed:$missing"
-  elif ! LD_LIBRARY_PATH=$FM_LD .devrun/bin/flashmesh --help >"$logs/flashmesh-help.log" 2>&1; then row "packed libraries" "FAILED" $((SECONDS - t0)) "flashmesh --help: $(tail -1 "$logs/flashmesh-help.log")"
-  else row "packed libraries" "ok" $((SECONDS - t0)) "$(ls .devrun/bin | wc -l) binaries resolve all libraries"
+  elif ! LD_LIBRARY_PATH=$FM_LD "$pk/bin/flashmesh" --help >"$logs/flashmesh-help.log" 2>&1; then row "packed libraries" "FAILED" $((SECONDS - t0)) "flashmesh --help: $(tail -1 "$logs/flashmesh-help.log")"
+  else row "packed libraries" "ok" $((SECONDS - t0)) "$(ls "$pk/bin" | wc -l) binaries resolve all libraries"
   fi
 else
   FM_LD=${LD_LIBRARY_PATH:-}
@@ -141,6 +149,7 @@ missing() {
   exe=$(bin "$1")
   [ -n "$exe" ] && [ -x "$exe" ] && return 1
   if [ $mode = prebuilt ]; then row "$1" "FAILED" 0 "not in the pack"; else row "$1" "skipped: not built" 0 ""; fi
+  return 0
 }
 # A GPU that nvidia-smi sees but CUDA cannot use makes every test skip "no CUDA device": a failure.
 no_cuda() { [ -n "$gpu" ] && grep -q 'no CUDA device' "$1"; }
@@ -151,7 +160,7 @@ gtest_step() {
   missing "$name" && return
   [ -n "$gpu" ] || { row "$name" "skipped: no GPU" 0 ""; return; }
   out_of_time "$name" && return
-  timeout "$(limit "$2")" "${E[@]}" "$(bin "$name")" --gtest_filter="$filter" >"$log" 2>&1
+  timeout -k 10 "$(limit "$2")" "${E[@]}" "$(bin "$name")" --gtest_filter="$filter" >"$log" 2>&1
   rc=$?
   local counts failures
   counts="$(grep -c '^\[       OK \] .* ms)$' "$log") passed, $(grep -c '^\[  SKIPPED \] .* ms)$' "$log") skipped, $(grep -c '^\[  FAILED  \] .* ms)$' "$log") failed"
@@ -169,7 +178,7 @@ mkmodel_step() {
   if [ -f "$models/$name/config.json" ]; then row "mkmodel $name" "ok" 0 "already in $models"; return 0; fi
   out_of_time "mkmodel $name" && return 1
   rm -rf "${models:?}/$name"
-  timeout "$(limit 300)" "${E[@]}" "$(bin flashmesh)" mkmodel "$@" "$models/$name" >"$logs/mkmodel-$name.log" 2>&1
+  timeout -k 10 "$(limit 300)" "${E[@]}" "$(bin flashmesh)" mkmodel "$@" "$models/$name" >"$logs/mkmodel-$name.log" 2>&1
   local rc=$?
   if [ $rc -eq 0 ]; then
     row "mkmodel $name" "ok" $((SECONDS - t0)) "$(du -sh "$models/$name" | cut -f1)"
@@ -189,7 +198,7 @@ bench_step() {
   [ -f "$models/$model/config.json" ] || { row "$label" "skipped: no checkpoint" 0 ""; return; }
   out_of_time "$label" && return
   local rc=0
-  out=$(timeout "$(limit 300)" "${E[@]}" "$(bin flashmesh)" bench decode --model "$models/$model" --device cuda:0 --json "$@" 2>"$logs/$f.err") || rc=$?
+  out=$(timeout -k 10 "$(limit 300)" "${E[@]}" "$(bin flashmesh)" bench decode --model "$models/$model" --device cuda:0 --json "$@" 2>"$logs/$f.err") || rc=$?
   if [ $rc -eq 0 ]; then
     echo "$out" >"$logs/$f.json"
     row "$label" "ok" $((SECONDS - t0)) "$(python3 -c '
@@ -204,18 +213,19 @@ print("%.0f tok/s, bw_eff %.3f, layer %.3f ms, head %.3f ms, %d-layer model %.2f
   fi
 }
 
-# cuda_yaml NAME PARALLEL WORKERS: a loopback cluster of WORKERS cuda:0 workers (TCP between
-# them) serving the bench checkpoint, parallel as given; prints the file's path.
+# cuda_yaml NAME PARALLEL WORKERS INDEX: a loopback cluster of WORKERS cuda:0 workers (TCP
+# between them) serving the bench checkpoint, parallel as given, on ports of its own (INDEX: a
+# daemon of the step before that still shuts down holds none of them); prints the file's path.
 cuda_yaml() {
-  local f="$logs/$1.yaml" i
+  local f="$logs/$1.yaml" i p=$((7070 + 300 * $4))
   {
     echo "model: $models/bench"
-    echo "coordinator: { listen: 127.0.0.1:7070 }"
+    echo "coordinator: { listen: 127.0.0.1:$p }"
     echo "parallel: { $2 }"
     echo "transport: tcp"
     echo "nodes:"
     for ((i = 0; i < $3; i++)); do
-      echo "  - { name: w$i, control: 127.0.0.1:$((7101 + i)), data: 127.0.0.1:$((7201 + i)), device: cuda:0, memory_gib: 30 }"
+      echo "  - { name: w$i, control: 127.0.0.1:$((p + 31 + i)), data: 127.0.0.1:$((p + 131 + i)), device: cuda:0, memory_gib: 30 }"
     done
     echo "limits: { max_batch: 8, max_context: 2048, max_queue: 64, max_tokens: 512 }"
   } >"$f"
@@ -231,7 +241,7 @@ cluster_step() {
   [ -f "$models/bench/config.json" ] || { row "$label" "skipped: no checkpoint" 0 ""; return; }
   out_of_time "$label" && return
   local rc=0
-  out=$(timeout "$(limit 240)" "${E[@]}" "$(bin flashmesh)" bench cluster --config "$yaml" --model "$models/bench" \
+  out=$(timeout -k 10 "$(limit 240)" "${E[@]}" "$(bin flashmesh)" bench cluster --config "$yaml" --model "$models/bench" \
           --tokens 32 --json 2>"$logs/$f.err") || rc=$?
   if [ $rc -eq 0 ]; then
     echo "$out" >"$logs/$f.json"
@@ -258,7 +268,7 @@ profile() {
   [ -n "$ncu" ] || { row "ncu profile $model" "FAILED" 0 "no ncu on this machine"; return; }
   [ -f "$models/$model/config.json" ] || { row "ncu profile $model" "skipped: no checkpoint" 0 ""; return; }
   out_of_time "ncu profile $model" && return
-  timeout "$(limit 400)" "$ncu" --clock-control none --print-units base --metrics gpu__time_duration.sum --csv \
+  timeout -k 10 "$(limit 400)" "$ncu" --clock-control none --print-units base --metrics gpu__time_duration.sum --csv \
     --launch-skip "$skip" --launch-count "$count" "${E[@]}" "$(bin flashmesh)" bench decode --model "$models/$model" \
     --device cuda:0 --context 8 --tokens 16 --eager >"$logs/ncu-$model.csv" 2>"$logs/ncu-$model.err" ||
     { row "ncu profile $model" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/ncu-$model.err")"; return; }
@@ -316,7 +326,7 @@ profile_gemv() {
       *) grep -qx "${m%%.*}" <<<"$avail" && metrics+="$m," ;; esac
   done
   out_of_time "ncu bench_cuda_gemv" && return
-  timeout "$(limit 400)" "$ncu" --clock-control none --print-units base --metrics "${metrics%,}" --csv --log-file "$logs/ncu-gemv.csv" \
+  timeout -k 10 "$(limit 400)" "$ncu" --clock-control none --print-units base --metrics "${metrics%,}" --csv --log-file "$logs/ncu-gemv.csv" \
     "${E[@]}" "$(bin bench_cuda_gemv)" --once >"$logs/gemv-once.txt" 2>"$logs/ncu-gemv.err" ||
     { row "ncu bench_cuda_gemv" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/ncu-gemv.err")"; return; }
   python3 - "$logs/ncu-gemv.csv" "$logs/gemv-once.txt" >"$logs/profile-gemv.txt" <<'PY'
@@ -369,15 +379,12 @@ else
     if [ -z "$gpu" ]; then row bench_cuda_gemv "skipped: no GPU" 0 ""
     elif ! out_of_time bench_cuda_gemv; then
       t0=$SECONDS
-      timeout "$(limit 180)" "${E[@]}" "$(bin bench_cuda_gemv)" >"$logs/bench_cuda_gemv.log" 2>&1
+      timeout -k 10 "$(limit 180)" "${E[@]}" "$(bin bench_cuda_gemv)" >"$logs/bench_cuda_gemv.log" 2>&1
       rc=$?
       if no_cuda "$logs/bench_cuda_gemv.log"; then row bench_cuda_gemv "FAILED" $((SECONDS - t0)) "CUDA sees no device"
       elif [ $rc -eq 0 ]; then row bench_cuda_gemv "ok" $((SECONDS - t0)) "$(grep -c . "$logs/bench_cuda_gemv.log") lines (bench_cuda_gemv.log)"
+      elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then row bench_cuda_gemv "FAILED (rc $rc)" $((SECONDS - t0)) "$(why $rc /dev/null)"
       else row bench_cuda_gemv "FAILED (rc $rc)" $((SECONDS - t0)) "$(grep -m3 FAILED "$logs/bench_cuda_gemv.log" | tr '\n' ' ')"; fi
-      # The lines docs/performance.md asks for, in the reply itself (the tool keeps its tail).
-      echo "== bench_cuda_gemv digest"
-      grep -E 'T=1 |T=8 |ovl|IndexerTopK|HcPostPre|SinkAttention|Experts|GemmMany|FAILED|probe' \
-        "$logs/bench_cuda_gemv.log" | head -c 6000
     fi
   fi
   mkmodel_step bench --preset bench
@@ -392,9 +399,9 @@ else
   bench_step "decode flash2 graph tc ovl" flash2 --context 256 --tokens 32 --streams 8 \
     --weight-core tc --launch-overlap
   bench_step "decode bench eager" bench --context 64 --tokens 64 --eager
-  cluster_step "cluster pp2 cuda" "$(cuda_yaml pp2 'pipeline_stages: 2, expert_parallel: 1' 2)"
-  cluster_step "cluster ep2 cuda" "$(cuda_yaml ep2 'pipeline_stages: 1, expert_parallel: 2' 2)"
-  cluster_step "cluster tp2 cuda" "$(cuda_yaml tp2 'pipeline_stages: 1, tensor_parallel: 2' 2)"
+  cluster_step "cluster pp2 cuda" "$(cuda_yaml pp2 'pipeline_stages: 2, expert_parallel: 1' 2 0)"
+  cluster_step "cluster ep2 cuda" "$(cuda_yaml ep2 'pipeline_stages: 1, expert_parallel: 2' 2 1)"
+  cluster_step "cluster tp2 cuda" "$(cuda_yaml tp2 'pipeline_stages: 1, tensor_parallel: 2' 2 2)"
   gtest_step test_nccl_smoke 60
   gtest_step test_nccl_communicator 90
   gtest_step test_integration 240 'DeviceShard.*:ExpertParallel.Nccl*'
@@ -406,5 +413,13 @@ fi
   printf '%-26s %-22s %5s  %s\n' step result s detail
   printf '%s\n' "${rows[@]}"
 } | tee "$logs/summary.txt"
-publish
+# The bench_cuda_gemv lines docs/performance.md asks for, last, so that they are in the reply's
+# tail (the full log comes back in $OUT): T=1 and T=8 of each shape and core, ovl, the fused
+# kernels; runs of spaces squeezed.
+if [ -s "$logs/bench_cuda_gemv.log" ]; then
+  echo "==== bench_cuda_gemv digest"
+  grep -E '^device read probe| T=1 | T=8 |^ovl|GemmMany|Experts|HcPostPre|IndexerTopK|SinkAttention|^FAILED' \
+    "$logs/bench_cuda_gemv.log" | sed -E 's/ {2,}/ /g' | head -n 90
+fi
+publish || true
 exit $failed
