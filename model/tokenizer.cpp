@@ -380,8 +380,8 @@ Status Tokenizer::Impl::ParsePreTokenizer(const json& p) {
     list.emplace_back(&p, "/pre_tokenizer");
   }
   for (const auto& [step, path] : list) {
-    if (!step->is_object()) return InvalidArgument(JsonPath(origin, path) + ": expected an object");
     const std::string where = JsonPath(origin, path);
+    if (!step->is_object()) return InvalidArgument(where + ": expected an object");
     FM_ASSIGN_OR_RETURN(const std::string type, OptString(*step, "type", "", where));
     if (type == "Split") {
       static const json kNone;
@@ -389,16 +389,16 @@ Status Tokenizer::Impl::ParsePreTokenizer(const json& p) {
       bool literal = pat.is_object() && pat.contains("String") && pat["String"].is_string();
       bool regex = pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string();
       if (!literal && !regex)
-        return InvalidArgument(JsonPath(origin, path + "/pattern") +
+        return InvalidArgument(where + "/pattern" +
                                ": expected {\"Regex\": ...} or {\"String\": ...}");
       FM_ASSIGN_OR_RETURN(const std::string behavior, OptString(*step, "behavior", "", where));
       if (behavior != "Isolated")
-        return InvalidArgument(JsonPath(origin, path + "/behavior") + ": only \"Isolated\" is supported");
+        return InvalidArgument(where + "/behavior" + ": only \"Isolated\" is supported");
       FM_ASSIGN_OR_RETURN(const bool invert, OptBool(*step, "invert", false, where));
       if (invert)
-        return InvalidArgument(JsonPath(origin, path + "/invert") + ": only false is supported");
+        return InvalidArgument(where + "/invert" + ": only false is supported");
       std::string text = literal ? pat["String"].get<std::string>() : pat["Regex"].get<std::string>();
-      FM_ASSIGN_OR_RETURN(RegexPtr re, CompileRegex(text, literal, JsonPath(origin, path + "/pattern")));
+      FM_ASSIGN_OR_RETURN(RegexPtr re, CompileRegex(text, literal, where + "/pattern"));
       steps.push_back({std::move(re), false});
     } else if (type == "ByteLevel") {
       // Byte mapping itself is implicit: BPE runs on the raw bytes of each piece.
@@ -411,7 +411,7 @@ Status Tokenizer::Impl::ParsePreTokenizer(const json& p) {
         steps.push_back({nullptr, true});
       }
     } else {
-      return InvalidArgument(JsonPath(origin, path + "/type") + ": unsupported pre-tokenizer \"" +
+      return InvalidArgument(where + "/type" + ": unsupported pre-tokenizer \"" +
                              type + "\" (Split and ByteLevel are)");
     }
   }

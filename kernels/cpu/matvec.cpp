@@ -14,8 +14,9 @@
 //  F32  as is;  BF16  u16 << 16;
 //  FP8  e4m3 byte -> e4m3 * 2^-k exactly by placing its bits in an f32 (k = 120; e4m3
 //       subnormals become f32 subnormals); one multiply by S * 2^k (S = the block's scale) gives
-//       e4m3 * S with a single rounding, as the reference. The NaN codes 0x7F/0xFF decode as
-//       +-480 * S instead of NaN: the checkpoint loader refuses them (CheckE4m3Codes). Fast variant: where x * S * 2^k and e4m3 * S both stay
+//       e4m3 * S with a single rounding, as the reference. The NaN codes 0x7F/0xFF would decode
+//       as +-480 * S instead of NaN: the checkpoint loader refuses them (CheckE4m3Codes).
+//       Fast variant: where x * S * 2^k and e4m3 * S both stay
 //       normal for this call's x (XBounds), the tile multiplies x by S * 2^k once for its rows
 //       (they share the 128-row block's scale) and takes e4m3 * 2^-k as the weight: both
 //       products are then exact powers-of-two scalings, so each fma gives the same bits.
