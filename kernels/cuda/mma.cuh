@@ -1,8 +1,7 @@
 // The tensor-core pieces of gemv_tc.cuh: one warp-wide mma.sync m16n8k16 (f16 operands, f32
 // sums) and the f16 packing it needs. On the device they are single instructions; without nvcc
-// (tests/gpu/emulate.sh) the same functions run in plain C++, the mma through the emulation's
-// block-wide exchange (every thread of the block must call it the same number of times, as the
-// emulation's shuffles).
+// (tests/gpu/emulate.sh) the same functions run in plain C++, the mma as an exchange through
+// shared slots between two __syncwarp (every lane of the warp must call it, as on a GPU).
 #pragma once
 #include <cuda_runtime.h>
 #ifdef __CUDACC__
@@ -101,7 +100,7 @@ __device__ __forceinline__ void MmaF16(const uint32_t (&a)[4], const uint32_t (&
   const unsigned me = threadIdx.x, warp0 = me & ~31u, g = (me & 31u) >> 2, t = me & 3u;
   for (int i = 0; i < 4; ++i) frag[me][i] = a[i];
   frag[me][4] = b[0], frag[me][5] = b[1];
-  __syncthreads();
+  __syncwarp();
   auto half_at = [&](unsigned lane, int reg, unsigned k) {
     const uint32_t v = frag[warp0 + lane][reg];
     return F16ToF32((k & 1u) ? v >> 16 : v & 0xFFFFu);
@@ -117,7 +116,7 @@ __device__ __forceinline__ void MmaF16(const uint32_t (&a)[4], const uint32_t (&
     for (unsigned k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
     d[i] = s;
   }
-  __syncthreads();
+  __syncwarp();
   for (int i = 0; i < 4; ++i) c[i] = d[i];
 #endif
 }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs the CUDA tests against the real kernels/cuda/*.cu on the CPU, through the emulation in
-# tests/gpu/emu/ (block.x threads per launch, blocks in turn), for machines without a GPU:
-# test_cuda_kernels (each kernel vs its CPU twin) and test_cuda_shard (the device ShardModel vs
-# the CPU one), and test_nccl_emu (net/nccl_communicator.cpp over emu/nccl.h, its ranks as
-# threads). Checks kernel indexing, quant layouts, reductions and the step's orchestration;
-# not a substitute for tests/gpu/run.sh.
+# tests/gpu/emu/ (block.x threads per launch, blocks in turn, in orders that vary so that a
+# missing barrier shows), for machines without a GPU: test_cuda_kernels (each kernel vs its CPU
+# twin, and test_emu_schedule: the emulation's own schedule) and test_cuda_shard (the device
+# ShardModel vs the CPU one), and test_nccl_emu (net/nccl_communicator.cpp over emu/nccl.h, its
+# ranks as threads). Checks kernel indexing, quant layouts, reductions, barriers and the step's
+# orchestration; not a substitute for tests/gpu/run.sh.
 # Each source compiles on its own, JOBS at a time (through ccache when installed), into
 # $EMU_BUILD (default build-emu/), so a rerun after an edit recompiles only what changed.
 # Usage: tests/gpu/emulate.sh [gtest args, e.g. --gtest_filter=CudaRope.*]
@@ -39,7 +40,7 @@ kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_ep.cpp}")
 # needing two devices skip).
 nccl_srcs=(tests/gpu/test_nccl_emu.cpp tests/gpu/test_nccl_communicator.cpp net/nccl_communicator.cpp
            net/frame.cpp net/crc32c.cpp tests/gpu/emu/device_emu.cpp "${common[@]}")
-kernel_srcs=("${kernel_test[@]}" model/sampler.cpp model/embed.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
+kernel_srcs=("${kernel_test[@]}" tests/gpu/test_emu_schedule.cpp model/sampler.cpp model/embed.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
              kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
              kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp

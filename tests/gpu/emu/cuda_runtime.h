@@ -1,15 +1,23 @@
 // CPU stand-in for the part of CUDA that kernels/cuda/*.cu use, so tests/gpu/emulate.sh can run
 // the real kernel code on a machine without a GPU. The threads of a block are fibers on the
-// calling thread: each runs until its next __syncthreads or its return, then the next one
-// runs, so every live thread reaches a barrier before any passes it; blocks run one after
-// another. Warp shuffles go through shared slots and two barriers. The fibers are
-// Boost.Context's: a switch is a few instructions, where ucontext's swapcontext made a
-// sigprocmask system call per switch (most of the emulation's time on this project's VMs).
+// calling thread. Blocks run one after another, a block's warps one after another, each to its
+// next __syncthreads (or its end), and a warp's lanes one after another, each to its next warp
+// operation (a shuffle, vote or mma: warp-scoped, as on a GPU) or block barrier. The order of
+// blocks, of warps and of lanes changes from launch to launch and from barrier to barrier
+// (forward or reverse), so a read that a barrier does not order after its write (shared memory
+// written by another warp with only a warp operation between, by another lane with nothing
+// between, or a "last block" that assumes its index) gives a wrong result in some launches
+// instead of the right one by luck of the order. A warp operation reached while another lane of
+// the warp waits at __syncthreads or has exited stops the test: that is undefined on a GPU.
+// Device memory starts as 0xFF bytes (NaN, -1), not zeros, as cudaMalloc promises nothing.
+// The fibers are Boost.Context's: a switch is a few instructions, where ucontext's swapcontext
+// made a sigprocmask system call per switch (most of the emulation's time on this project's VMs).
 // Streams are one queue: a launch runs at once, except while a graph is being captured
 // (device_emu.cpp Graph::Capture), when it is recorded with its arguments by value and runs on
 // each replay, as a CUDA graph bakes them.
 // It checks indexing, layouts, reductions, barrier structure and the alignment of __ldg/__ldcg
-// loads; not timing, the memory model, FMA contraction or the alignment of plain loads.
+// loads; not timing, the memory model between blocks, FMA contraction or the alignment of plain
+// loads.
 #pragma once
 #include <boost/context/fiber.hpp>
 
@@ -49,20 +57,25 @@ inline float emu_shuffle_slots[1024];
 #define __shared__ static  // blocks run one at a time, so one static copy is the block's
 
 // The fibers of the running block: each thread's own (suspended) fiber and, while it runs,
-// the scheduler's, which it resumes to yield.
+// the scheduler's, which it resumes to yield; and what each thread waits for.
 struct EmuFiber {
   boost::context::fiber self, scheduler;
   std::vector<char> stack;
 };
+enum class EmuWait : unsigned char { kRunnable, kWarp, kBlock, kExited };
 inline std::vector<EmuFiber> emu_fibers;
+inline std::vector<EmuWait> emu_wait;
 inline unsigned emu_current = 0;
 inline std::function<void()> emu_body;
 
-inline void __syncthreads() {
+inline void EmuYield(EmuWait why) {
   EmuFiber& f = emu_fibers[emu_current];
+  emu_wait[emu_current] = why;
   f.scheduler = std::move(f.scheduler).resume();
 }
-
+inline void __syncthreads() { EmuYield(EmuWait::kBlock); }
+// The barrier of a warp operation: the caller's warp only (the kernels pass the full mask).
+inline void __syncwarp(unsigned = 0xFFFFFFFFu) { EmuYield(EmuWait::kWarp); }
 // Hands Boost.Context a thread's own stack, kept for the next block (no allocation a launch).
 struct EmuStack {
   std::vector<char>* stack;
@@ -75,48 +88,48 @@ struct EmuStack {
   void deallocate(boost::context::stack_context&) noexcept {}
 };
 
-// Every live thread of the block takes part (kernels shuffle only where whole warps are live).
+// Every lane of the caller's warp takes part (the kernels pass the full mask).
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   const unsigned t = threadIdx.x;
   emu_shuffle_slots[t] = v;
-  __syncthreads();
+  __syncwarp();
   const float other = emu_shuffle_slots[t ^ lane_mask];
-  __syncthreads();
+  __syncwarp();
   return other;
 }
 
-// Lane src of the caller's warp; every live thread of the block takes part, as above.
+// Lane src of the caller's warp, as above.
 inline float __shfl_sync(unsigned, float v, int src) {
   const unsigned t = threadIdx.x;
   emu_shuffle_slots[t] = v;
-  __syncthreads();
+  __syncwarp();
   const float other = emu_shuffle_slots[(t & ~31u) | static_cast<unsigned>(src & 31)];
-  __syncthreads();
+  __syncwarp();
   return other;
 }
 
-// Bit l of the result: lane l's predicate, for the caller's warp; block-wide, as above.
+// Bit l of the result: lane l's predicate, for the caller's warp, as above.
 inline unsigned __ballot_sync(unsigned, int pred) {
   static int votes[1024];
   const unsigned t = threadIdx.x;
   votes[t] = pred != 0;
-  __syncthreads();
+  __syncwarp();
   unsigned bits = 0;
   for (unsigned l = 0; l < 32; ++l) bits |= (votes[(t & ~31u) | l] ? 1u : 0u) << l;
-  __syncthreads();
+  __syncwarp();
   return bits;
 }
 
-// Bit l of the result: whether lane l's value equals the caller's, for the caller's warp;
-// block-wide, as above.
+// Bit l of the result: whether lane l's value equals the caller's, for the caller's warp, as
+// above.
 inline unsigned __match_any_sync(unsigned, unsigned v) {
   static unsigned vals[1024];
   const unsigned t = threadIdx.x;
   vals[t] = v;
-  __syncthreads();
+  __syncwarp();
   unsigned bits = 0;
   for (unsigned l = 0; l < 32; ++l) bits |= (vals[(t & ~31u) | l] == v ? 1u : 0u) << l;
-  __syncthreads();
+  __syncwarp();
   return bits;
 }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
@@ -139,7 +152,7 @@ T __ldcg(const T* p) { return *EmuAlignedLoad(p); }
 
 // Blocks run one after another, each to its end: every write of an earlier block is done and
 // visible, so the fence has nothing to order, and an atomic is a plain read-modify-write (a
-// "last block" check sees the true last block, gridDim - 1).
+// "last block" check sees the block that ran last, which is not always gridDim - 1).
 inline void __threadfence() {}
 inline int atomicAdd(int* p, int v) {
   const int old = *p;
@@ -164,13 +177,54 @@ inline thread_local std::vector<std::function<void()>>* emu_capture = nullptr;
 // threadIdx) is global, and tensor-parallel tests run a shard on each of several threads.
 inline std::mutex emu_run_mu;
 
+// Runs the live lanes [first, end) of a warp until each waits at __syncthreads or has exited,
+// releasing them each time all wait at a warp operation. Lanes go in forward or reverse order.
+inline void EmuRunWarp(unsigned first, unsigned end, bool reverse_lanes) {
+  for (;;) {
+    for (unsigned i = 0; i < end - first; ++i) {
+      const unsigned t = reverse_lanes ? end - 1 - i : first + i;
+      if (emu_wait[t] != EmuWait::kRunnable) continue;
+      emu_current = t;
+      threadIdx = dim3(t);
+      emu_fibers[t].self = std::move(emu_fibers[t].self).resume();
+      if (!emu_fibers[t].self) emu_wait[t] = EmuWait::kExited;
+    }
+    unsigned at_warp_op = 0;
+    for (unsigned t = first; t < end; ++t) at_warp_op += emu_wait[t] == EmuWait::kWarp;
+    if (at_warp_op == 0) return;
+    if (at_warp_op != end - first) {
+      std::fprintf(stderr, "emu: block (%u, %u): a warp operation in warp %u while %u of its lanes "
+                   "wait at __syncthreads or have exited (undefined on a GPU)\n",
+                   blockIdx.x, blockIdx.y, first / 32, end - first - at_warp_op);
+      std::abort();
+    }
+    for (unsigned t = first; t < end; ++t) emu_wait[t] = EmuWait::kRunnable;
+  }
+}
+
+// The order of one launch's blocks, warps and lanes: forward or reverse, varied per launch and
+// per barrier by a fixed hash, so a run is repeatable.
+inline uint64_t emu_launches_run = 0;
+inline bool EmuReverse(uint64_t launch, uint64_t block, uint64_t round, unsigned bit) {
+  uint64_t h = (launch * 0x9E3779B97F4A7C15ull) ^ (block * 0xC2B2AE3D27D4EB4Full) ^ (round * 0x165667B19E3779F9ull);
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return (h >> bit) & 1u;
+}
+
 template <class... P, class... A>
 void EmuRun(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
   constexpr size_t kStack = 256 << 10;
   std::lock_guard<std::mutex> one_kernel_at_a_time(emu_run_mu);
   if (emu_fibers.size() < block.x) emu_fibers.resize(block.x);
+  emu_wait.assign(block.x, EmuWait::kRunnable);
   emu_body = [&] { kernel(args...); };
-  for (unsigned b = 0; b < grid.x * grid.y; ++b) {
+  const uint64_t launch = emu_launches_run++;
+  const unsigned blocks = grid.x * grid.y;
+  const bool reverse_blocks = EmuReverse(launch, 0, 0, 7);
+  for (unsigned i = 0; i < blocks; ++i) {
+    const unsigned b = reverse_blocks ? blocks - 1 - i : i;
     blockIdx = dim3(b % grid.x, b / grid.x);
     gridDim = grid;
     for (unsigned t = 0; t < block.x; ++t) {
@@ -182,18 +236,22 @@ void EmuRun(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
                                        emu_body();
                                        return std::move(f.scheduler);
                                      });
+      emu_wait[t] = EmuWait::kRunnable;
     }
-    // One round resumes every live fiber once: all of them reach the same barrier (or return;
-    // a returned fiber's resume gives back an empty one).
-    for (bool live = true; live;) {
-      live = false;
-      for (unsigned t = 0; t < block.x; ++t) {
-        if (!emu_fibers[t].self) continue;
-        emu_current = t;
-        threadIdx = dim3(t);
-        emu_fibers[t].self = std::move(emu_fibers[t].self).resume();
-        live = live || static_cast<bool>(emu_fibers[t].self);
+    // One round runs every warp to the next __syncthreads (or its end), then releases it.
+    const unsigned warps = (block.x + 31) / 32;
+    for (uint64_t round = 0;; ++round) {
+      const bool reverse_warps = EmuReverse(launch, b + 1, round, 3);
+      const bool reverse_lanes = EmuReverse(launch, b + 1, round, 5);
+      for (unsigned i = 0; i < warps; ++i) {
+        const unsigned w = reverse_warps ? warps - 1 - i : i;
+        EmuRunWarp(32 * w, min(32 * w + 32, block.x), reverse_lanes);
       }
+      bool live = false;
+      for (unsigned t = 0; t < block.x; ++t) {
+        if (emu_wait[t] == EmuWait::kBlock) emu_wait[t] = EmuWait::kRunnable, live = true;
+      }
+      if (!live) break;
     }
   }
 }
@@ -294,7 +352,9 @@ inline cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);   // cudaMalloc's alignment
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0xFF, bytes);   // not zeros: cudaMalloc's memory holds whatever was there
+  return cudaSuccess;
 }
 inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
   std::free(p);

@@ -29,6 +29,7 @@ Result<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {
   if (bytes == 0) return Result<DeviceBuffer>(std::move(b));
   b.ptr_ = std::aligned_alloc(256, (bytes + 255) / 256 * 256);  // cudaMalloc's alignment
   if (!b.ptr_) return ResourceExhausted("emulated cudaMalloc of " + std::to_string(bytes));
+  std::memset(b.ptr_, 0xFF, bytes);  // not zeros: cudaMalloc's memory holds whatever was there
   b.size_ = bytes;
   return Result<DeviceBuffer>(std::move(b));
 }
