@@ -278,13 +278,19 @@ struct Tokenizer::Impl {
   bool ignore_merges = false;
   std::vector<SplitStep> steps;
   std::vector<AddedToken> added;                    // sorted longest first
-  std::array<std::vector<int32_t>, 256> added_by_byte;  // indices into added, by first byte
+  // The added tokens as a byte trie: node 0 is the root; edge (node << 8 | byte) -> child;
+  // added_at[node]: the index into added of the token ending there, -1 none. Finding the
+  // longest token at a position walks at most the longest token's bytes, whatever their count.
+  std::unordered_map<uint64_t, int32_t> added_edges;
+  std::vector<int32_t> added_at{-1};
   int32_t bos = -1, eos = -1;
   std::string bos_text, eos_text;
 
   Status ParseModel(const json& m);
   Status ParsePreTokenizer(const json& p);
   Status ParseAdded(const json& a);
+  // The longest added token that text holds at byte i, or null.
+  const AddedToken* LongestAddedAt(const std::string& text, size_t i) const;
   Status Bpe(const std::string& piece, std::vector<int32_t>* ids) const;
   Result<std::vector<std::string>> PreTokenize(const std::string& text) const;
   Status EncodePlain(const std::string& text, std::vector<int32_t>* ids) const;
@@ -445,9 +451,27 @@ Status Tokenizer::Impl::ParseAdded(const json& a) {
   std::stable_sort(added.begin(), added.end(), [](const AddedToken& x, const AddedToken& y) {
     return x.content.size() > y.content.size();
   });
-  for (size_t k = 0; k < added.size(); ++k)
-    added_by_byte[static_cast<unsigned char>(added[k].content[0])].push_back(static_cast<int32_t>(k));
+  for (size_t k = 0; k < added.size(); ++k) {
+    int32_t node = 0;
+    for (unsigned char c : added[k].content) {
+      auto [it, is_new] = added_edges.try_emplace(uint64_t(node) << 8 | c, static_cast<int32_t>(added_at.size()));
+      if (is_new) added_at.push_back(-1);
+      node = it->second;
+    }
+    if (added_at[node] < 0) added_at[node] = static_cast<int32_t>(k);  // a duplicate: the first
+  }
   return Status::Ok();
+}
+
+const AddedToken* Tokenizer::Impl::LongestAddedAt(const std::string& text, size_t i) const {
+  const AddedToken* hit = nullptr;
+  for (int32_t node = 0; i < text.size(); ++i) {
+    auto it = added_edges.find(uint64_t(node) << 8 | static_cast<unsigned char>(text[i]));
+    if (it == added_edges.end()) break;
+    node = it->second;
+    if (added_at[node] >= 0) hit = &added[added_at[node]];
+  }
+  return hit;
 }
 
 Result<std::vector<std::string>> Tokenizer::Impl::PreTokenize(const std::string& text) const {
@@ -590,15 +614,7 @@ Result<std::vector<int32_t>> Tokenizer::Encode(const std::string& text) const {
   std::vector<int32_t> ids;
   size_t start = 0;  // beginning of the current stretch of plain text
   for (size_t i = 0; i < text.size();) {
-    const AddedToken* hit = nullptr;
-    // Longest first: the first hit is the longest added token starting here.
-    for (int32_t k : impl_->added_by_byte[static_cast<unsigned char>(text[i])]) {
-      const AddedToken& a = impl_->added[k];
-      if (text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;
-        break;
-      }
-    }
+    const AddedToken* hit = impl_->LongestAddedAt(text, i);
     if (!hit) {
       ++i;
       continue;

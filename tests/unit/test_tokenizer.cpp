@@ -89,6 +89,25 @@ TEST(Tokenizer, MiniAddedTokensMatchedFirstLongest) {
   EXPECT_EQ(t.vocab_size(), 11);
 }
 
+// Added tokens that share a prefix: at each position the longest one the text holds, even where a
+// longer one starts the same way and then differs.
+TEST(Tokenizer, AddedTokensSharingAPrefixMatchTheLongestPresent) {
+  std::string json = MiniJson(R"(["a b"])");
+  const std::string added = R"([{"id": 9, "content": "<|x|>", "special": true},
+                     {"id": 10, "content": "<|xy|>", "special": false}])";
+  const size_t at = json.find(added);
+  ASSERT_NE(at, std::string::npos);
+  json.replace(at, added.size(), R"([{"id": 20, "content": "aaab"}, {"id": 21, "content": "aa"},
+                                    {"id": 22, "content": "aa"}])");
+  auto t = Tokenizer::FromJson(json, "prefix.json");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(Ids(*t, "aaab"), (std::vector<int32_t>{20}));
+  EXPECT_EQ(Ids(*t, "aaaab"), (std::vector<int32_t>{21, 21, 1}));
+  EXPECT_EQ(Ids(*t, "baaabaa"), (std::vector<int32_t>{1, 20, 21}));
+  EXPECT_EQ(Ids(*t, "aaa"), (std::vector<int32_t>{21, 0}));
+  EXPECT_EQ(t->TokenToId("aa"), 21);  // the duplicate's first id, as the encoder picks
+}
+
 TEST(Tokenizer, MiniErrors) {
   Tokenizer t = Mini(R"(["a b"])");
   auto missing = t.Encode("ae");
