@@ -2,8 +2,8 @@
 // a race that the emulation used to order by luck (blocks, warps and lanes always in index
 // order, shuffles as block barriers, device memory zeroed by fresh pages) now gives a wrong
 // answer in some launches, and the same kernel with the barrier a GPU needs gives the right one
-// in every launch. The kernels here are plain functions launched through EmuLaunch, as
-// emulate.sh rewrites kernel<<<...>>>(...) calls.
+// in every launch; an access past a buffer's end faults. The kernels here are plain functions
+// launched through EmuLaunch, as emulate.sh rewrites kernel<<<...>>>(...) calls.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -43,6 +43,12 @@ void InWarpValue(bool syncwarp, int* out) {
 // The block that takes the counter last writes its index (a "last block finishes" pattern).
 void LastBlockIndex(int* counter, int* out) {
   if (threadIdx.x == 0 && atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1) *out = blockIdx.x;
+}
+
+// Thread i stores element i of a buffer of n floats: threads past n write past its end.
+void StoreIndex(int n, float* buf) {
+  (void)n;
+  buf[threadIdx.x] = static_cast<float>(threadIdx.x);
 }
 
 // Lanes past `live` return before the shuffle, which then runs with exited lanes in the mask.
@@ -102,6 +108,17 @@ TEST(EmuSchedule, DeviceMemoryStartsAsOnesNotZeros) {
   std::memcpy(&word, p, sizeof word);
   EXPECT_EQ(word, -1);
   cudaFreeAsync(p, nullptr);
+}
+
+TEST(EmuScheduleDeathTest, AStorePastABuffersEndFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto b = fm::cuda::DeviceBuffer::Alloc(32 * sizeof(float));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  float* buf = b.value().as<float>();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf) % 16, 0u);
+  EmuLaunch(StoreIndex, EmuConfig{dim3(1), dim3(32)}, 32, buf);  // in bounds
+  EXPECT_EQ(buf[31], 31.0f);
+  EXPECT_DEATH(EmuLaunch(StoreIndex, EmuConfig{dim3(1), dim3(36)}, 32, buf), "");
 }
 
 TEST(EmuScheduleDeathTest, AShuffleWithExitedLanesStopsTheTest) {

@@ -9,7 +9,8 @@
 // between, or a "last block" that assumes its index) gives a wrong result in some launches
 // instead of the right one by luck of the order. A warp operation reached while another lane of
 // the warp waits at __syncthreads or has exited stops the test: that is undefined on a GPU.
-// Device memory starts as 0xFF bytes (NaN, -1), not zeros, as cudaMalloc promises nothing.
+// Device memory starts as 0xFF bytes (NaN, -1), not zeros, as cudaMalloc promises nothing, and
+// ends at a page that faults when touched: an access past a buffer's end stops the test.
 // The fibers are Boost.Context's: a switch is a few instructions, where ucontext's swapcontext
 // made a sigprocmask system call per switch (most of the emulation's time on this project's VMs).
 // Streams are one queue: a launch runs at once, except while a graph is being captured
@@ -20,6 +21,8 @@
 // loads.
 #pragma once
 #include <boost/context/fiber.hpp>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -28,6 +31,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 struct dim3 {
@@ -348,16 +352,59 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 
+// Device memory: each allocation ends 16 bytes or less before a page that may not be touched,
+// so a kernel that reads or writes past the end of a buffer faults here (SIGSEGV) as
+// compute-sanitizer would report it on a GPU. 16-byte aligned (the widest load any kernel makes;
+// cudaMalloc gives 256), filled with 0xFF bytes: cudaMalloc's memory holds whatever was there.
+struct EmuMapping {
+  void* base;
+  size_t length;
+};
+inline std::mutex emu_alloc_mu;
+inline std::unordered_map<void*, EmuMapping> emu_mappings;
+
+inline void* EmuDeviceAlloc(size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t used = (bytes + 15) / 16 * 16;
+  const size_t length = (used + page - 1) / page * page + page;
+  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return nullptr;
+  char* guard = static_cast<char*>(base) + length - page;
+  if (mprotect(guard, page, PROT_NONE) != 0) {
+    munmap(base, length);
+    return nullptr;
+  }
+  void* p = guard - used;
+  std::memset(p, 0xFF, bytes);
+  std::lock_guard<std::mutex> lock(emu_alloc_mu);
+  emu_mappings[p] = EmuMapping{base, length};
+  return p;
+}
+
+inline void EmuDeviceFree(void* p) {
+  if (!p) return;
+  EmuMapping m;
+  {
+    std::lock_guard<std::mutex> lock(emu_alloc_mu);
+    auto it = emu_mappings.find(p);
+    if (it == emu_mappings.end()) {
+      std::fprintf(stderr, "emu: freeing %p, which is not device memory\n", p);
+      std::abort();
+    }
+    m = it->second;
+    emu_mappings.erase(it);
+  }
+  munmap(m.base, m.length);
+}
+
 inline cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);   // cudaMalloc's alignment
-  if (!*p) return cudaErrorMemoryAllocation;
-  std::memset(*p, 0xFF, bytes);   // not zeros: cudaMalloc's memory holds whatever was there
-  return cudaSuccess;
+  *p = EmuDeviceAlloc(bytes);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
-  std::free(p);
+  EmuDeviceFree(p);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,

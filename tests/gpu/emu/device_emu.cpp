@@ -27,14 +27,13 @@ Status SetDevice(int index) {
 Result<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {
   DeviceBuffer b;
   if (bytes == 0) return Result<DeviceBuffer>(std::move(b));
-  b.ptr_ = std::aligned_alloc(256, (bytes + 255) / 256 * 256);  // cudaMalloc's alignment
+  b.ptr_ = EmuDeviceAlloc(bytes);  // 0xFF bytes, a faulting page past the end (cuda_runtime.h)
   if (!b.ptr_) return ResourceExhausted("emulated cudaMalloc of " + std::to_string(bytes));
-  std::memset(b.ptr_, 0xFF, bytes);  // not zeros: cudaMalloc's memory holds whatever was there
   b.size_ = bytes;
   return Result<DeviceBuffer>(std::move(b));
 }
 
-DeviceBuffer::~DeviceBuffer() { std::free(ptr_); }
+DeviceBuffer::~DeviceBuffer() { EmuDeviceFree(ptr_); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : ptr_(std::exchange(other.ptr_, nullptr)),
@@ -43,7 +42,7 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
-    std::free(ptr_);
+    EmuDeviceFree(ptr_);
     ptr_ = std::exchange(other.ptr_, nullptr);
     size_ = std::exchange(other.size_, 0);
     device_ = other.device_;
