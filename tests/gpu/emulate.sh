@@ -13,22 +13,39 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${EMU_BUILD:-build-emu}
 JOBS=${JOBS:-$(nproc)}
-mkdir -p "$OUT/src"
-CXX="g++ -std=c++20 -O1 -Wno-unknown-pragmas -Wno-psabi -Itests/gpu/emu -I."
+mkdir -p "$OUT/src" "$OUT/inc/kernels/cuda"
+# The rewritten headers ($OUT/inc) come before the real ones (.); emu/ (the runtime, check.cuh)
+# before both.
+CXX="g++ -std=c++20 -O1 -Wno-unknown-pragmas -Wno-psabi -Itests/gpu/emu -I$OUT/inc -I."
 command -v ccache >/dev/null && CXX="ccache $CXX"
 
+# emu_source IN OUT: the CUDA source as the emulation compiles it. Two rewrites:
+# - kernel<<<grid, block[, shared, stream]>>>(args)  ->  EmuLaunch(kernel, EmuConfig{...}, args)
+#   (kernel may name a template instance: Kernel<4><<<...>>>);
+# - after each `__shared__ T a[..], b;` declaration, EmuPoisonShared(&a, sizeof a); ... for each
+#   name, so every block starts its shared memory as 0xFF bytes (emu/cuda_runtime.h).
+# OUT keeps its old timestamp when nothing changed.
+emu_source() {
+  perl -0777 -pe '
+    s/(\w+(?:<[^<>;()]*>)?)<<<(.*?)>>>\(/EmuLaunch($1, EmuConfig{$2}, /sg;
+    s{__shared__\s+([^;]*);}{
+      my $decl = $1;
+      my $poison = join(" ", map { my $d = $_; $d =~ s/\[.*//s; $d =~ /(\w+)\s*$/;
+                                   "EmuPoisonShared(&$1, sizeof $1);" } split(/,/, $decl));
+      "__shared__ $decl; $poison"
+    }ge' "$1" >"$2.new"
+  if cmp -s "$2.new" "$2"; then rm "$2.new"; else mv "$2.new" "$2"; fi
+}
+for h in kernels/cuda/*.cuh; do
+  # check.cuh: emu/kernels/cuda/check.cuh stands in.
+  [ "$(basename "$h")" = check.cuh ] || emu_source "$h" "$OUT/inc/$h"
+done
 kernels=()
 for cu in kernels/cuda/*.cu; do
   k=$(basename "$cu" .cu)
   # device.cu is the CUDA runtime glue (emu/device_emu.cpp stands in); membw times a real device.
   case "$k" in device|membw) continue ;; esac
-  # kernel<<<grid, block[, shared, stream]>>>(args)  ->  EmuLaunch(kernel, EmuConfig{...}, args)
-  # (kernel may name a template instance: Kernel<4><<<...>>>)
-  perl -0777 -pe 's/(\w+(?:<[^<>;()]*>)?)<<<(.*?)>>>\(/EmuLaunch($1, EmuConfig{$2}, /sg' "$cu" \
-    > "$OUT/src/$k.cpp.new"
-  # Keep the old file (and its timestamp) when nothing changed.
-  if cmp -s "$OUT/src/$k.cpp.new" "$OUT/src/$k.cpp"; then rm "$OUT/src/$k.cpp.new"
-  else mv "$OUT/src/$k.cpp.new" "$OUT/src/$k.cpp"; fi
+  emu_source "$cu" "$OUT/src/$k.cpp"
   kernels+=("$OUT/src/$k.cpp")
 done
 common=(common/status.cpp common/device_transfers.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)

@@ -45,6 +45,16 @@ void LastBlockIndex(int* counter, int* out) {
   if (threadIdx.x == 0 && atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1) *out = blockIdx.x;
 }
 
+// Block 0's thread 0 writes a shared value that thread 1 reads after a barrier; block 1 reads it
+// without writing. The poison call is the one emulate.sh puts after every __shared__ declaration.
+void SharedLeftByTheBlockBefore(int, int* out) {
+  __shared__ int v;
+  EmuPoisonShared(&v, sizeof v);
+  if (blockIdx.x == 0 && threadIdx.x == 0) v = 5;
+  __syncthreads();
+  if (threadIdx.x == 1) out[blockIdx.x] = v;
+}
+
 // Thread i stores element i of a buffer of n floats: threads past n write past its end.
 void StoreIndex(int n, float* buf) {
   (void)n;
@@ -108,6 +118,15 @@ TEST(EmuSchedule, DeviceMemoryStartsAsOnesNotZeros) {
   std::memcpy(&word, p, sizeof word);
   EXPECT_EQ(word, -1);
   cudaFreeAsync(p, nullptr);
+}
+
+TEST(EmuSchedule, EveryBlockStartsItsSharedMemoryAsOnes) {
+  for (int i = 0; i < kLaunches; ++i) {
+    int out[2] = {0, 0};
+    EmuLaunch(SharedLeftByTheBlockBefore, EmuConfig{dim3(2), dim3(32)}, 0, out);
+    EXPECT_EQ(out[0], 5);   // a later thread's poison call does not undo an earlier write
+    EXPECT_EQ(out[1], -1);  // not block 0's 5
+  }
 }
 
 TEST(EmuScheduleDeathTest, AStorePastABuffersEndFaults) {

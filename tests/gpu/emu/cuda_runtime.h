@@ -60,6 +60,19 @@ inline float emu_shuffle_slots[1024];
 #define __launch_bounds__(...)
 #define __shared__ static  // blocks run one at a time, so one static copy is the block's
 
+// emulate.sh follows each __shared__ declaration with this, for each of its variables: the first
+// thread of a block to reach it fills the variable with 0xFF bytes (NaN, -1), so a block that
+// reads shared memory it did not write gets those, as on a GPU it would get whatever was
+// there, not the block before's values.
+inline uint64_t emu_blocks_run = 0;
+inline void EmuPoisonShared(void* p, size_t bytes) {
+  static std::unordered_map<void*, uint64_t> poisoned_in;  // variable -> block number + 1
+  uint64_t& block = poisoned_in[p];
+  if (block == emu_blocks_run + 1) return;
+  block = emu_blocks_run + 1;
+  std::memset(p, 0xFF, bytes);
+}
+
 // The fibers of the running block: each thread's own (suspended) fiber and, while it runs,
 // the scheduler's, which it resumes to yield; and what each thread waits for.
 struct EmuFiber {
@@ -231,6 +244,7 @@ void EmuRun(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     const unsigned b = reverse_blocks ? blocks - 1 - i : i;
     blockIdx = dim3(b % grid.x, b / grid.x);
     gridDim = grid;
+    ++emu_blocks_run;
     for (unsigned t = 0; t < block.x; ++t) {
       EmuFiber& f = emu_fibers[t];
       if (f.stack.empty()) f.stack.resize(kStack);
