@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <set>
 
 #include "common/log.h"
 
@@ -485,10 +486,24 @@ void Scheduler::Complete(StepCall* call) {
   // The last stage's members sampled their own sequences.
   std::vector<flashmesh::v1::SampledToken> sampled;
   const auto& workers = workers_->workers();
-  for (size_t i = 0; i < workers.size(); ++i)
-    if (workers[i].head)
-      for (const auto& t : call->responses[i].tokens()) sampled.push_back(t);
-  if (sampled.size() != call->seq_ids.size()) {
+  // Exactly one token for each sequence of the step: a token for another id, or a second one,
+  // would leave a sequence of the step in flight for good (its slot and KV held, its client
+  // waiting), so it fails the step like any worker error.
+  std::set<uint64_t> unanswered(call->seq_ids.begin(), call->seq_ids.end());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (!workers[i].head) continue;
+    for (const auto& t : call->responses[i].tokens()) {
+      if (unanswered.erase(t.seq_id()) == 0) {
+        FailAll(Internal("node " + workers[i].name + " (" + workers[i].control +
+                         ") returned a token for sequence " + std::to_string(t.seq_id()) +
+                         ", which is not an unanswered sequence of step " +
+                         std::to_string(call->step_id)));
+        return;
+      }
+      sampled.push_back(t);
+    }
+  }
+  if (!unanswered.empty()) {
     FailAll(Internal("the last stage returned " + std::to_string(sampled.size()) +
                      " tokens for " + std::to_string(call->seq_ids.size()) + " sequences"));
     return;

@@ -98,11 +98,14 @@ inline Status RunItems(const ShardModel& m, std::span<const BatchItem> items,
   return Status::Ok();
 }
 
-// max |a - b| / max |b|
+// max |a - b| / max |b|; NaN when any element of either is NaN (std::max would skip it, and
+// a NaN output, e.g. a row a kernel never wrote, would pass), infinity when the sizes differ.
 inline double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (!(d <= num)) num = d;
     den = std::max(den, std::fabs(static_cast<double>(b[i])));
   }
   return num / den;
@@ -118,7 +121,8 @@ inline double RowRelErr(const std::vector<float>& a, const std::vector<float>& b
   for (size_t r = 0; r < a.size(); r += static_cast<size_t>(width)) {
     const std::vector<float> ra(a.begin() + r, a.begin() + r + width),
         rb(b.begin() + r, b.begin() + r + width);
-    worst = std::max(worst, RelErr(ra, rb));
+    const double e = RelErr(ra, rb);
+    if (!(e <= worst)) worst = e;   // NaN stays
   }
   return worst;
 }

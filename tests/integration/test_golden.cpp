@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -39,6 +40,7 @@ std::string ArgmaxLine(const std::string& out) {
 
 void ExpectGolden(const std::string& mode, const std::string& threads) {
   const std::string path = ::testing::TempDir() + "golden_" + mode + "_" + threads + ".bin";
+  std::filesystem::remove(path);   // an earlier run's bytes must not pass for this run's
   std::string out;
   ASSERT_EQ(RunFlashmesh({"logits", "--model", SmallModel(), "--tokens", kTokens, "--mode", mode,
                           "--threads", threads, "--out", path},

@@ -287,7 +287,8 @@ template <typename A, typename B>
 double MaxRelErr(const A& a, const B& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - double(ref[i])));
+    const double d = std::fabs(double(a[i]) - double(ref[i]));
+    if (!(d <= num)) num = d;   // a NaN in a stays (std::max would skip it)
     den = std::max(den, std::fabs(double(ref[i])));
   }
   return num / den;

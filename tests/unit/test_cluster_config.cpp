@@ -6,6 +6,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "config/cluster_config.h"
 
@@ -258,7 +259,9 @@ TEST(ClusterConfig, HostPortForms) {
 }
 
 TEST(ClusterConfig, ClusterSecretFile) {
-  const auto dir = std::filesystem::temp_directory_path() / "fm_test_cluster_secret";
+  // Per process: a sanitizer build's unit tests may run beside this one.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("fm_test_cluster_secret_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   ClusterConfig c;
   auto none = ReadClusterSecret(c);

@@ -52,9 +52,14 @@ TEST(Launch, AChildDiesWithItsLauncher) {
   }
   close(fds[1]);
   pid_t child = -1;
-  ASSERT_EQ(read(fds[0], &child, sizeof child), static_cast<ssize_t>(sizeof child));
+  const ssize_t got = read(fds[0], &child, sizeof child);
   close(fds[0]);
-  ASSERT_GT(child, 0);
+  if (got != static_cast<ssize_t>(sizeof child) || child <= 0) {
+    // The launcher waits in pause(): end it before failing, or it holds ctest's output open.
+    kill(launcher, SIGKILL);
+    waitpid(launcher, nullptr, 0);
+    FAIL() << "the launcher did not report its child (read " << got << ", pid " << child << ")";
+  }
   EXPECT_TRUE(Alive(child));
   kill(launcher, SIGKILL);
   waitpid(launcher, nullptr, 0);

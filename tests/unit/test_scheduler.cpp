@@ -1,6 +1,7 @@
 // The Scheduler against a fake cluster (a WorkerSet with scripted workers): step order,
 // failure attribution, cancellation, backpressure, draining, the reset barrier, step deadlines.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <functional>
 #include <mutex>
@@ -134,6 +135,10 @@ class FakeWorkers final : public WorkerSet {
             t->set_seq_id(item.seq_id());
             t->set_id(item.tokens(item.tokens_size() - 1) + 1);
           }
+        if (r.ok() && infos_[w].head && token_rewrite_) {
+          std::lock_guard<std::mutex> lock(mu_);
+          token_rewrite_(&resp);
+        }
         done(r, resp);
       });
     };
@@ -187,6 +192,11 @@ class FakeWorkers final : public WorkerSet {
   void SetStepFault(std::function<RpcResult(int, const flashmesh::v1::StepBatchRequest&)> f) {
     std::lock_guard<std::mutex> lock(mu_);
     step_fault_ = std::move(f);
+  }
+  // Rewrites the head's answers (a worker that sends wrong sampled tokens).
+  void SetTokenRewrite(std::function<void(flashmesh::v1::StepBatchResponse*)> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    token_rewrite_ = std::move(f);
   }
   void SetDown(int w, bool down) {
     {
@@ -260,6 +270,7 @@ class FakeWorkers final : public WorkerSet {
   std::set<std::string> holding_;
   std::map<std::string, std::vector<std::function<void()>>> held_calls_;
   std::function<RpcResult(int, const flashmesh::v1::StepBatchRequest&)> step_fault_;
+  std::function<void(flashmesh::v1::StepBatchResponse*)> token_rewrite_;
   std::vector<Step> steps_;
   std::vector<Clock::duration> free_budgets_, reset_budgets_;
   std::vector<std::string> log_;
@@ -424,6 +435,36 @@ TEST(Scheduler, AWorkerErrorEndsTheRequestsWithItsCodeAndText) {
   EXPECT_TRUE(w.marked_down().empty());
 }
 
+// A head that answers a token for a sequence not in the step (or a second token for one) fails
+// the step naming the node, instead of leaving the step's own sequence in flight for good: its
+// request ends, and the next request runs.
+TEST(Scheduler, ATokenForASequenceNotInTheStepFailsTheStepNamingTheNode) {
+  FakeWorkers w(2);
+  SchedulerLimits limits;
+  limits.max_batch = 1;
+  Scheduler s(&w, nullptr, limits);
+  w.SetTokenRewrite([](flashmesh::v1::StepBatchResponse* resp) { resp->mutable_tokens(0)->set_seq_id(999999); });
+  auto a = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(a.ok());
+  Outcome o = Collect(a->get());
+  EXPECT_EQ(o.error.code(), Code::kInternal) << o.error.ToString();
+  EXPECT_NE(o.error.message().find("node w1 (fake:1) returned a token for sequence 999999"),
+            std::string::npos) << o.error.ToString();
+
+  // Two tokens for the one sequence of the step: the second is refused the same way.
+  w.SetTokenRewrite([](flashmesh::v1::StepBatchResponse* resp) { *resp->add_tokens() = resp->tokens(0); });
+  auto b = s.Submit(Params({7}, 4));
+  ASSERT_TRUE(b.ok());
+  Outcome ob = Collect(b->get());
+  EXPECT_EQ(ob.error.code(), Code::kInternal) << ob.error.ToString();
+  EXPECT_NE(ob.error.message().find("not an unanswered sequence"), std::string::npos) << ob.error.ToString();
+
+  w.SetTokenRewrite(nullptr);
+  auto c = s.Submit(Params({20}, 2));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(Collect(c->get()).ids, (std::vector<int32_t>{21, 22}));
+}
+
 // A worker that follows a newer coordinator answered: it is not a dead node (the coordinator
 // steps down, cluster_rpc.cpp), so nothing is marked DOWN and the request ends UNAVAILABLE,
 // saying so.
@@ -524,7 +565,7 @@ TEST(Scheduler, AtMostMaxBatchSequencesLiveAndEveryRequestCompletes) {
 }
 
 TEST(Scheduler, AnUnfinishedCharacterAtTheEndComesOutAsTheReplacementCharacter) {
-  const std::string dir = ::testing::TempDir() + "scheduler_tokenizer";
+  const std::string dir = ::testing::TempDir() + "scheduler_tokenizer_" + std::to_string(getpid());
   ASSERT_TRUE(WriteTestTokenizer(dir, 300).ok());
   auto tok = Tokenizer::Load(dir);
   std::filesystem::remove_all(dir);
@@ -739,10 +780,15 @@ TEST(Scheduler, ARequestWhoseSequenceAWorkerLostBetweenStepsEndsUnavailable) {
   ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
   auto b = s.Submit(Params({2}, 3));   // started, waiting for the one pipeline slot
   ASSERT_TRUE(WaitFor([&] { return w.held(0) == 2; }));
-  std::this_thread::sleep_for(5ms);
   w.DropHeld(0, 2);   // an out-of-band reset took b's sequence
-  w.Heartbeat(0);
-  Outcome ob = Collect(b->get());
+  // b's start is recorded when the scheduler thread runs its answer, which may come after a
+  // heartbeat taken now (one older than b's start does not count), so heartbeats go on until b
+  // ends.
+  Outcome ob;
+  for (int i = 0; i < 100 && ob.error.ok() && !ob.finished; ++i) {
+    w.Heartbeat(0);
+    ob = Collect(b->get(), 50ms);
+  }
   EXPECT_EQ(ob.error.code(), Code::kUnavailable);
   EXPECT_EQ(ob.error.message(), "node w0 lost sequence 2 (the worker was reset or restarted)");
   w.Release("step");
