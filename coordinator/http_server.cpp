@@ -286,11 +286,10 @@ void HttpServer::AcceptLoop() {
     if (n <= 0) continue;
     int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) continue;
-    if (open_ >= limits_.max_connections) {
+    const bool probe = open_ - probes_open_ >= limits_.max_connections;
+    if (probe && probes_open_ >= limits_.probe_connections) {
       // Best effort, never blocking the accept loop: a plain-HTTP client learns why.
-      std::string body = ErrorJson(503, "too many connections (" + std::to_string(limits_.max_connections) + ")");
-      std::string out = Head(503, "application/json", {{"Retry-After", "1"}}) + "Content-Length: " +
-                        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+      const std::string out = TooManyConnections();
       if (!impl_->tls) {
         ssize_t ignored = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
         (void)ignored;
@@ -299,22 +298,25 @@ void HttpServer::AcceptLoop() {
       continue;
     }
     ++open_;
+    if (probe) ++probes_open_;
     auto c = std::make_unique<Connection>();
     Connection* raw = c.get();
     std::lock_guard<std::mutex> lock(mu_);
     connections_.push_back(std::move(c));
-    raw->thread = std::thread([this, fd, raw] {
-      Serve(fd);
+    raw->thread = std::thread([this, fd, raw, probe] {
+      Serve(fd, probe);
+      if (probe) --probes_open_;
       --open_;
       raw->done = true;
     });
   }
 }
 
-bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req) {
+bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req,
+                             std::chrono::milliseconds idle, std::chrono::milliseconds read) {
   HttpRequestParser parser(limits_.max_header_bytes, limits_.max_body_bytes);
   // Until the first byte of a request: the idle limit; from there, the read limit.
-  Clock::time_point deadline = Clock::now() + limits_.idle_timeout;
+  Clock::time_point deadline = Clock::now() + idle;
   bool started = false;
   auto reply_error = [&](int status, const std::string& message) {
     HttpResponder r(conn, std::chrono::seconds(5), &stop_);
@@ -324,7 +326,7 @@ bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* r
   while (true) {
     if (!buffer->empty() && !started) {
       started = true;
-      deadline = Clock::now() + limits_.read_timeout;
+      deadline = Clock::now() + read;
     }
     switch (parser.Feed(buffer)) {
       case HttpRequestParser::State::kDone:
@@ -347,13 +349,19 @@ bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* r
     if (n != HttpConn::kWouldBlock) return false;   // the client closed, or the connection failed
     if (!WaitFd(conn->fd(), want, deadline, &stop_)) {
       if (started && !stop_) reply_error(408, "the request did not arrive within " +
-                                                   std::to_string(limits_.read_timeout.count()) + " ms");
+                                                   std::to_string(read.count()) + " ms");
       return false;
     }
   }
 }
 
-void HttpServer::Serve(int fd) {
+std::string HttpServer::TooManyConnections() const {
+  const std::string body = ErrorJson(503, "too many connections (" + std::to_string(limits_.max_connections) + ")");
+  return Head(503, "application/json", {{"Retry-After", "1"}}) + "Content-Length: " +
+         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+void HttpServer::Serve(int fd, bool probe) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   SSL* ssl = nullptr;
@@ -368,12 +376,20 @@ void HttpServer::Serve(int fd) {
   }
   HttpConn conn(fd, ssl);
   std::string buffer;
-  bool ok = conn.Handshake(Clock::now() + limits_.read_timeout, &stop_);
+  const auto idle = probe ? limits_.probe_read_timeout : limits_.idle_timeout;
+  const auto read = probe ? limits_.probe_read_timeout : limits_.read_timeout;
+  bool ok = conn.Handshake(Clock::now() + read, &stop_);
   while (ok && !stop_) {
     HttpRequest req;
-    if (!ReadRequest(&conn, &buffer, &req)) break;
+    if (!ReadRequest(&conn, &buffer, &req, idle, read)) break;
     HttpResponder r(&conn, limits_.response_timeout, &stop_);
-    r.keep_alive_ = req.keep_alive;
+    r.keep_alive_ = req.keep_alive && !probe;
+    if (probe && !(req.method == "GET" && (req.path == "/health" || req.path == "/metrics"))) {
+      r.Reply(503, "application/json",
+              ErrorJson(503, "too many connections (" + std::to_string(limits_.max_connections) + ")"),
+              {{"Retry-After", "1"}});
+      break;
+    }
     handler_(req, &r);
     if (!r.replied_) r.Reply(500, "application/json", ErrorJson(500, "the handler sent no response"));
     if (!r.keep_alive_ || r.failed_) break;

@@ -29,6 +29,11 @@ struct HttpLimits {
   size_t max_header_bytes = 16 << 10;
   size_t max_body_bytes = 4 << 20;
   int max_connections = 64;
+  // Beyond max_connections, this many more for a GET of /health or /metrics only, read within
+  // probe_read_timeout: a liveness probe or a scrape must not fail because clients (or a
+  // slow-sending one) hold every slot. Any other request there gets the cap's 503.
+  int probe_connections = 4;
+  std::chrono::milliseconds probe_read_timeout{2000};
   std::chrono::milliseconds idle_timeout{30000};       // keep-alive connection without a request
   std::chrono::milliseconds read_timeout{30000};       // from a request's first byte to its end
   std::chrono::milliseconds response_timeout{600000};  // one response, streams included
@@ -98,10 +103,16 @@ class HttpServer {
   };
   HttpServer() = default;
   void AcceptLoop();
-  void Serve(int fd);
-  // Reads one request; false when the connection should close (after an error reply if any).
-  bool ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req);
+  // Serves a connection; a probe connection (one past max_connections) serves one GET of
+  // /health or /metrics and refuses anything else.
+  void Serve(int fd, bool probe);
+  // Reads one request, waiting at most `idle` for its first byte and `read` from there to its
+  // end; false when the connection should close (after an error reply if any).
+  bool ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req,
+                   std::chrono::milliseconds idle, std::chrono::milliseconds read);
   void Reap(bool all);
+  // The 503 of a connection past the cap, as bytes on the wire.
+  std::string TooManyConnections() const;
 
   std::unique_ptr<Impl> impl_;
   HttpLimits limits_;
@@ -109,6 +120,7 @@ class HttpServer {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> open_{0};
+  std::atomic<int> probes_open_{0};   // of those, probe connections
   std::mutex mu_;   // guards connections_
   std::list<std::unique_ptr<Connection>> connections_;
   std::thread accept_thread_;

@@ -372,15 +372,18 @@ TEST_F(HttpApiTest, KeepAliveServesSeveralRequestsOnOneConnection) {
   EXPECT_EQ(n, 3u) << r.raw;
 }
 
-TEST_F(HttpApiTest, ConnectionsBeyondTheCapAre503AndTheServerRecovers) {
-  // 64 idle connections (HttpLimits::max_connections) hold every slot.
+TEST_F(HttpApiTest, ConnectionsBeyondTheCapAre503ButProbesAreAnsweredAndTheServerRecovers) {
+  // 64 idle connections (HttpLimits::max_connections) hold every slot: the API is 503, /health
+  // still answers (a probe slot: a liveness probe must not restart a busy coordinator).
   std::vector<std::unique_ptr<HttpStream>> idle;
   for (int i = 0; i < 64; ++i) idle.push_back(std::make_unique<HttpStream>(port(), ""));
   HttpResult r;
-  EXPECT_TRUE(Eventually([&] { return (r = HttpCall(port(), "GET", "/health", "", {}, 5s)).status == 503; }, 5s));
+  EXPECT_TRUE(Eventually([&] { return (r = HttpCall(port(), "GET", "/v1/models", "", {}, 5s)).status == 503; }, 5s));
   EXPECT_NE(r.body.find("too many connections"), std::string::npos) << r.raw;
+  EXPECT_TRUE(Eventually([&] { return (r = HttpCall(port(), "GET", "/health", "", {}, 5s)).status == 200; }, 5s))
+      << r.raw;
   idle.clear();
-  EXPECT_TRUE(Eventually([&] { return HttpCall(port(), "GET", "/health", "", {}, 5s).status == 200; }, 5s));
+  EXPECT_TRUE(Eventually([&] { return HttpCall(port(), "GET", "/v1/models", "", {}, 5s).status == 200; }, 5s));
 }
 
 TEST_F(HttpApiTest, ClientDisconnectMidStreamFreesTheSequence) {

@@ -121,6 +121,47 @@ TEST(HttpServer, ShutdownEndsOpenConnectionsPromptly) {
   EXPECT_EQ(t.why, Code::kUnavailable);
 }
 
+// Past max_connections, a few more connections serve one GET of /health or /metrics, so a
+// liveness probe or a scrape is answered while clients hold every slot; anything else gets the
+// cap's 503, and so does a connection past those too. An idle probe connection is closed after
+// probe_read_timeout.
+TEST(HttpServer, ProbesAreAnsweredPastTheConnectionCap) {
+  HttpLimits l = Short();
+  l.idle_timeout = l.read_timeout = 60s;
+  l.max_connections = 2;
+  l.probe_connections = 1;
+  l.probe_read_timeout = 1500ms;
+  TestServer t(l);
+  // A probe's slot frees a moment after its answer (the server lingers ~200 ms for the client to
+  // read it), so each call retries for a while until it is not the cap's raw 503.
+  auto call = [&](const std::string& method, const std::string& path) {
+    it::HttpResult r;
+    const auto deadline = Clock::now() + 10s;
+    while ((r = it::HttpCall(t.port(), method, path, "", {}, 5s)).status == 503 &&
+           r.body.find("too many connections") != std::string::npos && method == "GET" &&
+           Clock::now() < deadline)
+      std::this_thread::sleep_for(50ms);
+    return r;
+  };
+  it::HttpStream a(t.port(), ""), b(t.port(), "");   // every slot held (accepted in order)
+  it::HttpResult r = call("GET", "/health");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body, "GET /health ");
+  EXPECT_EQ(call("GET", "/metrics").status, 200);
+  r = call("POST", "/v1/completions");
+  EXPECT_EQ(r.status, 503) << r.raw;
+  EXPECT_NE(r.body.find("too many connections (2)"), std::string::npos) << r.raw;
+
+  // The probe slot held by an idle connection: the cap's 503 until it is closed for idling.
+  std::this_thread::sleep_for(300ms);   // the last call's slot is free again
+  const auto held_at = Clock::now();
+  it::HttpStream c(t.port(), "");
+  r = it::HttpCall(t.port(), "GET", "/health", "", {}, 5s);
+  if (Clock::now() - held_at < 1s) EXPECT_EQ(r.status, 503) << r.raw;   // else c may be gone
+  r = call("GET", "/health");
+  EXPECT_EQ(r.status, 200) << r.raw;
+}
+
 // A fresh directory with a test CA and a certificate for 127.0.0.1 (removed at exit).
 struct Pki {
   std::string dir;
