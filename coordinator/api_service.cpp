@@ -86,6 +86,10 @@ Status CheckBearerToken(const std::string* value, const std::vector<std::string>
   return Unauthenticated("invalid bearer token");
 }
 
+std::string ApiService::StreamClient(const std::string& authorization, std::string anonymous) const {
+  return checks_tokens() ? "token " + authorization : "anonymous " + anonymous;
+}
+
 Status ApiService::Authenticate(grpc::ServerContext* ctx) const {
   static const std::string kMetadata = "'authorization: Bearer <token>' metadata";
   auto it = ctx->client_metadata().find("authorization");
@@ -193,10 +197,9 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
                            ctx->deadline() - std::chrono::system_clock::now());
   // The client: its (checked) token, else its address without the port.
   auto auth = ctx->client_metadata().find("authorization");
-  std::string client = ctx->peer().substr(0, ctx->peer().rfind(':'));
-  if (checks_tokens() && auth != ctx->client_metadata().end())
-    client = std::string(auth->second.data(), auth->second.size());
-  auto slot = AcquireStream(client);
+  const std::string token =
+      auth == ctx->client_metadata().end() ? "" : std::string(auth->second.data(), auth->second.size());
+  auto slot = AcquireStream(StreamClient(token, ctx->peer().substr(0, ctx->peer().rfind(':'))));
   if (!slot.ok()) return fail(slot.status());
   const int64_t prompt_tokens = static_cast<int64_t>(params->prompt.size());
   auto stream = scheduler_->Submit(std::move(params).value());

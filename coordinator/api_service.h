@@ -69,6 +69,10 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   // A slot for `client` (its bearer token, else its address); RESOURCE_EXHAUSTED when it
   // already has max_streams_per_client generations running.
   Result<std::unique_ptr<StreamSlot>> AcquireStream(const std::string& client) const;
+  // The client of a stream limit, one key for HTTP and gRPC: its checked `Authorization` value
+  // when the API checks tokens (so one token has one limit on both APIs), else `anonymous` (the
+  // gRPC peer's address, "http" for every HTTP client).
+  std::string StreamClient(const std::string& authorization, std::string anonymous) const;
   // Whether bearer tokens are checked: only then does a token name a client (else any client
   // could send a new one with each request and never reach its limit).
   bool checks_tokens() const { return !options_.api_tokens.empty(); }

@@ -200,9 +200,8 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   auto params = ToParams(job.req);
   if (!params.ok()) return fail(params.status());
   // HTTP requests carry no address here: a client is its (checked) token; without tokens,
-  // every client is one.
-  auto slot = grpc_api_->AcquireStream(
-      grpc_api_->checks_tokens() ? "http " + http.Header("authorization") : "http");
+  // every HTTP client is one.
+  auto slot = grpc_api_->AcquireStream(grpc_api_->StreamClient(http.Header("authorization"), "http"));
   if (!slot.ok()) {
     job.meter.Failed(slot.status());
     return ReplyError(out, slot.status(), "rate_limit_exceeded");

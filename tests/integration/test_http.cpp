@@ -581,6 +581,10 @@ TEST(HttpAuth, BearerTokensOfTheTokenFile) {
   EXPECT_EQ(e["code"], "rate_limit_exceeded") << r.raw;
   EXPECT_NE(e["message"].get<std::string>().find("already has 1 generations running"), std::string::npos)
       << r.raw;
+  // The same token over gRPC is the same client: no second generation there either.
+  auto stub = Connect(server.api());
+  Generation g = Generate(stub.get(), TokensRequest({5, 6}, 2), "s3cret");
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << g.status.error_message();
 }
 
 }  // namespace
