@@ -332,6 +332,8 @@ TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
       {with("stream", "yes"), "stream"},
       {with("seed", 1.5), "seed"},
       {with("logprobs", 1), "logprobs"},
+      // More bytes than 32 x max_context (4096): refused before tokenizing.
+      {with("messages", Json::array({{{"role", "user"}, {"content", std::string(200000, 'a')}}})), "messages"},
   };
   for (const auto& [body, param] : cases) {
     HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body);
@@ -345,6 +347,10 @@ TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
   HttpResult r = HttpCall(port(), "POST", "/v1/completions", Json{{"prompt", {1, -4}}, {"max_tokens", 2}}.dump());
   EXPECT_EQ(r.status, 400) << r.raw;
   EXPECT_EQ(ParseBody(r)["error"]["param"], "prompt[1]");
+  r = HttpCall(port(), "POST", "/v1/completions", Json{{"prompt", std::string(200000, 'a')}, {"max_tokens", 2}}.dump());
+  EXPECT_EQ(r.status, 400) << r.raw.substr(0, 300);
+  EXPECT_EQ(ParseBody(r)["error"]["param"], "prompt");
+  EXPECT_NE(r.body.find("bytes, more than 131072 (32 x max_context)"), std::string::npos) << r.body;
   // Malformed HTTP, an oversized body, unknown paths and methods: clear errors, no harm done.
   r = HttpRaw(port(), "GARBAGE\r\n\r\n", 5s);
   EXPECT_EQ(r.status, 400) << r.raw;
