@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "common/log.h"
@@ -181,6 +182,18 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
   return p;
 }
 
+// The time left before the client's deadline, if it set one within a year. Computed on the
+// gpr_timespec: ServerContext::deadline() converts to nanoseconds, which overflows for a
+// deadline past 2262 (a client's timeout=1e10 s), and a year is no deadline in practice.
+static std::optional<std::chrono::steady_clock::duration> DeadlineLeft(const grpc::ServerContext* ctx) {
+  const gpr_timespec deadline = gpr_convert_clock_type(ctx->raw_deadline(), GPR_CLOCK_MONOTONIC);
+  if (gpr_time_cmp(deadline, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) return std::nullopt;
+  const gpr_timespec left = gpr_time_sub(deadline, gpr_now(GPR_CLOCK_MONOTONIC));
+  if (left.tv_sec >= int64_t{365} * 24 * 3600) return std::nullopt;
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::seconds(left.tv_sec) + std::chrono::nanoseconds(left.tv_nsec));
+}
+
 grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1::GenerateRequest* req,
                                   grpc::ServerWriter<flashmesh::v1::GenerateResponse>* writer) {
   RequestMeter meter(metrics_, "grpc");
@@ -191,10 +204,7 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
   if (Status a = Authenticate(ctx); !a.ok()) return fail(a);
   auto params = Validate(*req);
   if (!params.ok()) return fail(params.status());
-  if (ctx->deadline() != std::chrono::system_clock::time_point::max())
-    params->deadline = std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                           ctx->deadline() - std::chrono::system_clock::now());
+  if (auto left = DeadlineLeft(ctx)) params->deadline = std::chrono::steady_clock::now() + *left;
   // The client: its (checked) token, else its address without the port.
   auto auth = ctx->client_metadata().find("authorization");
   const std::string token =

@@ -160,6 +160,28 @@ TEST(ApiLimits, FullQueueIsResourceExhausted) {
   for (auto& t : threads) t.join();
 }
 
+// A deadline centuries out (Python's timeout=1e10 s) is no deadline: it overflowed the
+// nanoseconds of ServerContext::deadline() and could land in the past.
+TEST(ApiLimits, AFarDeadlineIsNoDeadline) {
+  Server server;
+  ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
+  auto stub = Connect(server.api());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(10000000000LL, GPR_TIMESPAN)));
+  auto reader = stub->Generate(&ctx, TokensRequest({5, 6}, 3));
+  flashmesh::v1::GenerateResponse resp;
+  int tokens = 0;
+  bool finished = false;
+  while (reader->Read(&resp)) {
+    tokens += resp.has_token();
+    finished = finished || resp.has_finish();
+  }
+  const grpc::Status st = reader->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_code() << " " << st.error_message();
+  EXPECT_EQ(tokens, 3);
+  EXPECT_TRUE(finished);
+}
+
 TEST(ApiAuth, BearerTokenFromTokenFile) {
   TempDir dir;
   std::ofstream(dir.path() + "/tokens") << "# API tokens\ns3cret\n";
