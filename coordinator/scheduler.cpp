@@ -594,8 +594,11 @@ void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector
   }
 }
 
-void Scheduler::Reconcile(int worker, const std::vector<uint64_t>& held, Clock::time_point asked) {
+void Scheduler::Reconcile(int worker, std::vector<uint64_t> held, Clock::time_point asked) {
   if (needs_reset_[worker] || resetting_[worker]) return;   // the reset drops everything
+  // Sorted for the searches below: the worker's order is its own (a std::map today).
+  std::sort(held.begin(), held.end());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
   const std::string node = workers_->workers()[worker].name;
   std::vector<uint64_t> unowned, stray;
   for (uint64_t id : held) {

@@ -157,7 +157,7 @@ class Scheduler {
   void FreeOnWorkers(const std::vector<int>& workers, const std::vector<uint64_t>& ids);
   // A worker's heartbeat: frees what it holds that no request owns, ends the requests whose
   // sequence it lost.
-  void Reconcile(int worker, const std::vector<uint64_t>& held, Clock::time_point asked);
+  void Reconcile(int worker, std::vector<uint64_t> held, Clock::time_point asked);
   int num_in_flight() const { return static_cast<int>(in_flight_.size()); }
 
   WorkerSet* workers_;

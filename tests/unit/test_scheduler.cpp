@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -153,14 +154,15 @@ class FakeWorkers final : public WorkerSet {
   }
 
   // Test controls.
-  // A heartbeat of worker w: what it holds now.
-  void Heartbeat(int w) {
+  // A heartbeat of worker w: what it holds now, in increasing order or (`descending`) not.
+  void Heartbeat(int w, bool descending = false) {
     const auto asked = Clock::now();
     std::vector<uint64_t> ids;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ids.assign(held_[w].begin(), held_[w].end());
     }
+    if (descending) std::reverse(ids.begin(), ids.end());
     held_listener_(w, ids, asked);
   }
   void AddHeld(int w, uint64_t id) {
@@ -793,6 +795,27 @@ TEST(Scheduler, ARequestWhoseSequenceAWorkerLostBetweenStepsEndsUnavailable) {
   EXPECT_EQ(ob.error.message(), "node w0 lost sequence 2 (the worker was reset or restarted)");
   w.Release("step");
   EXPECT_EQ(Collect(a->get()).ids, (std::vector<int32_t>{2, 3, 4}));
+}
+
+// The ids of a heartbeat come in the worker's order: in any order, a live request the worker
+// holds is not taken for lost.
+TEST(Scheduler, AHeartbeatInAnyOrderLosesNoLiveRequest) {
+  FakeWorkers w(1);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step");
+  auto a = s.Submit(Params({1}, 3));   // in flight (held)
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
+  auto b = s.Submit(Params({2}, 3));   // started, waiting for the one pipeline slot
+  ASSERT_TRUE(WaitFor([&] { return w.held(0) == 2; }));
+  for (int i = 0; i < 10; ++i) {   // some beats are taken after b's start is recorded
+    w.Heartbeat(0, /*descending=*/true);
+    std::this_thread::sleep_for(20ms);
+  }
+  w.Release("step");
+  EXPECT_EQ(Collect(a->get()).ids, (std::vector<int32_t>{2, 3, 4}));
+  Outcome ob = Collect(b->get());
+  EXPECT_TRUE(ob.error.ok()) << ob.error.ToString();
+  EXPECT_EQ(ob.ids, (std::vector<int32_t>{3, 4, 5}));
 }
 
 }  // namespace
