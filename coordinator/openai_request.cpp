@@ -167,6 +167,42 @@ Status DecodeSampling(const Json& j, OpenAiRequest* r) {
   return Status::Ok();
 }
 
+// Fields of OpenAI's (or vLLM's) API that change what is generated and that this server does
+// not do: a 400 naming the field, unless the value is the one that changes nothing. Ignoring
+// them, as unknown fields are, would answer other text than was asked for.
+Status RefuseUnsupported(const Json& j) {
+  struct Unsupported {
+    const char* field;
+    bool (*neutral)(const Json&);
+    const char* neutral_text;
+  };
+  static const Unsupported kFields[] = {
+      {"presence_penalty", [](const Json& v) { return v.is_number() && v.get<double>() == 0; }, "0"},
+      {"frequency_penalty", [](const Json& v) { return v.is_number() && v.get<double>() == 0; }, "0"},
+      {"repetition_penalty", [](const Json& v) { return v.is_number() && v.get<double>() == 1; }, "1"},
+      {"min_p", [](const Json& v) { return v.is_number() && v.get<double>() == 0; }, "0"},
+      {"min_tokens", [](const Json& v) { return v.is_number() && v.get<double>() == 0; }, "0"},
+      {"best_of", [](const Json& v) { return v.is_number() && v.get<double>() == 1; }, "1"},
+      {"echo", [](const Json& v) { return v.is_boolean() && !v.get<bool>(); }, "false"},
+      {"suffix", [](const Json& v) { return v.is_string() && v.get<std::string>().empty(); }, "\"\""},
+      {"logit_bias", [](const Json& v) { return v.is_object() && v.empty(); }, "{}"},
+      {"stop_token_ids", [](const Json& v) { return v.is_array() && v.empty(); }, "[]"},
+      {"tools", [](const Json& v) { return v.is_array() && v.empty(); }, "[]"},
+      {"functions", [](const Json& v) { return v.is_array() && v.empty(); }, "[]"},
+      {"tool_choice", [](const Json& v) { return v == "none" || v == "auto"; }, "\"none\" or \"auto\""},
+      {"response_format",
+       [](const Json& v) { return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text"; },
+       "{\"type\": \"text\"}"},
+  };
+  for (const Unsupported& u : kFields) {
+    const Json* v = Field(j, u.field);
+    if (v && !u.neutral(*v))
+      return InvalidArgument(std::string(u.field) + ": " + v->dump(-1, ' ', false, Json::error_handler_t::replace)
+                                 .substr(0, 64) + " is not supported by this server (only " + u.neutral_text + ")");
+  }
+  return Status::Ok();
+}
+
 Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
   r->chat = chat;
   if (const Json* v = Field(j, "model")) {
@@ -194,6 +230,7 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
     }
   }
   FM_RETURN_IF_ERROR(DecodeSampling(j, r));
+  FM_RETURN_IF_ERROR(RefuseUnsupported(j));
   if (const Json* v = Field(j, "stop")) FM_RETURN_IF_ERROR(DecodeStop(*v, r));
   if (const Json* v = Field(j, "stream")) {
     FM_ASSIGN_OR_RETURN(r->stream, Boolean(*v, "stream"));

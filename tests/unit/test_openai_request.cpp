@@ -64,7 +64,7 @@ TEST(DecodeOpenAiRequest, ChatFieldsAndDefaults) {
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
       "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
       "seed": 42, "stop": "\n", "stream": true, "stream_options": {"include_usage": true},
-      "logprobs": true, "top_logprobs": 2, "n": 1, "frequency_penalty": 0.3, "user": null})",
+      "logprobs": true, "top_logprobs": 2, "n": 1, "frequency_penalty": 0, "user": null})",
                                /*chat=*/true);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->messages.size(), 2u);
@@ -100,6 +100,17 @@ TEST(DecodeOpenAiRequest, CompletionPrompts) {
   EXPECT_EQ(nested->prompt_ids, (std::vector<int32_t>{7, 8}));
 }
 
+// The same fields at the values that change nothing are accepted, as OpenAI clients often send
+// them filled in.
+TEST(DecodeOpenAiRequest, UnsupportedFieldsAtTheirNeutralValuesAreAccepted) {
+  auto r = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0,
+      "frequency_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {}, "tools": [], "tool_choice": "none",
+      "response_format": {"type": "text"}, "min_tokens": 0, "user": "me", "stop_token_ids": null})", true);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  auto c = DecodeOpenAiRequest(R"({"prompt": "x", "echo": false, "suffix": "", "best_of": 1})", false);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+}
+
 TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
   struct Case { const char* body; bool chat; const char* param; };
   const Case cases[] = {
@@ -124,6 +135,19 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"prompt": [1, "a"]})", false, "prompt"},
       {R"({"prompt": [1, -1]})", false, "prompt[1]"},
       {R"({"prompt": "x", "logprobs": 21})", false, "logprobs"},
+      // Known fields that would change the output, which this server does not do.
+      {R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5})", true, "presence_penalty"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": "a"})", true, "frequency_penalty"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1.2})", true, "repetition_penalty"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 100}})", true, "logit_bias"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", true, "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "min_tokens": 4})", true, "min_tokens"},
+      {R"({"prompt": "x", "echo": true})", false, "echo"},
+      {R"({"prompt": "x", "suffix": "end"})", false, "suffix"},
+      {R"({"prompt": "x", "best_of": 2})", false, "best_of"},
+      {R"({"prompt": "x", "stop_token_ids": [7]})", false, "stop_token_ids"},
   };
   for (const auto& c : cases) {
     auto r = DecodeOpenAiRequest(c.body, c.chat);
