@@ -202,12 +202,22 @@ std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api) 
 }
 
 flashmesh::v1::ClusterStatusResponse Status(flashmesh::v1::Inference::Stub* stub) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  flashmesh::v1::ClusterStatusRequest req;
-  flashmesh::v1::ClusterStatusResponse resp;
-  stub->ClusterStatus(&ctx, req, &resp);
-  return resp;
+  // The coordinator fills a node's counters from a Stats call with a short deadline and leaves
+  // them 0 when it does not answer in time (a loaded or sanitized worker): asked again, for up
+  // to 2 s, until every UP node's counters came (an UP node holds weights).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    flashmesh::v1::ClusterStatusRequest req;
+    flashmesh::v1::ClusterStatusResponse resp;
+    stub->ClusterStatus(&ctx, req, &resp);
+    bool complete = true;
+    for (const auto& n : resp.nodes())
+      complete = complete && (n.state() != flashmesh::v1::NODE_STATE_UP || n.weight_bytes() > 0);
+    if (complete || std::chrono::steady_clock::now() >= until) return resp;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 int Gpus() {

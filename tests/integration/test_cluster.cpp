@@ -150,6 +150,8 @@ TEST_F(PipelineTest, CancelReturnsKvOfEveryWorkerToItsPreviousValue) {
   ASSERT_TRUE(reader->Read(&resp));
   ASSERT_TRUE(reader->Read(&resp));
   auto during = Status(pipe.get());
+  ASSERT_EQ(before.nodes_size(), 3);
+  ASSERT_EQ(during.nodes_size(), 3);
   for (int i = 0; i < 3; ++i) EXPECT_GT(during.nodes(i).kv_bytes(), before.nodes(i).kv_bytes()) << "node " << i;
   ctx.TryCancel();
   while (reader->Read(&resp)) {
