@@ -313,10 +313,11 @@ void HttpServer::AcceptLoop() {
 }
 
 bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req,
-                             std::chrono::milliseconds idle, std::chrono::milliseconds read) {
+                             std::chrono::milliseconds idle, std::chrono::milliseconds read,
+                             Clock::time_point not_after) {
   HttpRequestParser parser(limits_.max_header_bytes, limits_.max_body_bytes);
   // Until the first byte of a request: the idle limit; from there, the read limit.
-  Clock::time_point deadline = Clock::now() + idle;
+  Clock::time_point deadline = std::min(Clock::now() + idle, not_after);
   bool started = false;
   auto reply_error = [&](int status, const std::string& message) {
     HttpResponder r(conn, std::chrono::seconds(5), &stop_);
@@ -326,7 +327,7 @@ bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* r
   while (true) {
     if (!buffer->empty() && !started) {
       started = true;
-      deadline = Clock::now() + read;
+      deadline = std::min(Clock::now() + read, not_after);
     }
     switch (parser.Feed(buffer)) {
       case HttpRequestParser::State::kDone:
@@ -376,12 +377,13 @@ void HttpServer::Serve(int fd, bool probe) {
   }
   HttpConn conn(fd, ssl);
   std::string buffer;
-  const auto idle = probe ? limits_.probe_read_timeout : limits_.idle_timeout;
-  const auto read = probe ? limits_.probe_read_timeout : limits_.read_timeout;
-  bool ok = conn.Handshake(Clock::now() + read, &stop_);
+  // A probe connection has probe_read_timeout from its accept for the handshake and the request.
+  const Clock::time_point not_after =
+      probe ? Clock::now() + limits_.probe_read_timeout : Clock::time_point::max();
+  bool ok = conn.Handshake(std::min(Clock::now() + limits_.read_timeout, not_after), &stop_);
   while (ok && !stop_) {
     HttpRequest req;
-    if (!ReadRequest(&conn, &buffer, &req, idle, read)) break;
+    if (!ReadRequest(&conn, &buffer, &req, limits_.idle_timeout, limits_.read_timeout, not_after)) break;
     HttpResponder r(&conn, limits_.response_timeout, &stop_);
     r.keep_alive_ = req.keep_alive && !probe;
     if (probe && !(req.method == "GET" && (req.path == "/health" || req.path == "/metrics"))) {

@@ -107,9 +107,11 @@ class HttpServer {
   // /health or /metrics and refuses anything else.
   void Serve(int fd, bool probe);
   // Reads one request, waiting at most `idle` for its first byte and `read` from there to its
-  // end; false when the connection should close (after an error reply if any).
+  // end, and never past `not_after`; false when the connection should close (after an error
+  // reply if any).
   bool ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req,
-                   std::chrono::milliseconds idle, std::chrono::milliseconds read);
+                   std::chrono::milliseconds idle, std::chrono::milliseconds read,
+                   std::chrono::steady_clock::time_point not_after);
   void Reap(bool all);
   // The 503 of a connection past the cap, as bytes on the wire.
   std::string TooManyConnections() const;

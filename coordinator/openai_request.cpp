@@ -193,6 +193,14 @@ Status RefuseUnsupported(const Json& j) {
       {"response_format",
        [](const Json& v) { return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text"; },
        "{\"type\": \"text\"}"},
+      // vLLM's structured outputs and beam search.
+      {"guided_json", [](const Json&) { return false; }, "null"},
+      {"guided_regex", [](const Json&) { return false; }, "null"},
+      {"guided_choice", [](const Json&) { return false; }, "null"},
+      {"guided_grammar", [](const Json&) { return false; }, "null"},
+      {"structured_outputs", [](const Json&) { return false; }, "null"},
+      {"use_beam_search", [](const Json& v) { return v.is_boolean() && !v.get<bool>(); }, "false"},
+      {"length_penalty", [](const Json& v) { return v.is_number() && v.get<double>() == 1; }, "1"},
   };
   for (const Unsupported& u : kFields) {
     const Json* v = Field(j, u.field);

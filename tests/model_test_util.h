@@ -105,7 +105,7 @@ inline double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {
     const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    if (!(d <= num)) num = d;
+    if (!std::isnan(num) && !(d <= num)) num = d;   // a NaN, once there, stays
     den = std::max(den, std::fabs(static_cast<double>(b[i])));
   }
   return num / den;
@@ -122,7 +122,7 @@ inline double RowRelErr(const std::vector<float>& a, const std::vector<float>& b
     const std::vector<float> ra(a.begin() + r, a.begin() + r + width),
         rb(b.begin() + r, b.begin() + r + width);
     const double e = RelErr(ra, rb);
-    if (!(e <= worst)) worst = e;   // NaN stays
+    if (!std::isnan(worst) && !(e <= worst)) worst = e;   // a NaN, once there, stays
   }
   return worst;
 }

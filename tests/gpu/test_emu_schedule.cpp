@@ -145,6 +145,9 @@ TEST(EmuScheduleDeathTest, AShuffleWithExitedLanesStopsTheTest) {
   EXPECT_DEATH(EmuLaunch(ShuffleAfterExit, EmuConfig{dim3(1), dim3(32)}, 16),
                "a warp operation in warp 0 while 16 of its lanes");
   EmuLaunch(ShuffleAfterExit, EmuConfig{dim3(1), dim3(32)}, 32);  // the whole warp: fine
+  // A block of 40 threads: its second warp has 8 lanes, and a full-mask shuffle names 24 absent.
+  EXPECT_DEATH(EmuLaunch(ShuffleAfterExit, EmuConfig{dim3(1), dim3(40)}, 40),
+               "a warp operation in warp 1, which has 8 lanes");
 }
 
 }  // namespace

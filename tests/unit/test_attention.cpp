@@ -288,7 +288,7 @@ double MaxRelErr(const A& a, const B& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double d = std::fabs(double(a[i]) - double(ref[i]));
-    if (!(d <= num)) num = d;   // a NaN in a stays (std::max would skip it)
+    if (!std::isnan(num) && !(d <= num)) num = d;   // a NaN, once there, stays (std::max skips it)
     den = std::max(den, std::fabs(double(ref[i])));
   }
   return num / den;

@@ -68,7 +68,7 @@ double MaxAbsDiff(const float* a, const double* b, int64_t n) {
   double m = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double d = std::fabs(a[i] - b[i]);
-    if (!(d <= m)) m = d;   // a NaN in a stays (std::max would skip it)
+    if (!std::isnan(m) && !(d <= m)) m = d;   // a NaN, once there, stays (std::max skips it)
   }
   return m;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -91,6 +92,17 @@ class ForwardTest : public ::testing::Test {
   static std::string* dir_;
 };
 std::string* ForwardTest::dir_ = nullptr;
+
+// The error helpers every GPU-vs-CPU test uses: a NaN anywhere (a value a kernel never wrote,
+// in the emulation's 0xFF memory) makes the error NaN, which fails every EXPECT_LT bound.
+TEST(ErrorHelpers, ANanAnywhereMakesTheErrorNan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(RelErr({1, nan, 3}, {1, 2, 3})));
+  EXPECT_TRUE(std::isnan(RelErr({nan, 2, 3}, {1, 2, 3})));
+  EXPECT_TRUE(std::isnan(modeltest::RowRelErr({1, nan, 3, 4}, {1, 2, 3, 4}, 2)));   // row 0 of 2
+  EXPECT_EQ(RelErr({1, 2, 3}, {1, 2, 4}), 0.25);
+  EXPECT_TRUE(std::isinf(RelErr({1, 2}, {1, 2, 3})));
+}
 
 TEST_F(ForwardTest, DecodeMatchesPrefillOverThreeWindows) { DecodeVsPrefill(48); }
 

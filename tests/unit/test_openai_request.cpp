@@ -148,6 +148,9 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"prompt": "x", "suffix": "end"})", false, "suffix"},
       {R"({"prompt": "x", "best_of": 2})", false, "best_of"},
       {R"({"prompt": "x", "stop_token_ids": [7]})", false, "stop_token_ids"},
+      {R"({"prompt": "x", "guided_regex": "[a-z]+"})", false, "guided_regex"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "guided_json": {}})", true, "guided_json"},
+      {R"({"prompt": "x", "use_beam_search": true})", false, "use_beam_search"},
   };
   for (const auto& c : cases) {
     auto r = DecodeOpenAiRequest(c.body, c.chat);

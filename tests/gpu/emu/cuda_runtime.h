@@ -215,6 +215,12 @@ inline void EmuRunWarp(unsigned first, unsigned end, bool reverse_lanes) {
                    blockIdx.x, blockIdx.y, first / 32, end - first - at_warp_op);
       std::abort();
     }
+    if (end - first < 32) {   // the kernels pass the full mask, which names the missing lanes
+      std::fprintf(stderr, "emu: block (%u, %u): a warp operation in warp %u, which has %u lanes "
+                   "(a partial warp: block.x %% 32 != 0; undefined on a GPU with the full mask)\n",
+                   blockIdx.x, blockIdx.y, first / 32, end - first);
+      std::abort();
+    }
     for (unsigned t = first; t < end; ++t) emu_wait[t] = EmuWait::kRunnable;
   }
 }
