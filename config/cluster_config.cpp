@@ -332,7 +332,8 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
 
   if (const YAML::Node l = root["limits"]; l.IsDefined() && !l.IsNull()) {
     FM_RETURN_IF_ERROR(p.Keys(l, "limits", {"max_batch", "max_context", "kv_cache_gib",
-                                            "max_queue", "max_tokens", "max_streams_per_client"}));
+                                            "max_queue", "max_tokens", "max_streams_per_client",
+                                            "write_stall_timeout_s"}));
     LimitsConfig& lim = cfg->limits;
     if (l["max_batch"]) { FM_ASSIGN_OR_RETURN(lim.max_batch, p.Int(l["max_batch"], "limits.max_batch", 1, kMaxBatchLimit)); }
     if (l["max_context"]) {
@@ -344,6 +345,10 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     if (l["max_streams_per_client"]) {
       FM_ASSIGN_OR_RETURN(lim.max_streams_per_client,
                           p.Int(l["max_streams_per_client"], "limits.max_streams_per_client", 1));
+    }
+    if (l["write_stall_timeout_s"]) {
+      FM_ASSIGN_OR_RETURN(lim.write_stall_timeout_s,
+                          p.Number(l["write_stall_timeout_s"], "limits.write_stall_timeout_s", false));
     }
     if (!l["max_tokens"]) lim.max_tokens = std::min(lim.max_tokens, lim.max_context);
     if (lim.max_tokens > lim.max_context)

@@ -11,7 +11,7 @@
 //              profile: gb10 | h200 | cpu | { name: NAME, FIELD: value, ... } }, ... ]  required;
 //          profile (hardware_profile.h) defaults to cpu for device cpu, gb10 for cuda:N
 //   limits: { max_batch: 16, max_context: 8192, kv_cache_gib: 0, max_queue: 64, max_tokens: 4096,
-//             max_streams_per_client: 64 }
+//             max_streams_per_client: 64, write_stall_timeout_s: 60 }
 //   security: { token_file, cluster_secret_file, tls: { cert, key, ca }, insecure,
 //               encrypt_data_plane }                                         all optional
 //   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
@@ -71,6 +71,7 @@ struct LimitsConfig {
   int64_t max_queue = 64;      // waiting requests before new ones are refused
   int64_t max_tokens = 4096;   // max new tokens per request (<= max_context)
   int64_t max_streams_per_client = 64;   // concurrent generations of one API client
+  double write_stall_timeout_s = 60;     // a gRPC stream whose client reads nothing this long ends
 };
 
 struct TlsConfig {

@@ -228,7 +228,12 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
     if (ev.kind == RequestStream::Event::kToken) {
       meter.Token();
       *out.mutable_token() = ev.token;
-      if (!writer->Write(out)) {
+      bool written;
+      {
+        WriteWatchdog::Write watched(&write_watchdog_, ctx);
+        written = writer->Write(out);
+      }
+      if (!written) {
         (*stream)->Cancel();
         meter.Cancelled();
         return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
@@ -237,6 +242,7 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
     }
     meter.Finished(ev.finish);
     *out.mutable_finish() = ev.finish;
+    WriteWatchdog::Write watched(&write_watchdog_, ctx);
     writer->Write(out);
     return grpc::Status::OK;
   }

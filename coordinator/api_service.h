@@ -12,6 +12,7 @@
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/write_watchdog.h"
 #include "flashmesh/v1/api.grpc.pb.h"
 #include "model/config.h"
 #include "model/tokenizer.h"
@@ -29,6 +30,8 @@ struct ApiOptions {
   int64_t max_tokens = 4096;             // per request
   int64_t max_context = 8192;
   int64_t max_streams_per_client = 64;   // concurrent generations of one client identity
+  // A Generate stream write that waits longer (the client reads nothing) cancels the call.
+  std::chrono::milliseconds write_stall_timeout{60000};
   std::vector<std::string> api_tokens;   // accepted bearer tokens; empty = no auth
   std::string model_name;
 };
@@ -86,6 +89,7 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   Scheduler* scheduler_;
   Metrics* metrics_;
   ApiOptions options_;
+  WriteWatchdog write_watchdog_{options_.write_stall_timeout};
   // Bookkeeping of AcquireStream (also used by the HTTP API through a const ApiService).
   mutable std::mutex streams_mu_;
   mutable std::map<std::string, int64_t> streams_;   // client -> generations running

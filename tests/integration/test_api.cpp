@@ -182,6 +182,35 @@ TEST(ApiLimits, AFarDeadlineIsNoDeadline) {
   EXPECT_TRUE(finished);
 }
 
+// A client that stops reading a stream: once its flow-control window is full the server's write
+// waits; after --write-stall-timeout the call is cancelled and its stream slot freed, so the
+// same client can generate again (it used to stay held until the connection died).
+TEST(ApiLimits, AClientThatStopsReadingLosesItsStreamAfterTheWriteStallTimeout) {
+  Server server({"--max-streams-per-client", "1", "--max-tokens", "3000", "--max-context", "4096",
+                 "--write-stall-timeout", "1"});
+  ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
+  // A small window (4 KiB, no BDP growth): a few hundred tokens fill it.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4096);
+  auto slow = flashmesh::v1::Inference::NewStub(
+      grpc::CreateCustomChannel(server.api(), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  auto req = TokensRequest({5, 6, 7}, 3000);
+  req.set_ignore_eos(true);
+  auto reader = slow->Generate(&ctx, req);   // never read
+  auto stub = Connect(server.api());
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  Generation g;
+  do {
+    std::this_thread::sleep_for(200ms);
+    g = Generate(stub.get(), TokensRequest({5, 6}, 2));
+  } while (!g.status.ok() && std::chrono::steady_clock::now() < until);
+  EXPECT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << Status(stub.get()).DebugString();
+  ctx.TryCancel();
+  reader->Finish();
+}
+
 TEST(ApiAuth, BearerTokenFromTokenFile) {
   TempDir dir;
   std::ofstream(dir.path() + "/tokens") << "# API tokens\ns3cret\n";

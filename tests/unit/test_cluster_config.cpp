@@ -101,6 +101,7 @@ TEST(ClusterConfig, DefaultsForOptionalSections) {
   EXPECT_EQ(r->limits.max_queue, 64);
   EXPECT_EQ(r->limits.max_batch, 16);
   EXPECT_DOUBLE_EQ(r->limits.kv_cache_gib, 0.0);
+  EXPECT_DOUBLE_EQ(r->limits.write_stall_timeout_s, 60.0);
   EXPECT_TRUE(r->security.cluster_secret_file.empty());
   EXPECT_FALSE(r->security.tls.enabled());
   EXPECT_EQ(r->heartbeat.interval_ms, 1000);
@@ -138,6 +139,14 @@ TEST(ClusterConfig, WithoutASecretEveryListenerMustBeLoopbackUnlessInsecure) {
   auto encrypted = Parse(open + "security: { cluster_secret_file: s, encrypt_data_plane: true }\n");
   ASSERT_TRUE(encrypted.ok()) << encrypted.status().ToString();
   EXPECT_TRUE(encrypted->security.encrypt_data_plane);
+}
+
+TEST(ClusterConfig, WriteStallTimeout) {
+  auto r = Parse(Edit("max_queue: 10", "max_queue: 10, write_stall_timeout_s: 2.5"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_DOUBLE_EQ(r->limits.write_stall_timeout_s, 2.5);
+  ExpectError(Edit("max_queue: 10", "max_queue: 10, write_stall_timeout_s: 0"), 12,
+              "limits.write_stall_timeout_s");
 }
 
 TEST(ClusterConfig, UnknownKeysAtEveryLevel) {
