@@ -87,6 +87,14 @@ Status CheckBearerToken(const std::string* value, const std::vector<std::string>
   return Unauthenticated("invalid bearer token");
 }
 
+Status CheckPromptBytes(const std::string& field, size_t bytes, int64_t max_context) {
+  const size_t max_bytes = kMaxPromptBytesPerToken * static_cast<size_t>(max_context);
+  if (bytes <= max_bytes) return Status::Ok();
+  return InvalidArgument(field + ": " + std::to_string(bytes) + " bytes, more than " +
+                         std::to_string(max_bytes) + " (" + std::to_string(kMaxPromptBytesPerToken) +
+                         " x max_context)");
+}
+
 std::string ApiService::StreamClient(const std::string& authorization, std::string anonymous) const {
   return checks_tokens() ? "token " + authorization : "anonymous " + anonymous;
 }
@@ -106,11 +114,7 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
     case flashmesh::v1::GenerateRequest::kText: {
       if (req.text().empty()) return InvalidArgument("input.text: empty");
       FM_RETURN_IF_ERROR(CheckUtf8("input.text", req.text()));
-      const size_t max_bytes = kMaxPromptBytesPerToken * static_cast<size_t>(options_.max_context);
-      if (req.text().size() > max_bytes)
-        return InvalidArgument("input.text: " + std::to_string(req.text().size()) +
-                               " bytes, more than " + std::to_string(max_bytes) + " (" +
-                               std::to_string(kMaxPromptBytesPerToken) + " x max_context)");
+      FM_RETURN_IF_ERROR(CheckPromptBytes("input.text", req.text().size(), options_.max_context));
       if (!tokenizer_) return InvalidArgument("input.text: this model has no tokenizer.json; send input.tokens");
       std::string text;
       if (req.raw()) {

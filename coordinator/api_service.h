@@ -36,6 +36,10 @@ struct ApiOptions {
   std::string model_name;
 };
 
+// A prompt of `bytes` in `field` against kMaxPromptBytesPerToken x max_context, checked before
+// tokenizing (both APIs): InvalidArgument naming the field and the bound past it.
+Status CheckPromptBytes(const std::string& field, size_t bytes, int64_t max_context);
+
 // The value of an Authorization header (HTTP) or metadata entry (gRPC; null when absent) against
 // the accepted tokens (empty: no auth): Ok for "Bearer <one of tokens>", Unauthenticated
 // otherwise ("missing <what>" when absent).

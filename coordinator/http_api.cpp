@@ -150,11 +150,7 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
       text = bos + r.prompt;
     }
     // As gRPC's input.text: no tokenizing of megabytes that cannot fit the context anyway.
-    const size_t max_bytes = kMaxPromptBytesPerToken * static_cast<size_t>(options_.max_context);
-    if (text.size() > max_bytes)
-      return InvalidArgument(input + ": " + std::to_string(text.size()) + " bytes, more than " +
-                             std::to_string(max_bytes) + " (" + std::to_string(kMaxPromptBytesPerToken) +
-                             " x max_context)");
+    FM_RETURN_IF_ERROR(CheckPromptBytes(input, text.size(), options_.max_context));
     auto ids = tokenizer_->Encode(text);
     if (!ids.ok()) return ids.status().Wrap(input);
     g.mutable_tokens()->mutable_ids()->Add(ids->begin(), ids->end());

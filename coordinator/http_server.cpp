@@ -356,8 +356,12 @@ bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* r
   }
 }
 
+std::string HttpServer::TooManyConnectionsJson() const {
+  return ErrorJson(503, "too many connections (" + std::to_string(limits_.max_connections) + ")");
+}
+
 std::string HttpServer::TooManyConnections() const {
-  const std::string body = ErrorJson(503, "too many connections (" + std::to_string(limits_.max_connections) + ")");
+  const std::string body = TooManyConnectionsJson();
   return Head(503, "application/json", {{"Retry-After", "1"}}) + "Content-Length: " +
          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
 }
@@ -387,9 +391,7 @@ void HttpServer::Serve(int fd, bool probe) {
     HttpResponder r(&conn, limits_.response_timeout, &stop_);
     r.keep_alive_ = req.keep_alive && !probe;
     if (probe && !(req.method == "GET" && (req.path == "/health" || req.path == "/metrics"))) {
-      r.Reply(503, "application/json",
-              ErrorJson(503, "too many connections (" + std::to_string(limits_.max_connections) + ")"),
-              {{"Retry-After", "1"}});
+      r.Reply(503, "application/json", TooManyConnectionsJson(), {{"Retry-After", "1"}});
       break;
     }
     handler_(req, &r);

@@ -113,7 +113,9 @@ class HttpServer {
                    std::chrono::milliseconds idle, std::chrono::milliseconds read,
                    std::chrono::steady_clock::time_point not_after);
   void Reap(bool all);
-  // The 503 of a connection past the cap, as bytes on the wire.
+  // The 503 of a connection past the cap: its JSON body, and the whole answer as bytes on the
+  // wire (for the accept loop, which sends it without a responder).
+  std::string TooManyConnectionsJson() const;
   std::string TooManyConnections() const;
 
   std::unique_ptr<Impl> impl_;
