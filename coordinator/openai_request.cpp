@@ -167,6 +167,13 @@ Status DecodeSampling(const Json& j, OpenAiRequest* r) {
   return Status::Ok();
 }
 
+// The values of RefuseUnsupported's fields that change nothing.
+bool IsNumber0(const Json& v) { return v.is_number() && v.get<double>() == 0; }
+bool IsNumber1(const Json& v) { return v.is_number() && v.get<double>() == 1; }
+bool IsFalse(const Json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool IsEmptyArray(const Json& v) { return v.is_array() && v.empty(); }
+bool NoValue(const Json&) { return false; }   // only null (absent) changes nothing
+
 // Fields of OpenAI's (or vLLM's) API that change what is generated and that this server does
 // not do: a 400 naming the field, unless the value is the one that changes nothing. Ignoring
 // them, as unknown fields are, would answer other text than was asked for.
@@ -177,30 +184,30 @@ Status RefuseUnsupported(const Json& j) {
     const char* neutral_text;
   };
   static const Unsupported kFields[] = {
-      {"presence_penalty", [](const Json& v) { return v.is_number() && v.get<double>() == 0; }, "0"},
-      {"frequency_penalty", [](const Json& v) { return v.is_number() && v.get<double>() == 0; }, "0"},
-      {"repetition_penalty", [](const Json& v) { return v.is_number() && v.get<double>() == 1; }, "1"},
-      {"min_p", [](const Json& v) { return v.is_number() && v.get<double>() == 0; }, "0"},
-      {"min_tokens", [](const Json& v) { return v.is_number() && v.get<double>() == 0; }, "0"},
-      {"best_of", [](const Json& v) { return v.is_number() && v.get<double>() == 1; }, "1"},
-      {"echo", [](const Json& v) { return v.is_boolean() && !v.get<bool>(); }, "false"},
+      {"presence_penalty", IsNumber0, "0"},
+      {"frequency_penalty", IsNumber0, "0"},
+      {"repetition_penalty", IsNumber1, "1"},
+      {"min_p", IsNumber0, "0"},
+      {"min_tokens", IsNumber0, "0"},
+      {"best_of", IsNumber1, "1"},
+      {"echo", IsFalse, "false"},
       {"suffix", [](const Json& v) { return v.is_string() && v.get<std::string>().empty(); }, "\"\""},
       {"logit_bias", [](const Json& v) { return v.is_object() && v.empty(); }, "{}"},
-      {"stop_token_ids", [](const Json& v) { return v.is_array() && v.empty(); }, "[]"},
-      {"tools", [](const Json& v) { return v.is_array() && v.empty(); }, "[]"},
-      {"functions", [](const Json& v) { return v.is_array() && v.empty(); }, "[]"},
+      {"stop_token_ids", IsEmptyArray, "[]"},
+      {"tools", IsEmptyArray, "[]"},
+      {"functions", IsEmptyArray, "[]"},
       {"tool_choice", [](const Json& v) { return v == "none" || v == "auto"; }, "\"none\" or \"auto\""},
       {"response_format",
        [](const Json& v) { return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text"; },
        "{\"type\": \"text\"}"},
       // vLLM's structured outputs and beam search.
-      {"guided_json", [](const Json&) { return false; }, "null"},
-      {"guided_regex", [](const Json&) { return false; }, "null"},
-      {"guided_choice", [](const Json&) { return false; }, "null"},
-      {"guided_grammar", [](const Json&) { return false; }, "null"},
-      {"structured_outputs", [](const Json&) { return false; }, "null"},
-      {"use_beam_search", [](const Json& v) { return v.is_boolean() && !v.get<bool>(); }, "false"},
-      {"length_penalty", [](const Json& v) { return v.is_number() && v.get<double>() == 1; }, "1"},
+      {"guided_json", NoValue, "null"},
+      {"guided_regex", NoValue, "null"},
+      {"guided_choice", NoValue, "null"},
+      {"guided_grammar", NoValue, "null"},
+      {"structured_outputs", NoValue, "null"},
+      {"use_beam_search", IsFalse, "false"},
+      {"length_penalty", IsNumber1, "1"},
   };
   for (const Unsupported& u : kFields) {
     const Json* v = Field(j, u.field);

@@ -277,7 +277,7 @@ struct Tokenizer::Impl {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;
   bool ignore_merges = false;
   std::vector<SplitStep> steps;
-  std::vector<AddedToken> added;                    // sorted longest first
+  std::vector<AddedToken> added;                    // in the file's order
   // The added tokens as a byte trie: node 0 is the root; edge (node << 8 | byte) -> child;
   // added_at[node]: the index into added of the token ending there, -1 none. Finding the
   // longest token at a position walks at most the longest token's bytes, whatever their count.
@@ -448,9 +448,6 @@ Status Tokenizer::Impl::ParseAdded(const json& a) {
     id_special[tok.id] = tok.special;
     added.push_back(std::move(tok));
   }
-  std::stable_sort(added.begin(), added.end(), [](const AddedToken& x, const AddedToken& y) {
-    return x.content.size() > y.content.size();
-  });
   for (size_t k = 0; k < added.size(); ++k) {
     int32_t node = 0;
     for (unsigned char c : added[k].content) {
@@ -458,7 +455,7 @@ Status Tokenizer::Impl::ParseAdded(const json& a) {
       if (is_new) added_at.push_back(-1);
       node = it->second;
     }
-    if (added_at[node] < 0) added_at[node] = static_cast<int32_t>(k);  // a duplicate: the first
+    if (added_at[node] < 0) added_at[node] = static_cast<int32_t>(k);  // a duplicate: the file's first
   }
   return Status::Ok();
 }
