@@ -46,7 +46,7 @@ NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string 
     : plan_(plan), control_(std::move(control)), data_(std::move(data)), spec_(std::move(spec)) {
   // Reconnects quickly after a worker restarts under the same address.
   stub_ = flashmesh::v1::Worker::NewStub(NewWorkerChannel(
-      control_, ReconnectingChannelArgs(), options.cluster_secret, term, options.worker_credentials));
+      control_, WorkerChannelArgs(), options.cluster_secret, term, options.worker_credentials));
 }
 
 NodeState NodeHandle::state() const {

@@ -64,6 +64,17 @@ Result<std::string> ReadPem(const std::string& path, const std::string& what) {
   if (!in || ss.str().empty()) return NotFound("security.tls." + what + " " + path + ": cannot read");
   return ss.str();
 }
+
+// A ChannelArguments takes each argument once: a second Set... of it is ignored.
+grpc::ChannelArguments ReconnectingArgs(int max_receive_bytes) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(max_receive_bytes);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 100);
+  return args;
+}
 }  // namespace
 
 Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(const TlsFiles& tls,
@@ -80,15 +91,9 @@ Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(const TlsF
   return grpc::SslServerCredentials(o);
 }
 
-grpc::ChannelArguments ReconnectingChannelArgs() {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 100);
-  return args;
-}
+grpc::ChannelArguments ReconnectingChannelArgs() { return ReconnectingArgs(-1); }
+
+grpc::ChannelArguments WorkerChannelArgs() { return ReconnectingArgs(kWorkerMaxReplyBytes); }
 
 Result<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls) {
   if (tls.ca.empty()) return grpc::InsecureChannelCredentials();

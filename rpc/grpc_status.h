@@ -41,10 +41,19 @@ Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(const TlsF
 Result<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls);
 
 // Channel arguments for a client of a server that may be starting or restarting (the
-// coordinator's worker channels, the CLI's API client): unlimited message sizes, and a reconnect
-// within 0.5 s of a refused connect. gRPC's own backoff starts at 1 s, and its pick_first then
-// waits for a re-resolution of the address, rate-limited to seconds unless set short here.
+// CLI's API client): unlimited message sizes, and a reconnect within 0.5 s of a refused connect.
+// gRPC's own backoff starts at 1 s, and its pick_first then waits for a re-resolution of the
+// address, rate-limited to seconds unless set short here.
 grpc::ChannelArguments ReconnectingChannelArgs();
+
+// The largest reply the coordinator takes from a worker. The largest real ones are kilobytes
+// (a Health listing its live sequences, Stats' per-expert counts, one token per sequence of a
+// step); the cap keeps a misbehaving worker from making the coordinator allocate gigabytes.
+inline constexpr int kWorkerMaxReplyBytes = 16 << 20;
+
+// ReconnectingChannelArgs for the coordinator's worker channels: a larger reply fails its call
+// with RESOURCE_EXHAUSTED before it is parsed (the node is then marked down with that error).
+grpc::ChannelArguments WorkerChannelArgs();
 
 // Starts a gRPC server for `service` on `listen` (host:port; port 0 picks one). *bound_port
 // gets the port actually bound. Larger request messages are refused (RESOURCE_EXHAUSTED)

@@ -167,6 +167,46 @@ TEST_F(ControlAuth, UnsignedWrongAlteredReplayedAndExpiredCallsAreRefused) {
                 grpc::StatusCode::UNAUTHENTICATED, "off this worker's clock");
 }
 
+// A worker whose Health lists `ids` live sequences (8-byte varints each past 2^49).
+class ListingService final : public v1::Worker::Service {
+ public:
+  explicit ListingService(int ids) : ids_(ids) {}
+  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
+                      v1::HealthResponse* resp) override {
+    for (int i = 0; i < ids_; ++i) resp->add_seq_ids((uint64_t{1} << 50) + static_cast<uint64_t>(i));
+    return grpc::Status::OK;
+  }
+
+ private:
+  int ids_;
+};
+
+// The coordinator's worker channel takes a reply up to kWorkerMaxReplyBytes and fails a larger
+// one with RESOURCE_EXHAUSTED instead of receiving it whole.
+TEST(WorkerChannel, RefusesAReplyOverTheCap) {
+  // Packed, 8 bytes an id: 1000 ids (8 KB) under and over the cap.
+  for (int ids : {kWorkerMaxReplyBytes / 8 - 1000, kWorkerMaxReplyBytes / 8 + 1000}) {
+    ListingService service(ids);
+    int port = 0;
+    auto server = StartGrpcServer("127.0.0.1:0", &service, &port, 1 << 20);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    auto stub = v1::Worker::NewStub(
+        NewWorkerChannel("127.0.0.1:" + std::to_string(port), WorkerChannelArgs(), "", 1));
+    v1::HealthResponse h;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status s = stub->Health(&ctx, v1::HealthRequest(), &h);
+    if (ids < kWorkerMaxReplyBytes / 8) {
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(h.seq_ids_size(), ids);
+    } else {
+      ExpectRefused(s, grpc::StatusCode::RESOURCE_EXHAUSTED, "larger than max");
+      EXPECT_EQ(h.seq_ids_size(), 0);
+    }
+    server.value()->Shutdown();
+  }
+}
+
 TEST(ControlAuthKey, DependsOnTheSecretAndIsNotTheSecret) {
   EXPECT_EQ(ControlKey(""), "");
   EXPECT_EQ(ControlKey("a").size(), 32u);
