@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "flashmesh/v1/worker.grpc.pb.h"
-#include "net/crc32c.h"
 #include "rpc/control_auth.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/http_client.h"
@@ -210,24 +209,6 @@ TEST(Security, StaleCoordinatorStepsDownAndTheNewOneServesWithoutAReloadStorm) {
       << stale.status.error_message();
 }
 
-uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/statm");
-  uint64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * 4096;
-}
-
-// A 64-byte header claiming `payload_bytes` of u8 (valid in every field but the length).
-std::vector<uint8_t> HeaderClaiming(uint64_t payload_bytes) {
-  auto b = net::EncodeFrame(net::ActivationHeader({1}, net::FrameDType::kU8), "x", 1);
-  b->resize(net::kFrameHeaderSize);
-  for (int i = 0; i < 4; ++i) (*b)[28 + i] = static_cast<uint8_t>(payload_bytes >> (8 * i));
-  for (int i = 0; i < 8; ++i) (*b)[44 + i] = static_cast<uint8_t>(payload_bytes >> (8 * i));
-  const uint32_t crc = net::Crc32c(b->data(), 60);
-  for (int i = 0; i < 4; ++i) (*b)[60 + i] = static_cast<uint8_t>(crc >> (8 * i));
-  return *b;
-}
-
 TEST(Security, DataPlaneAttacksOnAWorkerAreDroppedWithItsMemoryBounded) {
   ClusterSpec spec;
   spec.stages = 2;
@@ -238,7 +219,8 @@ TEST(Security, DataPlaneAttacksOnAWorkerAreDroppedWithItsMemoryBounded) {
   auto api = Connect(cluster.api());
   const std::vector<int32_t> before = Greedy(api.get());
   const pid_t w1 = cluster.worker(1)->pid();
-  const uint64_t rss0 = ResidentBytes(w1);
+  ASSERT_TRUE(net::ResetPeakResident(w1)) << "cannot write /proc/" << w1 << "/clear_refs";
+  const uint64_t rss0 = net::PeakResidentBytes(w1);
   namespace asio = boost::asio;
   asio::io_context io;
   // An unknown name is refused in the handshake: the worker hangs up on its hello.
@@ -252,10 +234,11 @@ TEST(Security, DataPlaneAttacksOnAWorkerAreDroppedWithItsMemoryBounded) {
     liar.connect(net::EndpointOf(cluster.data(1)));
     net::RawHandshake(liar, "w0", "w1", "");
     if (HasFatalFailure()) return;
-    asio::write(liar, asio::buffer(HeaderClaiming(uint64_t{1} << 30)));
+    asio::write(liar, asio::buffer(net::HeaderClaiming(uint64_t{1} << 30)));
     EXPECT_TRUE(net::ClosedByServer(liar, 2000ms)) << "connection " << i;
   }
-  EXPECT_LT(ResidentBytes(w1), rss0 + (uint64_t{64} << 20)) << "w1 allocated a claimed frame";
+  EXPECT_LT(net::PeakResidentBytes(w1), rss0 + (uint64_t{64} << 20))
+      << "w1 allocated a claimed frame";
   const std::string log = cluster.worker(1)->Log();
   EXPECT_NE(log.find("handshake: peer name 'mallory' is not one of this node's peers"),
             std::string::npos) << log;

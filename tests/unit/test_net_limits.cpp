@@ -2,30 +2,15 @@
 // header or payload that trickles, unknown names, a name from the wrong address, a flood of
 // unread frames. Each drops that connection at once, memory stays bounded, and a good peer on
 // the same transport is never disturbed.
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "net/crc32c.h"
 #include "tests/unit/test_net_util.h"
 
 namespace fm::net {
 namespace {
-
-// A 64-byte header claiming `payload_bytes` of u8 (the header CRC recomputed, the payload CRC
-// of nothing): valid in every field but the length.
-std::vector<uint8_t> HeaderClaiming(uint64_t payload_bytes) {
-  auto b = EncodeFrame(ActivationHeader({1}, FrameDType::kU8), "x", 1);
-  EXPECT_TRUE(b.ok());
-  b->resize(kFrameHeaderSize);
-  for (int i = 0; i < 4; ++i) (*b)[28 + i] = static_cast<uint8_t>(payload_bytes >> (8 * i));
-  for (int i = 0; i < 8; ++i) (*b)[44 + i] = static_cast<uint8_t>(payload_bytes >> (8 * i));
-  const uint32_t crc = Crc32c(b->data(), 60);
-  for (int i = 0; i < 4; ++i) (*b)[60 + i] = static_cast<uint8_t>(crc >> (8 * i));
-  return *b;
-}
 
 std::unique_ptr<Transport> MakeListener(const std::string& name, Millis frame_timeout) {
   TransportOptions o;
@@ -36,14 +21,6 @@ std::unique_ptr<Transport> MakeListener(const std::string& name, Millis frame_ti
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
   return std::move(*t);
-}
-
-// This process's resident set in bytes (/proc/self/statm, field 2, in pages).
-uint64_t ResidentBytes() {
-  std::ifstream in("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * 4096;
 }
 
 // The reason the transport gives for the last close of `peer`'s connection.
@@ -81,7 +58,8 @@ TEST(DataPlaneLimits, LengthOverThePlanMaximumDropsBeforeAllocating) {
 TEST(DataPlaneLimits, ClaimedGigabytesHoldOnlyTheBytesSentAndTimeOut) {
   // Default 1 GiB limit: three connections each claim just under it, send 1 MiB and stall.
   auto a = MakeListener("a", 700ms);
-  const uint64_t before = ResidentBytes();
+  ASSERT_TRUE(ResetPeakResident()) << "cannot write /proc/self/clear_refs";
+  const uint64_t before = PeakResidentBytes();
   asio::io_context io;
   std::vector<tcp::socket> evil;
   for (int i = 0; i < 3; ++i) {
@@ -93,7 +71,7 @@ TEST(DataPlaneLimits, ClaimedGigabytesHoldOnlyTheBytesSentAndTimeOut) {
     asio::write(evil.back(), asio::buffer(std::vector<uint8_t>(1 << 20, 7)));
   }
   std::this_thread::sleep_for(300ms);
-  EXPECT_LT(ResidentBytes(), before + (uint64_t{64} << 20)) << "3 claims of 1 GiB were allocated";
+  EXPECT_LT(PeakResidentBytes(), before + (uint64_t{64} << 20)) << "3 claims of 1 GiB were allocated";
   for (auto& s : evil) EXPECT_TRUE(ClosedByServer(s, 2000ms));
   const std::string reason = CloseReason(*a, "evil0");
   EXPECT_NE(reason.find("payload stalled"), std::string::npos) << reason;

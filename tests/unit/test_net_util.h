@@ -1,12 +1,15 @@
-// Helpers of the data-plane tests (test_net.cpp, test_net_limits.cpp, test_net_auth.cpp): frames, transports on
+// Helpers of the data-plane tests (test_net*.cpp, test_security.cpp): frames, transports on
 // 127.0.0.1 with ephemeral ports, and a hand-driven peer that can send arbitrary bytes.
 #pragma once
 #include <utility>  // before Boost 1.74's awaitable.hpp (std::exchange)
 
 #include <boost/asio.hpp>
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -16,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "net/crc32c.h"
 #include "net/frame.h"
 #include "net/frame_auth.h"
 #include "net/handshake.h"
@@ -155,6 +159,40 @@ inline bool ClosedByServer(tcp::socket& s, Millis limit) {
     if (ec) return true;  // eof or reset
   }
   return false;
+}
+
+// A 64-byte header claiming `payload_bytes` of u8 (the header CRC recomputed, the payload CRC
+// of nothing): valid in every field but the length.
+inline std::vector<uint8_t> HeaderClaiming(uint64_t payload_bytes) {
+  auto b = EncodeFrame(ActivationHeader({1}, FrameDType::kU8), "x", 1);
+  EXPECT_TRUE(b.ok());
+  b->resize(kFrameHeaderSize);
+  for (int i = 0; i < 4; ++i) (*b)[28 + i] = static_cast<uint8_t>(payload_bytes >> (8 * i));
+  for (int i = 0; i < 8; ++i) (*b)[44 + i] = static_cast<uint8_t>(payload_bytes >> (8 * i));
+  const uint32_t crc = Crc32c(b->data(), 60);
+  for (int i = 0; i < 4; ++i) (*b)[60 + i] = static_cast<uint8_t>(crc >> (8 * i));
+  return *b;
+}
+
+// Peak resident memory of process `pid` (0: this one) since ResetPeakResident: Linux resets
+// VmHWM to the present resident set when "5" is written to /proc/PID/clear_refs, so a buffer
+// allocated, touched and freed in between still shows (the present resident set would not).
+inline std::string ProcPath(pid_t pid, const char* file) {
+  return "/proc/" + (pid ? std::to_string(pid) : std::string("self")) + "/" + file;
+}
+inline bool ResetPeakResident(pid_t pid = 0) {
+  std::ofstream out(ProcPath(pid, "clear_refs"));
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+inline uint64_t PeakResidentBytes(pid_t pid = 0) {
+  std::ifstream in(ProcPath(pid, "status"));
+  std::string key;
+  for (uint64_t kb = 0; in >> key;)
+    if (key == "VmHWM:" && in >> kb) return kb << 10;
+  ADD_FAILURE() << "no VmHWM in " << ProcPath(pid, "status");
+  return 0;
 }
 
 }  // namespace fm::net
