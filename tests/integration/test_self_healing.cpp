@@ -123,7 +123,7 @@ TEST(SelfHealing, StrayStepAndOutOfBandResetUnderLoadEndWithinSecondsAndTheNextR
   const auto t0 = Clock::now();
   grpc::Status ss = w0->StepBatch(&sctx, stray, &sresp);
   EXPECT_EQ(ss.error_code(), grpc::StatusCode::NOT_FOUND) << ss.error_message();
-  EXPECT_LT(Clock::now() - t0, 1s);
+  EXPECT_LT(Clock::now() - t0, 2s);  // not its 5 s deadline; the slack is for the TSan run (CI)
   stray.clear_items();
   grpc::ClientContext ectx;
   EXPECT_EQ(w0->StepBatch(&ectx, stray, &sresp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);

@@ -377,7 +377,7 @@ TEST(TcpTransport, RecvOnASilentPeerReturnsWithinTheDeadline) {
     EXPECT_EQ(f.status().code(), Code::kDeadlineExceeded);
     EXPECT_NE(f.status().message().find("'b'"), std::string::npos);
     EXPECT_GE(took, deadline);
-    EXPECT_LT(took, deadline + 500ms);
+    EXPECT_LT(took, deadline + 1500ms);  // a hang is the fault; the slack is a loaded sanitizer run's
   }
   // A peer that never connected: same deadline, and the message says so.
   const auto t0 = Clock::now();

@@ -101,20 +101,35 @@ TEST(FrameSealer, SessionKeysDifferPerDirectionAndConnection) {
 
 // A man in the middle without the secret: relays the handshake of "b" (dialing it as if it
 // were "a") to "a" verbatim, then hands one frame on, optionally altered with both CRCs
-// recomputed, and captures what b sent.
+// recomputed, and captures what b sent. A relay that fails (b never dials within 5 s, a peer
+// hangs up early) fails the test instead of throwing in its thread or blocking in accept.
 class Relay {
  public:
   Relay(const std::string& target, bool alter) : acceptor_(io_, {asio::ip::make_address("127.0.0.1"), 0}) {
-    thread_ = std::thread([this, target, alter] { Run(target, alter); });
+    thread_ = std::thread([this, target, alter] {
+      try {
+        Run(target, alter);
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+    });
   }
-  ~Relay() { thread_.join(); }
+  ~Relay() {
+    thread_.join();
+    if (!error_.empty()) ADD_FAILURE() << "relay: " << error_;
+  }
   std::string address() const { return "127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()); }
   std::vector<uint8_t> captured;   // b's first frame as it crossed (header + payload + tag)
 
  private:
   void Run(const std::string& target, bool alter) {
     tcp::socket b(io_), a(io_);
-    acceptor_.accept(b);
+    acceptor_.non_blocking(true);
+    boost::system::error_code ec;
+    for (const auto end = Clock::now() + 5s;
+         acceptor_.accept(b, ec), ec == asio::error::would_block && Clock::now() < end;)
+      std::this_thread::sleep_for(5ms);
+    if (ec) throw boost::system::system_error(ec, "accept b");
     a.connect(EndpointOf(target));
     auto pump = [](tcp::socket& from, tcp::socket& to, size_t n) {
       std::vector<uint8_t> buf(n);
@@ -147,6 +162,7 @@ class Relay {
 
   asio::io_context io_;
   tcp::acceptor acceptor_;
+  std::string error_;
   std::thread thread_;
 };
 
