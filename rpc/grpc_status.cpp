@@ -111,6 +111,9 @@ Result<std::unique_ptr<grpc::Server>> StartGrpcServer(
     std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, credentials, bound_port);
+  // gRPC binds with SO_REUSEPORT by default: a second daemon on a port in use would share it,
+  // the kernel spreading connections between the two, instead of failing to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(max_request_bytes);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(service);

@@ -207,6 +207,19 @@ TEST(WorkerChannel, RefusesAReplyOverTheCap) {
   }
 }
 
+// A port in use is an error, not a second listener sharing it (gRPC's default SO_REUSEPORT).
+TEST(GrpcServer, APortInUseIsRefused) {
+  ListingService first(0), second(0);
+  int port = 0, port2 = 0;
+  auto a = StartGrpcServer("127.0.0.1:0", &first, &port, 1 << 20);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = StartGrpcServer("127.0.0.1:" + std::to_string(port), &second, &port2, 1 << 20);
+  ASSERT_FALSE(b.ok()) << "two servers listen on port " << port;
+  EXPECT_NE(b.status().message().find("cannot listen on 127.0.0.1:" + std::to_string(port)),
+            std::string::npos) << b.status().message();
+  a.value()->Shutdown();
+}
+
 TEST(ControlAuthKey, DependsOnTheSecretAndIsNotTheSecret) {
   EXPECT_EQ(ControlKey(""), "");
   EXPECT_EQ(ControlKey("a").size(), 32u);
