@@ -78,8 +78,15 @@ int CmdUp(int argc, char** argv) {
     bool died = false;
     for (auto& c : children) {
       if (c->exit_code() >= 0 || c->Running()) continue;   // reported once, when it exits
-      FM_LOG(kError, "up") << c->name() << " exited (" << c->exit_text() << ")";
-      died = died || c->name() == "coordinator";   // a dead worker is the coordinator's to report
+      // A worker ends with an error status of its own only when it could not start (a port in
+      // use, a bad secret file): the cluster cannot come up. One that crashed or was killed is
+      // the coordinator's to report (the node is down) and may be started again.
+      const bool could_not_start = c->exit_code() > 0 && c->exit_code() < 128;
+      FM_LOG(kError, "up") << c->name() << " exited (" << c->exit_text() << ")"
+                           << (could_not_start && c->name() != "coordinator"
+                                   ? ": it could not start, so the cluster cannot; stopping"
+                                   : "");
+      died = died || c->name() == "coordinator" || could_not_start;
     }
     if (died) {
       exit_code = 1;

@@ -1,6 +1,10 @@
 // Multi-process clusters on loopback: the distributed daemon against `flashmesh serve`.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -246,6 +250,43 @@ TEST(ClusterCli, UpStartsTheWholeClusterStatusListsNodesAndSigintStopsAll) {
   // status exits like health: 2 when the coordinator does not answer.
   EXPECT_EQ(RunFlashmesh({"status", "--server", cluster.api()}, &out, 10s), 2) << out;
   EXPECT_NE(out.find("down: coordinator"), std::string::npos) << out;
+}
+
+// Holds 127.0.0.1:`port` with a listening socket for the test's duration.
+class PortTaken {
+ public:
+  explicit PortTaken(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok_ = fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(fd_, 1) == 0;
+  }
+  ~PortTaken() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  int fd_;
+  bool ok_ = false;
+};
+
+// A worker that cannot start (its data port is taken) stops `up` with its error, instead of
+// leaving a cluster that never becomes healthy running.
+TEST(ClusterCli, UpExitsWhenAWorkerCannotStart) {
+  Cluster cluster(ClusterSpec{});   // only for its YAML and ports
+  const std::string data1 = cluster.data(1);
+  PortTaken taken(std::stoi(data1.substr(data1.rfind(':') + 1)));
+  ASSERT_TRUE(taken.ok()) << "cannot hold " << data1;
+  TempDir dir;
+  Process up({"up", "--config", cluster.yaml()}, dir.path() + "/up.log");
+  EXPECT_EQ(up.Wait(30s), 1) << up.Log();
+  const std::string log = up.Log();
+  EXPECT_NE(log.find("worker w1: data plane (nodes[].data " + data1 + ")"), std::string::npos) << log;
+  EXPECT_NE(log.find("w1 exited (status 1): it could not start"), std::string::npos) << log;
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api()}, &out, 10s), 2) << "coordinator left running";
 }
 
 TEST(ClusterCli, YamlErrorsNameFileAndLineThroughCoordinator) {
