@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <map>
 #include <set>
@@ -94,11 +95,17 @@ class Parser {
     return v;
   }
 
-  Result<double> Number(const YAML::Node& n, const std::string& path, bool allow_zero) const {
+  Result<double> Number(const YAML::Node& n, const std::string& path, bool allow_zero,
+                        double max = std::numeric_limits<double>::max()) const {
     double v = 0;
     if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v))
       return Error(n, path, "expected a number, got " + Show(n));
     if (v < 0 || (!allow_zero && v == 0)) return Error(n, path, "must be > 0");
+    if (v > max) {
+      std::ostringstream m;
+      m << std::setprecision(15) << max;
+      return Error(n, path, n.Scalar() + " is above the maximum " + m.str());
+    }
     return v;
   }
 
@@ -201,7 +208,7 @@ Status ParseNodes(const Parser& p, const YAML::Node& list, ClusterConfig* cfg) {
     if (!cuda.ok()) return p.Error(device, path + ".device", cuda.status().message());
     node.cuda_device = *cuda;
     FM_ASSIGN_OR_RETURN(const YAML::Node mem, p.Required(n, path, "memory_gib"));
-    FM_ASSIGN_OR_RETURN(node.memory_gib, p.Number(mem, path + ".memory_gib", false));
+    FM_ASSIGN_OR_RETURN(node.memory_gib, p.Number(mem, path + ".memory_gib", false, kMaxMemoryGib));
     FM_ASSIGN_OR_RETURN(node.profile, ParseProfile(p, n["profile"], path + ".profile",
                                                    DefaultProfileName(node.cuda_device)));
     cfg->nodes.push_back(std::move(node));
@@ -339,7 +346,7 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     if (l["max_context"]) {
       FM_ASSIGN_OR_RETURN(lim.max_context, p.Int(l["max_context"], "limits.max_context", 1, kMaxContextLimit));
     }
-    if (l["kv_cache_gib"]) { FM_ASSIGN_OR_RETURN(lim.kv_cache_gib, p.Number(l["kv_cache_gib"], "limits.kv_cache_gib", true)); }
+    if (l["kv_cache_gib"]) { FM_ASSIGN_OR_RETURN(lim.kv_cache_gib, p.Number(l["kv_cache_gib"], "limits.kv_cache_gib", true, kMaxMemoryGib)); }
     if (l["max_queue"]) { FM_ASSIGN_OR_RETURN(lim.max_queue, p.Int(l["max_queue"], "limits.max_queue", 1)); }
     if (l["max_tokens"]) { FM_ASSIGN_OR_RETURN(lim.max_tokens, p.Int(l["max_tokens"], "limits.max_tokens", 1)); }
     if (l["max_streams_per_client"]) {
@@ -348,7 +355,8 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     }
     if (l["write_stall_timeout_s"]) {
       FM_ASSIGN_OR_RETURN(lim.write_stall_timeout_s,
-                          p.Number(l["write_stall_timeout_s"], "limits.write_stall_timeout_s", false));
+                          p.Number(l["write_stall_timeout_s"], "limits.write_stall_timeout_s", false,
+                                   kMaxWriteStallTimeoutS));
     }
     if (!l["max_tokens"]) lim.max_tokens = std::min(lim.max_tokens, lim.max_context);
     if (lim.max_tokens > lim.max_context)
@@ -395,8 +403,8 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     FM_RETURN_IF_ERROR(p.Keys(h, "heartbeat", {"interval_ms", "timeout_ms"}));
     HeartbeatConfig& hb = cfg->heartbeat;
     // Below 10 ms a heartbeat loop is a busy loop, and nodes flap on any scheduling hiccup.
-    if (h["interval_ms"]) { FM_ASSIGN_OR_RETURN(hb.interval_ms, p.Int(h["interval_ms"], "heartbeat.interval_ms", 10)); }
-    if (h["timeout_ms"]) { FM_ASSIGN_OR_RETURN(hb.timeout_ms, p.Int(h["timeout_ms"], "heartbeat.timeout_ms", 40)); }
+    if (h["interval_ms"]) { FM_ASSIGN_OR_RETURN(hb.interval_ms, p.Int(h["interval_ms"], "heartbeat.interval_ms", 10, kMaxHeartbeatMs)); }
+    if (h["timeout_ms"]) { FM_ASSIGN_OR_RETURN(hb.timeout_ms, p.Int(h["timeout_ms"], "heartbeat.timeout_ms", 40, kMaxHeartbeatMs)); }
     if (hb.timeout_ms <= hb.interval_ms)
       return p.Error(h["timeout_ms"] ? h["timeout_ms"] : h, "heartbeat.timeout_ms",
                      std::to_string(hb.timeout_ms) + " must exceed interval_ms " +

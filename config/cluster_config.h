@@ -63,6 +63,12 @@ struct ParallelConfig {
 // (worker.proto); max_batch x max_context bounds a step's rows and the plan's KV sums.
 constexpr int64_t kMaxBatchLimit = 4096;
 constexpr int64_t kMaxContextLimit = 2147483647;
+// Sizes and durations past these are typos (and would overflow their byte or nanosecond
+// counts): memory in GiB (1 PiB), the write-stall timeout in s and heartbeat times in ms
+// (a day).
+constexpr double kMaxMemoryGib = 1 << 20;
+constexpr int64_t kMaxWriteStallTimeoutS = 86400;
+constexpr int64_t kMaxHeartbeatMs = 86400 * 1000;
 
 struct LimitsConfig {
   int64_t max_batch = 16;      // sequences decoded together (whole cluster)

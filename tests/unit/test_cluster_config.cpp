@@ -242,6 +242,15 @@ TEST(ClusterConfig, BadValues) {
               "limits.max_context: 2147483648 is above the maximum 2147483647");
   ExpectError(Edit("max_batch: 8", "max_batch: 4611686018427387904"), 12,
               "limits.max_batch: 4611686018427387904 is above the maximum 4096");
+  // Sizes and durations that would overflow their byte or nanosecond counts: refused.
+  ExpectError(Edit("max_queue: 10", "max_queue: 10, write_stall_timeout_s: 1e10"), 12,
+              "limits.write_stall_timeout_s: 1e10 is above the maximum 86400");
+  ExpectError(Edit("timeout_ms: 3000", "timeout_ms: 9300000000000"), 17,
+              "heartbeat.timeout_ms: 9300000000000 is above the maximum 86400000");
+  ExpectError(Edit("kv_cache_gib: 2", "kv_cache_gib: 2e10"), 12,
+              "limits.kv_cache_gib: 2e10 is above the maximum 1048576");
+  ExpectError(Edit("memory_gib: 20.5", "memory_gib: 1e13"), 11,
+              "nodes[1].memory_gib: 1e13 is above the maximum 1048576");
   // Heartbeats in a busy loop: refused.
   ExpectError(Edit("interval_ms: 500, timeout_ms: 3000", "interval_ms: 1, timeout_ms: 3"), 17,
               "heartbeat.interval_ms: 1 is below the minimum 10");
