@@ -217,13 +217,28 @@ Status ParseNodes(const Parser& p, const YAML::Node& list, ClusterConfig* cfg) {
 }
 
 // No two listeners (coordinator, every node's control and data) share host:port.
+// Two listeners clash on one port when they name the same address (localhost is 127.0.0.1),
+// or when one is a wildcard (0.0.0.0, ::) and the other is on this machine too (loopback or a
+// wildcard): the second to start could not bind. Other hosts are compared as written.
+bool SameSocket(HostPort a, HostPort b) {
+  if (a.port != b.port) return false;
+  for (HostPort* hp : {&a, &b}) {
+    std::transform(hp->host.begin(), hp->host.end(), hp->host.begin(), ::tolower);
+    if (hp->host == "localhost") hp->host = "127.0.0.1";
+  }
+  auto wildcard = [](const std::string& h) { return h == "0.0.0.0" || h == "::"; };
+  auto local = [&](const std::string& h) { return wildcard(h) || IsLoopback(h); };
+  return a.host == b.host || (wildcard(a.host) && local(b.host)) || (wildcard(b.host) && local(a.host));
+}
+
 Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConfig& cfg) {
-  std::map<std::string, std::string> used;  // "host:port" -> who
+  std::vector<std::pair<HostPort, std::string>> used;  // address, who
   auto claim = [&](const HostPort& hp, const std::string& who, const YAML::Node& at) -> Status {
-    std::string key = hp.ToString();
-    std::transform(key.begin(), key.end(), key.begin(), ::tolower);
-    if (auto [it, fresh] = used.emplace(key, who); !fresh)
-      return p.Error(at, who, "address " + hp.ToString() + " is already used by " + it->second);
+    for (const auto& [other, owner] : used)
+      if (SameSocket(hp, other))
+        return p.Error(at, who, "address " + hp.ToString() + " is already used by " + owner +
+                                    (other.host == hp.host ? "" : " (" + other.ToString() + ")"));
+    used.emplace_back(hp, who);
     return Status::Ok();
   };
   FM_RETURN_IF_ERROR(claim(cfg.coordinator.listen, "coordinator.listen", root["coordinator"]["listen"]));

@@ -200,6 +200,21 @@ TEST(ClusterConfig, DuplicateNamesAndAddresses) {
               "transport: duplicate key");
   ExpectError(Edit("{ listen: 127.0.0.1:7070 }", "{ listen: 127.0.0.1:7070, http: 127.0.0.1:7070 }"), 2,
               "coordinator.http: address 127.0.0.1:7070 is already used by coordinator.listen");
+  // Other spellings of one socket on this machine: the second worker could not bind.
+  ExpectError(Edit("data: 127.0.0.1:7202", "data: LOCALHOST:7201"), 9,
+              "nodes[1].data: address LOCALHOST:7201 is already used by nodes[0].data (127.0.0.1:7201)");
+  ExpectError(Edit("control: 127.0.0.1:7102", "control: 0.0.0.0:7101"), 8,
+              "nodes[1].control: address 0.0.0.0:7101 is already used by nodes[0].control");
+  ExpectError(Edit("{ listen: 127.0.0.1:7070 }", "{ listen: '[::]:7201' }"), 6,
+              "nodes[0].data: address 127.0.0.1:7201 is already used by coordinator.listen ([::]:7201)");
+  // Other machines may use the same port, also beside a wildcard listener here.
+  std::string two_hosts = Edit("data: 127.0.0.1:7202", "data: 10.0.0.2:7201");
+  two_hosts.replace(two_hosts.find("data: 127.0.0.1:7201"), 20, "data: 10.0.0.1:7201");
+  EXPECT_TRUE(Parse(two_hosts).ok()) << Parse(two_hosts).status().ToString();
+  const std::string wildcard_and_remote = Edit("control: 127.0.0.1:7102", "control: 10.0.0.2:7101");
+  std::string w = wildcard_and_remote;
+  w.replace(w.find("control: 127.0.0.1:7101"), 23, "control: 0.0.0.0:7101");
+  EXPECT_TRUE(Parse(w).ok()) << Parse(w).status().ToString();
 }
 
 TEST(ClusterConfig, CoordinatorHttpIsOptional) {
