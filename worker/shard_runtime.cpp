@@ -1,6 +1,7 @@
 #include "worker/shard_runtime.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "common/device_transfers.h"
 #include "common/log.h"
@@ -212,13 +213,26 @@ Result<ShardRuntime::Sequence*> ShardRuntime::Find(uint64_t seq_id) {
 }
 
 Status ShardRuntime::CheckSlices(std::span<const StepSlice> slices) {
+  // Each slice fits its sequence, a sequence comes once, and all together fit the plan's
+  // largest step: nothing else bounds the rows X is sized to (one sequence listed 16,000
+  // times fits a 64 MiB request).
+  std::unordered_set<uint64_t> seen;
+  int64_t rows = 0;
+  const ShardPlacement p = placement();
+  const int64_t max_rows = p.max_step_rows > 0 ? p.max_step_rows : p.max_context;
   for (const auto& s : slices) {
     FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    if (!seen.insert(s.seq_id).second)
+      return InvalidArgument("sequence " + std::to_string(s.seq_id) + " appears twice in the step");
     if (s.tokens.empty()) return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": no tokens");
     if (seq->position + static_cast<int64_t>(s.tokens.size()) > seq->max_context)
       return OutOfRange("sequence " + std::to_string(s.seq_id) + ": context beyond " +
                         std::to_string(seq->max_context));
+    rows += static_cast<int64_t>(s.tokens.size());
   }
+  if (rows > max_rows)
+    return InvalidArgument("the step's " + std::to_string(rows) + " tokens exceed the " +
+                           std::to_string(max_rows) + " a step may carry (max_step_rows)");
   return Status::Ok();
 }
 

@@ -53,6 +53,11 @@ Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
   std::unique_lock<std::mutex> lock(mu_);
   if (stopped_) return Unavailable("step " + std::to_string(step_id) + ": the worker is stopping");
   if (waiting_.count(step_id)) return InvalidArgument("step " + std::to_string(step_id) + " is already queued");
+  // Step ids only rise: one at or below the last run is a repeat, which would advance its
+  // sequences' KV over the same tokens again.
+  if (last_run_ != 0 && step_id <= last_run_)
+    return InvalidArgument("step " + std::to_string(step_id) + " is not after the last step run (" +
+                           std::to_string(last_run_) + ")");
   waiting_[step_id] = &step;
   cv_.notify_all();
   if (!cv_.wait_until(lock, deadline, [&] { return step.done; })) {

@@ -2,6 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "common/log.h"
 #include "rpc/grpc_status.h"
 
@@ -342,9 +345,12 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
   }
   // A tenth before the caller's deadline: a step waiting for a peer that froze answers so
   // itself, and the coordinator blames the peer (which does not answer) rather than this node.
-  auto deadline = StageExecutor::Clock::now() + std::chrono::minutes(10);
+  // At most 10 minutes (also keeps the x 9 below from overflowing on a far deadline).
+  auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::minutes(10));
   if (ctx->deadline() != std::chrono::system_clock::time_point::max())
-    deadline = StageExecutor::Clock::now() + (ctx->deadline() - std::chrono::system_clock::now()) * 9 / 10;
+    left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              ctx->deadline() - std::chrono::system_clock::now()));
+  const auto deadline = StageExecutor::Clock::now() + left * 9 / 10;
   std::vector<SampledId> sampled;
   Status st = executor_.RunStep(req->step_id(), req->prev_step_id(), std::move(slices), deadline,
                                 &sampled);

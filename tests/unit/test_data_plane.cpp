@@ -156,6 +156,58 @@ TEST(StageExecutorChecks, TooManyTokensAreRefusedBeforeXIsSized) {
   EXPECT_EQ(Decode({&one.single}, {1, 2, 3}, 2, &step).size(), 2u) << "the sequence still runs";
 }
 
+// Slices that each fit their sequence but not together: one sequence listed 2000 times, or
+// sequences whose tokens add up past the plan's largest step. Refused before X is sized.
+TEST(StageExecutorChecks, ARepeatedSequenceOrTooManyRowsInAllAreRefusedBeforeXIsSized) {
+  OneStage one;
+  const std::vector<StepSlice> repeated(2000, StepSlice{1, std::vector<int32_t>(64, 5)});
+  std::vector<SampledId> out;
+  Status s = one.single.RunStep(1, 0, repeated, StageExecutor::Clock::now() + 20s, &out);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("sequence 1 appears twice in the step"), std::string::npos) << s.ToString();
+  EXPECT_LT(one.whole.activations().rows(), 128) << "X was sized for the refused step";
+
+  ShardPlacement p = Stage(0, 1, 0, -1);
+  p.max_step_rows = 100;
+  ShardRuntime r(1);
+  ASSERT_TRUE(r.Load(p).ok());
+  StageExecutor e(&r);
+  SamplerConfig greedy;
+  greedy.greedy = true;
+  for (uint64_t id : {1, 2}) ASSERT_TRUE(r.StartSequence(id, 64, greedy).ok());
+  const std::vector<int32_t> sixty(60, 5);
+  s = e.RunStep(1, 0, {StepSlice{1, sixty}, StepSlice{2, sixty}}, StageExecutor::Clock::now() + 20s, &out);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("the step's 120 tokens exceed the 100 a step may carry"), std::string::npos)
+      << s.ToString();
+  EXPECT_LT(r.activations().rows(), 120);
+  uint64_t step = 2;
+  EXPECT_EQ(Decode({&e}, {1, 2, 3}, 2, &step).size(), 2u) << "the sequence still runs";
+}
+
+// A step id at or below the last one run is a repeat: refused, the KV not advanced again.
+TEST(StageExecutorChecks, ARepeatedStepIdIsRefused) {
+  OneStage one;
+  std::vector<SampledId> out;
+  ASSERT_TRUE(one.single.RunStep(7, 0, {StepSlice{1, {5, 6}}}, StageExecutor::Clock::now() + 20s, &out).ok());
+  for (uint64_t id : {7, 3}) {
+    const Status s = one.single.RunStep(id, 0, {StepSlice{1, {9}}}, StageExecutor::Clock::now() + 20s, &out);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("step " + std::to_string(id) + " is not after the last step run (7)"),
+              std::string::npos) << s.ToString();
+  }
+  // The next step samples what it samples without the refused ones.
+  ASSERT_TRUE(one.single.RunStep(8, 7, {StepSlice{1, {9}}}, StageExecutor::Clock::now() + 20s, &out).ok());
+  OneStage fresh;
+  std::vector<SampledId> want;
+  ASSERT_TRUE(fresh.single.RunStep(1, 0, {StepSlice{1, {5, 6}}}, StageExecutor::Clock::now() + 20s, &want).ok());
+  ASSERT_TRUE(fresh.single.RunStep(2, 1, {StepSlice{1, {9}}}, StageExecutor::Clock::now() + 20s, &want).ok());
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(want.size(), 1u);
+  EXPECT_EQ(out[0].id, want[0].id);
+  EXPECT_EQ(out[0].logprob, want[0].logprob);
+}
+
 TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {
   const std::vector<int32_t> want = OneStageDecode({5, 17, 42, 99}, 6);
   ASSERT_EQ(want.size(), 6u);
