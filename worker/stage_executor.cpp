@@ -1,5 +1,6 @@
 #include "worker/stage_executor.h"
 
+#include <new>
 #include <optional>
 
 #include "common/log.h"
@@ -177,7 +178,15 @@ void StageExecutor::Loop() {
     Status st;
     {
       std::lock_guard<std::mutex> exec(exec_mu_);
-      st = Execute(step, received ? &*received : nullptr);
+      // A throw here would end the daemon (this thread has no caller): a step too large for
+      // this host's memory fails that step, as a device out of memory does.
+      try {
+        st = Execute(step, received ? &*received : nullptr);
+      } catch (const std::bad_alloc&) {
+        st = ResourceExhausted("step " + std::to_string(step->id) + ": out of host memory");
+      } catch (const std::exception& e) {
+        st = Internal("step " + std::to_string(step->id) + ": " + e.what());
+      }
     }
     lock.lock();
     if (!st.ok()) {
