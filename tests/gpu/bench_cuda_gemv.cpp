@@ -13,9 +13,14 @@
 // what an eager step pays, host launch cost included when a call is shorter than its launch)
 // and the same calls replayed from one CUDA graph (the "graph us" column: what a captured decode
 // step pays).
-// Usage: bench_cuda_gemv  (one line per case; exit 1 on a CUDA error; 0 devices: skip).
-//        bench_cuda_gemv --once  (every case launched once, untimed, one weight copy, no probe:
-//        "launch N: case" names the N-th kernel launch, for ncu: tests/gpu/run.sh --profile).
+// Usage: bench_cuda_gemv [--part P] [--once]  (one line per case; exit 1 on a CUDA error or a
+//        failed case; 0 devices: skip). --part runs one part: fma (every weight case on the FMA
+//        core), tc (the FP8/FP4 ones on the tensor cores), ovl (T = 1 with launch overlap) or
+//        fused (HcPostPre, IndexerTopK, SinkAttention); without it all four, in that order.
+//        tests/gpu/run.sh runs each part in a process of its own: a fault is sticky for a CUDA
+//        context, so a kernel that faults costs only its own part's lines.
+//        --once: every case launched once, untimed, one weight copy, no probe: "launch N: case"
+//        names the N-th kernel launch, for ncu (tests/gpu/run.sh --profile).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,11 +58,12 @@ const Shape kShapes[] = {
 };
 
 // The attention's products of the normed x at DeepSeek-V4-Flash's shapes (a ratio-4 layer:
-// wq_a, wkv, the compressor's and the indexer compressor's wkv/wgate, the indexer's head weights).
+// wq_a, wkv, the compressor's and the indexer compressor's wkv/wgate, the indexer's head
+// weights), in the checkpoint's formats (model/tensor_schema.cpp: the compressors are BF16).
 const Shape kAttnX[] = {
-    {"wq_a", WeightFormat::kFP8Block, 1024, 4096},   {"wkv", WeightFormat::kFP8Block, 512, 4096},
-    {"c.wkv", WeightFormat::kFP8Block, 1024, 4096},  {"c.wgate", WeightFormat::kFP8Block, 1024, 4096},
-    {"ic.wkv", WeightFormat::kFP8Block, 256, 4096},  {"ic.wgate", WeightFormat::kFP8Block, 256, 4096},
+    {"wq_a", WeightFormat::kFP8Block, 1024, 4096},  {"wkv", WeightFormat::kFP8Block, 512, 4096},
+    {"c.wkv", WeightFormat::kBF16, 1024, 4096},     {"c.wgate", WeightFormat::kBF16, 1024, 4096},
+    {"ic.wkv", WeightFormat::kBF16, 256, 4096},     {"ic.wgate", WeightFormat::kBF16, 256, 4096},
     {"i.proj", WeightFormat::kBF16, 64, 4096},
 };
 
@@ -65,6 +71,7 @@ double g_probe = 0;  // GB/s
 const cuda::Stream* g_stream = nullptr;  // every case's stream (main)
 bool g_once = false;  // --once
 int g_launches = 0;   // cases launched under --once
+int g_graph_failures = 0;  // cases whose graph column failed (their eager line stands)
 
 // Each FP8/FP4 case on the FMA core, then on the tensor-core one; the core names the line.
 const cuda::WeightPath kCores[] = {cuda::WeightPath::kFma, cuda::WeightPath::kTensorCore};
@@ -142,51 +149,61 @@ Status Time(const std::string& name, size_t bytes, int warm, const std::function
     return Status::Ok();
   };
   FM_ASSIGN_OR_RETURN(const float ms, TimeMs(all));
-  FM_ASSIGN_OR_RETURN(const cuda::Graph graph, cuda::Graph::Capture(*g_stream, all));
-  FM_RETURN_IF_ERROR(graph.Launch(*g_stream));  // the replay's warm-up
-  FM_ASSIGN_OR_RETURN(const float graph_ms, TimeMs([&] { return graph.Launch(*g_stream); }));
   const double us = 1000.0 * ms / iters, gbs = bytes / (us * 1e3);
-  const double gus = 1000.0 * graph_ms / iters, ggbs = bytes / (gus * 1e3);
-  std::printf("%-42s %8.2f MiB %9.2f us %8.1f GB/s  %.2f of probe | graph %9.2f us  %.2f of probe\n",
-              name.c_str(), bytes / double(1 << 20), us, gbs, gbs / g_probe, gus, ggbs / g_probe);
+  // The eager figure is out before the capture is tried: a capture that fails costs only its
+  // own column (counted as a failure at the end), not the line.
+  std::printf("%-42s %8.2f MiB %9.2f us %8.1f GB/s  %.2f of probe | ", name.c_str(),
+              bytes / double(1 << 20), us, gbs, gbs / g_probe);
+  std::fflush(stdout);
+  Result<float> graph_ms = [&]() -> Result<float> {
+    FM_ASSIGN_OR_RETURN(const cuda::Graph graph, cuda::Graph::Capture(*g_stream, all));
+    FM_RETURN_IF_ERROR(graph.Launch(*g_stream));  // the replay's warm-up
+    return TimeMs([&] { return graph.Launch(*g_stream); });
+  }();
+  if (!graph_ms.ok()) {
+    ++g_graph_failures;
+    std::printf("graph FAILED: %s\n", graph_ms.status().ToString().c_str());
+    return Status::Ok();
+  }
+  const double gus = 1000.0 * *graph_ms / iters, ggbs = bytes / (gus * 1e3);
+  std::printf("graph %9.2f us  %.2f of probe\n", gus, ggbs / g_probe);
   return Status::Ok();
 }
 
-Status BenchShape(const Shape& s) {
+// A Gemm shape on `core` at T = 1..32, or (overlap) T = 1 on the FMA core with launch overlap.
+Status BenchShape(const Shape& s, cuda::WeightPath core, bool overlap) {
   const HostBytes h = MakeHost(s);
   const size_t bytes = h.w.bytes();
   const int copies = CopiesFor(bytes);
   FM_ASSIGN_OR_RETURN(auto weights, Copies(h, copies));
-  const bool both = s.format == WeightFormat::kFP8Block || s.format == WeightFormat::kFP4Block32;
-  for (cuda::WeightPath core : kCores) {
-    if (core != kCores[0] && !both) break;
-    cuda::SetWeightPath(core);
-    for (int64_t T : {1, 2, 4, 8, 32}) {
-      FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * s.cols, 0.5f));
-      FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * s.rows, 0.0f));
-      char name[80];
-      std::snprintf(name, sizeof name, "%s%s T=%-2lld [%lld, %lld]", CoreTag(core).c_str(), s.name,
-                    static_cast<long long>(T), static_cast<long long>(s.rows),
-                    static_cast<long long>(s.cols));
-      FM_RETURN_IF_ERROR(Time(name, bytes, copies, [&](int i) {
-        return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, T);
-      }));
-    }
+  if (overlap) {
+    // T = 1 with launch overlap (ops.h SetLaunchOverlap): each call's L2 prefetch of its rows
+    // runs while the call before it finishes, as a decode step's products would.
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(s.cols, 0.5f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(s.rows, 0.0f));
+    cuda::SetLaunchOverlap(true);
+    const Status st = Time(std::string("ovl ") + s.name + " T=1", bytes, copies, [&](int i) {
+      return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, 1);
+    });
+    cuda::SetLaunchOverlap(false);
+    return st;
   }
-  cuda::SetWeightPath(kCores[0]);
-  // T = 1 once more with launch overlap (ops.h SetLaunchOverlap): each call's L2 prefetch of its
-  // rows runs while the call before it finishes, as a decode step's products would.
-  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(s.cols, 0.5f));
-  FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(s.rows, 0.0f));
-  cuda::SetLaunchOverlap(true);
-  const Status st = Time(std::string("ovl ") + s.name + " T=1", bytes, copies, [&](int i) {
-    return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, 1);
-  });
-  cuda::SetLaunchOverlap(false);
-  return st;
+  cuda::SetWeightPath(core);
+  for (int64_t T : {1, 2, 4, 8, 32}) {
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * s.cols, 0.5f));
+    FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * s.rows, 0.0f));
+    char name[80];
+    std::snprintf(name, sizeof name, "%s%s T=%-2lld [%lld, %lld]", CoreTag(core).c_str(), s.name,
+                  static_cast<long long>(T), static_cast<long long>(s.rows),
+                  static_cast<long long>(s.cols));
+    FM_RETURN_IF_ERROR(Time(name, bytes, copies, [&](int i) {
+      return cuda::Gemm(weights[i % copies].view(), x.as<float>(), s.cols, y.as<float>(), s.rows, T);
+    }));
+  }
+  return Status::Ok();
 }
 
-Status BenchAttnX() {
+Status BenchAttnX(cuda::WeightPath core) {
   const int n = static_cast<int>(std::size(kAttnX));
   size_t bytes = 0;
   std::vector<HostBytes> hosts;
@@ -202,8 +219,8 @@ Status BenchAttnX() {
     w.push_back(std::move(c));
     out += h.w.rows;
   }
-  for (const auto& [core, T] : {std::pair{kCores[0], 1}, {kCores[0], 4}, {kCores[1], 1}, {kCores[1], 4}}) {
-    cuda::SetWeightPath(core);
+  cuda::SetWeightPath(core);
+  for (const int64_t T : {1, 4}) {
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * 4096, 0.5f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer y, Floats(T * out, 0.0f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer g, Floats(4096, 1.0f));
@@ -219,14 +236,15 @@ Status BenchAttnX() {
       return cuda::GemmMany(tasks.data(), tasks.size(), T, g.as<float>(), 1e-6f);
     }));
   }
-  cuda::SetWeightPath(kCores[0]);
   return Status::Ok();
 }
 
-// k = 6 of 256 FP4 experts (I = 2048, H = 4096) plus the FP8 shared expert, one token a step;
-// the chosen experts change every call, so their weights come from DRAM.
-Status BenchExperts() {
+// k = 6 of 256 FP4 experts (I = 2048, H = 4096) plus the FP8 shared expert, on `core`; the
+// chosen experts change every call, and the shared expert rotates over 16 copies (24 MiB each),
+// so that all their weights come from DRAM.
+Status BenchExperts(cuda::WeightPath core) {
   const int64_t E = 256, k = 6, I = 2048, H = 4096;
+  const int shared_copies = g_once ? 1 : 16;
   const HostBytes up = MakeHost({"", WeightFormat::kFP4Block32, I, H});
   const HostBytes down = MakeHost({"", WeightFormat::kFP4Block32, H, I});
   const HostBytes s_up = MakeHost({"", WeightFormat::kFP8Block, I, H});
@@ -234,9 +252,9 @@ Status BenchExperts() {
   FM_ASSIGN_OR_RETURN(auto w1, Copies(up, E));
   FM_ASSIGN_OR_RETURN(auto w3, Copies(up, E));
   FM_ASSIGN_OR_RETURN(auto w2, Copies(down, E));
-  FM_ASSIGN_OR_RETURN(auto s1, Copies(s_up, 1));
-  FM_ASSIGN_OR_RETURN(auto s3, Copies(s_up, 1));
-  FM_ASSIGN_OR_RETURN(auto s2, Copies(s_down, 1));
+  FM_ASSIGN_OR_RETURN(auto s1, Copies(s_up, shared_copies));
+  FM_ASSIGN_OR_RETURN(auto s3, Copies(s_up, shared_copies));
+  FM_ASSIGN_OR_RETURN(auto s2, Copies(s_down, shared_copies));
   auto table = [&](const std::vector<cuda::DeviceWeight>& w, bool scale) {
     std::vector<const void*> p;
     for (const auto& d : w) p.push_back(scale ? d.scale.data() : d.data.data());
@@ -252,13 +270,13 @@ Status BenchExperts() {
     return cuda::DevExperts{WeightFormat::kFP4Block32, rows, cols, E, p.as<const void* const>(),
                             q.as<const uint8_t* const>()};
   };
-  const cuda::SharedExpert shared{s1[0].view(), s3[0].view(), s2[0].view()};
+  std::vector<cuda::SharedExpert> shared;
+  for (int c = 0; c < shared_copies; ++c) shared.push_back({s1[c].view(), s3[c].view(), s2[c].view()});
   // 64 id sets of T tokens x 6 distinct experts each, rotated: 384 expert picks or more > 256,
   // beyond L2. T = 8: a decode step of 8 streams (48 picks, mostly distinct experts).
   const int sets = 64;
-  for (const auto& [core, T] : {std::pair{kCores[0], int64_t{1}}, {kCores[0], int64_t{8}},
-                               {kCores[1], int64_t{1}}, {kCores[1], int64_t{8}}}) {
-    cuda::SetWeightPath(core);
+  cuda::SetWeightPath(core);
+  for (const int64_t T : {1, 8}) {
     std::mt19937 rng(5);
     std::vector<int32_t> ids(sets * T * k);
     for (int i = 0; i < sets * T; ++i) {
@@ -271,22 +289,25 @@ Status BenchExperts() {
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, Floats(T * H, 0.5f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer h, Floats(T * (k + 1) * I, 0.5f));
     FM_ASSIGN_OR_RETURN(cuda::DeviceBuffer c, Floats(T * (k + 1) * H, 0.0f));
-    // Bytes: the distinct experts of a set (T = 8: about 48) + the shared expert, once.
-    const size_t distinct = T == 1 ? k : std::set<int32_t>(ids.begin(), ids.begin() + T * k).size();
-    const size_t up_bytes = 2 * (distinct * up.w.bytes() + s_up.w.bytes());
-    const size_t down_bytes = distinct * down.w.bytes() + s_down.w.bytes();
+    // Bytes: the distinct experts of a set (the mean over the sets; T = 8: about 44) + the
+    // shared expert, once.
+    double distinct = 0;
+    for (int i = 0; i < sets; ++i)
+      distinct += std::set<int32_t>(ids.begin() + i * T * k, ids.begin() + (i + 1) * T * k).size();
+    distinct /= sets;
+    const size_t up_bytes = static_cast<size_t>(2 * (distinct * up.w.bytes() + s_up.w.bytes()));
+    const size_t down_bytes = static_cast<size_t>(distinct * down.w.bytes() + s_down.w.bytes());
     const std::string t = " T=" + std::to_string(T);
     FM_RETURN_IF_ERROR(Time(CoreTag(core) + "ExpertsUpGate k=6+shared" + t, up_bytes, sets, [&](int i) {
       return cuda::ExpertsUpGate(set(p1, q1, I, H), set(p3, q3, I, H),
                                  dids.as<int32_t>() + (i % sets) * T * k, T, k, x.as<float>(), H,
-                                 10.0f, &shared, h.as<float>(), I);
+                                 10.0f, &shared[i % shared_copies], h.as<float>(), I);
     }));
     FM_RETURN_IF_ERROR(Time(CoreTag(core) + "ExpertsDown   k=6+shared" + t, down_bytes, sets, [&](int i) {
       return cuda::ExpertsDown(set(p2, q2, H, I), dids.as<int32_t>() + (i % sets) * T * k, T, k,
-                               h.as<float>(), I, &shared, c.as<float>());
+                               h.as<float>(), I, &shared[i % shared_copies], c.as<float>());
     }));
   }
-  cuda::SetWeightPath(kCores[0]);
   return Status::Ok();
 }
 
@@ -408,16 +429,25 @@ Status BenchAttention() {
 }  // namespace fm
 
 int main(int argc, char** argv) {
-  fm::g_once = argc == 2 && std::string(argv[1]) == "--once";
-  if (argc > 1 && !fm::g_once) {
-    std::fprintf(stderr, "usage: bench_cuda_gemv [--once]\n");
-    return 2;
+  std::string part;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--once") {
+      fm::g_once = true;
+    } else if (a == "--part" && i + 1 < argc &&
+               std::set<std::string>{"fma", "tc", "ovl", "fused"}.count(argv[i + 1])) {
+      part = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: bench_cuda_gemv [--part fma|tc|ovl|fused] [--once]\n");
+      return 2;
+    }
   }
   if (fm::cuda::DeviceCount() == 0) {
     std::printf("bench_cuda_gemv: no CUDA device, skipped\n");
     return 0;
   }
-  std::printf("bench_cuda_gemv on %s\n", fm::cuda::DeviceDescription(0).c_str());
+  std::printf("bench_cuda_gemv on %s%s\n", fm::cuda::DeviceDescription(0).c_str(),
+              part.empty() ? "" : (", part " + part).c_str());
   if (!fm::g_once) {
     auto probe = fm::cuda::MeasureReadBandwidth(1ull << 30, 10);
     if (!probe.ok()) {
@@ -445,11 +475,27 @@ int main(int argc, char** argv) {
     ++failed;
     std::printf("FAILED %s: %s\n", what.c_str(), st.ToString().c_str());
   };
-  for (const auto& s : fm::kShapes) run(s.name, [&] { return fm::BenchShape(s); });
-  run("attention GemmMany", fm::BenchAttnX);
-  run("experts", fm::BenchExperts);
-  run("HcPostPre", fm::BenchHcPostPre);
-  run("IndexerTopK", fm::BenchIndexer);
-  run("SinkAttention", fm::BenchAttention);
-  return failed > 0 ? 1 : 0;
+  auto want = [&](const char* p) { return part.empty() || part == p; };
+  for (const fm::cuda::WeightPath core : fm::kCores) {
+    const std::string tag = fm::CoreTag(core);
+    if (!want(core == fm::cuda::WeightPath::kFma ? "fma" : "tc")) continue;
+    for (const auto& s : fm::kShapes) {
+      // The tensor-core core serves the block-scaled formats only.
+      const bool quantized = s.format == fm::WeightFormat::kFP8Block || s.format == fm::WeightFormat::kFP4Block32;
+      if (core == fm::cuda::WeightPath::kFma || quantized)
+        run(tag + s.name, [&] { return fm::BenchShape(s, core, false); });
+    }
+    run(tag + "attention GemmMany", [&] { return fm::BenchAttnX(core); });
+    run(tag + "experts", [&] { return fm::BenchExperts(core); });
+  }
+  if (want("ovl"))
+    for (const auto& s : fm::kShapes)
+      run(std::string("ovl ") + s.name, [&] { return fm::BenchShape(s, fm::kCores[0], true); });
+  if (want("fused")) {
+    run("HcPostPre", fm::BenchHcPostPre);
+    run("IndexerTopK", fm::BenchIndexer);
+    run("SinkAttention", fm::BenchAttention);
+  }
+  if (fm::g_graph_failures > 0) std::printf("FAILED %d graph columns\n", fm::g_graph_failures);
+  return failed > 0 || fm::g_graph_failures > 0 ? 1 : 0;
 }

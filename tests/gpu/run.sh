@@ -5,11 +5,12 @@
 #                                     default build dir build-gpu)
 #   tests/gpu/run.sh --prebuilt       check what tests/gpu/pack.sh put in .devrun/ on a build
 #                                     machine: no configure, no build (the GPU machine's way)
-#   add --profile: ncu tables instead of the checks: time per kernel of eager decode steps, and
-#                  per weight-kernel case of bench_cuda_gemv --once its throughput, occupancy,
-#                  issue use and stall reasons
+#   add --profile: ncu tables instead of the checks: per weight-kernel case of bench_cuda_gemv
+#                  --once its throughput, occupancy, issue use and stall reasons (first), and
+#                  time per kernel of eager decode steps
 # The checks: each GPU test binary (kernels vs their CPU twins, the device shard vs the CPU
-# shard, NCCL), bench_cuda_gemv (FP8/FP4 on both weight cores), `bench decode --device cuda:0`
+# shard, NCCL), bench_cuda_gemv (its parts fma, tc, ovl and fused, each a process of its own),
+# `bench decode --device cuda:0`
 # on the bench preset (CUDA graph and eager) and on `mkmodel --preset flash --layers 2` (the real
 # shapes: per-layer time and the 43-layer prediction), each graph row again with
 # `--weight-core tc` (the tensor-core core, ops.h SetWeightPath) and with `--launch-overlap`
@@ -24,7 +25,8 @@
 # command): each step's timeout is cut to what is left, and a step that no longer fits says
 # "skipped: out of time". The steps go most wanted first (the speed figures of the untimed
 # kernel work and the kernel tests, then the device shard's tests, the real shapes, the
-# clusters, NCCL).
+# clusters, NCCL), then the --profile's ncu table of the weight kernels if 120 s are left.
+# Set FM_GPU_BUDGET_S lower when the device tool has less than 600 s left (its limit_s).
 # Checkpoints are written once to /tmp/fm-gpu-models (bench 2.3 GB, flash 2 layers 13 GB).
 # Exit status 0 only if no step failed.
 set -uo pipefail
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) mode=prebuilt ;;
     --profile) profile=1 ;;
-    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,31p' "$0"; exit 0 ;;
     -*) echo "run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) build=$1 ;;
   esac
@@ -75,6 +77,9 @@ file() { echo "${1// /_}"; }
 why() { if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then echo "timed out (budget or step limit)"; else tail -1 "$2"; fi; }
 
 gpu=$(nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+# Without nvidia-smi, the driver's device nodes still say a GPU is there (the steps then find
+# out whether CUDA can use it: "CUDA sees no device" fails them).
+[ -z "$gpu" ] && [ -e /dev/nvidia0 ] && gpu="a GPU at /dev/nvidia0 (no nvidia-smi)"
 echo "run.sh: $mode mode, GPU: ${gpu:-none}, logs in $logs"
 
 # Where each binary is: the build tree, or .devrun/bin with the packed libraries.
@@ -300,10 +305,13 @@ PY
 # pipes' use (% of peak: FMA, ALU, XU = conversions and special functions, LSU, tensor cores) and
 # the DRAM bytes read (ncu flushes the caches first: compare with the case's weight bytes).
 # Metrics this ncu does not know are left out (--query-metrics), not fatal.
+# profile_gemv PART [tail]: one part of bench_cuda_gemv (fma, tc, ovl, fused); its table is
+# appended to profile-gemv.txt. "tail": the checks' last step, on the time left: cut short, it
+# says so without failing the run.
 profile_gemv() {
-  local t0=$SECONDS want metrics="" m avail
-  [ -n "$gpu" ] || { row "ncu bench_cuda_gemv" "skipped: no GPU" 0 ""; return; }
-  [ -n "$ncu" ] || { row "ncu bench_cuda_gemv" "FAILED" 0 "no ncu on this machine"; return; }
+  local part=$1 tail=${2:-} t0=$SECONDS want metrics="" m avail rc name="ncu bench_cuda_gemv $1"
+  [ -n "$gpu" ] || { row "$name" "skipped: no GPU" 0 ""; return; }
+  [ -n "$ncu" ] || { row "$name" "FAILED" 0 "no ncu on this machine"; return; }
   want="gpu__time_duration.sum dram__throughput.avg.pct_of_peak_sustained_elapsed
         sm__warps_active.avg.pct_of_peak_sustained_active
         smsp__issue_active.avg.pct_of_peak_sustained_active smsp__inst_executed.sum
@@ -325,11 +333,19 @@ profile_gemv() {
     case $m in gpu__time_duration*|launch__*) metrics+="$m," ;;
       *) grep -qx "${m%%.*}" <<<"$avail" && metrics+="$m," ;; esac
   done
-  out_of_time "ncu bench_cuda_gemv" && return
-  timeout -k 10 "$(limit 400)" "$ncu" --clock-control none --print-units base --metrics "${metrics%,}" --csv --log-file "$logs/ncu-gemv.csv" \
-    "${E[@]}" "$(bin bench_cuda_gemv)" --once >"$logs/gemv-once.txt" 2>"$logs/ncu-gemv.err" ||
-    { row "ncu bench_cuda_gemv" "FAILED" $((SECONDS - t0)) "$(tail -1 "$logs/ncu-gemv.err")"; return; }
-  python3 - "$logs/ncu-gemv.csv" "$logs/gemv-once.txt" >"$logs/profile-gemv.txt" <<'PY'
+  out_of_time "$name" && return
+  timeout -k 10 "$(limit 400)" "$ncu" --clock-control none --print-units base --metrics "${metrics%,}" --csv --log-file "$logs/ncu-gemv-$part.csv" \
+    "${E[@]}" "$(bin bench_cuda_gemv)" --once --part "$part" >"$logs/gemv-once-$part.txt" 2>"$logs/ncu-gemv-$part.err"
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    if [ -n "$tail" ] && { [ $rc -eq 124 ] || [ $rc -eq 137 ]; }; then
+      row "$name" "cut: out of time" $((SECONDS - t0)) "the checks' leftover time did not cover it"
+    else
+      row "$name" "FAILED" $((SECONDS - t0)) "$(why $rc "$logs/ncu-gemv-$part.err")"
+    fi
+    return
+  fi
+  python3 - "$logs/ncu-gemv-$part.csv" "$logs/gemv-once-$part.txt" "$part" >>"$logs/profile-gemv.txt" <<'PY'
 import collections, csv, re, sys
 lines = open(sys.argv[1]).read().splitlines()
 rows = [r for r in csv.reader(lines[next(i for i, l in enumerate(lines) if l.startswith('"ID"')):])]
@@ -353,6 +369,7 @@ cols = [("us", "gpu__time_duration.sum"), ("dram%", "dram__throughput"),
         ("wait", "stalled_wait"), ("barr", "barrier"), ("shortsb", "short_scoreboard"),
         ("fma%", "pipe_fma."), ("alu%", "pipe_alu."), ("xu%", "pipe_xu."), ("lsu%", "pipe_lsu."),
         ("tc%", "tensor_op_hmma"), ("MBread", "dram__bytes_read")]
+print("== part " + sys.argv[3])
 print("%-44s" % "case" + "".join("%8s" % c[0] for c in cols))
 for k in sorted(vals, key=int):
     out = []
@@ -361,32 +378,44 @@ for k in sorted(vals, key=int):
         out.append("%8s" % "-" if v is None else "%8.2f" % v)
     print("%-44s" % labels.get(k, "launch " + k)[:44] + "".join(out))
 PY
-  row "ncu bench_cuda_gemv" "ok" $((SECONDS - t0)) "$(($(wc -l <"$logs/profile-gemv.txt") - 1)) cases, table in $logs/profile-gemv.txt"
-  echo "== bench_cuda_gemv --once"
-  cat "$logs/profile-gemv.txt"
+  row "$name" "ok" $((SECONDS - t0)) "$(grep -c '^launch ' "$logs/gemv-once-$part.txt") cases, table in $logs/profile-gemv.txt"
+  echo "== bench_cuda_gemv --once --part $part"
+  sed -n "/^== part $part\$/,\$p" "$logs/profile-gemv.txt"
+}
+
+# gemv_step PART LIMIT: one part of bench_cuda_gemv in a process of its own (a CUDA fault is
+# sticky for its context: it costs only that part's lines), appended to bench_cuda_gemv.log.
+gemv_step() {
+  local part=$1 name="bench_cuda_gemv $1" t0=$SECONDS rc log="$logs/bench_cuda_gemv-$1.log"
+  missing bench_cuda_gemv && return
+  [ -n "$gpu" ] || { row "$name" "skipped: no GPU" 0 ""; return; }
+  out_of_time "$name" && return
+  timeout -k 10 "$(limit "$2")" "${E[@]}" "$(bin bench_cuda_gemv)" --part "$part" >"$log" 2>&1
+  rc=$?
+  cat "$log" >>"$logs/bench_cuda_gemv.log"
+  if no_cuda "$log"; then row "$name" "FAILED" $((SECONDS - t0)) "CUDA sees no device"
+  elif [ $rc -eq 0 ]; then row "$name" "ok" $((SECONDS - t0)) "$(grep -c ' of probe' "$log") cases (bench_cuda_gemv.log)"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then row "$name" "FAILED (rc $rc)" $((SECONDS - t0)) "$(why $rc /dev/null) after $(grep -c ' of probe' "$log") cases"
+  else row "$name" "FAILED (rc $rc)" $((SECONDS - t0)) "$(grep -m3 FAILED "$log" | tr '\n' ' ')"; fi
 }
 
 if [ $profile = 1 ]; then
-  # Launches of a step: ~14 a layer + the head; bench preset 8 layers, flash2 2.
+  # The weight kernels' stall reasons first (the measurement docs/performance.md asks for
+  # next), then the per-kernel time of decode steps. Launches of a step: ~12 a layer + the
+  # head; bench preset 8 layers, flash2 2.
+  profile_gemv fma
+  profile_gemv tc
   mkmodel_step bench --preset bench && profile bench 400 600
   mkmodel_step flash2 --preset flash --layers 2 && profile flash2 120 330
-  profile_gemv
 else
   # Most wanted first: the kernel tests (the new kernels' race checks), the weight kernels' and
-  # the decode's speed, the device shard's tests, the real shapes, the clusters, NCCL.
+  # the decode's speed, the device shard's tests, the real shapes, the clusters, NCCL; then,
+  # on the time left, ncu's view of the weight kernels.
   gtest_step test_cuda_kernels 240
-  if ! missing bench_cuda_gemv; then
-    if [ -z "$gpu" ]; then row bench_cuda_gemv "skipped: no GPU" 0 ""
-    elif ! out_of_time bench_cuda_gemv; then
-      t0=$SECONDS
-      timeout -k 10 "$(limit 180)" "${E[@]}" "$(bin bench_cuda_gemv)" >"$logs/bench_cuda_gemv.log" 2>&1
-      rc=$?
-      if no_cuda "$logs/bench_cuda_gemv.log"; then row bench_cuda_gemv "FAILED" $((SECONDS - t0)) "CUDA sees no device"
-      elif [ $rc -eq 0 ]; then row bench_cuda_gemv "ok" $((SECONDS - t0)) "$(grep -c . "$logs/bench_cuda_gemv.log") lines (bench_cuda_gemv.log)"
-      elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then row bench_cuda_gemv "FAILED (rc $rc)" $((SECONDS - t0)) "$(why $rc /dev/null)"
-      else row bench_cuda_gemv "FAILED (rc $rc)" $((SECONDS - t0)) "$(grep -m3 FAILED "$logs/bench_cuda_gemv.log" | tr '\n' ' ')"; fi
-    fi
-  fi
+  gemv_step fma 90
+  gemv_step tc 90
+  gemv_step ovl 45
+  gemv_step fused 60
   mkmodel_step bench --preset bench
   bench_step "decode bench graph" bench --context 64 --tokens 64 --streams 8
   bench_step "decode bench graph tc" bench --context 64 --tokens 64 --streams 8 --weight-core tc
@@ -405,6 +434,10 @@ else
   gtest_step test_nccl_smoke 60
   gtest_step test_nccl_communicator 90
   gtest_step test_integration 240 'DeviceShard.*:ExpertParallel.Nccl*'
+  for part in fma tc; do
+    if [ $((deadline - SECONDS)) -ge 120 ]; then profile_gemv $part tail
+    else row "ncu bench_cuda_gemv $part" "skipped: out of time" 0 "needs 120 s; run.sh --prebuilt --profile does it first"; fi
+  done
 fi
 [ -n "$gpu" ] && nvidia-smi >"$logs/nvidia-smi.txt" 2>&1
 
@@ -415,7 +448,7 @@ fi
 } | tee "$logs/summary.txt"
 # The bench_cuda_gemv lines docs/performance.md asks for, last, so that they are in the reply's
 # tail (the full log comes back in $OUT): T=1 and T=8 of each shape and core, ovl, the fused
-# kernels; runs of spaces squeezed.
+# kernels, every part's probe and failures; runs of spaces squeezed.
 if [ -s "$logs/bench_cuda_gemv.log" ]; then
   echo "==== bench_cuda_gemv digest"
   grep -E '^device read probe| T=1 | T=8 |^ovl|GemmMany|Experts|HcPostPre|IndexerTopK|SinkAttention|^FAILED' \
