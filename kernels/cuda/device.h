@@ -2,6 +2,7 @@
 // every fallible call returns a Status naming the CUDA call and its error, never aborts.
 // No CUDA types here, so plain C++ code can include it.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -64,6 +65,18 @@ class DeviceBuffer {
   size_t size_ = 0;
   int device_ = 0;
 };
+
+// A buffer of at least `bytes` in place of `old`, whose contents are dropped. `old` is freed
+// first (growing must not need the old and the new size at once), and the new one is at least
+// double the old when that fits: a prefill that grows it once does not make every later step
+// grow it. When the doubled size does not fit, exactly `bytes`. On failure `old` is gone too.
+inline Result<DeviceBuffer> GrowBuffer(DeviceBuffer old, size_t bytes) {
+  const size_t doubled = std::max(bytes, 2 * old.size());
+  old = DeviceBuffer();
+  Result<DeviceBuffer> b = DeviceBuffer::Alloc(doubled);
+  if (!b.ok() && doubled > bytes) b = DeviceBuffer::Alloc(bytes);
+  return b;
+}
 
 // Allocates a buffer and fills it with `bytes` from host memory: load traffic (a shard's weights
 // and constants), counted apart from the steps' copies.

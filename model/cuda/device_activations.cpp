@@ -20,8 +20,9 @@ class DeviceActivations final : public Activations {
     const size_t want = RowBytes(rows);
     if (want > mem_.size()) {
       FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
-      // At least double: a prefill that grows it once does not make every later step grow it.
-      FM_ASSIGN_OR_RETURN(mem_, cuda::DeviceBuffer::Alloc(std::max(want, 2 * mem_.size())));
+      data_ = nullptr;  // the old rows go with the old buffer, also when the new one fails
+      rows_ = 0;
+      FM_ASSIGN_OR_RETURN(mem_, cuda::GrowBuffer(std::move(mem_), want));
     }
     data_ = mem_.as<float>();
     rows_ = rows;

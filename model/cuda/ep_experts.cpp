@@ -23,8 +23,7 @@ Result<std::unique_ptr<DeviceExpertRunner>> DeviceExpertRunner::Create(
 
 Status DeviceExpertRunner::Reserve(cuda::DeviceBuffer* b, size_t bytes) {
   if (b->size() >= bytes) return Status::Ok();
-  // At least doubled: a freed buffer waits for the device, so growing is kept rare.
-  FM_ASSIGN_OR_RETURN(*b, cuda::DeviceBuffer::Alloc(std::max(bytes, 2 * b->size())));
+  FM_ASSIGN_OR_RETURN(*b, cuda::GrowBuffer(std::move(*b), bytes));
   return Status::Ok();
 }
 

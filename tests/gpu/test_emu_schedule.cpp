@@ -129,6 +129,28 @@ TEST(EmuSchedule, EveryBlockStartsItsSharedMemoryAsOnes) {
   }
 }
 
+// A full emulated device refuses an allocation (EmuSetDeviceMemory), and GrowBuffer grows a
+// buffer in it without holding the old and the new at once: doubled while that fits, then the
+// exact size asked for.
+TEST(EmuDeviceMemory, GrowBufferFreesTheOldFirstAndFallsBackToTheExactSize) {
+  constexpr size_t kMiB = 1 << 20;
+  EmuSetDeviceMemory(3 * kMiB);
+  {
+    auto a = fm::cuda::DeviceBuffer::Alloc(kMiB);
+    ASSERT_TRUE(a.ok());
+    EXPECT_FALSE(fm::cuda::DeviceBuffer::Alloc(2 * kMiB + kMiB / 2).ok()) << "past the device";
+    auto b = fm::cuda::GrowBuffer(std::move(*a), kMiB + kMiB / 2);  // doubled: 2 MiB
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ(b->size(), 2 * kMiB);
+    auto c = fm::cuda::GrowBuffer(std::move(*b), 2 * kMiB + kMiB / 2);  // 4 MiB does not fit
+    ASSERT_TRUE(c.ok()) << c.status().ToString() << ": the old 2 MiB was still held";
+    EXPECT_EQ(c->size(), 2 * kMiB + kMiB / 2);
+    EXPECT_FALSE(fm::cuda::GrowBuffer(std::move(*c), 4 * kMiB).ok());
+    EXPECT_TRUE(fm::cuda::DeviceBuffer::Alloc(3 * kMiB).ok()) << "the failed growth freed the old";
+  }
+  EmuSetDeviceMemory(SIZE_MAX);
+}
+
 TEST(EmuScheduleDeathTest, AStorePastABuffersEndFaults) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto b = fm::cuda::DeviceBuffer::Alloc(32 * sizeof(float));

@@ -379,25 +379,39 @@ inline cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 struct EmuMapping {
   void* base;
   size_t length;
+  size_t bytes;  // as asked for (counted against emu_device_memory)
 };
 inline std::mutex emu_alloc_mu;
 inline std::unordered_map<void*, EmuMapping> emu_mappings;
+// The emulated device's memory: allocations past it fail as cudaMalloc's out of memory would
+// (EmuSetDeviceMemory; unlimited by default), for tests of what a full device does.
+inline size_t emu_device_memory = SIZE_MAX, emu_device_used = 0;
+inline void EmuSetDeviceMemory(size_t bytes) {
+  std::lock_guard<std::mutex> lock(emu_alloc_mu);
+  emu_device_memory = bytes;
+}
 
 inline void* EmuDeviceAlloc(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(emu_alloc_mu);
+    if (bytes > emu_device_memory - emu_device_used) return nullptr;
+    emu_device_used += bytes;
+  }
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t used = (bytes + 15) / 16 * 16;
   const size_t length = (used + page - 1) / page * page + page;
   void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED) return nullptr;
-  char* guard = static_cast<char*>(base) + length - page;
-  if (mprotect(guard, page, PROT_NONE) != 0) {
-    munmap(base, length);
+  char* guard = base == MAP_FAILED ? nullptr : static_cast<char*>(base) + length - page;
+  if (!guard || mprotect(guard, page, PROT_NONE) != 0) {
+    if (guard) munmap(base, length);
+    std::lock_guard<std::mutex> lock(emu_alloc_mu);
+    emu_device_used -= bytes;
     return nullptr;
   }
   void* p = guard - used;
   std::memset(p, 0xFF, bytes);
   std::lock_guard<std::mutex> lock(emu_alloc_mu);
-  emu_mappings[p] = EmuMapping{base, length};
+  emu_mappings[p] = EmuMapping{base, length, bytes};
   return p;
 }
 
@@ -413,6 +427,7 @@ inline void EmuDeviceFree(void* p) {
     }
     m = it->second;
     emu_mappings.erase(it);
+    emu_device_used -= m.bytes;
   }
   munmap(m.base, m.length);
 }
