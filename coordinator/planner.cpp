@@ -163,25 +163,6 @@ double WorkerPlan::need_gib() const {
   return static_cast<double>(weight_bytes + kv_bytes) / kGiB;
 }
 
-uint64_t KvBytesPerSequence(const ModelConfig& m, int64_t layer, int64_t context) {
-  const uint64_t D = m.head_dim, dI = m.index_head_dim, f = sizeof(float);
-  const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(context, 0));
-  uint64_t bytes = std::min<uint64_t>(ctx, m.sliding_window) * D * f;  // raw kv ring
-  const int64_t r = layer < static_cast<int64_t>(m.compress_ratios.size())
-                        ? m.compress_ratios[layer] : 0;
-  if (r <= 0) return bytes;
-  const uint64_t ratio = static_cast<uint64_t>(r);
-  const uint64_t c = ratio == 4 ? 2 : 1;          // overlapping windows: 2d-wide projections
-  const uint64_t pending_windows = ratio == 4 ? 2 : 1;  // ratio 4 keeps the previous window too
-  bytes += ctx / ratio * D * f;                                   // compressed entries
-  bytes += pending_windows * ratio * 2 * c * D * f;               // pending (a, z) rows
-  if (ratio == 4) {
-    bytes += ctx / ratio * dI * f;                                // indexer entries
-    bytes += pending_windows * ratio * 2 * c * dI * f;            // indexer pending rows
-  }
-  return bytes;
-}
-
 Result<Plan> PlanLayout(const ModelConfig& model, const ClusterConfig& cluster, int stages, int ep,
                         int tp) {
   FM_RETURN_IF_ERROR(CheckInputs(model, cluster));

@@ -76,10 +76,6 @@ std::string LayoutName(int stages, int ep, int tp);
 // The cluster with every cpu profile's unset figures measured on this host (ProbeHostProfile).
 ClusterConfig WithProbedProfiles(ClusterConfig cluster);
 
-// Decode-state bytes of one sequence at `context` tokens in `layer` (main or MTP index), f32:
-// the window ring, compressed entries, indexer entries (ratio 4) and pending compressor rows.
-uint64_t KvBytesPerSequence(const ModelConfig& model, int64_t layer, int64_t context);
-
 // The table `flashmesh plan` prints: node, stage, ep (tp), layers, experts, weight/KV/free GiB.
 std::string FormatPlanTable(const Plan& plan);
 // The same as JSON text (one object: stages, expert_parallel, tensor_parallel, workers[...]).

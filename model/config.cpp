@@ -232,4 +232,23 @@ Result<ModelConfig> LoadModelConfig(const std::string& path) {
   return ParseModelConfig(ss.str(), path);
 }
 
+uint64_t KvBytesPerSequence(const ModelConfig& m, int64_t layer, int64_t context) {
+  const uint64_t D = m.head_dim, dI = m.index_head_dim, f = sizeof(float);
+  const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(context, 0));
+  uint64_t bytes = std::min<uint64_t>(ctx, m.sliding_window) * D * f;  // raw kv ring
+  const int64_t r = layer < static_cast<int64_t>(m.compress_ratios.size())
+                        ? m.compress_ratios[layer] : 0;
+  if (r <= 0) return bytes;
+  const uint64_t ratio = static_cast<uint64_t>(r);
+  const uint64_t c = ratio == 4 ? 2 : 1;          // overlapping windows: 2d-wide projections
+  const uint64_t pending_windows = ratio == 4 ? 2 : 1;  // ratio 4 keeps the previous window too
+  bytes += ctx / ratio * D * f;                                   // compressed entries
+  bytes += pending_windows * ratio * 2 * c * D * f;               // pending (a, z) rows
+  if (ratio == 4) {
+    bytes += ctx / ratio * dI * f;                                // indexer entries
+    bytes += pending_windows * ratio * 2 * c * dI * f;            // indexer pending rows
+  }
+  return bytes;
+}
+
 }  // namespace fm

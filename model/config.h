@@ -66,4 +66,9 @@ struct ModelConfig {
 Result<ModelConfig> LoadModelConfig(const std::string& path);
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& origin);
 
+// Decode-state bytes of one sequence at `context` tokens in `layer` (main or MTP index), f32:
+// the window ring, compressed entries, indexer entries (ratio 4) and pending compressor rows.
+// What the planner sizes memory by and a worker's KV budget charges a sequence at its start.
+uint64_t KvBytesPerSequence(const ModelConfig& model, int64_t layer, int64_t context);
+
 }  // namespace fm

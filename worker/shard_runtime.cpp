@@ -5,6 +5,7 @@
 
 #include "common/device_transfers.h"
 #include "common/log.h"
+#include "model/config.h"
 #include "model/cuda/shard_model.h"
 #include "model/kv_cache.h"
 
@@ -152,20 +153,32 @@ Status ShardRuntime::StartSequence(uint64_t seq_id, int64_t max_context,
   if (max_context <= 0 || max_context > placement_.max_context)
     return InvalidArgument("max_context " + std::to_string(max_context) + " outside (0, " +
                            std::to_string(placement_.max_context) + "]");
+  // The budget charges every sequence its bytes at max_context, checked before anything is
+  // allocated: a young CPU cache holds almost nothing, and sequences admitted by what they hold
+  // now would outgrow the budget later.
+  const ModelConfig& cfg = model_->config();
+  uint64_t charge = 0, held = 0;
+  for (int64_t l = placement_.layer_begin; l < placement_.layer_end; ++l)
+    charge += KvBytesPerSequence(cfg, l, max_context);
+  if (model_->has_mtp()) charge += KvBytesPerSequence(cfg, cfg.num_hidden_layers, max_context);
+  for (const auto& [id, q] : seqs_) held += q.kv_charge;
+  auto over = [&](uint64_t need) -> Status {
+    if (placement_.kv_cache_bytes == 0 || held + need <= placement_.kv_cache_bytes) return Status::Ok();
+    return ResourceExhausted("KV cache budget of " + std::to_string(placement_.kv_cache_bytes) +
+                             " bytes is full: " + std::to_string(seqs_.size()) +
+                             " sequences hold " + std::to_string(held) + " at their max_context, " +
+                             "this one needs " + std::to_string(need) + " at " +
+                             std::to_string(max_context));
+  };
+  FM_RETURN_IF_ERROR(over(charge));
   Sequence s;
   FM_ASSIGN_OR_RETURN(s.cache, model_->NewSequence(max_context));
   s.max_context = max_context;
+  s.kv_charge = std::max<uint64_t>(charge, s.cache->bytes());
+  FM_RETURN_IF_ERROR(over(s.kv_charge));   // a device cache larger than the estimate
   if (placement_.head) {
     FM_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
     s.sampler = std::make_unique<Sampler>(std::move(sampler));
-  }
-  if (placement_.kv_cache_bytes > 0) {
-    uint64_t used = s.cache->bytes();
-    for (const auto& [id, q] : seqs_) used += q.cache->bytes();
-    if (used > placement_.kv_cache_bytes)
-      return ResourceExhausted("KV cache budget of " + std::to_string(placement_.kv_cache_bytes) +
-                               " bytes is full (" + std::to_string(seqs_.size()) +
-                               " sequences)");
   }
   seqs_.emplace(seq_id, std::move(s));
   return Status::Ok();

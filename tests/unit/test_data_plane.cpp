@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "model/config.h"
 #include "model/mkmodel.h"
 #include "net/tcp_transport.h"
 #include "tests/unit/test_checkpoint_util.h"
@@ -206,6 +207,38 @@ TEST(StageExecutorChecks, ARepeatedStepIdIsRefused) {
   ASSERT_EQ(want.size(), 1u);
   EXPECT_EQ(out[0].id, want[0].id);
   EXPECT_EQ(out[0].logprob, want[0].logprob);
+}
+
+// The KV budget charges each sequence its bytes at max_context when it starts (a CPU cache holds
+// almost nothing until it decodes): two fit a budget of two, a third is refused by name until
+// one is freed, and a sequence decoded to its max_context holds no more than it was charged.
+TEST(ShardRuntimeKv, TheBudgetChargesEachSequenceItsBytesAtMaxContext) {
+  ShardRuntime probe(1);
+  ASSERT_TRUE(probe.Load(Stage(0, 1, 0, -1)).ok());
+  const ModelConfig& cfg = probe.config();
+  uint64_t charge = 0;  // every layer (this shard loads no MTP layer)
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) charge += KvBytesPerSequence(cfg, l, 64);
+  ShardPlacement p = Stage(0, 1, 0, -1);
+  p.kv_cache_bytes = 2 * charge + charge / 2;
+  ShardRuntime r(1);
+  ASSERT_TRUE(r.Load(p).ok());
+  StageExecutor e(&r);
+  SamplerConfig greedy;
+  greedy.greedy = true;
+  ASSERT_TRUE(r.StartSequence(1, 64, greedy).ok());
+  ASSERT_TRUE(r.StartSequence(2, 64, greedy).ok());
+  const Status full = r.StartSequence(3, 64, greedy);
+  EXPECT_EQ(full.code(), Code::kResourceExhausted) << full.ToString();
+  EXPECT_NE(full.message().find("KV cache budget of " + std::to_string(p.kv_cache_bytes) +
+                                " bytes is full: 2 sequences hold " + std::to_string(2 * charge)),
+            std::string::npos) << full.ToString();
+  EXPECT_FALSE(r.HasSequence(3));
+  uint64_t step = 1;
+  EXPECT_EQ(Decode({&e}, std::vector<int32_t>(32, 7), 32, &step).size(), 32u);
+  EXPECT_GT(r.kv_bytes(), 0u);
+  EXPECT_LE(r.kv_bytes(), 2 * charge) << "sequence 1 at its max_context holds more than charged";
+  r.FreeSequence(2);
+  EXPECT_TRUE(r.StartSequence(3, 64, greedy).ok());
 }
 
 TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {
