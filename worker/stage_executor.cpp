@@ -97,8 +97,28 @@ Status StageExecutor::Receive(net::Frame activation) {
 }
 
 void StageExecutor::Free(const std::vector<uint64_t>& seq_ids) {
-  std::lock_guard<std::mutex> exec(exec_mu_);
-  for (auto id : seq_ids) runtime_->FreeSequence(id);
+  // Not by taking exec_mu_ here: the loop takes it again within microseconds of a step's end
+  // whenever the next step is ready, and a mutex is not fair, so under load a free waited for
+  // seconds (past the coordinator's timeout, which then failed the whole cluster).
+  std::unique_lock<std::mutex> lock(mu_);
+  pending_frees_.insert(pending_frees_.end(), seq_ids.begin(), seq_ids.end());
+  const uint64_t ticket = ++frees_asked_;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return frees_done_ >= ticket || stop_; });
+}
+
+void StageExecutor::ApplyFreesLocked(std::unique_lock<std::mutex>& lock) {
+  std::vector<uint64_t> ids = std::move(pending_frees_);
+  pending_frees_.clear();
+  const uint64_t upto = frees_asked_;
+  lock.unlock();
+  {
+    std::lock_guard<std::mutex> exec(exec_mu_);
+    for (auto id : ids) runtime_->FreeSequence(id);
+  }
+  lock.lock();
+  frees_done_ = upto;
+  cv_.notify_all();
 }
 
 Status StageExecutor::Exclusive(const std::function<Status()>& swap) {
@@ -161,8 +181,14 @@ void StageExecutor::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     Step* step = nullptr;
-    cv_.wait(lock, [&] { return stop_ || (step = NextReadyLocked()) != nullptr; });
+    cv_.wait(lock, [&] {
+      return stop_ || frees_done_ < frees_asked_ || (step = NextReadyLocked()) != nullptr;
+    });
     if (stop_) break;
+    if (frees_done_ < frees_asked_) {  // before the next step: a busy stage delays them by one
+      ApplyFreesLocked(lock);
+      continue;
+    }
     waiting_.erase(step->id);
     step->running = true;
     last_run_ = step->id;

@@ -73,7 +73,9 @@ class StageExecutor {
   // as received until its step runs, then copied into the shard's activations once.
   Status Receive(net::Frame activation);
 
-  // Frees sequences between steps (never under a running step).
+  // Frees sequences between steps (never under a running step): the executor's thread frees
+  // them before it starts its next step, so a busy stage delays a free by one step at most.
+  // Returns once they are freed (or the executor stops).
   void Free(const std::vector<uint64_t>& seq_ids);
   // Runs `swap` (LoadShard replacing or dropping the shard) with no step computing: a step
   // that becomes ready meanwhile starts after it.
@@ -97,6 +99,7 @@ class StageExecutor {
     std::vector<SampledId> sampled;
   };
   void Loop();
+  void ApplyFreesLocked(std::unique_lock<std::mutex>& lock);
   Step* NextReadyLocked();
   void FailWaitingLocked();
   Status Execute(Step* step, const net::Frame* received);
@@ -105,7 +108,7 @@ class StageExecutor {
   std::unique_ptr<ActivationSink> next_;    // set under exec_mu_ and mu_
   std::unique_ptr<ActivationSource> prev_;  // likewise
   mutable std::mutex mu_;
-  std::condition_variable cv_;        // new step, new activation, step done, stop
+  std::condition_variable cv_;        // new step, new activation, step done, frees, stop
   std::map<uint64_t, Step*> waiting_; // not yet started, by step id
   // At most kMaxInboxSteps manifolds wait (far more than the steps in flight): bounds what a
   // flooding previous stage can make this one hold.
@@ -115,6 +118,9 @@ class StageExecutor {
   std::deque<std::pair<Clock::time_point, int64_t>> recent_rows_;
   uint64_t rows_total_ = 0;
   uint64_t last_run_ = 0;             // id of the last step started; 0 after a reset
+  // Free(): ids the loop frees before its next step; frees asked / done so far (tickets).
+  std::vector<uint64_t> pending_frees_;
+  uint64_t frees_asked_ = 0, frees_done_ = 0;
   bool stop_ = false;
   bool stopped_ = false;              // Stop(): no step runs any more
   std::thread thread_;

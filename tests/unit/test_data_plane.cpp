@@ -6,6 +6,7 @@
 // (NCCL), one copy to or from the host otherwise.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -239,6 +240,43 @@ TEST(ShardRuntimeKv, TheBudgetChargesEachSequenceItsBytesAtMaxContext) {
   EXPECT_LE(r.kv_bytes(), 2 * charge) << "sequence 1 at its max_context holds more than charged";
   r.FreeSequence(2);
   EXPECT_TRUE(r.StartSequence(3, 64, greedy).ok());
+}
+
+// A free waits for at most the running step, also when the next step is always ready (two
+// streams submitting back to back): it used to contend for the executor's mutex with the loop,
+// which took it again at once, and waited for seconds.
+TEST(StageExecutorFree, AFreeUnderBackToBackStepsEndsWithinAStepOrTwo) {
+  ShardRuntime r(1);
+  ASSERT_TRUE(r.Load(Stage(0, 1, 0, -1)).ok());
+  StageExecutor e(&r);
+  SamplerConfig greedy;
+  greedy.greedy = true;
+  for (uint64_t id : {1, 2, 3}) ASSERT_TRUE(r.StartSequence(id, 4000, greedy).ok());
+  std::atomic<uint64_t> next_step{1};
+  std::atomic<bool> stop{false};
+  std::atomic<int> steps{0};
+  std::vector<std::thread> load;
+  for (uint64_t seq : {1, 2})
+    load.emplace_back([&, seq] {
+      std::vector<SampledId> out;
+      for (int i = 0; i < 240 && !stop; ++i) {  // 16 tokens a step: 3840 of the 4000
+        if (!e.RunStep(next_step++, 0, {StepSlice{seq, std::vector<int32_t>(16, 5)}},
+                       StageExecutor::Clock::now() + 10s, &out).ok())
+          break;
+        ++steps;
+      }
+    });
+  while (steps < 20) std::this_thread::sleep_for(1ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  e.Free({3});
+  const double worst_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const int during = steps;
+  stop = true;
+  for (auto& t : load) t.join();
+  EXPECT_FALSE(r.HasSequence(3));
+  EXPECT_TRUE(r.HasSequence(1) && r.HasSequence(2));
+  EXPECT_LT(during, 480) << "the free waited for all the steps to end";
+  EXPECT_LT(worst_ms, 500.0) << "steps kept running: " << during;
 }
 
 TEST(DataPlane, TwoStagesOverTcpEqualOneStageTokenForToken) {
