@@ -8,19 +8,29 @@ namespace fm::cli {
 
 std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const char* cmd,
                                                                       const Flags& flags,
-                                                                      std::FILE* down) {
+                                                                      std::FILE* down,
+                                                                      int* exit_code) {
   auto client = ConnectApi(flags.Get("server"), flags.Get("token-file"), flags.Get("tls-ca"));
   if (!client.ok()) {
     std::fprintf(stderr, "%s: %s\n", cmd, client.status().message().c_str());
+    *exit_code = kExitCannotAsk;
     return std::nullopt;
   }
   flashmesh::v1::ClusterStatusRequest req;
   flashmesh::v1::ClusterStatusResponse resp;
   auto ctx = client->Context(5);
   const grpc::Status s = client->stub->ClusterStatus(ctx.get(), req, &resp);
+  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+      s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    std::fprintf(stderr, "%s: coordinator %s refused the credentials: %s\n", cmd,
+                 flags.Get("server").c_str(), s.error_message().c_str());
+    *exit_code = kExitCannotAsk;
+    return std::nullopt;
+  }
   if (!s.ok()) {
     std::fprintf(down, "down: coordinator %s: %s\n", flags.Get("server").c_str(),
                  s.error_message().c_str());
+    *exit_code = kExitDown;
     return std::nullopt;
   }
   return resp;

@@ -1,5 +1,5 @@
 // The coordinator's ClusterStatus, as `status` and `health` fetch it (--server, --token-file,
-// --tls-ca), so that both treat an unreachable coordinator alike: exit 2 (docs/operations.md).
+// --tls-ca), so that both treat an unreachable coordinator alike (docs/operations.md).
 #pragma once
 #include <cstdio>
 #include <optional>
@@ -9,12 +9,19 @@
 
 namespace fm::cli {
 
-// The status, or nullopt when the coordinator did not answer (within 5 s) or the flags name no
-// usable connection; then the reason is printed ("down: coordinator HOST:PORT: why" to `down`:
-// health's answer goes to stdout, status keeps stdout for its table or JSON; or "<cmd>: why" on
-// stderr) and the command exits 2.
+// health's and status's exit codes besides 0 (healthy) and 1 (degraded): the coordinator did
+// not answer, or nothing was asked (a usage error, an unusable --token-file / --tls-ca, or the
+// coordinator refused the credentials): a probe tells a typo or a bad token from an outage.
+inline constexpr int kExitDown = 2;
+inline constexpr int kExitCannotAsk = 3;
+
+// The status, or nullopt with *exit_code set: kExitDown when the coordinator did not answer
+// (within 5 s; "down: coordinator HOST:PORT: why" to `down`: health's answer goes to stdout,
+// status keeps stdout for its table or JSON), kExitCannotAsk when the flags name no usable
+// connection or the coordinator refused the credentials ("<cmd>: why" on stderr).
 std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const char* cmd,
                                                                       const Flags& flags,
-                                                                      std::FILE* down);
+                                                                      std::FILE* down,
+                                                                      int* exit_code);
 
 }  // namespace fm::cli

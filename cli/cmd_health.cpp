@@ -1,4 +1,5 @@
-// flashmesh health --server HOST:PORT [--node NAME]: exit 0 healthy, 1 degraded, 2 down.
+// flashmesh health --server HOST:PORT [--node NAME]: exit 0 healthy, 1 degraded, 2 down, 3
+// nothing asked (a usage error, unusable credentials).
 #include <cstdio>
 #include <optional>
 
@@ -14,7 +15,8 @@ const CommandSpec kSpec{
     "health",
     "cluster: exit 0 healthy (docs/operations.md \"Health\"), 1 degraded (the reason is\n"
     "printed: a node not up, a step overdue, a reset in progress, a stray sequence),\n"
-    "2 down (coordinator unreachable).",
+    "2 down (coordinator unreachable), 3 nothing asked (a usage error, an unusable\n"
+    "--token-file or --tls-ca, or credentials the coordinator refused).",
     {{"server", "HOST:PORT", "the coordinator's API", true},
      {"node", "NAME", "exit 0 if that node is up, 1 if loading/waiting/draining, 2 if down"},
      {"token-file", "FILE", "bearer token file (security.token_file)"},
@@ -25,9 +27,9 @@ const CommandSpec kSpec{
 int CmdHealth(int argc, char** argv) {
   int rc = 0;
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
-  if (!flags) return rc;
-  const auto status = FetchClusterStatus("health", *flags, stdout);
-  if (!status) return 2;
+  if (!flags) return rc == 0 ? 0 : kExitCannotAsk;   // --help, or a usage error
+  const auto status = FetchClusterStatus("health", *flags, stdout, &rc);
+  if (!status) return rc;
   const flashmesh::v1::ClusterStatusResponse& resp = *status;
   if (flags->Has("node")) {
     for (const auto& n : resp.nodes()) {
@@ -39,10 +41,10 @@ int CmdHealth(int argc, char** argv) {
       bool down = n.state() == flashmesh::v1::NODE_STATE_DOWN;
       std::printf("%s: node %s%s%s\n", down ? "down" : "degraded", n.name().c_str(),
                   n.error().empty() ? "" : ": ", n.error().c_str());
-      return down ? 2 : 1;
+      return down ? kExitDown : 1;
     }
     std::fprintf(stderr, "health: the cluster has no node named '%s'\n", flags->Get("node").c_str());
-    return 2;
+    return kExitDown;
   }
   if (resp.healthy()) {
     std::printf("healthy: %d node(s) up\n", resp.nodes_size());

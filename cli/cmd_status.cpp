@@ -56,7 +56,8 @@ const CommandSpec kSpec{
     "sequences, tok/s, seconds since the last heartbeat, data-plane MiB sent; with expert\n"
     "parallelism, each node's 5 most-routed experts; for device (cuda) nodes, the host<->device\n"
     "bytes per token of their steps. Exit 0 when healthy, 1 when not (the reason is printed),\n"
-    "2 when the coordinator does not answer",
+    "2 when the coordinator does not answer, 3 when nothing was asked (a usage error,\n"
+    "unusable credentials)",
     {{"server", "HOST:PORT", "the coordinator's API", true},
      {"json", nullptr, "the status as JSON"},
      {"token-file", "FILE", "bearer token file (security.token_file)"},
@@ -67,9 +68,9 @@ const CommandSpec kSpec{
 int CmdStatus(int argc, char** argv) {
   int rc = 0;
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
-  if (!flags) return rc;
-  const auto status = FetchClusterStatus("status", *flags, stderr);
-  if (!status) return 2;
+  if (!flags) return rc == 0 ? 0 : kExitCannotAsk;   // --help, or a usage error
+  const auto status = FetchClusterStatus("status", *flags, stderr, &rc);
+  if (!status) return rc;
   const flashmesh::v1::ClusterStatusResponse& resp = *status;
   if (flags->Has("json")) {
     nlohmann::json j;

@@ -62,6 +62,9 @@ Result<std::string> ReadPem(const std::string& path, const std::string& what) {
   std::stringstream ss;
   ss << in.rdbuf();
   if (!in || ss.str().empty()) return NotFound("security.tls." + what + " " + path + ": cannot read");
+  // gRPC takes any bytes and fails each connection later with "empty address list".
+  if (ss.str().find("-----BEGIN ") == std::string::npos)
+    return InvalidArgument("security.tls." + what + " " + path + ": not a PEM file (no -----BEGIN line)");
   return ss.str();
 }
 

@@ -229,6 +229,17 @@ TEST(ApiAuth, BearerTokenFromTokenFile) {
             grpc::StatusCode::UNAUTHENTICATED);
   std::string out;
   EXPECT_EQ(RunFlashmesh({"health", "--server", server.api(), "--token-file", dir.path() + "/tokens"}, &out, 10s), 0) << out;
+  // Nothing asked (exit 3), not "down" (2): refused credentials, unusable flags, a typo.
+  std::ofstream(dir.path() + "/wrong") << "wrong\n";
+  for (const std::string cmd : {"health", "status"}) {
+    EXPECT_EQ(RunFlashmesh({cmd, "--server", server.api(), "--token-file", dir.path() + "/wrong"}, &out, 10s), 3) << out;
+    EXPECT_NE(out.find(cmd + ": coordinator " + server.api() + " refused the credentials"), std::string::npos) << out;
+    EXPECT_EQ(RunFlashmesh({cmd, "--server", server.api()}, &out, 10s), 3) << out;
+    EXPECT_EQ(RunFlashmesh({cmd, "--server", server.api(), "--token-file", dir.path() + "/none"}, &out, 10s), 3) << out;
+    EXPECT_EQ(RunFlashmesh({cmd, "--server", server.api(), "--tls-ca", dir.path() + "/tokens"}, &out, 10s), 3) << out;
+    EXPECT_NE(out.find("not a PEM file"), std::string::npos) << out;
+    EXPECT_EQ(RunFlashmesh({cmd, "--sever", server.api()}, &out, 10s), 3) << out;
+  }
 }
 
 }  // namespace
