@@ -57,7 +57,7 @@ Status WorkerService::CheckPeers(const flashmesh::v1::ShardSpec& s) const {
   return Status::Ok();
 }
 
-Status WorkerService::ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s) {
+Status WorkerService::AllowPeers(const flashmesh::v1::ShardSpec& s) {
   std::vector<net::AllowedPeer> peers;
   auto add = [&](const std::string& name) {
     if (name.empty() || name == node_) return;
@@ -67,12 +67,17 @@ Status WorkerService::ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s) {
   add(s.prev_node());
   add(s.next_node());
   for (const std::string& n : s.ep_nodes()) add(n);
-  FM_RETURN_IF_ERROR(data_plane_->SetAllowedPeers(peers));
+  return data_plane_->SetAllowedPeers(peers);
+}
+
+void WorkerService::SetFrameLimits(const flashmesh::v1::ShardSpec& s) {
   // The largest frame of the plan: a step's rows times the widest row that crosses the data
   // plane (the manifold, hc x H, or an EP combine of top-k expert outputs, k x H; a TP
   // gather's last piece: H / t shared output rows and up to k x H routed outputs), in f32.
+  // The rows: max_step_rows, else the loaded shard's max_context (0 in the spec is the model's).
   const ModelConfig& c = runtime_.config();
-  const uint64_t rows = static_cast<uint64_t>(s.max_step_rows() > 0 ? s.max_step_rows() : s.max_context());
+  const uint64_t rows = static_cast<uint64_t>(s.max_step_rows() > 0 ? s.max_step_rows()
+                                                                    : runtime_.placement().max_context);
   const int64_t widest = std::max(c.hc_mult, c.num_experts_per_tok + (s.tensor_parallel() > 1 ? 1 : 0));
   const uint64_t row_bytes = static_cast<uint64_t>(c.hidden_size * widest) * 4;
   const uint64_t cap = uint64_t{1} << 60;   // far beyond any memory; keeps 4x below from wrapping
@@ -80,7 +85,6 @@ Status WorkerService::ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s) {
   data_plane_->SetLimits(max_frame, 4 * max_frame);
   std::lock_guard<std::mutex> g(nccl_mu_);
   for (net::NcclCommunicator* c : nccl_comms_) c->SetMaxPayload(max_frame);
-  return Status::Ok();
 }
 
 grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh::v1::LoadShardRequest* req,
@@ -88,8 +92,19 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   uint64_t term = 0;
   if (grpc::Status a = guard_.Admit(ctx, "LoadShard", *req, true, &term); !a.ok()) return a;
   std::lock_guard<std::mutex> lock(load_mu_);
+  // A load that waited here for an earlier one may have been given up by its caller (which
+  // then retries): running it anyway would drop the sequences started since and stall steps.
+  if (ctx->IsCancelled() || ctx->deadline() <= std::chrono::system_clock::now())
+    return WorkerError(ctx, DeadlineExceeded("node " + node_ +
+                                             ": LoadShard given up by its caller while an earlier load ran"));
   const auto& s = req->shard();
   if (Status peers = CheckPeers(s); !peers.ok()) return ToGrpc(peers.Wrap("node " + node_));
+  if (s.max_context() < 0 || s.max_step_rows() < 0 || s.num_stages() < 1)
+    return WorkerError(ctx, InvalidArgument(
+                                "shard.max_context " + std::to_string(s.max_context()) +
+                                ", shard.max_step_rows " + std::to_string(s.max_step_rows()) +
+                                ", shard.num_stages " + std::to_string(s.num_stages()) +
+                                ": want >= 0, >= 0 (0: the model's context, max_context) and >= 1"));
   ShardPlacement p;
   p.model_dir = model_dir_override_.empty() ? s.model_dir() : model_dir_override_;
   p.stage = s.stage();
@@ -143,6 +158,17 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   if (p.stage < 0 || p.stage >= p.num_stages)
     return WorkerError(ctx, InvalidArgument("shard.stage " + std::to_string(p.stage) + " outside [0, " +
                                   std::to_string(p.num_stages) + ")"));
+  // The first stage embeds the tokens and only the last holds the head: otherwise every step
+  // would fail later ("no embedding") or end early (a middle stage sampling, never forwarding).
+  if (p.embed != (p.stage == 0))
+    return WorkerError(ctx, InvalidArgument("shard.embed: " + std::string(p.embed ? "true" : "false") +
+                                            " on stage " + std::to_string(p.stage) +
+                                            " (stage 0, and only it, embeds)"));
+  if (p.head != (p.stage == p.num_stages - 1))
+    return WorkerError(ctx, InvalidArgument("shard.head: " + std::string(p.head ? "true" : "false") +
+                                            " on stage " + std::to_string(p.stage) + " of " +
+                                            std::to_string(p.num_stages) +
+                                            " (the last stage, and only it, holds the head)"));
   if (!p.head && (s.next_node().empty() || s.next_data().empty()))
     return WorkerError(ctx, InvalidArgument("shard.next_node / shard.next_data: empty on a stage without the head"));
   if (p.stage > 0 && s.prev_node().empty())
@@ -176,6 +202,9 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
     return WorkerError(ctx, InvalidArgument("shard.stage_transport: unknown value " +
                                             std::to_string(s.stage_transport())));
   }
+  // The new peers before anything is replaced: a failure here leaves the old shard as it was.
+  if (Status peers = AllowPeers(s); !peers.ok())
+    return WorkerError(ctx, peers.Wrap("node " + node_ + ": data-plane peers"));
   {
     std::lock_guard<std::mutex> g(nccl_mu_);
     nccl_comms_.clear();   // the old communicators go away below
@@ -219,8 +248,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   }
   if (prev_link_) executor_.SetPrev(NewCommActivationSource(prev_link_.get(), 0, *dtype));
   receiver_.SetPeer(p.stage > 0 && !prev_link_ ? s.prev_node() : "");
-  if (Status policy = ApplyPeerPolicy(s); !policy.ok())
-    return ToGrpc(policy.Wrap("node " + node_ + ": data-plane peers"));
+  SetFrameLimits(s);
   guard_.Follow(term);
   epoch_ = s.epoch();
   {

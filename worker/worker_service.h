@@ -67,9 +67,11 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
 
  private:
   // LoadShard's peers checked against security_.node_data, then made the only ones the data
-  // plane accepts, with frame limits from the plan's largest frame (NCCL groups and hops too).
+  // plane accepts (before the load); after it, frame limits from the plan's largest frame
+  // (NCCL groups and hops too).
   Status CheckPeers(const flashmesh::v1::ShardSpec& s) const;
-  Status ApplyPeerPolicy(const flashmesh::v1::ShardSpec& s);
+  Status AllowPeers(const flashmesh::v1::ShardSpec& s);
+  void SetFrameLimits(const flashmesh::v1::ShardSpec& s);
 
   std::string node_;
   WorkerSecurity security_;

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -165,7 +166,6 @@ TEST(SelfHealing, FailedLoadShardLeavesTheWorkerUnloadedAndALaterGoodLoadServes)
   const Generation ref = Generate(stub.get(), TokensRequest(Prompt(1), 6));
   ASSERT_TRUE(ref.status.ok()) << ref.status.error_message();
 
-  std::filesystem::rename(model + "/config.json", model + "/config.json.away");
   auto w1 = WorkerStub(cluster.control(1));
   flashmesh::v1::LoadShardRequest lreq;
   lreq.mutable_shard()->set_stage(1);
@@ -174,6 +174,25 @@ TEST(SelfHealing, FailedLoadShardLeavesTheWorkerUnloadedAndALaterGoodLoadServes)
   lreq.mutable_shard()->set_next_data(cluster.data(2));   // the YAML's (a worker refuses others)
   lreq.mutable_shard()->set_prev_node("w0");
   flashmesh::v1::LoadShardResponse lresp;
+  // Specs that cannot serve are refused by field before anything is replaced: w1 keeps its shard.
+  const std::vector<std::pair<std::function<void(flashmesh::v1::ShardSpec*)>, std::string>> bad = {
+      {[](auto* s) { s->set_embed(true); }, "shard.embed: true on stage 1 (stage 0, and only it, embeds)"},
+      {[](auto* s) { s->set_head(true); }, "shard.head: true on stage 1 of 3"},
+      {[](auto* s) { s->set_max_context(-1); }, "shard.max_context -1"},
+      {[](auto* s) { s->set_max_step_rows(-5); }, "shard.max_step_rows -5"}};
+  for (const auto& [edit, want] : bad) {
+    flashmesh::v1::LoadShardRequest r = lreq;
+    edit(r.mutable_shard());
+    grpc::ClientContext c;
+    const grpc::Status st = w1->LoadShard(&c, r, &lresp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find(want), std::string::npos) << st.error_message();
+  }
+  const Generation same = Generate(stub.get(), TokensRequest(Prompt(1), 6));
+  ASSERT_TRUE(same.status.ok()) << same.status.error_message();
+  EXPECT_EQ(same.ids, ref.ids);
+
+  std::filesystem::rename(model + "/config.json", model + "/config.json.away");
   grpc::ClientContext lctx;
   EXPECT_FALSE(w1->LoadShard(&lctx, lreq, &lresp).ok());
   flashmesh::v1::HealthResponse h;
