@@ -123,6 +123,21 @@ void ShardRuntime::Unload() {
   ckpt_.reset();
 }
 
+bool ShardRuntime::DropIfDeviceLost() {
+  int device = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!model_ || placement_.cuda_device < 0) return false;
+    device = placement_.cuda_device;
+  }
+  const Status health = CudaDeviceHealth(device);
+  if (health.ok()) return false;
+  FM_LOG(kError, "worker") << "dropping the shard: " << health.ToString()
+                           << " (restart this worker to use the device again)";
+  Unload();
+  return true;
+}
+
 const ModelConfig& ShardRuntime::config() const { return model_->config(); }
 
 uint64_t ShardRuntime::weight_bytes() const {

@@ -79,6 +79,11 @@ class ShardRuntime {
   bool loaded() const;
   // Drops the shard and every sequence: loaded() is false until the next Load.
   void Unload();
+  // After a failed step: a device shard whose device a fault left unusable for this process
+  // (CudaDeviceHealth) is dropped, so that Health says unloaded and the coordinator takes the
+  // node out (its next LoadShard fails naming the device error) instead of sending it steps
+  // that all fail. True when it dropped the shard. Not concurrently with a step.
+  bool DropIfDeviceLost();
   // A copy: LoadShard replaces it while the data plane and the RPCs read it.
   ShardPlacement placement() const;
   // Loaded, as stage 0 (whose steps need no input): the executor asks on every wake.

@@ -53,6 +53,21 @@ Result<DeviceMemory> MemoryInfo() {
   return m;
 }
 
+Status DeviceHealth(int index) {
+  // Without waiting (a step that failed on a dead peer may leave a communicator's kernel
+  // behind): an error that is not sticky is cleared, a sticky one comes back from every call.
+  cudaGetLastError();
+  cudaError_t e = cudaSetDevice(index);
+  if (e == cudaSuccess) e = cudaStreamQuery(nullptr);
+  if (e == cudaErrorNotReady) {   // work queued: the device runs
+    cudaGetLastError();
+    return Status::Ok();
+  }
+  if (e == cudaSuccess) return Status::Ok();
+  return CudaStatus(e, "cudaStreamQuery")
+      .Wrap("cuda:" + std::to_string(index) + " is unusable for the rest of this process");
+}
+
 Status SetDevice(int index) {
   const int n = DeviceCount();
   if (index < 0 || index >= n)

@@ -28,6 +28,11 @@ Result<DeviceMemory> MemoryInfo();
 // Makes device `index` current for this thread (its allocations and launches go there);
 // InvalidArgument naming the index and the device count when there is no such device.
 Status SetDevice(int index);
+// After a failed call: OK when device `index` still works (the error was that call's own),
+// else the error that ended this process's context on it (an illegal address, a launch
+// failure, an uncorrectable ECC error: "sticky", every later call fails alike until the
+// process restarts). Does not wait for the device's queued work.
+Status DeviceHealth(int index);
 // Kernels this process has launched so far through kernels/cuda (each launcher's launch counts
 // once when it is issued: a capture counts its kernels, a graph replay counts none).
 int64_t KernelLaunches();

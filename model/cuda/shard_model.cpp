@@ -548,6 +548,8 @@ Status SetCudaLaunchOverlap(bool on) {
   return Status::Ok();
 }
 
+Status CudaDeviceHealth(int device) { return cuda::DeviceHealth(device); }
+
 Result<double> CudaReadBandwidthGbps(int device) {
   FM_RETURN_IF_ERROR(cuda::SetDevice(device));
   return cuda::MeasureReadBandwidth(size_t{1} << 30, 10);

@@ -41,6 +41,11 @@ Status SetCudaWeightCore(CudaWeightCore core);
 // off by default until a GPU run measures it. Set it before a shard's first step, as above.
 Status SetCudaLaunchOverlap(bool on);
 
+// After a failed step on device `device`: OK when it still works, else the error that ended
+// this process's context on it (kernels/cuda DeviceHealth: no later call can succeed). OK
+// without CUDA in the build (no device shard runs there).
+Status CudaDeviceHealth(int device);
+
 // Read bandwidth of CUDA device `device` in GB/s (kernels/cuda MeasureReadBandwidth over 1 GiB),
 // what `flashmesh bench decode --device cuda:N` divides its weight traffic by.
 Result<double> CudaReadBandwidthGbps(int device);

@@ -21,6 +21,8 @@ Status SetCudaLaunchOverlap(bool) {
                      "configure time)");
 }
 
+Status CudaDeviceHealth(int) { return Status::Ok(); }
+
 Result<double> CudaReadBandwidthGbps(int device) {
   return Unavailable("device cuda:" + std::to_string(device) +
                      ": this flashmesh was built without CUDA (no nvcc at configure time)");

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -390,6 +391,11 @@ inline void EmuSetDeviceMemory(size_t bytes) {
   std::lock_guard<std::mutex> lock(emu_alloc_mu);
   emu_device_memory = bytes;
 }
+
+// A lost device (EmuLoseDevice(true)): as after a kernel's illegal address on a GPU, every
+// later runtime call of the emulated kernels/cuda (device_emu.cpp) fails with that error.
+inline std::atomic<bool> emu_device_lost{false};
+inline void EmuLoseDevice(bool lost) { emu_device_lost = lost; }
 
 inline void* EmuDeviceAlloc(size_t bytes) {
   {

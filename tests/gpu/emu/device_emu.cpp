@@ -12,19 +12,33 @@
 #include "kernels/cuda/ops.h"
 
 namespace fm::cuda {
+namespace {
+// The error of every call on a lost device (EmuLoseDevice), as CudaStatus words it.
+Status Lost(const char* call) {
+  if (!emu_device_lost) return Status::Ok();
+  return Internal(std::string(call) + ": an illegal memory access was encountered "
+                  "(cudaErrorIllegalAddress, emulated)");
+}
+}  // namespace
 
 int DeviceCount() { return 1; }
 int64_t KernelLaunches() { return launches_made.load(std::memory_order_relaxed); }
 std::string DeviceDescription(int) { return "CPU emulation"; }
-Status Synchronize() { return Status::Ok(); }
-Status SynchronizeStream() { return Status::Ok(); }
+Status Synchronize() { return Lost("cudaDeviceSynchronize"); }
+Status SynchronizeStream() { return Lost("cudaStreamSynchronize"); }
 Result<DeviceMemory> MemoryInfo() { return DeviceMemory{size_t{8} << 30, size_t{8} << 30}; }
 Status SetDevice(int index) {
+  FM_RETURN_IF_ERROR(Lost("cudaSetDevice"));
   if (index == 0) return Status::Ok();
   return InvalidArgument("cuda:" + std::to_string(index) + ": this host has 1 CUDA device(s)");
 }
+Status DeviceHealth(int index) {
+  return Lost("cudaStreamQuery").Wrap("cuda:" + std::to_string(index) +
+                                      " is unusable for the rest of this process");
+}
 
 Result<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {
+  FM_RETURN_IF_ERROR(Lost("cudaMalloc"));
   DeviceBuffer b;
   if (bytes == 0) return Result<DeviceBuffer>(std::move(b));
   b.ptr_ = EmuDeviceAlloc(bytes);  // 0xFF bytes, a faulting page past the end (cuda_runtime.h)
@@ -61,6 +75,7 @@ static Status FromHost(const DeviceBuffer& b, const void* src, size_t bytes, siz
                        TransferPhase phase) {
   if (offset > b.size() || bytes > b.size() - offset) return OutOfRange("CopyFromHost past the buffer");
   if (bytes == 0) return Status::Ok();
+  FM_RETURN_IF_ERROR(Lost("cudaMemcpy"));
   FM_RETURN_IF_ERROR(NotWhileCapturing("CopyFromHost"));
   std::memcpy(b.as<char>() + offset, src, bytes);
   CountTransfer(b.device(), phase, TransferDirection::kHostToDevice, bytes);
@@ -78,6 +93,7 @@ Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) 
 Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
   if (offset > size_ || bytes > size_ - offset) return OutOfRange("CopyToHost past the buffer");
   if (bytes == 0) return Status::Ok();
+  FM_RETURN_IF_ERROR(Lost("cudaMemcpy"));
   FM_RETURN_IF_ERROR(NotWhileCapturing("CopyToHost"));
   std::memcpy(dst, static_cast<const char*>(ptr_) + offset, bytes);
   CountTransfer(device_, TransferPhase::kStep, TransferDirection::kDeviceToHost, bytes);
@@ -116,7 +132,7 @@ Stream& Stream::operator=(Stream&& other) noexcept {
   handle_ = std::exchange(other.handle_, nullptr);
   return *this;
 }
-Status Stream::Synchronize() const { return Status::Ok(); }
+Status Stream::Synchronize() const { return Lost("cudaStreamSynchronize"); }
 StreamScope::StreamScope(const Stream&) : saved_(nullptr) {}
 StreamScope::~StreamScope() = default;
 
@@ -142,6 +158,7 @@ Result<Graph> Graph::Capture(const Stream& stream, const std::function<Status()>
 }
 
 Status Graph::Launch(const Stream&) const {
+  FM_RETURN_IF_ERROR(Lost("cudaGraphLaunch"));
   if (!impl_) return Internal("Graph::Launch: an empty graph");
   for (const auto& launch : impl_->launches) launch();
   return Status::Ok();
