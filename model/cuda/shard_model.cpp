@@ -517,7 +517,16 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
     cuda::Graph* g = graph ? &graphs_[StepBucketIndex(S)] : nullptr;  // captured on first use
     if (g && g->empty()) {
       std::lock_guard<std::mutex> capturing(capture_mu_);
-      FM_ASSIGN_OR_RETURN(*g, cuda::Graph::Capture(stream_, step));
+      // A capture that fails (no memory left to instantiate it, say) costs only the graph:
+      // this step runs eagerly, and the bucket's next step tries again.
+      Result<cuda::Graph> captured = cuda::Graph::Capture(stream_, step);
+      if (captured.ok()) {
+        *g = std::move(captured).value();
+      } else {
+        FM_LOG(kWarn, "forward") << "cuda:" << device_ << ": a " << S << "-row step ran without its "
+                                 << "graph: " << captured.status().ToString();
+        g = nullptr;
+      }
     }
     FM_RETURN_IF_ERROR(g ? g->Launch(stream_) : step());
     FM_RETURN_IF_ERROR(cuda::CopyOnDevice(xr, s_.x.data(), T * row_bytes));

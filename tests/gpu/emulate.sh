@@ -3,8 +3,9 @@
 # tests/gpu/emu/ (block.x threads per launch, blocks in turn, in orders that vary so that a
 # missing barrier shows), for machines without a GPU: test_cuda_kernels (each kernel vs its CPU
 # twin, and test_emu_schedule: the emulation's own schedule) and test_cuda_shard (the device
-# ShardModel vs the CPU one; test_emu_device_lost: the worker on a device a fault ended), and test_nccl_emu (net/nccl_communicator.cpp over emu/nccl.h, its
-# ranks as threads). Checks kernel indexing, quant layouts, reductions, barriers and the step's
+# ShardModel vs the CPU one; test_emu_device_faults: a device a fault ended, a graph capture
+# that fails), and test_nccl_emu (net/nccl_communicator.cpp over emu/nccl.h, its ranks as
+# threads). Checks kernel indexing, quant layouts, reductions, barriers and the step's
 # orchestration; not a substitute for tests/gpu/run.sh.
 # Each source compiles on its own, JOBS at a time (through ccache when installed), into
 # $EMU_BUILD (default build-emu/), so a rerun after an edit recompiles only what changed.
@@ -68,7 +69,7 @@ ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cp
          net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp net/nccl_communicator.cpp
          worker/tp_group.cpp)
 shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
-            tests/gpu/test_emu_device_lost.cpp worker/shard_runtime.cpp worker/stage_executor.cpp
+            tests/gpu/test_emu_device_faults.cpp worker/shard_runtime.cpp worker/stage_executor.cpp
             model/cuda/shard_model.cpp model/cuda/shard_head.cpp model/cuda/device_weights.cpp
             model/cuda/step_inputs.cpp
             model/cuda/device_activations.cpp model/cuda/tp_step.cpp model/cuda/ep_experts.cpp

@@ -396,6 +396,9 @@ inline void EmuSetDeviceMemory(size_t bytes) {
 // later runtime call of the emulated kernels/cuda (device_emu.cpp) fails with that error.
 inline std::atomic<bool> emu_device_lost{false};
 inline void EmuLoseDevice(bool lost) { emu_device_lost = lost; }
+// Graph captures that fail (EmuFailCaptures(true)), as one that cannot be instantiated would.
+inline std::atomic<bool> emu_fail_captures{false};
+inline void EmuFailCaptures(bool fail) { emu_fail_captures = fail; }
 
 inline void* EmuDeviceAlloc(size_t bytes) {
   {

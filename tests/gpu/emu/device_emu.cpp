@@ -151,6 +151,8 @@ Result<Graph> Graph::Capture(const Stream& stream, const std::function<Status()>
   emu_capture = &impl->launches;
   Status st = body();
   emu_capture = nullptr;
+  if (st.ok() && emu_fail_captures)
+    st = Internal("cudaGraphInstantiate: out of memory (emulated)");
   if (!st.ok()) return st.Wrap("capturing a CUDA graph");
   Graph g;
   g.impl_ = std::move(impl);
