@@ -16,7 +16,7 @@ const Command kCommands[] = {
     {"worker", "run one worker (node) of a cluster YAML", CmdWorker},
     {"up", "start a whole local cluster (coordinator + local workers) from a YAML", CmdUp},
     {"status", "per-node state, layers, memory, KV, tok/s of a running cluster", CmdStatus},
-    {"health", "exit 0 healthy, 1 degraded, 2 down (cluster or --node NAME)", CmdHealth},
+    {"health", "exit 0 healthy, 1 degraded, 2 down, 3 nothing asked (cluster or --node NAME)", CmdHealth},
     {"plan", "validate a cluster YAML and print the placement plan (no weights read)", CmdPlan},
     {"generate", "generate text or token ids from a prompt (single process)", CmdGenerate},
     {"logits", "run the model on token ids, write raw f32 logits, print argmaxes", CmdLogits},

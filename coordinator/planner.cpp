@@ -132,7 +132,22 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
       }
       if (w.embed) w.weight_bytes += mb.embed;
       if (w.head) w.weight_bytes += mb.head;
-      if (fixed_kv) w.kv_bytes = pool;
+      if (fixed_kv) {
+        // The worker charges each sequence its bytes at max_context (worker/shard_runtime.h):
+        // a pool that cannot hold the sequences the scheduler admits would refuse requests.
+        uint64_t per_sequence = 0;
+        for (int64_t l = w.layer_begin; l < last; ++l)
+          per_sequence += KvBytesPerSequence(m, l, cl.limits.max_context);
+        if (per_sequence > 0 && pool / per_sequence < static_cast<uint64_t>(seqs))
+          return ResourceExhausted(
+              "limits.kv_cache_gib: " + Gib(pool) + " GiB holds " +
+              std::to_string(pool / per_sequence) + " sequence(s) of limits.max_context " +
+              std::to_string(cl.limits.max_context) + " on node '" + w.node + "' (layers " +
+              Layers(w.layer_begin, w.layer_end) + ", " + Gib(per_sequence) +
+              " GiB each), but it serves up to " + std::to_string(seqs) +
+              " (limits.max_batch): raise kv_cache_gib, or lower max_batch or max_context");
+        w.kv_bytes = pool;
+      }
       if (w.need_gib() > w.memory_gib)
         return ResourceExhausted(
             "node '" + w.node + "' (stage " + std::to_string(s) + (tp > 1 ? ", tp " : ", ep ") +

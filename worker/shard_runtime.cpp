@@ -93,6 +93,7 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   x_ = std::move(x);
   last_rows_ = std::move(last_rows);
   ckpt_ = std::move(ckpt);
+  device_lost_.clear();
   placement_ = p;
   if (placement_.layer_end < 0) placement_.layer_end = ckpt_->config().num_hidden_layers;
   if (placement_.max_context <= 0)
@@ -109,11 +110,12 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
 
 bool ShardRuntime::loaded() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return model_ != nullptr;
+  return model_ != nullptr && device_lost_.empty();
 }
 
 void ShardRuntime::Unload() {
   std::lock_guard<std::mutex> lock(mu_);
+  device_lost_.clear();
   seqs_.clear();
   ep_.reset();
   x_.reset();
@@ -134,8 +136,17 @@ bool ShardRuntime::DropIfDeviceLost() {
   if (health.ok()) return false;
   FM_LOG(kError, "worker") << "dropping the shard: " << health.ToString()
                            << " (restart this worker to use the device again)";
-  Unload();
+  // Marked, not torn down: a Reset may be reading the EP/TP groups now. The next LoadShard
+  // replaces the model under the load lock (and fails on this device).
+  std::lock_guard<std::mutex> lock(mu_);
+  device_lost_ = health.ToString();
   return true;
+}
+
+void ShardRuntime::Uncharge(const std::vector<uint64_t>& seq_ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint64_t id : seq_ids)
+    if (auto it = seqs_.find(id); it != seqs_.end()) it->second.kv_charge = 0;
 }
 
 const ModelConfig& ShardRuntime::config() const { return model_->config(); }
@@ -164,6 +175,7 @@ Status ShardRuntime::StartSequence(uint64_t seq_id, int64_t max_context,
                                    const SamplerConfig& sampling) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!model_) return Unavailable("no shard loaded");
+  if (!device_lost_.empty()) return Unavailable("the shard's device is lost: " + device_lost_);
   if (seqs_.count(seq_id)) return InvalidArgument("sequence " + std::to_string(seq_id) + " exists");
   if (max_context <= 0 || max_context > placement_.max_context)
     return InvalidArgument("max_context " + std::to_string(max_context) + " outside (0, " +

@@ -80,10 +80,13 @@ class ShardRuntime {
   // Drops the shard and every sequence: loaded() is false until the next Load.
   void Unload();
   // After a failed step: a device shard whose device a fault left unusable for this process
-  // (CudaDeviceHealth) is dropped, so that Health says unloaded and the coordinator takes the
-  // node out (its next LoadShard fails naming the device error) instead of sending it steps
-  // that all fail. True when it dropped the shard. Not concurrently with a step.
+  // (CudaDeviceHealth) is marked lost: loaded() is false, so that Health says unloaded and the
+  // coordinator takes the node out (its next LoadShard fails naming the device error) instead
+  // of sending it steps that all fail. True when it marked it. Not concurrently with a step.
   bool DropIfDeviceLost();
+  // Sequences whose free is queued (StageExecutor::Free) give their KV budget back at once:
+  // the coordinator starts the next sequence as soon as it has sent the free.
+  void Uncharge(const std::vector<uint64_t>& seq_ids);
   // A copy: LoadShard replaces it while the data plane and the RPCs read it.
   ShardPlacement placement() const;
   // Loaded, as stage 0 (whose steps need no input): the executor asks on every wake.
@@ -138,6 +141,7 @@ class ShardRuntime {
     // positions, a device cache is allocated whole at the start).
     uint64_t kv_charge = 0;
   };
+  std::string device_lost_;   // DropIfDeviceLost's error; empty while the device works
   Result<Sequence*> Find(uint64_t seq_id);
 
   ThreadPool pool_;

@@ -100,6 +100,7 @@ void StageExecutor::Free(const std::vector<uint64_t>& seq_ids) {
   // Not by taking exec_mu_ here: the loop takes it again within microseconds of a step's end
   // whenever the next step is ready, and a mutex is not fair, so under load a free waited for
   // seconds (past the coordinator's timeout, which then failed the whole cluster).
+  runtime_->Uncharge(seq_ids);
   std::unique_lock<std::mutex> lock(mu_);
   pending_frees_.insert(pending_frees_.end(), seq_ids.begin(), seq_ids.end());
   const uint64_t ticket = ++frees_asked_;

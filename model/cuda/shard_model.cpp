@@ -514,17 +514,21 @@ Status CudaShardModel::ForwardLayers(std::span<const BatchItem> items, float* x)
       if (s_.x.data() != x0) std::swap(s_.x, s_.x_new);
       return st;
     };
-    cuda::Graph* g = graph ? &graphs_[StepBucketIndex(S)] : nullptr;  // captured on first use
+    const size_t bucket = StepBucketIndex(S);
+    cuda::Graph* g = graph ? &graphs_[bucket] : nullptr;  // captured on first use
+    if (g && g->empty() && capture_failures_[bucket] >= kMaxCaptureFailures) g = nullptr;
     if (g && g->empty()) {
       std::lock_guard<std::mutex> capturing(capture_mu_);
       // A capture that fails (no memory left to instantiate it, say) costs only the graph:
-      // this step runs eagerly, and the bucket's next step tries again.
+      // this step runs eagerly, and the bucket's next step tries again, a few times.
       Result<cuda::Graph> captured = cuda::Graph::Capture(stream_, step);
       if (captured.ok()) {
         *g = std::move(captured).value();
       } else {
+        const bool last = ++capture_failures_[bucket] == kMaxCaptureFailures;
         FM_LOG(kWarn, "forward") << "cuda:" << device_ << ": a " << S << "-row step ran without its "
-                                 << "graph: " << captured.status().ToString();
+                                 << "graph" << (last ? " (and will from now on)" : "") << ": "
+                                 << captured.status().ToString();
         g = nullptr;
       }
     }

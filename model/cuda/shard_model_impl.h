@@ -147,6 +147,10 @@ class CudaShardModel final : public ShardModel {
   // kGraph: the decode step graph of each bucket of kStepBuckets (empty until its first step),
   // and the caches of the buckets' padding rows (a sequence that never advances past 0).
   mutable cuda::Graph graphs_[std::size(kStepBuckets)];
+  // Failed captures of each bucket: after kMaxCaptureFailures the bucket runs eagerly for good
+  // (a device short of memory for good would otherwise record and fail a capture every step).
+  static constexpr int kMaxCaptureFailures = 3;
+  mutable int capture_failures_[std::size(kStepBuckets)] = {};
   std::unique_ptr<SequenceCache> pad_;
 };
 

@@ -238,7 +238,10 @@ TEST(ShardRuntimeKv, TheBudgetChargesEachSequenceItsBytesAtMaxContext) {
   EXPECT_EQ(Decode({&e}, std::vector<int32_t>(32, 7), 32, &step).size(), 32u);
   EXPECT_GT(r.kv_bytes(), 0u);
   EXPECT_LE(r.kv_bytes(), 2 * charge) << "sequence 1 at its max_context holds more than charged";
-  r.FreeSequence(2);
+  // A queued free gives the budget back at once (the coordinator starts the next sequence as
+  // soon as it has sent the free), before the executor frees the sequence.
+  r.Uncharge({2});
+  EXPECT_TRUE(r.HasSequence(2));
   EXPECT_TRUE(r.StartSequence(3, 64, greedy).ok());
 }
 
@@ -260,9 +263,10 @@ TEST(StageExecutorFree, AFreeUnderBackToBackStepsEndsWithinAStepOrTwo) {
     load.emplace_back([&, seq] {
       std::vector<SampledId> out;
       for (int i = 0; i < 240 && !stop; ++i) {  // 16 tokens a step: 3840 of the 4000
-        if (!e.RunStep(next_step++, 0, {StepSlice{seq, std::vector<int32_t>(16, 5)}},
-                       StageExecutor::Clock::now() + 10s, &out).ok())
-          break;
+        const Status st = e.RunStep(next_step++, 0, {StepSlice{seq, std::vector<int32_t>(16, 5)}},
+                                    StageExecutor::Clock::now() + 10s, &out);
+        if (st.code() == Code::kInvalidArgument) continue;  // the other stream's later id ran first
+        if (!st.ok()) break;
         ++steps;
       }
     });

@@ -219,6 +219,27 @@ TEST(Planner, FixedKvPoolReplacesTheComputedKv) {
   for (const auto& w : p->workers) EXPECT_EQ(w.kv_bytes, uint64_t{3} << 29);
 }
 
+// A fixed pool that cannot hold max_batch sequences at max_context (what each worker charges a
+// sequence) is refused by name, not left to refuse requests at run time.
+TEST(Planner, AFixedKvPoolTooSmallForMaxBatchIsRefused) {
+  const ModelConfig m = RealModel();
+  ClusterConfig c = Cluster(1, 1, 1, 1000);
+  c.limits.max_batch = 8;
+  c.limits.max_context = 65536;
+  uint64_t per_sequence = 0;
+  for (int64_t l = 0; l < m.num_hidden_layers + m.num_nextn_predict_layers; ++l)
+    per_sequence += KvBytesPerSequence(m, l, 65536);
+  c.limits.kv_cache_gib = 7.5 * per_sequence / double(uint64_t{1} << 30);
+  auto p = PlanShards(m, c);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("holds 7 sequence(s) of limits.max_context 65536"),
+            std::string::npos) << p.status().message();
+  EXPECT_NE(p.status().message().find("serves up to 8 (limits.max_batch)"), std::string::npos)
+      << p.status().message();
+  c.limits.kv_cache_gib = 8.5 * per_sequence / double(uint64_t{1} << 30);
+  EXPECT_TRUE(PlanShards(m, c).ok());
+}
+
 TEST(Planner, KvBytesFollowTheDecodeState) {
   const ModelConfig m = RealModel();
   const uint64_t ring = 128 * 512 * 4;
