@@ -216,7 +216,6 @@ Status ParseNodes(const Parser& p, const YAML::Node& list, ClusterConfig* cfg) {
   return Status::Ok();
 }
 
-// No two listeners (coordinator, every node's control and data) share host:port.
 // Two listeners clash on one port when they name the same address (localhost is 127.0.0.1),
 // or when one is a wildcard (0.0.0.0, ::) and the other is on this machine too (loopback or a
 // wildcard): the second to start could not bind. Other hosts are compared as written.
@@ -231,6 +230,7 @@ bool SameSocket(HostPort a, HostPort b) {
   return a.host == b.host || (wildcard(a.host) && local(b.host)) || (wildcard(b.host) && local(a.host));
 }
 
+// No two listeners (coordinator, every node's control and data) share a socket.
 Status CheckAddresses(const Parser& p, const YAML::Node& root, const ClusterConfig& cfg) {
   std::vector<std::pair<HostPort, std::string>> used;  // address, who
   auto claim = [&](const HostPort& hp, const std::string& who, const YAML::Node& at) -> Status {

@@ -126,18 +126,17 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
       w.head = s == stages - 1;
       w.max_sequences = seqs;
       int64_t last = w.head ? L + m.num_nextn_predict_layers : w.layer_end;
+      uint64_t per_sequence = 0;   // KV bytes of one sequence at max_context on this worker
       for (int64_t l = w.layer_begin; l < last; ++l) {
         w.weight_bytes += weights(l, experts);
-        w.kv_bytes += kv(l);
+        per_sequence += KvBytesPerSequence(m, l, cl.limits.max_context);
       }
       if (w.embed) w.weight_bytes += mb.embed;
       if (w.head) w.weight_bytes += mb.head;
+      w.kv_bytes = static_cast<uint64_t>(seqs) * per_sequence;
       if (fixed_kv) {
         // The worker charges each sequence its bytes at max_context (worker/shard_runtime.h):
         // a pool that cannot hold the sequences the scheduler admits would refuse requests.
-        uint64_t per_sequence = 0;
-        for (int64_t l = w.layer_begin; l < last; ++l)
-          per_sequence += KvBytesPerSequence(m, l, cl.limits.max_context);
         if (per_sequence > 0 && pool / per_sequence < static_cast<uint64_t>(seqs))
           return ResourceExhausted(
               "limits.kv_cache_gib: " + Gib(pool) + " GiB holds " +

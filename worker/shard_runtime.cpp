@@ -63,6 +63,12 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, model->NewActivations());
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> last_rows, model->NewActivations());
   const ModelConfig& cfg = ckpt->config();
+  // The spec's 0s resolved against the model, once: every reader of placement() sees them so.
+  ShardPlacement resolved = p;
+  if (resolved.layer_end < 0) resolved.layer_end = cfg.num_hidden_layers;
+  if (resolved.max_context <= 0)
+    resolved.max_context = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 8192;
+  if (resolved.max_step_rows <= 0) resolved.max_step_rows = resolved.max_context;
   std::unique_ptr<EpExpertExecutor> ep;
   std::unique_ptr<CommTpGroup> tp;
   if (p.tensor_parallel > 1) {
@@ -77,12 +83,8 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
     // The shard's own experts serve the group: a CPU shard's on the pool, a device shard's on
     // its GPU (uploaded with the shard).
     // A member sends at most a step's rows a round, each to at most k experts here.
-    const int64_t max_context = p.max_context > 0 ? p.max_context
-                                : cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings
-                                                                  : 8192;
-    const int64_t max_rows = p.max_step_rows > 0 ? p.max_step_rows : max_context;
     ep = std::make_unique<EpExpertExecutor>(cfg, model->LocalExperts(), ep_group,
-                                            p.ep_expert_begin, kEpTimeout, max_rows);
+                                            p.ep_expert_begin, kEpTimeout, resolved.max_step_rows);
     model->SetExpertExecutor(ep.get());
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -94,12 +96,7 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   last_rows_ = std::move(last_rows);
   ckpt_ = std::move(ckpt);
   device_lost_.clear();
-  placement_ = p;
-  if (placement_.layer_end < 0) placement_.layer_end = ckpt_->config().num_hidden_layers;
-  if (placement_.max_context <= 0)
-    placement_.max_context = ckpt_->config().max_position_embeddings > 0
-                                 ? ckpt_->config().max_position_embeddings
-                                 : 8192;
+  placement_ = resolved;
   FM_LOG(kInfo, "worker") << "loaded " << p.model_dir << " stage " << p.stage << "/"
                           << p.num_stages << " layers [" << placement_.layer_begin << ", "
                           << placement_.layer_end << ")" << (p.embed ? " +embed" : "")
@@ -125,7 +122,7 @@ void ShardRuntime::Unload() {
   ckpt_.reset();
 }
 
-bool ShardRuntime::DropIfDeviceLost() {
+bool ShardRuntime::MarkIfDeviceLost() {
   int device = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -257,9 +254,11 @@ Status ShardRuntime::CheckSlices(std::span<const StepSlice> slices) {
   // largest step: nothing else bounds the rows X is sized to (one sequence listed 16,000
   // times fits a 64 MiB request).
   std::unordered_set<uint64_t> seen;
-  int64_t rows = 0;
-  const ShardPlacement p = placement();
-  const int64_t max_rows = p.max_step_rows > 0 ? p.max_step_rows : p.max_context;
+  int64_t rows = 0, max_rows = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    max_rows = placement_.max_step_rows;
+  }
   for (const auto& s : slices) {
     FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
     if (!seen.insert(s.seq_id).second)

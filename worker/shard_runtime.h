@@ -34,6 +34,7 @@ struct ShardPlacement {
   std::vector<int64_t> experts;              // empty = all
   int64_t max_context = 0;                   // 0 = the model's max_position_embeddings or 8192
   int64_t max_step_rows = 0;                 // the rows of the plan's largest step; 0 = max_context
+                                             // (placement() has both resolved)
   uint64_t kv_cache_bytes = 0;               // 0 = unlimited
   int cuda_device = -1;                      // run on GPU N (model/cuda/shard_model.h); -1 = CPU
   // Expert parallelism (empty = off): member r holds experts [ep_expert_begin[r],
@@ -83,7 +84,7 @@ class ShardRuntime {
   // (CudaDeviceHealth) is marked lost: loaded() is false, so that Health says unloaded and the
   // coordinator takes the node out (its next LoadShard fails naming the device error) instead
   // of sending it steps that all fail. True when it marked it. Not concurrently with a step.
-  bool DropIfDeviceLost();
+  bool MarkIfDeviceLost();
   // Sequences whose free is queued (StageExecutor::Free) give their KV budget back at once:
   // the coordinator starts the next sequence as soon as it has sent the free.
   void Uncharge(const std::vector<uint64_t>& seq_ids);
@@ -141,7 +142,7 @@ class ShardRuntime {
     // positions, a device cache is allocated whole at the start).
     uint64_t kv_charge = 0;
   };
-  std::string device_lost_;   // DropIfDeviceLost's error; empty while the device works
+  std::string device_lost_;   // MarkIfDeviceLost's error; empty while the device works
   Result<Sequence*> Find(uint64_t seq_id);
 
   ThreadPool pool_;

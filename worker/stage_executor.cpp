@@ -214,7 +214,7 @@ void StageExecutor::Loop() {
       } catch (const std::exception& e) {
         st = Internal("step " + std::to_string(step->id) + ": " + e.what());
       }
-      if (!st.ok()) runtime_->DropIfDeviceLost();
+      if (!st.ok()) runtime_->MarkIfDeviceLost();
     }
     lock.lock();
     if (!st.ok()) {

@@ -74,10 +74,9 @@ void WorkerService::SetFrameLimits(const flashmesh::v1::ShardSpec& s) {
   // The largest frame of the plan: a step's rows times the widest row that crosses the data
   // plane (the manifold, hc x H, or an EP combine of top-k expert outputs, k x H; a TP
   // gather's last piece: H / t shared output rows and up to k x H routed outputs), in f32.
-  // The rows: max_step_rows, else the loaded shard's max_context (0 in the spec is the model's).
+  // The rows as the loaded shard resolved them (a spec's 0s are the model's context).
   const ModelConfig& c = runtime_.config();
-  const uint64_t rows = static_cast<uint64_t>(s.max_step_rows() > 0 ? s.max_step_rows()
-                                                                    : runtime_.placement().max_context);
+  const uint64_t rows = static_cast<uint64_t>(runtime_.placement().max_step_rows);
   const int64_t widest = std::max(c.hc_mult, c.num_experts_per_tok + (s.tensor_parallel() > 1 ? 1 : 0));
   const uint64_t row_bytes = static_cast<uint64_t>(c.hidden_size * widest) * 4;
   const uint64_t cap = uint64_t{1} << 60;   // far beyond any memory; keeps 4x below from wrapping
