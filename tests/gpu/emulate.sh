@@ -100,6 +100,17 @@ g++ -o "$OUT/test_cuda_kernels_emu" "${kobjs[@]}" -lgtest -lgtest_main -lboost_c
 g++ -o "$OUT/test_cuda_shard_emu" "${sobjs[@]}" -lgtest -lgtest_main -lpcre2-8 -lboost_context \
   -lcrypto -pthread
 g++ -o "$OUT/test_nccl_emu" "${nobjs[@]}" -lgtest -lgtest_main -lboost_context -pthread
-"$OUT/test_cuda_kernels_emu" "$@"
-"$OUT/test_cuda_shard_emu" "$@"
+# run_sharded BIN ARGS...: the test binary as JOBS gtest shards at once (the emulation runs one
+# kernel at a time per process), each shard's output printed whole when all have ended.
+run_sharded() {
+  local bin=$1 rc=0 pids=(); shift
+  for ((i = 0; i < JOBS; i++)); do
+    GTEST_TOTAL_SHARDS=$JOBS GTEST_SHARD_INDEX=$i "$bin" "$@" >"$bin.shard$i.log" 2>&1 & pids+=($!)
+  done
+  for ((i = 0; i < JOBS; i++)); do wait "${pids[$i]}" || rc=1; done
+  for ((i = 0; i < JOBS; i++)); do echo "--- $(basename "$bin") shard $i of $JOBS"; cat "$bin.shard$i.log"; done
+  return $rc
+}
+run_sharded "$OUT/test_cuda_kernels_emu" "$@"
+run_sharded "$OUT/test_cuda_shard_emu" "$@"
 "$OUT/test_nccl_emu" "$@"
