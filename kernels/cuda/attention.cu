@@ -106,6 +106,8 @@ __global__ void IndexerTopKKernel(const RowCache* table, int64_t row0, const flo
   for (int64_t e0 = static_cast<int64_t>(blockIdx.x) * kIndexKeys; e0 < n;
        e0 += static_cast<int64_t>(gridDim.x) * kIndexKeys)
     IndexerScoreKeys(iq + t * nh * di, iw + t * nh, nh, di, scale, rc.ikeys, e0, n, rc.score);
+  // The returns above depend on the row only, so a row's blocks all skip this add or all make
+  // it: a counter left off 0 would finish every later step of the row early.
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(counters + t, 1) == static_cast<int>(gridDim.x) - 1;

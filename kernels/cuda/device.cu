@@ -231,17 +231,20 @@ Result<Graph> Graph::Capture(const Stream& stream, const std::function<Status()>
   auto s = static_cast<cudaStream_t>(stream.handle());
   if (!s) return InvalidArgument("Graph::Capture: the default stream cannot be captured");
   FM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  Status st;
-  {
+  const Status captured = [&] {
     StreamScope scope(stream);
-    st = body();
-  }
+    return body();
+  }();
   cudaGraph_t g = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(s, &g);
-  if (st.ok()) st = CudaStatus(end, "cudaStreamEndCapture");
+  const cudaError_t end = cudaStreamEndCapture(s, &g);  // always: it ends the capture mode
   auto impl = std::make_unique<Impl>();
-  if (st.ok()) st = CudaStatus(cudaGraphGetNodes(g, nullptr, &impl->nodes), "cudaGraphGetNodes");
-  if (st.ok()) st = CudaStatus(cudaGraphInstantiate(&impl->exec, g, 0), "cudaGraphInstantiate");
+  const Status st = [&]() -> Status {
+    FM_RETURN_IF_ERROR(captured);
+    FM_RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
+    FM_RETURN_IF_ERROR(
+        CudaStatus(cudaGraphGetNodes(g, nullptr, &impl->nodes), "cudaGraphGetNodes"));
+    return CudaStatus(cudaGraphInstantiate(&impl->exec, g, 0), "cudaGraphInstantiate");
+  }();
   if (g) cudaGraphDestroy(g);
   if (!st.ok()) {
     cudaGetLastError();  // a failed capture leaves the error sticky for the next launch check

@@ -79,8 +79,8 @@ inline Result<DeviceBuffer> GrowBuffer(DeviceBuffer old, size_t bytes) {
   const size_t doubled = std::max(bytes, 2 * old.size());
   old = DeviceBuffer();
   Result<DeviceBuffer> b = DeviceBuffer::Alloc(doubled);
-  if (!b.ok() && doubled > bytes) b = DeviceBuffer::Alloc(bytes);
-  return b;
+  if (b.ok() || doubled == bytes) return b;
+  return DeviceBuffer::Alloc(bytes);
 }
 
 // Allocates a buffer and fills it with `bytes` from host memory: load traffic (a shard's weights

@@ -241,6 +241,9 @@ __global__ void __launch_bounds__(kThreads, kHcBlocksPerSm) HcPostPreKernel(HcAr
     if (m <= M && lane == 0)
       a.partials[(static_cast<int64_t>(blockIdx.x) * a.T + t) * (M + 1) + m] = s;
   }
+  // Every block of the grid reaches this add (no return before it), else the counter never
+  // comes back to 0 and every later step finishes early. The last block overwrites this token's
+  // post and comb, which the others read above: their loads were used before their adds.
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(a.counters + t, 1) == static_cast<int>(gridDim.x) - 1;

@@ -9,7 +9,9 @@
 // launch as the other formats' tasks.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "kernels/cuda/check.cuh"
@@ -329,6 +331,49 @@ Status PrepareTask(const GemvTask& task, int64_t T, const float* norm, const std
   return Status::Ok();
 }
 
+int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // b > 0
+
+// Floats a + t * sa + [0, la) for t < na, and b + t * sb + [0, lb) for t < nb: do the two sets
+// share a byte? One pass over the first set's rows, each asking which rows of the second can
+// reach it.
+bool RowsOverlap(const float* a, int64_t la, int64_t sa, int64_t na, const float* b, int64_t lb,
+                 int64_t sb, int64_t nb) {
+  const int64_t d = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b) -
+                                         reinterpret_cast<uintptr_t>(a));  // bytes
+  la *= 4, sa *= 4, lb *= 4, sb *= 4;
+  if (sb == 0) nb = 1;
+  for (int64_t t = 0; t < na; ++t) {
+    const int64_t lo = t * sa - d, hi = lo + la;  // row t of a, in bytes from b: [lo, hi)
+    if (nb == 1) {
+      if (lo < lb && hi > 0) return true;
+      continue;
+    }
+    // Rows u of b with u * sb < hi and u * sb + lb > lo.
+    const int64_t u0 = std::max<int64_t>(0, FloorDiv(lo - lb, sb) + 1);
+    const int64_t u1 = std::min<int64_t>(nb, -FloorDiv(-hi, sb));
+    if (u0 < u1) return true;
+  }
+  return false;
+}
+
+// Blocks of one launch read every task's x (and the norm) through the non-coherent cache while
+// others write the y's, so an output that is also an input is a race on a GPU (the emulation,
+// running blocks one after another, cannot show it): refused.
+Status CheckNoOutputIsAnInput(const GemvTaskK* k, int ntasks, int64_t T, const float* norm,
+                              const std::string& who) {
+  for (int i = 0; i < ntasks; ++i) {
+    const int64_t y_len = k[i].rows, y_stride = T > 1 ? k[i].y_stride : 0;
+    for (int j = 0; j < ntasks; ++j) {
+      if (RowsOverlap(k[i].y, y_len, y_stride, T, k[j].x, k[j].cols, T > 1 ? k[j].x_stride : 0, T))
+        return InvalidArgument(who + ": task " + std::to_string(i) + "'s y overlaps task " +
+                               std::to_string(j) + "'s x (an output may not be an input)");
+    }
+    if (norm && RowsOverlap(k[i].y, y_len, y_stride, T, norm, k[i].cols, 0, 1))
+      return InvalidArgument(who + ": task " + std::to_string(i) + "'s y overlaps the norm weight");
+  }
+  return Status::Ok();
+}
+
 // With `route` (GateRouterTopK: one task, its y the logits [T, E]) the FMA instance routes the
 // tokens after the product; a tensor-core gate or more than kRouteMaxTokens tokens run
 // RouterTopK's launch after it instead.
@@ -358,6 +403,7 @@ Status LaunchTasks(const GemvTask* tasks, int64_t ntasks, int64_t T, const float
     p.block_end[i] = blocks;
   }
   if (T == 0) return Status::Ok();
+  FM_RETURN_IF_ERROR(CheckNoOutputIsAnInput(p.task, static_cast<int>(ntasks), T, norm, who));
   if (blocks > 0x7FFFFFFF) return InvalidArgument(who + ": " + std::to_string(blocks) + " blocks");
   p.ntasks = static_cast<int>(ntasks);
   p.T = T;

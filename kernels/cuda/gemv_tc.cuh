@@ -218,6 +218,7 @@ __device__ __forceinline__ void TcStep(const uint4 (&q)[2], const uint32_t (&sb)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       if (bad[i]) TcRowFallback<F>(rows, i, cols, st, lx, d);
+    __syncwarp();  // the fallback diverges; the next step's mma.sync.aligned needs the whole warp
   }
 }
 

@@ -56,7 +56,9 @@ __device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t two) {
 // a * b per f16 half, rounded once (exact where the product is an f16).
 __device__ __forceinline__ uint32_t MulF16x2(uint32_t a, uint32_t b) {
 #ifdef __CUDA_ARCH__
-  __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  // _rn: a plain mul.f16x2 may be fused with a following add; this product must round alone.
+  __half2 r = __hmul2_rn(*reinterpret_cast<const __half2*>(&a),
+                         *reinterpret_cast<const __half2*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
 #else
   return F32ToF16(F16ToF32(a & 0xFFFFu) * F16ToF32(b & 0xFFFFu)) |

@@ -307,6 +307,53 @@ TEST(CudaArgs, GemmManyRejectsBadTasks) {
   EXPECT_NE(s.message().find("plan_rows -1 < 0"), std::string::npos) << s.ToString();
 }
 
+// Blocks of a launch read the x's while others write the y's: an output that is also an input
+// races on a GPU, and the emulation (blocks one after another) would not show it. Disjoint
+// columns of one strided buffer are fine, and give the bits of separate buffers.
+TEST(CudaArgs, GemmManyRefusesAnOutputThatIsAnInput) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(5);
+  const int64_t rows = 4, cols = 64, T = 3, S = 80;  // a [T, S] buffer: x in [0, 64), y after
+  const HostWeight h = RandomWeight(WeightFormat::kBF16, rows, cols, rng);
+  auto dw = cuda::UploadWeight(h.w);
+  ASSERT_TRUE(dw.ok()) << dw.status().ToString();
+  const std::vector<float> x = RandomNormal(T * S, rng);
+  DeviceBuffer buf = ToDevice(x), dx = ToDevice(x), dy = Zeros(T * rows);
+  float* b = buf.as<float>();
+  const QWeight w = dw->view();
+  // y in columns [64, 68) of the rows x reads [0, 64) of: allowed, same bits as apart.
+  cuda::GemvTask t[2] = {{w, b, S, b + 64, S}, {w, dx.as<float>(), S, dy.as<float>(), rows}};
+  ASSERT_OK(cuda::GemmMany(t, 2, T));
+  const std::vector<float> got = ToHost(buf, T * S), want = ToHost(dy, T * rows);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t r = 0; r < rows; ++r)
+      EXPECT_TRUE(SameBits(got[i * S + 64 + r], want[i * rows + r])) << i << " " << r;
+  // Columns [62, 66): the last two overlap x's columns of every row.
+  t[0].y = b + 62;
+  Status s = cuda::GemmMany(t, 2, T);
+  EXPECT_NE(s.message().find("GemmMany: task 0's y overlaps task 0's x"), std::string::npos)
+      << s.ToString();
+  // Row 1's x starts where row 0's y (at column S - 2, 4 floats) ends: only T = 1 is clear.
+  t[0].y = b + S - 2;
+  s = cuda::GemmMany(t, 2, T);
+  EXPECT_NE(s.message().find("task 0's y overlaps task 0's x"), std::string::npos) << s.ToString();
+  ASSERT_OK(cuda::GemmMany(t, 2, 1));
+  // Task 1 reads what task 0 writes (an in-place chain) and a single in-place Gemv.
+  t[0].y = dy.as<float>();
+  t[1].x = dy.as<float>();
+  t[1].y = b + 64;
+  s = cuda::GemmMany(t, 2, 1);
+  EXPECT_NE(s.message().find("task 0's y overlaps task 1's x"), std::string::npos) << s.ToString();
+  s = cuda::Gemv(w, b, b + 8);
+  EXPECT_NE(s.message().find("Gemm: task 0's y overlaps task 0's x"), std::string::npos)
+      << s.ToString();
+  // The norm weight [cols] in a y.
+  t[1] = {w, dx.as<float>(), S, b + 64, S};
+  s = cuda::GemmMany(t, 2, T, dy.as<float>() + 2, 1e-6f);
+  EXPECT_NE(s.message().find("task 0's y overlaps the norm weight"), std::string::npos)
+      << s.ToString();
+}
+
 // ---- experts ---------------------------------------------------------------------------------
 
 // E routed FP4 experts w1, w3 [I, H], w2 [H, I] and an FP8 shared expert (Is), host and device.
