@@ -1,4 +1,4 @@
-// flashmesh up --config FILE [--model DIR]: a whole local cluster for development: every
+// flashmesh up --config FILE [--model DIR] [--threads N]: a whole local cluster for development: every
 // node of the YAML whose control host is this machine as a `flashmesh worker` child, plus
 // a `flashmesh coordinator` child. SIGINT/SIGTERM stops them all; so does the coordinator
 // exiting (a worker that exits is reported by the coordinator as down).
@@ -27,7 +27,9 @@ const CommandSpec kSpec{
     "starts the coordinator and every worker of FILE whose control host is local\n"
     "(127.0.0.0/8, localhost, ::1, 0.0.0.0) as child processes; Ctrl-C stops them all.",
     {{"config", "FILE", "the cluster YAML", true},
-     {"model", "DIR", "checkpoint directory instead of the YAML's `model`"}}};
+     {"model", "DIR", "checkpoint directory instead of the YAML's `model`"},
+     {"threads", "N", "kernel threads of each local worker (default: all cores each; workers\n"
+                      "that step at once, as under many streams, may want cores / workers)"}}};
 
 }  // namespace
 
@@ -39,6 +41,8 @@ int CmdUp(int argc, char** argv) {
   // SIGINT/SIGTERM by their default action.
   BlockShutdownSignals();
   // Everything that can be wrong with the YAML or the plan is reported before anything starts.
+  auto threads = flags->GetInt("threads", 0, 1, kMaxThreads);
+  if (!threads.ok()) return UsageError(kSpec, threads.status().message());
   auto cfg = LoadClusterConfig(flags->Get("config"));
   if (!cfg.ok()) {
     std::fprintf(stderr, "up: %s\n", cfg.status().message().c_str());
@@ -55,6 +59,8 @@ int CmdUp(int argc, char** argv) {
   if (flags->Has("log-level"))
     args.worker_args.insert(args.worker_args.end(), {"--log-level", flags->Get("log-level")});
   args.coordinator_args = args.worker_args;
+  if (flags->Has("threads"))
+    args.worker_args.insert(args.worker_args.end(), {"--threads", std::to_string(*threads)});
   auto started = StartLocalCluster(*cfg, args);
   if (!started.ok()) {
     std::fprintf(stderr, "up: could not start every process: %s\n",

@@ -91,7 +91,8 @@ int CmdWorker(int argc, char** argv) {
     return 1;
   }
   FM_LOG(kInfo, "worker") << "node " << node << " listening on " << nc->control.host << ":" << port
-                          << " (control), " << (*data_plane)->listen_address() << " (data)";
+                          << " (control), " << (*data_plane)->listen_address() << " (data), "
+                          << *threads << " kernel threads";
   int sig = WaitForShutdownSignal();
   FM_LOG(kInfo, "worker") << "node " << node << " stopping (signal " << sig << ")";
   service.Stop();

@@ -18,6 +18,7 @@ int CmdWorker(int argc, char** argv);
 int CmdUp(int argc, char** argv);
 int CmdStatus(int argc, char** argv);
 int CmdHealth(int argc, char** argv);
+int CmdDrain(int argc, char** argv);
 int CmdPlan(int argc, char** argv);
 int CmdGenerate(int argc, char** argv);
 int CmdLogits(int argc, char** argv);

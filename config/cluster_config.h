@@ -1,10 +1,11 @@
-// The cluster YAML (documented in configs/*.yaml): parsed with yaml-cpp and validated
-// completely before anything starts. Every error carries "file:line:col" of the offending node
-// and names the key, e.g. "gb10x2.yaml:7:5: nodes[1].memory_gib: expected a number, got 'lots'".
+// The cluster YAML (docs/operations.md "The cluster YAML"; examples in configs/): parsed with
+// yaml-cpp and validated completely before anything starts. Every error carries
+// "file:line:col" of the offending node and names the key, e.g.
+// "gb10x2.yaml:7:5: nodes[1].memory_gib: expected a number, got 'lots'".
 //
 //   model: DIR                       required; relative paths resolve against the YAML's dir
 //   coordinator: { listen: H:P, http: H:P }   listen required; http (OpenAI API) optional
-//   parallel: auto | { pipeline_stages: S, expert_parallel: K }      default auto
+//   parallel: auto | { pipeline_stages: S, expert_parallel: K | tensor_parallel: T }  default auto
 //   transport: tcp | nccl            default tcp
 //   activation_dtype: f32 | bf16     stage-to-stage frames; default f32 (bit-exact)
 //   nodes: [ { name, control: H:P, data: H:P, device: cpu | cuda:N, memory_gib,
@@ -73,7 +74,8 @@ constexpr int64_t kMaxHeartbeatMs = 86400 * 1000;
 struct LimitsConfig {
   int64_t max_batch = 16;      // sequences decoded together (whole cluster)
   int64_t max_context = 8192;  // tokens per sequence (prompt + generated)
-  double kv_cache_gib = 0;     // KV pool per worker; 0 = sized from max_batch * max_context
+  double kv_cache_gib = 0;     // KV budget per worker; 0: none (the planner reserves what
+                               // max_batch sequences at max_context take, and max_batch bounds it)
   int64_t max_queue = 64;      // waiting requests before new ones are refused
   int64_t max_tokens = 4096;   // max new tokens per request (<= max_context)
   int64_t max_streams_per_client = 64;   // concurrent generations of one API client

@@ -120,8 +120,11 @@ std::string Metrics::Render(Cluster* cluster, const Scheduler* scheduler) {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   families.push_back(Scalar("flashmesh_queue_depth", "Requests waiting for a batch slot", scheduler->queued()));
   families.push_back(Scalar("flashmesh_active_sequences", "Sequences being generated", scheduler->active()));
-  families.push_back(Scalar("flashmesh_cluster_ready", "1 when every node is up (the cluster can generate)",
-                            cluster->Ready().ok() ? 1 : 0));
+  // /health's rule (ClusterHealth): every node up, and no step overdue, reset under way or
+  // stray sequence.
+  const bool ready = cluster->Ready().ok() && scheduler->Health().ok();
+  families.push_back(Scalar("flashmesh_cluster_ready", "1 while the cluster can generate (/health is 200)",
+                            ready ? 1 : 0));
   using prometheus::MetricType;
   NodeFamily up("flashmesh_node_up", "1 when the node is up (shard loaded, heartbeats fresh)", MetricType::Gauge);
   NodeFamily kv("flashmesh_node_kv_cache_bytes", "KV cache bytes held by the node's live sequences", MetricType::Gauge);

@@ -313,10 +313,10 @@ OpenAiError ErrorFromStatus(const Status& s) {
       e.type = "authentication_error";
       e.code = "invalid_api_key";
       break;
-    case Code::kResourceExhausted:
+    case Code::kResourceExhausted:   // the queue, or a worker's KV budget (ShardRuntime)
       e.http_status = 429;
       e.type = "rate_limit_error";
-      e.code = "queue_full";
+      e.code = s.message().find("KV cache budget") != std::string::npos ? "kv_cache_full" : "queue_full";
       break;
     case Code::kNotFound:
       e.http_status = 404;

@@ -188,6 +188,7 @@ Status ShardRuntime::StartSequence(uint64_t seq_id, int64_t max_context,
   for (const auto& [id, q] : seqs_) held += q.kv_charge;
   auto over = [&](uint64_t need) -> Status {
     if (placement_.kv_cache_bytes == 0 || held + need <= placement_.kv_cache_bytes) return Status::Ok();
+    // "KV cache budget": the HTTP API tells this refusal from a full queue by it (ErrorFromStatus).
     return ResourceExhausted("KV cache budget of " + std::to_string(placement_.kv_cache_bytes) +
                              " bytes is full: " + std::to_string(seqs_.size()) +
                              " sequences hold " + std::to_string(held) + " at their max_context, " +

@@ -313,8 +313,8 @@ grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const flashmesh::v1:
 grpc::Status WorkerService::Drain(grpc::ServerContext* ctx, const flashmesh::v1::DrainRequest* req,
                                   flashmesh::v1::DrainResponse* resp) {
   if (grpc::Status a = guard_.Admit(ctx, "Drain", *req, true); !a.ok()) return a;
-  draining_ = true;
-  FM_LOG(kInfo, "worker") << node_ << ": draining";
+  draining_ = !req->resume();
+  FM_LOG(kInfo, "worker") << node_ << (req->resume() ? ": takes new sequences again" : ": draining");
   resp->set_active_sequences(runtime_.active_sequences());
   return grpc::Status::OK;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -138,6 +139,16 @@ std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api);
 // CUDA devices of this host (0 in a build without CUDA).
 int Gpus();
 bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout);
+// Asks pred every 100 ms until it holds (true) or `timeout` passed (pred's last answer).
+template <typename Pred>
+bool Eventually(Pred pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return pred();
+}
 // The error of the first node the coordinator at `api` reports down with one; "" if none does
 // within `timeout`.
 std::string FirstNodeError(const std::string& api, std::chrono::milliseconds timeout);

@@ -1,7 +1,9 @@
 // Every subcommand parses its command line with the one parser (cli/flags.h): an unknown flag
 // is the same usage error everywhere, naming the flag, and --help is generated.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <string>
 
 #include "tests/integration/cluster_fixture.h"
@@ -9,7 +11,7 @@
 namespace fm::it {
 namespace {
 
-const char* const kCommands[] = {"mkmodel", "inspect", "serve", "coordinator", "worker", "up",
+const char* const kCommands[] = {"mkmodel", "inspect", "serve", "coordinator", "worker", "up", "drain",
                                  "status", "health", "plan", "generate", "logits"};
 
 TEST(Cli, AnUnknownFlagIsTheSameErrorInEveryCommand) {
@@ -39,6 +41,33 @@ TEST(Cli, HelpComesFromTheTableOfEveryCommand) {
   }
   EXPECT_EQ(RunFlashmesh({"bench", "decode", "--help"}, &out), 0) << out;
   EXPECT_NE(out.find("  --streams B"), std::string::npos) << out;
+}
+
+// stdout of `flashmesh ARGS` (stderr dropped) and its exit code.
+std::string StdoutOf(const std::string& args, int* code) {
+  FILE* p = popen((FlashmeshBinary() + " " + args + " 2>/dev/null").c_str(), "r");
+  std::string out;
+  if (!p) return out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int st = pclose(p);
+  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+// `flashmesh --help | less` shows the command list, as each command's --help does; without a
+// command it is a usage error, on stderr.
+TEST(Cli, TopLevelHelpGoesToStdoutAndNamesEveryCommand) {
+  int code = -1;
+  const std::string out = StdoutOf("--help", &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(out.rfind("usage: flashmesh <command> [options]", 0), 0u) << out;
+  for (const std::string command : kCommands)
+    EXPECT_NE(out.find("\n  " + command + " "), std::string::npos) << command << ":\n" << out;
+  EXPECT_NE(out.find("cluster (vs one process)"), std::string::npos) << out;
+  EXPECT_NE(out.find("--server"), std::string::npos) << out;
+  EXPECT_EQ(StdoutOf("", &code), "");
+  EXPECT_EQ(code, 2);
 }
 
 TEST(Cli, AMissingRequiredFlagIsNamed) {

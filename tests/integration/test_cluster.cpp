@@ -223,11 +223,68 @@ TEST(ClusterFailure, KilledWorkerEndsStreamUnavailableAndRestartedWorkerServesAg
   EXPECT_EQ(g.ids.size(), static_cast<size_t>(kNewTokens));
 }
 
+// `flashmesh drain` takes a worker out of service the way an operator restarts one: the live
+// request finishes whole, new ones are refused naming the node, --wait returns once it holds
+// nothing, and --resume brings the cluster back. The call is signed with the YAML's secret.
+TEST(ClusterCli, DrainFinishesTheLiveRequestRefusesNewOnesAndResumes) {
+  Cluster cluster(ClusterSpec{});
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto live = TokensRequest(Prompt(1), 250);
+  live.set_ignore_eos(true);
+  auto reader = stub->Generate(&ctx, live);
+  flashmesh::v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
+  int tokens = resp.has_token() ? 1 : 0;
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1"}, &out, 10s), 0)
+      << out;
+  EXPECT_NE(out.find("node w1 draining: "), std::string::npos) << out;
+  // The coordinator sees it at the next heartbeat.
+  EXPECT_TRUE(Eventually([&] {
+    return RunFlashmesh({"health", "--server", cluster.api(), "--node", "w1"}, &out, 5s) == 1;
+  }, 10s)) << out;
+  Generation refused = Generate(stub.get(), TokensRequest(Prompt(2), 4));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.status.error_message().find("w1"), std::string::npos)
+      << refused.status.error_message();
+  EXPECT_NE(refused.status.error_message().find("draining"), std::string::npos)
+      << refused.status.error_message();
+  while (reader->Read(&resp)) tokens += resp.has_token() ? 1 : 0;
+  const grpc::Status st = reader->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(tokens, 250);
+  EXPECT_EQ(resp.finish().reason(), flashmesh::v1::FINISH_REASON_LENGTH);
+  ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--wait", "10"},
+                         &out, 20s), 0) << out;
+  EXPECT_NE(out.find("node w1 drained: no live sequence"), std::string::npos) << out;
+  ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--resume"}, &out,
+                         10s), 0) << out;
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 10s)) << cluster.Logs();
+  Generation g = Generate(stub.get(), TokensRequest(Prompt(2), kNewTokens));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.ids.size(), static_cast<size_t>(kNewTokens));
+  EXPECT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w9"}, &out, 10s), 1);
+  EXPECT_NE(out.find("no node named 'w9'"), std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--wait", "1",
+                          "--resume"}, &out, 10s), 2) << out;
+}
+
 TEST(ClusterCli, UpStartsTheWholeClusterStatusListsNodesAndSigintStopsAll) {
   Cluster cluster(ClusterSpec{});   // only for its YAML and ports: `up` starts the processes
   TempDir dir;
-  Process up({"up", "--config", cluster.yaml()}, dir.path() + "/up.log");
+  Process up({"up", "--config", cluster.yaml(), "--threads", "1"}, dir.path() + "/up.log");
   ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << up.Log();
+  for (int i = 0; i < 3; ++i) {   // --threads reaches every worker
+    const std::string line = "node " + cluster.node(i) + " listening on ";
+    const size_t at = up.Log().find(line);
+    ASSERT_NE(at, std::string::npos) << up.Log();
+    const std::string rest = up.Log().substr(at, up.Log().find('\n', at) - at);
+    EXPECT_NE(rest.find(", 1 kernel threads"), std::string::npos) << rest;
+  }
   auto stub = Connect(cluster.api());
   Generation g = Generate(stub.get(), TokensRequest(Prompt(0), 4));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();

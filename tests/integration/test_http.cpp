@@ -93,16 +93,6 @@ HealthCheckResponse::ServingStatus GrpcHealth(const std::string& api, const std:
   return s.ok() ? resp.status() : HealthCheckResponse::UNKNOWN;
 }
 
-template <typename Pred>
-bool Eventually(Pred pred, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(100ms);
-  }
-  return pred();
-}
-
 class HttpApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -470,12 +460,14 @@ TEST_F(HttpApiTest, HealthFollowsTheCluster) {
   HttpResult r;
   EXPECT_TRUE(Eventually([&] { return (r = HttpCall(port(), "GET", "/health")).status == 503; }, 10s)) << r.raw;
   EXPECT_NE(ParseBody(r)["reason"].get<std::string>().find("w1"), std::string::npos) << r.body;
+  EXPECT_EQ(Scrape(port())["flashmesh_cluster_ready"], 0);  // /health's rule
   EXPECT_TRUE(Eventually([&] {
     return GrpcHealth(cluster_->api(), "") == HealthCheckResponse::NOT_SERVING &&
            GrpcHealth(cluster_->api(), inference) == HealthCheckResponse::NOT_SERVING;
   }, 5s));
   cluster_->StartWorker(1);
   EXPECT_TRUE(Eventually([&] { return HttpCall(port(), "GET", "/health").status == 200; }, 60s)) << cluster_->Logs();
+  EXPECT_EQ(Scrape(port())["flashmesh_cluster_ready"], 1);
   EXPECT_TRUE(Eventually([&] { return GrpcHealth(cluster_->api(), inference) == HealthCheckResponse::SERVING; }, 5s));
   EXPECT_EQ(HttpCall(port(), "POST", "/v1/chat/completions", ChatBody("back", 2).dump()).status, 200);
 }

@@ -169,6 +169,12 @@ TEST(ErrorFromStatus, StatusCodesAndTypes) {
   EXPECT_EQ(ErrorFromStatus(Unauthenticated("no token")).http_status, 401);
   EXPECT_EQ(ErrorFromStatus(Unauthenticated("no token")).code, "invalid_api_key");
   EXPECT_EQ(ErrorFromStatus(ResourceExhausted("queue full")).http_status, 429);
+  EXPECT_EQ(ErrorFromStatus(ResourceExhausted("the request queue is full (64 waiting)")).code,
+            "queue_full");
+  // A worker's KV budget refusal (ShardRuntime::StartSequence's words, behind the node).
+  const Status kv = ResourceExhausted("node w1: KV cache budget of 1024 bytes is full: ...");
+  EXPECT_EQ(ErrorFromStatus(kv).http_status, 429);
+  EXPECT_EQ(ErrorFromStatus(kv).code, "kv_cache_full");
   EXPECT_EQ(ErrorFromStatus(Unavailable("node w1 is down")).http_status, 503);
   EXPECT_EQ(ErrorFromStatus(Internal("x")).http_status, 500);
   EXPECT_EQ(ErrorFromStatus(InvalidArgument("input: 70 prompt tokens leave no room")).param, "input");

@@ -1,0 +1,111 @@
+// flashmesh drain --config FILE --node NAME [--wait S | --resume]: takes a worker out of
+// service without failing anything: it refuses new sequences (the coordinator then admits no
+// new request, since each needs every stage) while the live ones finish. --wait returns once
+// the worker holds none, so it can be stopped or restarted (a restarted worker serves again);
+// --resume takes new sequences again. Speaks to the worker's control port as the coordinator
+// does: the YAML's cluster secret signs the call, its TLS files are the client's.
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "config/cluster_config.h"
+#include "flashmesh/v1/worker.grpc.pb.h"
+#include "rpc/control_auth.h"
+#include "rpc/grpc_status.h"
+
+namespace fm::cli {
+namespace {
+
+const CommandSpec kSpec{
+    "drain",
+    "a worker takes no new sequence while its live ones finish, so that it can be stopped\n"
+    "or restarted without failing a request; the cluster admits no new request meanwhile.\n"
+    "Exit 0 done, 1 the worker refused or did not answer, 2 a usage error.",
+    {{"config", "FILE", "the cluster YAML (the node's control address, secret and TLS files)", true},
+     {"node", "NAME", "the worker (nodes[].name)", true},
+     {"wait", "S", "then wait up to S seconds until it holds no sequence (exit 1 past that)"},
+     {"resume", nullptr, "take new sequences again instead"}}};
+
+constexpr auto kCallDeadline = std::chrono::seconds(5);
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "drain: %s\n", what.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int CmdDrain(int argc, char** argv) {
+  int rc = 0;
+  const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
+  if (!flags) return rc;
+  if (flags->Has("wait") && flags->Has("resume"))
+    return UsageError(kSpec, "--wait and --resume exclude each other");
+  auto wait_s = flags->GetInt("wait", 0, 0, 86400);
+  if (!wait_s.ok()) return UsageError(kSpec, wait_s.status().message());
+  auto cfg = LoadClusterConfig(flags->Get("config"));
+  if (!cfg.ok()) return Fail(cfg.status().message());
+  const std::string node = flags->Get("node");
+  const NodeConfig* nc = cfg->FindNode(node);
+  if (!nc) return Fail(cfg->path + ": no node named '" + node + "' in nodes[]");
+  auto secret = ReadClusterSecret(*cfg);
+  if (!secret.ok()) return Fail(secret.status().message());
+  const TlsConfig& t = cfg->security.tls;
+  auto credentials = ChannelCredentialsFor({t.cert, t.key, t.ca});
+  if (!credentials.ok()) return Fail(credentials.status().message());
+  const std::string target = nc->control.ToString();
+  auto call = [&](grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  };
+
+  // The worker refuses a state change older than the coordinator term it follows: ask which
+  // one first (Health is not fenced), then sign the Drain with it.
+  flashmesh::v1::HealthResponse health;
+  {
+    auto stub = flashmesh::v1::Worker::NewStub(
+        NewWorkerChannel(target, WorkerChannelArgs(), *secret, 0, *credentials));
+    grpc::ClientContext ctx;
+    call(&ctx);
+    const grpc::Status s = stub->Health(&ctx, flashmesh::v1::HealthRequest(), &health);
+    if (!s.ok()) return Fail("node " + node + " (" + target + "): " + s.error_message());
+  }
+  auto stub = flashmesh::v1::Worker::NewStub(
+      NewWorkerChannel(target, WorkerChannelArgs(), *secret, health.term(), *credentials));
+  flashmesh::v1::DrainRequest req;
+  req.set_resume(flags->Has("resume"));
+  flashmesh::v1::DrainResponse resp;
+  {
+    grpc::ClientContext ctx;
+    call(&ctx);
+    const grpc::Status s = stub->Drain(&ctx, req, &resp);
+    if (!s.ok()) return Fail("node " + node + " (" + target + "): " + s.error_message());
+  }
+  if (req.resume()) {
+    std::printf("node %s takes new sequences again\n", node.c_str());
+    return 0;
+  }
+  std::printf("node %s draining: %d live sequence(s)\n", node.c_str(), resp.active_sequences());
+  if (!flags->Has("wait")) return 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(*wait_s);
+  int live = resp.active_sequences();
+  while (live > 0) {
+    if (std::chrono::steady_clock::now() >= until)
+      return Fail("node " + node + " still holds " + std::to_string(live) + " sequence(s) after " +
+                  std::to_string(*wait_s) + " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    grpc::ClientContext ctx;
+    call(&ctx);
+    flashmesh::v1::StatsResponse stats;
+    const grpc::Status s = stub->Stats(&ctx, flashmesh::v1::StatsRequest(), &stats);
+    if (!s.ok()) return Fail("node " + node + " (" + target + "): " + s.error_message());
+    live = stats.active_sequences();
+  }
+  std::printf("node %s drained: no live sequence\n", node.c_str());
+  return 0;
+}
+
+}  // namespace fm::cli
