@@ -307,7 +307,11 @@ void Scheduler::Admit() {
     live_[r->id] = std::move(owned);
     flashmesh::v1::StartSequenceRequest req;
     req.set_seq_id(r->id);
-    req.set_max_context(static_cast<int32_t>(limits_.max_context));
+    // The request's own reach (prompt + max_tokens, one spare), not the cluster's max_context:
+    // a worker sizes and charges a sequence's KV by it (its budget, a device's caches), so short
+    // requests leave room for more, as vLLM's block tables do.
+    const int64_t reach = static_cast<int64_t>(r->params.prompt.size()) + r->params.max_tokens;
+    req.set_max_context(static_cast<int32_t>(std::min(limits_.max_context, reach)));
     *req.mutable_sampling() = r->params.sampling;
     std::vector<int> targets;
     for (size_t i = 0; i < workers.size(); ++i)

@@ -79,10 +79,11 @@ class FakeWorkers final : public WorkerSet {
 
   void StartSequence(int w, const flashmesh::v1::StartSequenceRequest& req, Deadline,
                      Done<flashmesh::v1::StartSequenceResponse> done) override {
-    auto finish = [this, w, id = req.seq_id(), done] {
+    auto finish = [this, w, id = req.seq_id(), context = req.max_context(), done] {
       {
         std::lock_guard<std::mutex> lock(mu_);
         held_[w].insert(id);
+        started_context_[id] = context;
         max_live_ = std::max(max_live_, held_[w].size());
       }
       done({}, {});
@@ -207,6 +208,13 @@ class FakeWorkers final : public WorkerSet {
     }
     Changed();
   }
+  // Each started sequence's max_context, by sequence id.
+  std::vector<int32_t> started_contexts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<int32_t> v;
+    for (const auto& [id, c] : started_context_) v.push_back(c);
+    return v;
+  }
   void SetDraining(int w) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -268,6 +276,7 @@ class FakeWorkers final : public WorkerSet {
   int draining_ = -1;
   std::string stepped_down_;   // why, once a worker answered kSuperseded
   std::map<int, std::set<uint64_t>> held_;   // sequences each worker holds
+  std::map<uint64_t, int32_t> started_context_;   // each sequence's StartSequence max_context
   size_t max_live_ = 0;
   std::set<std::string> holding_;
   std::map<std::string, std::vector<std::function<void()>>> held_calls_;
@@ -326,6 +335,24 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
     std::this_thread::sleep_for(2ms);
   }
   return pred();
+}
+
+// A sequence starts with the context its request can reach (prompt + max_tokens), capped at
+// the cluster's: workers size and charge its KV by it.
+TEST(Scheduler, ASequenceStartsWithItsRequestsReachNotTheClustersContext) {
+  FakeWorkers w(2);
+  SchedulerLimits limits;
+  limits.max_context = 100;
+  Scheduler s(&w, nullptr, limits);
+  auto a = s.Submit(Params({5, 6, 7}, 4));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(Collect(a->get()).ids.size(), 4u);
+  auto b = s.Submit(Params(std::vector<int32_t>(90, 3), 50));
+  ASSERT_TRUE(b.ok());
+  Outcome ob = Collect(b->get());
+  EXPECT_EQ(ob.ids.size(), 10u);   // the cluster's max_context ends it
+  EXPECT_EQ(ob.reason, flashmesh::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(w.started_contexts(), (std::vector<int32_t>{7, 100}));
 }
 
 TEST(Scheduler, EveryRequestGetsItsTokensAndEveryWorkerRunsStepsInOrder) {
