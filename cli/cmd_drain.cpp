@@ -1,14 +1,19 @@
 // flashmesh drain --config FILE --node NAME [--wait S | --resume]: takes a worker out of
-// service without failing anything: it refuses new sequences (the coordinator then admits no
-// new request, since each needs every stage) while the live ones finish. --wait returns once
-// the worker holds none, so it can be stopped or restarted (a restarted worker serves again);
-// --resume takes new sequences again. Speaks to the worker's control port as the coordinator
-// does: the YAML's cluster secret signs the call, its TLS files are the client's.
+// service without failing a live request: it refuses new sequences, so the coordinator admits
+// no request (each needs every stage; new and queued ones get UNAVAILABLE naming the node),
+// while the live ones finish. --wait returns once no node of the cluster holds a sequence (an
+// expert-parallel member serves the experts of its group's sequences, wherever they live), so
+// the worker can be stopped or restarted (a restarted worker serves again); --resume takes
+// new sequences again. Speaks to the workers' control ports as the coordinator does: the
+// YAML's cluster secret signs each call, its TLS files are the client's.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -22,12 +27,12 @@ namespace {
 
 const CommandSpec kSpec{
     "drain",
-    "a worker takes no new sequence while its live ones finish, so that it can be stopped\n"
-    "or restarted without failing a request; the cluster admits no new request meanwhile.\n"
+    "a worker takes no new sequence while the live ones finish, so that it can be stopped\n"
+    "or restarted without failing a live request; the cluster admits no request meanwhile.\n"
     "Exit 0 done, 1 the worker refused or did not answer, 2 a usage error.",
     {{"config", "FILE", "the cluster YAML (the node's control address, secret and TLS files)", true},
      {"node", "NAME", "the worker (nodes[].name)", true},
-     {"wait", "S", "then wait up to S seconds until it holds no sequence (exit 1 past that)"},
+     {"wait", "S", "then wait up to S seconds until no node holds a sequence (exit 1 past that)"},
      {"resume", nullptr, "take new sequences again instead"}}};
 
 constexpr auto kCallDeadline = std::chrono::seconds(5);
@@ -88,23 +93,41 @@ int CmdDrain(int argc, char** argv) {
     std::printf("node %s takes new sequences again\n", node.c_str());
     return 0;
   }
-  std::printf("node %s draining: %d live sequence(s)\n", node.c_str(), resp.active_sequences());
+  std::printf("node %s draining: %d live sequence(s) on it\n", node.c_str(),
+              resp.active_sequences());
   if (!flags->Has("wait")) return 0;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(*wait_s);
-  int live = resp.active_sequences();
-  while (live > 0) {
-    if (std::chrono::steady_clock::now() >= until)
-      return Fail("node " + node + " still holds " + std::to_string(live) + " sequence(s) after " +
-                  std::to_string(*wait_s) + " s");
+  // Every node's live sequences. A request the coordinator admitted before its next heartbeat
+  // saw the drain may still start on the other nodes, so zero counts only after two
+  // heartbeat periods.
+  std::vector<std::unique_ptr<flashmesh::v1::Worker::Stub>> all;
+  for (const NodeConfig& n : cfg->nodes)
+    all.push_back(flashmesh::v1::Worker::NewStub(NewWorkerChannel(
+        n.control.ToString(), WorkerChannelArgs(), *secret, health.term(), *credentials)));
+  const auto beat = std::min(std::chrono::milliseconds(cfg->heartbeat.interval_ms),
+                             std::chrono::milliseconds(cfg->heartbeat.timeout_ms) / 4);
+  const auto start = std::chrono::steady_clock::now();
+  const auto settled = start + 2 * beat;
+  const auto until = start + std::chrono::seconds(*wait_s);
+  while (true) {
+    int64_t live = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      grpc::ClientContext ctx;
+      call(&ctx);
+      flashmesh::v1::StatsResponse stats;
+      const grpc::Status s = all[i]->Stats(&ctx, flashmesh::v1::StatsRequest(), &stats);
+      if (!s.ok())
+        return Fail("node " + cfg->nodes[i].name + " (" + cfg->nodes[i].control.ToString() +
+                    "): " + s.error_message());
+      live += stats.active_sequences();
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (live == 0 && now >= settled) break;
+    if (now >= until)
+      return Fail("the cluster still holds " + std::to_string(live) + " sequence(s) after " +
+                  std::to_string(*wait_s) + " s (node " + node + " stays draining)");
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    grpc::ClientContext ctx;
-    call(&ctx);
-    flashmesh::v1::StatsResponse stats;
-    const grpc::Status s = stub->Stats(&ctx, flashmesh::v1::StatsRequest(), &stats);
-    if (!s.ok()) return Fail("node " + node + " (" + target + "): " + s.error_message());
-    live = stats.active_sequences();
   }
-  std::printf("node %s drained: no live sequence\n", node.c_str());
+  std::printf("node %s drained: no live sequence in the cluster\n", node.c_str());
   return 0;
 }
 

@@ -17,7 +17,7 @@ const Command kCommands[] = {
     {"up", "start a whole local cluster (coordinator + local workers) from a YAML", CmdUp},
     {"status", "per-node state, layers, memory, KV, tok/s of a running cluster", CmdStatus},
     {"health", "exit 0 healthy, 1 degraded, 2 down, 3 nothing asked (cluster or --node NAME)", CmdHealth},
-    {"drain", "take a worker out of service without failing a request (--resume: back)", CmdDrain},
+    {"drain", "take a worker out of service without failing a live request (--resume: back)", CmdDrain},
     {"plan", "validate a cluster YAML and print the placement plan (no weights read)", CmdPlan},
     {"generate", "generate from a prompt: in this process (--model) or on a server (--server)", CmdGenerate},
     {"logits", "run the model on token ids, write raw f32 logits, print argmaxes", CmdLogits},

@@ -313,6 +313,10 @@ grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const flashmesh::v1:
 grpc::Status WorkerService::Drain(grpc::ServerContext* ctx, const flashmesh::v1::DrainRequest* req,
                                   flashmesh::v1::DrainResponse* resp) {
   if (grpc::Status a = guard_.Admit(ctx, "Drain", *req, true); !a.ok()) return a;
+  // A drain lasts until a resume or the next LoadShard, which an unloaded worker is waiting
+  // for: it would end the drain as soon as it loads.
+  if (!req->resume() && !runtime_.loaded())
+    return WorkerError(ctx, FailedPrecondition("node " + node_ + " has no shard loaded: nothing to drain"));
   draining_ = !req->resume();
   FM_LOG(kInfo, "worker") << node_ << (req->resume() ? ": takes new sequences again" : ": draining");
   resp->set_active_sequences(runtime_.active_sequences());

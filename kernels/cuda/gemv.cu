@@ -342,6 +342,8 @@ bool RowsOverlap(const float* a, int64_t la, int64_t sa, int64_t na, const float
                                          reinterpret_cast<uintptr_t>(a));  // bytes
   la *= 4, sa *= 4, lb *= 4, sb *= 4;
   if (sb == 0) nb = 1;
+  // Apart as wholes (the usual case: separate buffers): no row can meet.
+  if (d >= (na - 1) * sa + la || -d >= (nb - 1) * sb + lb) return false;
   for (int64_t t = 0; t < na; ++t) {
     const int64_t lo = t * sa - d, hi = lo + la;  // row t of a, in bytes from b: [lo, hi)
     if (nb == 1) {

@@ -260,7 +260,7 @@ TEST(ClusterCli, DrainFinishesTheLiveRequestRefusesNewOnesAndResumes) {
   EXPECT_EQ(resp.finish().reason(), flashmesh::v1::FINISH_REASON_LENGTH);
   ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--wait", "10"},
                          &out, 20s), 0) << out;
-  EXPECT_NE(out.find("node w1 drained: no live sequence"), std::string::npos) << out;
+  EXPECT_NE(out.find("node w1 drained: no live sequence in the cluster"), std::string::npos) << out;
   ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--resume"}, &out,
                          10s), 0) << out;
   ASSERT_TRUE(WaitHealthy(cluster.api(), 10s)) << cluster.Logs();
@@ -271,6 +271,37 @@ TEST(ClusterCli, DrainFinishesTheLiveRequestRefusesNewOnesAndResumes) {
   EXPECT_NE(out.find("no node named 'w9'"), std::string::npos) << out;
   EXPECT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--wait", "1",
                           "--resume"}, &out, 10s), 2) << out;
+}
+
+// Under expert parallelism a sequence lives on one member, but every member serves its
+// experts: --wait on the other member returns only once that sequence is done, so stopping the
+// drained worker then fails nothing.
+TEST(ClusterCli, DrainWaitCoversTheSequencesOfAnExpertParallelGroup) {
+  ClusterSpec spec;
+  spec.stages = 1;
+  spec.expert_parallel = 2;
+  Cluster cluster(spec);
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto live = TokensRequest(Prompt(3), 200);
+  live.set_ignore_eos(true);
+  auto reader = stub->Generate(&ctx, live);   // the first request lives on member 0 (w0)
+  flashmesh::v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
+  int tokens = resp.has_token() ? 1 : 0;
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--wait", "30"},
+                         &out, 40s), 0) << out;
+  EXPECT_NE(out.find("node w1 draining: 0 live sequence(s) on it"), std::string::npos) << out;
+  EXPECT_NE(out.find("node w1 drained"), std::string::npos) << out;
+  cluster.KillWorker(1, SIGKILL);
+  while (reader->Read(&resp)) tokens += resp.has_token() ? 1 : 0;
+  const grpc::Status st = reader->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(tokens, 200);
 }
 
 TEST(ClusterCli, UpStartsTheWholeClusterStatusListsNodesAndSigintStopsAll) {
