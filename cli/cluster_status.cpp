@@ -36,4 +36,15 @@ std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const cha
   return resp;
 }
 
+const char* StateName(flashmesh::v1::NodeState s) {
+  switch (s) {
+    case flashmesh::v1::NODE_STATE_WAITING: return "waiting";
+    case flashmesh::v1::NODE_STATE_LOADING: return "loading";
+    case flashmesh::v1::NODE_STATE_UP: return "up";
+    case flashmesh::v1::NODE_STATE_DOWN: return "down";
+    case flashmesh::v1::NODE_STATE_DRAINING: return "draining";
+    default: return "unknown";
+  }
+}
+
 }  // namespace fm::cli

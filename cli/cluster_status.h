@@ -24,4 +24,7 @@ std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const cha
                                                                       std::FILE* down,
                                                                       int* exit_code);
 
+// "waiting", "loading", "up", "down", "draining" (status's STATE column, health --node).
+const char* StateName(flashmesh::v1::NodeState s);
+
 }  // namespace fm::cli

@@ -39,8 +39,8 @@ int CmdHealth(int argc, char** argv) {
         return 0;
       }
       bool down = n.state() == flashmesh::v1::NODE_STATE_DOWN;
-      std::printf("%s: node %s%s%s\n", down ? "down" : "degraded", n.name().c_str(),
-                  n.error().empty() ? "" : ": ", n.error().c_str());
+      std::printf("%s: node %s is %s%s%s\n", down ? "down" : "degraded", n.name().c_str(),
+                  StateName(n.state()), n.error().empty() ? "" : ": ", n.error().c_str());
       return down ? kExitDown : 1;
     }
     std::fprintf(stderr, "health: the cluster has no node named '%s'\n", flags->Get("node").c_str());

@@ -12,17 +12,6 @@
 namespace fm::cli {
 namespace {
 
-const char* StateName(flashmesh::v1::NodeState s) {
-  switch (s) {
-    case flashmesh::v1::NODE_STATE_WAITING: return "waiting";
-    case flashmesh::v1::NODE_STATE_LOADING: return "loading";
-    case flashmesh::v1::NODE_STATE_UP: return "up";
-    case flashmesh::v1::NODE_STATE_DOWN: return "down";
-    case flashmesh::v1::NODE_STATE_DRAINING: return "draining";
-    default: return "unknown";
-  }
-}
-
 std::string Mib(uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / 1048576.0);

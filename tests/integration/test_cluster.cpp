@@ -247,6 +247,7 @@ TEST(ClusterCli, DrainFinishesTheLiveRequestRefusesNewOnesAndResumes) {
   EXPECT_TRUE(Eventually([&] {
     return RunFlashmesh({"health", "--server", cluster.api(), "--node", "w1"}, &out, 5s) == 1;
   }, 10s)) << out;
+  EXPECT_NE(out.find("degraded: node w1 is draining"), std::string::npos) << out;
   Generation refused = Generate(stub.get(), TokensRequest(Prompt(2), 4));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(refused.status.error_message().find("w1"), std::string::npos)
