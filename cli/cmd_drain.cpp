@@ -103,8 +103,7 @@ int CmdDrain(int argc, char** argv) {
   for (const NodeConfig& n : cfg->nodes)
     all.push_back(flashmesh::v1::Worker::NewStub(NewWorkerChannel(
         n.control.ToString(), WorkerChannelArgs(), *secret, health.term(), *credentials)));
-  const auto beat = std::min(std::chrono::milliseconds(cfg->heartbeat.interval_ms),
-                             std::chrono::milliseconds(cfg->heartbeat.timeout_ms) / 4);
+  const auto beat = cfg->heartbeat.period();
   const auto start = std::chrono::steady_clock::now();
   const auto settled = start + 2 * beat;
   const auto until = start + std::chrono::seconds(*wait_s);

@@ -17,6 +17,8 @@
 //               encrypt_data_plane }                                         all optional
 //   heartbeat: { interval_ms: 1000, timeout_ms: 5000 }                       optional
 #pragma once
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -102,6 +104,12 @@ struct SecurityConfig {
 struct HeartbeatConfig {
   int64_t interval_ms = 1000;
   int64_t timeout_ms = 5000;   // a worker silent this long is marked dead (> interval_ms)
+
+  // How often the coordinator polls each worker: the interval, but at least four polls within
+  // the timeout so one lost poll does not mark a worker dead.
+  std::chrono::milliseconds period() const {
+    return std::min(std::chrono::milliseconds(interval_ms), std::chrono::milliseconds(timeout_ms) / 4);
+  }
 };
 
 struct CoordinatorConfig {

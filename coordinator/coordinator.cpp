@@ -29,9 +29,8 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
     s.cluster.cuda_devices.push_back(n.cuda_device);
   }
   s.cluster.model_dir = s.model_dir;
-  auto interval = std::chrono::milliseconds(cfg.heartbeat.interval_ms);
   s.cluster.down_after = std::chrono::milliseconds(cfg.heartbeat.timeout_ms);   // as configured
-  s.cluster.heartbeat_interval = std::min(interval, s.cluster.down_after / 4);
+  s.cluster.heartbeat_interval = cfg.heartbeat.period();
   s.cluster.max_context = cfg.limits.max_context;
   s.cluster.max_step_rows = cfg.limits.max_batch * cfg.limits.max_context;
   FM_ASSIGN_OR_RETURN(s.cluster.cluster_secret, ReadClusterSecret(cfg));

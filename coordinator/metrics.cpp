@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include "coordinator/api_service.h"
 #include "coordinator/cluster.h"
 #include "coordinator/openai_request.h"
 #include "coordinator/scheduler.h"
@@ -120,9 +121,7 @@ std::string Metrics::Render(Cluster* cluster, const Scheduler* scheduler) {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   families.push_back(Scalar("flashmesh_queue_depth", "Requests waiting for a batch slot", scheduler->queued()));
   families.push_back(Scalar("flashmesh_active_sequences", "Sequences being generated", scheduler->active()));
-  // /health's rule (ClusterHealth): every node up, and no step overdue, reset under way or
-  // stray sequence.
-  const bool ready = cluster->Ready().ok() && scheduler->Health().ok();
+  const bool ready = ClusterHealth(*cluster, *scheduler).ok();   // /health's rule
   families.push_back(Scalar("flashmesh_cluster_ready", "1 while the cluster can generate (/health is 200)",
                             ready ? 1 : 0));
   using prometheus::MetricType;

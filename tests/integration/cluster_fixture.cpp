@@ -291,6 +291,24 @@ flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt,
   return req;
 }
 
+LiveStream::LiveStream(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req) {
+  ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  reader_ = stub->Generate(&ctx_, req);
+  started_ = Next();
+}
+
+bool LiveStream::Next() {
+  if (!reader_->Read(&resp_)) return false;
+  tokens_ += resp_.has_token() ? 1 : 0;
+  return true;
+}
+
+grpc::Status LiveStream::Finish() {
+  while (Next()) {
+  }
+  return reader_->Finish();
+}
+
 void RunBenchCluster(const Cluster& cluster, nlohmann::json* report) {
   std::string out;
   ASSERT_EQ(RunFlashmesh({"bench", "cluster", "--config", cluster.yaml(), "--tokens", "4", "--prompt",
@@ -381,16 +399,11 @@ void ExpectKilledMemberFailsFastAndRestartRecovers(const ClusterSpec& spec, int 
   cluster.StartAll();
   ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
   auto stub = Connect(cluster.api());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-  auto reader = stub->Generate(&ctx, TokensRequest({5, 6, 7}, 250));
-  flashmesh::v1::GenerateResponse resp;
-  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
+  LiveStream live(stub.get(), TokensRequest({5, 6, 7}, 250));
+  ASSERT_TRUE(live.started()) << cluster.Logs();
   cluster.KillWorker(w, SIGKILL);
   const auto killed_at = std::chrono::steady_clock::now();
-  while (reader->Read(&resp)) {
-  }
-  const grpc::Status st = reader->Finish();
+  const grpc::Status st = live.Finish();
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 5s);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   const std::string name = cluster.node(w);

@@ -135,9 +135,9 @@ struct Generation {
 };
 
 std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api);
-// Polls ClusterStatus until healthy; false after `timeout`.
 // CUDA devices of this host (0 in a build without CUDA).
 int Gpus();
+// Polls ClusterStatus until healthy; false after `timeout`.
 bool WaitHealthy(const std::string& api, std::chrono::milliseconds timeout);
 // Asks pred every 100 ms until it holds (true) or `timeout` passed (pred's last answer).
 template <typename Pred>
@@ -159,6 +159,26 @@ std::string NodeErrorContaining(const std::string& api, const std::string& needl
 Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req,
                     const std::string& token = "");
 flashmesh::v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int max_tokens);
+
+// A generation that runs while a test acts on the cluster (kill, drain, cancel): started with a
+// 60 s deadline, its first event already read.
+class LiveStream {
+ public:
+  LiveStream(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::GenerateRequest& req);
+  bool started() const { return started_; }   // the first event came
+  bool Next();                                 // reads one more event; false at the end
+  void Cancel() { ctx_.TryCancel(); }
+  grpc::Status Finish();                       // reads to the end: the stream's status
+  int tokens() const { return tokens_; }       // token events read so far
+  const flashmesh::v1::GenerateResponse& last() const { return resp_; }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<flashmesh::v1::GenerateResponse>> reader_;
+  flashmesh::v1::GenerateResponse resp_;
+  int tokens_ = 0;
+  bool started_ = false;
+};
 
 // `flashmesh bench cluster --json` on the YAML of `cluster` (which starts the processes itself;
 // 4 new tokens after a 3-token prompt, 2 streams, one kernel thread a process): its report.

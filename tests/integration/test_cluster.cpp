@@ -147,20 +147,15 @@ TEST_F(PipelineTest, ThirtyTwoConcurrentStreamsEachEqualItsRunAlone) {
 TEST_F(PipelineTest, CancelReturnsKvOfEveryWorkerToItsPreviousValue) {
   auto pipe = Connect(cluster_->api());
   auto before = Status(pipe.get());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-  auto reader = pipe->Generate(&ctx, TokensRequest(Prompt(3), 200));
-  flashmesh::v1::GenerateResponse resp;
-  ASSERT_TRUE(reader->Read(&resp));
-  ASSERT_TRUE(reader->Read(&resp));
+  LiveStream live(pipe.get(), TokensRequest(Prompt(3), 200));
+  ASSERT_TRUE(live.started());
+  ASSERT_TRUE(live.Next());
   auto during = Status(pipe.get());
   ASSERT_EQ(before.nodes_size(), 3);
   ASSERT_EQ(during.nodes_size(), 3);
   for (int i = 0; i < 3; ++i) EXPECT_GT(during.nodes(i).kv_bytes(), before.nodes(i).kv_bytes()) << "node " << i;
-  ctx.TryCancel();
-  while (reader->Read(&resp)) {
-  }
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  live.Cancel();
+  EXPECT_EQ(live.Finish().error_code(), grpc::StatusCode::CANCELLED);
   auto deadline = std::chrono::steady_clock::now() + 5s;
   bool restored = false;
   while (!restored && std::chrono::steady_clock::now() < deadline) {
@@ -180,16 +175,11 @@ TEST(ClusterFailure, KilledWorkerEndsStreamUnavailableAndRestartedWorkerServesAg
   cluster.StartAll();
   ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
   auto stub = Connect(cluster.api());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-  auto reader = stub->Generate(&ctx, TokensRequest(Prompt(1), 250));
-  flashmesh::v1::GenerateResponse resp;
-  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
+  LiveStream live(stub.get(), TokensRequest(Prompt(1), 250));
+  ASSERT_TRUE(live.started()) << cluster.Logs();
   cluster.KillWorker(1, SIGKILL);
   auto killed_at = std::chrono::steady_clock::now();
-  while (reader->Read(&resp)) {
-  }
-  grpc::Status st = reader->Finish();
+  grpc::Status st = live.Finish();
   auto ended_after = std::chrono::steady_clock::now() - killed_at;
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   EXPECT_NE(st.error_message().find("w1"), std::string::npos) << st.error_message();
@@ -231,14 +221,8 @@ TEST(ClusterCli, DrainFinishesTheLiveRequestRefusesNewOnesAndResumes) {
   cluster.StartAll();
   ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
   auto stub = Connect(cluster.api());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-  auto live = TokensRequest(Prompt(1), 250);
-  live.set_ignore_eos(true);
-  auto reader = stub->Generate(&ctx, live);
-  flashmesh::v1::GenerateResponse resp;
-  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
-  int tokens = resp.has_token() ? 1 : 0;
+  LiveStream live(stub.get(), TokensRequest(Prompt(1), 250));
+  ASSERT_TRUE(live.started()) << cluster.Logs();
   std::string out;
   ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1"}, &out, 10s), 0)
       << out;
@@ -254,11 +238,10 @@ TEST(ClusterCli, DrainFinishesTheLiveRequestRefusesNewOnesAndResumes) {
       << refused.status.error_message();
   EXPECT_NE(refused.status.error_message().find("draining"), std::string::npos)
       << refused.status.error_message();
-  while (reader->Read(&resp)) tokens += resp.has_token() ? 1 : 0;
-  const grpc::Status st = reader->Finish();
+  const grpc::Status st = live.Finish();
   EXPECT_TRUE(st.ok()) << st.error_message();
-  EXPECT_EQ(tokens, 250);
-  EXPECT_EQ(resp.finish().reason(), flashmesh::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(live.tokens(), 250);
+  EXPECT_EQ(live.last().finish().reason(), flashmesh::v1::FINISH_REASON_LENGTH);
   ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--wait", "10"},
                          &out, 20s), 0) << out;
   EXPECT_NE(out.find("node w1 drained: no live sequence in the cluster"), std::string::npos) << out;
@@ -285,24 +268,17 @@ TEST(ClusterCli, DrainWaitCoversTheSequencesOfAnExpertParallelGroup) {
   cluster.StartAll();
   ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
   auto stub = Connect(cluster.api());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-  auto live = TokensRequest(Prompt(3), 200);
-  live.set_ignore_eos(true);
-  auto reader = stub->Generate(&ctx, live);   // the first request lives on member 0 (w0)
-  flashmesh::v1::GenerateResponse resp;
-  ASSERT_TRUE(reader->Read(&resp)) << cluster.Logs();
-  int tokens = resp.has_token() ? 1 : 0;
+  LiveStream live(stub.get(), TokensRequest(Prompt(3), 200));   // the first request lives on w0
+  ASSERT_TRUE(live.started()) << cluster.Logs();
   std::string out;
   ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--wait", "30"},
                          &out, 40s), 0) << out;
   EXPECT_NE(out.find("node w1 draining: 0 live sequence(s) on it"), std::string::npos) << out;
   EXPECT_NE(out.find("node w1 drained"), std::string::npos) << out;
   cluster.KillWorker(1, SIGKILL);
-  while (reader->Read(&resp)) tokens += resp.has_token() ? 1 : 0;
-  const grpc::Status st = reader->Finish();
+  const grpc::Status st = live.Finish();
   EXPECT_TRUE(st.ok()) << st.error_message();
-  EXPECT_EQ(tokens, 200);
+  EXPECT_EQ(live.tokens(), 200);
 }
 
 TEST(ClusterCli, UpStartsTheWholeClusterStatusListsNodesAndSigintStopsAll) {
