@@ -129,31 +129,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
     return WorkerError(ctx, InvalidArgument("shard.tensor_parallel " + std::to_string(p.tensor_parallel) +
                                             " but shard.ep_nodes names " + std::to_string(s.ep_nodes_size()) +
                                             " members (node " + node_ + ")"));
-  std::unique_ptr<net::Communicator> ep_group;
-  net::NcclCommunicator* nccl = nullptr;   // ep_group when it is an NCCL group
-  if (s.ep_nodes_size() > 1) {
-    if (s.ep_data_size() != s.ep_nodes_size() || s.ep_expert_begin_size() != s.ep_nodes_size() + 1 ||
-        p.ep_rank < 0 || p.ep_rank >= s.ep_nodes_size() || s.ep_nodes(p.ep_rank) != node_)
-      return WorkerError(ctx, InvalidArgument("shard.ep_*: inconsistent expert-parallel group for node " + node_));
-    std::vector<net::CommMember> members;
-    for (int i = 0; i < s.ep_nodes_size(); ++i) members.push_back({s.ep_nodes(i), s.ep_data(i)});
-    if (s.ep_transport() == flashmesh::v1::TRANSPORT_NCCL) {
-      auto group = net::MakeNcclCommunicator(std::move(members), p.ep_rank, s.cuda_device(),
-                                             s.nccl_unique_id());
-      if (!group.ok()) return WorkerError(ctx, group.status().Wrap("node " + node_ + ": shard.ep_transport nccl"));
-      nccl = group->get();
-      ep_group = std::move(group).value();
-    } else if (s.ep_transport() == flashmesh::v1::TRANSPORT_TCP) {
-      auto group = net::MakeTcpCommunicator(data_plane_, std::move(members), p.ep_rank);
-      if (!group.ok()) return WorkerError(ctx, group.status().Wrap("node " + node_));
-      ep_group = std::move(group).value();
-    } else {
-      return WorkerError(ctx, InvalidArgument("shard.ep_transport: unknown value " +
-                                              std::to_string(s.ep_transport())));
-    }
-  } else {
-    p.ep_expert_begin.clear();
-  }
+  // Every field is checked before a group forms: an NCCL group waits for its peers.
   if (p.stage < 0 || p.stage >= p.num_stages)
     return WorkerError(ctx, InvalidArgument("shard.stage " + std::to_string(p.stage) + " outside [0, " +
                                   std::to_string(p.num_stages) + ")"));
@@ -174,6 +150,39 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
     return WorkerError(ctx, InvalidArgument("shard.prev_node: empty on stage " + std::to_string(p.stage)));
   auto dtype = ActivationFrameDType(s.activation_dtype());
   if (!dtype.ok()) return WorkerError(ctx, dtype.status().Wrap("shard"));
+  const auto known = [](flashmesh::v1::Transport t) {
+    return t == flashmesh::v1::TRANSPORT_TCP || t == flashmesh::v1::TRANSPORT_NCCL;
+  };
+  if (s.ep_nodes_size() > 1) {
+    if (s.ep_data_size() != s.ep_nodes_size() || s.ep_expert_begin_size() != s.ep_nodes_size() + 1 ||
+        p.ep_rank < 0 || p.ep_rank >= s.ep_nodes_size() || s.ep_nodes(p.ep_rank) != node_)
+      return WorkerError(ctx, InvalidArgument("shard.ep_*: inconsistent expert-parallel group for node " + node_));
+    if (!known(s.ep_transport()))
+      return WorkerError(ctx, InvalidArgument("shard.ep_transport: unknown value " +
+                                              std::to_string(s.ep_transport())));
+  }
+  if (!known(s.stage_transport()))
+    return WorkerError(ctx, InvalidArgument("shard.stage_transport: unknown value " +
+                                            std::to_string(s.stage_transport())));
+  std::unique_ptr<net::Communicator> ep_group;
+  net::NcclCommunicator* nccl = nullptr;   // ep_group when it is an NCCL group
+  if (s.ep_nodes_size() > 1) {
+    std::vector<net::CommMember> members;
+    for (int i = 0; i < s.ep_nodes_size(); ++i) members.push_back({s.ep_nodes(i), s.ep_data(i)});
+    if (s.ep_transport() == flashmesh::v1::TRANSPORT_NCCL) {
+      auto group = net::MakeNcclCommunicator(std::move(members), p.ep_rank, s.cuda_device(),
+                                             s.nccl_unique_id());
+      if (!group.ok()) return WorkerError(ctx, group.status().Wrap("node " + node_ + ": shard.ep_transport nccl"));
+      nccl = group->get();
+      ep_group = std::move(group).value();
+    } else {
+      auto group = net::MakeTcpCommunicator(data_plane_, std::move(members), p.ep_rank);
+      if (!group.ok()) return WorkerError(ctx, group.status().Wrap("node " + node_));
+      ep_group = std::move(group).value();
+    }
+  } else {
+    p.ep_expert_begin.clear();
+  }
   // Stage hops over NCCL: a two-rank communicator per hop, the sending stage rank 0.
   std::unique_ptr<net::NcclCommunicator> next_link, prev_link;
   if (s.stage_transport() == flashmesh::v1::TRANSPORT_NCCL) {
@@ -197,9 +206,6 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
       if (!l.ok()) return WorkerError(ctx, l.status());
       prev_link = std::move(l).value();
     }
-  } else if (s.stage_transport() != flashmesh::v1::TRANSPORT_TCP) {
-    return WorkerError(ctx, InvalidArgument("shard.stage_transport: unknown value " +
-                                            std::to_string(s.stage_transport())));
   }
   // The new peers before anything is replaced: a failure here leaves the old shard as it was.
   if (Status peers = AllowPeers(s); !peers.ok())

@@ -163,6 +163,23 @@ TEST(Security, ForgedCallsChangeNothingOnAServingCluster) {
                                    "its data plane at " + cluster.data(1)),
             std::string::npos)
       << s.error_message();
+  // A malformed shard is refused before any group forms: an NCCL group would wait for its
+  // peers (on a GPU) or fail for want of one (here), either way hiding the bad field.
+  grpc::ClientContext ctx2;
+  v1::LoadShardRequest group;
+  v1::ShardSpec* g = group.mutable_shard();
+  g->set_num_stages(1);
+  g->set_head(true);   // but not embed, on stage 0
+  for (int w = 0; w < 2; ++w) {
+    g->add_ep_nodes(cluster.node(w));
+    g->add_ep_data(cluster.data(w));
+  }
+  for (int64_t b : {0, 8, 16}) g->add_ep_expert_begin(b);
+  g->set_ep_transport(v1::TRANSPORT_NCCL);
+  s = insider->LoadShard(&ctx2, group, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("shard.embed: false on stage 0"), std::string::npos)
+      << s.error_message();
   // A refused LoadShard moves nothing, not even the term: the cluster serves as before.
   EXPECT_TRUE(Status(api.get()).healthy()) << Status(api.get()).reason();
   EXPECT_EQ(Greedy(api.get()), before);
