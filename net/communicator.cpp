@@ -1,6 +1,5 @@
 #include "net/communicator.h"
 
-#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -75,8 +74,12 @@ class TcpCommunicator final : public Communicator {
     FM_RETURN_IF_ERROR(EnsureConnected(peer, step, deadline)
                            .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")"));
     FM_ASSIGN_OR_RETURN(FrameHeader h, HeaderFor(peer, kind, step, tag, buf));
-    return t_->Send(name(peer), h, buf.data, buf.nbytes, Remaining(deadline))
-        .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")");
+    const std::string who = "EP rank " + std::to_string(peer) + " (" + name(peer) + ")";
+    FM_RETURN_IF_ERROR(sends_.Begin(step, name(peer)).Wrap(who));
+    Status st = t_->Send(name(peer), h, buf.data, buf.nbytes, Remaining(deadline));
+    sends_.End(name(peer));
+    if (!st.ok() && sends_.aborted(step)) return CheckAborted(step).Wrap(who);
+    return st.Wrap(who);
   }
 
   Result<Frame> Recv(int peer, FrameKind kind, uint64_t step, uint32_t tag,
@@ -122,13 +125,13 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
-  void AbortStep(uint64_t step) override { aborted_step_.store(step); }
+  void AbortStep(uint64_t step) override { sends_.Abort(step, t_); }
 
  private:
   static constexpr Millis kAbortPoll{20};   // longest a wait goes without looking at AbortStep
 
   Status CheckAborted(uint64_t step) const {
-    if (step != 0 && aborted_step_.load() == step)
+    if (sends_.aborted(step))
       return Cancelled("step " + std::to_string(step) + " aborted by a reset");
     return Status::Ok();
   }
@@ -148,12 +151,38 @@ class TcpCommunicator final : public Communicator {
   Transport* t_;
   std::vector<CommMember> members_;
   int rank_;
-  std::atomic<uint64_t> aborted_step_{0};
+  AbortableSends sends_;   // the step a reset aborted, and the sends it cuts short
   std::mutex held_mu_;
   std::vector<std::optional<Frame>> held_;   // per rank: a frame read ahead of its step
 };
 
 }  // namespace
+
+Status AbortableSends::Begin(uint64_t step, const std::string& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step != 0 && step == aborted_)
+    return Cancelled("step " + std::to_string(step) + " aborted by a reset");
+  in_flight_.emplace(peer, step);
+  return Status::Ok();
+}
+
+void AbortableSends::End(const std::string& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = in_flight_.find(peer); it != in_flight_.end()) in_flight_.erase(it);
+}
+
+void AbortableSends::Abort(uint64_t step, Transport* t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = step;
+  if (step == 0) return;
+  for (const auto& [peer, s] : in_flight_)
+    if (s == step) t->Disconnect(peer);
+}
+
+bool AbortableSends::aborted(uint64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return step != 0 && step == aborted_;
+}
 
 Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,
                                                           std::vector<CommMember> members,

@@ -9,7 +9,9 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -150,6 +152,26 @@ class Communicator {
                              std::to_string(size()) + " ranks");
     return Status::Ok();
   }
+};
+
+// The sends of a step that a reset may end early. A TCP write to a frozen peer (stopped,
+// partitioned) waits until the step's deadline once the socket buffers are full, which would
+// hold a Reset or a shutdown that long: aborting the step closes the connection of each of its
+// sends in flight, which fails the write at once (the next send dials again).
+class AbortableSends {
+ public:
+  // Before a send of `step` to `peer`: Cancelled if the step is aborted.
+  Status Begin(uint64_t step, const std::string& peer);
+  void End(const std::string& peer);   // after it, whatever its outcome
+  // Aborts `step` (0 clears the abort, for the steps after a reset) and closes `t`'s
+  // connection of each of its sends in flight.
+  void Abort(uint64_t step, Transport* t);
+  bool aborted(uint64_t step) const;   // step != 0 and aborted
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t aborted_ = 0;
+  std::multimap<std::string, uint64_t> in_flight_;   // peer -> step
 };
 
 // Members in rank order; `rank` is this process (members[rank].name must be the transport's

@@ -68,11 +68,18 @@ class TransportActivationSink : public ActivationSink {
     h.dtype = b.dtype;
     h.step_id = step_id;
     h.set_shape(b.shape);
-    return t_->Send(peer_, h, b.data, b.nbytes, net::Until(deadline)).Wrap("next stage");
+    FM_RETURN_IF_ERROR(sends_.Begin(step_id, peer_).Wrap("next stage"));
+    Status st = t_->Send(peer_, h, b.data, b.nbytes, net::Until(deadline));
+    sends_.End(peer_);
+    if (!st.ok() && sends_.aborted(step_id))
+      return Cancelled("next stage: step " + std::to_string(step_id) + " aborted by a reset");
+    return st.Wrap("next stage");
   }
+  void AbortStep(uint64_t step) override { sends_.Abort(step, t_); }
 
  private:
   net::Transport* t_;
+  net::AbortableSends sends_;
   std::string peer_, address_;
   net::FrameDType dtype_;
   std::vector<float> staging_;  // a device X's rows (device shards only)

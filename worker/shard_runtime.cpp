@@ -303,6 +303,8 @@ EpStats ShardRuntime::ep_stats() const {
 }
 
 void ShardRuntime::AbortStep(uint64_t step) {
+  // Under mu_: a reset or shutdown calls this beside a LoadShard, which replaces ep_ and tp_.
+  std::lock_guard<std::mutex> lock(mu_);
   if (ep_) ep_->AbortStep(step);
   if (tp_) tp_->AbortStep(step);
 }

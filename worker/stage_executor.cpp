@@ -12,6 +12,15 @@ constexpr auto kRateWindow = std::chrono::seconds(10);
 }  // namespace
 
 Status CopyPayloadIn(const net::Frame& f, Activations* x) {
+  // Checked again here, against x: the frame was checked against the shard it arrived for.
+  const net::FrameHeader& h = f.header;
+  if (h.rank != 2 || static_cast<int64_t>(h.dims[0]) != x->rows() ||
+      static_cast<int64_t>(h.dims[1]) != x->row_floats() ||
+      f.payload.size() != h.numel() * net::FrameDTypeSize(h.dtype))
+    return InvalidArgument("activation of step " + std::to_string(h.step_id) + ": shape [" +
+                           std::to_string(h.dims[0]) + ", " + std::to_string(h.dims[1]) +
+                           "], the step wants [" + std::to_string(x->rows()) + ", " +
+                           std::to_string(x->row_floats()) + "]");
   if (f.header.dtype == net::FrameDType::kF32)
     return x->CopyFromHost(0, x->rows(), reinterpret_cast<const float*>(f.payload.data()));
   FM_ASSIGN_OR_RETURN(const std::vector<float> rows, net::FramePayloadAsF32(f));
@@ -124,7 +133,11 @@ void StageExecutor::ApplyFreesLocked(std::unique_lock<std::mutex>& lock) {
 
 Status StageExecutor::Exclusive(const std::function<Status()>& swap) {
   std::lock_guard<std::mutex> exec(exec_mu_);
-  return swap();
+  Status st = swap();
+  // Frames that arrived during the swap were checked against the shard before it.
+  std::lock_guard<std::mutex> lock(mu_);
+  inbox_.clear();
+  return st;
 }
 
 void StageExecutor::Reset() {

@@ -78,7 +78,7 @@ class StageExecutor {
   // Returns once they are freed (or the executor stops).
   void Free(const std::vector<uint64_t>& seq_ids);
   // Runs `swap` (LoadShard replacing or dropping the shard) with no step computing: a step
-  // that becomes ready meanwhile starts after it.
+  // that becomes ready meanwhile starts after it. Drops the inbox (frames of the old shard).
   Status Exclusive(const std::function<Status()>& swap);
   // Fails every waiting step, aborts the running one's EP exchanges, waits for it to end,
   // then drops the inbox and every sequence.

@@ -91,6 +91,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   uint64_t term = 0;
   if (grpc::Status a = guard_.Admit(ctx, "LoadShard", *req, true, &term); !a.ok()) return a;
   std::lock_guard<std::mutex> lock(load_mu_);
+  if (stopping_) return WorkerError(ctx, Unavailable("node " + node_ + " is stopping"));
   // A load that waited here for an earlier one may have been given up by its caller (which
   // then retries): running it anyway would drop the sequences started since and stall steps.
   if (ctx->IsCancelled() || ctx->deadline() <= std::chrono::system_clock::now())

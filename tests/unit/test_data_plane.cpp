@@ -5,10 +5,14 @@
 // links pick the path of a device X: in place on a communicator that takes device buffers
 // (NCCL), one copy to or from the host otherwise.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include "model/config.h"
@@ -208,6 +212,38 @@ TEST(StageExecutorChecks, ARepeatedStepIdIsRefused) {
   ASSERT_EQ(want.size(), 1u);
   EXPECT_EQ(out[0].id, want[0].id);
   EXPECT_EQ(out[0].logprob, want[0].logprob);
+}
+
+// A frame is checked against the shard it arrives for, and a LoadShard may replace that shard
+// before the frame's step runs (a wider hc*H would read past the payload): the swap drops the
+// inbox, and the copy into X checks the frame against X again.
+TEST(StageExecutorChecks, AFrameFromBeforeAShardSwapIsNotUsed) {
+  ShardRuntime r(1);
+  ASSERT_TRUE(r.Load(Stage(1, 2, 3, -1)).ok());
+  StageExecutor e(&r);
+  SamplerConfig greedy;
+  greedy.greedy = true;
+  ASSERT_TRUE(r.StartSequence(1, 64, greedy).ok());
+  const int64_t rf = r.row_floats();
+  net::Frame f;
+  f.header.kind = net::FrameKind::kActivation;
+  f.header.dtype = net::FrameDType::kF32;
+  f.header.step_id = 5;
+  f.header.set_shape({3, static_cast<uint32_t>(rf)});
+  f.payload.assign(static_cast<size_t>(3 * rf) * sizeof(float), 0);
+  ASSERT_TRUE(e.Receive(f).ok());
+  ASSERT_TRUE(e.Exclusive([] { return Status::Ok(); }).ok());
+  std::vector<SampledId> out;
+  const Status s = e.RunStep(5, 0, {StepSlice{1, {5, 6, 7}}}, StageExecutor::Clock::now() + 300ms, &out);
+  EXPECT_EQ(s.code(), Code::kDeadlineExceeded) << s.ToString();
+  EXPECT_NE(s.message().find("waited too long for its input"), std::string::npos) << s.ToString();
+
+  auto wider = NewHostActivations(2 * rf);
+  ASSERT_TRUE(wider->Resize(3).ok());
+  const Status copy = CopyPayloadIn(f, wider.get());
+  EXPECT_EQ(copy.code(), Code::kInvalidArgument) << copy.ToString();
+  EXPECT_NE(copy.message().find("the step wants [3, " + std::to_string(2 * rf) + "]"),
+            std::string::npos) << copy.ToString();
 }
 
 // The KV budget charges each sequence its bytes at max_context when it starts (a CPU cache holds
@@ -542,6 +578,83 @@ TEST(DataPlane, AStageSendWaitsUntilTheStepsDeadline) {
   EXPECT_LE(d0.sent_timeout, 120s);
   ASSERT_TRUE(source->Receive(5, 3, StageExecutor::Clock::now() + 10s, &y).ok());
   EXPECT_EQ(y.Values(), x.Values());
+}
+
+// A frozen peer (SIGSTOP; a hung host or a partition looks the same) stops reading, so a large
+// send blocks once the socket buffers are full. A reset must end it at once, not at the step's
+// deadline: the stage link and the EP communicator both close the connection of the aborted
+// step's send (the next send dials again).
+TEST(DataPlane, AResetEndsASendBlockedOnAFrozenPeer) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {   // the peer: a transport that answers handshakes until it is stopped
+    close(fds[0]);
+    auto t = net::MakeTcpTransport({.self_name = "s1", .secret = "unit-secret"});
+    if (!t.ok() || !(*t)->Listen("127.0.0.1:0").ok()) _exit(1);
+    const std::string a = (*t)->listen_address();
+    if (write(fds[1], a.data(), a.size()) != static_cast<ssize_t>(a.size())) _exit(1);
+    close(fds[1]);
+    while (true) pause();
+  }
+  ASSERT_GT(child, 0);
+  close(fds[1]);
+  char buf[128] = {};
+  const ssize_t n = read(fds[0], buf, sizeof buf - 1);
+  close(fds[0]);
+  struct Reap {
+    pid_t pid;
+    ~Reap() { kill(pid, SIGKILL); waitpid(pid, nullptr, 0); }
+  } reap{child};
+  ASSERT_GT(n, 0);
+  const std::string addr(buf, static_cast<size_t>(n));
+  auto t0 = Transport("s0");
+  auto sink = NewTransportActivationSink(t0.get(), "s1", addr, net::FrameDType::kF32);
+  auto comm = net::MakeTcpCommunicator(t0.get(), {{"s0", t0->listen_address()}, {"s1", addr}}, 0);
+  ASSERT_TRUE(comm.ok());
+  auto x = NewHostActivations(4096);
+  // 128 MiB: far more than loopback's socket buffers hold.
+  const int64_t big_rows = 8192;
+  std::vector<float> zeros(static_cast<size_t>(big_rows) * 4096, 0.0f);
+  const auto deadline = StageExecutor::Clock::now() + 60s;
+  // Sends `send` (which must block) on a thread, aborts step `step` after 1 s: its status, and
+  // how long the abort took to end it.
+  auto blocked_then_aborted = [&](const std::function<Status()>& send,
+                                  const std::function<void()>& abort) {
+    auto done = std::async(std::launch::async, send);
+    EXPECT_EQ(done.wait_for(1s), std::future_status::timeout) << "the send did not block";
+    const auto t = std::chrono::steady_clock::now();
+    abort();
+    const Status st = done.get();
+    return std::make_pair(st, std::chrono::steady_clock::now() - t);
+  };
+
+  for (int round = 0; round < 2; ++round) {   // the stage link, then the communicator
+    kill(child, SIGCONT);
+    ASSERT_TRUE(x->Resize(1).ok());
+    ASSERT_TRUE(x->CopyFromHost(0, 1, zeros.data()).ok());
+    ASSERT_TRUE(sink->Send(10 * round + 1, deadline, *x).ok());   // connects while it runs
+    kill(child, SIGSTOP);
+    ASSERT_TRUE(x->Resize(big_rows).ok());
+    ASSERT_TRUE(x->CopyFromHost(0, big_rows, zeros.data()).ok());
+    const uint64_t step = 10 * round + 2;
+    auto [st, took] = round == 0
+        ? blocked_then_aborted([&] { return sink->Send(step, deadline, *x); },
+                               [&] { sink->AbortStep(step); })
+        : blocked_then_aborted(
+              [&] {
+                net::CommBuffer b;
+                b.shape = {static_cast<uint32_t>(big_rows), 4096};
+                b.data = zeros.data();
+                b.nbytes = zeros.size() * sizeof(float);
+                return (*comm)->Send(1, net::FrameKind::kActivation, step, 0, b, 60s);
+              },
+              [&] { (*comm)->AbortStep(step); });
+    EXPECT_EQ(st.code(), Code::kCancelled) << "round " << round << ": " << st.ToString();
+    EXPECT_LT(took, 2s) << "round " << round;
+    sink->AbortStep(0);
+    (*comm)->AbortStep(0);
+  }
 }
 
 TEST(DataPlane, DeviceXCrossesOnceOverACommunicatorOfHostMemory) {
