@@ -51,6 +51,7 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.api.max_context = cfg.limits.max_context;
   s.api.max_streams_per_client = cfg.limits.max_streams_per_client;
   s.api.write_stall_timeout = std::chrono::milliseconds(std::llround(cfg.limits.write_stall_timeout_s * 1000));
+  s.http_limits.write_stall_timeout = s.api.write_stall_timeout;
   s.api.model_name = s.model_dir;
   if (!cfg.security.token_file.empty()) {
     FM_ASSIGN_OR_RETURN(s.api.api_tokens, ReadApiTokens(cfg.security.token_file));

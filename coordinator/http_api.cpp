@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -167,7 +168,9 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
   auto* s = g.mutable_sampling();
   s->set_greedy(r.temperature == 0);
   s->set_temperature(static_cast<float>(r.temperature));
-  s->set_top_p(static_cast<float>(r.top_p));
+  // A top_p below float's range (1e-60) is still > 0: the smallest float keeps its meaning
+  // (the top candidate only) where the cast would make it 0, an error about another field.
+  s->set_top_p(std::max(static_cast<float>(r.top_p), std::numeric_limits<float>::min()));
   s->set_top_k(static_cast<int32_t>(r.top_k));
   if (r.seed) {
     s->set_seed(*r.seed);

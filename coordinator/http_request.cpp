@@ -18,8 +18,18 @@ std::string HttpRequest::Header(const std::string& lower_name) const {
   return it == headers.end() ? "" : it->second;
 }
 
+namespace {
+
+std::string Lower(boost::beast::string_view s) {
+  std::string out(s.data(), s.size());
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return out;
+}
+
+}  // namespace
+
 HttpRequestParser::HttpRequestParser(size_t max_header_bytes, size_t max_body_bytes)
-    : impl_(std::make_unique<Impl>()) {
+    : impl_(std::make_unique<Impl>()), max_header_bytes_(max_header_bytes) {
   impl_->parser.header_limit(static_cast<std::uint32_t>(max_header_bytes));
   impl_->parser.body_limit(max_body_bytes);
   impl_->parser.eager(true);
@@ -34,26 +44,49 @@ HttpRequestParser::State HttpRequestParser::Feed(std::string* buffer) {
     boost::beast::error_code ec;
     size_t used = p.put(boost::asio::buffer(buffer->data(), buffer->size()), ec);
     buffer->erase(0, used);
-    if (ec == http::error::need_more) return State::kNeedMore;
-    if (ec) {
+    if (ec && ec != http::error::need_more) {
       error_ = ec.message();
       error_status_ = ec == http::error::header_limit ? 431 : ec == http::error::body_limit ? 413 : 400;
       return State::kError;
     }
-    if (used == 0 && !p.is_done()) return State::kNeedMore;
+    if (p.is_header_done()) {
+      // Only chunked, the one coding this server decodes (RFC 9112: 501 for the others).
+      const auto te = p.get().find(http::field::transfer_encoding);
+      if (te != p.get().end() && Lower(te->value()) != "chunked") {
+        error_ = "Transfer-Encoding '" + std::string(te->value()) + "' (only chunked is supported)";
+        error_status_ = 501;
+        return State::kError;
+      }
+    }
+    if (ec == http::error::need_more || (used == 0 && !p.is_done())) {
+      // The parser takes body bytes as they come (eager), so what it leaves is an incomplete
+      // header, chunk-size line or trailer: each bounded like the header (Beast bounds neither
+      // of the last two).
+      if (buffer->size() > max_header_bytes_) {
+        error_ = "a header, chunk line or trailer over " + std::to_string(max_header_bytes_) + " bytes";
+        error_status_ = 431;
+        return State::kError;
+      }
+      return State::kNeedMore;
+    }
   }
   const auto& msg = p.get();
   request_.method = std::string(msg.method_string());
   std::string target(msg.target());
   request_.path = target.substr(0, target.find('?'));
-  for (const auto& field : msg) {
-    std::string name(field.name_string());
-    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-    request_.headers[name] = std::string(field.value());
-  }
+  for (const auto& field : msg) request_.headers[Lower(field.name_string())] = std::string(field.value());
   request_.body = msg.body();
   request_.keep_alive = msg.keep_alive();
   return State::kDone;
+}
+
+bool HttpRequestParser::TakeContinue() {
+  const auto& p = impl_->parser;
+  if (continue_sent_ || !p.is_header_done() || p.is_done()) return false;
+  const auto expect = p.get().find(http::field::expect);
+  if (expect == p.get().end() || Lower(expect->value()) != "100-continue") return false;
+  continue_sent_ = true;
+  return true;
 }
 
 }  // namespace fm

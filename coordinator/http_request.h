@@ -25,8 +25,11 @@ class HttpRequestParser {
   ~HttpRequestParser();
   // Parses from the front of *buffer and erases what it consumed; the bytes after a complete
   // request stay (pipelined requests). kDone: request() holds the request; kError: the request
-  // is unparseable or over a limit (error_status() 400, 413 or 431, error() says why).
+  // is unparseable or over a limit (error_status() 400, 413, 431 or 501, error() says why).
   State Feed(std::string* buffer);
+  // True once, when the header asked `Expect: 100-continue` and the body has not all come:
+  // the server answers 100 Continue.
+  bool TakeContinue();
   const HttpRequest& request() const { return request_; }
   int error_status() const { return error_status_; }
   const std::string& error() const { return error_; }
@@ -34,6 +37,8 @@ class HttpRequestParser {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  size_t max_header_bytes_;
+  bool continue_sent_ = false;
   HttpRequest request_;
   int error_status_ = 0;
   std::string error_;

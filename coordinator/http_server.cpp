@@ -179,8 +179,12 @@ bool HttpResponder::SendAll(std::string_view bytes) {
     const ssize_t n = conn_->Send(bytes.data(), bytes.size(), &want);
     if (n > 0) {
       bytes.remove_prefix(static_cast<size_t>(n));
-    } else if (n != HttpConn::kWouldBlock || !WaitFd(conn_->fd(), want, deadline_, stop_)) {
+    } else if (n != HttpConn::kWouldBlock) {
       failed_ = true;
+    } else if (const auto until = std::min(deadline_, Clock::now() + stall_);
+               !WaitFd(conn_->fd(), want, until, stop_)) {
+      failed_ = true;
+      stalled_ = until < deadline_ && !*stop_;
     }
   }
   return !failed_;
@@ -218,6 +222,9 @@ bool HttpResponder::Abandoned() {
 }
 
 Status HttpResponder::AbandonedBecause() const {
+  if (stalled_)
+    return DeadlineExceeded("the client read nothing for " + std::to_string(stall_.count() / 1000) +
+                            " s (limits.write_stall_timeout_s)");
   if (failed_) return Cancelled("the client closed the connection");
   if (*stop_) return Unavailable("the server is shutting down");
   if (Clock::now() >= deadline_)
@@ -320,7 +327,7 @@ bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* r
   Clock::time_point deadline = std::min(Clock::now() + idle, not_after);
   bool started = false;
   auto reply_error = [&](int status, const std::string& message) {
-    HttpResponder r(conn, std::chrono::seconds(5), &stop_);
+    HttpResponder r(conn, std::chrono::seconds(5), std::chrono::seconds(5), &stop_);
     r.keep_alive_ = false;
     r.Reply(status, "application/json", ErrorJson(status, message));
   };
@@ -338,6 +345,12 @@ bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* r
         return false;
       case HttpRequestParser::State::kNeedMore:
         break;
+    }
+    // A client that sent `Expect: 100-continue` waits for this before its body (curl does so
+    // for bodies over 1 kB, for a second).
+    if (parser.TakeContinue()) {
+      HttpResponder r(conn, read, read, &stop_);
+      if (!r.SendAll("HTTP/1.1 100 Continue\r\n\r\n")) return false;
     }
     // Read first, wait only when nothing is there: TLS may hold decrypted bytes already.
     char chunk[16384];
@@ -388,7 +401,7 @@ void HttpServer::Serve(int fd, bool probe) {
   while (ok && !stop_) {
     HttpRequest req;
     if (!ReadRequest(&conn, &buffer, &req, limits_.idle_timeout, limits_.read_timeout, not_after)) break;
-    HttpResponder r(&conn, limits_.response_timeout, &stop_);
+    HttpResponder r(&conn, limits_.response_timeout, limits_.write_stall_timeout, &stop_);
     r.keep_alive_ = req.keep_alive && !probe;
     if (probe && !(req.method == "GET" && (req.path == "/health" || req.path == "/metrics"))) {
       r.Reply(503, "application/json", TooManyConnectionsJson(), {{"Retry-After", "1"}});

@@ -37,6 +37,9 @@ struct HttpLimits {
   std::chrono::milliseconds idle_timeout{30000};       // keep-alive connection without a request
   std::chrono::milliseconds read_timeout{30000};       // from a request's first byte to its end
   std::chrono::milliseconds response_timeout{600000};  // one response, streams included
+  // A response whose client takes no byte for this long ends (limits.write_stall_timeout_s,
+  // as on gRPC): a stream nobody reads must not keep its generation and stream slot.
+  std::chrono::milliseconds write_stall_timeout{60000};
 };
 
 // The listener's certificate chain and private key (PEM files), as security.tls names them.
@@ -67,17 +70,20 @@ class HttpResponder {
 
  private:
   friend class HttpServer;
-  HttpResponder(HttpConn* conn, std::chrono::milliseconds timeout, const std::atomic<bool>* stop)
-      : conn_(conn), timeout_(timeout), deadline_(std::chrono::steady_clock::now() + timeout),
-        stop_(stop) {}
+  HttpResponder(HttpConn* conn, std::chrono::milliseconds timeout,
+                std::chrono::milliseconds stall, const std::atomic<bool>* stop)
+      : conn_(conn), timeout_(timeout), stall_(stall),
+        deadline_(std::chrono::steady_clock::now() + timeout), stop_(stop) {}
   bool SendAll(std::string_view bytes);
   HttpConn* conn_;
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds stall_;   // the longest a write may wait for the client to read
   std::chrono::steady_clock::time_point deadline_;
   const std::atomic<bool>* stop_;
   bool keep_alive_ = true;
   bool replied_ = false;
   bool failed_ = false;
+  bool stalled_ = false;   // failed_ because the client read nothing for stall_
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder*)>;

@@ -1,5 +1,6 @@
 #include "coordinator/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -278,9 +279,34 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
   return Status::Ok();
 }
 
+// The deepest nesting of arrays and objects in `body` (brackets inside strings skipped): the
+// parser keeps any depth, but dumping a value (an error message quoting it) recurses once a
+// level, and 100,000 levels fit a 200 kB body.
+size_t JsonNesting(std::string_view body) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
+  if (JsonNesting(body) > kMaxJsonNesting)
+    return InvalidArgument("body: JSON nested deeper than " + std::to_string(kMaxJsonNesting) +
+                           " levels");
   Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("body: not valid JSON");
   if (!j.is_object()) return WrongType("body", "a JSON object", j);

@@ -36,7 +36,9 @@ struct OpenAiRequest {
   bool ignore_eos = false;               // extension (vLLM's)
 };
 
-// Decodes a request body. InvalidArgument names the field (see above).
+// Decodes a request body. InvalidArgument names the field (see above), or the body when it is
+// not JSON or nests arrays/objects deeper than kMaxJsonNesting.
+inline constexpr size_t kMaxJsonNesting = 64;
 Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat);
 
 // OpenAI's error object: {"error": {"message", "type", "param", "code"}}.

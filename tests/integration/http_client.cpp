@@ -165,6 +165,10 @@ HttpStream::HttpStream(int port, const std::string& request) : fd_(Dial(port)) {
 
 HttpStream::~HttpStream() { Close(); }
 
+void HttpStream::Send(const std::string& bytes) {
+  if (fd_ >= 0) SendAll(fd_, bytes);
+}
+
 void HttpStream::Close() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;

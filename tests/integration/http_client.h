@@ -47,6 +47,7 @@ class HttpStream {
   ~HttpStream();
   // Reads until `needle` has arrived `count` times in total, or `timeout`; everything so far.
   std::string ReadUntil(const std::string& needle, int count, std::chrono::milliseconds timeout);
+  void Send(const std::string& bytes);   // more of the request
   void Close();
 
  private:

@@ -341,6 +341,9 @@ TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
   EXPECT_EQ(r.status, 400) << r.raw.substr(0, 300);
   EXPECT_EQ(ParseBody(r)["error"]["param"], "prompt");
   EXPECT_NE(r.body.find("bytes, more than 131072 (32 x max_context)"), std::string::npos) << r.body;
+  // A top_p below float's range is still in (0, 1]: the top candidate only, not an error.
+  r = HttpCall(port(), "POST", "/v1/chat/completions", with("top_p", 1e-60));
+  EXPECT_EQ(r.status, 200) << r.raw;
   // Malformed HTTP, an oversized body, unknown paths and methods: clear errors, no harm done.
   r = HttpRaw(port(), "GARBAGE\r\n\r\n", 5s);
   EXPECT_EQ(r.status, 400) << r.raw;

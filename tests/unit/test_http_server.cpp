@@ -35,6 +35,14 @@ struct TestServer {
         ++abandoned;
         return;
       }
+      if (req.path == "/flood") {   // as fast as the client takes it
+        out->StartStream(200, "text/event-stream");
+        const std::string block(64 << 10, 'x');
+        while (!out->Abandoned()) out->Send(block);
+        why = out->AbandonedBecause().code();
+        ++abandoned;
+        return;
+      }
       out->Reply(200, "text/plain", req.method + " " + req.path + " " + req.body);
     }, tls);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -105,6 +113,32 @@ TEST(HttpServer, AClientThatGoesAwayAbandonsItsStream) {
   while (t.abandoned == 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(t.abandoned, 1);
   EXPECT_EQ(t.why, Code::kCancelled);
+}
+
+// A client that reads nothing would hold its stream (and its generation) until the response
+// deadline: the server gives up once a write waited write_stall_timeout.
+TEST(HttpServer, AStreamWhoseClientReadsNothingEndsAfterTheWriteStallTimeout) {
+  HttpLimits l = Short();
+  l.response_timeout = 60s;
+  l.write_stall_timeout = 300ms;
+  TestServer t(l);
+  it::HttpStream s(t.port(), "GET /flood HTTP/1.1\r\n\r\n");   // never read
+  const auto start = Clock::now();
+  while (t.abandoned == 0 && Clock::now() - start < 10s) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(t.abandoned, 1);
+  EXPECT_EQ(t.why, Code::kDeadlineExceeded);
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
+// curl sends `Expect: 100-continue` before a body over 1 kB and waits a second for the answer.
+TEST(HttpServer, AnExpectOf100ContinueIsAnsweredBeforeTheBody) {
+  TestServer t(Short());
+  it::HttpStream s(t.port(), "POST /a HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n");
+  EXPECT_NE(s.ReadUntil("HTTP/1.1 100 Continue\r\n\r\n", 1, 2s).find("100 Continue"), std::string::npos);
+  s.Send("hi");
+  const std::string got = s.ReadUntil("POST /a hi", 1, 2s);
+  EXPECT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
+  EXPECT_NE(got.find("POST /a hi"), std::string::npos) << got;
 }
 
 TEST(HttpServer, ShutdownEndsOpenConnectionsPromptly) {

@@ -49,6 +49,12 @@ TEST(HttpRequestParser, LimitsAndGarbageAreErrorsWithTheirStatus) {
       {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n", 400},
       {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2000\r\n\r\n", 413},
       {"GET / HTTP/1.1\r\nX: " + std::string(2000, 'a') + "\r\n\r\n", 431},
+      // A chunk-size line or a trailer that never ends (Beast bounds neither).
+      {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1;x=" + std::string(2000, 'a'), 431},
+      {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nb\r\n0\r\nX-T: " +
+           std::string(2000, 'a'), 431},
+      // A coding this server does not decode.
+      {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n1\r\nb\r\n0\r\n\r\n", 501},
   };
   for (const auto& c : cases) {
     HttpRequestParser p(1024, 1024);
@@ -57,6 +63,23 @@ TEST(HttpRequestParser, LimitsAndGarbageAreErrorsWithTheirStatus) {
     EXPECT_EQ(p.error_status(), c.status) << c.bytes.substr(0, 60);
     EXPECT_FALSE(p.error().empty());
   }
+}
+
+// Error messages quote a refused value, and dumping a value recurses once a level: 100,000
+// levels (a 200 kB body) ended the daemon. Brackets inside strings do not count.
+TEST(DecodeOpenAiRequest, NestingPastTheLimitIsRefusedBeforeAnyValueIsRead) {
+  const auto nested = [](size_t depth) {
+    return R"({"prompt": "hi", "logit_bias": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  auto deep = DecodeOpenAiRequest(nested(100000), false);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(deep.status().message(), "body: JSON nested deeper than 64 levels");
+  auto at_limit = DecodeOpenAiRequest(nested(63), false);   // 64 with the body's object
+  ASSERT_FALSE(at_limit.ok());
+  EXPECT_EQ(at_limit.status().message().rfind("logit_bias: [[[", 0), 0u) << at_limit.status().ToString();
+  auto in_string = DecodeOpenAiRequest(R"({"prompt": ")" + std::string(1000, '[') + R"("})", false);
+  EXPECT_TRUE(in_string.ok()) << in_string.status().ToString();
 }
 
 TEST(DecodeOpenAiRequest, ChatFieldsAndDefaults) {
