@@ -204,13 +204,14 @@ Status Cluster::Running() const {
   return Status::Ok();
 }
 
-bool Cluster::down(int worker) const {
-  return nodes_[worker]->state() == flashmesh::v1::NODE_STATE_DOWN;
+bool Cluster::serving(int worker) const {
+  const auto state = nodes_[worker]->state();
+  return state == flashmesh::v1::NODE_STATE_UP || state == flashmesh::v1::NODE_STATE_DRAINING;
 }
 
 void Cluster::MarkDown(int worker, const std::string& why) {
   if (stepped_down_) return;  // a refusal of the newer term is no fault of the node (worker_set.h)
-  if (down(worker)) return;   // keep the first cause
+  if (nodes_[worker]->state() == flashmesh::v1::NODE_STATE_DOWN) return;   // keep the first cause
   SetState(nodes_[worker].get(), flashmesh::v1::NODE_STATE_DOWN, why);
 }
 

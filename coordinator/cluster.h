@@ -107,7 +107,7 @@ class Cluster final : public WorkerSet {
   const std::vector<WorkerInfo>& workers() const override { return infos_; }
   Status Ready() const override;
   Status Running() const override;
-  bool down(int worker) const override;
+  bool serving(int worker) const override;
   void MarkDown(int worker, const std::string& why) override;
   void OnChange(std::function<void()> fn) override { listener_ = std::move(fn); }
   void OnHeld(std::function<void(int, std::vector<uint64_t>, Deadline)> fn) override {

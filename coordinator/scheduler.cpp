@@ -74,6 +74,7 @@ Scheduler::Scheduler(WorkerSet* workers, const Tokenizer* tokenizer, SchedulerLi
       needs_reset_(workers->workers().size(), 0),
       resetting_(workers->workers().size(), 0),
       unowned_(workers->workers().size()),
+      freeing_(workers->workers().size()),
       stray_(workers->workers().size()) {
   next_step_id_ = (workers_->term() << 20) + 1;   // above every earlier coordinator's (worker_set.h)
   // The closures posted run on the scheduling thread only, so `this` in them is alive.
@@ -268,7 +269,8 @@ void Scheduler::SendResets() {
   const auto deadline = std::max(Clock::now(), busy_until_) + limits_.control_timeout;
   for (size_t i = 0; i < needs_reset_.size(); ++i) {
     const int w = static_cast<int>(i);
-    if (!needs_reset_[i] || resetting_[i] || workers_->down(w)) continue;   // down: once it is back
+    // Not serving (down, loading): once it is.
+    if (!needs_reset_[i] || resetting_[i] || !workers_->serving(w)) continue;
     needs_reset_[i] = 0;
     resetting_[i] = 1;
     Track();
@@ -587,12 +589,15 @@ void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector
   for (const auto& [id, call] : in_flight_)
     deadline = std::max(deadline, call->deadline + limits_.control_timeout);
   for (int w : workers) {
+    for (uint64_t id : ids) ++freeing_[w][id];
     Track();
-    workers_->FreeSequence(w, req, deadline, [this, w](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
-      if (!r.ok()) {
+    workers_->FreeSequence(w, req, deadline, [this, w, ids](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
+      Post([this, w, ids, r] {
+        for (uint64_t id : ids)
+          if (--freeing_[w][id] == 0) freeing_[w].erase(id);
         // Its KV stays behind: DOWN fails what runs and resets it once it answers again.
-        Post([this, w, r] { workers_->MarkDown(w, "FreeSequence failed: " + r.status.message()); });
-      }
+        if (!r.ok()) workers_->MarkDown(w, "FreeSequence failed: " + r.status.message());
+      });
       Untrack();
     });
   }
@@ -606,7 +611,7 @@ void Scheduler::Reconcile(int worker, std::vector<uint64_t> held, Clock::time_po
   const std::string node = workers_->workers()[worker].name;
   std::vector<uint64_t> unowned, stray;
   for (uint64_t id : held) {
-    if (live_.count(id)) continue;
+    if (live_.count(id) || freeing_[worker].count(id)) continue;
     unowned.push_back(id);
     // Unowned at the last beat too: not a free still on its way.
     if (std::binary_search(unowned_[worker].begin(), unowned_[worker].end(), id)) stray.push_back(id);

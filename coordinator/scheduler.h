@@ -181,6 +181,9 @@ class Scheduler {
   std::vector<char> resetting_;        // per worker: its Reset is in flight
   std::deque<double> recent_row_seconds_;   // per-row time of the last steps, newest last
   std::vector<std::vector<uint64_t>> unowned_;   // per worker: held, owned by no request, last beat
+  // Per worker: the sequences a FreeSequence in flight frees (with how many such calls). A worker
+  // frees between steps, so behind a long step it still lists them: neither stray nor freed again.
+  std::vector<std::map<uint64_t, int>> freeing_;
 
   mutable std::mutex health_mu_;       // guards the three below (read by Health())
   std::map<uint64_t, std::pair<Clock::time_point, Clock::time_point>> step_times_;  // launch, overdue at

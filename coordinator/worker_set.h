@@ -55,7 +55,9 @@ class WorkerSet {
   virtual Status Ready() const = 0;
   // Ok while every worker can run the live sequences' steps (UP or DRAINING).
   virtual Status Running() const = 0;
-  virtual bool down(int worker) const = 0;
+  // UP or DRAINING: it answers RPCs now (a LOADING worker's Reset would wait behind its load,
+  // which resets it anyway).
+  virtual bool serving(int worker) const = 0;
   // The worker failed an RPC at the transport level: DOWN until its heartbeat answers again.
   // Nothing once this coordinator stepped down: the workers are the newer one's to judge.
   virtual void MarkDown(int worker, const std::string& why) = 0;

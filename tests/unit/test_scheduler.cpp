@@ -55,13 +55,15 @@ class FakeWorkers final : public WorkerSet {
   Status Running() const override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stepped_down_.empty()) return Unavailable(stepped_down_);
-    for (int i = 0; i < stages_; ++i)
+    for (int i = 0; i < stages_; ++i) {
       if (down_[i]) return Unavailable("node w" + std::to_string(i) + " is down");
+      if (loading_.count(i)) return Unavailable("node w" + std::to_string(i) + " is loading");
+    }
     return Status::Ok();
   }
-  bool down(int w) const override {
+  bool serving(int w) const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return down_[w];
+    return !down_[w] && !loading_.count(w);
   }
   void MarkDown(int w, const std::string& why) override {
     {
@@ -99,7 +101,8 @@ class FakeWorkers final : public WorkerSet {
     Run("free", w, [this, w, req, done] {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        for (uint64_t id : req.seq_ids()) held_[w].erase(id);
+        if (!frees_ignored_)
+          for (uint64_t id : req.seq_ids()) held_[w].erase(id);
       }
       done({}, {});
     });
@@ -201,6 +204,11 @@ class FakeWorkers final : public WorkerSet {
     std::lock_guard<std::mutex> lock(mu_);
     token_rewrite_ = std::move(f);
   }
+  // Frees answer OK but free nothing (a worker that keeps what it was told to drop).
+  void IgnoreFrees(bool ignore) {
+    std::lock_guard<std::mutex> lock(mu_);
+    frees_ignored_ = ignore;
+  }
   void SetDown(int w, bool down) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -214,6 +222,14 @@ class FakeWorkers final : public WorkerSet {
     std::vector<int32_t> v;
     for (const auto& [id, c] : started_context_) v.push_back(c);
     return v;
+  }
+  void SetLoading(int w, bool loading) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (loading) loading_.insert(w);
+      else loading_.erase(w);
+    }
+    Changed();
   }
   void SetDraining(int w) {
     {
@@ -274,6 +290,8 @@ class FakeWorkers final : public WorkerSet {
   mutable std::mutex mu_;
   std::vector<bool> down_;
   int draining_ = -1;
+  std::set<int> loading_;
+  bool frees_ignored_ = false;
   std::string stepped_down_;   // why, once a worker answered kSuperseded
   std::map<int, std::set<uint64_t>> held_;   // sequences each worker holds
   std::map<uint64_t, int32_t> started_context_;   // each sequence's StartSequence max_context
@@ -704,6 +722,33 @@ TEST(Scheduler, NothingStartsUntilEveryWorkerIsReset) {
   EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
 }
 
+// A worker that reloads (a restart, an NCCL group) fails what runs; the others are reset at once,
+// it once it serves again: a Reset sent during its load would wait behind it, time out and mark
+// a loading node down.
+TEST(Scheduler, ALoadingWorkerIsResetOnceItServesNotDuringItsLoad) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step");
+  auto a = s.Submit(Params({1}, 3));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 2; }));
+  w.SetLoading(1, true);
+  EXPECT_EQ(Collect(a->get()).error.code(), Code::kUnavailable);
+  auto resets = [&](int worker) {
+    auto log = w.log();
+    return std::count(log.begin(), log.end(), "reset w" + std::to_string(worker));
+  };
+  ASSERT_TRUE(WaitFor([&] { return resets(0) == 1; }));
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(resets(1), 0);
+  w.SetLoading(1, false);
+  ASSERT_TRUE(WaitFor([&] { return resets(1) == 1; }));
+  EXPECT_TRUE(w.marked_down().empty());
+  w.Release("step");
+  auto b = s.Submit(Params({7}, 1));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(Collect(b->get()).ids, std::vector<int32_t>{8});
+}
+
 TEST(Scheduler, StepDeadlinesFollowRecentStepTimesAndAnOverdueStepDegradesHealth) {
   FakeWorkers w(2);
   SchedulerLimits limits;
@@ -735,17 +780,43 @@ TEST(Scheduler, ASequenceNoRequestOwnsIsFreedAndDegradesHealthUntilItIsGone) {
   w.Heartbeat(1);
   ASSERT_TRUE(WaitFor([&] { return w.held(1) == 0; }));
   EXPECT_TRUE(s.Health().ok());
-  // A free that does not take: unowned at two beats in a row is stray.
-  w.Hold("free");
+  // A free that does not take: unowned at two beats in a row, with no free on its way, is stray.
+  w.IgnoreFrees(true);
   w.AddHeld(1, 998);
   w.Heartbeat(1);
-  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("free") == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return w.free_budgets().size() == 2; }));
   EXPECT_TRUE(s.Health().ok());
+  std::this_thread::sleep_for(50ms);   // the free's answer reaches the scheduler
   w.Heartbeat(1);
   ASSERT_TRUE(WaitFor([&] { return !s.Health().ok(); }));
   EXPECT_EQ(s.Health().message(), "node w1 holds 1 sequence(s) no request owns (freeing them)");
-  w.Release("free");
+  w.IgnoreFrees(false);
+  w.Heartbeat(1);   // still held: freed again
+  ASSERT_TRUE(WaitFor([&] { return w.held(1) == 0; }));
+  std::this_thread::sleep_for(50ms);
   w.Heartbeat(1);
+  EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+}
+
+// A worker frees between steps: behind a long step (a prefill) it still lists a sequence whose
+// free is on its way. That is neither stray (health stays ok) nor freed again at every beat.
+TEST(Scheduler, ASequenceWhoseFreeIsOnItsWayIsNotStrayNorFreedAgain) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("free");
+  auto a = s.Submit(Params({1}, 2));
+  ASSERT_TRUE(Collect(a->get()).finished);
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("free") == 2; }));   // one a worker
+  for (int beat = 0; beat < 3; ++beat) {
+    w.Heartbeat(0);
+    w.Heartbeat(1);
+  }
+  std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(s.Health().ok()) << s.Health().ToString();
+  EXPECT_EQ(w.HeldCalls("free"), 2u);
+  w.Release("free");
+  EXPECT_EQ(w.held(0) + w.held(1), 0u);
+  w.Heartbeat(0);
   EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
 }
 
