@@ -1,6 +1,9 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "common/log.h"
@@ -15,7 +18,7 @@ namespace {
 // kDeadlineSlack for the frozen one's RPC to end.
 constexpr auto kFailureGrace = std::chrono::milliseconds(300);
 constexpr auto kDeadlineSlack = std::chrono::milliseconds(200);
-constexpr size_t kRecentSteps = 32;   // steps whose per-row time sizes the next deadlines
+constexpr size_t kRecentSteps = 32;   // steps whose times size the next deadlines
 // The longest the scheduling thread sleeps with nothing due (every event also wakes it).
 constexpr auto kMaxSleep = std::chrono::seconds(1);
 
@@ -361,11 +364,24 @@ void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
 }
 
 Scheduler::Clock::time_point Scheduler::StepDeadline(Clock::time_point now, size_t rows) const {
-  if (recent_row_seconds_.empty()) return now + limits_.first_step;
-  const double per_row = *std::max_element(recent_row_seconds_.begin(), recent_row_seconds_.end());
+  if (recent_steps_.empty()) return now + limits_.first_step * static_cast<int64_t>(rows / 1024 + 1);
+  // A measured step of r rows in t seconds bounds a step of `rows`: by t when rows <= r, by
+  // t x rows / r beyond (a step costs a fixed part plus a part per row). The tightest bound
+  // from a step at least a quarter as large; without one, the slowest time per row x rows
+  // (which a 1-row decode step, mostly fixed cost, makes 10-100x too long for a prefill).
+  const double want = static_cast<double>(std::max<size_t>(rows, 1));
+  double bound = std::numeric_limits<double>::infinity(), slowest_per_row = 0;
+  auto consider = [&](const StepTime& s) {
+    const double r = static_cast<double>(std::max<size_t>(s.rows, 1));
+    slowest_per_row = std::max(slowest_per_row, s.seconds / r);
+    if (4 * r >= want) bound = std::min(bound, s.seconds * std::max(1.0, want / r));
+  };
+  for (const StepTime& s : recent_steps_) consider(s);
+  for (const auto& [size_class, s] : latest_by_size_) consider(s);
+  const double estimate = std::isinf(bound) ? slowest_per_row * want : bound;
   return now + limits_.step_floor +
          std::chrono::duration_cast<Clock::duration>(
-             std::chrono::duration<double>(limits_.step_multiple * per_row * static_cast<double>(rows)));
+             std::chrono::duration<double>(limits_.step_multiple * estimate));
 }
 
 void Scheduler::Launch() {
@@ -515,8 +531,11 @@ void Scheduler::Complete(StepCall* call) {
     return;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - call->launched).count();
-  recent_row_seconds_.push_back(seconds / static_cast<double>(std::max<size_t>(call->rows, 1)));
-  if (recent_row_seconds_.size() > kRecentSteps) recent_row_seconds_.pop_front();
+  const StepTime measured{call->rows, seconds};
+  recent_steps_.push_back(measured);
+  if (recent_steps_.size() > kRecentSteps) recent_steps_.pop_front();
+  // Kept past the recent window: the prefills of a mostly decoding cluster.
+  latest_by_size_[std::bit_width(std::max<size_t>(call->rows, 1)) - 1] = measured;
   for (const auto& t : sampled) {
     auto it = live_.find(t.seq_id());
     if (it == live_.end()) continue;

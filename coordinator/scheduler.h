@@ -69,9 +69,9 @@ struct SchedulerLimits {
   int64_t max_batch = 16;
   int64_t max_queue = 64;
   int64_t max_context = 8192;
-  // A step's deadline: step_floor + step_multiple x (the slowest recent time per row) x its
-  // rows and those of the steps in flight before it; first_step (no recent steps yet) until
-  // the first step has finished.
+  // A step's deadline: step_floor + step_multiple x the estimated time of its rows and those of
+  // the steps in flight before it (Scheduler::StepDeadline); before the first step has finished,
+  // first_step for each 1024 rows or part.
   std::chrono::milliseconds step_floor{5000};
   double step_multiple = 8;
   std::chrono::milliseconds first_step{30000};
@@ -179,7 +179,12 @@ class Scheduler {
   Clock::time_point busy_until_{};
   std::vector<char> needs_reset_;      // per worker: holds sequences of a failed schedule
   std::vector<char> resetting_;        // per worker: its Reset is in flight
-  std::deque<double> recent_row_seconds_;   // per-row time of the last steps, newest last
+  struct StepTime {
+    size_t rows = 0;
+    double seconds = 0;
+  };
+  std::deque<StepTime> recent_steps_;       // the last steps, newest last
+  std::map<int, StepTime> latest_by_size_;  // the latest step of each size class [2^k, 2^(k+1))
   std::vector<std::vector<uint64_t>> unowned_;   // per worker: held, owned by no request, last beat
   // Per worker: the sequences a FreeSequence in flight frees (with how many such calls). A worker
   // frees between steps, so behind a long step it still lists them: neither stray nor freed again.

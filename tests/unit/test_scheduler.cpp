@@ -773,6 +773,43 @@ TEST(Scheduler, StepDeadlinesFollowRecentStepTimesAndAnOverdueStepDegradesHealth
   EXPECT_TRUE(s.Health().ok());
 }
 
+// A prefill's deadline follows the prefills measured, not the decode steps: a 1-row step is
+// mostly fixed cost, and its time per row x 1000 rows put a deadline tens of minutes out (a
+// stuck stage hidden that long).
+TEST(Scheduler, APrefillsDeadlineScalesFromTheLastPrefillNotFromADecodeStep) {
+  FakeWorkers w(1);
+  SchedulerLimits limits;
+  limits.step_floor = 100ms;
+  Scheduler s(&w, nullptr, limits);
+  // Each step answered 50 ms after it was sent.
+  w.Hold("step");
+  std::atomic<bool> stop{false};
+  std::thread answer([&] {
+    while (!stop) {
+      std::this_thread::sleep_for(50ms);
+      w.Release("step");
+      w.Hold("step");
+    }
+  });
+  auto a = s.Submit(Params(std::vector<int32_t>(300, 1), 4));   // a 300-row step, then 1-row ones
+  const bool finished = Collect(a->get()).finished;
+  auto b = s.Submit(Params(std::vector<int32_t>(1000, 1), 1));
+  const bool b_finished = Collect(b->get()).finished;
+  stop = true;
+  answer.join();
+  w.Release("step");
+  ASSERT_TRUE(finished);
+  ASSERT_TRUE(b_finished);
+  auto steps = w.steps();
+  ASSERT_EQ(steps.size(), 5u);
+  // ~50-100 ms for 300 rows bounds 1000 rows by ~0.33 ms x 1000: 8 x that + the floor ~ 3 s.
+  // From a decode step (~50-100 ms a row) it was 8 x 1000 x that: over 400 s.
+  EXPECT_LT(steps[4].budget, 10s);
+  EXPECT_GT(steps[4].budget, 100ms);
+  // A decode step after the prefills: bounded by the decode steps' own times.
+  EXPECT_LT(steps[3].budget, 2s);
+}
+
 TEST(Scheduler, ASequenceNoRequestOwnsIsFreedAndDegradesHealthUntilItIsGone) {
   FakeWorkers w(2);
   Scheduler s(&w, nullptr, {});
