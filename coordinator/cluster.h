@@ -113,11 +113,14 @@ class Cluster final : public WorkerSet {
   void OnHeld(std::function<void(int, std::vector<uint64_t>, Deadline)> fn) override {
     held_listener_ = std::move(fn);
   }
-  void StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req, Deadline deadline,
-                     Done<flashmesh::v1::StartSequenceResponse> done) override;
-  void FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req, Deadline deadline,
-                    Done<flashmesh::v1::FreeSequenceResponse> done) override;
-  void Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) override;
+  std::function<void()> StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req,
+                                      Deadline deadline,
+                                      Done<flashmesh::v1::StartSequenceResponse> done) override;
+  std::function<void()> FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req,
+                                     Deadline deadline,
+                                     Done<flashmesh::v1::FreeSequenceResponse> done) override;
+  std::function<void()> Reset(int worker, Deadline deadline,
+                              Done<flashmesh::v1::ResetResponse> done) override;
   std::function<void()> StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,
                                   Deadline deadline,
                                   Done<flashmesh::v1::StepBatchResponse> done) override;

@@ -53,30 +53,35 @@ std::shared_ptr<PendingCall<Req, Resp>> Call(NodeHandle* node, const Req& req, W
 
 }  // namespace
 
-void Cluster::StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req, Deadline deadline,
-                            Done<flashmesh::v1::StartSequenceResponse> done) {
+std::function<void()> Cluster::StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req,
+                                             Deadline deadline,
+                                             Done<flashmesh::v1::StartSequenceResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
-       [n](auto* ctx, auto* q, auto* r, auto cb) {
+  auto p = Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+                [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->StartSequence(ctx, q, r, std::move(cb));
   });
+  return [p] { p->ctx.TryCancel(); };
 }
 
-void Cluster::FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req, Deadline deadline,
-                           Done<flashmesh::v1::FreeSequenceResponse> done) {
+std::function<void()> Cluster::FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req,
+                                            Deadline deadline,
+                                            Done<flashmesh::v1::FreeSequenceResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
-       [n](auto* ctx, auto* q, auto* r, auto cb) {
+  auto p = Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+                [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->FreeSequence(ctx, q, r, std::move(cb));
   });
+  return [p] { p->ctx.TryCancel(); };
 }
 
-void Cluster::Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) {
+std::function<void()> Cluster::Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  Call(n, flashmesh::v1::ResetRequest(), deadline,
-       StepDownIfSuperseded(n, std::move(done)), [n](auto* ctx, auto* q, auto* r, auto cb) {
+  auto p = Call(n, flashmesh::v1::ResetRequest(), deadline,
+                StepDownIfSuperseded(n, std::move(done)), [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->Reset(ctx, q, r, std::move(cb));
   });
+  return [p] { p->ctx.TryCancel(); };
 }
 
 std::function<void()> Cluster::StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,

@@ -102,9 +102,15 @@ Scheduler::~Scheduler() {
   for (auto& [id, call] : in_flight_) call->Cancel();
   for (auto& [id, r] : live_) r->stream->Push({RequestStream::Event::kError, {}, {}, stopping});
   for (auto& r : incoming_) r->stream->Push({RequestStream::Event::kError, {}, {}, stopping});
-  // Callbacks still touch this object: wait for the last one (every RPC has a deadline).
+  // Callbacks still touch this object: cancel the calls on their way and wait for the last.
+  std::map<uint64_t, std::function<void()>> cancels;
+  {
+    std::lock_guard<std::mutex> lock(rpc_mu_);
+    cancels = cancels_;
+  }
+  for (auto& [id, cancel] : cancels) cancel();
   std::unique_lock<std::mutex> lock(rpc_mu_);
-  rpc_cv_.wait(lock, [&] { return outstanding_rpcs_ == 0; });
+  rpc_cv_.wait(lock, [&] { return outstanding_rpcs_.empty(); });
 }
 
 Result<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerateParams params) {
@@ -155,15 +161,22 @@ void Scheduler::Signal::Post(std::function<void()> fn) {
 
 void Scheduler::Post(std::function<void()> fn) { signal_->Post(std::move(fn)); }
 
-void Scheduler::Track() {
+uint64_t Scheduler::Track() {
   std::lock_guard<std::mutex> lock(rpc_mu_);
-  ++outstanding_rpcs_;
+  outstanding_rpcs_.insert(++last_rpc_);
+  return last_rpc_;
 }
 
-void Scheduler::Untrack() {
+void Scheduler::Untrack(uint64_t call) {
   std::lock_guard<std::mutex> lock(rpc_mu_);
-  --outstanding_rpcs_;
+  outstanding_rpcs_.erase(call);
+  cancels_.erase(call);
   rpc_cv_.notify_all();
+}
+
+void Scheduler::Keep(uint64_t call, std::function<void()> cancel) {
+  std::lock_guard<std::mutex> lock(rpc_mu_);
+  if (outstanding_rpcs_.count(call)) cancels_[call] = std::move(cancel);   // else: answered already
 }
 
 void Scheduler::Loop() {
@@ -276,8 +289,8 @@ void Scheduler::SendResets() {
     if (!needs_reset_[i] || resetting_[i] || !workers_->serving(w)) continue;
     needs_reset_[i] = 0;
     resetting_[i] = 1;
-    Track();
-    workers_->Reset(w, deadline, [this, w](RpcResult r, flashmesh::v1::ResetResponse) {
+    const uint64_t rpc = Track();
+    Keep(rpc, workers_->Reset(w, deadline, [this, w, rpc](RpcResult r, flashmesh::v1::ResetResponse) {
       Post([this, w, r] {
         resetting_[w] = 0;
         if (r.ok()) return;
@@ -285,8 +298,8 @@ void Scheduler::SendResets() {
         needs_reset_[w] = 1;
         workers_->MarkDown(w, "Reset failed: " + r.status.message());
       });
-      Untrack();
-    });
+      Untrack(rpc);
+    }));
   }
 }
 
@@ -325,12 +338,13 @@ void Scheduler::Admit() {
     starts_outstanding_ += r->starting;
     const auto deadline = Clock::now() + limits_.control_timeout;
     for (int w : targets) {
-      Track();
-      workers_->StartSequence(w, req, deadline,
-                              [this, id = r->id, w](RpcResult res, flashmesh::v1::StartSequenceResponse) {
-                                Post([this, id, w, res] { OnStarted(id, w, res); });
-                                Untrack();
-                              });
+      const uint64_t rpc = Track();
+      Keep(rpc, workers_->StartSequence(
+                    w, req, deadline,
+                    [this, id = r->id, w, rpc](RpcResult res, flashmesh::v1::StartSequenceResponse) {
+                      Post([this, id, w, res] { OnStarted(id, w, res); });
+                      Untrack(rpc);
+                    }));
     }
   }
   active_count_ = static_cast<int>(live_.size());
@@ -437,17 +451,17 @@ void Scheduler::Launch() {
       req.set_prev_step_id(prev);
       for (const auto& [member, item] : items)
         if (member == workers[i].ep_rank) *req.add_items() = item;
-      Track();
+      const uint64_t rpc = Track();
       const int w = static_cast<int>(i);
       call->cancels.push_back(workers_->StepBatch(
           w, req, deadline,
-          [this, call, w](RpcResult r, flashmesh::v1::StepBatchResponse resp) {
+          [this, call, w, rpc](RpcResult r, flashmesh::v1::StepBatchResponse resp) {
             const double seconds =
                 std::chrono::duration<double>(Clock::now() - call->launched).count();
             Post([this, call, w, r, resp = std::move(resp), seconds]() mutable {
               OnStepDone(call, w, std::move(r), std::move(resp), seconds);
             });
-            Untrack();
+            Untrack(rpc);
           }));
     }
   }
@@ -609,16 +623,17 @@ void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector
     deadline = std::max(deadline, call->deadline + limits_.control_timeout);
   for (int w : workers) {
     for (uint64_t id : ids) ++freeing_[w][id];
-    Track();
-    workers_->FreeSequence(w, req, deadline, [this, w, ids](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
+    const uint64_t rpc = Track();
+    Keep(rpc, workers_->FreeSequence(w, req, deadline,
+                                     [this, w, ids, rpc](RpcResult r, flashmesh::v1::FreeSequenceResponse) {
       Post([this, w, ids, r] {
         for (uint64_t id : ids)
           if (--freeing_[w][id] == 0) freeing_[w].erase(id);
         // Its KV stays behind: DOWN fails what runs and resets it once it answers again.
         if (!r.ok()) workers_->MarkDown(w, "FreeSequence failed: " + r.status.message());
       });
-      Untrack();
-    });
+      Untrack(rpc);
+    }));
   }
 }
 

@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -132,8 +133,12 @@ class Scheduler {
   void Loop();
   // Runs `fn` on the scheduling thread (from an RPC callback).
   void Post(std::function<void()> fn);
-  void Track();     // an RPC whose callback touches this scheduler is on its way
-  void Untrack();   // its callback is done with it
+  // An RPC whose callback touches this scheduler is on its way: its id for Untrack and Keep.
+  uint64_t Track();
+  void Untrack(uint64_t call);   // its callback is done with it
+  // The canceller of a call still on its way (none once answered): the destructor cancels them,
+  // or a FreeSequence queued behind a long step would hold the shutdown until its deadline.
+  void Keep(uint64_t call, std::function<void()> cancel);
   Clock::time_point NextWake();
   void Tick();
   // Under signal_->mu: cancelled and expired requests leave the queue, each told why.
@@ -196,9 +201,11 @@ class Scheduler {
   std::vector<std::string> stray_;     // per worker: why it holds sequences a free did not remove
 
   std::atomic<int> active_count_{0}, queued_count_{0};
-  std::mutex rpc_mu_;                  // guards outstanding_rpcs_
+  std::mutex rpc_mu_;                  // guards the three below
   std::condition_variable rpc_cv_;
-  int outstanding_rpcs_ = 0;
+  uint64_t last_rpc_ = 0;
+  std::set<uint64_t> outstanding_rpcs_;
+  std::map<uint64_t, std::function<void()>> cancels_;   // start, free and reset calls
   std::function<void(const std::string&, double)> step_observer_;
   std::thread thread_;
 };

@@ -67,13 +67,16 @@ class WorkerSet {
   // it held when asked at `asked`; set before Start.
   virtual void OnHeld(std::function<void(int worker, std::vector<uint64_t> ids, Deadline asked)> fn) = 0;
 
-  // Each calls `done` exactly once, on any thread (possibly before returning).
-  virtual void StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req,
-                             Deadline deadline, Done<flashmesh::v1::StartSequenceResponse> done) = 0;
-  virtual void FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req,
-                            Deadline deadline, Done<flashmesh::v1::FreeSequenceResponse> done) = 0;
-  virtual void Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) = 0;
-  // Returns a function that cancels the call (harmless once it is done).
+  // Each calls `done` exactly once, on any thread (possibly before returning), and returns a
+  // function that cancels the call (harmless once it is done).
+  virtual std::function<void()> StartSequence(int worker, const flashmesh::v1::StartSequenceRequest& req,
+                                              Deadline deadline,
+                                              Done<flashmesh::v1::StartSequenceResponse> done) = 0;
+  virtual std::function<void()> FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req,
+                                             Deadline deadline,
+                                             Done<flashmesh::v1::FreeSequenceResponse> done) = 0;
+  virtual std::function<void()> Reset(int worker, Deadline deadline,
+                                      Done<flashmesh::v1::ResetResponse> done) = 0;
   virtual std::function<void()> StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,
                                           Deadline deadline,
                                           Done<flashmesh::v1::StepBatchResponse> done) = 0;

@@ -79,46 +79,38 @@ class FakeWorkers final : public WorkerSet {
     held_listener_ = std::move(fn);
   }
 
-  void StartSequence(int w, const flashmesh::v1::StartSequenceRequest& req, Deadline,
-                     Done<flashmesh::v1::StartSequenceResponse> done) override {
-    auto finish = [this, w, id = req.seq_id(), context = req.max_context(), done] {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        held_[w].insert(id);
-        started_context_[id] = context;
-        max_live_ = std::max(max_live_, held_[w].size());
-      }
-      done({}, {});
-    };
-    Run("start", w, std::move(finish));
+  std::function<void()> StartSequence(int w, const flashmesh::v1::StartSequenceRequest& req, Deadline,
+                                      Done<flashmesh::v1::StartSequenceResponse> done) override {
+    return Cancellable<flashmesh::v1::StartSequenceResponse>(
+        "start", w, [this, w, id = req.seq_id(), context = req.max_context()] {
+          std::lock_guard<std::mutex> lock(mu_);
+          held_[w].insert(id);
+          started_context_[id] = context;
+          max_live_ = std::max(max_live_, held_[w].size());
+        }, done);
   }
-  void FreeSequence(int w, const flashmesh::v1::FreeSequenceRequest& req, Deadline deadline,
-                    Done<flashmesh::v1::FreeSequenceResponse> done) override {
+  std::function<void()> FreeSequence(int w, const flashmesh::v1::FreeSequenceRequest& req,
+                                     Deadline deadline,
+                                     Done<flashmesh::v1::FreeSequenceResponse> done) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_budgets_.push_back(deadline - Clock::now());
     }
-    Run("free", w, [this, w, req, done] {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!frees_ignored_)
-          for (uint64_t id : req.seq_ids()) held_[w].erase(id);
-      }
-      done({}, {});
-    });
+    return Cancellable<flashmesh::v1::FreeSequenceResponse>("free", w, [this, w, req] {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!frees_ignored_)
+        for (uint64_t id : req.seq_ids()) held_[w].erase(id);
+    }, done);
   }
-  void Reset(int w, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) override {
+  std::function<void()> Reset(int w, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       reset_budgets_.push_back(deadline - Clock::now());
     }
-    Run("reset", w, [this, w, done] {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        held_[w].clear();
-      }
-      done({}, {});
-    });
+    return Cancellable<flashmesh::v1::ResetResponse>("reset", w, [this, w] {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_[w].clear();
+    }, done);
   }
   std::function<void()> StepBatch(int w, const flashmesh::v1::StepBatchRequest& req, Deadline deadline,
                                   Done<flashmesh::v1::StepBatchResponse> done) override {
@@ -280,6 +272,22 @@ class FakeWorkers final : public WorkerSet {
         }
     }
     answer();
+  }
+  // A call whose answer (its `effect` on the workers, then Ok) runs now or when its kind is
+  // released; the canceller it returns answers Cancelled instead, if it comes first.
+  template <typename Resp>
+  std::function<void()> Cancellable(const std::string& kind, int w, std::function<void()> effect,
+                                    Done<Resp> done) {
+    auto once = std::make_shared<std::once_flag>();
+    Run(kind, w, [once, effect, done] {
+      std::call_once(*once, [&] {
+        effect();
+        done({}, {});
+      });
+    });
+    return [once, done] {
+      std::call_once(*once, [&] { done({Cancelled("cancelled"), RpcFault::kUnreachable}, {}); });
+    };
   }
   void Changed() {
     if (listener_) listener_();
@@ -833,6 +841,21 @@ TEST(Scheduler, ASequenceNoRequestOwnsIsFreedAndDegradesHealthUntilItIsGone) {
   std::this_thread::sleep_for(50ms);
   w.Heartbeat(1);
   EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+}
+
+// Shutdown cancels the control calls on their way: a free queued behind a long step (or on a
+// stuck worker) held it until the free's deadline, the step's plus its own time.
+TEST(Scheduler, ShutdownCancelsTheCallsOnTheirWay) {
+  FakeWorkers w(2);
+  auto s = std::make_unique<Scheduler>(&w, nullptr, SchedulerLimits{});
+  w.Hold("free");
+  auto a = s->Submit(Params({1}, 2));
+  ASSERT_TRUE(Collect((*a).get()).finished);
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("free") == 2; }));
+  const auto start = Clock::now();
+  s.reset();
+  EXPECT_LT(Clock::now() - start, 1s);
+  w.Release("free");   // late answers of cancelled calls reach nobody
 }
 
 // A worker frees between steps: behind a long step (a prefill) it still lists a sequence whose
