@@ -272,19 +272,25 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   } else if (ls.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     StepDown("node " + node->name() + " refused LoadShard: " + ls.error_message());
   } else {
-    std::chrono::milliseconds backoff;
-    int failures = 0;
-    {
-      std::lock_guard<std::mutex> lock(node->mu_);
-      backoff = std::min<std::chrono::milliseconds>(
-          kLoadBackoff * (1 << std::min(node->load_failures_, 5)), kMaxLoadBackoff);
-      failures = ++node->load_failures_;
-      node->next_load_ = std::chrono::steady_clock::now() + backoff;
-    }
-    SetState(node, flashmesh::v1::NODE_STATE_DOWN,
-             "LoadShard failed (" + std::to_string(failures) + " in a row, next in " +
-                 std::to_string(backoff.count()) + " ms): " + ls.error_message());
+    FailLoad(node, "LoadShard failed", ls.error_message());
   }
+}
+
+std::chrono::milliseconds Cluster::FailLoad(NodeHandle* node, const std::string& what,
+                                           const std::string& why) {
+  std::chrono::milliseconds backoff;
+  int failures = 0;
+  {
+    std::lock_guard<std::mutex> lock(node->mu_);
+    backoff = std::min<std::chrono::milliseconds>(
+        kLoadBackoff * (1 << std::min(node->load_failures_, 5)), kMaxLoadBackoff);
+    failures = ++node->load_failures_;
+    node->next_load_ = std::chrono::steady_clock::now() + backoff;
+  }
+  SetState(node, flashmesh::v1::NODE_STATE_DOWN,
+           what + " (" + std::to_string(failures) + " in a row, next in " +
+               std::to_string(backoff.count()) + " ms): " + why);
+  return backoff;
 }
 
 Cluster::NcclGroup* Cluster::GroupOf(const NodeHandle* node) const {
@@ -305,9 +311,25 @@ Result<std::string> Cluster::NewNcclId(NodeHandle* root, const std::string& what
   return iresp.unique_id();
 }
 
-void Cluster::LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen) {
+void Cluster::LoadNcclGroup(NcclGroup* group, uint64_t seen) {
   std::lock_guard<std::mutex> lock(group->mu);
   if (group->generation != seen) return;   // loaded again meanwhile; the next beat looks anew
+  // Odd from here to the end: a member's health answer asked before the load ended must not
+  // mark it UP while it loads (Heartbeat compares the generation it saw).
+  ++group->generation;
+  struct End {
+    std::atomic<uint64_t>* generation;
+    ~End() { ++*generation; }
+  } end{&group->generation};
+  // A member that cannot give an id is the one at fault; every member waits out its backoff
+  // (each one's heartbeat would start the group's load again).
+  auto no_id = [&](NodeHandle* root, const Status& why) {
+    const auto backoff = FailLoad(root, "no NCCL id for its group's load", why.message());
+    for (NodeHandle* m : group->members) {
+      std::lock_guard<std::mutex> l(m->mu_);
+      m->next_load_ = std::max(m->next_load_, std::chrono::steady_clock::now() + backoff);
+    }
+  };
   // A fresh id for every communicator among the members: each stage's EP group (from its
   // rank 0) and each hop (from its sending worker, into its next_nccl_id and the receiver's
   // prev_nccl_id). Members are stage-major, so the hop from member i goes to member i + k.
@@ -317,12 +339,12 @@ void Cluster::LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen) {
   for (size_t i = 0; i < n; ++i) {
     if (k > 1 && i % k == 0) {
       Result<std::string> id = NewNcclId(group->members[i], "its EP group's rank 0");
-      if (!id.ok()) return SetState(node, flashmesh::v1::NODE_STATE_DOWN, id.status().message());
+      if (!id.ok()) return no_id(group->members[i], id.status());
       for (size_t m = i; m < i + k; ++m) specs[m].set_nccl_unique_id(*id);
     }
     if (specs[i].stage_transport() == flashmesh::v1::TRANSPORT_NCCL && i + k < n) {
       Result<std::string> id = NewNcclId(group->members[i], "the hop to the next stage");
-      if (!id.ok()) return SetState(node, flashmesh::v1::NODE_STATE_DOWN, id.status().message());
+      if (!id.ok()) return no_id(group->members[i], id.status());
       specs[i].set_next_nccl_id(*id);
       specs[i + k].set_prev_nccl_id(*id);
     }
@@ -334,7 +356,6 @@ void Cluster::LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen) {
   for (size_t i = 0; i < n; ++i)
     loads.emplace_back([this, m = group->members[i], spec = specs[i]] { LoadNode(m, spec); });
   for (auto& t : loads) t.join();
-  ++group->generation;
 }
 
 void Cluster::Heartbeat(NodeHandle* node) {
@@ -374,11 +395,13 @@ void Cluster::Heartbeat(NodeHandle* node) {
         }
         if (due) {
           if (group) {
-            LoadNcclGroup(group, node, seen);
+            LoadNcclGroup(group, seen);
           } else {
             LoadNode(node, node->spec());
           }
         }
+      } else if (group && (seen % 2 == 1 || group->generation != seen)) {
+        // A group load ran when this was asked, or began since: the answer predates its end.
       } else {
         SetState(node, resp.draining() ? flashmesh::v1::NODE_STATE_DRAINING : flashmesh::v1::NODE_STATE_UP, "");
         if (held_listener_)

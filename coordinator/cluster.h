@@ -128,7 +128,8 @@ class Cluster final : public WorkerSet {
  private:
   // Ok, or Unavailable naming the newer term's takeover once this coordinator stepped down.
   Status SteppedDown() const;
-  // An NCCL EP group: its members in rank order; generation counts whole-group loads.
+  // An NCCL EP group: its members in rank order; generation counts the starts and ends of
+  // whole-group loads (odd while one runs).
   struct NcclGroup {
     std::mutex mu;
     std::atomic<uint64_t> generation{0};   // read without mu by the heartbeats
@@ -136,9 +137,12 @@ class Cluster final : public WorkerSet {
   };
   void Heartbeat(NodeHandle* node);
   void LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec);
+  // A failed load of `node`: DOWN with "`what` (N in a row, next in B ms): `why`", and no load
+  // before a backoff B that doubles with each failure in a row (returned).
+  std::chrono::milliseconds FailLoad(NodeHandle* node, const std::string& what, const std::string& why);
   // Loads every member of `group` with a fresh id, unless another heartbeat did since this
   // one read `seen` (the generation).
-  void LoadNcclGroup(NcclGroup* group, NodeHandle* node, uint64_t seen);
+  void LoadNcclGroup(NcclGroup* group, uint64_t seen);
   // A fresh ncclUniqueId from `root` (`what` it is for goes into the error).
   Result<std::string> NewNcclId(NodeHandle* root, const std::string& what);
   NcclGroup* GroupOf(const NodeHandle* node) const;
