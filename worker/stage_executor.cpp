@@ -94,11 +94,19 @@ Status StageExecutor::Receive(net::Frame activation) {
                            std::to_string(h.dims[0]) + ", " + std::to_string(h.dims[1]) +
                            "] does not match this stage (hc*H = " +
                            std::to_string(runtime_->row_floats()) + ")");
+  // The transport's own bound on a peer's unread frames (4 of the largest step's frames) holds
+  // here too: the receiver moves frames into the inbox as they come.
+  const uint64_t max_bytes = 4 * static_cast<uint64_t>(std::max<int64_t>(runtime_->placement().max_step_rows, 1)) *
+                             static_cast<uint64_t>(runtime_->row_floats()) * sizeof(float);
   std::lock_guard<std::mutex> lock(mu_);
-  if (inbox_.size() >= kMaxInboxSteps && !inbox_.count(step_id))
+  uint64_t bytes = activation.payload.size();
+  for (const auto& [id, f] : inbox_)
+    if (id != step_id) bytes += f.payload.size();
+  if ((inbox_.size() >= kMaxInboxSteps && !inbox_.count(step_id)) || bytes > max_bytes)
     return ResourceExhausted("activation of step " + std::to_string(step_id) + ": " +
-                             std::to_string(inbox_.size()) +
-                             " steps already wait in the inbox (the previous stage runs too far "
+                             std::to_string(inbox_.size()) + " steps (" + std::to_string(bytes) +
+                             " bytes with it, at most " + std::to_string(max_bytes) +
+                             ") already wait in the inbox (the previous stage runs too far "
                              "ahead or floods)");
   inbox_[step_id] = std::move(activation);
   cv_.notify_all();

@@ -246,6 +246,32 @@ TEST(StageExecutorChecks, AFrameFromBeforeAShardSwapIsNotUsed) {
             std::string::npos) << copy.ToString();
 }
 
+// The inbox holds at most 4 of the largest step's frames, as the transport bounds a peer's
+// unread frames: the receiver moves them on at once, so the count alone (64 frames of up to
+// 8 GiB at V4's max_step_rows) bounded nothing.
+TEST(StageExecutorChecks, TheInboxHoldsAtMostFourLargestStepsOfBytes) {
+  ShardPlacement p = Stage(1, 2, 3, -1);
+  p.max_step_rows = 4;
+  ShardRuntime r(1);
+  ASSERT_TRUE(r.Load(p).ok());
+  StageExecutor e(&r);
+  const int64_t rf = r.row_floats();
+  auto frame = [&](uint64_t step) {
+    net::Frame f;
+    f.header.kind = net::FrameKind::kActivation;
+    f.header.dtype = net::FrameDType::kF32;
+    f.header.step_id = step;
+    f.header.set_shape({4, static_cast<uint32_t>(rf)});
+    f.payload.assign(static_cast<size_t>(4 * rf) * sizeof(float), 0);
+    return f;
+  };
+  for (uint64_t step = 1; step <= 4; ++step) ASSERT_TRUE(e.Receive(frame(step)).ok()) << step;
+  EXPECT_TRUE(e.Receive(frame(4)).ok()) << "a repeat replaces its frame";
+  const Status s = e.Receive(frame(5));
+  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("at most " + std::to_string(4 * 4 * rf * 4)), std::string::npos) << s.ToString();
+}
+
 // The KV budget charges each sequence its bytes at max_context when it starts (a CPU cache holds
 // almost nothing until it decodes): two fit a budget of two, a third is refused by name until
 // one is freed, and a sequence decoded to its max_context holds no more than it was charged.
