@@ -70,6 +70,7 @@ class TcpTransport final : public Transport {
       std::lock_guard<std::mutex> l(mu_);
       listen_address_ = (ep.address().is_v6() ? "[" + host + "]" : host) + ":" +
                         std::to_string(bound.port());
+      if (!ep.address().is_unspecified()) dial_from_ = ep.address();
     }
     acceptor_ = std::move(acc);
     asio::co_spawn(io_, AcceptLoop(), asio::detached);
@@ -222,24 +223,18 @@ class TcpTransport final : public Transport {
   }
 
   Status SetAllowedPeers(const std::vector<AllowedPeer>& peers) override {
-    std::map<std::string, std::vector<asio::ip::address>> allowed;
+    std::map<std::string, AllowedHost> allowed;
     for (const AllowedPeer& p : peers) {
       FM_RETURN_IF_ERROR(ValidatePeerName(p.name).Wrap("allowed peer"));
-      std::vector<asio::ip::address>& addrs = allowed[p.name];
+      AllowedHost& a = allowed[p.name];
+      a.host = p.host;
       if (p.host.empty()) continue;
+      // Resolved now if it can be; a name that does not resolve yet (a peer's pod not
+      // scheduled) is resolved again when that peer connects.
       error_code ec;
       tcp::resolver resolver(io_);
       auto eps = resolver.resolve(p.host, "0", ec);
-      if (ec)
-        return Unavailable("allowed peer '" + p.name + "': host '" + p.host +
-                           "' does not resolve: " + ec.message());
-      for (const auto& e : eps) {
-        if (e.endpoint().address().is_unspecified()) {  // listens everywhere: any source
-          addrs.clear();
-          break;
-        }
-        addrs.push_back(e.endpoint().address());
-      }
+      if (!ec) a.Set(eps);
     }
     std::vector<std::shared_ptr<Conn>> gone;
     {
@@ -350,7 +345,7 @@ class TcpTransport final : public Transport {
     if (ec) co_return io_error("reading hello name");
     Result<std::string> dialer = DecodeHelloName(name_bytes.data(), name_bytes.size());
     if (!dialer.ok()) co_return dialer.status();
-    if (Status allowed = CheckAllowed(*dialer, RemoteAddress(c->socket)); !allowed.ok())
+    if (Status allowed = co_await CheckAllowed(*dialer, RemoteAddress(c->socket)); !allowed.ok())
       co_return allowed;
     Result<Nonce> nonce = RandomNonce();
     if (!nonce.ok()) co_return nonce.status();
@@ -407,7 +402,28 @@ class TcpTransport final : public Transport {
     tcp::resolver resolver(io_);
     auto eps = co_await resolver.async_resolve(host, port, Redirect(ec));
     if (ec) co_return io_error("resolve");
-    co_await asio::async_connect(c->socket, eps, Redirect(ec));
+    std::optional<asio::ip::address> from;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      from = dial_from_;
+    }
+    if (!from) {
+      co_await asio::async_connect(c->socket, eps, Redirect(ec));
+    } else {
+      // From the address this node listens on: the peer checks a connection's source against
+      // this node's data address in the plan, and the kernel's choice of source may differ (a
+      // second address on the interface, 127.0.0.2).
+      ec = asio::error::address_family_not_supported;
+      for (const auto& e : eps) {
+        if (deadline.fired() || e.endpoint().address().is_v6() != from->is_v6()) continue;
+        error_code ignored;
+        c->socket.close(ignored);
+        c->socket.open(e.endpoint().protocol(), ec);
+        if (!ec) c->socket.bind(tcp::endpoint(*from, 0), ec);
+        if (!ec) co_await c->socket.async_connect(e.endpoint(), Redirect(ec));
+        if (!ec) break;
+      }
+    }
     if (ec) co_return io_error("connect");
     c->remote = Endpoint(c->socket);
     c->socket.set_option(tcp::no_delay(true), ec);
@@ -467,19 +483,41 @@ class TcpTransport final : public Transport {
         SessionKey(opts_.secret, them, dialer_nonce, acceptor_nonce, dialer, acceptor), opts_.encrypt);
   }
 
-  // Whether `name` connecting from `from` is a peer of the plan (SetAllowedPeers).
-  Status CheckAllowed(const std::string& name, const asio::ip::address& from) const {
-    std::lock_guard<std::mutex> l(mu_);
-    if (!allowed_) return Status::Ok();
-    auto it = allowed_->find(name);
-    if (it == allowed_->end())
-      return Unauthenticated("handshake: peer name '" + name + "' is not one of this node's peers");
-    if (it->second.empty()) return Status::Ok();
-    for (const auto& a : it->second)
-      if (a == from) return Status::Ok();
-    return Unauthenticated("handshake: peer '" + name + "' connected from " + from.to_string() +
-                           ", not from its address in the plan (" + it->second[0].to_string() +
-                           ")");
+  // Whether `name` connecting from `from` is a peer of the plan (SetAllowedPeers). An address
+  // its host did not have when last resolved resolves the host again: a pod that moved has a
+  // new address, and a name may not have resolved yet when the plan came.
+  asio::awaitable<Status> CheckAllowed(std::string name, asio::ip::address from) {
+    std::string host;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!allowed_) co_return Status::Ok();
+      auto it = allowed_->find(name);
+      if (it == allowed_->end())
+        co_return Unauthenticated("handshake: peer name '" + name + "' is not one of this node's peers");
+      if (it->second.host.empty() || it->second.Admits(from)) co_return Status::Ok();
+      host = it->second.host;
+    }
+    error_code ec;
+    tcp::resolver resolver(io_);
+    auto eps = co_await resolver.async_resolve(host, "0", Redirect(ec));
+    if (ec)
+      co_return Unauthenticated("handshake: peer '" + name + "' connected from " + from.to_string() +
+                                ", and its host in the plan, '" + host + "', does not resolve: " +
+                                ec.message());
+    AllowedHost now;
+    now.host = host;
+    now.Set(eps);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (allowed_) {
+        auto it = allowed_->find(name);
+        if (it != allowed_->end() && it->second.host == host) it->second = now;
+      }
+    }
+    if (now.Admits(from)) co_return Status::Ok();
+    co_return Unauthenticated("handshake: peer '" + name + "' connected from " + from.to_string() +
+                              ", not from its address in the plan (" +
+                              (now.addresses.empty() ? host : now.addresses[0].to_string()) + ")");
   }
 
   // Makes c the connection of its peer (replacing an older one).
@@ -613,7 +651,24 @@ class TcpTransport final : public Transport {
   std::map<std::string, PeerState> peers_;
   std::vector<std::shared_ptr<Conn>> handshaking_;
   // SetAllowedPeers: name -> the addresses it may connect from (empty: any); unset: anyone.
-  std::optional<std::map<std::string, std::vector<asio::ip::address>>> allowed_;
+  // A peer's host in the plan and its addresses when last resolved ("" or a wildcard: any).
+  struct AllowedHost {
+    std::string host;
+    bool any = false;
+    std::vector<asio::ip::address> addresses;
+    void Set(const tcp::resolver::results_type& eps) {
+      addresses.clear();
+      for (const auto& e : eps) {
+        any = any || e.endpoint().address().is_unspecified();   // listens everywhere
+        addresses.push_back(e.endpoint().address());
+      }
+    }
+    bool Admits(const asio::ip::address& from) const {
+      return any || std::find(addresses.begin(), addresses.end(), from) != addresses.end();
+    }
+  };
+  std::optional<std::map<std::string, AllowedHost>> allowed_;
+  std::optional<asio::ip::address> dial_from_;   // the listen address, unless a wildcard
   TransportStats stats_;
   std::string listen_address_;
   std::unique_ptr<tcp::acceptor> acceptor_;

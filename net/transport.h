@@ -113,7 +113,8 @@ class Transport {
 
   // Restricts accepted connections to `peers` (replacing the previous list; connections of
   // peers no longer listed are closed). Until first called every validly authenticated name is
-  // accepted. Errors name a host that does not resolve.
+  // accepted. A host is resolved now if it can be, and again when its peer connects from an
+  // address it did not have (a moved pod, a name that did not resolve yet).
   virtual Status SetAllowedPeers(const std::vector<AllowedPeer>& peers) = 0;
   // The frame size limit and the per-peer unread-bytes limit for frames from now on (a worker
   // sets them from its shard: the plan's largest frame).

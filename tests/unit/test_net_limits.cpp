@@ -157,7 +157,30 @@ TEST(DataPlaneLimits, PeerNameIsBoundToItsAddressInThePlan) {
   RawHandshake(real, "b", "a", "k");
   if (HasFatalFailure()) return;
   EXPECT_TRUE(Eventually([&] { return a->IsConnected("b"); }));
-  EXPECT_EQ(a->SetAllowedPeers({{"x", "no-such-host.invalid"}}).code(), Code::kUnavailable);
+}
+
+// A transport that listens on a given address dials from it too: the kernel would pick
+// 127.0.0.1 (or an interface's first address), which the peer refuses as not b's.
+TEST(DataPlaneLimits, APeerListeningOnItsPlanAddressDialsFromIt) {
+  auto a = MakeListener("a", 2000ms);
+  ASSERT_TRUE(a->SetAllowedPeers({{"b", "127.0.0.2"}}).ok());
+  auto b = MakeNode("b", "k", false);
+  ASSERT_TRUE(b->Listen("127.0.0.2:0").ok());
+  const Status s = b->Connect("a", a->listen_address(), 2000ms);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(Eventually([&] { return a->IsConnected("b"); }));
+}
+
+// A peer's host that does not resolve when the plan comes (a pod not scheduled yet) is no
+// error then: it is resolved when that peer connects, and refused naming the host while it
+// still does not resolve.
+TEST(DataPlaneLimits, APeerHostIsResolvedWhenThePeerConnects) {
+  auto a = MakeListener("a", 2000ms);
+  ASSERT_TRUE(a->SetAllowedPeers({{"x", "no-such-host.invalid"}}).ok());
+  auto x = MakeNode("x", "k", false);
+  EXPECT_EQ(x->Connect("a", a->listen_address(), 2000ms).code(), Code::kUnauthenticated);
+  EXPECT_TRUE(Eventually([&] { return a->stats().connections_rejected == 1; }));
+  EXPECT_FALSE(a->IsConnected("x"));
 }
 
 TEST(DataPlaneLimits, UnreadFramesAreBoundedPerPeer) {
