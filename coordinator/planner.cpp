@@ -71,8 +71,10 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
   // cost[l]: bytes a member of the stage holding layer l needs for it; prefix sums.
   std::vector<uint64_t> prefix(L + 1, 0);
   for (int64_t l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + weights(l, per_member) + kv(l);
+  // The MTP layers a last stage loads (none while MTP is not served: model/checkpoint.h).
+  const int64_t mtp_layers = kServeMtp ? m.num_nextn_predict_layers : 0;
   uint64_t tail = mb.head;  // last stage: norm/head/hc_head and the MTP layers
-  for (int64_t l = L; l < L + m.num_nextn_predict_layers; ++l)
+  for (int64_t l = L; l < L + mtp_layers; ++l)
     tail += weights(l, per_member) + kv(l);
   const uint64_t pool = fixed_kv ? static_cast<uint64_t>(cl.limits.kv_cache_gib * kGiB) : 0;
   auto stage_bytes = [&](int s, int64_t a, int64_t b) {
@@ -108,7 +110,9 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
   plan.pipeline_stages = stages;
   plan.expert_parallel = ep;
   plan.tensor_parallel = tp;
-  plan.total_weight_bytes = mb.total;
+  plan.total_weight_bytes = mb.total;   // less the MTP layers no worker loads
+  for (int64_t l = L + mtp_layers; l < L + m.num_nextn_predict_layers; ++l)
+    plan.total_weight_bytes -= mb.layer_total(l, E);
   for (int s = 0; s < stages; ++s) {
     for (int r = 0; r < k; ++r) {
       WorkerPlan w;
@@ -125,7 +129,7 @@ Result<Plan> PlanFixed(const ModelConfig& m, const ClusterConfig& cl, const Mode
       w.embed = s == 0;
       w.head = s == stages - 1;
       w.max_sequences = seqs;
-      int64_t last = w.head ? L + m.num_nextn_predict_layers : w.layer_end;
+      int64_t last = w.head ? L + mtp_layers : w.layer_end;
       uint64_t per_sequence = 0;   // KV bytes of one sequence at max_context on this worker
       for (int64_t l = w.layer_begin; l < last; ++l) {
         w.weight_bytes += weights(l, experts);
@@ -237,7 +241,7 @@ std::string FormatPlanTable(const Plan& plan) {
   for (const WorkerPlan& w : plan.workers) {
     const std::string experts = Layers(w.expert_begin, w.expert_end);
     std::string also = w.embed ? "embed" : "";
-    if (w.head) also += std::string(also.empty() ? "" : ", ") + "head, mtp";
+    if (w.head) also += std::string(also.empty() ? "" : ", ") + (kServeMtp ? "head, mtp" : "head");
     std::snprintf(line, sizeof line, "%-16s %5d %3d %-10s %-11s %9s %7s %8s  %s\n",
                   w.node.c_str(), w.stage, tp ? w.tp_rank : w.ep_rank,
                   Layers(w.layer_begin, w.layer_end).c_str(),

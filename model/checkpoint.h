@@ -15,6 +15,10 @@
 
 namespace fm {
 
+// Whether a worker's shard loads the MTP block (mtp.*): not while MTP speculative decoding is
+// not served. The planner counts a last stage's bytes by it too.
+inline constexpr bool kServeMtp = false;
+
 // Which part of the model a process loads. Default: everything.
 struct ShardSelection {
   int64_t layer_begin = 0;

@@ -26,7 +26,7 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   sel.layer_end = p.layer_end;
   sel.embed = p.embed;
   sel.head = p.head;
-  sel.mtp = false;   // MTP speculative decoding is not served yet: keep its bytes out
+  sel.mtp = kServeMtp;
   sel.experts = p.experts;
   if (p.tensor_parallel > 1) {   // only this member's rows of the split weights in memory
     sel.tp_rank = p.ep_rank;

@@ -93,8 +93,13 @@ TEST(Planner, SingleWorkerHoldsEverything) {
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   ExpectWellFormed(*p, m);
   const ModelBytes mb = ComputeModelBytes(m);
-  EXPECT_EQ(p->workers[0].weight_bytes, mb.total);  // all of it, once
-  EXPECT_EQ(p->total_weight_bytes, mb.total);
+  // All of it, once, but the MTP block: workers do not load it (model/checkpoint.h kServeMtp).
+  uint64_t mtp = 0;
+  for (int64_t l = m.num_hidden_layers; l < m.num_hidden_layers + m.num_nextn_predict_layers; ++l)
+    mtp += mb.layer_total(l, m.n_routed_experts);
+  ASSERT_GT(mtp, 0u);
+  EXPECT_EQ(p->workers[0].weight_bytes, mb.total - mtp);
+  EXPECT_EQ(p->total_weight_bytes, mb.total - mtp);
 }
 
 TEST(Planner, StagesAreBalancedAndTheOptimumIsExact) {
@@ -115,7 +120,7 @@ TEST(Planner, StagesAreBalancedAndTheOptimumIsExact) {
       uint64_t best = ~uint64_t{0};
       for (int64_t cut = 1; cut < m.num_hidden_layers; ++cut) {
         uint64_t a = mb.embed, b = mb.head;
-        for (int64_t l = 0; l < m.num_hidden_layers + 1; ++l) {
+        for (int64_t l = 0; l < m.num_hidden_layers; ++l) {   // no MTP layer: not loaded
           const uint64_t bytes = mb.layer_total(l, m.n_routed_experts) +
                                  4 * KvBytesPerSequence(m, l, 1024);
           (l < cut ? a : b) += bytes;
@@ -227,7 +232,7 @@ TEST(Planner, AFixedKvPoolTooSmallForMaxBatchIsRefused) {
   c.limits.max_batch = 8;
   c.limits.max_context = 65536;
   uint64_t per_sequence = 0;
-  for (int64_t l = 0; l < m.num_hidden_layers + m.num_nextn_predict_layers; ++l)
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l)   // no MTP layer: not served
     per_sequence += KvBytesPerSequence(m, l, 65536);
   c.limits.kv_cache_gib = 7.5 * per_sequence / double(uint64_t{1} << 30);
   auto p = PlanShards(m, c);
