@@ -606,7 +606,7 @@ void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std
   stream->Push(std::move(ev));
 }
 
-void Scheduler::End(Request* r, const Status& why) {
+void Scheduler::End(Request* r, Status why) {
   std::shared_ptr<RequestStream> stream = r->stream;
   live_.erase(r->id);
   active_count_ = static_cast<int>(live_.size());

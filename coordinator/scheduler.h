@@ -155,7 +155,7 @@ class Scheduler {
   Status Attribute(const StepCall& call);
   void ApplyToken(Request* r, int32_t id, float logprob);
   void Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string);
-  void End(Request* r, const Status& why);
+  void End(Request* r, Status why);   // by value: `why` is often r's own start_error
   // Ends every live request with `why` and resets every worker; failed_step_deadline: the
   // deadline of the step whose failure this is (the workers may still compute it).
   void FailAll(const Status& why, Clock::time_point failed_step_deadline = {});

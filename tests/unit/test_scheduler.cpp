@@ -81,6 +81,14 @@ class FakeWorkers final : public WorkerSet {
 
   std::function<void()> StartSequence(int w, const flashmesh::v1::StartSequenceRequest& req, Deadline,
                                       Done<flashmesh::v1::StartSequenceResponse> done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!start_refusal_.ok()) {
+        const Status why = start_refusal_;
+        done({why, RpcFault::kWorker}, {});
+        return [] {};
+      }
+    }
     return Cancellable<flashmesh::v1::StartSequenceResponse>(
         "start", w, [this, w, id = req.seq_id(), context = req.max_context()] {
           std::lock_guard<std::mutex> lock(mu_);
@@ -196,6 +204,11 @@ class FakeWorkers final : public WorkerSet {
     std::lock_guard<std::mutex> lock(mu_);
     token_rewrite_ = std::move(f);
   }
+  // Every StartSequence is refused with `why` (a worker's KV budget, a drain), Ok: none.
+  void RefuseStarts(Status why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    start_refusal_ = std::move(why);
+  }
   // Frees answer OK but free nothing (a worker that keeps what it was told to drop).
   void IgnoreFrees(bool ignore) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -300,6 +313,7 @@ class FakeWorkers final : public WorkerSet {
   int draining_ = -1;
   std::set<int> loading_;
   bool frees_ignored_ = false;
+  Status start_refusal_;
   std::string stepped_down_;   // why, once a worker answered kSuperseded
   std::map<int, std::set<uint64_t>> held_;   // sequences each worker holds
   std::map<uint64_t, int32_t> started_context_;   // each sequence's StartSequence max_context
@@ -841,6 +855,22 @@ TEST(Scheduler, ASequenceNoRequestOwnsIsFreedAndDegradesHealthUntilItIsGone) {
   std::this_thread::sleep_for(50ms);
   w.Heartbeat(1);
   EXPECT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+}
+
+// A refused start ends its request with the worker's reason, whole: End read the reason from
+// the request it had just freed (the client got 16 bytes of freed heap before the text).
+TEST(Scheduler, ARefusedStartEndsTheRequestWithTheWorkersReason) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.RefuseStarts(ResourceExhausted("node w0: the KV budget holds no more sequences of this size"));
+  for (int i = 0; i < 3; ++i) {
+    auto a = s.Submit(Params({1}, 2));
+    ASSERT_TRUE(a.ok());
+    const Outcome o = Collect(a->get());
+    EXPECT_EQ(o.error.code(), Code::kResourceExhausted);
+    EXPECT_EQ(o.error.message(),
+              "starting the sequence: node w0: the KV budget holds no more sequences of this size");
+  }
 }
 
 // Shutdown cancels the control calls on their way: a free queued behind a long step (or on a
