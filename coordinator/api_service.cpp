@@ -1,6 +1,10 @@
 #include "coordinator/api_service.h"
 
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include <grpcpp/grpcpp.h>
@@ -81,10 +85,19 @@ Status CheckBearerToken(const std::string* value, const std::vector<std::string>
   if (tokens.empty()) return Status::Ok();
   if (!value) return Unauthenticated("missing " + what);
   const std::string prefix = "Bearer ";
-  if (value->rfind(prefix, 0) == 0 &&
-      std::find(tokens.begin(), tokens.end(), value->substr(prefix.size())) != tokens.end())
-    return Status::Ok();
-  return Unauthenticated("invalid bearer token");
+  if (value->rfind(prefix, 0) != 0) return Unauthenticated("invalid bearer token");
+  // Compared as SHA-256 digests in constant time, against every token: a byte-by-byte compare
+  // that stops at the first difference tells a timing client how much of a token it has right.
+  auto digest = [](const std::string& s) {
+    std::array<unsigned char, SHA256_DIGEST_LENGTH> d;
+    SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d.data());
+    return d;
+  };
+  const auto presented = digest(value->substr(prefix.size()));
+  bool match = false;
+  for (const std::string& t : tokens)
+    match |= CRYPTO_memcmp(digest(t).data(), presented.data(), presented.size()) == 0;
+  return match ? Status::Ok() : Unauthenticated("invalid bearer token");
 }
 
 Status CheckPromptBytes(const std::string& field, size_t bytes, int64_t max_context) {
@@ -257,6 +270,9 @@ grpc::Status ApiService::Tokenize(grpc::ServerContext* ctx, const flashmesh::v1:
   if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
   if (!tokenizer_) return ToGrpc(InvalidArgument("text: this model has no tokenizer.json"));
   if (Status u = CheckUtf8("text", req->text()); !u.ok()) return ToGrpc(u);
+  // Generate's bound: a 4 MiB text took seconds and a 2 GB reply of ids and pieces.
+  if (Status b = CheckPromptBytes("text", req->text().size(), options_.max_context); !b.ok())
+    return ToGrpc(b);
   auto ids = tokenizer_->Encode(req->text());
   if (!ids.ok()) return ToGrpc(ids.status().Wrap("text"));
   for (int32_t id : *ids) {

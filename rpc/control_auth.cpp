@@ -10,6 +10,7 @@
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 
+#include <charconv>
 #include <vector>
 
 #include "rpc/grpc_status.h"
@@ -143,7 +144,9 @@ Result<uint64_t> ControlGuard::Authenticate(const grpc::ServerContext& ctx,
       term_text.find_first_not_of("0123456789") != std::string::npos)
     return Unauthenticated(method + ": missing or malformed '" + std::string(kTermMetadata) +
                            "' metadata (not a flashmesh coordinator?)");
-  term = std::stoull(term_text);
+  // 20 digits may still exceed 2^64 (a throw here was gRPC's UNKNOWN).
+  if (std::from_chars(term_text.data(), term_text.data() + term_text.size(), term).ec != std::errc())
+    return Unauthenticated(method + ": '" + std::string(kTermMetadata) + "' metadata out of range");
   if (key_.empty()) return term;
   const std::string cred = Metadata(ctx, kAuthMetadata);
   const size_t dot1 = cred.find('.'), dot2 = cred.find('.', dot1 + 1);
@@ -151,7 +154,9 @@ Result<uint64_t> ControlGuard::Authenticate(const grpc::ServerContext& ctx,
       dot1 > 19 || cred.find_first_not_of("0123456789", 0) != dot1)
     return Unauthenticated(method + ": missing or malformed '" + std::string(kAuthMetadata) +
                            "' credential (this worker requires the cluster secret)");
-  const int64_t unix_ms = std::stoll(cred.substr(0, dot1));
+  int64_t unix_ms = 0;
+  if (std::from_chars(cred.data(), cred.data() + dot1, unix_ms).ec != std::errc())
+    return Unauthenticated(method + ": '" + std::string(kAuthMetadata) + "' time out of range");
   const std::string nonce = cred.substr(dot1 + 1, dot2 - dot1 - 1);
   const std::string mac = cred.substr(dot2 + 1);
   const std::string want = ControlCallMac(key_, method, term, unix_ms, nonce, req.SerializeAsString());

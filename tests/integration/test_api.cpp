@@ -121,6 +121,29 @@ TEST_F(ApiTest, TextInputAndStopStrings) {
   EXPECT_EQ(s.ids, std::vector<int32_t>(g.ids.begin(), g.ids.begin() + s.ids.size()));
 }
 
+// Tokenize answers every text the tokenizer takes: a character split over byte-level tokens
+// made the reply's pieces invalid UTF-8, which a proto3 string may not hold (the client could
+// not parse it). Its text is bounded as Generate's.
+TEST_F(ApiTest, TokenizeGivesEachTokensBytesAndBoundsItsText) {
+  auto stub = Connect(server_->api());
+  const std::string text = "hello \u4f60\u597d \U0001F600";
+  flashmesh::v1::TokenizeRequest req;
+  req.set_text(text);
+  flashmesh::v1::TokenizeResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status st = stub->Tokenize(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(resp.ids_size(), resp.pieces_size());
+  std::string joined;
+  for (const auto& p : resp.pieces()) joined += p;
+  EXPECT_EQ(joined, text);
+  req.set_text(std::string(32 * 64 + 1, 'a'));   // over 32 bytes x max_context 64
+  grpc::ClientContext big;
+  const grpc::Status refused = stub->Tokenize(&big, req, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message().rfind("text: ", 0), 0u) << refused.error_message();
+}
+
 TEST(ApiLimits, FullQueueIsResourceExhausted) {
   Server server({"--max-batch", "1", "--max-queue", "1", "--max-tokens", "4096", "--max-context", "8192"});
   ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
