@@ -72,14 +72,14 @@ int CmdDrain(int argc, char** argv) {
   flashmesh::v1::HealthResponse health;
   {
     auto stub = flashmesh::v1::Worker::NewStub(
-        NewWorkerChannel(target, WorkerChannelArgs(), *secret, 0, *credentials));
+        NewWorkerChannel(target, node, WorkerChannelArgs(), *secret, 0, *credentials));
     grpc::ClientContext ctx;
     call(&ctx);
     const grpc::Status s = stub->Health(&ctx, flashmesh::v1::HealthRequest(), &health);
     if (!s.ok()) return Fail("node " + node + " (" + target + "): " + s.error_message());
   }
   auto stub = flashmesh::v1::Worker::NewStub(
-      NewWorkerChannel(target, WorkerChannelArgs(), *secret, health.term(), *credentials));
+      NewWorkerChannel(target, node, WorkerChannelArgs(), *secret, health.term(), *credentials));
   flashmesh::v1::DrainRequest req;
   req.set_resume(flags->Has("resume"));
   flashmesh::v1::DrainResponse resp;
@@ -102,7 +102,7 @@ int CmdDrain(int argc, char** argv) {
   std::vector<std::unique_ptr<flashmesh::v1::Worker::Stub>> all;
   for (const NodeConfig& n : cfg->nodes)
     all.push_back(flashmesh::v1::Worker::NewStub(NewWorkerChannel(
-        n.control.ToString(), WorkerChannelArgs(), *secret, health.term(), *credentials)));
+        n.control.ToString(), n.name, WorkerChannelArgs(), *secret, health.term(), *credentials)));
   const auto beat = cfg->heartbeat.period();
   const auto start = std::chrono::steady_clock::now();
   const auto settled = start + 2 * beat;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "cli/commands.h"
@@ -100,7 +101,15 @@ int CmdServe(int argc, char** argv) {
     std::fprintf(stderr, "serve: %s\n", data_plane.status().message().c_str());
     return 1;
   }
-  WorkerService worker("local", "", static_cast<int>(threads), data_plane->get());
+  // The in-process worker listens on a loopback TCP port that any local user can reach (and
+  // that ClusterStatus shows): its control calls carry a credential from a secret made for
+  // this process alone, as a cluster's do from its secret file.
+  std::random_device urandom;
+  std::string secret;
+  for (int i = 0; i < 8; ++i) secret += std::to_string(urandom()) + ".";
+  WorkerSecurity security;
+  security.cluster_secret = secret;
+  WorkerService worker("local", "", static_cast<int>(threads), data_plane->get(), security);
   int worker_port = 0;
   auto worker_server = StartGrpcServer("127.0.0.1:0", &worker, &worker_port, kWorkerMaxRequestBytes);
   if (!worker_server.ok()) {
@@ -123,6 +132,7 @@ int CmdServe(int argc, char** argv) {
     std::fprintf(stderr, "serve: %s\n", setup.status().message().c_str());
     return 1;
   }
+  setup->cluster.cluster_secret = secret;
   auto coord = Coordinator::Start(std::move(setup).value());
   if (!coord.ok()) {
     std::fprintf(stderr, "serve: %s\n", coord.status().message().c_str());

@@ -46,7 +46,8 @@ NodeHandle::NodeHandle(const WorkerPlan& plan, std::string control, std::string 
     : plan_(plan), control_(std::move(control)), data_(std::move(data)), spec_(std::move(spec)) {
   // Reconnects quickly after a worker restarts under the same address.
   stub_ = flashmesh::v1::Worker::NewStub(NewWorkerChannel(
-      control_, WorkerChannelArgs(), options.cluster_secret, term, options.worker_credentials));
+      control_, plan_.node, WorkerChannelArgs(), options.cluster_secret, term,
+      options.worker_credentials));
 }
 
 NodeState NodeHandle::state() const {

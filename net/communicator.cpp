@@ -132,7 +132,7 @@ class TcpCommunicator final : public Communicator {
 
   Status CheckAborted(uint64_t step) const {
     if (sends_.aborted(step))
-      return Cancelled("step " + std::to_string(step) + " aborted by a reset");
+      return Unavailable("step " + std::to_string(step) + " aborted by a reset");
     return Status::Ok();
   }
 
@@ -161,7 +161,7 @@ class TcpCommunicator final : public Communicator {
 Status AbortableSends::Begin(uint64_t step, const std::string& peer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (step != 0 && step == aborted_)
-    return Cancelled("step " + std::to_string(step) + " aborted by a reset");
+    return Unavailable("step " + std::to_string(step) + " aborted by a reset");
   in_flight_.emplace(peer, step);
   return Status::Ok();
 }

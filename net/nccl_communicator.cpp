@@ -186,7 +186,7 @@ class NcclComm final : public NcclCommunicator {
         if (e != cudaErrorNotReady) return Fail(CudaError(e, "cudaStreamQuery"));
       }
       if (step != 0 && aborted_step_.load() == step)
-        return Fail(Cancelled(Group() + ": step " + std::to_string(step) + " aborted by a reset"));
+        return Fail(Unavailable(Group() + ": step " + std::to_string(step) + " aborted by a reset"));
       if (Clock::now() >= deadline)
         return Fail(DeadlineExceeded(Group() + ": " + what + " did not finish in time (members " +
                                      Names() + "; one is dead or stuck)"));

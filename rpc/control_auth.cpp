@@ -54,8 +54,9 @@ std::string ShortMethod(const char* full) {
 // Adds the term and, with a key, the credential over the request to every call it sees.
 class SigningInterceptor final : public grpc::experimental::Interceptor {
  public:
-  SigningInterceptor(std::string method, const std::string* key, uint64_t term)
-      : method_(std::move(method)), key_(key), term_(term) {}
+  SigningInterceptor(std::string method, const std::string* key, const std::string* node,
+                     uint64_t term)
+      : method_(std::move(method)), key_(key), node_(node), term_(term) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
     using grpc::experimental::InterceptionHookPoints;
@@ -72,7 +73,7 @@ class SigningInterceptor final : public grpc::experimental::Interceptor {
         const int64_t now = UnixMillis();
         const std::string body = req ? req->SerializeAsString() : std::string();
         md->emplace(kAuthMetadata, std::to_string(now) + "." + nonce + "." +
-                                       ControlCallMac(*key_, method_, term_, now, nonce, body));
+                                       ControlCallMac(*key_, *node_, method_, term_, now, nonce, body));
       }
     }
     m->Proceed();
@@ -80,20 +81,23 @@ class SigningInterceptor final : public grpc::experimental::Interceptor {
 
  private:
   std::string method_;
-  const std::string* key_;   // owned by the factory, which outlives the channel's calls
+  const std::string* key_;    // owned by the factory, which outlives the channel's calls
+  const std::string* node_;   // likewise
   uint64_t term_;
 };
 
 class SigningFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  SigningFactory(std::string key, uint64_t term) : key_(std::move(key)), term_(term) {}
+  SigningFactory(std::string key, std::string node, uint64_t term)
+      : key_(std::move(key)), node_(std::move(node)), term_(term) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo* info) override {
-    return new SigningInterceptor(ShortMethod(info->method()), &key_, term_);
+    return new SigningInterceptor(ShortMethod(info->method()), &key_, &node_, term_);
   }
 
  private:
   const std::string key_;
+  const std::string node_;
   const uint64_t term_;
 };
 
@@ -111,29 +115,30 @@ std::string ControlKey(const std::string& cluster_secret) {
   return cluster_secret.empty() ? "" : HmacSha256(cluster_secret, "flashmesh control key");
 }
 
-std::string ControlCallMac(const std::string& key, const std::string& method, uint64_t term,
-                           int64_t unix_ms, const std::string& nonce,
+std::string ControlCallMac(const std::string& key, const std::string& node, const std::string& method,
+                           uint64_t term, int64_t unix_ms, const std::string& nonce,
                            const std::string& request_bytes) {
   uint8_t digest[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const uint8_t*>(request_bytes.data()), request_bytes.size(), digest);
-  const std::string msg = "flashmesh-control-v1\n" + method + "\n" + std::to_string(term) + "\n" +
+  const std::string msg = "flashmesh-control-v2\n" + node + "\n" + method + "\n" + std::to_string(term) + "\n" +
                           std::to_string(unix_ms) + "\n" + nonce + "\n" +
                           std::string(reinterpret_cast<const char*>(digest), sizeof digest);
   const std::string mac = HmacSha256(key, msg);
   return Hex(reinterpret_cast<const uint8_t*>(mac.data()), mac.size());
 }
 
-std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& target,
+std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& target, const std::string& node,
                                                 const grpc::ChannelArguments& args,
                                                 const std::string& cluster_secret, uint64_t term,
                                                 std::shared_ptr<grpc::ChannelCredentials> credentials) {
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> signers;
-  signers.push_back(std::make_unique<SigningFactory>(ControlKey(cluster_secret), term));
+  signers.push_back(std::make_unique<SigningFactory>(ControlKey(cluster_secret), node, term));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, credentials, args, std::move(signers));
 }
 
-ControlGuard::ControlGuard(const std::string& cluster_secret) : key_(ControlKey(cluster_secret)) {}
+ControlGuard::ControlGuard(const std::string& cluster_secret, std::string node)
+    : key_(ControlKey(cluster_secret)), node_(std::move(node)) {}
 
 Result<uint64_t> ControlGuard::Authenticate(const grpc::ServerContext& ctx,
                                             const std::string& method,
@@ -159,10 +164,11 @@ Result<uint64_t> ControlGuard::Authenticate(const grpc::ServerContext& ctx,
     return Unauthenticated(method + ": '" + std::string(kAuthMetadata) + "' time out of range");
   const std::string nonce = cred.substr(dot1 + 1, dot2 - dot1 - 1);
   const std::string mac = cred.substr(dot2 + 1);
-  const std::string want = ControlCallMac(key_, method, term, unix_ms, nonce, req.SerializeAsString());
+  const std::string want =
+      ControlCallMac(key_, node_, method, term, unix_ms, nonce, req.SerializeAsString());
   if (mac.size() != want.size() || CRYPTO_memcmp(mac.data(), want.data(), want.size()) != 0)
-    return Unauthenticated(method + ": credential does not verify (wrong cluster secret, or the "
-                                    "call was altered)");
+    return Unauthenticated(method + ": credential does not verify (wrong cluster secret, a call "
+                                    "for another node, or the call was altered)");
   const int64_t skew = UnixMillis() - unix_ms;
   const int64_t max_skew = std::chrono::milliseconds(kMaxClockSkew).count();
   if (skew > max_skew || skew < -max_skew)

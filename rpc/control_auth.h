@@ -2,12 +2,12 @@
 // "Security"). Every call of the coordinator to a worker carries, in its metadata:
 //   x-flashmesh-term: <term>                 the coordinator's term (always)
 //   x-flashmesh-auth: <unix_ms>.<nonce>.<mac>   with a cluster secret only
-// mac = hex HMAC-SHA256(K, "flashmesh-control-v1" | method | term | unix_ms | nonce |
+// mac = hex HMAC-SHA256(K, "flashmesh-control-v2" | node | method | term | unix_ms | nonce |
 //                          SHA-256(request bytes)), fields separated by '\n', and
 // K = HMAC-SHA256(secret, "flashmesh control key") (not the data plane's use of the secret).
-// The worker recomputes the MAC over its own method name and the request it parsed, refuses a
-// timestamp off its clock by more than kMaxClockSkew and a nonce it has seen (a recorded call
-// cannot be replayed, redirected to another RPC or given another body).
+// The worker recomputes the MAC over its own name and method name and the request it parsed,
+// refuses a timestamp off its clock by more than kMaxClockSkew and a nonce it has seen (a
+// recorded call cannot be replayed, redirected to another worker or RPC or given another body).
 //
 // Fencing: the term is the coordinator's start time in ms, so a newer coordinator has a higher
 // one. A worker follows the term of the last LoadShard that succeeded and refuses state changes
@@ -40,23 +40,26 @@ inline constexpr std::chrono::seconds kMaxClockSkew{60};
 
 // The control key derived from the cluster secret; "" for no secret.
 std::string ControlKey(const std::string& cluster_secret);
-// The hex MAC of one call (see above).
-std::string ControlCallMac(const std::string& key, const std::string& method, uint64_t term,
-                           int64_t unix_ms, const std::string& nonce,
+// The hex MAC of one call to worker `node` (see above). The node is signed so that a call
+// recorded on its way to one worker cannot be replayed to another (a Drain{} or Reset{} body is
+// the same for all, and their nonce sets are their own).
+std::string ControlCallMac(const std::string& key, const std::string& node, const std::string& method,
+                           uint64_t term, int64_t unix_ms, const std::string& nonce,
                            const std::string& request_bytes);
 
-// A channel to a worker whose every call carries this coordinator's term and, with a secret,
-// its credential (a client interceptor signs each request as it is sent).
+// A channel to worker `node` at `target` whose every call carries this coordinator's term
+// and, with a secret, its credential (a client interceptor signs each request as it is sent).
 // `credentials`: TLS to the worker (security.tls) or insecure.
 std::shared_ptr<grpc::Channel> NewWorkerChannel(
-    const std::string& target, const grpc::ChannelArguments& args,
+    const std::string& target, const std::string& node, const grpc::ChannelArguments& args,
     const std::string& cluster_secret, uint64_t term,
     std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials());
 
 // The worker side: checks each call and keeps the term it follows.
 class ControlGuard {
  public:
-  explicit ControlGuard(const std::string& cluster_secret);
+  // `node`: this worker's name, which every credential must be for.
+  ControlGuard(const std::string& cluster_secret, std::string node);
 
   // For every RPC: the credential of the call to `method` ("LoadShard", ...) with request
   // `req`. Unauthenticated, naming what is missing or wrong. Returns the caller's term.
@@ -76,6 +79,7 @@ class ControlGuard {
 
  private:
   const std::string key_;   // "" = calls are not authenticated (no cluster secret)
+  const std::string node_;
   std::atomic<uint64_t> term_{0};
   // Nonces of accepted calls, kept until their timestamps can no longer pass (2 x skew):
   // expiring_ holds them oldest first, so forgetting costs nothing per call.

@@ -72,7 +72,7 @@ class TransportActivationSink : public ActivationSink {
     Status st = t_->Send(peer_, h, b.data, b.nbytes, net::Until(deadline));
     sends_.End(peer_);
     if (!st.ok() && sends_.aborted(step_id))
-      return Cancelled("next stage: step " + std::to_string(step_id) + " aborted by a reset");
+      return Unavailable("next stage: step " + std::to_string(step_id) + " aborted by a reset");
     return st.Wrap("next stage");
   }
   void AbortStep(uint64_t step) override { sends_.Abort(step, t_); }

@@ -14,7 +14,7 @@ WorkerService::WorkerService(std::string node, std::string model_dir_override, i
                              net::Transport* data_plane, WorkerSecurity security)
     : node_(std::move(node)),
       security_(std::move(security)),
-      guard_(security_.cluster_secret),
+      guard_(security_.cluster_secret, node_),
       model_dir_override_(std::move(model_dir_override)),
       data_plane_(data_plane),
       runtime_(threads),

@@ -88,9 +88,10 @@ grpc::Status Invoke(const Call& call, v1::Worker::Stub* stub) {
   return call(stub, &ctx);
 }
 
-std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& control, const std::string& secret,
+// Signed for node 0 of `cluster` (its control address and name).
+std::unique_ptr<v1::Worker::Stub> WorkerStub(const Cluster& cluster, const std::string& secret,
                                              uint64_t term) {
-  return v1::Worker::NewStub(NewWorkerChannel(control, {}, secret, term));
+  return v1::Worker::NewStub(NewWorkerChannel(cluster.control(0), cluster.node(0), {}, secret, term));
 }
 
 void WaitForLog(Process* p, const std::string& needle) {
@@ -114,7 +115,7 @@ TEST(Security, EveryWorkerRpcRefusesUnauthenticatedAndWrongCredentialCallers) {
   TempDir evil;
   auto plain = v1::Worker::NewStub(grpc::CreateChannel(cluster.control(0),
                                                        grpc::InsecureChannelCredentials()));
-  auto wrong = WorkerStub(cluster.control(0), "guessed-secret", ~uint64_t{0} >> 1);
+  auto wrong = WorkerStub(cluster, "guessed-secret", ~uint64_t{0} >> 1);
   for (const auto& [name, call] : EveryWorkerRpc(evil.path())) {
     for (auto* stub : {plain.get(), wrong.get()}) {
       grpc::Status s = Invoke(call, stub);
@@ -124,13 +125,30 @@ TEST(Security, EveryWorkerRpcRefusesUnauthenticatedAndWrongCredentialCallers) {
     }
   }
   // Nothing changed: not loaded, not draining, no term followed.
-  auto right = WorkerStub(cluster.control(0), spec.cluster_secret, 1);
+  auto right = WorkerStub(cluster, spec.cluster_secret, 1);
   grpc::ClientContext ctx;
   v1::HealthResponse h;
   ASSERT_TRUE(right->Health(&ctx, v1::HealthRequest(), &h).ok());
   EXPECT_FALSE(h.loaded());
   EXPECT_FALSE(h.draining());
   EXPECT_EQ(h.term(), 0u);
+}
+
+// serve's in-process worker listens on a loopback port (ClusterStatus names it): its control
+// calls need the credential of a secret made for that process, so another local user cannot
+// drain, reset or reload it, with or without the API's bearer tokens.
+TEST(Security, ServesInProcessWorkerRefusesUnsignedControlCalls) {
+  Server server;
+  ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
+  auto api = Connect(server.api());
+  const auto status = Status(api.get());
+  ASSERT_EQ(status.nodes_size(), 1);
+  auto plain = v1::Worker::NewStub(grpc::CreateChannel(status.nodes(0).control(),
+                                                       grpc::InsecureChannelCredentials()));
+  for (const auto& [name, call] : EveryWorkerRpc("/tmp"))
+    EXPECT_EQ(Invoke(call, plain.get()).error_code(), grpc::StatusCode::UNAUTHENTICATED) << name;
+  EXPECT_TRUE(Status(api.get()).healthy());
+  EXPECT_TRUE(Generate(api.get(), TokensRequest({5, 6, 7}, 2)).status.ok());
 }
 
 TEST(Security, ForgedCallsChangeNothingOnAServingCluster) {
@@ -149,7 +167,7 @@ TEST(Security, ForgedCallsChangeNothingOnAServingCluster) {
       EXPECT_EQ(Invoke(call, plain.get()).error_code(), grpc::StatusCode::UNAUTHENTICATED) << name;
   }
   // Activation theft even with the secret: w0's next hop must be w1 at its YAML address.
-  auto insider = WorkerStub(cluster.control(0), spec.cluster_secret, ~uint64_t{0} >> 1);
+  auto insider = WorkerStub(cluster, spec.cluster_secret, ~uint64_t{0} >> 1);
   grpc::ClientContext ctx;
   v1::LoadShardRequest steal;
   steal.mutable_shard()->set_num_stages(2);
@@ -385,7 +403,7 @@ TEST(Security, TlsEndToEndWithGeneratedCertificates) {
   // Plain text is not spoken; a worker wants a client certificate of the CA, not only the CA.
   Generation plain = Generate(Connect(cluster.api()).get(), TokensRequest({5, 6, 7}, 4));
   EXPECT_EQ(plain.status.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.status.error_message();
-  auto worker = v1::Worker::NewStub(NewWorkerChannel(cluster.control(0), {}, spec.cluster_secret, 1,
+  auto worker = v1::Worker::NewStub(NewWorkerChannel(cluster.control(0), cluster.node(0), {}, spec.cluster_secret, 1,
                                                      grpc::SslCredentials(o)));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + 5s);

@@ -32,15 +32,16 @@ std::vector<int32_t> Prompt(int i) {
 // every call signed and carrying the term the worker follows (read through Health, which any
 // term may call), so the out-of-band calls pass authentication and the fence as the
 // coordinator's own would, and the tests see what the cluster does about them.
-std::unique_ptr<flashmesh::v1::Worker::Stub> WorkerStub(const std::string& control) {
+std::unique_ptr<flashmesh::v1::Worker::Stub> WorkerStub(const Cluster& cluster, int i) {
+  const std::string control = cluster.control(i), node = cluster.node(i);
   const std::string secret = ClusterSpec{}.cluster_secret;
-  auto probe = flashmesh::v1::Worker::NewStub(NewWorkerChannel(control, {}, secret, 0));
+  auto probe = flashmesh::v1::Worker::NewStub(NewWorkerChannel(control, node, {}, secret, 0));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + 5s);
   flashmesh::v1::HealthResponse health;
   const grpc::Status st = probe->Health(&ctx, flashmesh::v1::HealthRequest(), &health);
   EXPECT_TRUE(st.ok()) << control << ": " << st.error_message();
-  return flashmesh::v1::Worker::NewStub(NewWorkerChannel(control, {}, secret, health.term()));
+  return flashmesh::v1::Worker::NewStub(NewWorkerChannel(control, node, {}, secret, health.term()));
 }
 
 // One Generate in its own thread; `started` once its first token arrived.
@@ -112,7 +113,7 @@ TEST(SelfHealing, StrayStepAndOutOfBandResetUnderLoadEndWithinSecondsAndTheNextR
 
   // A stray step names no sequence the worker holds, or none at all: refused at once, before
   // it joins the worker's step order.
-  auto w0 = WorkerStub(cluster.control(0));
+  auto w0 = WorkerStub(cluster, 0);
   flashmesh::v1::StepBatchRequest stray;
   stray.set_step_id(1ull << 40);
   auto* item = stray.add_items();
@@ -130,7 +131,7 @@ TEST(SelfHealing, StrayStepAndOutOfBandResetUnderLoadEndWithinSecondsAndTheNextR
   EXPECT_EQ(w0->StepBatch(&ectx, stray, &sresp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
   // An out-of-band Reset of a stage drops the live sequences under the coordinator's feet.
-  auto w1 = WorkerStub(cluster.control(1));
+  auto w1 = WorkerStub(cluster, 1);
   grpc::ClientContext rctx;
   flashmesh::v1::ResetResponse rresp;
   ASSERT_TRUE(w1->Reset(&rctx, flashmesh::v1::ResetRequest(), &rresp).ok());
@@ -166,7 +167,7 @@ TEST(SelfHealing, FailedLoadShardLeavesTheWorkerUnloadedAndALaterGoodLoadServes)
   const Generation ref = Generate(stub.get(), TokensRequest(Prompt(1), 6));
   ASSERT_TRUE(ref.status.ok()) << ref.status.error_message();
 
-  auto w1 = WorkerStub(cluster.control(1));
+  auto w1 = WorkerStub(cluster, 1);
   flashmesh::v1::LoadShardRequest lreq;
   lreq.mutable_shard()->set_stage(1);
   lreq.mutable_shard()->set_num_stages(3);
@@ -354,7 +355,7 @@ TEST(SelfHealing, SoakThirtyTwoStreamsThroughKillsRestartsAndAStrayReset) {
     cluster.StartWorker(1);
     EXPECT_TRUE(WaitHealthy(cluster.api(), 30s)) << cluster.Logs();
     if (k == 2) {
-      auto w2 = WorkerStub(cluster.control(2));
+      auto w2 = WorkerStub(cluster, 2);
       grpc::ClientContext rctx;
       flashmesh::v1::ResetResponse rresp;
       EXPECT_TRUE(w2->Reset(&rctx, flashmesh::v1::ResetRequest(), &rresp).ok());

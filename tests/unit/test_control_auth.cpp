@@ -23,7 +23,7 @@ namespace v1 = flashmesh::v1;
 // that a test can replay it.
 class GuardedService final : public v1::Worker::Service {
  public:
-  explicit GuardedService(const std::string& secret) : guard_(secret) {}
+  GuardedService(const std::string& secret, const std::string& node) : guard_(secret, node) {}
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
                       v1::HealthResponse* resp) override {
     Remember(*ctx);
@@ -65,14 +65,15 @@ class ControlAuth : public ::testing::Test {
   }
   void TearDown() override { server_->Shutdown(); }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  std::unique_ptr<v1::Worker::Stub> Signed(const std::string& secret, uint64_t term) {
-    return v1::Worker::NewStub(NewWorkerChannel(address(), {}, secret, term));
+  std::unique_ptr<v1::Worker::Stub> Signed(const std::string& secret, uint64_t term,
+                                           const std::string& node = "w0") {
+    return v1::Worker::NewStub(NewWorkerChannel(address(), node, {}, secret, term));
   }
   std::unique_ptr<v1::Worker::Stub> Plain() {
     return v1::Worker::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
   }
 
-  GuardedService service_{"s3cret"};
+  GuardedService service_{"s3cret", "w0"};
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
 };
@@ -153,6 +154,15 @@ TEST_F(ControlAuth, UnsignedWrongAlteredReplayedAndExpiredCallsAreRefused) {
   ExpectRefused(Start(plain.get(), 1, {{kTermMetadata, "8"}, {kAuthMetadata, recorded}}),
                 grpc::StatusCode::UNAUTHENTICATED, "does not verify");
 
+  // A call signed for another worker (a Reset{} or Drain{} body is the same for all).
+  ExpectRefused(Start(Signed("s3cret", 7, "w1").get(), 1), grpc::StatusCode::UNAUTHENTICATED,
+                "a call for another node");
+  // Numbers of the allowed digit counts past 64 bits.
+  ExpectRefused(Health(plain.get(), &h, {{kTermMetadata, "99999999999999999999"}}),
+                grpc::StatusCode::UNAUTHENTICATED, "out of range");
+  ExpectRefused(Health(plain.get(), &h, {{kTermMetadata, "7"}, {kAuthMetadata, "9999999999999999999.n.m"}}),
+                grpc::StatusCode::UNAUTHENTICATED, "out of range");
+
   // A valid MAC over a timestamp two minutes old.
   const int64_t old = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
@@ -160,7 +170,7 @@ TEST_F(ControlAuth, UnsignedWrongAlteredReplayedAndExpiredCallsAreRefused) {
                       120000;
   v1::StartSequenceRequest req;
   req.set_seq_id(5);
-  const std::string mac = ControlCallMac(ControlKey("s3cret"), "StartSequence", 7, old, "n0nce",
+  const std::string mac = ControlCallMac(ControlKey("s3cret"), "w0", "StartSequence", 7, old, "n0nce",
                                          req.SerializeAsString());
   ExpectRefused(Start(plain.get(), 5,
                       {{kTermMetadata, "7"}, {kAuthMetadata, std::to_string(old) + ".n0nce." + mac}}),
@@ -191,7 +201,7 @@ TEST(WorkerChannel, RefusesAReplyOverTheCap) {
     auto server = StartGrpcServer("127.0.0.1:0", &service, &port, 1 << 20);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     auto stub = v1::Worker::NewStub(
-        NewWorkerChannel("127.0.0.1:" + std::to_string(port), WorkerChannelArgs(), "", 1));
+        NewWorkerChannel("127.0.0.1:" + std::to_string(port), "w0", WorkerChannelArgs(), "", 1));
     v1::HealthResponse h;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -224,8 +234,10 @@ TEST(ControlAuthKey, DependsOnTheSecretAndIsNotTheSecret) {
   EXPECT_EQ(ControlKey(""), "");
   EXPECT_EQ(ControlKey("a").size(), 32u);
   EXPECT_NE(ControlKey("a"), ControlKey("b"));
-  EXPECT_NE(ControlCallMac(ControlKey("a"), "Reset", 1, 2, "n", ""),
-            ControlCallMac(ControlKey("a"), "Drain", 1, 2, "n", ""));
+  EXPECT_NE(ControlCallMac(ControlKey("a"), "w0", "Reset", 1, 2, "n", ""),
+            ControlCallMac(ControlKey("a"), "w0", "Drain", 1, 2, "n", ""));
+  EXPECT_NE(ControlCallMac(ControlKey("a"), "w0", "Reset", 1, 2, "n", ""),
+            ControlCallMac(ControlKey("a"), "w1", "Reset", 1, 2, "n", ""));
 }
 
 }  // namespace
