@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -89,8 +90,20 @@ class Fields {
   std::string prefix_;
 };
 
-Status Positive(Fields& f, const char* key, int64_t v) {
-  return v > 0 ? Status::Ok() : f.Error(key, "must be > 0, got " + std::to_string(v));
+// A count in [1, max]. The bounds are far above any model of this architecture (DeepSeek-V4-
+// Flash's values are a fraction of each) and keep a wrong value an error naming the field: the
+// loader lists layers x experts tensors, caches size by the window, steps loop the Sinkhorn.
+Status InRange(Fields& f, const char* key, int64_t v, int64_t max) {
+  if (v > 0 && v <= max) return Status::Ok();
+  return f.Error(key, "must be in [1, " + std::to_string(max) + "], got " + std::to_string(v));
+}
+
+// A finite real in (lo, hi] (lo_open) or [lo, hi].
+Status RealInRange(Fields& f, const std::string& key, double v, double lo, double hi, bool lo_open) {
+  if (std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi) return Status::Ok();
+  std::ostringstream what;
+  what << "must be finite and in " << (lo_open ? "(" : "[") << lo << ", " << hi << "], got " << v;
+  return f.Error(key, what.str());
 }
 
 }  // namespace
@@ -182,17 +195,34 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   FM_RETURN_IF_ERROR(f.String("expert_dtype", &c.expert_dtype, false));
 
   // Semantic checks: every one names the field.
-  struct { const char* k; int64_t v; } pos[] = {
-      {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-      {"num_hidden_layers", c.num_hidden_layers}, {"num_attention_heads", c.num_attention_heads},
-      {"head_dim", c.head_dim}, {"qk_rope_head_dim", c.qk_rope_head_dim},
-      {"q_lora_rank", c.q_lora_rank}, {"o_lora_rank", c.o_lora_rank}, {"o_groups", c.o_groups},
-      {"n_routed_experts", c.n_routed_experts}, {"num_experts_per_tok", c.num_experts_per_tok},
-      {"moe_intermediate_size", c.moe_intermediate_size}, {"sliding_window", c.sliding_window},
-      {"hc_mult", c.hc_mult}, {"hc_sinkhorn_iters", c.hc_sinkhorn_iters},
-      {"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim},
-      {"index_topk", c.index_topk}};
-  for (auto& p : pos) FM_RETURN_IF_ERROR(Positive(f, p.k, p.v));
+  struct { const char* k; int64_t v, max; } counts[] = {
+      {"vocab_size", c.vocab_size, 1 << 22}, {"hidden_size", c.hidden_size, 1 << 16},
+      {"num_hidden_layers", c.num_hidden_layers, 256},
+      {"num_attention_heads", c.num_attention_heads, 1024}, {"head_dim", c.head_dim, 1024},
+      {"qk_rope_head_dim", c.qk_rope_head_dim, 1024}, {"q_lora_rank", c.q_lora_rank, 1 << 16},
+      {"o_lora_rank", c.o_lora_rank, 1 << 16}, {"o_groups", c.o_groups, 1024},
+      {"n_routed_experts", c.n_routed_experts, 1024},
+      {"num_experts_per_tok", c.num_experts_per_tok, 1024},
+      {"moe_intermediate_size", c.moe_intermediate_size, 1 << 16},
+      {"sliding_window", c.sliding_window, 8192}, {"hc_mult", c.hc_mult, 16},
+      {"hc_sinkhorn_iters", c.hc_sinkhorn_iters, 1000}, {"index_n_heads", c.index_n_heads, 1024},
+      {"index_head_dim", c.index_head_dim, 1024}, {"index_topk", c.index_topk, 1 << 20}};
+  for (auto& n : counts) FM_RETURN_IF_ERROR(InRange(f, n.k, n.v, n.max));
+  // Reals: NaN, 0 or a huge value here loads fine and gives NaN or garbage logits at the first
+  // request, naming nothing.
+  FM_RETURN_IF_ERROR(RealInRange(f, "rms_norm_eps", c.rms_norm_eps, 0, 1, true));
+  FM_RETURN_IF_ERROR(RealInRange(f, "hc_eps", c.hc_eps, 0, 1, true));
+  FM_RETURN_IF_ERROR(RealInRange(f, "rope_theta", c.rope_theta, 0, 1e12, true));
+  FM_RETURN_IF_ERROR(RealInRange(f, "compress_rope_theta", c.compress_rope_theta, 0, 1e12, true));
+  FM_RETURN_IF_ERROR(RealInRange(f, "routed_scaling_factor", c.routed_scaling_factor, 0, 1e6, true));
+  FM_RETURN_IF_ERROR(RealInRange(f, "swiglu_limit", c.swiglu_limit, 0, 1e6, false));
+  FM_RETURN_IF_ERROR(RealInRange(f, "rope_scaling.factor", c.rope_scaling.factor, 1, 1e6, false));
+  FM_RETURN_IF_ERROR(RealInRange(f, "rope_scaling.beta_fast", c.rope_scaling.beta_fast, 0, 1e6, true));
+  FM_RETURN_IF_ERROR(RealInRange(f, "rope_scaling.beta_slow", c.rope_scaling.beta_slow, 0, 1e6, true));
+  FM_RETURN_IF_ERROR(InRange(f, "rope_scaling.original_max_position_embeddings",
+                             c.rope_scaling.original_max_position_embeddings, 1 << 30));
+  if (c.max_position_embeddings != 0)
+    FM_RETURN_IF_ERROR(InRange(f, "max_position_embeddings", c.max_position_embeddings, 1 << 30));
   if (c.num_key_value_heads != 1)
     return f.Error("num_key_value_heads", "must be 1 (one shared KV head)");
   if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim > c.head_dim)

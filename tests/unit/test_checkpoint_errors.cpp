@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "cli/commands.h"
@@ -47,6 +48,37 @@ TEST(CheckpointErrors, CorruptConfigJsonNamesLineAndColumn) {
   auto big = ParseModelConfig("{\"vocab_size\": 1E444}", "m/config.json");
   ASSERT_FALSE(big.ok());
   EXPECT_HAS(big.status().message(), "m/config.json: not valid JSON");
+}
+
+// Values that parse but would break the load or the first request: a count the loader lists
+// (layers x experts tensors: gigabytes before any check), a window that sizes every cache, a
+// loop count, or a real that makes NaN or zero logits. Each is refused naming the field.
+TEST(CheckpointErrors, ConfigValuesOutOfRangeNameTheField) {
+  const std::string d = TinyCopy("config_ranges");
+  std::ifstream in(d + "/config.json");
+  const json good = json::parse(in);
+  ASSERT_TRUE(ParseModelConfig(good.dump(), "m/config.json").ok());
+  const std::vector<std::pair<std::string, json>> cases = {
+      {"n_routed_experts", 100000000},      {"num_hidden_layers", 2000000},
+      {"sliding_window", int64_t{1} << 59}, {"hc_sinkhorn_iters", int64_t{1} << 60},
+      {"vocab_size", int64_t{1} << 40},     {"rms_norm_eps", 1e300},
+      {"hc_eps", -1},                       {"rope_theta", 0},
+      {"routed_scaling_factor", 1e300},     {"max_position_embeddings", -5}};
+  for (const auto& [key, value] : cases) {
+    json bad = good;
+    bad[key] = value;
+    auto c = ParseModelConfig(bad.dump(), "m/config.json");
+    ASSERT_FALSE(c.ok()) << key;
+    EXPECT_HAS(c.status().message(), "m/config.json: field '" + key + "' must be");
+  }
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"factor", 0}, {"original_max_position_embeddings", -5}}) {
+    json bad = good;
+    bad["rope_scaling"][key] = value;
+    auto c = ParseModelConfig(bad.dump(), "m/config.json");
+    ASSERT_FALSE(c.ok()) << key;
+    EXPECT_HAS(c.status().message(), "field 'rope_scaling." + key + "' must be");
+  }
 }
 
 TEST(CheckpointErrors, TruncatedShard) {
