@@ -17,6 +17,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/file.h"
+
 namespace fm {
 
 bool IsLoopback(const std::string& host) {
@@ -503,22 +505,18 @@ Result<ClusterConfig> ParseClusterConfig(const std::string& yaml_text, const std
 }
 
 Result<ClusterConfig> LoadClusterConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cluster config " + path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  Result<std::string> text = ReadSmallFile(path, 16u << 20);
+  if (!text.ok()) return text.status().Wrap("cluster config");
   const std::string dir = fs::path(path).parent_path().string();
-  return ParseClusterConfig(ss.str(), path, dir.empty() ? "." : dir);
+  return ParseClusterConfig(*text, path, dir.empty() ? "." : dir);
 }
 
 Result<std::string> ReadClusterSecret(const ClusterConfig& cfg) {
   const std::string& file = cfg.security.cluster_secret_file;
   if (file.empty()) return std::string();
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return NotFound("security.cluster_secret_file " + file + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string secret = ss.str();
+  Result<std::string> read = ReadSmallFile(file, 1u << 20);
+  if (!read.ok()) return read.status().Wrap("security.cluster_secret_file");
+  std::string secret = *read;
   while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back())))
     secret.pop_back();
   if (secret.empty())

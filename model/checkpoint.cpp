@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -10,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/file.h"
 #include "common/log.h"
 #include "model/tp_split.h"
 #include "common/numfmt.h"
@@ -36,11 +38,8 @@ bool FileExists(const std::string& path, uint64_t* size) {
 
 // weight_map of model.safetensors.index.json: tensor name -> shard file name.
 Result<std::map<std::string, std::string>> ReadIndex(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open index file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  FM_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, 256u << 20));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument(path + ": not valid JSON");
   if (!j.is_object()) return InvalidArgument(path + ": top level must be a JSON object");
   auto wm = j.find("weight_map");
@@ -128,7 +127,7 @@ class CheckpointImpl final : public Checkpoint {
     return &it->second;
   }
   Status CheckTid2eid(const Entry& e) const;
-  static Status CheckE4m3Codes(const Entry& e);
+  static Status CheckFp8NanCodes(const Entry& e);
 
   ModelConfig cfg_;
   ShardSelection sel_;
@@ -273,7 +272,8 @@ Result<std::unique_ptr<Checkpoint>> CheckpointImpl::Open(const std::string& dir,
     if (s.role == TensorRole::kTid2eid && ck->entries_.count(s.name))
       FM_RETURN_IF_ERROR(ck->CheckTid2eid(ck->entries_.at(s.name)));
   for (const auto& [name, e] : ck->entries_)
-    if (e.view.dtype == DType::kF8E4M3) FM_RETURN_IF_ERROR(CheckE4m3Codes(e));
+    if (e.view.dtype == DType::kF8E4M3 || e.view.dtype == DType::kF8E8M0)
+      FM_RETURN_IF_ERROR(CheckFp8NanCodes(e));
   FM_LOG(kInfo, "checkpoint") << dir << ": " << ck->order_.size() << " tensors, "
                               << ck->selected_bytes_ << " of " << ck->total_bytes_
                               << " bytes selected from " << ck->files_.size() << " shard(s)";
@@ -302,17 +302,20 @@ Status CheckpointImpl::CheckTid2eid(const Entry& e) const {
 // e4m3 has no infinities; 0x7F and 0xFF are NaN. A weight never is: such a byte is a damaged
 // file, and the CPU's exact decode would read it as +-480 where a GPU reads NaN, so one kind of
 // worker would quietly disagree with the other. One pass over the loaded bytes (vectorized).
-Status CheckpointImpl::CheckE4m3Codes(const Entry& e) {
+Status CheckpointImpl::CheckFp8NanCodes(const Entry& e) {
+  // e4m3: S.1111.111 (0x7F, 0xFF); an e8m0 scale: 0xFF alone (2^128 does not exist).
+  const bool e8m0 = e.view.dtype == DType::kF8E8M0;
+  const uint8_t mask = e8m0 ? 0xFF : 0x7F, code = e8m0 ? 0xFF : 0x7F;
   const uint8_t* p = e.view.data + e.load_begin;
   const uint64_t n = e.load_end - e.load_begin;
   uint8_t nan = 0;
-  for (uint64_t i = 0; i < n; ++i) nan |= static_cast<uint8_t>((p[i] & 0x7F) == 0x7F);
+  for (uint64_t i = 0; i < n; ++i) nan |= static_cast<uint8_t>((p[i] & mask) == code);
   if (!nan) return Status::Ok();
   uint64_t at = 0;
-  while ((p[at] & 0x7F) != 0x7F) ++at;
+  while ((p[at] & mask) != code) ++at;
   return InvalidArgument(e.file->path() + ": tensor '" + e.view.name + "' byte " +
-                         std::to_string(e.load_begin + at) + " is an e4m3 NaN code (0x" +
-                         (p[at] == 0x7F ? "7F" : "FF") + "): the file is damaged");
+                         std::to_string(e.load_begin + at) + " is an " + (e8m0 ? "e8m0" : "e4m3") +
+                         " NaN code (0x" + (p[at] == 0x7F ? "7F" : "FF") + "): the file is damaged");
 }
 
 Result<QWeight> CheckpointImpl::Weight(const std::string& prefix) const {
@@ -358,6 +361,13 @@ Result<std::vector<float>> CheckpointImpl::GetF32(const std::string& name) const
     return InvalidArgument(e->file->path() + ": tensor '" + name + "' has dtype " +
                            DTypeName(v.dtype) + ", not a float type");
   }
+  // These small tensors (norms, biases, mixes, sinks) steer routing and scaling: a NaN or an
+  // infinity gives other tokens without an error (and CPU and GPU top-k treat NaN apart).
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!std::isfinite(out[i]))
+      return InvalidArgument(e->file->path() + ": tensor '" + name + "' element " +
+                             std::to_string(i) + " is " + (std::isnan(out[i]) ? "NaN" : "infinite") +
+                             ": the file is damaged");
   return out;
 }
 

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/file.h"
+
 namespace fm {
 namespace {
 
@@ -255,11 +257,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open config file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseModelConfig(ss.str(), path);
+  FM_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, 16u << 20));
+  return ParseModelConfig(text, path);
 }
 
 uint64_t KvBytesPerSequence(const ModelConfig& m, int64_t layer, int64_t context) {

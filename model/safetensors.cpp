@@ -161,6 +161,14 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* bytes, size_t av
                            Quoted(b.name) + " [" + std::to_string(b.begin) + ", " +
                            std::to_string(b.end) + ") overlap");
   }
+  // The tensors fill the data section to its end (as the reference library requires): a header
+  // length a few bytes short still parses (JSON allows the padding spaces after it) and would
+  // shift every tensor.
+  const uint64_t end = prev ? prev->end : 0;
+  if (end != data_size)
+    return InvalidArgument(origin + ": the data section has " + std::to_string(data_size) +
+                           " bytes but its tensors end at " + std::to_string(end) +
+                           " (a header length that does not match the header?)");
   for (size_t i = 0; i < h.tensors.size(); ++i) h.by_name[h.tensors[i].name] = i;
   return h;
 }

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/file.h"
 #include "model/tokenizer_impl.h"
 
 namespace fm {
@@ -257,13 +258,8 @@ Result<std::string> ConfigToken(const json& cfg, const char* key, const std::str
                          ": expected a string or an object with a string \"content\"");
 }
 
-Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return NotFound(path + ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+// tokenizer.json of the real model is ~8 MB; a bound keeps /dev/zero or a FIFO an error.
+Result<std::string> ReadFile(const std::string& path) { return ReadSmallFile(path, 256u << 20); }
 
 }  // namespace
 

@@ -316,6 +316,60 @@ TEST(Checkpoint, AnE4m3NanByteInAWeightIsRefusedNamingTheTensor) {
   }
 }
 
+// Overwrites byte(s) of tensor `name` at `offset` within it; the tensor's dtype.
+DType Poke(const std::string& dir, const std::string& name, uint64_t offset, const std::string& bytes) {
+  const std::string shard = ShardOf(dir, name);
+  uint64_t at = 0;
+  DType dtype = DType::kU8;
+  auto f = SafetensorsFile::Open(shard);
+  EXPECT_TRUE(f.ok());
+  if (!f.ok()) return dtype;
+  for (const auto& t : (*f)->header().tensors)
+    if (t.name == name) {
+      dtype = t.dtype;
+      at = (*f)->header().data_offset + t.begin + offset;
+    }
+  EXPECT_GT(at, 0u) << name;
+  const int fd = open(shard.c_str(), O_WRONLY);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at)), static_cast<ssize_t>(bytes.size()));
+  close(fd);
+  return dtype;
+}
+
+// An e8m0 scale of 0xFF (NaN: 2^128 does not exist) is refused at load like an e4m3 NaN; a NaN
+// or infinity in a small float tensor (a bias that steers routing) when it is read, naming it.
+TEST(Checkpoint, NanScalesAndNonFiniteSmallTensorsAreRefusedNamingTheTensor) {
+  const std::string d = TinyCopy("e8m0_nan");
+  const std::string scale = "layers.0.attn.wq_a.scale";
+  ASSERT_EQ(Poke(d, scale, 0, std::string(1, '\xFF')), DType::kF8E8M0);
+  auto ck = Checkpoint::Open(d);
+  ASSERT_FALSE(ck.ok());
+  EXPECT_NE(ck.status().message().find("tensor '" + scale + "' byte 0 is an e8m0 NaN code"),
+            std::string::npos) << ck.status().message();
+
+  const std::string f = TinyCopy("f32_nan");
+  const std::string bias = "layers.2.ffn.gate.bias";
+  const DType dtype = Poke(f, bias, 0, "");
+  const std::string nan = dtype == DType::kBF16 ? std::string("\xC0\x7F", 2)
+                                                : std::string("\x00\x00\xC0\x7F", 4);
+  const std::string inf = dtype == DType::kBF16 ? std::string("\x80\x7F", 2)
+                                                : std::string("\x00\x00\x80\x7F", 4);
+  Poke(f, bias, 3 * nan.size(), nan);
+  auto opened = Checkpoint::Open(f);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto v = (*opened)->GetF32(bias);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("tensor '" + bias + "' element 3 is NaN"), std::string::npos)
+      << v.status().message();
+  Poke(f, bias, 3 * nan.size(), inf);
+  auto reopened = Checkpoint::Open(f);
+  ASSERT_TRUE(reopened.ok());
+  v = (*reopened)->GetF32(bias);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("element 3 is infinite"), std::string::npos) << v.status().message();
+}
+
 TEST(Inspect, TinyFigures) {
   const std::string d = TinyCopy("inspect");
   auto r = InspectCheckpoint(d);

@@ -81,6 +81,17 @@ TEST(CheckpointErrors, ConfigValuesOutOfRangeNameTheField) {
   }
 }
 
+// Bytes after the last tensor: what a header length a few bytes short looks like (the padding
+// spaces after the JSON still parse), which shifts every tensor. Refused, naming the shard.
+TEST(CheckpointErrors, BytesAfterTheLastTensorAreRefused) {
+  const std::string d = TinyCopy("trailing");
+  const std::string shard = ShardOf(d, "head.weight");
+  std::ofstream(shard, std::ios::app | std::ios::binary).write("\0\0\0\0", 4);
+  const std::string m = OpenError(d);
+  EXPECT_HAS(m, shard);
+  EXPECT_HAS(m, "but its tensors end at");
+}
+
 TEST(CheckpointErrors, TruncatedShard) {
   const std::string d = TinyCopy("truncated");
   const std::string shard = ShardOf(d, "head.weight");
