@@ -1,6 +1,7 @@
 // Bad checkpoints: each error names the file and the tensor or field, Open fails cleanly
 // (no crash, no partial state), and `flashmesh inspect` exits non-zero with that message.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -90,6 +91,19 @@ TEST(CheckpointErrors, BytesAfterTheLastTensorAreRefused) {
   const std::string m = OpenError(d);
   EXPECT_HAS(m, shard);
   EXPECT_HAS(m, "but its tensors end at");
+}
+
+// config.json as a device that never ends, or a FIFO nobody writes: an error naming the path,
+// not an OOM or a reader blocked forever.
+TEST(CheckpointErrors, AConfigThatIsNotARegularFileIsRefused) {
+  const std::string zero = TinyCopy("config_dev_zero");
+  fs::remove(zero + "/config.json");
+  fs::create_symlink("/dev/zero", zero + "/config.json");
+  EXPECT_HAS(OpenError(zero), zero + "/config.json: not a regular file");
+  const std::string fifo = TinyCopy("config_fifo");
+  fs::remove(fifo + "/config.json");
+  ASSERT_EQ(mkfifo((fifo + "/config.json").c_str(), 0600), 0);
+  EXPECT_HAS(OpenError(fifo), fifo + "/config.json: not a regular file");
 }
 
 TEST(CheckpointErrors, TruncatedShard) {
