@@ -1,6 +1,7 @@
 // flashmesh mkmodel --preset tiny|small|bench|flash [--layers N] [--seed N] OUT (a tool: it
 // links the test fixtures, docs/architecture.md)
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -21,7 +22,8 @@ const CommandSpec kSpec{
     "       per-layer costs (bench decode). --layers is accepted only with flash.",
     {{"preset", "tiny|small|bench|flash", "the model's size", true},
      {"layers", "N", "flash: its first N layers"},
-     {"seed", "N", "the random weights' seed (default 0); same seed, same files"}},
+     {"seed", "N", "the random weights' seed (default 0); same seed, same files"},
+     {"force", nullptr, "write over a checkpoint already in OUT (it has a config.json)"}},
     "OUT"};
 
 }  // namespace
@@ -37,6 +39,13 @@ int CmdMkmodel(int argc, char** argv) {
   if (!layers.ok()) return UsageError(kSpec, layers.status().message());
   if (const Result<ModelConfig> cfg = PresetConfig(preset, *layers); !cfg.ok())
     return UsageError(kSpec, cfg.status().message());
+  // A checkpoint's config.json is written last: one that is there is a whole checkpoint (maybe a
+  // real one), which a mistyped OUT would leave with another config and index.
+  if (!flags->Has("force") && std::filesystem::exists(std::filesystem::path(out) / "config.json")) {
+    std::fprintf(stderr, "mkmodel: %s already holds a checkpoint (config.json); --force writes over it\n",
+                 out.c_str());
+    return 1;
+  }
   Status s = WritePresetCheckpoint(out, preset, *seed, *layers);
   if (!s.ok()) {
     std::fprintf(stderr, "mkmodel: %s\n", s.ToString().c_str());

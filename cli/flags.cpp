@@ -169,12 +169,19 @@ int UsageError(const CommandSpec& spec, const std::string& message) {
 }
 
 std::optional<Flags> StartCommand(const CommandSpec& spec, int argc, char** argv, int* exit_code) {
-  for (int i = 1; i < argc; ++i)
-    if (IsHelp(argv[i])) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (IsHelp(a)) {
       std::fputs(HelpText(spec).c_str(), stdout);
       *exit_code = 0;
       return std::nullopt;
     }
+    // The value of an option is not a request for help (`--prompt -h` generates "-h").
+    if (a.rfind("--", 0) == 0 && a.find('=') == std::string::npos) {
+      const FlagSpec* f = Find(spec, a.substr(2));
+      if (f && f->value) ++i;
+    }
+  }
   Result<Flags> flags = ParseFlags(spec, argc, argv);
   if (!flags.ok()) {
     *exit_code = UsageError(spec, flags.status().message());

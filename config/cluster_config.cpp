@@ -118,12 +118,15 @@ class Parser {
     return hp;
   }
 
-  // A path relative to the YAML's directory.
+  // A path relative to the YAML's directory, made absolute: the coordinator sends the model
+  // path to workers, which may run in another directory.
   Result<std::string> Path(const YAML::Node& n, const std::string& path) const {
     FM_ASSIGN_OR_RETURN(std::string s, String(n, path));
     fs::path p(s);
     if (p.is_relative()) p = fs::path(base_dir_) / p;
-    return p.lexically_normal().string();
+    std::error_code ec;
+    const fs::path abs = fs::absolute(p, ec);
+    return (ec ? p : abs).lexically_normal().string();
   }
 
   static std::string Show(const YAML::Node& n) {

@@ -70,6 +70,28 @@ TEST(Cli, TopLevelHelpGoesToStdoutAndNamesEveryCommand) {
   EXPECT_EQ(code, 2);
 }
 
+// `-h` or `--help` as an option's value is that value, not a request for help.
+TEST(Cli, HelpAsAnOptionsValueIsTheValue) {
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"generate", "--model", SmallModel(), "--prompt", "-h", "--max-tokens", "2",
+                          "--threads", "1"}, &out), 0) << out;
+  EXPECT_EQ(out.find("usage:"), std::string::npos) << out;
+  EXPECT_NE(out.find("generated 2 tokens"), std::string::npos) << out;
+}
+
+// mkmodel does not write over a checkpoint (a mistyped OUT would leave a real one with another
+// config and index) unless told to.
+TEST(Cli, MkmodelRefusesACheckpointDirectoryWithoutForce) {
+  TempDir dir;
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"mkmodel", "--preset", "tiny", dir.path()}, &out), 0) << out;
+  EXPECT_EQ(RunFlashmesh({"mkmodel", "--preset", "tiny", "--seed", "2", dir.path()}, &out), 1) << out;
+  EXPECT_NE(out.find(dir.path() + " already holds a checkpoint (config.json); --force writes over it"),
+            std::string::npos) << out;
+  EXPECT_EQ(RunFlashmesh({"mkmodel", "--preset", "tiny", "--seed", "2", "--force", dir.path()}, &out), 0)
+      << out;
+}
+
 TEST(Cli, AMissingRequiredFlagIsNamed) {
   std::string out;
   EXPECT_EQ(RunFlashmesh({"coordinator"}, &out), 2) << out;

@@ -59,6 +59,11 @@ TEST(ClusterConfig, FullFileParses) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const ClusterConfig& c = *r;
   EXPECT_EQ(c.model, "/cfg/out/small");  // relative to the YAML's directory
+  // A YAML given by a relative path: the model path is still absolute (the coordinator sends it
+  // to workers, which may run in another directory).
+  auto rel = ParseClusterConfig(kGood, "cfgdir/t.yaml", "cfgdir");
+  ASSERT_TRUE(rel.ok()) << rel.status().ToString();
+  EXPECT_EQ(rel->model, (std::filesystem::current_path() / "out/small").string());   // cfgdir/../out
   EXPECT_EQ(c.coordinator.listen.ToString(), "127.0.0.1:7070");
   EXPECT_FALSE(c.parallel.automatic);
   EXPECT_EQ(c.parallel.pipeline_stages, 2);
