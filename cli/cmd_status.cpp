@@ -59,10 +59,16 @@ int CmdStatus(int argc, char** argv) {
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc == 0 ? 0 : kExitCannotAsk;   // --help, or a usage error
   const auto status = FetchClusterStatus("status", *flags, stderr, &rc);
-  if (!status) return rc;
+  if (!status) {
+    // A JSON reader gets JSON whatever happened: the coordinator is down (exit 2); the reason
+    // went to stderr. Nothing was asked (exit 3: bad flags or credentials) prints nothing.
+    if (flags->Has("json") && rc == 2) std::printf("%s\n", nlohmann::json{{"reachable", false}}.dump().c_str());
+    return rc;
+  }
   const flashmesh::v1::ClusterStatusResponse& resp = *status;
   if (flags->Has("json")) {
     nlohmann::json j;
+    j["reachable"] = true;
     j["healthy"] = resp.healthy();
     j["reason"] = resp.reason();
     j["model"] = resp.model();

@@ -102,7 +102,7 @@ class Parser {
     double v = 0;
     if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v))
       return Error(n, path, "expected a number, got " + Show(n));
-    if (v < 0 || (!allow_zero && v == 0)) return Error(n, path, "must be > 0");
+    if (v < 0 || (!allow_zero && v == 0)) return Error(n, path, allow_zero ? "must be >= 0" : "must be > 0");
     if (v > max) {
       std::ostringstream m;
       m << std::setprecision(15) << max;
@@ -306,8 +306,9 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
           p.Keys(par, "parallel", {"pipeline_stages", "expert_parallel", "tensor_parallel"}));
       cfg->parallel.automatic = false;
       FM_ASSIGN_OR_RETURN(const YAML::Node s, p.Required(par, "parallel", "pipeline_stages"));
-      FM_ASSIGN_OR_RETURN(int64_t stages, p.Int(s, "parallel.pipeline_stages", 1));
-      cfg->parallel.pipeline_stages = static_cast<int>(std::min<int64_t>(stages, 1 << 20));
+      // More stages than nodes is refused with the plan; the bound keeps the number an int.
+      FM_ASSIGN_OR_RETURN(int64_t stages, p.Int(s, "parallel.pipeline_stages", 1, 1 << 20));
+      cfg->parallel.pipeline_stages = static_cast<int>(stages);
       if (const YAML::Node k = par["expert_parallel"]; k.IsDefined()) {
         FM_ASSIGN_OR_RETURN(int64_t ep, p.Int(k, "parallel.expert_parallel", 1));
         cfg->parallel.expert_parallel = static_cast<int>(std::min<int64_t>(ep, 1 << 20));
@@ -490,7 +491,12 @@ Result<ClusterConfig> ParseClusterConfig(const std::string& yaml_text, const std
                                          const std::string& base_dir) {
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    // One document: a second one after `---` would be ignored silently, unlike an unknown key.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1)
+      return InvalidArgument(origin + ":" + std::to_string(docs[1].Mark().line + 1) +
+                             ": a second YAML document; a cluster config is one document");
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     return InvalidArgument(origin + ":" + std::to_string(e.mark.line + 1) + ":" +
                            std::to_string(e.mark.column + 1) + ": YAML syntax: " + e.msg);

@@ -92,6 +92,14 @@ TEST(Cli, MkmodelRefusesACheckpointDirectoryWithoutForce) {
       << out;
 }
 
+// status --json answers JSON when the coordinator is down too (a reader parses stdout).
+TEST(Cli, StatusJsonOfADownCoordinatorSaysSo) {
+  std::string out;
+  const std::string nobody = "127.0.0.1:" + std::to_string(FreePort());
+  EXPECT_EQ(RunFlashmesh({"status", "--server", nobody, "--json"}, &out), 2) << out;
+  EXPECT_NE(out.find("{\"reachable\":false}"), std::string::npos) << out;
+}
+
 TEST(Cli, AMissingRequiredFlagIsNamed) {
   std::string out;
   EXPECT_EQ(RunFlashmesh({"coordinator"}, &out), 2) << out;

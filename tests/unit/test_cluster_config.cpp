@@ -192,6 +192,15 @@ TEST(ClusterConfig, WrongTypes) {
               "coordinator: expected a mapping");
   ExpectError(Edit("pipeline_stages: 2", "pipeline_stages: two"), 3,
               "parallel.pipeline_stages: expected an integer");
+  // The value written, not a clamped one; a bound that allows 0 says so.
+  ExpectError(Edit("pipeline_stages: 2", "pipeline_stages: 1000000000000"), 3,
+              "parallel.pipeline_stages: 1000000000000 is above the maximum 1048576");
+  ExpectError(Edit("kv_cache_gib: 2", "kv_cache_gib: -1"), 12, "limits.kv_cache_gib: must be >= 0");
+  // A second document would be ignored: refused.
+  auto two = Parse(std::string(kGood) + "---\nmodel: /other\n");
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("a second YAML document"), std::string::npos)
+      << two.status().message();
 }
 
 TEST(ClusterConfig, DuplicateNamesAndAddresses) {
