@@ -49,7 +49,7 @@ for cu in kernels/cuda/*.cu; do
   emu_source "$cu" "$OUT/src/$k.cpp"
   kernels+=("$OUT/src/$k.cpp")
 done
-common=(common/status.cpp common/device_transfers.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
+common=(common/status.cpp common/file.cpp common/device_transfers.cpp common/numfmt.cpp common/tensor.cpp common/log.cpp common/thread_pool.cpp)
 kernel_test=(tests/gpu/test_cuda_*.cpp)
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_shard*.cpp}")
 kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_tp.cpp}")
