@@ -107,8 +107,9 @@ int CmdDrain(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   const auto settled = start + 2 * beat;
   const auto until = start + std::chrono::seconds(*wait_s);
-  // A node that does not answer (down for maintenance, say) runs no step: the coordinator
-  // fails what it held. It counts as holding nothing, said once.
+  // A node that cannot be reached (down for maintenance, say: UNAVAILABLE) runs no step: the
+  // coordinator fails what it held. It counts as holding nothing, said once. Any other error,
+  // and any error of the drained node itself, fails the wait as before.
   std::vector<char> silent(all.size(), 0);
   while (true) {
     int64_t live = 0;
@@ -117,6 +118,9 @@ int CmdDrain(int argc, char** argv) {
       call(&ctx);
       flashmesh::v1::StatsResponse stats;
       const grpc::Status s = all[i]->Stats(&ctx, flashmesh::v1::StatsRequest(), &stats);
+      if (!s.ok() && (s.error_code() != grpc::StatusCode::UNAVAILABLE || cfg->nodes[i].name == node))
+        return Fail("node " + cfg->nodes[i].name + " (" + cfg->nodes[i].control.ToString() +
+                    "): " + s.error_message());
       if (!s.ok()) {
         if (!silent[i])
           std::fprintf(stderr, "drain: node %s (%s) does not answer (%s): counted as holding nothing\n",

@@ -41,7 +41,8 @@ int CmdMkmodel(int argc, char** argv) {
     return UsageError(kSpec, cfg.status().message());
   // A checkpoint's config.json is written last: one that is there is a whole checkpoint (maybe a
   // real one), which a mistyped OUT would leave with another config and index.
-  if (!flags->Has("force") && std::filesystem::exists(std::filesystem::path(out) / "config.json")) {
+  std::error_code ec;
+  if (!flags->Has("force") && std::filesystem::exists(std::filesystem::path(out) / "config.json", ec)) {
     std::fprintf(stderr, "mkmodel: %s already holds a checkpoint (config.json); --force writes over it\n",
                  out.c_str());
     return 1;

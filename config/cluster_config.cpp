@@ -492,10 +492,12 @@ Result<ClusterConfig> ParseClusterConfig(const std::string& yaml_text, const std
   YAML::Node root;
   try {
     // One document: a second one after `---` would be ignored silently, unlike an unknown key.
+    // (A trailing `---` makes an empty one: allowed.)
     const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
-    if (docs.size() > 1)
-      return InvalidArgument(origin + ":" + std::to_string(docs[1].Mark().line + 1) +
-                             ": a second YAML document; a cluster config is one document");
+    for (size_t i = 1; i < docs.size(); ++i)
+      if (docs[i].IsDefined() && !docs[i].IsNull())
+        return InvalidArgument(origin + ":" + std::to_string(docs[i].Mark().line + 1) +
+                               ": a second YAML document; a cluster config is one document");
     if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     return InvalidArgument(origin + ":" + std::to_string(e.mark.line + 1) + ":" +

@@ -401,7 +401,8 @@ void HttpServer::Serve(int fd, bool probe) {
   while (ok && !stop_) {
     HttpRequest req;
     if (!ReadRequest(&conn, &buffer, &req, limits_.idle_timeout, limits_.read_timeout, not_after)) break;
-    HttpResponder r(&conn, limits_.response_timeout, limits_.write_stall_timeout, &stop_);
+    HttpResponder r(&conn, limits_.response_timeout,
+                    std::max(limits_.write_stall_timeout, std::chrono::milliseconds(1)), &stop_);
     r.keep_alive_ = req.keep_alive && !probe;
     if (probe && !(req.method == "GET" && (req.path == "/health" || req.path == "/metrics"))) {
       r.Reply(503, "application/json", TooManyConnectionsJson(), {{"Retry-After", "1"}});

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
-#include <limits>
 #include <set>
 
 #include "common/log.h"
@@ -380,19 +378,19 @@ void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
 Scheduler::Clock::time_point Scheduler::StepDeadline(Clock::time_point now, size_t rows) const {
   if (recent_steps_.empty()) return now + limits_.first_step * static_cast<int64_t>(rows / 1024 + 1);
   // A measured step of r rows in t seconds bounds a step of `rows`: by t when rows <= r, by
-  // t x rows / r beyond (a step costs a fixed part plus a part per row). The tightest bound
-  // from a step at least a quarter as large; without one, the slowest time per row x rows
-  // (which a 1-row decode step, mostly fixed cost, makes 10-100x too long for a prefill).
+  // t x rows / r beyond (a step costs a fixed part plus a part per row). The largest bound from
+  // the steps of a similar size (a quarter to 4x); without one, the slowest time per row x
+  // rows (which a 1-row decode step, mostly fixed cost, makes 10-100x too long for a prefill).
   const double want = static_cast<double>(std::max<size_t>(rows, 1));
-  double bound = std::numeric_limits<double>::infinity(), slowest_per_row = 0;
+  double bound = -1, slowest_per_row = 0;
   auto consider = [&](const StepTime& s) {
     const double r = static_cast<double>(std::max<size_t>(s.rows, 1));
     slowest_per_row = std::max(slowest_per_row, s.seconds / r);
-    if (4 * r >= want) bound = std::min(bound, s.seconds * std::max(1.0, want / r));
+    if (4 * r >= want && r <= 4 * want) bound = std::max(bound, s.seconds * std::max(1.0, want / r));
   };
   for (const StepTime& s : recent_steps_) consider(s);
   for (const auto& [size_class, s] : latest_by_size_) consider(s);
-  const double estimate = std::isinf(bound) ? slowest_per_row * want : bound;
+  const double estimate = bound < 0 ? slowest_per_row * want : bound;
   return now + limits_.step_floor +
          std::chrono::duration_cast<Clock::duration>(
              std::chrono::duration<double>(limits_.step_multiple * estimate));

@@ -160,7 +160,7 @@ class Communicator {
 // sends in flight, which fails the write at once (the next send dials again).
 class AbortableSends {
  public:
-  // Before a send of `step` to `peer`: Cancelled if the step is aborted.
+  // Before a send of `step` to `peer`: Unavailable if the step is aborted.
   Status Begin(uint64_t step, const std::string& peer);
   void End(const std::string& peer);   // after it, whatever its outcome
   // Aborts `step` (0 clears the abort, for the steps after a reset) and closes `t`'s

@@ -508,11 +508,14 @@ class TcpTransport final : public Transport {
     now.host = host;
     now.Set(eps);
     {
+      // The plan may have changed during the lookup: admit only a peer it still names, at
+      // this host.
       std::lock_guard<std::mutex> l(mu_);
-      if (allowed_) {
-        auto it = allowed_->find(name);
-        if (it != allowed_->end() && it->second.host == host) it->second = now;
-      }
+      if (!allowed_) co_return Status::Ok();
+      auto it = allowed_->find(name);
+      if (it == allowed_->end() || it->second.host != host)
+        co_return Unauthenticated("handshake: peer '" + name + "' left the plan while it connected");
+      it->second = now;
     }
     if (now.Admits(from)) co_return Status::Ok();
     co_return Unauthenticated("handshake: peer '" + name + "' connected from " + from.to_string() +

@@ -167,8 +167,8 @@ Result<uint64_t> ControlGuard::Authenticate(const grpc::ServerContext& ctx,
   const std::string want =
       ControlCallMac(key_, node_, method, term, unix_ms, nonce, req.SerializeAsString());
   if (mac.size() != want.size() || CRYPTO_memcmp(mac.data(), want.data(), want.size()) != 0)
-    return Unauthenticated(method + ": credential does not verify (wrong cluster secret, a call "
-                                    "for another node, or the call was altered)");
+    return Unauthenticated(method + ": credential does not verify at node '" + node_ +
+                           "' (wrong cluster secret, a call for another node, or the call was altered)");
   const int64_t skew = UnixMillis() - unix_ms;
   const int64_t max_skew = std::chrono::milliseconds(kMaxClockSkew).count();
   if (skew > max_skew || skew < -max_skew)

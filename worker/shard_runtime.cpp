@@ -89,8 +89,11 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   }
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.clear();
-  tp_ = std::move(tp);
-  ep_ = std::move(ep);
+  {
+    std::lock_guard<std::mutex> groups(groups_mu_);
+    tp_ = std::move(tp);
+    ep_ = std::move(ep);
+  }
   model_ = std::move(model);
   x_ = std::move(x);
   last_rows_ = std::move(last_rows);
@@ -114,11 +117,17 @@ void ShardRuntime::Unload() {
   std::lock_guard<std::mutex> lock(mu_);
   device_lost_.clear();
   seqs_.clear();
-  ep_.reset();
+  {
+    std::lock_guard<std::mutex> groups(groups_mu_);
+    ep_.reset();
+  }
   x_.reset();
   last_rows_.reset();
   model_.reset();
-  tp_.reset();
+  {
+    std::lock_guard<std::mutex> groups(groups_mu_);
+    tp_.reset();
+  }
   ckpt_.reset();
 }
 
@@ -303,8 +312,9 @@ EpStats ShardRuntime::ep_stats() const {
 }
 
 void ShardRuntime::AbortStep(uint64_t step) {
-  // Under mu_: a reset or shutdown calls this beside a LoadShard, which replaces ep_ and tp_.
-  std::lock_guard<std::mutex> lock(mu_);
+  // Under groups_mu_: a reset or shutdown calls this beside a LoadShard, which replaces ep_
+  // and tp_.
+  std::lock_guard<std::mutex> groups(groups_mu_);
   if (ep_) ep_->AbortStep(step);
   if (tp_) tp_->AbortStep(step);
 }

@@ -151,8 +151,12 @@ class ShardRuntime {
   std::unique_ptr<ShardModel> model_;
   std::unique_ptr<Activations> x_;          // activations(), in model_'s memory
   std::unique_ptr<Activations> last_rows_;  // Sample: each slice's last row, when not all of x
-  std::unique_ptr<EpExpertExecutor> ep_;
-  std::unique_ptr<CommTpGroup> tp_;
+  std::unique_ptr<EpExpertExecutor> ep_;   // swapped under mu_ and groups_mu_
+  std::unique_ptr<CommTpGroup> tp_;        // likewise
+  // Held only while ep_/tp_ are swapped or aborted: AbortStep must not wait on mu_, which a
+  // StartSequence holds while it allocates (a cudaFree there waits for a stuck NCCL kernel that
+  // only the abort would end).
+  std::mutex groups_mu_;
   mutable std::mutex mu_;   // guards seqs_ (the map, not the caches: one executor thread)
   std::map<uint64_t, Sequence> seqs_;
   std::atomic<uint64_t> device_tokens_{0};   // rows Forward ran on a device shard

@@ -201,6 +201,8 @@ TEST(ClusterConfig, WrongTypes) {
   ASSERT_FALSE(two.ok());
   EXPECT_NE(two.status().message().find("a second YAML document"), std::string::npos)
       << two.status().message();
+  // A trailing separator (generators write one) is an empty document: fine.
+  EXPECT_TRUE(Parse(std::string(kGood) + "---\n").ok());
 }
 
 TEST(ClusterConfig, DuplicateNamesAndAddresses) {
