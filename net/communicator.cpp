@@ -31,7 +31,7 @@ class TcpCommunicator final : public Communicator {
   Status EnsureConnected(int peer, uint64_t step, Clock::time_point deadline) {
     Status st;
     while (!t_->IsConnected(name(peer))) {
-      FM_RETURN_IF_ERROR(CheckAborted(step));
+      FM_RETURN_IF_ERROR(sends_.Check(step));
       if (Clock::now() >= deadline)
         return st.ok() ? DeadlineExceeded("peer '" + name(peer) + "' did not connect in time") : st;
       if (peer < rank_) {
@@ -75,11 +75,10 @@ class TcpCommunicator final : public Communicator {
                            .Wrap("EP rank " + std::to_string(peer) + " (" + name(peer) + ")"));
     FM_ASSIGN_OR_RETURN(FrameHeader h, HeaderFor(peer, kind, step, tag, buf));
     const std::string who = "EP rank " + std::to_string(peer) + " (" + name(peer) + ")";
-    FM_RETURN_IF_ERROR(sends_.Begin(step, name(peer)).Wrap(who));
-    Status st = t_->Send(name(peer), h, buf.data, buf.nbytes, Remaining(deadline));
-    sends_.End(name(peer));
-    if (!st.ok() && sends_.aborted(step)) return CheckAborted(step).Wrap(who);
-    return st.Wrap(who);
+    return sends_
+        .Send(step, name(peer),
+              [&] { return t_->Send(name(peer), h, buf.data, buf.nbytes, Remaining(deadline)); })
+        .Wrap(who);
   }
 
   Result<Frame> Recv(int peer, FrameKind kind, uint64_t step, uint32_t tag,
@@ -89,7 +88,7 @@ class TcpCommunicator final : public Communicator {
     const std::string who = "EP rank " + std::to_string(peer) + " (" + name(peer) + ")";
     if (peer > rank_) FM_RETURN_IF_ERROR(EnsureConnected(peer, step, deadline).Wrap(who));  // we dial
     while (true) {
-      FM_RETURN_IF_ERROR(CheckAborted(step).Wrap(who));
+      FM_RETURN_IF_ERROR(sends_.Check(step).Wrap(who));
       Frame f;
       if (std::optional<Frame> held = TakeHeld(peer)) {
         f = std::move(*held);
@@ -130,12 +129,6 @@ class TcpCommunicator final : public Communicator {
  private:
   static constexpr Millis kAbortPoll{20};   // longest a wait goes without looking at AbortStep
 
-  Status CheckAborted(uint64_t step) const {
-    if (sends_.aborted(step))
-      return Unavailable("step " + std::to_string(step) + " aborted by a reset");
-    return Status::Ok();
-  }
-
   std::optional<Frame> TakeHeld(int peer) {
     std::lock_guard<std::mutex> lock(held_mu_);
     std::optional<Frame> f = std::move(held_[peer]);
@@ -158,17 +151,21 @@ class TcpCommunicator final : public Communicator {
 
 }  // namespace
 
-Status AbortableSends::Begin(uint64_t step, const std::string& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (step != 0 && step == aborted_)
-    return Unavailable("step " + std::to_string(step) + " aborted by a reset");
-  in_flight_.emplace(peer, step);
-  return Status::Ok();
-}
-
-void AbortableSends::End(const std::string& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = in_flight_.find(peer); it != in_flight_.end()) in_flight_.erase(it);
+Status AbortableSends::Send(uint64_t step, const std::string& peer,
+                            const std::function<Status()>& send) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (step != 0 && step == aborted_)
+      return Unavailable("step " + std::to_string(step) + " aborted by a reset");
+    in_flight_.emplace(peer, step);
+  }
+  const Status st = send();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = in_flight_.find(peer); it != in_flight_.end()) in_flight_.erase(it);
+  }
+  if (!st.ok()) FM_RETURN_IF_ERROR(Check(step));
+  return st;
 }
 
 void AbortableSends::Abort(uint64_t step, Transport* t) {
@@ -179,9 +176,11 @@ void AbortableSends::Abort(uint64_t step, Transport* t) {
     if (s == step) t->Disconnect(peer);
 }
 
-bool AbortableSends::aborted(uint64_t step) const {
+Status AbortableSends::Check(uint64_t step) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return step != 0 && step == aborted_;
+  if (step != 0 && step == aborted_)
+    return Unavailable("step " + std::to_string(step) + " aborted by a reset");
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<Communicator>> MakeTcpCommunicator(Transport* transport,

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -160,13 +161,14 @@ class Communicator {
 // sends in flight, which fails the write at once (the next send dials again).
 class AbortableSends {
  public:
-  // Before a send of `step` to `peer`: Unavailable if the step is aborted.
-  Status Begin(uint64_t step, const std::string& peer);
-  void End(const std::string& peer);   // after it, whatever its outcome
+  // Runs `send` (one send of `step` to `peer`) as a send in flight; Unavailable ("step N aborted
+  // by a reset") instead when the step is aborted before it, or while it ran and it failed.
+  Status Send(uint64_t step, const std::string& peer, const std::function<Status()>& send);
   // Aborts `step` (0 clears the abort, for the steps after a reset) and closes `t`'s
   // connection of each of its sends in flight.
   void Abort(uint64_t step, Transport* t);
-  bool aborted(uint64_t step) const;   // step != 0 and aborted
+  // Unavailable naming the step when it is aborted (step != 0); Ok otherwise.
+  Status Check(uint64_t step) const;
 
  private:
   mutable std::mutex mu_;

@@ -68,12 +68,9 @@ class TransportActivationSink : public ActivationSink {
     h.dtype = b.dtype;
     h.step_id = step_id;
     h.set_shape(b.shape);
-    FM_RETURN_IF_ERROR(sends_.Begin(step_id, peer_).Wrap("next stage"));
-    Status st = t_->Send(peer_, h, b.data, b.nbytes, net::Until(deadline));
-    sends_.End(peer_);
-    if (!st.ok() && sends_.aborted(step_id))
-      return Unavailable("next stage: step " + std::to_string(step_id) + " aborted by a reset");
-    return st.Wrap("next stage");
+    return sends_
+        .Send(step_id, peer_, [&] { return t_->Send(peer_, h, b.data, b.nbytes, net::Until(deadline)); })
+        .Wrap("next stage");
   }
   void AbortStep(uint64_t step) override { sends_.Abort(step, t_); }
 

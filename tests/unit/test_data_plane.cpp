@@ -214,6 +214,17 @@ TEST(StageExecutorChecks, ARepeatedStepIdIsRefused) {
   EXPECT_EQ(out[0].logprob, want[0].logprob);
 }
 
+// An f32 ACTIVATION frame of step `step`: [rows, row_floats] zeros.
+net::Frame ZeroActivation(uint64_t step, int64_t rows, int64_t row_floats) {
+  net::Frame f;
+  f.header.kind = net::FrameKind::kActivation;
+  f.header.dtype = net::FrameDType::kF32;
+  f.header.step_id = step;
+  f.header.set_shape({static_cast<uint32_t>(rows), static_cast<uint32_t>(row_floats)});
+  f.payload.assign(static_cast<size_t>(rows * row_floats) * sizeof(float), 0);
+  return f;
+}
+
 // A frame is checked against the shard it arrives for, and a LoadShard may replace that shard
 // before the frame's step runs (a wider hc*H would read past the payload): the swap drops the
 // inbox, and the copy into X checks the frame against X again.
@@ -225,12 +236,7 @@ TEST(StageExecutorChecks, AFrameFromBeforeAShardSwapIsNotUsed) {
   greedy.greedy = true;
   ASSERT_TRUE(r.StartSequence(1, 64, greedy).ok());
   const int64_t rf = r.row_floats();
-  net::Frame f;
-  f.header.kind = net::FrameKind::kActivation;
-  f.header.dtype = net::FrameDType::kF32;
-  f.header.step_id = 5;
-  f.header.set_shape({3, static_cast<uint32_t>(rf)});
-  f.payload.assign(static_cast<size_t>(3 * rf) * sizeof(float), 0);
+  const net::Frame f = ZeroActivation(5, 3, rf);
   ASSERT_TRUE(e.Receive(f).ok());
   ASSERT_TRUE(e.Exclusive([] { return Status::Ok(); }).ok());
   std::vector<SampledId> out;
@@ -256,15 +262,7 @@ TEST(StageExecutorChecks, TheInboxHoldsAtMostFourLargestStepsOfBytes) {
   ASSERT_TRUE(r.Load(p).ok());
   StageExecutor e(&r);
   const int64_t rf = r.row_floats();
-  auto frame = [&](uint64_t step) {
-    net::Frame f;
-    f.header.kind = net::FrameKind::kActivation;
-    f.header.dtype = net::FrameDType::kF32;
-    f.header.step_id = step;
-    f.header.set_shape({4, static_cast<uint32_t>(rf)});
-    f.payload.assign(static_cast<size_t>(4 * rf) * sizeof(float), 0);
-    return f;
-  };
+  auto frame = [&](uint64_t step) { return ZeroActivation(step, 4, rf); };
   for (uint64_t step = 1; step <= 4; ++step) ASSERT_TRUE(e.Receive(frame(step)).ok()) << step;
   EXPECT_TRUE(e.Receive(frame(4)).ok()) << "a repeat replaces its frame";
   const Status s = e.Receive(frame(5));
