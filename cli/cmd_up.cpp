@@ -1,7 +1,8 @@
 // flashmesh up --config FILE [--model DIR] [--threads N]: a whole local cluster for
 // development: every node of the YAML whose control host is this machine as a
-// `flashmesh worker` child, plus a `flashmesh coordinator` child. SIGINT/SIGTERM stops them all; so does the coordinator
-// exiting (a worker that exits is reported by the coordinator as down).
+// `flashmesh worker` child, plus a `flashmesh coordinator` child. SIGINT/SIGTERM stops them
+// all; so does the coordinator exiting (a worker that exits is reported by the coordinator as
+// down).
 #include <signal.h>
 
 #include <chrono>

@@ -39,16 +39,17 @@ RpcResult Classify(const NodeHandle& node, const grpc::ClientContext& ctx, const
 }
 
 // Starts one async call: `start(ctx, req, resp, on_done)` issues it on the node's stub.
+// Returns the call's canceller (WorkerSet: harmless once it is done).
 template <typename Req, typename Resp, typename Start>
-std::shared_ptr<PendingCall<Req, Resp>> Call(NodeHandle* node, const Req& req, WorkerSet::Deadline deadline,
-                                             WorkerSet::Done<Resp> done, Start start) {
+std::function<void()> Call(NodeHandle* node, const Req& req, WorkerSet::Deadline deadline,
+                           WorkerSet::Done<Resp> done, Start start) {
   auto p = std::make_shared<PendingCall<Req, Resp>>();
   p->req = req;
   p->ctx.set_deadline(ToSystem(deadline));
   start(&p->ctx, &p->req, &p->resp, [p, node, done = std::move(done)](grpc::Status s) {
     done(Classify(*node, p->ctx, s), std::move(p->resp));
   });
-  return p;
+  return [p] { p->ctx.TryCancel(); };
 }
 
 }  // namespace
@@ -57,41 +58,37 @@ std::function<void()> Cluster::StartSequence(int worker, const flashmesh::v1::St
                                              Deadline deadline,
                                              Done<flashmesh::v1::StartSequenceResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  auto p = Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
-                [n](auto* ctx, auto* q, auto* r, auto cb) {
+  return Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+              [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->StartSequence(ctx, q, r, std::move(cb));
   });
-  return [p] { p->ctx.TryCancel(); };
 }
 
 std::function<void()> Cluster::FreeSequence(int worker, const flashmesh::v1::FreeSequenceRequest& req,
                                             Deadline deadline,
                                             Done<flashmesh::v1::FreeSequenceResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  auto p = Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
-                [n](auto* ctx, auto* q, auto* r, auto cb) {
+  return Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+              [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->FreeSequence(ctx, q, r, std::move(cb));
   });
-  return [p] { p->ctx.TryCancel(); };
 }
 
 std::function<void()> Cluster::Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  auto p = Call(n, flashmesh::v1::ResetRequest(), deadline,
-                StepDownIfSuperseded(n, std::move(done)), [n](auto* ctx, auto* q, auto* r, auto cb) {
+  return Call(n, flashmesh::v1::ResetRequest(), deadline,
+              StepDownIfSuperseded(n, std::move(done)), [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->Reset(ctx, q, r, std::move(cb));
   });
-  return [p] { p->ctx.TryCancel(); };
 }
 
 std::function<void()> Cluster::StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,
                                          Deadline deadline, Done<flashmesh::v1::StepBatchResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  auto p = Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
-                [n](auto* ctx, auto* q, auto* r, auto cb) {
+  return Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+              [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->StepBatch(ctx, q, r, std::move(cb));
   });
-  return [p] { p->ctx.TryCancel(); };
 }
 
 }  // namespace fm
