@@ -117,7 +117,25 @@ class Scheduler {
     Clock::time_point started_at;  // when the last StartSequence answered
     Status start_error;            // the first failed StartSequence
   };
-  struct StepCall;   // one micro-batch's RPCs to every worker
+  // One micro-batch's RPCs to every worker.
+  struct StepCall {
+    uint64_t step_id = 0;
+    std::vector<uint64_t> seq_ids;
+    size_t rows = 0;
+    Clock::time_point launched, deadline;
+    std::vector<RpcResult> results;                        // per worker
+    std::vector<flashmesh::v1::StepBatchResponse> responses;
+    std::vector<char> done;
+    std::vector<std::function<void()>> cancels;   // dropped once done: they may hold this call
+    int remaining = 0;
+    bool failed = false;
+    Clock::time_point settle_by;   // failed: when to complete it without the missing answers
+    // Cancels what still runs and drops the handles.
+    void Cancel() {
+      for (const auto& c : cancels) c();
+      cancels.clear();
+    }
+  };
 
   // The scheduling thread's wake-up and its inbox of work from other threads, shared with the
   // streams' cancel hooks and the cluster's listeners (which may outlive the scheduler); `mu`

@@ -2,6 +2,7 @@
 // test tokenizer writer): the GPT-2 byte <-> unicode map and the UTF-8 helpers.
 #pragma once
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -14,6 +15,8 @@ const std::array<uint32_t, 256>& ByteToCodepoint();
 int CodepointToByte(uint32_t cp);
 
 void AppendUtf8(uint32_t cp, std::string* out);
+// Decodes one UTF-8 character at s[i] (valid input assumed); returns its length.
+int DecodeUtf8(const std::string& s, size_t i, uint32_t* cp);
 // The byte-mapped form of raw bytes (what tokenizer.json stores as vocab keys).
 std::string ByteMap(const std::string& raw);
 
