@@ -16,7 +16,8 @@ const CommandSpec kSpec{
     "validates the cluster YAML and the plan, loads every worker's shard, serves the\n"
     "Inference API on coordinator.listen. Stops on SIGINT/SIGTERM.",
     {{"config", "FILE", "the cluster YAML", true},
-     {"model", "DIR", "checkpoint directory instead of the YAML's `model`"}}};
+     {"model", "DIR", "checkpoint directory instead of the YAML's `model`, sent to every worker\n"
+                      "that has no --model of its own"}}};
 
 }  // namespace
 

@@ -33,7 +33,7 @@ const CommandSpec kSpec{
                            "(printed as 'http listening on HOST:PORT')"},
      {"max-batch", "N", "sequences decoded together (default 16)"},
      {"max-context", "N", "tokens per sequence (default 8192)"},
-     {"max-tokens", "N", "new tokens per request (default 4096)"},
+     {"max-tokens", "N", "new tokens per request (default 4096, or --max-context if smaller)"},
      {"max-queue", "N", "waiting requests before new ones are refused (default 64)"},
      {"max-streams-per-client", "N", "concurrent generations of one client (default 64)"},
      {"write-stall-timeout", "S", "a gRPC stream whose client reads nothing for S seconds ends\n"

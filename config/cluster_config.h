@@ -91,7 +91,7 @@ struct TlsConfig {
 
 struct SecurityConfig {
   std::string token_file;           // API bearer tokens; "" = no API auth
-  std::string cluster_secret_file;  // data-plane secret; "" = no data-plane auth (dev only)
+  std::string cluster_secret_file;  // signs control RPCs + data plane; "" = loopback only
   TlsConfig tls;                    // gRPC TLS; disabled when absent
   // Without a cluster secret every listener must be on loopback unless this is true (a
   // trusted network; the daemons warn at start).

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "common/log.h"
 #include "rpc/grpc_status.h"
@@ -16,7 +17,9 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   CoordinatorSetup s;
   s.listen = cfg.coordinator.listen.ToString();
   if (cfg.coordinator.http) s.http = cfg.coordinator.http->ToString();
-  s.model_dir = model_override.empty() ? cfg.model : model_override;
+  // Absolute, as the YAML's paths are: every worker without a --model of its own loads this
+  // path, from its own working directory.
+  s.model_dir = model_override.empty() ? cfg.model : std::filesystem::absolute(model_override).string();
   Result<ModelConfig> model = LoadModelConfig(s.model_dir + "/config.json");
   if (!model.ok())
     return model.status().Wrap(model_override.empty() ? cfg.model_where + ": model" : "--model");

@@ -96,6 +96,13 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Name("flashmesh_node_step_latency_seconds")
                        .Help("StepBatch round trip of one micro-batch to a node")
                        .Register(*registry_);
+  // The usual series exist from the start, at 0, so that rate() and absence alerts see an idle
+  // server as idle rather than as missing data.
+  for (const char* api : {"grpc", "http"}) {
+    for (const char* reason : {"stop", "length", "cancelled"})
+      requests_->Add({{"api", api}, {"finish_reason", reason}});
+    for (const char* code : {"400", "429", "500", "503", "504"}) errors_->Add({{"api", api}, {"code", code}});
+  }
 }
 
 Metrics::~Metrics() = default;

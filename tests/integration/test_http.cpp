@@ -415,6 +415,9 @@ TEST_F(HttpApiTest, ClientDisconnectMidStreamFreesTheSequence) {
 
 TEST_F(HttpApiTest, MetricsMoveByTheExpectedAmounts) {
   auto m0 = Scrape(port());
+  // Series that nothing has counted yet are there at 0 (no gRPC request ends 504 in this suite).
+  EXPECT_EQ(m0.count("flashmesh_request_errors_total{api=\"grpc\",code=\"504\"}"), 1u);
+  EXPECT_EQ(m0.count("flashmesh_requests_total{api=\"grpc\",finish_reason=\"cancelled\"}"), 1u);
   const int n = 3, tokens = 4;
   int prompt = 0;
   for (int i = 0; i < n; ++i) {
