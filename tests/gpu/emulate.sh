@@ -65,7 +65,7 @@ kernel_srcs=("${kernel_test[@]}" tests/gpu/test_emu_schedule.cpp model/sampler.c
              kernels/cpu/hc_ref.cpp "${common[@]}")
 # The EP and tp tests (test_cuda_ep, test_cuda_tp) run the worker's EP executor and tp group over
 # the TCP communicator and over the NCCL one (emu/nccl.h).
-ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cpp net/tcp_conn.cpp
+ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cpp net/tcp_transport_conns.cpp net/tcp_conn.cpp
          net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp net/nccl_communicator.cpp
          worker/tp_group.cpp)
 shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
