@@ -295,7 +295,9 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
   resp->set_pipeline_stages(cluster_->num_stages());
   resp->set_expert_parallel(cluster_->expert_parallel());
   resp->set_tensor_parallel(cluster_->tensor_parallel());
-  for (const auto& node : cluster_->nodes()) {
+  const auto stats = cluster_->StatsOfAll(kStatsTimeout);
+  for (size_t i = 0; i < cluster_->nodes().size(); ++i) {
+    const NodeHandle* node = cluster_->nodes()[i].get();
     auto* n = resp->add_nodes();
     const WorkerPlan& w = node->plan();
     n->set_name(node->name());
@@ -311,12 +313,8 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
     n->set_control(node->control());
     n->set_data(node->data());
     n->set_error(node->error());
-    if (node->state() == flashmesh::v1::NODE_STATE_DOWN) continue;
-    flashmesh::v1::StatsRequest sreq;
-    flashmesh::v1::StatsResponse sresp;
-    grpc::ClientContext sctx;
-    sctx.set_deadline(std::chrono::system_clock::now() + kStatsTimeout);
-    if (node->stub()->Stats(&sctx, sreq, &sresp).ok()) {
+    if (stats[i]) {
+      const flashmesh::v1::StatsResponse& sresp = *stats[i];
       n->set_weight_bytes(sresp.weight_bytes());
       n->set_kv_bytes(sresp.kv_bytes());
       n->set_active_sequences(sresp.active_sequences());
@@ -334,10 +332,10 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
       std::sort(load.begin(), load.end(), [](const auto& a, const auto& b) {
         return a.first != b.first ? a.first > b.first : a.second < b.second;
       });
-      for (size_t i = 0; i < load.size() && i < 5; ++i) {
+      for (size_t k = 0; k < load.size() && k < 5; ++k) {
         auto* el = n->add_top_experts();
-        el->set_expert(load[i].second);
-        el->set_tokens(load[i].first);
+        el->set_expert(load[k].second);
+        el->set_tokens(load[k].first);
       }
     }
   }

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,6 +125,11 @@ class Cluster final : public WorkerSet {
   std::function<void()> StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,
                                   Deadline deadline,
                                   Done<flashmesh::v1::StepBatchResponse> done) override;
+
+  // Every node's Stats, asked of all at once (the status table, /metrics), so that slow nodes
+  // cost one timeout together rather than one each. Indexed like nodes(); empty for a node that
+  // is DOWN or did not answer within `timeout`.
+  std::vector<std::optional<flashmesh::v1::StatsResponse>> StatsOfAll(std::chrono::milliseconds timeout);
 
  private:
   // Ok, or Unavailable naming the newer term's takeover once this coordinator stepped down.

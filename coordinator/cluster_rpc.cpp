@@ -1,5 +1,6 @@
 // The Cluster's worker RPCs for the Scheduler (WorkerSet): async gRPC calls with deadlines,
 // each result classified by who it belongs to (RpcFault) from the worker's trailing metadata.
+// Also StatsOfAll, for the status table and /metrics.
 #include <grpcpp/grpcpp.h>
 
 #include "coordinator/cluster.h"
@@ -89,6 +90,38 @@ std::function<void()> Cluster::StepBatch(int worker, const flashmesh::v1::StepBa
               [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->StepBatch(ctx, q, r, std::move(cb));
   });
+}
+
+std::vector<std::optional<flashmesh::v1::StatsResponse>> Cluster::StatsOfAll(
+    std::chrono::milliseconds timeout) {
+  struct Gather {
+    std::mutex mu;
+    std::condition_variable cv;
+    int pending = 0;
+    std::vector<std::optional<flashmesh::v1::StatsResponse>> out;
+  };
+  auto g = std::make_shared<Gather>();
+  g->out.resize(nodes_.size());
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    NodeHandle* n = nodes_[i].get();
+    if (n->state() == flashmesh::v1::NODE_STATE_DOWN) continue;
+    {
+      std::lock_guard<std::mutex> l(g->mu);
+      ++g->pending;
+    }
+    Call(n, flashmesh::v1::StatsRequest(), deadline,
+         WorkerSet::Done<flashmesh::v1::StatsResponse>([g, i](RpcResult r, flashmesh::v1::StatsResponse resp) {
+           std::lock_guard<std::mutex> l(g->mu);
+           if (r.ok()) g->out[i] = std::move(resp);
+           if (--g->pending == 0) g->cv.notify_all();
+         }),
+         [n](auto* ctx, auto* q, auto* r, auto cb) { n->stub()->async()->Stats(ctx, q, r, std::move(cb)); });
+  }
+  // gRPC ends every call by its deadline; the margin covers its callback thread.
+  std::unique_lock<std::mutex> l(g->mu);
+  g->cv.wait_until(l, deadline + std::chrono::seconds(1), [&] { return g->pending == 0; });
+  return g->out;
 }
 
 }  // namespace fm

@@ -142,15 +142,12 @@ std::string Metrics::Render(Cluster* cluster, const Scheduler* scheduler) {
   NodeFamily device_tokens("flashmesh_node_device_tokens_total",
                            "Rows the node's device steps ran (what its device copy bytes cover)",
                            MetricType::Counter);
-  for (const auto& node : cluster->nodes()) {
-    const bool is_up = node->state() == flashmesh::v1::NODE_STATE_UP;
-    up.Add(node->name(), is_up ? 1 : 0);
-    if (node->state() == flashmesh::v1::NODE_STATE_DOWN) continue;
-    flashmesh::v1::StatsRequest req;
-    flashmesh::v1::StatsResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kStatsTimeout);
-    if (!node->stub()->Stats(&ctx, req, &resp).ok()) continue;
+  const auto stats = cluster->StatsOfAll(kStatsTimeout);
+  for (size_t i = 0; i < cluster->nodes().size(); ++i) {
+    const NodeHandle* node = cluster->nodes()[i].get();
+    up.Add(node->name(), node->state() == flashmesh::v1::NODE_STATE_UP ? 1 : 0);
+    if (!stats[i]) continue;
+    const flashmesh::v1::StatsResponse& resp = *stats[i];
     kv.Add(node->name(), static_cast<double>(resp.kv_bytes()));
     seqs.Add(node->name(), resp.active_sequences());
     data.Add(node->name(), static_cast<double>(resp.data_bytes_sent()), "direction", "sent");

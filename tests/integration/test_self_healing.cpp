@@ -248,6 +248,33 @@ TEST(SelfHealing, StoppingAndContinuingAStageTwentyTimesLeavesNoSequenceOrKvBehi
   EXPECT_EQ(WaitNothingHeld(stub.get(), 10s), "") << cluster.Logs();
 }
 
+// The status table asks every node's Stats at once: two frozen nodes (not yet DOWN) cost one
+// 800 ms Stats deadline together, not one each, and the live node's counters still come.
+TEST(SelfHealing, StatusWithTwoFrozenNodesCostsOneStatsDeadline) {
+  Cluster cluster(ClusterSpec{});
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  cluster.worker(1)->Signal(SIGSTOP);
+  cluster.worker(2)->Signal(SIGSTOP);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  flashmesh::v1::ClusterStatusResponse status;
+  const auto start = Clock::now();
+  const grpc::Status rpc = stub->ClusterStatus(&ctx, flashmesh::v1::ClusterStatusRequest(), &status);
+  const auto took = Clock::now() - start;
+  cluster.worker(1)->Signal(SIGCONT);
+  cluster.worker(2)->Signal(SIGCONT);
+  ASSERT_TRUE(rpc.ok()) << rpc.error_message();
+  EXPECT_LT(took, 1500ms) << "one after the other, two Stats deadlines take 1600 ms";
+  ASSERT_EQ(status.nodes_size(), 3);
+  EXPECT_GT(status.nodes(0).weight_bytes(), 0u);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(status.nodes(i).state(), flashmesh::v1::NODE_STATE_UP) << "frozen for less than the heartbeat timeout";
+    EXPECT_EQ(status.nodes(i).weight_bytes(), 0u) << "a frozen node's counters are left out";
+  }
+}
+
 TEST(SelfHealing, SixtyFourExpiredQueuedRequestsDoNotBlockANewOne) {
   ClusterSpec spec;
   spec.max_batch = 1;
