@@ -22,6 +22,8 @@ namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 constexpr auto kStatsTimeout = std::chrono::milliseconds(800);
+// A call cancelled this close to its deadline timed out (Generate).
+constexpr auto kDeadlineMargin = std::chrono::milliseconds(500);
 
 std::string Trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r\n");
@@ -232,13 +234,20 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
   auto stream = scheduler_->Submit(std::move(params).value());
   if (!stream.ok()) return fail(stream.status());
   meter.Submitted(prompt_tokens);
+  // The call ended under the request. At its deadline it timed out (a 504, as a queued one that
+  // timed out counts), whatever gRPC calls it: only a client that hung up before then cancelled.
+  // The client's own timer ends the call a little before this side's deadline (which starts
+  // when the call arrives), hence the margin.
+  auto gone = [&](const char* why) {
+    (*stream)->Cancel();
+    if (std::chrono::system_clock::now() + kDeadlineMargin >= ctx->deadline())
+      return fail(DeadlineExceeded("the request ran past its deadline"));
+    meter.Cancelled();
+    return grpc::Status(grpc::StatusCode::CANCELLED, why);
+  };
   RequestStream::Event ev;
   while (true) {
-    if (ctx->IsCancelled()) {
-      (*stream)->Cancel();
-      meter.Cancelled();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-    }
+    if (ctx->IsCancelled()) return gone("cancelled by the client");
     if (!(*stream)->Pop(&ev, kPollInterval)) continue;
     flashmesh::v1::GenerateResponse out;
     if (ev.kind == RequestStream::Event::kError) return fail(ev.error);
@@ -250,11 +259,7 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
         WriteWatchdog::Write watched(&write_watchdog_, ctx);
         written = writer->Write(out);
       }
-      if (!written) {
-        (*stream)->Cancel();
-        meter.Cancelled();
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-      }
+      if (!written) return gone("the client went away");
       continue;
     }
     meter.Finished(ev.finish);

@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <openssl/err.h>
@@ -292,7 +295,16 @@ void HttpServer::AcceptLoop() {
     Reap(/*all=*/false);
     if (n <= 0) continue;
     int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors (EMFILE, ENFILE, ENOBUFS): the listener stays readable and the next
+      // accept fails the same way, so wait a slice instead of spinning on it.
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+        FM_LOG(kWarn, "http") << "accept: " << std::strerror(errno) << "; trying again in "
+                              << kPollSliceMs << " ms";
+        std::this_thread::sleep_for(std::chrono::milliseconds(kPollSliceMs));
+      }
+      continue;
+    }
     const bool probe = open_ - probes_open_ >= limits_.max_connections;
     if (probe && probes_open_ >= limits_.probe_connections) {
       // Best effort, never blocking the accept loop: a plain-HTTP client learns why.

@@ -455,6 +455,32 @@ TEST_F(HttpApiTest, MetricsMoveByTheExpectedAmounts) {
   }
 }
 
+// A gRPC request still generating when its deadline passes timed out: it counts as a 504 error,
+// as one that timed out in the queue does, not as a client's cancel.
+TEST_F(HttpApiTest, AGrpcRequestPastItsDeadlineCountsAsATimeoutNotACancel) {
+  auto stub = Connect(cluster_->api());
+  const auto m0 = Scrape(port());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 700ms);
+  auto reader = stub->Generate(&ctx, TokensRequest({5, 6, 7}, 4000));
+  flashmesh::v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp)) << "the request should start well within its deadline";
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The coordinator notices at its next poll: within a second.
+  std::map<std::string, double> m1;
+  const std::string timeout = "flashmesh_request_errors_total{api=\"grpc\",code=\"504\"}";
+  const std::string cancelled = "flashmesh_requests_total{api=\"grpc\",finish_reason=\"cancelled\"}";
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  do {
+    std::this_thread::sleep_for(100ms);
+    m1 = Scrape(port());
+  } while (m1[timeout] == m0.at(timeout) && std::chrono::steady_clock::now() < until);
+  EXPECT_EQ(m1[timeout] - m0.at(timeout), 1);
+  EXPECT_EQ(m1[cancelled] - m0.at(cancelled), 0);
+}
+
 TEST_F(HttpApiTest, HealthFollowsTheCluster) {
   const std::string inference = "flashmesh.v1.Inference";
   // grpc.health follows the cluster's health within the coordinator's 100 ms watch period.
