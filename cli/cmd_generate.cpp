@@ -12,6 +12,7 @@
 #include "cli/generate_remote.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "config/cluster_config.h"
 #include "model/checkpoint.h"
 #include "model/forward.h"
 #include "model/generate.h"
@@ -58,7 +59,9 @@ const CommandSpec kSpec{
      {"top-k", "K", "keep the K most likely tokens, 0 = all (default 0)"},
      {"seed", "S", "sampling seed (default 0); same seed, same tokens"},
      {"format", "text|ids", "stream decoded text (default) or print the ids on one line"},
-     {"threads", "N", "kernel threads (default: all cores)"}}};
+     {"threads", "N", "kernel threads (default: all cores)"},
+     {"max-step-tokens", "N", "with --model: prefill the prompt in chunks of N tokens, as a\n"
+                              "server with limits.max_step_tokens N does (default 2048)"}}};
 
 Status ParseArgs(const Flags& f, GenerateArgs* args) {
   args->model = f.Get("model");
@@ -84,6 +87,8 @@ Status ParseArgs(const Flags& f, GenerateArgs* args) {
   if (args->format != "text" && args->format != "ids")
     return InvalidArgument("--format: expected text or ids, got '" + args->format + "'");
   FM_ASSIGN_OR_RETURN(const int64_t threads, f.GetInt("threads", 0, 1, kMaxThreads));
+  FM_ASSIGN_OR_RETURN(args->gen.prefill_chunk,
+                      f.GetInt("max-step-tokens", args->gen.prefill_chunk, 1, kMaxContextLimit));
   args->threads = static_cast<int>(threads);
   if (args->model.empty() == args->server.empty())
     return InvalidArgument("give exactly one of --model and --server");

@@ -35,6 +35,7 @@ const CommandSpec kSpec{
      {"max-context", "N", "tokens per sequence (default 8192)"},
      {"max-tokens", "N", "new tokens per request (default 4096, or --max-context if smaller)"},
      {"max-queue", "N", "waiting requests before new ones are refused (default 64)"},
+     {"max-step-tokens", "N", "rows of one step; longer prompts go in chunks of N (default 2048)"},
      {"max-streams-per-client", "N", "concurrent generations of one client (default 64)"},
      {"write-stall-timeout", "S", "a gRPC stream whose client reads nothing for S seconds ends\n"
                                   "(default 60)"},
@@ -49,11 +50,13 @@ int CmdServe(int argc, char** argv) {
   const std::optional<Flags> flags = StartCommand(kSpec, argc, argv, &rc);
   if (!flags) return rc;
   struct IntFlag { const char* name; int64_t fallback; int64_t* out; int64_t max; };
-  int64_t max_batch, max_context, max_tokens, max_queue, max_streams, write_stall, threads;
+  int64_t max_batch, max_context, max_tokens, max_queue, max_step_tokens, max_streams, write_stall,
+      threads;
   constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
   const IntFlag ints[] = {{"max-batch", 16, &max_batch, kMaxBatchLimit},
                           {"max-context", 8192, &max_context, kMaxContextLimit},
                           {"max-tokens", 4096, &max_tokens, kAny}, {"max-queue", 64, &max_queue, kAny},
+                          {"max-step-tokens", 2048, &max_step_tokens, kMaxContextLimit},
                           {"max-streams-per-client", 64, &max_streams, kAny},
                           {"write-stall-timeout", 60, &write_stall, 86400},
                           {"threads", std::thread::hardware_concurrency(), &threads, kMaxThreads}};
@@ -86,6 +89,7 @@ int CmdServe(int argc, char** argv) {
   cluster.limits.max_context = max_context;
   cluster.limits.max_tokens = max_tokens;
   cluster.limits.max_queue = max_queue;
+  cluster.limits.max_step_tokens = max_step_tokens;
   cluster.limits.max_streams_per_client = max_streams;
   cluster.limits.write_stall_timeout_s = static_cast<double>(write_stall);
   cluster.security.token_file = flags->Get("token-file");

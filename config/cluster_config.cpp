@@ -361,7 +361,7 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
   if (const YAML::Node l = root["limits"]; l.IsDefined() && !l.IsNull()) {
     FM_RETURN_IF_ERROR(p.Keys(l, "limits", {"max_batch", "max_context", "kv_cache_gib",
                                             "max_queue", "max_tokens", "max_streams_per_client",
-                                            "write_stall_timeout_s"}));
+                                            "write_stall_timeout_s", "max_step_tokens"}));
     LimitsConfig& lim = cfg->limits;
     if (l["max_batch"]) { FM_ASSIGN_OR_RETURN(lim.max_batch, p.Int(l["max_batch"], "limits.max_batch", 1, kMaxBatchLimit)); }
     if (l["max_context"]) {
@@ -370,6 +370,10 @@ Status ParseRoot(const Parser& p, const YAML::Node& root, ClusterConfig* cfg) {
     if (l["kv_cache_gib"]) { FM_ASSIGN_OR_RETURN(lim.kv_cache_gib, p.Number(l["kv_cache_gib"], "limits.kv_cache_gib", true, kMaxMemoryGib)); }
     if (l["max_queue"]) { FM_ASSIGN_OR_RETURN(lim.max_queue, p.Int(l["max_queue"], "limits.max_queue", 1)); }
     if (l["max_tokens"]) { FM_ASSIGN_OR_RETURN(lim.max_tokens, p.Int(l["max_tokens"], "limits.max_tokens", 1)); }
+    if (l["max_step_tokens"]) {
+      FM_ASSIGN_OR_RETURN(lim.max_step_tokens,
+                          p.Int(l["max_step_tokens"], "limits.max_step_tokens", 1, kMaxContextLimit));
+    }
     if (l["max_streams_per_client"]) {
       FM_ASSIGN_OR_RETURN(lim.max_streams_per_client,
                           p.Int(l["max_streams_per_client"], "limits.max_streams_per_client", 1));

@@ -80,6 +80,7 @@ struct LimitsConfig {
                                // max_batch sequences at max_context take, and max_batch bounds it)
   int64_t max_queue = 64;      // waiting requests before new ones are refused
   int64_t max_tokens = 4096;   // max new tokens per request (<= max_context)
+  int64_t max_step_tokens = 2048;   // rows of one micro-batch; longer prompts go in chunks of it
   int64_t max_streams_per_client = 64;   // concurrent generations of one API client
   double write_stall_timeout_s = 60;     // a gRPC stream whose client reads nothing this long ends
 };

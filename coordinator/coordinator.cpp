@@ -50,6 +50,7 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.limits.max_batch = cfg.limits.max_batch;
   s.limits.max_queue = cfg.limits.max_queue;
   s.limits.max_context = cfg.limits.max_context;
+  s.limits.max_step_tokens = cfg.limits.max_step_tokens;
   s.api.max_tokens = cfg.limits.max_tokens;
   s.api.max_context = cfg.limits.max_context;
   s.api.max_streams_per_client = cfg.limits.max_streams_per_client;

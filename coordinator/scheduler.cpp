@@ -338,26 +338,44 @@ void Scheduler::Launch() {
   const int stages = workers_->num_stages();
   const auto& workers = workers_->workers();
   while (num_in_flight() < stages) {
-    std::vector<Request*> ready;
+    // Decode rows first, so that a long prompt never holds back the streams already going.
+    std::vector<Request*> decode, prefill;
     for (auto& [id, r] : live_)
       if (r->starting == 0 && !r->in_flight && !r->stream->cancelled() && !r->next.empty())
-        ready.push_back(r.get());
-    if (ready.empty()) return;
-    // Spread the ready sequences over the free pipeline slots.
+        (r->next.size() == 1 ? decode : prefill).push_back(r.get());
+    if (decode.empty() && prefill.empty()) return;
+    // Spread the ready decode rows over the free pipeline slots.
     const size_t slots = static_cast<size_t>(stages - num_in_flight());
-    const size_t take = (ready.size() + slots - 1) / slots;
+    const size_t take = (decode.size() + slots - 1) / slots;
     auto call = std::make_shared<StepCall>();
     call->step_id = next_step_id_++;
-    std::vector<std::pair<int, flashmesh::v1::StepItem>> items(take);   // (member, item)
-    for (size_t i = 0; i < take; ++i) {
-      Request* r = ready[i];
-      items[i].first = r->member;
-      items[i].second.set_seq_id(r->id);
-      items[i].second.mutable_tokens()->Add(r->next.begin(), r->next.end());
-      call->rows += r->next.size();
-      r->next.clear();
+    std::vector<std::pair<int, flashmesh::v1::StepItem>> items;   // (member, item)
+    auto add = [&](Request* r, size_t n) {
+      flashmesh::v1::StepItem item;
+      item.set_seq_id(r->id);
+      item.mutable_tokens()->Add(r->next.begin(), r->next.begin() + static_cast<std::ptrdiff_t>(n));
+      r->next.erase(r->next.begin(), r->next.begin() + static_cast<std::ptrdiff_t>(n));
+      if (!r->next.empty()) {
+        item.set_prefill_continues(true);
+        call->chunk_ids.push_back(r->id);
+      }
+      items.emplace_back(r->member, std::move(item));
+      call->rows += n;
       r->in_flight = true;
       call->seq_ids.push_back(r->id);
+    };
+    for (size_t i = 0; i < take; ++i) add(decode[i], 1);
+    // Then prompt chunks while the step has room (always one): a chunk ends at a multiple of
+    // max_step_tokens from the prompt's start, whatever else the step holds, so the bits of a
+    // request never depend on its neighbours.
+    const size_t budget = static_cast<size_t>(std::max<int64_t>(limits_.max_step_tokens, 1));
+    bool chunked = false;
+    for (Request* r : prefill) {
+      const size_t sent = r->params.prompt.size() - r->next.size();
+      const size_t n = std::min(r->next.size(), budget - sent % budget);
+      if (chunked && call->rows + n > budget) break;
+      add(r, n);
+      chunked = true;
     }
     // With nothing in flight every worker has run every step sent: no order to keep (and a
     // worker reset out of band meanwhile is not left waiting for a step it forgot).
@@ -462,6 +480,8 @@ void Scheduler::Complete(StepCall* call) {
   // would leave a sequence of the step in flight for good (its slot and KV held, its client
   // waiting), so it fails the step like any worker error.
   std::set<uint64_t> unanswered(call->seq_ids.begin(), call->seq_ids.end());
+  for (uint64_t id : call->chunk_ids) unanswered.erase(id);
+  const size_t want = unanswered.size();
   for (size_t i = 0; i < workers.size(); ++i) {
     if (!workers[i].head) continue;
     for (const auto& t : call->responses[i].tokens()) {
@@ -477,7 +497,7 @@ void Scheduler::Complete(StepCall* call) {
   }
   if (!unanswered.empty()) {
     FailAll(Internal("the last stage returned " + std::to_string(sampled.size()) +
-                     " tokens for " + std::to_string(call->seq_ids.size()) + " sequences"));
+                     " tokens for " + std::to_string(want) + " sequences"));
     return;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - call->launched).count();
@@ -496,6 +516,14 @@ void Scheduler::Complete(StepCall* call) {
       continue;
     }
     ApplyToken(r, t.id(), t.logprob());
+  }
+  // A prompt chunk's sequence is ready for its next chunk.
+  for (uint64_t id : call->chunk_ids) {
+    auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    Request* r = it->second.get();
+    r->in_flight = false;
+    if (r->stream->cancelled()) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
   }
 }
 

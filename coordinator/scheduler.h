@@ -70,6 +70,10 @@ struct SchedulerLimits {
   int64_t max_batch = 16;
   int64_t max_queue = 64;
   int64_t max_context = 8192;
+  // Rows of one micro-batch (vLLM's max_num_batched_tokens): a longer prompt goes in chunks of
+  // this many tokens, one step each, and a step holds its decode rows plus prompt chunks up to
+  // this (at least one chunk). Chunk edges depend on the prompt alone, never on other requests.
+  int64_t max_step_tokens = 2048;
   // A step's deadline: step_floor + step_multiple x the estimated time of its rows and those of
   // the steps in flight before it (Scheduler::StepDeadline); before the first step has finished,
   // first_step for each 1024 rows or part.
@@ -120,7 +124,8 @@ class Scheduler {
   // One micro-batch's RPCs to every worker.
   struct StepCall {
     uint64_t step_id = 0;
-    std::vector<uint64_t> seq_ids;
+    std::vector<uint64_t> seq_ids;    // every sequence of the step
+    std::vector<uint64_t> chunk_ids;  // those sent a prompt chunk with more to come: no token
     size_t rows = 0;
     Clock::time_point launched, deadline;
     std::vector<RpcResult> results;                        // per worker

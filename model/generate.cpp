@@ -1,5 +1,6 @@
 #include "model/generate.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "model/kv_cache.h"
@@ -21,7 +22,8 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Runs tokens through the whole model on `cache` and draws the next token from the last row.
+// Runs tokens through the whole model on `cache`; with a sampler, draws the next token from the
+// last row (a prompt chunk with more to come has none).
 Result<SampledToken> Step(const ShardModel& model, SequenceCache* cache,
                           std::span<const int32_t> tokens, Sampler* sampler, Activations* x) {
   const int64_t T = static_cast<int64_t>(tokens.size());
@@ -29,6 +31,7 @@ Result<SampledToken> Step(const ShardModel& model, SequenceCache* cache,
   FM_RETURN_IF_ERROR(model.Embed(tokens, x->data()));
   BatchItem item{cache, tokens};
   FM_RETURN_IF_ERROR(model.ForwardLayers(std::span<const BatchItem>(&item, 1), x->data()));
+  if (!sampler) return SampledToken{};
   Sampler* const samplers[] = {sampler};
   FM_ASSIGN_OR_RETURN(std::vector<SampledToken> next, model.SampleNext(x->row(T - 1), 1, samplers));
   return next[0];
@@ -63,7 +66,11 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
   FM_ASSIGN_OR_RETURN(std::unique_ptr<SequenceCache> cache, model.NewSequence(max_context));
   FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> x, model.NewActivations());
   auto t0 = std::chrono::steady_clock::now();
-  FM_ASSIGN_OR_RETURN(SampledToken tok, Step(model, cache.get(), prompt, &sampler, x.get()));
+  const size_t chunk = static_cast<size_t>(std::max<int64_t>(opt.prefill_chunk, 1));
+  size_t sent = 0;
+  for (; prompt.size() - sent > chunk; sent += chunk)
+    FM_RETURN_IF_ERROR(Step(model, cache.get(), prompt.subspan(sent, chunk), nullptr, x.get()).status());
+  FM_ASSIGN_OR_RETURN(SampledToken tok, Step(model, cache.get(), prompt.subspan(sent), &sampler, x.get()));
   while (true) {
     res.tokens.push_back(tok.id);
     if (res.tokens.size() == 1) {

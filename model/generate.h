@@ -19,6 +19,9 @@ struct GenerateOptions {
   int64_t max_tokens = 64;   // >= 1 generated tokens at most (the EOS token counts)
   int32_t eos_id = -1;       // generation stops after sampling it; -1: only max_tokens stops
   int64_t max_context = 0;   // KV capacity; 0 = prompt + max_tokens
+  // The prompt goes through in chunks of this many tokens, as a server's does with
+  // limits.max_step_tokens (on the CPU the bits are those of one whole prefill either way).
+  int64_t prefill_chunk = 2048;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled };

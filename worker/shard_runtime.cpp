@@ -352,33 +352,34 @@ Status ShardRuntime::Forward(uint64_t step, std::chrono::steady_clock::time_poin
 Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> slices,
                                                     const Activations& x) {
   if (!model_->has_head()) return Internal("this shard has no head");
-  if (slices.empty()) return std::vector<SampledId>{};
-  const int64_t B = static_cast<int64_t>(slices.size());
-  // Only the last row of each slice reaches the head: [B, hc, H] -> [B, vocab]. In a decode
-  // step (one row a slice) those are x's rows as they are; otherwise they are gathered where
-  // x is (on the device for a device shard).
+  // Only the last row of each sampled slice reaches the head: [B, hc, H] -> [B, vocab]. In a
+  // decode step (one row a slice, every slice sampled) those are x's rows as they are;
+  // otherwise they are gathered where x is (on the device for a device shard).
+  std::vector<int64_t> rows;       // x's row of each sampled slice
+  std::vector<Sampler*> samplers;
+  std::vector<uint64_t> ids;
+  int64_t end = 0;
+  for (const auto& s : slices) {
+    end += static_cast<int64_t>(s.tokens.size());
+    if (!s.sample) continue;
+    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    rows.push_back(end - 1);
+    samplers.push_back(seq->sampler.get());
+    ids.push_back(s.seq_id);
+  }
+  const int64_t B = static_cast<int64_t>(rows.size());
+  if (B == 0) return std::vector<SampledId>{};
   const float* last = x.data();
   if (x.rows() != B) {
     FM_RETURN_IF_ERROR(last_rows_->Resize(B));
-    int64_t row = 0;
-    for (int64_t i = 0; i < B; ++i) {
-      row += static_cast<int64_t>(slices[i].tokens.size());
-      FM_RETURN_IF_ERROR(last_rows_->CopyRows(i, x, row - 1, 1));
-    }
+    for (int64_t i = 0; i < B; ++i) FM_RETURN_IF_ERROR(last_rows_->CopyRows(i, x, rows[i], 1));
     last = last_rows_->data();
-  }
-  std::vector<Sampler*> samplers;
-  samplers.reserve(slices.size());
-  for (const auto& s : slices) {
-    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
-    samplers.push_back(seq->sampler.get());
   }
   FM_ASSIGN_OR_RETURN(std::vector<SampledToken> picked,
                       model_->SampleNext(last, B, samplers));
   std::vector<SampledId> out;
-  out.reserve(slices.size());
-  for (size_t i = 0; i < slices.size(); ++i)
-    out.push_back({slices[i].seq_id, picked[i].id, picked[i].logprob});
+  out.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) out.push_back({ids[i], picked[i].id, picked[i].logprob});
   return out;
 }
 

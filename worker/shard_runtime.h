@@ -52,6 +52,7 @@ struct ShardPlacement {
 struct StepSlice {
   uint64_t seq_id = 0;
   std::vector<int32_t> tokens;
+  bool sample = true;   // false: a prompt chunk with more to come; no token is drawn for it
 };
 
 struct SampledId {
@@ -123,7 +124,8 @@ class ShardRuntime {
   // out the deadline of a step blocked on a member that will never answer. Any thread, but
   // not concurrently with Load.
   void AbortStep(uint64_t step);
-  // Last stage: for every slice, the logits of its last row of x -> one sampled id + logprob.
+  // Last stage: for every slice with `sample`, the logits of its last row of x -> one sampled
+  // id + logprob (a prompt chunk with more to come gets none).
   Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const Activations& x);
 
   int64_t row_floats() const;   // hc * H

@@ -380,6 +380,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
   for (int i = 0; i < req->items_size(); ++i) {
     slices[i].seq_id = req->items(i).seq_id();
     slices[i].tokens.assign(req->items(i).tokens().begin(), req->items(i).tokens().end());
+    slices[i].sample = !req->items(i).prefill_continues();
   }
   // A tenth before the caller's deadline: a step waiting for a peer that froze answers so
   // itself, and the coordinator blames the peer (which does not answer) rather than this node.

@@ -122,7 +122,8 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
   }
   y << "limits: { max_batch: " << spec.max_batch << ", max_context: " << spec.max_context
     << ", max_queue: " << spec.max_queue << ", max_tokens: " << spec.max_tokens
-    << ", max_streams_per_client: " << spec.max_streams_per_client << " }\n"
+    << ", max_streams_per_client: " << spec.max_streams_per_client
+    << ", max_step_tokens: " << spec.max_step_tokens << " }\n"
     << "heartbeat: { interval_ms: 250, timeout_ms: 2000 }\n"
     << "activation_dtype: " << spec.activation_dtype << "\n";
   std::vector<std::string> security;

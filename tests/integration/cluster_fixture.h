@@ -65,6 +65,7 @@ struct ClusterSpec {
   int max_tokens = 256;
   int max_queue = 64;
   int max_streams_per_client = 64;
+  int max_step_tokens = 2048;   // limits.max_step_tokens: prompts longer go in chunks
   std::string activation_dtype = "f32";          // stage-to-stage frames
   std::string cluster_secret = "it-cluster-secret";  // data-plane auth; "" = none
   std::string transport = "tcp";                     // "nccl": node i on cuda:(i % gpus)

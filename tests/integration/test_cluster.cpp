@@ -19,6 +19,7 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int kNewTokens = 8;
+constexpr int kStepTokens = 16;   // limits.max_step_tokens of PipelineTest's cluster and server
 
 std::vector<int32_t> Prompt(int i) {
   std::vector<int32_t> p;
@@ -50,8 +51,11 @@ void ExpectSame(const Generation& a, const Generation& b, const std::string& wha
 class PipelineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_ = new Server();
-    cluster_ = new Cluster(ClusterSpec{});
+    // Prompts longer than 16 tokens go in chunks (LongPromptsInChunksEqualSingleProcess).
+    server_ = new Server({"--max-step-tokens", std::to_string(kStepTokens)});
+    ClusterSpec spec;
+    spec.max_step_tokens = kStepTokens;
+    cluster_ = new Cluster(spec);
     cluster_->StartAll();
     ASSERT_TRUE(WaitHealthy(server_->api(), 60s)) << server_->process()->Log();
     ASSERT_TRUE(WaitHealthy(cluster_->api(), 60s)) << cluster_->Logs();
@@ -127,6 +131,57 @@ TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
     EXPECT_FALSE(IdsLine(out_local).empty()) << out_local;
     EXPECT_EQ(IdsLine(out_local), IdsLine(out_remote)) << out_local << "\n" << out_remote;
   }
+}
+
+// A prompt of 2-4 chunks: the cluster's tokens and logprobs are the single process's, bit for
+// bit, alone or beside streams decoding, greedy or seeded; `generate --model` with the same
+// chunk size gives the same ids.
+TEST_F(PipelineTest, LongPromptsInChunksEqualSingleProcess) {
+  auto single = Connect(server_->api());
+  auto pipe = Connect(cluster_->api());
+  auto long_prompt = [](int i) {
+    std::vector<int32_t> p;
+    for (int k = 0; k < 2 * kStepTokens + 5 + 9 * i; ++k) p.push_back(10 + (i * 53 + k * 7) % 250);
+    return p;
+  };
+  std::vector<flashmesh::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    reqs.push_back(TokensRequest(long_prompt(i), kNewTokens));
+    auto sampled = TokensRequest(long_prompt(i), kNewTokens);
+    *sampled.mutable_sampling() = SampledRequest(i).sampling();
+    reqs.push_back(sampled);
+  }
+  std::vector<Generation> alone(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    alone[i] = Generate(single.get(), reqs[i]);
+    ExpectSame(alone[i], Generate(pipe.get(), reqs[i]), "long prompt " + std::to_string(i));
+    EXPECT_EQ(alone[i].ids.size(), static_cast<size_t>(kNewTokens));
+  }
+  // Together, with short prompts decoding beside them.
+  std::vector<Generation> together(reqs.size()), beside(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    threads.emplace_back([&, i] { together[i] = Generate(Connect(cluster_->api()).get(), reqs[i]); });
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      beside[i] = Generate(Connect(cluster_->api()).get(), TokensRequest(Prompt(i), 3 * kNewTokens));
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < reqs.size(); ++i) ExpectSame(alone[i], together[i], "together " + std::to_string(i));
+  for (const auto& g : beside) EXPECT_TRUE(g.status.ok()) << g.status.error_message();
+  // The local path chunks the same way.
+  std::string ids;
+  for (int32_t t : long_prompt(2)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"generate", "--model", SmallModel(), "--threads", "1", "--tokens", ids,
+                          "--max-tokens", std::to_string(kNewTokens), "--greedy", "--format", "ids",
+                          "--max-step-tokens", std::to_string(kStepTokens)},
+                         &out),
+            0)
+      << out;
+  std::string want;
+  for (int32_t t : alone[4].ids) want += (want.empty() ? "" : " ") + std::to_string(t);
+  EXPECT_EQ(IdsLine(out), want) << out;
 }
 
 TEST_F(PipelineTest, ThirtyTwoConcurrentStreamsEachEqualItsRunAlone) {

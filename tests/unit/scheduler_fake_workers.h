@@ -133,6 +133,7 @@ class FakeWorkers final : public WorkerSet {
         flashmesh::v1::StepBatchResponse resp;
         if (r.ok() && infos_[w].head)
           for (const auto& item : req.items()) {
+            if (item.prefill_continues()) continue;   // a prompt chunk: nothing sampled
             auto* t = resp.add_tokens();
             t->set_seq_id(item.seq_id());
             t->set_id(item.tokens(item.tokens_size() - 1) + 1);

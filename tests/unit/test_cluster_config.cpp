@@ -107,6 +107,7 @@ TEST(ClusterConfig, DefaultsForOptionalSections) {
   EXPECT_EQ(r->limits.max_batch, 16);
   EXPECT_DOUBLE_EQ(r->limits.kv_cache_gib, 0.0);
   EXPECT_DOUBLE_EQ(r->limits.write_stall_timeout_s, 60.0);
+  EXPECT_EQ(r->limits.max_step_tokens, 2048);
   EXPECT_TRUE(r->security.cluster_secret_file.empty());
   EXPECT_FALSE(r->security.tls.enabled());
   EXPECT_EQ(r->heartbeat.interval_ms, 1000);
@@ -152,6 +153,13 @@ TEST(ClusterConfig, WriteStallTimeout) {
   EXPECT_DOUBLE_EQ(r->limits.write_stall_timeout_s, 2.5);
   ExpectError(Edit("max_queue: 10", "max_queue: 10, write_stall_timeout_s: 0"), 12,
               "limits.write_stall_timeout_s");
+}
+
+TEST(ClusterConfig, MaxStepTokens) {
+  auto r = Parse(Edit("max_queue: 10", "max_queue: 10, max_step_tokens: 512"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->limits.max_step_tokens, 512);
+  ExpectError(Edit("max_queue: 10", "max_queue: 10, max_step_tokens: 0"), 12, "limits.max_step_tokens");
 }
 
 TEST(ClusterConfig, UnknownKeysAtEveryLevel) {

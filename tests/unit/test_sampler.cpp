@@ -41,6 +41,24 @@ TEST(Sampler, SampleWithTheDrawEqualsSample) {
   }
 }
 
+// docs/api.md's walk, by hand. Weights exp(l - 2) of {0, 2, 0, 1}: {0.135, 1, 0.135, 0.368},
+// total 1.639; u = 0.75 asks for a running sum past 1.229. Untruncated, ids are walked in id
+// order (0.135, 1.135, 1.271: id 2); with top-p they are sorted first (1, 1.368: id 3).
+TEST(Sampler, UntruncatedWalksIdsInIdOrderTruncatedInLogitOrder) {
+  const std::vector<float> logits = {0.f, 2.f, 0.f, 1.f};
+  SamplerConfig cfg;
+  cfg.temperature = 1.f;
+  Sampler plain = Make(cfg);
+  auto a = plain.SampleWith(logits, 0.75);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->id, 2);
+  cfg.top_p = 0.999f;
+  Sampler nucleus = Make(cfg);
+  auto b = nucleus.SampleWith(logits, 0.75);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->id, 3);
+}
+
 TEST(Rng, KnownSequence) {
   // splitmix64(0) starts with 0xE220A8397B1DCDAF: the first word of the xoshiro state.
   // xoshiro256** output 0 is rotl(s1 * 5, 7) * 9, independent of s0: check it from s1.

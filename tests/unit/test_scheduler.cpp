@@ -33,6 +33,55 @@ TEST(Scheduler, ASequenceStartsWithItsRequestsReachNotTheClustersContext) {
   EXPECT_EQ(w.started_contexts(), (std::vector<int32_t>{7, 100}));
 }
 
+// A prompt longer than max_step_tokens goes in chunks, one a step, beside the decode rows of a
+// stream already going; the chunks end at multiples of max_step_tokens from the prompt's start
+// and only the last one is sampled.
+TEST(Scheduler, ALongPromptGoesInChunksBesideAStreamThatKeepsDecoding) {
+  FakeWorkers w(1);
+  SchedulerLimits limits;
+  limits.max_step_tokens = 4;
+  Scheduler s(&w, nullptr, limits);
+  auto a = s.Submit(Params({1}, 12));
+  std::vector<int32_t> prompt;
+  for (int32_t t = 100; t < 110; ++t) prompt.push_back(t);
+  auto b = s.Submit(Params(prompt, 2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  Outcome oa = Collect(a->get()), ob = Collect(b->get());
+  std::vector<int32_t> want_a;
+  for (int32_t t = 2; t <= 13; ++t) want_a.push_back(t);
+  EXPECT_EQ(oa.ids, want_a);
+  EXPECT_EQ(ob.ids, (std::vector<int32_t>{110, 111}));   // the prompt's last token + 1, then + 1
+  // Each request's sequence id: the one its prompt's first step carried.
+  uint64_t id_a = 0, id_b = 0;
+  for (const auto& step : w.steps())
+    for (const auto& item : step.req.items()) {
+      if (item.tokens(0) == 1) id_a = item.seq_id();
+      if (item.tokens(0) == 100) id_b = item.seq_id();
+    }
+  ASSERT_NE(id_a, id_b);
+  std::vector<std::vector<int32_t>> chunks;
+  std::vector<bool> continues;
+  int beside_a = 0;
+  for (const auto& step : w.steps()) {
+    bool has_a = false, has_chunk = false;
+    for (const auto& item : step.req.items()) {
+      if (item.seq_id() == id_b && item.tokens_size() > 1) {
+        chunks.emplace_back(item.tokens().begin(), item.tokens().end());
+        continues.push_back(item.prefill_continues());
+        has_chunk = true;
+      }
+      has_a = has_a || item.seq_id() == id_a;
+    }
+    beside_a += has_a && has_chunk;
+  }
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0], (std::vector<int32_t>{100, 101, 102, 103}));
+  EXPECT_EQ(chunks[1], (std::vector<int32_t>{104, 105, 106, 107}));
+  EXPECT_EQ(chunks[2], (std::vector<int32_t>{108, 109}));
+  EXPECT_EQ(continues, (std::vector<bool>{true, true, false}));
+  EXPECT_GE(beside_a, 2) << "the decoding stream waits for no more than one chunk";
+}
+
 TEST(Scheduler, EveryRequestGetsItsTokensAndEveryWorkerRunsStepsInOrder) {
   FakeWorkers w(3);
   Scheduler s(&w, nullptr, {});
