@@ -289,6 +289,7 @@ void HttpServer::Reap(bool all) {
 
 void HttpServer::AcceptLoop() {
   const int lfd = impl_->acceptor.native_handle();
+  bool accept_failing = false;
   while (!stop_) {
     pollfd p{lfd, POLLIN, 0};
     int n = ::poll(&p, 1, kPollSliceMs);
@@ -299,13 +300,16 @@ void HttpServer::AcceptLoop() {
       // Out of descriptors (EMFILE, ENFILE, ENOBUFS): the listener stays readable and the next
       // accept fails the same way, so wait a slice instead of spinning on it.
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        FM_LOG(kWarn, "http") << "accept: " << std::strerror(errno) << "; trying again in "
-                              << kPollSliceMs << " ms";
+        if (!accept_failing)   // once a streak, not ten lines a second
+          FM_LOG(kWarn, "http") << "accept: " << std::strerror(errno) << "; trying again every "
+                                << kPollSliceMs << " ms";
+        accept_failing = true;
         std::this_thread::sleep_for(std::chrono::milliseconds(kPollSliceMs));
       }
       continue;
     }
-    const bool probe = open_ - probes_open_ >= limits_.max_connections;
+    accept_failing = false;
+    const bool probe = open_ - probes_open_ >= limits_.max_connections && !EvictIdle();
     if (probe && probes_open_ >= limits_.probe_connections) {
       // Best effort, never blocking the accept loop: a plain-HTTP client learns why.
       const std::string out = TooManyConnections();
@@ -320,10 +324,11 @@ void HttpServer::AcceptLoop() {
     if (probe) ++probes_open_;
     auto c = std::make_unique<Connection>();
     Connection* raw = c.get();
+    raw->fd = fd;
     std::lock_guard<std::mutex> lock(mu_);
     connections_.push_back(std::move(c));
-    raw->thread = std::thread([this, fd, raw, probe] {
-      Serve(fd, probe);
+    raw->thread = std::thread([this, raw, probe] {
+      Serve(raw, probe);
       if (probe) --probes_open_;
       --open_;
       raw->done = true;
@@ -331,7 +336,28 @@ void HttpServer::AcceptLoop() {
   }
 }
 
-bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req,
+bool HttpServer::SetIdle(Connection* self, bool idle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (self->evicted) return false;
+  self->idle = idle;
+  if (idle) self->idle_since = Clock::now();
+  return true;
+}
+
+bool HttpServer::EvictIdle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Connection* oldest = nullptr;
+  for (const auto& c : connections_)
+    if (c->idle && !c->evicted && (!oldest || c->idle_since < oldest->idle_since)) oldest = c.get();
+  if (!oldest) return false;
+  // Its thread wakes to a closed socket and ends (a request whose bytes were on their way is
+  // lost, as at idle_timeout: the race every keep-alive client retries).
+  oldest->evicted = true;
+  ::shutdown(oldest->fd, SHUT_RDWR);
+  return true;
+}
+
+bool HttpServer::ReadRequest(HttpConn* conn, Connection* self, std::string* buffer, HttpRequest* req,
                              std::chrono::milliseconds idle, std::chrono::milliseconds read,
                              Clock::time_point not_after) {
   HttpRequestParser parser(limits_.max_header_bytes, limits_.max_body_bytes);
@@ -347,6 +373,7 @@ bool HttpServer::ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* r
     if (!buffer->empty() && !started) {
       started = true;
       deadline = std::min(Clock::now() + read, not_after);
+      if (self && !SetIdle(self, false)) return false;
     }
     switch (parser.Feed(buffer)) {
       case HttpRequestParser::State::kDone:
@@ -391,7 +418,8 @@ std::string HttpServer::TooManyConnections() const {
          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
 }
 
-void HttpServer::Serve(int fd, bool probe) {
+void HttpServer::Serve(Connection* self, bool probe) {
+  const int fd = self->fd;
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   SSL* ssl = nullptr;
@@ -410,9 +438,14 @@ void HttpServer::Serve(int fd, bool probe) {
   const Clock::time_point not_after =
       probe ? Clock::now() + limits_.probe_read_timeout : Clock::time_point::max();
   bool ok = conn.Handshake(std::min(Clock::now() + limits_.read_timeout, not_after), &stop_);
-  while (ok && !stop_) {
+  for (bool kept_alive = false; ok && !stop_; kept_alive = true) {
     HttpRequest req;
-    if (!ReadRequest(&conn, &buffer, &req, limits_.idle_timeout, limits_.read_timeout, not_after)) break;
+    // Between requests of a kept-alive connection with nothing of the next one buffered yet.
+    Connection* evictable = kept_alive && buffer.empty() && SetIdle(self, true) ? self : nullptr;
+    if (kept_alive && !evictable && buffer.empty()) break;   // evicted already
+    if (!ReadRequest(&conn, evictable, &buffer, &req, limits_.idle_timeout, limits_.read_timeout,
+                     not_after))
+      break;
     HttpResponder r(&conn, limits_.response_timeout,
                     std::max(limits_.write_stall_timeout, std::chrono::milliseconds(1)), &stop_);
     r.keep_alive_ = req.keep_alive && !probe;
@@ -423,6 +456,10 @@ void HttpServer::Serve(int fd, bool probe) {
     handler_(req, &r);
     if (!r.replied_) r.Reply(500, "application/json", ErrorJson(500, "the handler sent no response"));
     if (!r.keep_alive_ || r.failed_) break;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);   // not evictable once its descriptor may be reused
+    self->idle = false;
   }
   // Half-close, then give the client a moment to read the rest before the socket goes.
   conn.ShutdownWrite();

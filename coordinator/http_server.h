@@ -34,7 +34,7 @@ struct HttpLimits {
   // slow-sending one) hold every slot. Any other request there gets the cap's 503.
   int probe_connections = 4;
   std::chrono::milliseconds probe_read_timeout{2000};
-  std::chrono::milliseconds idle_timeout{30000};       // keep-alive connection without a request
+  std::chrono::milliseconds idle_timeout{5000};        // keep-alive connection without a request (uvicorn's)
   std::chrono::milliseconds read_timeout{30000};       // from a request's first byte to its end
   std::chrono::milliseconds response_timeout{600000};  // one response, streams included
   // A response whose client takes no byte for this long ends (limits.write_stall_timeout_s,
@@ -106,16 +106,27 @@ class HttpServer {
   struct Connection {
     std::thread thread;
     std::atomic<bool> done{false};
+    int fd = -1;
+    // Kept alive after a response and waiting for the first byte of the next request: such a
+    // connection may be closed to make room at the cap (EvictIdle). Under HttpServer::mu_.
+    bool idle = false, evicted = false;
+    std::chrono::steady_clock::time_point idle_since;
   };
   HttpServer() = default;
   void AcceptLoop();
   // Serves a connection; a probe connection (one past max_connections) serves one GET of
   // /health or /metrics and refuses anything else.
-  void Serve(int fd, bool probe);
+  void Serve(Connection* self, bool probe);
+  // Marks `self` idle between requests, or busy again: false when it was evicted meanwhile.
+  bool SetIdle(Connection* self, bool idle);
+  // At the cap: closes the connection idle the longest between requests, if any (as nginx
+  // reuses keep-alive connections), so that a pooled client's idle sockets do not lock
+  // everyone else out until idle_timeout; true when one was closed.
+  bool EvictIdle();
   // Reads one request, waiting at most `idle` for its first byte and `read` from there to its
   // end, and never past `not_after`; false when the connection should close (after an error
   // reply if any).
-  bool ReadRequest(HttpConn* conn, std::string* buffer, HttpRequest* req,
+  bool ReadRequest(HttpConn* conn, Connection* self, std::string* buffer, HttpRequest* req,
                    std::chrono::milliseconds idle, std::chrono::milliseconds read,
                    std::chrono::steady_clock::time_point not_after);
   void Reap(bool all);

@@ -2,7 +2,12 @@
 // response deadline, a client that goes away, and Shutdown with connections still open.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -191,9 +196,68 @@ TEST(HttpServer, ProbesAreAnsweredPastTheConnectionCap) {
   const auto held_at = Clock::now();
   it::HttpStream c(t.port(), "");
   r = it::HttpCall(t.port(), "GET", "/health", "", {}, 5s);
-  if (Clock::now() - held_at < 1s) EXPECT_EQ(r.status, 503) << r.raw;   // else c may be gone
+  if (Clock::now() - held_at < 1s) {
+    EXPECT_EQ(r.status, 503) << r.raw;   // else c may be gone
+  }
   r = call("GET", "/health");
   EXPECT_EQ(r.status, 200) << r.raw;
+}
+
+// A pooled client's kept-alive connections hold every slot after its burst: a new client closes
+// the one idle the longest between requests instead of getting the cap's 503, and the other
+// keeps serving.
+TEST(HttpServer, AtTheCapTheConnectionIdleTheLongestMakesRoom) {
+  HttpLimits l = Short();
+  l.idle_timeout = l.read_timeout = 60s;
+  l.max_connections = 2;
+  l.probe_connections = 0;
+  TestServer t(l);
+  it::HttpStream a(t.port(), "GET /a HTTP/1.1\r\n\r\n");
+  EXPECT_NE(a.ReadUntil("GET /a ", 1, 5s).find("GET /a "), std::string::npos);
+  std::this_thread::sleep_for(50ms);   // a idle the longest
+  it::HttpStream b(t.port(), "GET /b HTTP/1.1\r\n\r\n");
+  EXPECT_NE(b.ReadUntil("GET /b ", 1, 5s).find("GET /b "), std::string::npos);
+  it::HttpResult r = it::HttpCall(t.port(), "POST", "/c", "", {}, 5s);
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body, "POST /c ");
+  b.Send("GET /b2 HTTP/1.1\r\n\r\n");
+  EXPECT_NE(b.ReadUntil("GET /b2 ", 1, 5s).find("GET /b2 "), std::string::npos) << "b was not idle the longest";
+  a.Send("GET /a2 HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(a.ReadUntil("GET /a2 ", 1, 1s).find("GET /a2 "), std::string::npos) << "a should have been closed";
+}
+
+// Out of descriptors, accept fails while the listener stays readable: the accept loop waits a
+// poll slice between tries instead of spinning a core, and serves again once descriptors free.
+TEST(HttpServer, OutOfDescriptorsTheAcceptLoopDoesNotSpin) {
+  TestServer t(Short());
+  // The lowest free descriptor: the limit lets the client's socket take it and no more.
+  const int lowest = ::dup(0);
+  ASSERT_GE(lowest, 0);
+  ::close(lowest);
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(lowest + 1);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(t.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool connected = client >= 0 && ::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  auto cpu_seconds = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+  };
+  const double before = cpu_seconds();
+  std::this_thread::sleep_for(600ms);
+  const double used = cpu_seconds() - before;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(connected) << "the client socket did not connect";
+  EXPECT_LT(used, 0.2) << "the accept loop spun while accept failed";
+  ::close(client);
+  EXPECT_EQ(it::HttpCall(t.port(), "GET", "/x", "", {}, 5s).status, 200);
 }
 
 // A fresh directory with a test CA and a certificate for 127.0.0.1 (removed at exit).
