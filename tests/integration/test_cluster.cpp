@@ -52,9 +52,10 @@ class PipelineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     // Prompts longer than 16 tokens go in chunks (LongPromptsInChunksEqualSingleProcess).
-    server_ = new Server({"--max-step-tokens", std::to_string(kStepTokens)});
     ClusterSpec spec;
     spec.max_step_tokens = kStepTokens;
+    server_ = new Server({"--max-step-tokens", std::to_string(kStepTokens), "--max-context",
+                          std::to_string(spec.max_context)});
     cluster_ = new Cluster(spec);
     cluster_->StartAll();
     ASSERT_TRUE(WaitHealthy(server_->api(), 60s)) << server_->process()->Log();
@@ -182,6 +183,40 @@ TEST_F(PipelineTest, LongPromptsInChunksEqualSingleProcess) {
   std::string want;
   for (int32_t t : alone[4].ids) want += (want.empty() ? "" : " ") + std::to_string(t);
   EXPECT_EQ(IdsLine(out), want) << out;
+}
+
+// Past the short prompts above: a generation of a few hundred tokens, a prompt that all but
+// fills the context (the context ends it), and a stop string cut where the single process cuts.
+TEST_F(PipelineTest, LongGenerationsFullContextsAndStopStringsEqualSingleProcess) {
+  auto single = Connect(server_->api());
+  auto pipe = Connect(cluster_->api());
+  const auto long_run = TokensRequest(Prompt(3), 240);
+  Generation a = Generate(single.get(), long_run);
+  ExpectSame(a, Generate(pipe.get(), long_run), "240 tokens");
+  EXPECT_EQ(a.ids.size(), 240u);
+
+  const int max_context = ClusterSpec{}.max_context;
+  std::vector<int32_t> full;
+  for (int k = 0; k < max_context - 3; ++k) full.push_back(10 + (k * 29) % 250);
+  const auto filling = TokensRequest(full, 8);
+  Generation f = Generate(single.get(), filling);
+  ExpectSame(f, Generate(pipe.get(), filling), "a prompt 3 tokens short of the context");
+  EXPECT_EQ(f.ids.size(), 3u) << "the context ends it";
+  EXPECT_EQ(f.finish.reason(), flashmesh::v1::FINISH_REASON_LENGTH);
+
+  // The text of a token of the long run (the first with text from the 6th on) as a stop
+  // string: both stop on the same token, that one or an earlier one with the same text.
+  size_t k = 5;
+  while (k < a.pieces.size() && a.pieces[k].empty()) ++k;
+  ASSERT_LT(k, a.pieces.size()) << "the long run decoded to no text";
+  const std::string stop = a.pieces[k];
+  auto stopping = long_run;
+  stopping.add_stop(stop);
+  Generation s1 = Generate(single.get(), stopping), s2 = Generate(pipe.get(), stopping);
+  ExpectSame(s1, s2, "stop string");
+  EXPECT_EQ(s1.finish.reason(), flashmesh::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(s1.finish.stop_string(), stop);
+  EXPECT_LE(s1.ids.size(), k + 1);
 }
 
 TEST_F(PipelineTest, ThirtyTwoConcurrentStreamsEachEqualItsRunAlone) {
