@@ -117,6 +117,12 @@ Result<std::unique_ptr<grpc::Server>> StartGrpcServer(
   // gRPC binds with SO_REUSEPORT by default: a second daemon on a port in use would share it,
   // the kernel spreading connections between the two, instead of failing to start.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Descriptors are not left to clients that leak them: a connection that has not finished its
+  // handshake within kHandshakeTimeout, or has had no call for kConnectionIdle, is closed (an
+  // idle client reconnects on its next call, as gRPC clients do after a GOAWAY).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(kHandshakeTimeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, static_cast<int>(kConnectionIdle.count()));
   builder.SetMaxReceiveMessageSize(max_request_bytes);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(service);

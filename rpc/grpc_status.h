@@ -1,5 +1,6 @@
 // Glue between flashmesh Status and gRPC, shared by the worker and the coordinator.
 #pragma once
+#include <chrono>
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -54,6 +55,11 @@ inline constexpr int kWorkerMaxReplyBytes = 16 << 20;
 // ReconnectingChannelArgs for the coordinator's worker channels: a larger reply fails its call
 // with RESOURCE_EXHAUSTED before it is parsed (the node is then marked down with that error).
 grpc::ChannelArguments WorkerChannelArgs();
+
+// A server's connection that has not finished its handshake by then is closed, and so is one
+// without a call for kConnectionIdle (StartGrpcServer).
+inline constexpr std::chrono::milliseconds kHandshakeTimeout{5000};
+inline constexpr std::chrono::milliseconds kConnectionIdle{600000};
 
 // Starts a gRPC server for `service` on `listen` (host:port; port 0 picks one). *bound_port
 // gets the port actually bound. Larger request messages are refused (RESOURCE_EXHAUSTED)

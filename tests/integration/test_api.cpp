@@ -1,11 +1,17 @@
 // The Inference API of `flashmesh serve`: request validation, queue limits, bearer tokens.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <thread>
 
+#include "rpc/grpc_status.h"
 #include "tests/integration/cluster_fixture.h"
 
 namespace fm::it {
@@ -142,6 +148,30 @@ TEST_F(ApiTest, TokenizeGivesEachTokensBytesAndBoundsItsText) {
   const grpc::Status refused = stub->Tokenize(&big, req, &resp);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(refused.error_message().rfind("text: ", 0), 0u) << refused.error_message();
+}
+
+// A connection that never starts HTTP/2 (a leaked or hostile socket) is closed once the
+// handshake timeout passes, instead of holding a descriptor for good.
+TEST_F(ApiTest, ASilentConnectionIsClosedAfterTheHandshakeTimeout) {
+  const std::string api = server_->api();
+  const int port = std::stoi(api.substr(api.rfind(':') + 1));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const auto start = std::chrono::steady_clock::now();
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() - start < kHandshakeTimeout + 5s) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    char buf[256];
+    closed = ::recv(fd, buf, sizeof buf, 0) <= 0;
+  }
+  ::close(fd);
+  EXPECT_TRUE(closed) << "still open " << (kHandshakeTimeout + 5s).count() << " ms after connecting";
 }
 
 TEST(ApiLimits, FullQueueIsResourceExhausted) {
