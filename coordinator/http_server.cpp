@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -241,6 +242,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen,
                                                       HttpHandler handler,
                                                       const std::optional<HttpTls>& tls) {
   FM_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(listen, /*allow_zero=*/true));
+  // OpenSSL writes through plain write(): a peer gone (a reset client, an evicted connection's
+  // alert) would raise SIGPIPE and end the process. Plain sockets send with MSG_NOSIGNAL.
+  std::signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<HttpServer> s(new HttpServer());
   s->impl_ = std::make_unique<Impl>();
   if (tls) {
@@ -276,15 +280,17 @@ void HttpServer::Shutdown() {
 }
 
 void HttpServer::Reap(bool all) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = connections_.begin(); it != connections_.end();) {
-    if (all || (*it)->done) {
-      (*it)->thread.join();
-      it = connections_.erase(it);
-    } else {
-      ++it;
+  // Joined outside mu_: a connection thread takes mu_ on its way out (SetIdle, the end of Serve).
+  std::list<std::unique_ptr<Connection>> ending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if (all || (*it)->done) ending.splice(ending.end(), connections_, it);
+      it = next;
     }
   }
+  for (auto& c : ending) c->thread.join();
 }
 
 void HttpServer::AcceptLoop() {
@@ -352,8 +358,9 @@ bool HttpServer::EvictIdle() {
   if (!oldest) return false;
   // Its thread wakes to a closed socket and ends (a request whose bytes were on their way is
   // lost, as at idle_timeout: the race every keep-alive client retries).
+  // Read side only: a TLS session still writes its closing alert on the way out.
   oldest->evicted = true;
-  ::shutdown(oldest->fd, SHUT_RDWR);
+  ::shutdown(oldest->fd, SHUT_RD);
   return true;
 }
 

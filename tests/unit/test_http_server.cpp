@@ -303,6 +303,35 @@ TEST(HttpServer, TlsServesVerifiedClientsKeepAliveAndStreamsAndRefusesPlainText)
   EXPECT_LT(Clock::now() - start, 3s);
 }
 
+// Over TLS the evicted connection's thread still ends its session (OpenSSL writes an alert
+// through plain write()): the server neither dies of SIGPIPE nor refuses the newcomer.
+TEST(HttpServer, OverTlsAnIdleConnectionIsEvictedAtTheCapAndTheServerLives) {
+  Pki pki;
+  ASSERT_TRUE(pki.ok) << "openssl could not make the test certificates";
+  HttpLimits l = Short();
+  l.idle_timeout = l.read_timeout = 60s;
+  l.max_connections = 1;
+  l.probe_connections = 0;
+  TestServer t(l, HttpTls{pki.dir + "/node.pem", pki.dir + "/node.key"});
+  ASSERT_TRUE(t.server);
+  it::HttpResult first;
+  const auto start = Clock::now();
+  std::thread pooled([&] {   // one kept-alive request, then idle until the server closes it
+    first = it::HttpsRaw(t.port(), pki.dir + "/ca.pem", "GET /a HTTP/1.1\r\n\r\n", 20s);
+  });
+  std::this_thread::sleep_for(500ms);
+  std::string error;
+  it::HttpResult r = it::HttpsRaw(t.port(), pki.dir + "/ca.pem",
+                                  "POST /c HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                                  5s, &error);
+  pooled.join();
+  EXPECT_EQ(r.status, 200) << r.raw << error;
+  EXPECT_EQ(r.body, "POST /c ");
+  EXPECT_EQ(first.status, 200) << first.raw;
+  EXPECT_EQ(first.body, "GET /a ");
+  EXPECT_LT(Clock::now() - start, 10s) << "the idle connection was closed by its timeout, not evicted";
+}
+
 TEST(HttpServer, TlsFilesThatDoNotLoadAreNamed) {
   Pki pki;
   ASSERT_TRUE(pki.ok);

@@ -1,0 +1,67 @@
+// Chunked prefill on a device shard (limits.max_step_tokens): ShardRuntime::Sample gathers the
+// last row of each sampled slice only, wherever it sits in X, and a prompt chunk with more to
+// come gets no token (its sampler's RNG does not move).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "tests/model_test_util.h"
+#include "worker/shard_runtime.h"
+#include "worker/stage_executor.h"
+
+namespace fm {
+namespace {
+
+using namespace std::chrono_literals;
+
+ShardPlacement OnDevice() {
+  ShardPlacement p;
+  p.model_dir = modeltest::PresetDir("tiny");
+  p.layer_end = -1;
+  p.embed = p.head = true;
+  p.cuda_device = 0;
+  return p;
+}
+
+struct Runtime {
+  ShardRuntime r{1};
+  StageExecutor e{&r};
+  uint64_t step = 0;
+  Runtime() {
+    EXPECT_TRUE(r.Load(OnDevice()).ok());
+    SamplerConfig seeded;
+    seeded.temperature = 0.9f, seeded.seed = 5;
+    for (uint64_t seq : {1, 2}) EXPECT_TRUE(r.StartSequence(seq, 64, seeded).ok());
+  }
+  std::vector<SampledId> Run(std::vector<StepSlice> slices) {
+    std::vector<SampledId> out;
+    ++step;
+    const Status s = e.RunStep(step, step - 1, std::move(slices), StageExecutor::Clock::now() + 60s, &out);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return out;
+  }
+};
+
+TEST(CudaShardChunks, AChunkGetsNoTokenAndTheSampledSliceBehindItIsItsOwnRow) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  Runtime chunked, whole;
+  // Sequence 1's prompt in two chunks beside sequence 2's whole prompt; and all at once.
+  const auto c1 = chunked.Run({{1, {5, 6, 7}, /*sample=*/false}, {2, {9, 10, 11, 12}, true}});
+  const auto w1 = whole.Run({{2, {9, 10, 11, 12}, true}});
+  ASSERT_EQ(c1.size(), 1u) << "a chunk with more to come got a token";
+  ASSERT_EQ(w1.size(), 1u);
+  EXPECT_EQ(c1[0].seq_id, 2u);
+  EXPECT_EQ(c1[0].id, w1[0].id);
+  EXPECT_EQ(c1[0].logprob, w1[0].logprob) << "sequence 2's row is not the one sampled";
+  const auto c2 = chunked.Run({{1, {8}, true}});
+  const auto w2 = whole.Run({{1, {5, 6, 7, 8}, true}});
+  ASSERT_EQ(c2.size(), 1u);
+  ASSERT_EQ(w2.size(), 1u);
+  EXPECT_EQ(c2[0].seq_id, 1u);
+  EXPECT_EQ(c2[0].id, w2[0].id) << "the first chunk moved sequence 1's sampler";
+}
+
+}  // namespace
+}  // namespace fm
