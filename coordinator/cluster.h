@@ -40,7 +40,7 @@ struct ClusterOptions {
   // per plan worker); a group is always loaded as a whole, with a fresh ncclUniqueId.
   bool nccl = false;
   std::vector<int> cuda_devices;
-  int64_t max_step_rows = 0;   // rows one step may carry (max_batch x max_context): frame bound
+  int64_t max_step_rows = 0;   // rows one step may carry (max_batch + max_step_tokens): frame bound
   // Control-plane security (rpc/control_auth.h): every worker call is signed with the
   // cluster secret ("" = unsigned, loopback clusters) and carries the term; 0 = the start
   // time in ms (a later coordinator has a higher term).

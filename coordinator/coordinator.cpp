@@ -35,7 +35,10 @@ Result<CoordinatorSetup> SetupFromConfig(const ClusterConfig& cfg, const std::st
   s.cluster.down_after = std::chrono::milliseconds(cfg.heartbeat.timeout_ms);   // as configured
   s.cluster.heartbeat_interval = cfg.heartbeat.period();
   s.cluster.max_context = cfg.limits.max_context;
-  s.cluster.max_step_rows = cfg.limits.max_batch * cfg.limits.max_context;
+  // The scheduler's largest step: every live sequence's decode row and prompt chunks of at most
+  // max_step_tokens rows (Scheduler::Launch); never more than every sequence's whole context.
+  s.cluster.max_step_rows = std::min(cfg.limits.max_batch + cfg.limits.max_step_tokens,
+                                     cfg.limits.max_batch * cfg.limits.max_context);
   FM_ASSIGN_OR_RETURN(s.cluster.cluster_secret, ReadClusterSecret(cfg));
   const TlsFiles tls{cfg.security.tls.cert, cfg.security.tls.key, cfg.security.tls.ca};
   FM_ASSIGN_OR_RETURN(s.cluster.worker_credentials, ChannelCredentialsFor(tls));

@@ -33,6 +33,8 @@ TEST(CoordinatorSetup, ARelativeModelOverrideIsSentToTheWorkersAbsolute) {
   ASSERT_TRUE(setup.ok()) << setup.status().ToString();
   EXPECT_EQ(setup->model_dir, (root / "tiny").string());
   EXPECT_EQ(setup->cluster.model_dir, (root / "tiny").string());
+  // Frames are bounded by the scheduler's largest step: 16 decode rows + a 2048-row chunk.
+  EXPECT_EQ(setup->cluster.max_step_rows, 16 + 2048);
 
   // Without the override the YAML's path (already absolute) is used, and its error names it.
   auto yaml = SetupFromConfig(*cfg, "");
