@@ -368,14 +368,16 @@ void Scheduler::Launch() {
     // Then prompt chunks while the step has room (always one): a chunk ends at a multiple of
     // max_step_tokens from the prompt's start, whatever else the step holds, so the bits of a
     // request never depend on its neighbours.
+    // Prompts are spread over the free slots too, so that the stages of a pipeline prefill
+    // different ones at once.
     const size_t budget = static_cast<size_t>(std::max<int64_t>(limits_.max_step_tokens, 1));
-    bool chunked = false;
-    for (Request* r : prefill) {
+    const size_t take_prefill = (prefill.size() + slots - 1) / slots;
+    for (size_t i = 0; i < take_prefill; ++i) {
+      Request* r = prefill[i];
       const size_t sent = r->params.prompt.size() - r->next.size();
       const size_t n = std::min(r->next.size(), budget - sent % budget);
-      if (chunked && call->rows + n > budget) break;
+      if (i > 0 && call->rows + n > budget) break;
       add(r, n);
-      chunked = true;
     }
     // With nothing in flight every worker has run every step sent: no order to keep (and a
     // worker reset out of band meanwhile is not left waiting for a step it forgot).
