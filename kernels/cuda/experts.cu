@@ -142,12 +142,12 @@ __device__ void ExpertTileTc(const ExpertsLaunch& p, WeightFormat format, int64_
   }
 }
 
-// T = 1 (the decode step) caps registers at 128 for two blocks an SM; the wider tiles would
-// spill under that cap (ptxas -v), so they keep one block an SM.
+// T = 1 (the decode step) has kStreamBlocksPerSm blocks an SM (on sm_90 two: 128 registers); the
+// wider tiles would spill under that cap, so they keep one block an SM.
 // kTc: every slot of the launch takes the tensor-core core, 8 slots a pass (an instance of its
 // own, NT = 1: the two cores in one body would not fit the decode instance's 128 registers).
 template <int NT, bool kTc>
-__global__ void __launch_bounds__(kGemvThreads, NT == 1 ? 2 : 1)
+__global__ void __launch_bounds__(kGemvThreads, NT == 1 ? kStreamBlocksPerSm : 1)
     ExpertsKernel(const ExpertsLaunch p) {
   const int per_warp = (kTc ? kTcRows : kWarpRows) / (p.up_gate ? 2 : 1);
   const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kGemvWarps * per_warp;

@@ -138,7 +138,10 @@ __device__ void TcTaskTile(const GemvTaskK& k, int64_t r_rel, int64_t t0, int64_
                    {x_of(2 * tq), x_of(2 * tq + 1)}, {inv_of(2 * tq), inv_of(2 * tq + 1)}, g,
                    stage ? stage + (live_g ? gl : 0) * TcStageStride(k.format, k.cols) : nullptr};
   float d[4];
-  StreamTileTc<kMayStage>(k.format, rows, k.cols, lx, lane, slice, k.slices, d);
+  // FP4 (tests and benches only: a checkpoint's FP4 weights are routed experts) 2 steps ahead
+  // in the staging instance, which spilled on sm_90 with kTcAhead.
+  StreamTileTc<kMayStage, kMayStage ? 2 : kTcAhead>(k.format, rows, k.cols, lx, lane, slice,
+                                                     k.slices, d);
   if (k.slices > 1) {
     const int warp = threadIdx.x / 32;
 #pragma unroll
@@ -233,9 +236,11 @@ __device__ void RouteAfterLastBlock(const RouterParams r, const float* logits, i
 enum GemvCores { kFmaTasks, kMixedTasks, kTcTasks };
 
 // Block b: task i with block_end[i-1] <= b < block_end[i], its row block b - block_end[i-1].
-// Two blocks an SM: the register cap (128) holds every FMA tile without spills (ptxas -v).
+// kStreamBlocksPerSm blocks an SM: every instance fits its register cap without spills (the
+// build fails on a spill: kernels/cuda/CMakeLists.txt).
 template <int NT, int kCores>
-__global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLaunch p) {
+__global__ void __launch_bounds__(kGemvThreads, kStreamBlocksPerSm)
+    GemvTasksKernel(const GemvLaunch p) {
   int i = 0;
   while (i + 1 < p.ntasks && blockIdx.x >= p.block_end[i]) ++i;
   const GemvTaskK& k = p.task[i];
@@ -259,14 +264,18 @@ __global__ void __launch_bounds__(kGemvThreads, 2) GemvTasksKernel(const GemvLau
   }
 }
 
-// The kCores instance for the launch's token tile NT (TokenTile).
+// The kCores instance for the launch's token tile NT (TokenTile). A launch that mixes cores
+// takes its FMA tasks (the small BF16/F32 products beside tensor-core ones) 2 tokens a pass at
+// most: its 4-token instance spilled on sm_90 under the 128-register cap (ptxas -v). A token's
+// bits do not depend on the tile.
 template <int kCores>
 Status LaunchWithTile(int nt, unsigned grid, const GemvLaunch& p) {
-  switch (nt) {
-    case 1: return Launch("GemvTasksKernel", GemvTasksKernel<1, kCores>, grid, kGemvThreads, 0, p);
-    case 2: return Launch("GemvTasksKernel", GemvTasksKernel<2, kCores>, grid, kGemvThreads, 0, p);
-    default: return Launch("GemvTasksKernel", GemvTasksKernel<4, kCores>, grid, kGemvThreads, 0, p);
-  }
+  constexpr int kWidest = kCores == kMixedTasks ? 2 : kTokenTile;
+  if (nt == 1)
+    return Launch("GemvTasksKernel", GemvTasksKernel<1, kCores>, grid, kGemvThreads, 0, p);
+  if (nt == 2 || kWidest == 2)
+    return Launch("GemvTasksKernel", GemvTasksKernel<2, kCores>, grid, kGemvThreads, 0, p);
+  return Launch("GemvTasksKernel", GemvTasksKernel<kWidest, kCores>, grid, kGemvThreads, 0, p);
 }
 
 size_t DataBytes(const QWeight& w) {

@@ -258,7 +258,8 @@ __device__ __forceinline__ void TcSteps(const TcRows& rows, const uint4* const (
 // a slice past the last step runs dead steps, which load nothing and add zero).
 // cols < 2^31 (the launchers check). kMayStage: x may come from lx.stage (a kernel that never
 // stages leaves it out: both ways in one loop do not fit the mixed Gemm kernel's 128 registers).
-template <WeightFormat F, bool kMayStage>
+// kFp4Ahead: kTcAhead for FP4 rows, unless an instance spills with it.
+template <WeightFormat F, bool kMayStage, int kFp4Ahead>
 __device__ void StreamTileTcOf(const TcRows& rows, int64_t cols, const TcLaneX& lx, int lane,
                                int slice, int slices, float (&d)[4]) {
   const int g = lane >> 2, t = lane & 3;
@@ -272,24 +273,27 @@ __device__ void StreamTileTcOf(const TcRows& rows, int64_t cols, const TcLaneX& 
     wr[i] = RowVectors<F>(rows.data[i], rows.row[i], cols);
     sr[i] = RowScales<F>(rows.scale[i], rows.row[i], cols);
   }
+  constexpr int kAhead = F == WeightFormat::kFP4Block32 ? kFp4Ahead : kTcAhead;
   int it = 0;
 #pragma unroll 1
-  for (; it + kTcAhead <= per; it += kTcAhead)
-    TcSteps<F, kTcAhead, kMayStage>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
+  for (; it + kAhead <= per; it += kAhead)
+    TcSteps<F, kAhead, kMayStage>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
 #pragma unroll 1
   for (; it < per; ++it)
     TcSteps<F, 1, kMayStage>(rows, wr, sr, it, slice, slices, nvec, cols, lx, g, t, d);
 }
 
 // StreamTileTcOf for the tensor-core format (FP8 or FP4) of the rows.
-template <bool kMayStage>
+template <bool kMayStage, int kFp4Ahead = kTcAhead>
 __device__ __forceinline__ void StreamTileTc(WeightFormat format, const TcRows& rows,
                                              int64_t cols, const TcLaneX& lx, int lane, int slice,
                                              int slices, float (&d)[4]) {
   if (format == WeightFormat::kFP8Block)
-    StreamTileTcOf<WeightFormat::kFP8Block, kMayStage>(rows, cols, lx, lane, slice, slices, d);
+    StreamTileTcOf<WeightFormat::kFP8Block, kMayStage, kFp4Ahead>(rows, cols, lx, lane, slice,
+                                                                  slices, d);
   else
-    StreamTileTcOf<WeightFormat::kFP4Block32, kMayStage>(rows, cols, lx, lane, slice, slices, d);
+    StreamTileTcOf<WeightFormat::kFP4Block32, kMayStage, kFp4Ahead>(rows, cols, lx, lane, slice,
+                                                                    slices, d);
 }
 
 // Warps sharing each 16-row tile of a [rows, cols] product (the tensor-core twin of gemv.cu's
