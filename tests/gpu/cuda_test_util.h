@@ -11,6 +11,7 @@
 
 #include "common/numfmt.h"
 #include "common/tensor.h"
+#include "kernels/cpu/matvec.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 
@@ -147,6 +148,22 @@ inline const cuda::WeightPath kWeightPaths[] = {cuda::WeightPath::kFma,
                                                 cuda::WeightPath::kTensorCore};
 inline std::string PathName(cuda::WeightPath p) {
   return p == cuda::WeightPath::kFma ? "fma" : "tensor-core";
+}
+// A test run once on each weight core (the parameter), named by the core.
+class WeightCoreTest : public ::testing::TestWithParam<cuda::WeightPath> {
+ protected:
+  WeightPathScope scope_{GetParam()};
+};
+inline std::string CoreName(const ::testing::TestParamInfo<cuda::WeightPath>& info) {
+  return info.param == cuda::WeightPath::kFma ? "Fma" : "TensorCore";
+}
+
+// The token counts of the weight-streaming tests (T = 1..32), and y = W x by MatvecRef.
+inline const int64_t kTokenCounts[] = {1, 2, 3, 5, 8, 17, 32};
+inline std::vector<float> Ref(const QWeight& w, const float* x) {
+  std::vector<float> y(w.rows);
+  MatvecRef(w, x, y.data());
+  return y;
 }
 
 // Launch overlap (ops.h SetLaunchOverlap) for the rest of a scope, then the setting before it.

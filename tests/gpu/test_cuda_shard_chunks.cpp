@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "tests/gpu/cuda_shard_test.h"
 #include "tests/model_test_util.h"
 #include "worker/shard_runtime.h"
 #include "worker/stage_executor.h"
@@ -16,21 +17,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-ShardPlacement OnDevice() {
-  ShardPlacement p;
-  p.model_dir = modeltest::PresetDir("tiny");
-  p.layer_end = -1;
-  p.embed = p.head = true;
-  p.cuda_device = 0;
-  return p;
-}
-
 struct Runtime {
   ShardRuntime r{1};
   StageExecutor e{&r};
   uint64_t step = 0;
   Runtime() {
-    EXPECT_TRUE(r.Load(OnDevice()).ok());
+    EXPECT_TRUE(r.Load(TinyOnDevice()).ok());
     SamplerConfig seeded;
     seeded.temperature = 0.9f, seeded.seed = 5;
     for (uint64_t seq : {1, 2}) EXPECT_TRUE(r.StartSequence(seq, 64, seeded).ok());

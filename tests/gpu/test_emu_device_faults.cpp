@@ -17,6 +17,7 @@
 #include "model/checkpoint.h"
 #include "model/kv_cache.h"
 #include "model/cuda/shard_model.h"
+#include "tests/gpu/cuda_shard_test.h"
 #include "tests/model_test_util.h"
 #include "worker/shard_runtime.h"
 #include "worker/stage_executor.h"
@@ -26,21 +27,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-ShardPlacement OnDevice() {
-  ShardPlacement p;
-  p.model_dir = modeltest::PresetDir("tiny");
-  p.stage = 0;
-  p.num_stages = 1;
-  p.layer_begin = 0;
-  p.layer_end = -1;
-  p.embed = p.head = true;
-  p.cuda_device = 0;
-  return p;
-}
-
 TEST(EmuDeviceLost, AFailedStepOnALostDeviceDropsTheShardAndReloadsNameTheError) {
   ShardRuntime r(1);
-  ASSERT_TRUE(r.Load(OnDevice()).ok());
+  ASSERT_TRUE(r.Load(TinyOnDevice()).ok());
   StageExecutor e(&r);
   SamplerConfig greedy;
   greedy.greedy = true;
@@ -58,11 +47,11 @@ TEST(EmuDeviceLost, AFailedStepOnALostDeviceDropsTheShardAndReloadsNameTheError)
   const Status failed = e.RunStep(3, 2, {StepSlice{1, {8}}}, StageExecutor::Clock::now() + 30s, &out);
   EXPECT_FALSE(failed.ok());
   EXPECT_FALSE(r.loaded()) << "a shard on a lost device still reported loaded";
-  const Status reload = r.Load(OnDevice());
+  const Status reload = r.Load(TinyOnDevice());
   EXPECT_FALSE(reload.ok());
   EXPECT_NE(reload.message().find("cudaErrorIllegalAddress"), std::string::npos) << reload.ToString();
   EmuLoseDevice(false);
-  EXPECT_TRUE(r.Load(OnDevice()).ok()) << "(a restarted process gets a working device)";
+  EXPECT_TRUE(r.Load(TinyOnDevice()).ok()) << "(a restarted process gets a working device)";
 }
 
 // Two buckets: the 1-row one fails twice and then captures; the 2-row one fails three times
