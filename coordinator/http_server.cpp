@@ -447,9 +447,13 @@ void HttpServer::Serve(Connection* self, bool probe) {
   bool ok = conn.Handshake(std::min(Clock::now() + limits_.read_timeout, not_after), &stop_);
   for (bool kept_alive = false; ok && !stop_; kept_alive = true) {
     HttpRequest req;
-    // Between requests of a kept-alive connection with nothing of the next one buffered yet.
-    Connection* evictable = kept_alive && buffer.empty() && SetIdle(self, true) ? self : nullptr;
-    if (kept_alive && !evictable && buffer.empty()) break;   // evicted already
+    // Between requests of a kept-alive connection with nothing of the next one buffered yet,
+    // the accept loop may evict it (EvictIdle).
+    Connection* evictable = nullptr;
+    if (kept_alive && buffer.empty()) {
+      if (!SetIdle(self, true)) break;   // evicted already
+      evictable = self;
+    }
     if (!ReadRequest(&conn, evictable, &buffer, &req, limits_.idle_timeout, limits_.read_timeout,
                      not_after))
       break;

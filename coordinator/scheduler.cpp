@@ -365,11 +365,10 @@ void Scheduler::Launch() {
       call->seq_ids.push_back(r->id);
     };
     for (size_t i = 0; i < take; ++i) add(decode[i], 1);
-    // Then prompt chunks while the step has room (always one): a chunk ends at a multiple of
-    // max_step_tokens from the prompt's start, whatever else the step holds, so the bits of a
-    // request never depend on its neighbours.
-    // Prompts are spread over the free slots too, so that the stages of a pipeline prefill
-    // different ones at once.
+    // Then prompt chunks while the step has room (always one), spread over the free slots too,
+    // so that the stages of a pipeline prefill different prompts at once. A chunk ends at a
+    // multiple of max_step_tokens from the prompt's start, whatever else the step holds, so the
+    // bits of a request never depend on its neighbours.
     const size_t budget = static_cast<size_t>(std::max<int64_t>(limits_.max_step_tokens, 1));
     const size_t take_prefill = (prefill.size() + slots - 1) / slots;
     for (size_t i = 0; i < take_prefill; ++i) {
