@@ -156,6 +156,7 @@ Status Run(GenerateArgs& args) {
       std::printf("%s%d", i ? " " : "", res.tokens[i]);
     std::printf("\n");
   }
+  std::fflush(stdout);   // the text ends its line before the summary goes to stderr
   const int64_t n = static_cast<int64_t>(res.tokens.size());
   FM_LOG(kInfo, "generate") << "prompt " << res.prompt_tokens << " tokens in "
                             << res.prefill_seconds << " s ("

@@ -48,6 +48,7 @@ Status GenerateRemote(const RemoteGenerateArgs& args) {
     for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? " " : "", ids[i]);
     std::printf("\n");
   }
+  std::fflush(stdout);   // the text ends its line before the summary goes to stderr
   const char* reason = finish.reason() == flashmesh::v1::FINISH_REASON_STOP     ? "stop"
                        : finish.reason() == flashmesh::v1::FINISH_REASON_LENGTH ? "length"
                                                                                 : "cancelled";
