@@ -34,9 +34,9 @@ constexpr int kTokenTile = 4;    // most tokens one pass over the weight serves
 constexpr int64_t kTargetWarps = 2048;
 // Blocks an SM the weight-streaming kernels (GemvTasksKernel, ExpertsKernel at T = 1) are built
 // for, i.e. their register cap 65536 / (kGemvThreads x this). H100/H200 (sm_90): 2, 16 warps an
-// SM keeping ~64 KB of loads in flight, about what 4.4 TB/s needs at DRAM latency. GB10
-// (sm_121): 1, as its 273 GB/s needs ~6 KB in flight an SM, which one block's 8 warps hold five
-// times over, and under the 128-register cap of 2 the decode instances spilled (ptxas -v).
+// SM keeping ~64 KB of loads in flight (4.4 TB/s x ~0.7 us of DRAM latency is ~23 KB an SM).
+// GB10 (sm_121): 1, as its 273 GB/s needs ~6 KB in flight an SM, which one block's 8 warps hold
+// five times over, and under the 128-register cap of 2 the decode instances spilled (ptxas -v).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
 constexpr int kStreamBlocksPerSm = 1;
 #else
