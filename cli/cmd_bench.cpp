@@ -55,9 +55,9 @@ const CommandSpec kClusterSpec{
     "starts the cluster of FILE (every worker and the coordinator) and a single-process\n"
     "`serve` of the same model, then measures both in the same run: decode tok/s at batch 1\n"
     "(best of 5, alternating), aggregate tok/s of --streams concurrent requests, data-plane\n"
-    "bytes per generated token (and the EP dispatch + combine part of them), each next to the\n"
-    "cost model's prediction for the same run (docs/performance.md). The YAML's ports must be\n"
-    "free.",
+    "bytes per generated token (and the EP dispatch + combine or TP all-gather part of them),\n"
+    "each next to the cost model's prediction for the same run (docs/performance.md). The\n"
+    "YAML's ports must be free; the single process listens on a free loopback port it picks.",
     {{"config", "FILE", "the cluster YAML", true},
      {"model", "DIR", "checkpoint directory instead of the YAML's `model`"},
      {"tokens", "N", "new tokens per request (default 64)"},

@@ -56,7 +56,11 @@ int CmdDrain(int argc, char** argv) {
   if (!cfg.ok()) return Fail(cfg.status().message());
   const std::string node = flags->Get("node");
   const NodeConfig* nc = cfg->FindNode(node);
-  if (!nc) return Fail(cfg->path + ": no node named '" + node + "' in nodes[]");
+  if (!nc) {   // a usage error: the flag names nothing in the YAML
+    std::fprintf(stderr, "drain: %s: no node named '%s' in nodes[]\n", cfg->path.c_str(),
+                 node.c_str());
+    return 2;
+  }
   auto secret = ReadClusterSecret(*cfg);
   if (!secret.ok()) return Fail(secret.status().message());
   const TlsConfig& t = cfg->security.tls;
@@ -113,6 +117,7 @@ int CmdDrain(int argc, char** argv) {
   std::vector<char> silent(all.size(), 0);
   while (true) {
     int64_t live = 0;
+    std::string holders;   // "w0: 1, w1: 1": a pipeline's request holds a sequence on every stage
     for (size_t i = 0; i < all.size(); ++i) {
       grpc::ClientContext ctx;
       call(&ctx);
@@ -130,12 +135,22 @@ int CmdDrain(int argc, char** argv) {
         continue;
       }
       live += stats.active_sequences();
+      if (stats.active_sequences() > 0)
+        holders += (holders.empty() ? "" : ", ") + cfg->nodes[i].name + ": " +
+                   std::to_string(stats.active_sequences());
     }
     const auto now = std::chrono::steady_clock::now();
     if (live == 0 && now >= settled) break;
-    if (now >= until)
-      return Fail("the cluster still holds " + std::to_string(live) + " sequence(s) after " +
-                  std::to_string(*wait_s) + " s (node " + node + " stays draining)");
+    if (now >= until && live > 0)
+      return Fail("live sequences after " + std::to_string(*wait_s) + " s, per node: " + holders +
+                  " (a request holds one on each of its stages and group members; node " + node +
+                  " stays draining)");
+    if (now >= until) {
+      const auto settle_s = std::chrono::duration_cast<std::chrono::seconds>(2 * beat).count() + 1;
+      return Fail("no live sequence yet, but a request admitted before the drain was seen may "
+                  "start until two heartbeat periods after it: --wait at least " +
+                  std::to_string(settle_s) + " s (node " + node + " stays draining)");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   std::printf("node %s drained: no live sequence in the cluster\n", node.c_str());

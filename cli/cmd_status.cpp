@@ -117,8 +117,11 @@ int CmdStatus(int argc, char** argv) {
   std::printf("%-14s %-8s %5s %-9s %-9s %10s %9s %6s %8s %7s %10s\n", "NODE", "STATE", "STAGE",
               "LAYERS", "EXPERTS", "WEIGHT_MiB", "KV_MiB", "SEQS", "TOK/S", "HB_AGE", "DATA_MiB");
   for (const auto& n : resp.nodes()) {
-    std::string layers = std::to_string(n.layer_begin()) + "-" + std::to_string(n.layer_end());
-    std::string experts = std::to_string(n.expert_begin()) + "-" + std::to_string(n.expert_end());
+    // Half-open, as plan prints them: [0,3) is layers 0, 1 and 2.
+    const std::string layers =
+        "[" + std::to_string(n.layer_begin()) + "," + std::to_string(n.layer_end()) + ")";
+    const std::string experts =
+        "[" + std::to_string(n.expert_begin()) + "," + std::to_string(n.expert_end()) + ")";
     char age[16];
     if (n.heartbeat_age_s() < 0) std::snprintf(age, sizeof age, "never");
     else std::snprintf(age, sizeof age, "%.1fs", n.heartbeat_age_s());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -217,13 +218,19 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   if (!stream.ok()) return fail(stream.status());
   job.meter.Submitted(prompt_tokens);
   job.stream = *stream;
-  char id[32];
-  std::snprintf(id, sizeof id, "%s%016llx", chat ? "chatcmpl-" : "cmpl-",
+  char id[48];
+  std::snprintf(id, sizeof id, "%s%016llx%016llx", chat ? "chatcmpl-" : "cmpl-",
+                static_cast<unsigned long long>(id_prefix_),
                 static_cast<unsigned long long>(next_id_++));
   job.id = id;
   job.created = std::time(nullptr);
   if (job.req.stream) Stream(&job, out);
   else Collect(&job, out);
+}
+
+uint64_t HttpApi::RandomIdPrefix() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
 void HttpApi::AddToken(Job* job, const flashmesh::v1::TokenEvent& token) const {

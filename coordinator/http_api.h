@@ -50,7 +50,12 @@ class HttpApi {
   Metrics* metrics_;
   ApiOptions options_;
   std::time_t started_ = std::time(nullptr);
+  // Response ids: a random per-process part (ids do not repeat across coordinator restarts, in
+  // logs and traces) and a counter (unique within the process).
+  const uint64_t id_prefix_ = RandomIdPrefix();
   std::atomic<uint64_t> next_id_{1};
+
+  static uint64_t RandomIdPrefix();
 };
 
 }  // namespace fm

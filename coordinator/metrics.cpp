@@ -132,11 +132,15 @@ std::string Metrics::Render(Cluster* cluster, const Scheduler* scheduler) {
   families.push_back(Scalar("flashmesh_cluster_ready", "1 while the cluster can generate (/health is 200)",
                             ready ? 1 : 0));
   using prometheus::MetricType;
-  NodeFamily up("flashmesh_node_up", "1 when the node is up (shard loaded, heartbeats fresh)", MetricType::Gauge);
+  NodeFamily up("flashmesh_node_up",
+                "1 when the node is up (shard loaded, heartbeats fresh, not draining)",
+                MetricType::Gauge);
   NodeFamily kv("flashmesh_node_kv_cache_bytes", "KV cache bytes held by the node's live sequences", MetricType::Gauge);
   NodeFamily seqs("flashmesh_node_active_sequences", "Sequences live on the node", MetricType::Gauge);
   NodeFamily data("flashmesh_node_data_plane_bytes_total", "Data-plane bytes (frame headers + payloads)", MetricType::Counter);
-  NodeFamily ep("flashmesh_node_ep_bytes_sent_total", "Expert-parallel dispatch + combine payload bytes sent", MetricType::Counter);
+  NodeFamily ep("flashmesh_node_ep_bytes_sent_total",
+                "Group exchange payload bytes sent: expert-parallel dispatch + combine, or "
+                "tensor-parallel all-gathers", MetricType::Counter);
   NodeFamily device("flashmesh_node_device_copy_bytes_total",
                     "Host<->device copy bytes of the node's steps (0 on a CPU node)", MetricType::Counter);
   NodeFamily device_tokens("flashmesh_node_device_tokens_total",

@@ -83,8 +83,12 @@ Result<InspectReport> InspectCheckpoint(const std::string& dir) {
     r.routed_bytes += info.expert_bytes * static_cast<uint64_t>(c.num_experts_per_tok);
     r.layers_by_ratio[info.ratio] += 1;
   }
-  r.kv_window_bytes_per_seq = static_cast<double>(c.sliding_window * c.head_dim * 4);
+  const double ring = static_cast<double>(c.sliding_window * c.head_dim * 4);
   for (const auto& [ratio, n] : r.layers_by_ratio) {
+    size_t layer = 0;   // the first main layer of this kind
+    while (r.layers[layer].mtp || r.layers[layer].ratio != ratio) ++layer;
+    r.kv_bytes_per_seq[ratio] =
+        ring + static_cast<double>(KvBytesPerSequence(c, static_cast<int64_t>(layer), 0));
     double per_token = 0;
     if (ratio > 0) per_token = c.head_dim * 4.0 / static_cast<double>(ratio);
     if (ratio == 4) per_token += c.index_head_dim * 4.0 / 4.0;
@@ -140,12 +144,14 @@ std::string FormatInspectReport(const InspectReport& r) {
     const std::string kind = ratio == 0 ? "window" : ratio == 4 ? "ratio-4 + indexer"
                                                                 : "ratio-" + std::to_string(ratio);
     line("  %-30s %7lld  %11s  %8.2f B", kind.c_str(), static_cast<long long>(n),
-         Bytes(r.kv_window_bytes_per_seq).c_str(), t);
-    fixed += r.kv_window_bytes_per_seq * static_cast<double>(n);
+         Bytes(r.kv_bytes_per_seq.at(ratio)).c_str(), t);
+    fixed += r.kv_bytes_per_seq.at(ratio) * static_cast<double>(n);
     per_token += t * static_cast<double>(n);
   }
   line("  all main layers                        %11s  %8.2f B", Bytes(fixed).c_str(), per_token);
-  o += "  (per sequence: the sliding-window ring of sliding_window rows, kept on every layer)\n";
+  o += "  (per sequence: every layer's sliding-window ring of sliding_window rows, and a\n"
+       "   compressed layer's rows pending for its next entry; plan and kv_cache_gib charge\n"
+       "   the same)\n";
   return o;
 }
 

@@ -46,9 +46,10 @@ struct InspectReport {
     return embed_row_bytes + dense_bytes + shared_bytes + head_bytes;
   }
 
-  // f32 KV cache: the sliding-window ring is a fixed cost per sequence on every layer;
-  // compressed layers add entries per token (head_dim*4/ratio, + index_head_dim*4/4 on ratio 4).
-  double kv_window_bytes_per_seq = 0;          // per layer
+  // f32 KV cache of one layer of each kind (ratio): a fixed part per sequence, the
+  // sliding-window ring and a compressed layer's pending rows (KvBytesPerSequence at context 0),
+  // and entries per token (head_dim*4/ratio, + index_head_dim*4/4 on ratio 4).
+  std::map<int64_t, double> kv_bytes_per_seq;   // ratio -> fixed bytes of one such layer
   std::map<int64_t, double> kv_bytes_per_token; // ratio -> bytes per token of one such layer
   std::map<int64_t, int64_t> layers_by_ratio;   // ratio -> count of main layers
 };

@@ -341,7 +341,7 @@ TEST(ClusterCli, DrainFinishesTheLiveRequestRefusesNewOnesAndResumes) {
   Generation g = Generate(stub.get(), TokensRequest(Prompt(2), kNewTokens));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(g.ids.size(), static_cast<size_t>(kNewTokens));
-  EXPECT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w9"}, &out, 10s), 1);
+  EXPECT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w9"}, &out, 10s), 2);
   EXPECT_NE(out.find("no node named 'w9'"), std::string::npos) << out;
   EXPECT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--wait", "1",
                           "--resume"}, &out, 10s), 2) << out;

@@ -124,6 +124,8 @@ TEST_F(HttpApiTest, ChatCompletionEqualsGrpcGenerate) {
   Json j = ParseBody(r);
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  // A random per-process part and a counter: 32 hex digits.
+  EXPECT_EQ(j["id"].get<std::string>().size(), 9u + 32u) << j["id"];
   ASSERT_EQ(j["choices"].size(), 1u);
   const Json& c = j["choices"][0];
   EXPECT_EQ(c["message"]["role"], "assistant");

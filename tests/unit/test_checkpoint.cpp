@@ -385,7 +385,21 @@ TEST(Inspect, TinyFigures) {
   EXPECT_EQ(r->head_bytes, 64u * 2u + 512u * 64u * 2u + 4u * 256u * 2u + 4u * 2u + 2u);
   EXPECT_EQ(r->bytes_per_token(), r->embed_row_bytes + r->dense_bytes + r->shared_bytes +
                                       r->routed_bytes + r->head_bytes);
-  EXPECT_EQ(r->kv_window_bytes_per_seq, 16.0 * 32.0 * 4.0);  // window * head_dim * f32
+  EXPECT_EQ(r->kv_bytes_per_seq.at(0), 16.0 * 32.0 * 4.0);  // window * head_dim * f32
+  // A compressed layer adds its pending rows: the figures are the charge plan and kv_cache_gib
+  // make (KvBytesPerSequence), at a context where every ratio divides it.
+  for (const int64_t ctx : {int64_t{1024}, int64_t{4096}}) {
+    const double tokens = static_cast<double>(ctx);
+    double inspect_total = 0, charged = 0;
+    for (const auto& [ratio, n] : r->layers_by_ratio)
+      inspect_total += static_cast<double>(n) *
+                       (r->kv_bytes_per_seq.at(ratio) + r->kv_bytes_per_token.at(ratio) * tokens);
+    for (size_t l = 0; l < r->layers.size(); ++l)
+      if (!r->layers[l].mtp)
+        charged += static_cast<double>(KvBytesPerSequence(c, static_cast<int64_t>(l), ctx));
+    EXPECT_EQ(inspect_total, charged) << "context " << ctx;
+  }
+  EXPECT_GT(r->kv_bytes_per_seq.at(4), r->kv_bytes_per_seq.at(0));
   EXPECT_EQ(r->kv_bytes_per_token.at(0), 0.0);
   EXPECT_EQ(r->kv_bytes_per_token.at(4), 32.0 * 4 / 4 + 32.0 * 4 / 4);
   EXPECT_EQ(r->kv_bytes_per_token.at(128), 32.0 * 4 / 128);
