@@ -59,7 +59,7 @@ const CommandSpec kSpec{
      {"top-k", "K", "keep the K most likely tokens, 0 = all (default 0)"},
      {"seed", "S", "sampling seed (default 0); same seed, same tokens"},
      {"format", "text|ids", "stream decoded text (default) or print the ids on one line"},
-     {"threads", "N", "kernel threads (default: all cores)"},
+     {"threads", "N", "with --model: kernel threads (default: all cores)"},
      {"max-step-tokens", "N", "with --model: prefill the prompt in chunks of N tokens, as a\n"
                               "server with limits.max_step_tokens N does (default 2048)"}}};
 
@@ -92,6 +92,11 @@ Status ParseArgs(const Flags& f, GenerateArgs* args) {
   args->threads = static_cast<int>(threads);
   if (args->model.empty() == args->server.empty())
     return InvalidArgument("give exactly one of --model and --server");
+  // The server's own settings decide these (its workers' threads, limits.max_step_tokens).
+  for (const char* local : {"threads", "max-step-tokens"})
+    if (!args->server.empty() && f.Has(local))
+      return InvalidArgument(std::string("--") + local + ": only with --model (a server's own "
+                             "settings decide it)");
   if (args->has_prompt == args->has_tokens)
     return InvalidArgument("give exactly one of --prompt and --tokens");
   if (args->raw && !args->has_prompt) return InvalidArgument("--raw: only applies to --prompt");

@@ -387,6 +387,7 @@ void Scheduler::Launch() {
     // A stage runs steps in order: this one waits for the rows in flight before it too.
     size_t rows_to_run = 0;
     for (const auto& [id, c] : in_flight_) rows_to_run += c->rows;
+    call->rows_to_run = rows_to_run;
     const auto deadline = StepDeadline(call->launched, rows_to_run);
     call->deadline = deadline;
     {
@@ -502,11 +503,13 @@ void Scheduler::Complete(StepCall* call) {
     return;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - call->launched).count();
-  const StepTime measured{call->rows, seconds};
+  // Its time covers the steps it waited behind too: measured against all those rows (against
+  // its own alone, a pipeline's deadlines counted the wait twice and grew with stages^2).
+  const StepTime measured{call->rows_to_run, seconds};
   recent_steps_.push_back(measured);
   if (recent_steps_.size() > kRecentSteps) recent_steps_.pop_front();
   // Kept past the recent window: the prefills of a mostly decoding cluster.
-  latest_by_size_[std::bit_width(std::max<size_t>(call->rows, 1)) - 1] = measured;
+  latest_by_size_[std::bit_width(std::max<size_t>(measured.rows, 1)) - 1] = measured;
   for (const auto& t : sampled) {
     auto it = live_.find(t.seq_id());
     if (it == live_.end()) continue;

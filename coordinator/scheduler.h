@@ -127,6 +127,9 @@ class Scheduler {
     std::vector<uint64_t> seq_ids;    // every sequence of the step
     std::vector<uint64_t> chunk_ids;  // those sent a prompt chunk with more to come: no token
     size_t rows = 0;
+    // Its rows and those of the steps in flight before it at its launch: what its time from
+    // launch to completion covers, so what it is measured against (StepDeadline).
+    size_t rows_to_run = 0;
     Clock::time_point launched, deadline;
     std::vector<RpcResult> results;                        // per worker
     std::vector<flashmesh::v1::StepBatchResponse> responses;

@@ -3,6 +3,7 @@
 // (plus, on the last stage, that sequence's sampler). Thread-safe; the StageExecutor is its
 // only caller of Forward*, the control service calls the rest.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -46,6 +47,10 @@ struct ShardPlacement {
   int tensor_parallel = 1;
   bool expert_parallel() const { return ep_expert_begin.size() > 2 && tensor_parallel == 1; }
   bool samples() const { return head && (tensor_parallel == 1 || ep_rank == 0); }
+  // Largest-step frames this stage may have to hold unread (its inbox, its data plane's unread
+  // bytes per peer): the coordinator keeps a step per stage in flight, and a slow stage may find
+  // all of them queued by the stage before it; one spare, and at least 4 (EP/TP exchanges).
+  int64_t max_waiting_steps() const { return std::max<int64_t>(4, int64_t{num_stages} + 1); }
 };
 
 // One step's slice for one sequence.

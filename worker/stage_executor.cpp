@@ -94,9 +94,11 @@ Status StageExecutor::Receive(net::Frame activation) {
                            std::to_string(h.dims[0]) + ", " + std::to_string(h.dims[1]) +
                            "] does not match this stage (hc*H = " +
                            std::to_string(runtime_->row_floats()) + ")");
-  // The transport's own bound on a peer's unread frames (4 of the largest step's frames) holds
-  // here too: the receiver moves frames into the inbox as they come.
-  const uint64_t max_bytes = 4 * static_cast<uint64_t>(std::max<int64_t>(runtime_->placement().max_step_rows, 1)) *
+  // The transport's own bound on a peer's unread frames (max_waiting_steps of the largest
+  // step's frames) holds here too: the receiver moves frames into the inbox as they come.
+  const ShardPlacement& p = runtime_->placement();
+  const uint64_t max_bytes = static_cast<uint64_t>(p.max_waiting_steps()) *
+                             static_cast<uint64_t>(std::max<int64_t>(p.max_step_rows, 1)) *
                              static_cast<uint64_t>(runtime_->row_floats()) * sizeof(float);
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t bytes = activation.payload.size();

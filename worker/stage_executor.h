@@ -110,8 +110,9 @@ class StageExecutor {
   mutable std::mutex mu_;
   std::condition_variable cv_;        // new step, new activation, step done, frees, stop
   std::map<uint64_t, Step*> waiting_; // not yet started, by step id
-  // At most kMaxInboxSteps manifolds wait (far more than the steps in flight), of at most 4
-  // largest steps' bytes: bounds what a flooding previous stage can make this one hold.
+  // At most kMaxInboxSteps manifolds wait (far more than the steps in flight), of at most
+  // max_waiting_steps largest steps' bytes: bounds what a flooding previous stage can make this
+  // one hold.
   static constexpr size_t kMaxInboxSteps = 64;
   std::map<uint64_t, net::Frame> inbox_;
   std::mutex exec_mu_;                // held while a step computes

@@ -79,6 +79,17 @@ TEST(Cli, HelpAsAnOptionsValueIsTheValue) {
   EXPECT_NE(out.find("generated 2 tokens"), std::string::npos) << out;
 }
 
+// A flag of local generation given with --server is refused by name (a server's own settings
+// decide it), not silently ignored; the check comes before any connection.
+TEST(Cli, GenerateRefusesLocalFlagsWithServer) {
+  for (const char* flag : {"--threads", "--max-step-tokens"}) {
+    std::string out;
+    EXPECT_EQ(RunFlashmesh({"generate", "--server", "127.0.0.1:1", "--prompt", "hi", flag, "4"}, &out), 2)
+        << out;
+    EXPECT_NE(out.find(std::string(flag) + ": only with --model"), std::string::npos) << out;
+  }
+}
+
 // mkmodel does not write over a checkpoint (a mistyped OUT would leave a real one with another
 // config and index) unless told to.
 TEST(Cli, MkmodelRefusesACheckpointDirectoryWithoutForce) {

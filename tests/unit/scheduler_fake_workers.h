@@ -189,6 +189,19 @@ class FakeWorkers final : public WorkerSet {
     }
     for (auto& c : calls) c();
   }
+  // Answers the n oldest held calls of `kind` (a step's calls, one a worker, go together) and
+  // keeps holding it: steps served one after another, as a pipeline's last stage ends them.
+  void ReleaseOldest(const std::string& kind, size_t n) {
+    std::vector<std::function<void()>> calls;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& held = held_calls_[kind];
+      const size_t k = std::min(n, held.size());
+      calls.assign(std::make_move_iterator(held.begin()), std::make_move_iterator(held.begin() + k));
+      held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    for (auto& c : calls) c();
+  }
   size_t HeldCalls(const std::string& kind) {
     std::lock_guard<std::mutex> lock(mu_);
     return held_calls_[kind].size();
