@@ -117,7 +117,8 @@ int CmdStatus(int argc, char** argv) {
   std::printf("%-14s %-8s %5s %-9s %-9s %10s %9s %6s %8s %7s %10s\n", "NODE", "STATE", "STAGE",
               "LAYERS", "EXPERTS", "WEIGHT_MiB", "KV_MiB", "SEQS", "TOK/S", "HB_AGE", "DATA_MiB");
   for (const auto& n : resp.nodes()) {
-    // Half-open, as plan prints them: [0,3) is layers 0, 1 and 2.
+    // Half-open as plan prints them (without its space, to fit the column): [0,3) is layers
+    // 0, 1 and 2.
     const std::string layers =
         "[" + std::to_string(n.layer_begin()) + "," + std::to_string(n.layer_end()) + ")";
     const std::string experts =

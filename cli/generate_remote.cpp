@@ -43,12 +43,13 @@ Status GenerateRemote(const RemoteGenerateArgs& args) {
   }
   grpc::Status st = reader->Finish();
   if (args.text && !ids.empty()) std::fputc('\n', stdout);
+  std::fflush(stdout);   // the text ends its line before an error or the summary goes to stderr
   if (!st.ok()) return FromGrpc(st, args.server);
   if (!args.text) {
     for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? " " : "", ids[i]);
     std::printf("\n");
+    std::fflush(stdout);
   }
-  std::fflush(stdout);   // the text ends its line before the summary goes to stderr
   const char* reason = finish.reason() == flashmesh::v1::FINISH_REASON_STOP     ? "stop"
                        : finish.reason() == flashmesh::v1::FINISH_REASON_LENGTH ? "length"
                                                                                 : "cancelled";

@@ -60,7 +60,7 @@ struct TcLaneX {
 };
 
 // Shared memory for a pass's staged x (a static array of the tensor-core kernels: 2 blocks an
-// SM take 72 KB of the H200's 228 and of a GB10's 100).
+// SM take 72 KB of the H200's 228; a GB10 runs one a SM, 36 KB of its 100).
 constexpr int kTcStageBytes = 36 << 10;
 
 // A token's staged x, in 16-byte entries: entry (st J + j) 4 + t holds the B fragments of mma j

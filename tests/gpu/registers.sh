@@ -3,7 +3,7 @@
 # architecture, as ptxas reports them (no GPU needed): the numbers docs/gpu-kernels.md
 # "Registers and spills" quotes. The build itself fails on a spill for sm_90 and sm_121
 # (kernels/cuda/CMakeLists.txt); this prints the whole table.
-# Usage: tests/gpu/registers.sh [ARCH...]   (default: 90 121; ~3 min on 2 cores)
+# Usage: tests/gpu/registers.sh [ARCH...]   (default: 90 121; ~2 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 archs=("$@")

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <utility>
 #include <thread>
 
 #include "model/config.h"
@@ -252,39 +253,28 @@ TEST(StageExecutorChecks, AFrameFromBeforeAShardSwapIsNotUsed) {
             std::string::npos) << copy.ToString();
 }
 
-// The inbox holds at most 4 of the largest step's frames on a short pipeline, as the transport
+// The inbox holds at most max(4, stages + 1) of the largest step's frames, as the transport
 // bounds a peer's unread frames: the receiver moves them on at once, so the count alone (64
-// frames of up to 8 GiB at V4's max_step_rows) bounded nothing.
-TEST(StageExecutorChecks, TheInboxHoldsAtMostFourLargestStepsOfBytes) {
-  ShardPlacement p = Stage(1, 2, 3, -1);
-  p.max_step_rows = 4;
-  ShardRuntime r(1);
-  ASSERT_TRUE(r.Load(p).ok());
-  StageExecutor e(&r);
-  const int64_t rf = r.row_floats();
-  auto frame = [&](uint64_t step) { return ZeroActivation(step, 4, rf); };
-  for (uint64_t step = 1; step <= 4; ++step) ASSERT_TRUE(e.Receive(frame(step)).ok()) << step;
-  EXPECT_TRUE(e.Receive(frame(4)).ok()) << "a repeat replaces its frame";
-  const Status s = e.Receive(frame(5));
-  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
-  EXPECT_NE(s.message().find("at most " + std::to_string(4 * 4 * rf * 4)), std::string::npos) << s.ToString();
-}
-
-// On a deep pipeline a slow stage may find every step in flight (one a stage) queued by the
-// stage before it: 8 stages hold 9 largest steps' frames (with 4 a burst of chunked prompts on
-// pp8 was dropped, a review found, and the steps hung until their deadline).
-TEST(StageExecutorChecks, ADeepPipelinesInboxHoldsAStepPerStage) {
-  ShardPlacement p = Stage(1, 8, 3, -1);
-  p.max_step_rows = 4;
-  ShardRuntime r(1);
-  ASSERT_TRUE(r.Load(p).ok());
-  StageExecutor e(&r);
-  const int64_t rf = r.row_floats();
-  for (uint64_t step = 1; step <= 9; ++step)
-    ASSERT_TRUE(e.Receive(ZeroActivation(step, 4, rf)).ok()) << step;
-  const Status s = e.Receive(ZeroActivation(10, 4, rf));
-  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
-  EXPECT_NE(s.message().find("at most " + std::to_string(9 * 4 * rf * 4)), std::string::npos) << s.ToString();
+// frames of up to 8 GiB at V4's max_step_rows) bounded nothing. On a deep pipeline a slow stage
+// may find every step in flight (one a stage) queued by the stage before it: with 4, a burst of
+// chunked prompts on pp8 was dropped (a review found it) and its steps hung until the deadline.
+TEST(StageExecutorChecks, TheInboxHoldsAStepPerStageAndAtLeastFourOfTheLargest) {
+  for (const auto& [stages, fit] : {std::pair<int, uint64_t>{2, 4}, {8, 9}}) {
+    ShardPlacement p = Stage(1, stages, 3, -1);
+    p.max_step_rows = 4;
+    ShardRuntime r(1);
+    ASSERT_TRUE(r.Load(p).ok());
+    StageExecutor e(&r);
+    const int64_t rf = r.row_floats();
+    auto frame = [&](uint64_t step) { return ZeroActivation(step, 4, rf); };
+    for (uint64_t step = 1; step <= fit; ++step)
+      ASSERT_TRUE(e.Receive(frame(step)).ok()) << stages << " stages, step " << step;
+    EXPECT_TRUE(e.Receive(frame(fit)).ok()) << "a repeat replaces its frame";
+    const Status s = e.Receive(frame(fit + 1));
+    EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
+    EXPECT_NE(s.message().find("at most " + std::to_string(fit * 4 * rf * 4)), std::string::npos)
+        << s.ToString();
+  }
 }
 
 // The KV budget charges each sequence its bytes at max_context when it starts (a CPU cache holds

@@ -251,7 +251,7 @@ TEST(DataPlane, AResetEndsASendBlockedOnAFrozenPeer) {
               },
               [&] { (*comm)->AbortStep(step); });
     EXPECT_EQ(st.code(), Code::kUnavailable) << "round " << round << ": " << st.ToString();
-    EXPECT_LT(took, 2s) << "round " << round;
+    EXPECT_LT(took, 10s) << "round " << round;   // at once, not at the 60 s deadline (TSan: 2.3 s)
     sink->AbortStep(0);
     (*comm)->AbortStep(0);
   }

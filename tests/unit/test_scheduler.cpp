@@ -41,11 +41,17 @@ TEST(Scheduler, ALongPromptGoesInChunksBesideAStreamThatKeepsDecoding) {
   SchedulerLimits limits;
   limits.max_step_tokens = 4;
   Scheduler s(&w, nullptr, limits);
+  // a's first step is held until b is queued: on a loaded machine a could otherwise finish its
+  // 12 instant steps before b arrives (under TSan in CI it once did).
+  w.Hold("step");
   auto a = s.Submit(Params({1}, 12));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
   std::vector<int32_t> prompt;
   for (int32_t t = 100; t < 110; ++t) prompt.push_back(t);
   auto b = s.Submit(Params(prompt, 2));
-  ASSERT_TRUE(a.ok() && b.ok());
+  w.Release("step");
+  ASSERT_TRUE(b.ok());
   Outcome oa = Collect(a->get()), ob = Collect(b->get());
   std::vector<int32_t> want_a;
   for (int32_t t = 2; t <= 13; ++t) want_a.push_back(t);

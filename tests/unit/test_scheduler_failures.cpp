@@ -255,15 +255,15 @@ TEST(Scheduler, APrefillsDeadlineScalesFromTheLastPrefillNotFromADecodeStep) {
   EXPECT_LT(steps[3].budget, 2s);
 }
 
-// A step's time from launch covers the steps in flight before it. On a 6-stage pipeline of 6
-// decoding streams, 6 one-row steps are in flight and end one after another, one every 20 ms,
+// A step's time from launch covers the steps in flight before it. On a 10-stage pipeline of 10
+// decoding streams, 10 one-row steps are in flight and end one after another, one every 20 ms,
 // as a pipeline's last stage ends them: a step launched behind k others takes ~(k + 1) x 20 ms.
-// Measured against those rows, its deadline is the floor + 8 x ~120 ms. Measured against its
-// own row alone, a 1-row step took up to 120 ms a row and a step of 6 rows in flight got 8 x 6 x
-// 120 ms: a pipeline's deadlines grew with the square of its stages (a review measured 52 s for
-// 0.73 s steps on pp8).
+// Measured against those rows, its deadline is the floor + 8 x ~200 ms (~1.7 s). Measured
+// against its own row alone, a 1-row step took up to 200 ms a row and a step of 10 rows in
+// flight got 8 x 10 x 200 ms (~16 s): a pipeline's deadlines grew with the square of its stages
+// (a review measured 52 s for 0.73 s steps on pp8).
 TEST(Scheduler, APipelinesStepDeadlineCountsTheStepsInFlightOnce) {
-  constexpr int kStages = 6;
+  constexpr int kStages = 10;
   FakeWorkers w(kStages);
   SchedulerLimits limits;
   limits.step_floor = 100ms;
@@ -276,13 +276,15 @@ TEST(Scheduler, APipelinesStepDeadlineCountsTheStepsInFlightOnce) {
       w.ReleaseOldest("step", kStages);
     }
   });
+  // All submitted first (they decode together), then read; asserted once the answering thread
+  // is joined.
   std::vector<std::shared_ptr<RequestStream>> streams;
+  bool all_finished = true;
   for (int i = 0; i < kStages; ++i) {
     auto st = s.Submit(Params({i + 1}, 12));
-    ASSERT_TRUE(st.ok());
-    streams.push_back(std::move(st).value());
+    all_finished = all_finished && st.ok();
+    if (st.ok()) streams.push_back(std::move(st).value());
   }
-  bool all_finished = true;
   for (auto& st : streams) all_finished = Collect(st.get()).finished && all_finished;
   stop = true;
   answer.join();
@@ -290,9 +292,9 @@ TEST(Scheduler, APipelinesStepDeadlineCountsTheStepsInFlightOnce) {
   ASSERT_TRUE(all_finished);
   const auto steps = w.steps();   // one entry a worker a step
   ASSERT_GE(steps.size(), 30u * kStages);
-  // The last third, every stage busy with a decode step: ~1 s (4.9 s when counted twice).
+  // The last third, every stage busy with a decode step: ~1.7 s (~16 s when counted twice).
   for (size_t i = steps.size() - steps.size() / 3; i < steps.size(); ++i)
-    EXPECT_LT(steps[i].budget, 2500ms) << "step call " << i << " of " << steps.size();
+    EXPECT_LT(steps[i].budget, 5s) << "step call " << i << " of " << steps.size();
 }
 
 TEST(Scheduler, ASequenceNoRequestOwnsIsFreedAndDegradesHealthUntilItIsGone) {
