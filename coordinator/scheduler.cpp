@@ -385,10 +385,8 @@ void Scheduler::Launch() {
     in_flight_[call->step_id] = call;
     call->launched = Clock::now();
     // A stage runs steps in order: this one waits for the rows in flight before it too.
-    size_t rows_to_run = 0;
-    for (const auto& [id, c] : in_flight_) rows_to_run += c->rows;
-    call->rows_to_run = rows_to_run;
-    const auto deadline = StepDeadline(call->launched, rows_to_run);
+    for (const auto& [id, c] : in_flight_) call->rows_to_run += c->rows;
+    const auto deadline = StepDeadline(call->launched, call->rows_to_run);
     call->deadline = deadline;
     {
       std::lock_guard<std::mutex> lock(health_mu_);

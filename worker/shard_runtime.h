@@ -51,6 +51,11 @@ struct ShardPlacement {
   // bytes per peer): the coordinator keeps a step per stage in flight, and a slow stage may find
   // all of them queued by the stage before it; one spare, and at least 4 (EP/TP exchanges).
   int64_t max_waiting_steps() const { return std::max<int64_t>(4, int64_t{num_stages} + 1); }
+  // max_waiting_steps frames of frame_bytes each, saturating far beyond any memory (2^60).
+  uint64_t max_waiting_bytes(uint64_t frame_bytes) const {
+    const uint64_t cap = uint64_t{1} << 60, waiting = static_cast<uint64_t>(max_waiting_steps());
+    return frame_bytes > cap / waiting ? cap : waiting * frame_bytes;
+  }
 };
 
 // One step's slice for one sequence.

@@ -96,12 +96,10 @@ Status StageExecutor::Receive(net::Frame activation) {
                            std::to_string(runtime_->row_floats()) + ")");
   // The transport's own bound on a peer's unread frames (max_waiting_steps of the largest
   // step's frames) holds here too: the receiver moves frames into the inbox as they come.
-  // Saturating, as the transport's limit is (WorkerService::SetFrameLimits).
   const ShardPlacement& p = runtime_->placement();
-  const uint64_t frame = static_cast<uint64_t>(std::max<int64_t>(p.max_step_rows, 1)) *
-                         static_cast<uint64_t>(runtime_->row_floats()) * sizeof(float);
-  const uint64_t waiting = static_cast<uint64_t>(p.max_waiting_steps());
-  const uint64_t max_bytes = frame > (uint64_t{1} << 60) / waiting ? uint64_t{1} << 60 : waiting * frame;
+  const uint64_t max_bytes = p.max_waiting_bytes(
+      static_cast<uint64_t>(std::max<int64_t>(p.max_step_rows, 1)) *
+      static_cast<uint64_t>(runtime_->row_floats()) * sizeof(float));
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t bytes = activation.payload.size();
   for (const auto& [id, f] : inbox_)

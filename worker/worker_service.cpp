@@ -79,11 +79,9 @@ void WorkerService::SetFrameLimits(const flashmesh::v1::ShardSpec& s) {
   const uint64_t rows = static_cast<uint64_t>(runtime_.placement().max_step_rows);
   const int64_t widest = std::max(c.hc_mult, c.num_experts_per_tok + (s.tensor_parallel() > 1 ? 1 : 0));
   const uint64_t row_bytes = static_cast<uint64_t>(c.hidden_size * widest) * 4;
-  const uint64_t waiting = static_cast<uint64_t>(runtime_.placement().max_waiting_steps());
-  // Far beyond any memory; keeps waiting x max_frame below from wrapping.
-  const uint64_t cap = (uint64_t{1} << 60) / waiting;
+  const uint64_t cap = uint64_t{1} << 60;   // far beyond any memory
   const uint64_t max_frame = row_bytes == 0 || rows > cap / row_bytes ? cap : std::max<uint64_t>(rows * row_bytes, 1);
-  data_plane_->SetLimits(max_frame, waiting * max_frame);
+  data_plane_->SetLimits(max_frame, runtime_.placement().max_waiting_bytes(max_frame));
   std::lock_guard<std::mutex> g(nccl_mu_);
   for (net::NcclCommunicator* c : nccl_comms_) c->SetMaxPayload(max_frame);
 }

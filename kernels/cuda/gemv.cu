@@ -213,8 +213,7 @@ __device__ void FmaTaskBlock(const GemvLaunch& p, const GemvTaskK& k, int64_t bl
 // passes: the emulation's shuffles are block-wide). Only in the FMA instance of kRouteTile
 // tokens a pass: in the 4-token one it spilled 100 bytes under the 128-register cap, and the
 // 1-token one is the decode products' (on sm_121, under that cap, it already spilled). At most
-// kRouteMaxTokens
-// (one block routes them 8 at a time); a longer step takes RouterTopK's launch.
+// kRouteMaxTokens (one block routes them 8 at a time); a longer step takes RouterTopK's launch.
 constexpr int kRouteTile = 2;
 constexpr int64_t kRouteMaxTokens = 32;
 __device__ void RouteAfterLastBlock(const RouterParams r, const float* logits, int64_t T,
