@@ -3,7 +3,8 @@
 // `flashmesh serve` of the same checkpoint with the same kernel threads (on the device of the
 // YAML's first node), then alternates
 // identical greedy requests between the two (batch 1, then --streams concurrent ones) and
-// reports decode tok/s of both, their ratio, the data-plane bytes per generated token (and the
+// reports decode tok/s of both, their ratio, the time to the first token (a long --prompt goes
+// in chunks of the YAML's limits.max_step_tokens on both sides), the data-plane bytes per generated token (and the
 // device workers' host<->device copy bytes), and whether both produced the same tokens. Both sides run through the same API, scheduler and
 // worker code, so the ratio isolates the pipeline: hops, frames and per-stage RPCs. Next to
 // each measured figure it prints the cost model's prediction (coordinator/cost_model.h) for
@@ -39,6 +40,7 @@ constexpr int kRepeats = 5;   // batch-1 runs per side, alternating; the best of
 struct Run {
   Status status;
   std::vector<int32_t> ids;
+  double first_s = 0;    // request -> first token
   double decode_s = 0;   // first token -> last token
   double total_s = 0;    // request -> last token
 };
@@ -120,6 +122,7 @@ Run Generate(const ApiClient& api, const Options& o, int salt) {
   else if (static_cast<int64_t>(r.ids.size()) != o.tokens)
     r.status = Internal("Generate returned " + std::to_string(r.ids.size()) + " tokens, asked " +
                         std::to_string(o.tokens));
+  r.first_s = std::chrono::duration<double>(first - t0).count();
   r.decode_s = std::chrono::duration<double>(last - first).count();
   r.total_s = std::chrono::duration<double>(last - t0).count();
   return r;
@@ -140,6 +143,7 @@ Result<double> Concurrent(const ApiClient& api, const Options& o) {
 
 struct Side {
   double decode_tok_s = 0, streams_tok_s = 0;
+  double first_token_s = 0;   // the best of the batch-1 runs
   std::vector<int32_t> ids;
 };
 
@@ -157,6 +161,7 @@ Result<Predicted> PredictRun(const Options& o, const ClusterConfig& cfg,
   CostQuery q;
   q.batch = o.streams;
   q.prompt = o.prompt;
+  q.step_tokens = cfg.limits.max_step_tokens;
   q.context = o.prompt + o.tokens / 2;
   Predicted p;
   FM_ASSIGN_OR_RETURN(p.cluster, PredictPlan(m, shape, setup.plan, cfg, q));
@@ -178,8 +183,10 @@ Result<Predicted> PredictRun(const Options& o, const ClusterConfig& cfg,
   // Workers report EP dispatch + combine and TP all-gather payloads as one figure.
   p.ep_per_token = (p.cluster.ep_bytes + p.cluster.tp_bytes) * rows / o.tokens;
   const bool tagged = !cfg.security.cluster_secret_file.empty();
-  p.wire_per_token = (RequestHopBytes(m, setup.plan, o.prompt, o.tokens, act, tagged) +
-                      RequestTpFrameBytes(m, setup.plan, o.prompt, o.tokens, tagged)) / o.tokens +
+  const int64_t chunk = cfg.limits.max_step_tokens;
+  p.wire_per_token = (RequestHopBytes(m, setup.plan, o.prompt, o.tokens, chunk, act, tagged) +
+                      RequestTpFrameBytes(m, setup.plan, o.prompt, o.tokens, chunk, tagged)) /
+                         o.tokens +
                      p.ep_per_token;
   return p;
 }
@@ -213,7 +220,9 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
                                       std::to_string(cfg.limits.max_tokens), "--max-queue",
                                       std::to_string(cfg.limits.max_queue),
                                       "--max-streams-per-client",
-                                      std::to_string(cfg.limits.max_streams_per_client)};
+                                      std::to_string(cfg.limits.max_streams_per_client),
+                                      "--max-step-tokens",
+                                      std::to_string(cfg.limits.max_step_tokens)};
     serve.insert(serve.end(), quiet.begin(), quiet.end());
     FM_ASSIGN_OR_RETURN(auto single_process,
                         ChildProcess::Start("serve", SelfBinary(), serve, cluster.output));
@@ -244,6 +253,8 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
       device_bytes = {d1.host_to_device - d0.host_to_device, d1.device_to_host - d0.device_to_host};
       s.decode_tok_s = std::max(s.decode_tok_s, (o.tokens - 1) / a.decode_s);
       c.decode_tok_s = std::max(c.decode_tok_s, (o.tokens - 1) / b.decode_s);
+      s.first_token_s = rep == 0 ? a.first_s : std::min(s.first_token_s, a.first_s);
+      c.first_token_s = rep == 0 ? b.first_s : std::min(c.first_token_s, b.first_s);
       s.ids = a.ids;
       c.ids = b.ids;
     }
@@ -252,6 +263,8 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
 
     const double ratio = c.decode_tok_s / s.decode_tok_s;
     const double streams_ratio = c.streams_tok_s / s.streams_tok_s;
+    // As the other ratios: above 1, the cluster is faster.
+    const double first_token_speedup = s.first_token_s / c.first_token_s;
     const double wire_per_token = static_cast<double>(wire) / static_cast<double>(o.tokens);
     const double ep_per_token = static_cast<double>(ep_bytes) / static_cast<double>(o.tokens);
     const double h2d_per_token =
@@ -269,11 +282,14 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
           {"tensor_parallel", setup.plan.tensor_parallel},
           {"threads_per_process", o.threads},
           {"prompt_tokens", o.prompt},
+          {"max_step_tokens", cfg.limits.max_step_tokens},
           {"new_tokens", o.tokens},
           {"streams", o.streams},
-          {"single", {{"decode_tok_s", s.decode_tok_s}, {"streams_tok_s", s.streams_tok_s}}},
+          {"single", {{"decode_tok_s", s.decode_tok_s}, {"streams_tok_s", s.streams_tok_s},
+                      {"first_token_s", s.first_token_s}}},
           {"cluster",
            {{"decode_tok_s", c.decode_tok_s},
+            {"first_token_s", c.first_token_s},
             {"streams_tok_s", c.streams_tok_s},
             {"wire_bytes_per_token", wire_per_token},   // all traffic, prefill included
             {"ep_bytes_per_token", ep_per_token},       // EP dispatch + combine, TP gathers
@@ -282,16 +298,20 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
             {"d2h_bytes_per_token", d2h_per_token}}},
           {"decode_ratio", ratio},
           {"streams_ratio", streams_ratio},
+          {"first_token_speedup", first_token_speedup},   // single's time / cluster's
           {"tokens_match", same},
           {"predicted",
            {{"single", {{"decode_tok_s", pred.single.tok_s},
-                        {"streams_tok_s", pred.single.tok_s_batch}}},
+                        {"streams_tok_s", pred.single.tok_s_batch},
+                        {"first_token_s", pred.single.ttft_s}}},
             {"cluster", {{"decode_tok_s", pred.cluster.tok_s},
                          {"streams_tok_s", pred.cluster.tok_s_batch},
+                         {"first_token_s", pred.cluster.ttft_s},
                          {"wire_bytes_per_token", pred.wire_per_token},
                          {"ep_bytes_per_token", pred.ep_per_token}}},
             {"decode_ratio", pred.cluster.tok_s / pred.single.tok_s},
             {"streams_ratio", pred.cluster.tok_s_batch / pred.single.tok_s_batch},
+            {"first_token_speedup", pred.single.ttft_s / pred.cluster.ttft_s},
             // measured / predicted cluster decode tok/s at batch 1
             {"cluster_decode_measured_over_predicted", c.decode_tok_s / pred.cluster.tok_s}}}};
       std::printf("%s\n", j.dump(2).c_str());
@@ -310,6 +330,12 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
                   static_cast<long long>(o.streams), s.streams_tok_s, c.streams_tok_s,
                   streams_ratio, pred.single.tok_s_batch, pred.cluster.tok_s_batch,
                   pred.cluster.tok_s_batch / pred.single.tok_s_batch);
+      std::printf("first token ms (1 req) %9.1f %9.1f %7.3f %19.1f %9.1f %7.3f (%lld-token prompt, "
+                  "chunks of %lld; ratio: single / cluster)\n",
+                  s.first_token_s * 1e3, c.first_token_s * 1e3, first_token_speedup,
+                  pred.single.ttft_s * 1e3, pred.cluster.ttft_s * 1e3,
+                  pred.single.ttft_s / pred.cluster.ttft_s, static_cast<long long>(o.prompt),
+                  static_cast<long long>(cfg.limits.max_step_tokens));
       std::printf("wire bytes per token   %19.0f %27.0f (data plane, all traffic, prefill "
                   "included)\n", wire_per_token, pred.wire_per_token);
       std::printf("EP/TP bytes per token  %19.0f %27.0f (EP dispatch + combine, TP all-gather "

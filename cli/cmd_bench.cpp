@@ -54,7 +54,8 @@ const CommandSpec kClusterSpec{
     "bench cluster",
     "starts the cluster of FILE (every worker and the coordinator) and a single-process\n"
     "`serve` of the same model, then measures both in the same run: decode tok/s at batch 1\n"
-    "(best of 5, alternating), aggregate tok/s of --streams concurrent requests, data-plane\n"
+    "(best of 5, alternating), time to the first token (both sides chunk the prompt by the\n"
+    "YAML's limits.max_step_tokens), aggregate tok/s of --streams concurrent requests, data-plane\n"
     "bytes per generated token (and the EP dispatch + combine or TP all-gather part of them),\n"
     "each next to the cost model's prediction for the same run (docs/performance.md). The\n"
     "YAML's ports must be free; the single process listens on a free loopback port it picks.",

@@ -79,15 +79,16 @@ double TpBytesPerToken(const ModelConfig& c) {
 }
 
 // One step of `rows` tokens through stage st. decode: one row per sequence, KV read at
-// `context`; prefill: one sequence's rows, attention over rows / 2 positions on average, logits
-// for the last row only.
+// `context`; prefill: a chunk of one sequence's prompt after `context` positions, attention
+// over context + rows / 2 positions on average, logits for its last row when `sampled` (the
+// prompt's last chunk).
 StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, int64_t rows,
-                   int64_t context, bool prefill) {
+                   int64_t context, bool prefill, bool sampled = true) {
   StageTime t;
   const int g = st.group;
   const double E = static_cast<double>(c.n_routed_experts);
   const double k = static_cast<double>(c.num_experts_per_tok);
-  const int64_t attn_ctx = prefill ? std::max<int64_t>(rows / 2, 1) : context;
+  const int64_t attn_ctx = prefill ? std::max<int64_t>(context + rows / 2, 1) : context;
   // EP spreads sequences over the members (data-parallel attention): a prefill's rows all
   // live on one member, a decode step's on min(rows, g). pp and tp: every row on every member.
   const int64_t holders = st.tp || g == 1 || prefill ? 1 : std::min<int64_t>(rows, g);
@@ -135,7 +136,7 @@ StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, i
     t.read_s += b / st.bytes_per_s;
     t.read_bytes += static_cast<uint64_t>(b);
   }
-  if (st.head) {
+  if (st.head && sampled) {
     const int64_t logits = prefill ? 1 : own;
     t.read_s += phase(static_cast<double>(m.head_bytes), static_cast<double>(logits * m.head_macs));
     t.read_bytes += m.head_bytes;
@@ -216,25 +217,36 @@ double DistinctExperts(const ModelConfig& c, double experts, int64_t rows) {
   return experts * (1 - std::pow(1 - p, static_cast<double>(rows)));
 }
 
+// Calls fn(rows) for each prefill step of a `prompt`-token prompt in chunks of `step_tokens`.
+template <typename Fn>
+void ForEachChunk(int64_t prompt, int64_t step_tokens, Fn fn) {
+  const int64_t chunk = std::max<int64_t>(step_tokens, 1);
+  for (int64_t start = 0; start < prompt; start += chunk) fn(std::min(chunk, prompt - start));
+}
+
 double RequestHopBytes(const ModelConfig& c, const Plan& plan, int64_t prompt, int64_t new_tokens,
-                       int activation_bytes, bool tagged) {
+                       int64_t step_tokens, int activation_bytes, bool tagged) {
   const int hops = plan.pipeline_stages - 1;
   const bool tp = plan.tensor_parallel > 1;
   const int group = plan.group();
-  // The prefill step carries the prompt; each later step one row (the first token comes from
+  // The prefill steps carry the prompt; each later step one row (the first token comes from
   // the prefill).
-  return hops * (HopBytes(c, group, tp, prompt, activation_bytes, tagged) +
-                 (new_tokens - 1) * HopBytes(c, group, tp, 1, activation_bytes, tagged));
+  double prefill = 0;
+  ForEachChunk(prompt, step_tokens, [&](int64_t rows) {
+    prefill += HopBytes(c, group, tp, rows, activation_bytes, tagged);
+  });
+  return hops * (prefill + (new_tokens - 1) * HopBytes(c, group, tp, 1, activation_bytes, tagged));
 }
 
 double RequestTpFrameBytes(const ModelConfig& c, const Plan& plan, int64_t prompt,
-                           int64_t new_tokens, bool tagged) {
+                           int64_t new_tokens, int64_t step_tokens, bool tagged) {
   const int t = plan.tensor_parallel;
   if (t <= 1) return 0;
   constexpr int64_t kPassRows = 256;   // model/attention.cpp: rows per attention pass
   auto gathers = [&](int64_t rows) { return 2 * ((rows + kPassRows - 1) / kPassRows) + 2; };
   const double frame = kHeaderBytes + (tagged ? kTagBytes : 0);
-  const double per_layer = gathers(prompt) + (new_tokens - 1) * gathers(1);
+  double per_layer = static_cast<double>((new_tokens - 1) * gathers(1));
+  ForEachChunk(prompt, step_tokens, [&](int64_t rows) { per_layer += gathers(rows); });
   return static_cast<double>(c.num_hidden_layers) * per_layer * t * (t - 1) * frame;
 }
 
@@ -319,12 +331,26 @@ Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const 
   }
   p.tok_s_batch = static_cast<double>(q.batch) / std::max(round_trip, micro * slowest);
 
-  // Time to first token: the prompt in one step through every stage.
-  p.ttft_s = rpc;
-  for (int s = 0; s < S; ++s) {
-    const StageTime t = StepTime(c, m, stages[s], q.prompt, q.prompt, true);
-    p.ttft_s += t.read_s + t.wire_s + (s + 1 < S ? hop_s(s, q.prompt) : 0);
+  // Time to first token: the prompt in chunks of step_tokens rows, a step each, with up to S
+  // steps in flight (the scheduler's chunked prefill). A chunk enters stage s once it left
+  // stage s - 1 and the chunk before it left stage s, so a pipeline prefills one prompt on all
+  // its stages at once.
+  const int64_t chunk = std::max<int64_t>(q.step_tokens, 1);
+  const int64_t prompt = std::max<int64_t>(q.prompt, 1);
+  std::vector<double> stage_free(static_cast<size_t>(S), 0.0), done;
+  for (int64_t start = 0; start < prompt; start += chunk) {
+    const int64_t rows = std::min(chunk, prompt - start);
+    const size_t k = done.size();
+    double t = (k >= static_cast<size_t>(S) ? done[k - S] : 0.0) + rpc / 2;   // a free step slot
+    for (int s = 0; s < S; ++s) {
+      const StageTime st = StepTime(c, m, stages[s], rows, start, true, start + rows == prompt);
+      t = std::max(t, stage_free[s]) + st.read_s + st.wire_s;
+      stage_free[s] = t;
+      if (s + 1 < S) t += hop_s(s, rows);
+    }
+    done.push_back(t + rpc / 2);
   }
+  p.ttft_s = done.back();
   return p;
 }
 
@@ -332,6 +358,7 @@ CostQuery QueryFor(const ClusterConfig& cl) {
   CostQuery q;
   q.batch = cl.limits.max_batch;
   q.prompt = q.context = std::min<int64_t>(1024, cl.limits.max_context);
+  q.step_tokens = cl.limits.max_step_tokens;
   return q;
 }
 

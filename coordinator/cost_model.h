@@ -57,6 +57,7 @@ double DistinctExperts(const ModelConfig& cfg, double experts, int64_t rows);
 struct CostQuery {
   int64_t batch = 8;         // sequences decoding together, for tok_s_batch
   int64_t prompt = 1024;     // prompt tokens, for ttft_s
+  int64_t step_tokens = 2048;   // limits.max_step_tokens: the prompt goes in chunks of this many
   int64_t context = 1024;    // tokens in each sequence while decoding (KV read, attention)
   bool control_rpc = true;   // a coordinator round trip per step (false: a single process)
 };
@@ -83,7 +84,7 @@ Result<Prediction> PredictPlan(const ModelConfig& cfg, const ModelShape& shape, 
                                const ClusterConfig& cluster, const CostQuery& q);
 
 // The query `plan` and `parallel: auto` use for a cluster: batch limits.max_batch, a prompt
-// and context of min(1024, limits.max_context) tokens.
+// and context of min(1024, limits.max_context) tokens, in chunks of limits.max_step_tokens.
 CostQuery QueryFor(const ClusterConfig& cluster);
 
 // One layout of the cluster's nodes, whether it fits memory, and its prediction.
@@ -98,16 +99,17 @@ std::vector<PlanCandidate> PlanCandidates(const ModelConfig& cfg, const ClusterC
                                           const CostQuery& q);
 
 // Data-plane bytes of one request of `prompt` tokens and `new_tokens` generated, all hops and
-// members (what `bench cluster` measures as wire bytes): a prefill step, then one step per
-// further token, each a frame per member and hop (with its 16-byte tag when `tagged`: the
-// cluster has a secret). EP and TP payloads are not included.
+// members (what `bench cluster` measures as wire bytes): a prefill step per chunk of
+// `step_tokens` (limits.max_step_tokens), then one step per further token, each a frame per
+// member and hop (with its 16-byte tag when `tagged`: the cluster has a secret). EP and TP
+// payloads are not included.
 double RequestHopBytes(const ModelConfig& cfg, const Plan& plan, int64_t prompt,
-                       int64_t new_tokens, int activation_bytes, bool tagged);
+                       int64_t new_tokens, int64_t step_tokens, int activation_bytes, bool tagged);
 // The frame headers (and tags when `tagged`) of the same request's tensor-parallel all-gathers
 // (0 without tp): per step, stage and layer 4 gathers of t x (t - 1) frames, the attention's
-// two once per pass of up to 256 rows (model/attention.cpp kPassRows). Their payloads are the
-// prediction's tp_bytes per row.
+// two once per pass of up to 256 rows of the step (model/attention.cpp kPassRows). Their
+// payloads are the prediction's tp_bytes per row.
 double RequestTpFrameBytes(const ModelConfig& cfg, const Plan& plan, int64_t prompt,
-                           int64_t new_tokens, bool tagged);
+                           int64_t new_tokens, int64_t step_tokens, bool tagged);
 
 }  // namespace fm

@@ -202,7 +202,7 @@ void Scheduler::Tick() {
   }
   std::vector<Request*> cancelled;
   for (auto& [id, r] : live_)
-    if (r->stream->cancelled() && !r->in_flight && r->starting == 0) cancelled.push_back(r.get());
+    if (r->stream->cancelled() && r->in_flight == 0 && r->starting == 0) cancelled.push_back(r.get());
   for (Request* r : cancelled) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
   {
     std::lock_guard<std::mutex> lock(signal_->mu);
@@ -339,10 +339,15 @@ void Scheduler::Launch() {
   const auto& workers = workers_->workers();
   while (num_in_flight() < stages) {
     // Decode rows first, so that a long prompt never holds back the streams already going.
+    // A prompt's next chunk does not wait for the one before it (no token comes between them):
+    // the stages run steps in order, so a pipeline prefills one prompt on all its stages at once.
     std::vector<Request*> decode, prefill;
-    for (auto& [id, r] : live_)
-      if (r->starting == 0 && !r->in_flight && !r->stream->cancelled() && !r->next.empty())
+    for (auto& [id, r] : live_) {
+      const bool prompt_left = r->generated == 0;   // next holds the rest of the prompt
+      if (r->starting == 0 && (r->in_flight == 0 || prompt_left) && !r->stream->cancelled() &&
+          !r->next.empty())
         (r->next.size() == 1 ? decode : prefill).push_back(r.get());
+    }
     if (decode.empty() && prefill.empty()) return;
     // Spread the ready decode rows over the free pipeline slots.
     const size_t slots = static_cast<size_t>(stages - num_in_flight());
@@ -361,7 +366,7 @@ void Scheduler::Launch() {
       }
       items.emplace_back(r->member, std::move(item));
       call->rows += n;
-      r->in_flight = true;
+      ++r->in_flight;
       call->seq_ids.push_back(r->id);
     };
     for (size_t i = 0; i < take; ++i) add(decode[i], 1);
@@ -512,9 +517,10 @@ void Scheduler::Complete(StepCall* call) {
     auto it = live_.find(t.seq_id());
     if (it == live_.end()) continue;
     Request* r = it->second.get();
-    r->in_flight = false;
+    --r->in_flight;
     if (r->stream->cancelled()) {
-      Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
+      // Else a chunk's step before it is still on its way: Tick finishes it after that one.
+      if (r->in_flight == 0) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
       continue;
     }
     ApplyToken(r, t.id(), t.logprob());
@@ -524,8 +530,7 @@ void Scheduler::Complete(StepCall* call) {
     auto it = live_.find(id);
     if (it == live_.end()) continue;
     Request* r = it->second.get();
-    r->in_flight = false;
-    if (r->stream->cancelled()) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
+    if (--r->in_flight == 0 && r->stream->cancelled()) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
   }
 }
 

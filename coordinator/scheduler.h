@@ -2,7 +2,8 @@
 // on a worker. Requests wait in a bounded queue (a cancelled or expired one leaves it at once)
 // and are admitted up to max_batch live sequences: StartSequence on every stage, async; a
 // sequence steps once every stage holds it. Every live sequence that is not in flight joins
-// the next micro-batch; up to one micro-batch per stage is in flight, so every stage is busy. A
+// the next micro-batch, and so does the next chunk of a prompt whose chunks are in flight; up
+// to one micro-batch per stage is in flight, so every stage is busy. A
 // micro-batch is one StepBatch to every worker with a deadline sized to the step; the last
 // stage's answer carries one sampled id per sequence. Finished or cancelled sequences are
 // freed on every worker. A failed step ends every live request with the error of the worker
@@ -114,7 +115,9 @@ class Scheduler {
     std::string text;              // decoded so far (for stop strings)
     int64_t generated = 0;
     std::vector<int32_t> next;     // tokens of its next step
-    bool in_flight = false;
+    // Steps holding it: one, or several chunks of its prompt (a pipeline runs them one stage
+    // apart, in step order, so each stage has the chunk before in its KV).
+    int in_flight = 0;
     int member = 0;                // EP rank whose workers hold its KV (0 without EP)
     int starting = 0;              // StartSequence calls not answered yet
     std::vector<int> started;      // workers that hold it

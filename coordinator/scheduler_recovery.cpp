@@ -98,7 +98,7 @@ void Scheduler::Reconcile(int worker, std::vector<uint64_t> held, Clock::time_po
   // Reset, or a restart). One in flight fails with its step.
   std::vector<Request*> lost;
   for (auto& [id, r] : live_)
-    if (r->starting == 0 && !r->in_flight && r->started_at < asked &&
+    if (r->starting == 0 && r->in_flight == 0 && r->started_at < asked &&
         std::count(r->started.begin(), r->started.end(), worker) &&
         !std::binary_search(held.begin(), held.end(), id))
       lost.push_back(r.get());

@@ -165,6 +165,11 @@ TEST(BenchCluster, ReportsBothSidesTheirRatioAndTheExactWireBytes) {
   EXPECT_GT(pipe, 0);
   EXPECT_DOUBLE_EQ(j.at("decode_ratio").get<double>(), pipe / single);
   EXPECT_GT(j.at("cluster").at("streams_tok_s").get<double>(), 0);
+  const double first_single = j.at("single").at("first_token_s").get<double>();
+  const double first_pipe = j.at("cluster").at("first_token_s").get<double>();
+  EXPECT_GT(first_single, 0);
+  EXPECT_GT(first_pipe, 0);
+  EXPECT_DOUBLE_EQ(j.at("first_token_speedup").get<double>(), first_single / first_pipe);
   EXPECT_EQ(j.at("cluster").at("h2d_bytes_per_token").get<double>(), 0);   // CPU workers
   EXPECT_EQ(j.at("cluster").at("d2h_bytes_per_token").get<double>(), 0);
   // Two hops, each one frame per step: (4 * 80 + (3 + 3) rows * hc*H * 4) bytes, per 4 tokens.
@@ -177,6 +182,8 @@ TEST(BenchCluster, ReportsBothSidesTheirRatioAndTheExactWireBytes) {
   EXPECT_EQ(predicted.at("cluster").at("ep_bytes_per_token").get<double>(), 0);
   EXPECT_GT(predicted.at("decode_ratio").get<double>(), 0.5);
   EXPECT_LT(predicted.at("decode_ratio").get<double>(), 1);
+  // A 3-token prompt is one chunk: the pipeline adds its hops and overlaps nothing.
+  EXPECT_LT(predicted.at("first_token_speedup").get<double>(), 1);
 }
 
 }  // namespace

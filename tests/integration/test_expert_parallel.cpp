@@ -2,7 +2,8 @@
 // single process's tokens and logprobs bit for bit, greedy and seeded, with sequences spread
 // over the members (data-parallel attention) and every member's experts used by the others;
 // a killed member ends its group's requests with UNAVAILABLE naming it, and after a restart
-// the cluster serves again.
+// the cluster serves again. Prompts longer than kStepTokens go in chunks, pipelined over the
+// stages (the single process prefills them whole: on the CPU the bits are the same).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -16,10 +17,13 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int kNewTokens = 6;
+constexpr int kStepTokens = 8;   // limits.max_step_tokens of the EP clusters
+
 
 flashmesh::v1::GenerateRequest Request(int i) {
   std::vector<int32_t> prompt;
-  for (int k = 0; k < 3 + i % 4; ++k) prompt.push_back(20 + (i * 41 + k * 7) % 230);
+  const int length = i >= 4 ? 3 * kStepTokens + i : 3 + i % 4;   // 4 and 5: in 4 chunks
+  for (int k = 0; k < length; ++k) prompt.push_back(20 + (i * 41 + k * 7) % 230);
   auto req = TokensRequest(prompt, kNewTokens);
   if (i % 2) {   // seeded sampling on odd requests
     auto* s = req.mutable_sampling();
@@ -38,6 +42,7 @@ void ExpectEpClusterEqualsSingle(int stages, int ep, const std::string& transpor
   spec.expert_parallel = ep;
   spec.transport = transport;
   spec.gpus = Gpus();
+  spec.max_step_tokens = kStepTokens;
   std::vector<flashmesh::v1::GenerateRequest> requests;
   for (int i = 0; i < 6; ++i) requests.push_back(Request(i));
   flashmesh::v1::ClusterStatusResponse status;

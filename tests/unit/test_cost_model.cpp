@@ -135,6 +135,34 @@ TEST(CostModel, PipelineAddsOneHopPerStageBoundary) {
   EXPECT_EQ(p.exchanges, 3);
 }
 
+// A prompt of 16 in chunks of 8 (limits.max_step_tokens): one stage runs the chunks one after
+// the other, a step's round trip each; two stages overlap them (chunk 1 on stage 0 while chunk 0
+// is on stage 1), and only the last chunk reads the head.
+TEST(CostModel, ChunkedPrefillOverlapsAPipelinesStages) {
+  CostQuery q;
+  q.batch = 1;
+  q.prompt = 16;
+  q.context = 1;
+  q.step_tokens = 8;
+  const double layer = (3e6 + 8 * (1 - std::pow(0.75, 8)) * 1e5) / 1e9;   // a chunk of 8 rows
+  const double embed = 8000 / 1e9, head = 1e6 / 1e9, rpc = 20e-6;
+  auto one = PredictPlan(ToyConfig(), ToyShape(), ToyPlan(1, 1, 1), ToyCluster(1), q);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  ExpectRel(one->ttft_s, 2 * (rpc + 2 * layer + embed) + head);
+  auto two = PredictPlan(ToyConfig(), ToyShape(), ToyPlan(2, 1, 1), ToyCluster(2), q);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  const double hop = 10e-6 + (64 + 8 * 4 * 16 * 4) / 1e9;
+  // Stage 0 runs both chunks back to back; the second then hops and runs on stage 1 (free by
+  // then: its first chunk took `layer`, less than stage 0's layer + embed).
+  ExpectRel(two->ttft_s, rpc + 2 * (layer + embed) + hop + layer + head);
+  // One step of 16 rows instead: every stage waits for the whole prompt.
+  q.step_tokens = 16;
+  auto whole = PredictPlan(ToyConfig(), ToyShape(), ToyPlan(2, 1, 1), ToyCluster(2), q);
+  ASSERT_TRUE(whole.ok());
+  const double layer16 = (3e6 + 8 * (1 - std::pow(0.75, 16)) * 1e5) / 1e9;
+  ExpectRel(whole->ttft_s, rpc + 2 * layer16 + 2 * embed + 10e-6 + (64 + 16 * 256) / 1e9 + head);
+}
+
 TEST(CostModel, ExpertParallelSplitsTheExpertsAndPaysThreeExchangesALayer) {
   const Prediction p = Predict(ToyPlan(1, 2, 1), ToyCluster(2));
   // Layer: the row's member reads 3,000,064; then each member 4 x (1 - 0.75) = 1 expert.
@@ -171,11 +199,13 @@ TEST(CostModel, RequestHopBytesMatchTheDataPlaneFrames) {
     p.pipeline_stages = 3;
     return p;
   }();
-  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 4, false), 2 * (4 * 64 + 6 * 256));
-  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 2, false), 2 * (4 * 64 + 6 * 128));
+  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 2048, 4, false), 2 * (4 * 64 + 6 * 256));
+  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 2048, 2, false), 2 * (4 * 64 + 6 * 128));
   // With a cluster secret every frame carries its 16-byte tag.
-  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 4, true), 2 * (4 * 80 + 6 * 256));
-  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), plan, 3, 4, false), 0);
+  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 3, 4, 2048, 4, true), 2 * (4 * 80 + 6 * 256));
+  // A prompt of 5 in chunks of 2: three prefill frames, then 3 decode frames.
+  EXPECT_EQ(RequestHopBytes(ToyConfig(), plan, 5, 4, 2, 4, false), 2 * (6 * 64 + 8 * 256));
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), plan, 3, 4, 2048, false), 0);
 }
 
 TEST(CostModel, RequestTpFrameBytesCountEveryGathersFrames) {
@@ -183,12 +213,14 @@ TEST(CostModel, RequestTpFrameBytesCountEveryGathersFrames) {
   tp2.tensor_parallel = 2;
   // 2 layers; prompt 3 (one pass: 4 gathers) and 3 decode steps (4 each): 16 gathers a layer,
   // 2 frames each of 64 B.
-  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 3, 4, false), 2 * 16 * 2 * 64);
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 3, 4, 2048, false), 2 * 16 * 2 * 64);
   // A 300-row prompt takes two attention passes: 6 gathers; tagged frames are 80 B.
-  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 300, 1, true), 2 * 6 * 2 * 80);
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 300, 1, 2048, true), 2 * 6 * 2 * 80);
+  // In chunks of 150: two steps of one pass each, 4 gathers each.
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp2, 300, 1, 150, true), 2 * 8 * 2 * 80);
   Plan tp4 = tp2;
   tp4.tensor_parallel = 4;
-  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp4, 3, 1, false), 2 * 4 * 12 * 64);
+  EXPECT_EQ(RequestTpFrameBytes(ToyConfig(), tp4, 3, 1, 2048, false), 2 * 4 * 12 * 64);
 }
 
 TEST(CostModel, ErrorsNameTheNodeAndTheQuery) {

@@ -88,6 +88,59 @@ TEST(Scheduler, ALongPromptGoesInChunksBesideAStreamThatKeepsDecoding) {
   EXPECT_GE(beside_a, 2) << "the decoding stream waits for no more than one chunk";
 }
 
+// The chunks of one prompt do not wait for each other: on a 3-stage pipeline all three are in
+// flight at once, one step each, in prompt order, and the last one's token comes back.
+TEST(Scheduler, APromptsChunksFillThePipelineInStepOrder) {
+  FakeWorkers w(3);
+  SchedulerLimits limits;
+  limits.max_step_tokens = 4;
+  Scheduler s(&w, nullptr, limits);
+  w.Hold("step");
+  std::vector<int32_t> prompt;
+  for (int32_t t = 100; t < 110; ++t) prompt.push_back(t);
+  auto r = s.Submit(Params(prompt, 2));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 9; })) << w.HeldCalls("step") << " held";
+  std::vector<std::vector<int32_t>> chunks;
+  uint64_t last_step = 0;
+  for (const auto& step : w.steps()) {
+    if (step.worker != 0) continue;
+    ASSERT_EQ(step.req.items_size(), 1);
+    EXPECT_GT(step.req.step_id(), last_step);
+    last_step = step.req.step_id();
+    chunks.emplace_back(step.req.items(0).tokens().begin(), step.req.items(0).tokens().end());
+  }
+  EXPECT_EQ(chunks, (std::vector<std::vector<int32_t>>{{100, 101, 102, 103}, {104, 105, 106, 107}, {108, 109}}));
+  w.Release("step");
+  Outcome o = Collect(r->get());
+  EXPECT_EQ(o.ids, (std::vector<int32_t>{110, 111}));
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) + w.held(2) == 0; }));
+}
+
+// A request cancelled while several chunks of its prompt are in flight ends, and is freed,
+// only once the last of those steps is back: a free ahead of them would make them fail.
+TEST(Scheduler, ARequestCancelledWithChunksInFlightEndsAfterTheLastOfThem) {
+  FakeWorkers w(3);
+  SchedulerLimits limits;
+  limits.max_step_tokens = 4;
+  Scheduler s(&w, nullptr, limits);
+  w.Hold("step");
+  auto r = s.Submit(Params(std::vector<int32_t>(12, 7), 5));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 9; }));
+  (*r)->Cancel();
+  w.ReleaseOldest("step", 6);   // the first two chunks' steps
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(s.active(), 1);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(w.held(i), 1u) << "w" << i << " freed a sequence still in a step";
+  w.Release("step");
+  Outcome o = Collect(r->get());
+  EXPECT_EQ(o.reason, flashmesh::v1::FINISH_REASON_CANCELLED);
+  EXPECT_TRUE(o.ids.empty());
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) + w.held(2) == 0; }));
+  EXPECT_EQ(w.steps().size(), 9u) << "nothing of a cancelled request is sent";
+}
+
 TEST(Scheduler, EveryRequestGetsItsTokensAndEveryWorkerRunsStepsInOrder) {
   FakeWorkers w(3);
   Scheduler s(&w, nullptr, {});
