@@ -98,7 +98,11 @@ StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, i
   };
   for (int64_t l = st.layer_begin; l < st.layer_end; ++l) {
     const LayerShape& L = m.layers[static_cast<size_t>(l)];
-    const double kv = prefill ? 0 : static_cast<double>(KvReadBytes(c, l, context));
+    // KV read: each decode row its sequence's cache; a prefill chunk the positions before it,
+    // once (counted as a decode token there reads them; none for the first chunk).
+    const double kv_row = prefill ? 0 : static_cast<double>(KvReadBytes(c, l, context));
+    const double kv_chunk =
+        prefill && context > 0 ? static_cast<double>(KvReadBytes(c, l, context)) : 0;
     const double attn = static_cast<double>(AttentionMacs(c, l, attn_ctx));
     const double experts = DistinctExperts(c, E / g, rows);   // on each member
     const double rep = static_cast<double>(L.replicated_bytes);
@@ -107,7 +111,7 @@ StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, i
     const double dense_macs = static_cast<double>(L.replicated_macs + L.split_macs);
     double bytes = 0;
     if (st.tp) {
-      bytes = rep + split / g + experts * ex + kv * rows;
+      bytes = rep + split / g + experts * ex + kv_row * rows + kv_chunk;
       const double macs = static_cast<double>(L.replicated_macs) +
                           (static_cast<double>(L.split_macs) + attn + k * L.expert_macs) / g;
       t.read_s += phase(bytes, rows * macs);
@@ -118,7 +122,7 @@ StageTime StepTime(const ModelConfig& c, const ModelShape& m, const Stage& st, i
     } else {
       // Attention and the shared expert on the member with the rows, then every member's
       // experts in parallel (for g == 1 the same sum).
-      const double dense = rep + split + kv * own;
+      const double dense = rep + split + kv_row * own + kv_chunk;
       t.read_s += phase(dense, own * (dense_macs + attn));
       t.read_s += phase(experts * ex, rows * k / g * L.expert_macs);
       bytes = dense + experts * ex;
@@ -334,7 +338,8 @@ Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const 
   // Time to first token: the prompt in chunks of step_tokens rows, a step each, with up to S
   // steps in flight (the scheduler's chunked prefill). A chunk enters stage s once it left
   // stage s - 1 and the chunk before it left stage s, so a pipeline prefills one prompt on all
-  // its stages at once.
+  // its stages at once. A stage sends its output inside its step (worker/stage_executor.cpp),
+  // so the hop keeps the sender busy too.
   const int64_t chunk = std::max<int64_t>(q.step_tokens, 1);
   const int64_t prompt = std::max<int64_t>(q.prompt, 1);
   std::vector<double> stage_free(static_cast<size_t>(S), 0.0), done;
@@ -345,8 +350,8 @@ Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const 
     for (int s = 0; s < S; ++s) {
       const StageTime st = StepTime(c, m, stages[s], rows, start, true, start + rows == prompt);
       t = std::max(t, stage_free[s]) + st.read_s + st.wire_s;
-      stage_free[s] = t;
       if (s + 1 < S) t += hop_s(s, rows);
+      stage_free[s] = t;
     }
     done.push_back(t + rpc / 2);
   }

@@ -370,8 +370,9 @@ void Scheduler::Launch() {
       call->seq_ids.push_back(r->id);
     };
     for (size_t i = 0; i < take; ++i) add(decode[i], 1);
-    // Then prompt chunks while the step has room (always one), spread over the free slots too,
-    // so that the stages of a pipeline prefill different prompts at once. A chunk ends at a
+    // Then prompt chunks, oldest prompt first, while the step has room (always one): a long
+    // prompt fills the free slots with its own chunks, and younger prompts take the room left
+    // in a step beside it (operations.md: first come, first served). A chunk ends at a
     // multiple of max_step_tokens from the prompt's start, whatever else the step holds, so the
     // bits of a request never depend on its neighbours.
     const size_t budget = static_cast<size_t>(std::max<int64_t>(limits_.max_step_tokens, 1));

@@ -1,7 +1,7 @@
 // Tensor (head) parallelism on real worker processes: pp1 x tp2 and pp2 x tp2 produce the
 // single process's tokens and logprobs bit for bit for 32 concurrent streams, greedy and
 // seeded, with prompts longer than the sliding window (so the compressed and indexed layers
-// run); a killed member ends its stage's requests with UNAVAILABLE naming it within the
+// run), whole or (pp2 x tp2) in chunks of 16 pipelined over the stages; a killed member ends its stage's requests with UNAVAILABLE naming it within the
 // heartbeat timeout, and after a restart the cluster serves again without a coordinator restart.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -35,11 +35,12 @@ flashmesh::v1::GenerateRequest Request(int i) {
   return req;
 }
 
-void ExpectTpClusterEqualsSingle(int stages, int tp) {
+void ExpectTpClusterEqualsSingle(int stages, int tp, int step_tokens) {
   ClusterSpec spec;
   spec.stages = stages;
   spec.tensor_parallel = tp;
   spec.max_batch = kStreams;
+  spec.max_step_tokens = step_tokens;
   std::vector<flashmesh::v1::GenerateRequest> requests;
   for (int i = 0; i < kStreams; ++i) requests.push_back(Request(i));
   flashmesh::v1::ClusterStatusResponse status;
@@ -61,8 +62,8 @@ void ExpectTpClusterEqualsSingle(int stages, int tp) {
   }
 }
 
-TEST(TensorParallel, OneStageByTwoMembersEqualsSingleProcess) { ExpectTpClusterEqualsSingle(1, 2); }
-TEST(TensorParallel, TwoStagesByTwoMembersEqualSingleProcess) { ExpectTpClusterEqualsSingle(2, 2); }
+TEST(TensorParallel, OneStageByTwoMembersEqualsSingleProcess) { ExpectTpClusterEqualsSingle(1, 2, 2048); }
+TEST(TensorParallel, TwoStagesByTwoMembersEqualSingleProcess) { ExpectTpClusterEqualsSingle(2, 2, 16); }
 
 TEST(TensorParallel, KilledMemberEndsTheStagesRequestsUnavailableAndRestartRecovers) {
   ClusterSpec spec;

@@ -137,7 +137,8 @@ TEST(CostModel, PipelineAddsOneHopPerStageBoundary) {
 
 // A prompt of 16 in chunks of 8 (limits.max_step_tokens): one stage runs the chunks one after
 // the other, a step's round trip each; two stages overlap them (chunk 1 on stage 0 while chunk 0
-// is on stage 1), and only the last chunk reads the head.
+// is on stage 1). Only the last chunk reads the head, and it reads the 8 positions before it
+// once (window rows of 16 f32: 512 B a layer).
 TEST(CostModel, ChunkedPrefillOverlapsAPipelinesStages) {
   CostQuery q;
   q.batch = 1;
@@ -145,16 +146,16 @@ TEST(CostModel, ChunkedPrefillOverlapsAPipelinesStages) {
   q.context = 1;
   q.step_tokens = 8;
   const double layer = (3e6 + 8 * (1 - std::pow(0.75, 8)) * 1e5) / 1e9;   // a chunk of 8 rows
-  const double embed = 8000 / 1e9, head = 1e6 / 1e9, rpc = 20e-6;
+  const double embed = 8000 / 1e9, head = 1e6 / 1e9, rpc = 20e-6, kv = 512 / 1e9;
   auto one = PredictPlan(ToyConfig(), ToyShape(), ToyPlan(1, 1, 1), ToyCluster(1), q);
   ASSERT_TRUE(one.ok()) << one.status().ToString();
-  ExpectRel(one->ttft_s, 2 * (rpc + 2 * layer + embed) + head);
+  ExpectRel(one->ttft_s, 2 * (rpc + 2 * layer + embed) + 2 * kv + head);
   auto two = PredictPlan(ToyConfig(), ToyShape(), ToyPlan(2, 1, 1), ToyCluster(2), q);
   ASSERT_TRUE(two.ok()) << two.status().ToString();
   const double hop = 10e-6 + (64 + 8 * 4 * 16 * 4) / 1e9;
-  // Stage 0 runs both chunks back to back; the second then hops and runs on stage 1 (free by
-  // then: its first chunk took `layer`, less than stage 0's layer + embed).
-  ExpectRel(two->ttft_s, rpc + 2 * (layer + embed) + hop + layer + head);
+  // Stage 0 runs and sends both chunks back to back (a send holds its stage); the second then
+  // runs on stage 1, free by then (its first chunk took `layer`, less than layer + embed + hop).
+  ExpectRel(two->ttft_s, rpc + 2 * (layer + embed + hop) + kv + layer + kv + head);
   // One step of 16 rows instead: every stage waits for the whole prompt.
   q.step_tokens = 16;
   auto whole = PredictPlan(ToyConfig(), ToyShape(), ToyPlan(2, 1, 1), ToyCluster(2), q);
