@@ -1,4 +1,4 @@
-// flashmesh plan --config FILE [--model DIR] [--json]
+// flashmesh plan --config FILE [--model DIR] [--prompt N] [--json]
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -31,9 +31,9 @@ std::string FormatCandidates(const std::vector<PlanCandidate>& all, const Plan& 
   std::string out;
   std::snprintf(line, sizeof line,
                 "\ncost model (docs/performance.md): decode at context %lld, batch %lld; TTFT of "
-                "a %lld-token prompt\n",
+                "a %lld-token prompt in chunks of %lld\n",
                 static_cast<long long>(q.context), static_cast<long long>(q.batch),
-                static_cast<long long>(q.prompt));
+                static_cast<long long>(q.prompt), static_cast<long long>(q.step_tokens));
   out += line;
   const std::string batch = "tok/s b" + std::to_string(q.batch);
   std::snprintf(line, sizeof line, "%-13s %-4s %9s %9s %8s %9s %9s %9s\n", "layout", "fits",
@@ -71,6 +71,8 @@ const CommandSpec kSpec{
     "`parallel: auto` takes the fastest that fits. cpu profiles are probed (~0.3 s).",
     {{"config", "FILE", "the cluster YAML", true},
      {"model", "DIR", "checkpoint directory instead of the YAML's `model`"},
+     {"prompt", "N", "the prompt of the TTFT column (default min(1024, limits.max_context); at\n"
+                     "most limits.max_context), in chunks of limits.max_step_tokens"},
      {"json", nullptr, "the plan as JSON"}}};
 
 }  // namespace
@@ -99,11 +101,18 @@ int CmdPlan(int argc, char** argv) {
     std::fprintf(stderr, "plan: %s: %s\n", config.c_str(), plan.status().ToString().c_str());
     return 1;
   }
-  const CostQuery q = QueryFor(probed);
+  CostQuery q = QueryFor(probed);
+  auto prompt = flags->GetInt("prompt", q.prompt, 1, probed.limits.max_context);
+  if (!prompt.ok()) {
+    std::fprintf(stderr, "plan: %s\n", prompt.status().ToString().c_str());
+    return 2;
+  }
+  q.prompt = *prompt;
   const std::vector<PlanCandidate> all = PlanCandidates(*mc, probed, q);
   if (json) {
     nlohmann::json j = nlohmann::json::parse(PlanToJson(*plan));
-    j["query"] = {{"batch", q.batch}, {"prompt", q.prompt}, {"context", q.context}};
+    j["query"] = {{"batch", q.batch}, {"prompt", q.prompt}, {"context", q.context},
+                  {"step_tokens", q.step_tokens}};
     j["candidates"] = nlohmann::json::array();
     for (const PlanCandidate& c : all) {
       nlohmann::json cj = {{"pipeline_stages", c.pipeline_stages},

@@ -2,6 +2,7 @@
 // (config.json from configs/models/deepseek-v4-flash; no weights).
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <vector>
 #include <string>
 
@@ -403,6 +404,37 @@ TEST(PlanCommand, PrintsThePredictionOfEveryLayout) {
   EXPECT_EQ(j.at("prediction"), j.at("candidates")[1].at("prediction"));
   EXPECT_GT(j.at("prediction").at("decode_tok_s").get<double>(),
             j.at("candidates")[0].at("prediction").at("decode_tok_s").get<double>());
+}
+
+// --prompt sets the TTFT column's prompt. A 32768-token prompt is 16 chunks of 2048: one
+// process (here one stage of 4 EP members) runs them one after another, ~16x one chunk's time;
+// 4 stages overlap them, ~(4 + 15) / 4 of one chunk's pass.
+TEST(PlanCommand, PromptSetsTheTtftPromptAndPipelinesOverlapItsChunks) {
+  auto ttft = [](const std::string& prompt) {
+    std::string out;
+    EXPECT_EQ(RunPlan({"plan", "--config", (kConfigs / "gb10x4.yaml").string(), "--prompt", prompt,
+                       "--json"}, &out), 0) << out;
+    auto j = nlohmann::json::parse(out.substr(out.find('{')));
+    EXPECT_EQ(j.at("query").at("prompt").get<int64_t>(), std::stoll(prompt));
+    EXPECT_EQ(j.at("query").at("step_tokens").get<int>(), 2048);
+    std::map<std::string, double> by_layout;
+    for (const auto& c : j.at("candidates"))
+      by_layout["pp" + std::to_string(c.at("pipeline_stages").get<int>()) + "ep" +
+                std::to_string(c.at("expert_parallel").get<int>()) + "tp" +
+                std::to_string(c.at("tensor_parallel").get<int>())] =
+          c.at("prediction").at("ttft_s").get<double>();
+    return by_layout;
+  };
+  auto one_chunk = ttft("2048"), sixteen = ttft("32768");
+  const double pp1 = sixteen.at("pp1ep4tp1") / one_chunk.at("pp1ep4tp1");
+  const double pp4 = sixteen.at("pp4ep1tp1") / one_chunk.at("pp4ep1tp1");
+  EXPECT_GT(pp1, 15) << pp1;
+  EXPECT_LT(pp4, 6) << pp4;
+  EXPECT_GT(pp4, 4) << pp4;
+  std::string out;
+  EXPECT_EQ(RunPlan({"plan", "--config", (kConfigs / "gb10x4.yaml").string(), "--prompt", "200000"},
+                    &out), 2);
+  EXPECT_NE(out.find("--prompt"), std::string::npos) << out;
 }
 
 }  // namespace
