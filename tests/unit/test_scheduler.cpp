@@ -15,6 +15,18 @@ namespace {
 using namespace std::chrono_literals;
 using namespace scheduler_test;
 
+// Limits that prefill a prompt in chunks of 4 tokens, and a prompt of 3 such chunks (4, 4, 2).
+SchedulerLimits ChunksOf4() {
+  SchedulerLimits limits;
+  limits.max_step_tokens = 4;
+  return limits;
+}
+std::vector<int32_t> TenTokensFrom100() {
+  std::vector<int32_t> prompt;
+  for (int32_t t = 100; t < 110; ++t) prompt.push_back(t);
+  return prompt;
+}
+
 // A sequence starts with the context its request can reach (prompt + max_tokens), capped at
 // the cluster's: workers size and charge its KV by it.
 TEST(Scheduler, ASequenceStartsWithItsRequestsReachNotTheClustersContext) {
@@ -38,17 +50,14 @@ TEST(Scheduler, ASequenceStartsWithItsRequestsReachNotTheClustersContext) {
 // and only the last one is sampled.
 TEST(Scheduler, ALongPromptGoesInChunksBesideAStreamThatKeepsDecoding) {
   FakeWorkers w(1);
-  SchedulerLimits limits;
-  limits.max_step_tokens = 4;
-  Scheduler s(&w, nullptr, limits);
+  Scheduler s(&w, nullptr, ChunksOf4());
   // a's first step is held until b is queued: on a loaded machine a could otherwise finish its
   // 12 instant steps before b arrives (under TSan in CI it once did).
   w.Hold("step");
   auto a = s.Submit(Params({1}, 12));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
-  std::vector<int32_t> prompt;
-  for (int32_t t = 100; t < 110; ++t) prompt.push_back(t);
+  const std::vector<int32_t> prompt = TenTokensFrom100();
   auto b = s.Submit(Params(prompt, 2));
   w.Release("step");
   ASSERT_TRUE(b.ok());
@@ -92,12 +101,9 @@ TEST(Scheduler, ALongPromptGoesInChunksBesideAStreamThatKeepsDecoding) {
 // flight at once, one step each, in prompt order, and the last one's token comes back.
 TEST(Scheduler, APromptsChunksFillThePipelineInStepOrder) {
   FakeWorkers w(3);
-  SchedulerLimits limits;
-  limits.max_step_tokens = 4;
-  Scheduler s(&w, nullptr, limits);
+  Scheduler s(&w, nullptr, ChunksOf4());
   w.Hold("step");
-  std::vector<int32_t> prompt;
-  for (int32_t t = 100; t < 110; ++t) prompt.push_back(t);
+  const std::vector<int32_t> prompt = TenTokensFrom100();
   auto r = s.Submit(Params(prompt, 2));
   ASSERT_TRUE(r.ok());
   ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 9; })) << w.HeldCalls("step") << " held";
@@ -121,9 +127,7 @@ TEST(Scheduler, APromptsChunksFillThePipelineInStepOrder) {
 // only once the last of those steps is back: a free ahead of them would make them fail.
 TEST(Scheduler, ARequestCancelledWithChunksInFlightEndsAfterTheLastOfThem) {
   FakeWorkers w(3);
-  SchedulerLimits limits;
-  limits.max_step_tokens = 4;
-  Scheduler s(&w, nullptr, limits);
+  Scheduler s(&w, nullptr, ChunksOf4());
   w.Hold("step");
   auto r = s.Submit(Params(std::vector<int32_t>(12, 7), 5));
   ASSERT_TRUE(r.ok());
