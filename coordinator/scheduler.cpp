@@ -341,6 +341,8 @@ void Scheduler::Launch() {
     // Decode rows first, so that a long prompt never holds back the streams already going.
     // A prompt's next chunk does not wait for the one before it (no token comes between them):
     // the stages run steps in order, so a pipeline prefills one prompt on all its stages at once.
+    // It comes after the prompts with no step in flight, though: a short prompt behind a long
+    // one takes the next free slot instead of waiting for the long one's last chunk.
     std::vector<Request*> decode, prefill;
     for (auto& [id, r] : live_) {
       const bool prompt_left = r->generated == 0;   // next holds the rest of the prompt
@@ -348,6 +350,8 @@ void Scheduler::Launch() {
           !r->next.empty())
         (r->next.size() == 1 ? decode : prefill).push_back(r.get());
     }
+    std::stable_partition(prefill.begin(), prefill.end(),
+                          [](const Request* r) { return r->in_flight == 0; });
     if (decode.empty() && prefill.empty()) return;
     // Spread the ready decode rows over the free pipeline slots.
     const size_t slots = static_cast<size_t>(stages - num_in_flight());
@@ -370,9 +374,9 @@ void Scheduler::Launch() {
       call->seq_ids.push_back(r->id);
     };
     for (size_t i = 0; i < take; ++i) add(decode[i], 1);
-    // Then prompt chunks, oldest prompt first, while the step has room (always one): a long
-    // prompt fills the free slots with its own chunks, and younger prompts take the room left
-    // in a step beside it (operations.md: first come, first served). A chunk ends at a
+    // Then prompt chunks, in that order and oldest prompt first, while the step has room
+    // (always one). So different prompts fill a pipeline's stages when there are enough of them,
+    // and one prompt fills them alone otherwise. A chunk ends at a
     // multiple of max_step_tokens from the prompt's start, whatever else the step holds, so the
     // bits of a request never depend on its neighbours.
     const size_t budget = static_cast<size_t>(std::max<int64_t>(limits_.max_step_tokens, 1));

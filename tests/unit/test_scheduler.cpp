@@ -123,6 +123,31 @@ TEST(Scheduler, APromptsChunksFillThePipelineInStepOrder) {
   EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) + w.held(2) == 0; }));
 }
 
+// A short prompt that arrives while a long one fills the pipeline takes the next free slot,
+// ahead of the long one's next chunk (which would otherwise keep every slot to its last chunk).
+TEST(Scheduler, AShortPromptBehindALongOneTakesTheNextFreeSlot) {
+  FakeWorkers w(3);
+  Scheduler s(&w, nullptr, ChunksOf4());
+  w.Hold("step");
+  auto a = s.Submit(Params(std::vector<int32_t>(20, 7), 1));   // 5 chunks
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 9; }));
+  auto b = s.Submit(Params({500, 501}, 1));
+  ASSERT_TRUE(b.ok());
+  std::this_thread::sleep_for(20ms);   // b is admitted; no slot is free yet
+  w.ReleaseOldest("step", 3);          // a's first chunk is back
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 9; }));
+  const auto steps = w.steps();
+  ASSERT_EQ(steps.size(), 12u);
+  const auto& fourth = steps.back().req;
+  ASSERT_EQ(fourth.items_size(), 1);
+  EXPECT_EQ(std::vector<int32_t>(fourth.items(0).tokens().begin(), fourth.items(0).tokens().end()),
+            (std::vector<int32_t>{500, 501}));
+  w.Release("step");
+  EXPECT_EQ(Collect(b->get()).ids, (std::vector<int32_t>{502}));
+  EXPECT_EQ(Collect(a->get()).ids, (std::vector<int32_t>{8}));
+}
+
 // A request cancelled while several chunks of its prompt are in flight ends, and is freed,
 // only once the last of those steps is back: a free ahead of them would make them fail.
 TEST(Scheduler, ARequestCancelledWithChunksInFlightEndsAfterTheLastOfThem) {
