@@ -216,10 +216,15 @@ void ActivationReceiver::Loop() {
     lock.unlock();
     Result<net::Frame> f = transport_->Recv(peer, kRecvPoll);
     if (f.ok()) {
+      const uint64_t step_id = f->header.step_id;
       Status st = Deliver(std::move(f).value());
       if (st.code() == Code::kInvalidArgument || st.code() == Code::kResourceExhausted) {
         FM_LOG(kWarn, "worker") << "dropping the connection to '" << peer << "': " << st.ToString();
         transport_->Disconnect(peer);
+        // That step's input is lost: it fails now, naming why, not at its deadline.
+        // UNAVAILABLE, not the refusal's code: the client's request was fine.
+        executor_->FailWaitingStep(
+            step_id, Unavailable("the input from '" + peer + "' was refused: " + st.message()));
         lock.lock();
         ++rejected_;
         continue;

@@ -41,7 +41,8 @@ std::unique_ptr<ActivationSource> NewCommActivationSource(net::Communicator* com
 
 // Hands ACTIVATION frames from the previous stage to an executor. A frame that is not a
 // [rows, hc*H] f32/bf16 activation, or one the executor's inbox has no room for, is logged and
-// drops that connection (the sender is broken or hostile); the worker keeps serving.
+// drops that connection (the sender is broken or hostile), and the step it was for fails if it
+// waits; the worker keeps serving.
 class ActivationReceiver {
  public:
   ActivationReceiver(net::Transport* transport, StageExecutor* executor);

@@ -115,6 +115,16 @@ Status StageExecutor::Receive(net::Frame activation) {
   return Status::Ok();
 }
 
+void StageExecutor::FailWaitingStep(uint64_t step_id, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = waiting_.find(step_id);
+  if (it == waiting_.end()) return;   // not here yet, or running (its input came another way)
+  it->second->status = why;
+  it->second->done = true;
+  waiting_.erase(it);
+  cv_.notify_all();
+}
+
 void StageExecutor::Free(const std::vector<uint64_t>& seq_ids) {
   // Not by taking exec_mu_ here: the loop takes it again within microseconds of a step's end
   // whenever the next step is ready, and a mutex is not fair, so under load a free waited for

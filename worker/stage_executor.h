@@ -72,6 +72,9 @@ class StageExecutor {
   // The previous stage's ACTIVATION frame (header.step_id; [rows, hc*H] f32 or bf16), kept
   // as received until its step runs, then copied into the shard's activations once.
   Status Receive(net::Frame activation);
+  // Step `step_id`'s input was refused (junk, or no room): the step, if it waits, fails now with
+  // `why` instead of at its deadline. Later steps wait on it, until the coordinator's Reset.
+  void FailWaitingStep(uint64_t step_id, const Status& why);
 
   // Frees sequences between steps (never under a running step): the executor's thread frees
   // them before it starts its next step, so a busy stage delays a free by one step at most.

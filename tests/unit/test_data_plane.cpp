@@ -392,6 +392,36 @@ TEST(DataPlane, FrameOfTheWrongKindOrShapeDropsOnlyThatConnection) {
   EXPECT_EQ(Decode({&two.e0, &two.e1}, {1, 2, 3}, 2, &step).size(), 2u);
 }
 
+// A refused frame for a step that waits fails that step at once, naming the peer and the
+// reason, instead of leaving it to its deadline.
+TEST(DataPlane, ARefusedFrameFailsTheStepWaitingForItAtOnce) {
+  TwoStages two(net::FrameDType::kF32);
+  two.Start(1);
+  Status st;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread waiting([&] {
+    st = two.e1.RunStep(7, 0, {StepSlice{1, {1, 2}}}, StageExecutor::Clock::now() + 30s, nullptr);
+  });
+  std::this_thread::sleep_for(50ms);   // step 7 waits for its input
+  std::vector<float> junk(3 * 5, 1.f);
+  net::FrameHeader bad_shape;
+  bad_shape.step_id = 7;
+  bad_shape.set_shape({3, 5});
+  ASSERT_TRUE(two.t0->Connect("s1", two.t1->listen_address(), 5000ms).ok());
+  ASSERT_TRUE(two.t0->Send("s1", bad_shape, junk.data(), junk.size() * 4, 5000ms).ok());
+  waiting.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("the input from 's0' was refused: activation of step 7: shape [3, 5]"),
+            std::string::npos) << st.ToString();
+  // After the coordinator's reset the stages serve again.
+  two.e0.Reset();
+  two.e1.Reset();
+  two.Start(1);
+  uint64_t step = 1;
+  EXPECT_EQ(Decode({&two.e0, &two.e1}, {1, 2, 3}, 2, &step).size(), 2u);
+}
+
 TEST(DataPlane, Bf16FramesHalveThePayloadAndStillDecode) {
   TwoStages two(net::FrameDType::kBF16);
   two.Start(1);
