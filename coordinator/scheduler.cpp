@@ -535,7 +535,8 @@ void Scheduler::Complete(StepCall* call) {
     auto it = live_.find(id);
     if (it == live_.end()) continue;
     Request* r = it->second.get();
-    if (--r->in_flight == 0 && r->stream->cancelled()) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
+    if (--r->in_flight == 0 && r->stream->cancelled())
+      Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
   }
 }
 
