@@ -6,25 +6,39 @@
 # YAML below LONG so that the long prompt goes in chunks.
 #   bench/short_behind_long.sh CONFIG API_ADDR (the YAML's coordinator.listen) [LONG (default 1536)]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-config=$1
+if [ $# -lt 2 ]; then
+  echo "usage: bench/short_behind_long.sh CONFIG API_ADDR [LONG (default 1536)]" >&2
+  exit 2
+fi
+config=$(realpath "$1")
 api=$2
 long=${3:-1536}
+cd "$(dirname "$0")/.."
 bin=build/cli/flashmesh
 work=$(mktemp -d)
 # up stops its workers on SIGTERM; waiting for it frees the YAML's ports for the next run.
 trap 'kill $(jobs -p) 2>/dev/null || true; wait || true; rm -rf "$work"' EXIT
+# Something already answering there would be timed instead of this cluster.
+if "$bin" health --server "$api" > /dev/null 2>&1; then
+  echo "$api already answers: stop what runs there first" >&2
+  exit 1
+fi
 "$bin" up --config "$config" --threads 1 --log-level warn > "$work/up.log" 2>&1 &
-for _ in $(seq 1 120); do "$bin" health --server "$api" > /dev/null 2>&1 && break; sleep 0.5; done
+up_pid=$!
+for _ in $(seq 1 120); do
+  kill -0 "$up_pid" 2> /dev/null || { cat "$work/up.log"; exit 1; }
+  "$bin" health --server "$api" > /dev/null 2>&1 && break
+  sleep 0.5
+done
 "$bin" health --server "$api" > /dev/null || { cat "$work/up.log"; exit 1; }
 ids=$(python3 -c "print(','.join(str(3 + (i * 31) % 200) for i in range($long)))")
 now_ms() { date +%s%3N; }
 for try in 1 2 3; do
-  "$bin" generate --server "$api" --tokens "$ids" --max-tokens 1 --format ids > /dev/null &
+  "$bin" generate --server "$api" --tokens "$ids" --max-tokens 1 --format ids --log-level warn > /dev/null &
   long_pid=$!
   sleep 0.15
   start=$(now_ms)
-  "$bin" generate --server "$api" --tokens 5,6,7,8 --max-tokens 1 --format ids > /dev/null
+  "$bin" generate --server "$api" --tokens 5,6,7,8 --max-tokens 1 --format ids --log-level warn > /dev/null
   short_end=$(now_ms)
   wait "$long_pid"
   long_end=$(now_ms)

@@ -398,23 +398,32 @@ TEST(DataPlane, ARefusedFrameFailsTheStepWaitingForItAtOnce) {
   TwoStages two(net::FrameDType::kF32);
   two.Start(1);
   Status st;
+  std::atomic<bool> ended{false};
   const auto t0 = std::chrono::steady_clock::now();
   std::thread waiting([&] {
     st = two.e1.RunStep(7, 0, {StepSlice{1, {1, 2}}}, StageExecutor::Clock::now() + 30s, nullptr);
+    ended = true;
   });
-  std::this_thread::sleep_for(50ms);   // step 7 waits for its input
   std::vector<float> junk(3 * 5, 1.f);
   net::FrameHeader bad_shape;
   bad_shape.step_id = 7;
   bad_shape.set_shape({3, 5});
-  ASSERT_TRUE(two.t0->Connect("s1", two.t1->listen_address(), 5000ms).ok());
-  ASSERT_TRUE(two.t0->Send("s1", bad_shape, junk.data(), junk.size() * 4, 5000ms).ok());
+  // Until step 7 has ended: a frame refused before the step is queued fails nothing.
+  while (!ended && std::chrono::steady_clock::now() - t0 < 10s) {
+    if (!two.t0->IsConnected("s1"))
+      ASSERT_TRUE(two.t0->Connect("s1", two.t1->listen_address(), 5000ms).ok());
+    (void)two.t0->Send("s1", bad_shape, junk.data(), junk.size() * 4, 5000ms);
+    std::this_thread::sleep_for(20ms);
+  }
   waiting.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
   EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("the input from 's0' was refused: activation of step 7: shape [3, 5]"),
             std::string::npos) << st.ToString();
-  // After the coordinator's reset the stages serve again.
+  // After the coordinator's reset the stages serve again (once the sender saw the close: the
+  // sink dials again on its next send).
+  while (two.t0->IsConnected("s1") && std::chrono::steady_clock::now() - t0 < 20s)
+    std::this_thread::sleep_for(5ms);
   two.e0.Reset();
   two.e1.Reset();
   two.Start(1);

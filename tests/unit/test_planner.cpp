@@ -431,10 +431,12 @@ TEST(PlanCommand, PromptSetsTheTtftPromptAndPipelinesOverlapItsChunks) {
   EXPECT_GT(pp1, 15) << pp1;
   EXPECT_LT(pp4, 6) << pp4;
   EXPECT_GT(pp4, 4) << pp4;
-  std::string out;
-  EXPECT_EQ(RunPlan({"plan", "--config", (kConfigs / "gb10x4.yaml").string(), "--prompt", "200000"},
-                    &out), 2);
-  EXPECT_NE(out.find("--prompt"), std::string::npos) << out;
+  for (const char* bad : {"200000", "0", "-5", "abc"}) {
+    std::string out;
+    EXPECT_EQ(RunPlan({"plan", "--config", (kConfigs / "gb10x4.yaml").string(), "--prompt", bad},
+                      &out), 2) << bad;
+    EXPECT_NE(out.find("--prompt: '" + std::string(bad) + "'"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

@@ -132,10 +132,13 @@ TEST(Scheduler, AShortPromptBehindALongOneTakesTheNextFreeSlot) {
   auto a = s.Submit(Params(std::vector<int32_t>(20, 7), 1));   // 5 chunks
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 9; }));
+  // b's StartSequences are answered before a's first chunk comes back, so b is ready then.
+  w.Hold("start");
   auto b = s.Submit(Params({500, 501}, 1));
   ASSERT_TRUE(b.ok());
-  std::this_thread::sleep_for(20ms);   // b is admitted; no slot is free yet
-  w.ReleaseOldest("step", 3);          // a's first chunk is back
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("start") == 3; }));
+  w.Release("start");
+  w.ReleaseOldest("step", 3);   // a's first chunk is back
   ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 9; }));
   const auto steps = w.steps();
   ASSERT_EQ(steps.size(), 12u);
