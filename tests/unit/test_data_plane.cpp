@@ -410,8 +410,9 @@ TEST(DataPlane, ARefusedFrameFailsTheStepWaitingForItAtOnce) {
   bad_shape.set_shape({3, 5});
   // Until step 7 has ended: a frame refused before the step is queued fails nothing.
   while (!ended && std::chrono::steady_clock::now() - t0 < 10s) {
-    if (!two.t0->IsConnected("s1"))
+    if (!two.t0->IsConnected("s1")) {
       ASSERT_TRUE(two.t0->Connect("s1", two.t1->listen_address(), 5000ms).ok());
+    }
     (void)two.t0->Send("s1", bad_shape, junk.data(), junk.size() * 4, 5000ms);
     std::this_thread::sleep_for(20ms);
   }
