@@ -4,9 +4,10 @@
 // YAML's first node), then alternates
 // identical greedy requests between the two (batch 1, then --streams concurrent ones) and
 // reports decode tok/s of both, their ratio, the time to the first token (a long --prompt goes
-// in chunks of the YAML's limits.max_step_tokens on both sides), the data-plane bytes per generated token (and the
-// device workers' host<->device copy bytes), and whether both produced the same tokens. Both sides run through the same API, scheduler and
-// worker code, so the ratio isolates the pipeline: hops, frames and per-stage RPCs. Next to
+// in chunks of the YAML's limits.max_step_tokens on both sides), the data-plane bytes per
+// generated token (and the device workers' host<->device copy bytes), and whether both produced
+// the same tokens. Both sides run through the same API, scheduler and worker code, so the ratio
+// isolates the pipeline: hops, frames and per-stage RPCs. Next to
 // each measured figure it prints the cost model's prediction (coordinator/cost_model.h) for
 // the same run, with the nodes' profiles (cpu: probed before anything starts).
 #include "bench/cluster_bench.h"

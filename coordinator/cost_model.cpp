@@ -221,11 +221,12 @@ double DistinctExperts(const ModelConfig& c, double experts, int64_t rows) {
   return experts * (1 - std::pow(1 - p, static_cast<double>(rows)));
 }
 
-// Calls fn(rows) for each prefill step of a `prompt`-token prompt in chunks of `step_tokens`.
+// Calls fn(start, rows) for each prefill step of a `prompt`-token prompt in chunks of
+// `step_tokens` (the scheduler's chunk edges: multiples of step_tokens from the start).
 template <typename Fn>
 void ForEachChunk(int64_t prompt, int64_t step_tokens, Fn fn) {
   const int64_t chunk = std::max<int64_t>(step_tokens, 1);
-  for (int64_t start = 0; start < prompt; start += chunk) fn(std::min(chunk, prompt - start));
+  for (int64_t start = 0; start < prompt; start += chunk) fn(start, std::min(chunk, prompt - start));
 }
 
 double RequestHopBytes(const ModelConfig& c, const Plan& plan, int64_t prompt, int64_t new_tokens,
@@ -236,7 +237,7 @@ double RequestHopBytes(const ModelConfig& c, const Plan& plan, int64_t prompt, i
   // The prefill steps carry the prompt; each later step one row (the first token comes from
   // the prefill).
   double prefill = 0;
-  ForEachChunk(prompt, step_tokens, [&](int64_t rows) {
+  ForEachChunk(prompt, step_tokens, [&](int64_t, int64_t rows) {
     prefill += HopBytes(c, group, tp, rows, activation_bytes, tagged);
   });
   return hops * (prefill + (new_tokens - 1) * HopBytes(c, group, tp, 1, activation_bytes, tagged));
@@ -250,7 +251,7 @@ double RequestTpFrameBytes(const ModelConfig& c, const Plan& plan, int64_t promp
   auto gathers = [&](int64_t rows) { return 2 * ((rows + kPassRows - 1) / kPassRows) + 2; };
   const double frame = kHeaderBytes + (tagged ? kTagBytes : 0);
   double per_layer = static_cast<double>((new_tokens - 1) * gathers(1));
-  ForEachChunk(prompt, step_tokens, [&](int64_t rows) { per_layer += gathers(rows); });
+  ForEachChunk(prompt, step_tokens, [&](int64_t, int64_t rows) { per_layer += gathers(rows); });
   return static_cast<double>(c.num_hidden_layers) * per_layer * t * (t - 1) * frame;
 }
 
@@ -340,22 +341,19 @@ Result<Prediction> PredictPlan(const ModelConfig& c, const ModelShape& m, const 
   // stage s - 1 and the chunk before it left stage s, so a pipeline prefills one prompt on all
   // its stages at once. A stage sends its output inside its step (worker/stage_executor.cpp),
   // so the hop keeps the sender busy too.
-  const int64_t chunk = std::max<int64_t>(q.step_tokens, 1);
-  const int64_t prompt = std::max<int64_t>(q.prompt, 1);
   std::vector<double> stage_free(static_cast<size_t>(S), 0.0), done;
-  for (int64_t start = 0; start < prompt; start += chunk) {
-    const int64_t rows = std::min(chunk, prompt - start);
+  ForEachChunk(q.prompt, q.step_tokens, [&](int64_t start, int64_t rows) {
     const size_t k = done.size();
     double t = (k >= static_cast<size_t>(S) ? done[k - S] : 0.0) + rpc / 2;   // a free step slot
     for (int s = 0; s < S; ++s) {
-      const StageTime st = StepTime(c, m, stages[s], rows, start, true, start + rows == prompt);
+      const StageTime st = StepTime(c, m, stages[s], rows, start, true, start + rows == q.prompt);
       t = std::max(t, stage_free[s]) + st.read_s + st.wire_s;
       if (s + 1 < S) t += hop_s(s, rows);
       stage_free[s] = t;
     }
     done.push_back(t + rpc / 2);
-  }
-  p.ttft_s = done.back();
+  });
+  p.ttft_s = done.back();   // q.prompt >= 1 (checked above): at least one chunk
   return p;
 }
 

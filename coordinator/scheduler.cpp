@@ -376,9 +376,9 @@ void Scheduler::Launch() {
     for (size_t i = 0; i < take; ++i) add(decode[i], 1);
     // Then prompt chunks, in that order and oldest prompt first, while the step has room
     // (always one). So different prompts fill a pipeline's stages when there are enough of them,
-    // and one prompt fills them alone otherwise. A chunk ends at a
-    // multiple of max_step_tokens from the prompt's start, whatever else the step holds, so the
-    // bits of a request never depend on its neighbours.
+    // and one prompt fills them alone otherwise. A chunk ends at a multiple of max_step_tokens
+    // from the prompt's start, whatever else the step holds, so the bits of a request never
+    // depend on its neighbours.
     const size_t budget = static_cast<size_t>(std::max<int64_t>(limits_.max_step_tokens, 1));
     const size_t take_prefill = (prefill.size() + slots - 1) / slots;
     for (size_t i = 0; i < take_prefill; ++i) {
