@@ -1,8 +1,9 @@
 // Tensor (head) parallelism on real worker processes: pp1 x tp2 and pp2 x tp2 produce the
 // single process's tokens and logprobs bit for bit for 32 concurrent streams, greedy and
 // seeded, with prompts longer than the sliding window (so the compressed and indexed layers
-// run), whole or (pp2 x tp2) in chunks of 16 pipelined over the stages; a killed member ends its stage's requests with UNAVAILABLE naming it within the
-// heartbeat timeout, and after a restart the cluster serves again without a coordinator restart.
+// run), whole or (pp2 x tp2) in chunks of 16 pipelined over the stages; a killed member ends
+// its stage's requests with UNAVAILABLE naming it within the heartbeat timeout, and after a
+// restart the cluster serves again without a coordinator restart.
 #include <gtest/gtest.h>
 #include <signal.h>
 
