@@ -319,27 +319,36 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     job->stream->Cancel();
     job->meter.Cancelled();
   };
+  // The status line waits for the first event, as llama.cpp's server does: a request that fails
+  // before its first token (its sequence refused by a worker's KV budget, a node down at its
+  // start or during its prefill, the response's time limit spent in the queue) gets the HTTP
+  // status of that error, which an OpenAI client retries, not a 200 with an error event in it.
+  // The first token's bytes leave no later than they would have.
+  RequestStream::Event ev;
+  if (!NextEvent(job, out, &ev)) return;
+  if (ev.kind == RequestStream::Event::kError) {
+    job->meter.Failed(ev.error);
+    return ReplyError(out, ev.error);
+  }
   if (!out->StartStream(200, "text/event-stream")) return client_gone();
   if (chat) {
     Json first = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
                   {"finish_reason", nullptr}};
     if (!send(first, nullptr)) return client_gone();
   }
-  RequestStream::Event ev;
-  while (true) {
-    if (!NextEvent(job, out, &ev)) return;
+  while (ev.kind != RequestStream::Event::kFinish) {
     if (ev.kind == RequestStream::Event::kError) {
       job->meter.Failed(ev.error);
       out->Send("data: " + ErrorFromStatus(ev.error).ToJson() + "\n\ndata: [DONE]\n\n");
       return;
     }
-    if (ev.kind == RequestStream::Event::kFinish) break;
     AddToken(job, ev.token);
     // Never past the start of a stop string this token completed (the finish event follows).
     size_t upto = Releasable(job->text, job->hold, job->sent);
     for (const auto& stop : job->req.stop)
       upto = std::min(upto, std::max(job->sent, job->text.find(stop, job->sent > job->hold ? job->sent - job->hold : 0)));
     send(piece(upto, nullptr), nullptr);
+    if (!NextEvent(job, out, &ev)) return;
   }
   job->meter.Finished(ev.finish);
   size_t end = job->text.size();

@@ -581,6 +581,37 @@ TEST(HttpLimits, FullQueueIs429WithRetryAfter) {
   EXPECT_NE(e["message"].get<std::string>().find("max_queue"), std::string::npos);
 }
 
+// A streamed request that fails before its first token gets that error's HTTP status (here a
+// node frozen at the request's start: 503 naming it, with Retry-After), not a 200 whose stream
+// holds an error event, so an OpenAI client retries it; once the node runs again, streams are
+// 200 as before.
+TEST(HttpLimits, AStreamThatFailsBeforeItsFirstTokenIsAnHttpError) {
+  ClusterSpec spec;
+  spec.stages = 2;
+  spec.http = true;
+  Cluster cluster(spec);
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 90s)) << cluster.Logs();
+  Json body = ChatBody("hello", 4);
+  body["stream"] = true;
+  // Sent at once, the request is queued while w1 still counts as up (its heartbeat timeout is
+  // 2 s); its StartSequence on w1 then fails.
+  cluster.worker(1)->Signal(SIGSTOP);
+  HttpResult r = HttpCall(cluster.http_port(), "POST", "/v1/chat/completions", body.dump(), {}, 30s);
+  cluster.worker(1)->Signal(SIGCONT);
+  ASSERT_EQ(r.status, 503) << r.raw;
+  EXPECT_EQ(r.headers["content-type"], "application/json") << r.raw;
+  EXPECT_EQ(r.headers["retry-after"], "1") << r.raw;
+  Json e = ParseBody(r)["error"];
+  EXPECT_EQ(e["type"], "service_unavailable") << r.raw;
+  EXPECT_NE(e["message"].get<std::string>().find("w1"), std::string::npos) << r.raw;
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 30s)) << cluster.Logs();
+  r = HttpCall(cluster.http_port(), "POST", "/v1/chat/completions", body.dump(), {}, 30s);
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.headers["content-type"], "text/event-stream") << r.raw;
+  EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos) << r.raw;
+}
+
 TEST(HttpAuth, BearerTokensOfTheTokenFile) {
   TempDir dir;
   std::ofstream(dir.path() + "/tokens") << "# API tokens\ns3cret\n";
