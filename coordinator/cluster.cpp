@@ -231,6 +231,8 @@ void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& err
     FM_LOG(kInfo, "coordinator") << "node " << node->name() << " up (stage " << node->plan().stage
                                  << ", layers [" << node->plan().layer_begin << ", "
                                  << node->plan().layer_end << "))";
+  } else if (state == flashmesh::v1::NODE_STATE_DRAINING) {
+    FM_LOG(kInfo, "coordinator") << "node " << node->name() << " draining: it takes no new sequence";
   }
   if (listener_) listener_();
 }
@@ -269,7 +271,8 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
       std::lock_guard<std::mutex> lock(node->mu_);
       node->load_failures_ = 0;
     }
-    SetState(node, flashmesh::v1::NODE_STATE_UP, "");
+    // A drained worker stays drained through the load: nothing is admitted for it meanwhile.
+    SetState(node, lresp.draining() ? flashmesh::v1::NODE_STATE_DRAINING : flashmesh::v1::NODE_STATE_UP, "");
   } else if (ls.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     StepDown("node " + node->name() + " refused LoadShard: " + ls.error_message());
   } else {

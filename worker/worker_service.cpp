@@ -261,10 +261,10 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
     std::lock_guard<std::mutex> g(shard_mu_);
     shard_ = s;
   }
-  draining_ = false;
   resp->set_weight_bytes(runtime_.weight_bytes());
   resp->set_vocab_size(static_cast<int32_t>(runtime_.config().vocab_size));
   resp->set_num_hidden_layers(static_cast<int32_t>(runtime_.config().num_hidden_layers));
+  resp->set_draining(draining_);
   return grpc::Status::OK;
 }
 
@@ -320,10 +320,9 @@ grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const flashmesh::v1:
 grpc::Status WorkerService::Drain(grpc::ServerContext* ctx, const flashmesh::v1::DrainRequest* req,
                                   flashmesh::v1::DrainResponse* resp) {
   if (grpc::Status a = guard_.Admit(ctx, "Drain", *req, true); !a.ok()) return a;
-  // A drain lasts until a resume or the next LoadShard, which an unloaded worker is waiting
-  // for: it would end the drain as soon as it loads.
-  if (!req->resume() && !runtime_.loaded())
-    return WorkerError(ctx, FailedPrecondition("node " + node_ + " has no shard loaded: nothing to drain"));
+  // A drain lasts until a resume or the end of this process, across every LoadShard (a new
+  // coordinator, an NCCL group reloaded, a worker drained while loading): it is the operator's
+  // word that this machine is going away, and a reload must not send it new sequences.
   draining_ = !req->resume();
   FM_LOG(kInfo, "worker") << node_ << (req->resume() ? ": takes new sequences again" : ": draining");
   resp->set_active_sequences(runtime_.active_sequences());

@@ -81,7 +81,7 @@ class WorkerService final : public flashmesh::v1::Worker::Service {
   std::atomic<uint64_t> epoch_{0};
   mutable std::mutex shard_mu_;
   flashmesh::v1::ShardSpec shard_;   // what the last good LoadShard asked for; cleared on failure
-  std::atomic<bool> draining_{false};
+  std::atomic<bool> draining_{false};   // Drain until Drain{resume}: kept across loads
   std::atomic<bool> stopping_{false};
   net::Transport* data_plane_;
   std::unique_ptr<net::Communicator> ep_group_;  // expert-parallel group of the loaded shard
