@@ -68,6 +68,11 @@ Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
   if (last_run_ != 0 && step_id <= last_run_)
     return InvalidArgument("step " + std::to_string(step_id) + " is not after the last step run (" +
                            std::to_string(last_run_) + ")");
+  if (auto r = refused_.find(step_id); r != refused_.end()) {
+    const Status why = r->second;
+    refused_.erase(r);
+    return why;
+  }
   waiting_[step_id] = &step;
   cv_.notify_all();
   if (!cv_.wait_until(lock, deadline, [&] { return step.done; })) {
@@ -118,7 +123,15 @@ Status StageExecutor::Receive(net::Frame activation) {
 void StageExecutor::FailWaitingStep(uint64_t step_id, const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = waiting_.find(step_id);
-  if (it == waiting_.end()) return;   // not here yet, or running (its input came another way)
+  if (it == waiting_.end()) {
+    // Its StepBatch is still on its way: RunStep fails it when it comes. A step that ran or
+    // runs (its input came another way) is not refused.
+    if (step_id > last_run_) {
+      refused_[step_id] = why;
+      if (refused_.size() > kMaxInboxSteps) refused_.erase(refused_.begin());
+    }
+    return;
+  }
   it->second->status = why;
   it->second->done = true;
   waiting_.erase(it);
@@ -157,6 +170,7 @@ Status StageExecutor::Exclusive(const std::function<Status()>& swap) {
   // Frames that arrived during the swap were checked against the shard before it.
   std::lock_guard<std::mutex> lock(mu_);
   inbox_.clear();
+  refused_.clear();
   return st;
 }
 
@@ -181,6 +195,7 @@ void StageExecutor::Reset() {
   if (prev_) prev_->AbortStep(0);
   FailWaitingLocked();   // steps that arrived meanwhile belong to the aborted schedule too
   inbox_.clear();
+  refused_.clear();
   last_run_ = 0;
   runtime_->FreeAll();
 }

@@ -72,8 +72,9 @@ class StageExecutor {
   // The previous stage's ACTIVATION frame (header.step_id; [rows, hc*H] f32 or bf16), kept
   // as received until its step runs, then copied into the shard's activations once.
   Status Receive(net::Frame activation);
-  // Step `step_id`'s input was refused (junk, or no room): the step, if it waits, fails now with
-  // `why` instead of at its deadline. Later steps wait on it, until the coordinator's Reset.
+  // Step `step_id`'s input was refused (junk, or no room): the step fails now with `why` if it
+  // waits, or as soon as RunStep queues it (its StepBatch can come after the frame), instead of
+  // at its deadline. Later steps wait on it, until the coordinator's Reset.
   void FailWaitingStep(uint64_t step_id, const Status& why);
 
   // Frees sequences between steps (never under a running step): the executor's thread frees
@@ -118,6 +119,9 @@ class StageExecutor {
   // one hold.
   static constexpr size_t kMaxInboxSteps = 64;
   std::map<uint64_t, net::Frame> inbox_;
+  // Steps whose input was refused before RunStep queued them, and why (FailWaitingStep); the
+  // newest kMaxInboxSteps, dropped by Reset and by a load.
+  std::map<uint64_t, Status> refused_;
   std::mutex exec_mu_;                // held while a step computes
   std::deque<std::pair<Clock::time_point, int64_t>> recent_rows_;
   uint64_t rows_total_ = 0;

@@ -432,6 +432,35 @@ TEST(DataPlane, ARefusedFrameFailsTheStepWaitingForItAtOnce) {
   EXPECT_EQ(Decode({&two.e0, &two.e1}, {1, 2, 3}, 2, &step).size(), 2u);
 }
 
+// The frame can come before the coordinator's StepBatch queues its step: the refusal is kept,
+// and the step fails as soon as it is queued, not at its deadline.
+TEST(DataPlane, AFrameRefusedBeforeItsStepIsQueuedFailsThatStepWhenItComes) {
+  TwoStages two(net::FrameDType::kF32);
+  two.Start(1);
+  std::vector<float> junk(3 * 5, 1.f);
+  net::FrameHeader bad_shape;
+  bad_shape.step_id = 7;
+  bad_shape.set_shape({3, 5});
+  ASSERT_TRUE(two.t0->Connect("s1", two.t1->listen_address(), 5000ms).ok());
+  ASSERT_TRUE(two.t0->Send("s1", bad_shape, junk.data(), junk.size() * 4, 5000ms).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  while (two.recv1.frames_rejected() == 0 && std::chrono::steady_clock::now() - t0 < 10s)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(two.recv1.frames_rejected(), 1u);
+  const auto queued = std::chrono::steady_clock::now();
+  Status st = two.e1.RunStep(7, 0, {StepSlice{1, {1, 2}}}, StageExecutor::Clock::now() + 30s, nullptr);
+  EXPECT_LT(std::chrono::steady_clock::now() - queued, 5s);
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("the input from 's0' was refused: activation of step 7: shape [3, 5]"),
+            std::string::npos) << st.ToString();
+  // Once: the refusal went with the step it failed, so steps 1 to 7 run when their input is
+  // good (once the sender saw the close: the sink dials again on its next send).
+  while (two.t0->IsConnected("s1") && std::chrono::steady_clock::now() - t0 < 20s)
+    std::this_thread::sleep_for(5ms);
+  uint64_t step = 1;
+  EXPECT_EQ(Decode({&two.e0, &two.e1}, {1, 2, 3}, 7, &step).size(), 7u);
+}
+
 TEST(DataPlane, Bf16FramesHalveThePayloadAndStillDecode) {
   TwoStages two(net::FrameDType::kBF16);
   two.Start(1);
