@@ -4,8 +4,9 @@
 // while the live ones finish. --wait returns once no node of the cluster holds a sequence (an
 // expert-parallel member serves the experts of its group's sequences, wherever they live), so
 // the worker can be stopped or restarted (a restarted worker serves again); --resume takes
-// new sequences again. Nothing else ends a drain: it holds across the worker's reloads. Speaks to the workers' control ports as the coordinator does: the
-// YAML's cluster secret signs each call, its TLS files are the client's.
+// new sequences again. Nothing else ends a drain: it holds across the worker's reloads.
+// Speaks to the workers' control ports as the coordinator does: the YAML's cluster secret
+// signs each call, its TLS files are the client's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

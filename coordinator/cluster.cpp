@@ -212,8 +212,14 @@ bool Cluster::serving(int worker) const {
 
 void Cluster::MarkDown(int worker, const std::string& why) {
   if (stepped_down_) return;  // a refusal of the newer term is no fault of the node (worker_set.h)
-  if (nodes_[worker]->state() == flashmesh::v1::NODE_STATE_DOWN) return;   // keep the first cause
-  SetState(nodes_[worker].get(), flashmesh::v1::NODE_STATE_DOWN, why);
+  NodeHandle* node = nodes_[worker].get();
+  if (node->state() == flashmesh::v1::NODE_STATE_DOWN) return;   // keep the first cause
+  // A failed RPC's message names the node already (cluster_rpc.cpp), and NotReady names it
+  // before the cause: once is enough ("node w1 (ADDR) is down: did not answer in time").
+  std::string cause = why;
+  const std::string named = "node " + node->name() + " (" + node->control() + ") ";
+  if (size_t at = cause.find(named); at != std::string::npos) cause.erase(at, named.size());
+  SetState(node, flashmesh::v1::NODE_STATE_DOWN, cause);
 }
 
 void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& error) {

@@ -31,7 +31,8 @@ class HttpApi {
   void Collect(Job* job, HttpResponder* out);
   // The request's next event (true), or false when the client went away first: the request is
   // then cancelled and counted so. A response past HttpLimits.response_timeout, or one the
-  // stopping server ends, is cancelled too and gets an error event naming why (504 / 503).
+  // stopping server ends, is cancelled too and gets an error naming why (504 / 503): a status
+  // before the first token, an error event after it.
   bool NextEvent(Job* job, HttpResponder* out, RequestStream::Event* ev);
   // A generated token: its text appended to the job's, its logprobs entry and text offset kept
   // when asked for.

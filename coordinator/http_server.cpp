@@ -199,7 +199,8 @@ bool HttpResponder::Reply(int status, const std::string& content_type, const std
   replied_ = true;
   std::string out = Head(status, content_type, extra);
   out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
-  out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+  // A stopping server closes the connection after this reply: it says so.
+  out += keep_alive_ && !*stop_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
   out += body;
   return SendAll(out);
 }
