@@ -218,7 +218,10 @@ void Cluster::MarkDown(int worker, const std::string& why) {
   // before the cause: once is enough ("node w1 (ADDR) is down: did not answer in time").
   std::string cause = why;
   const std::string named = "node " + node->name() + " (" + node->control() + ") ";
-  if (size_t at = cause.find(named); at != std::string::npos) cause.erase(at, named.size());
+  if (size_t at = cause.find(named); at != std::string::npos) {
+    cause.erase(at, named.size());
+    if (cause.compare(at, 16, "is unavailable: ") == 0) cause.erase(at, 16);
+  }
   SetState(node, flashmesh::v1::NODE_STATE_DOWN, cause);
 }
 

@@ -28,10 +28,10 @@ RpcResult Classify(const NodeHandle& node, const grpc::ClientContext& ctx, const
   const auto& md = ctx.GetServerTrailingMetadata();
   auto it = md.find(kFaultKey);
   if (it == md.end()) {
-    const std::string what = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                                 ? "did not answer in time"
-                                 : "is unavailable: " + s.error_message();
-    return {Unavailable("node " + node.name() + " (" + node.control() + ") " + what), RpcFault::kUnreachable};
+    const std::string named = "node " + node.name() + " (" + node.control() + ") ";
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+      return {Unavailable(named + "did not answer in time"), RpcFault::kTimedOut};
+    return {Unavailable(named + "is unavailable: " + s.error_message()), RpcFault::kUnreachable};
   }
   const std::string fault(it->second.data(), it->second.size());
   return {FromGrpc(s), fault == kFaultLostSequences ? RpcFault::kLostSequences

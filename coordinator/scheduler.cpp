@@ -298,6 +298,11 @@ void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
     if (res.fault == RpcFault::kUnreachable) {
       workers_->MarkDown(worker, res.status.message());
       r->start_error = res.status;
+    } else if (res.fault == RpcFault::kTimedOut) {
+      // Paused (a swap storm, SIGSTOP) or dead: the heartbeat tells which within
+      // heartbeat.timeout_ms. Marking it down here would fail every live request over a pause
+      // shorter than that; this request alone fails, and a late start is freed as unowned.
+      r->start_error = res.status;
     } else if (res.fault == RpcFault::kSuperseded) {
       // This coordinator stepped down (cluster_rpc.cpp): that is what the client hears.
       const Status running = workers_->Running();
@@ -456,7 +461,8 @@ Status Scheduler::Attribute(const StepCall& call) {
   // A worker that did not answer is the cause; its peers' errors (waiting for its manifold,
   // an EP exchange it never joined) are consequences.
   for (size_t i = 0; i < n; ++i) {
-    if (call.done[i] && call.results[i].fault == RpcFault::kUnreachable) {
+    const RpcFault fault = call.results[i].fault;
+    if (call.done[i] && (fault == RpcFault::kUnreachable || fault == RpcFault::kTimedOut)) {
       workers_->MarkDown(static_cast<int>(i), call.results[i].status.message());
       return Unavailable(call.results[i].status.message());
     }

@@ -66,8 +66,11 @@ void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector
       Post([this, w, ids, r] {
         for (uint64_t id : ids)
           if (--freeing_[w][id] == 0) freeing_[w].erase(id);
-        // Its KV stays behind: DOWN fails what runs and resets it once it answers again.
-        if (!r.ok()) workers_->MarkDown(w, "FreeSequence failed: " + r.status.message());
+        // Its KV stays behind: DOWN fails what runs and resets it once it answers again. One
+        // that did not answer in time may only be paused: the heartbeat decides, and a sequence
+        // it still holds then is freed as unowned (Reconcile).
+        if (!r.ok() && r.fault != RpcFault::kTimedOut)
+          workers_->MarkDown(w, "FreeSequence failed: " + r.status.message());
       });
       Untrack(rpc);
     }));

@@ -17,7 +17,8 @@ namespace fm {
 // errors it returns with trailing metadata, rpc/grpc_status.h), never from its text.
 enum class RpcFault {
   kNone,
-  kUnreachable,     // no answer from the worker (connection, deadline): the node itself failed
+  kUnreachable,     // the worker could not be reached (connection): the node itself failed
+  kTimedOut,        // no answer by the call's deadline: the node failed, or paused a moment
   kWorker,          // the worker answered with this error
   kLostSequences,   // the worker answered that it does not hold a sequence of the call
   kSuperseded,      // the worker answered that it follows a newer coordinator (this one steps down)

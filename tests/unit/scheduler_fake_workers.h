@@ -82,7 +82,7 @@ class FakeWorkers final : public WorkerSet {
       std::lock_guard<std::mutex> lock(mu_);
       if (!start_refusal_.ok()) {
         const Status why = start_refusal_;
-        done({why, RpcFault::kWorker}, {});
+        done({why, start_refusal_fault_}, {});
         return [] {};
       }
     }
@@ -215,10 +215,12 @@ class FakeWorkers final : public WorkerSet {
     std::lock_guard<std::mutex> lock(mu_);
     token_rewrite_ = std::move(f);
   }
-  // Every StartSequence is refused with `why` (a worker's KV budget, a drain), Ok: none.
-  void RefuseStarts(Status why) {
+  // Every StartSequence is refused with `why` (a worker's KV budget, a drain), Ok: none;
+  // `fault` says whose error it is (kTimedOut: no answer by the deadline).
+  void RefuseStarts(Status why, RpcFault fault = RpcFault::kWorker) {
     std::lock_guard<std::mutex> lock(mu_);
     start_refusal_ = std::move(why);
+    start_refusal_fault_ = fault;
   }
   // Frees answer OK but free nothing (a worker that keeps what it was told to drop).
   void IgnoreFrees(bool ignore) {
@@ -325,6 +327,7 @@ class FakeWorkers final : public WorkerSet {
   std::set<int> loading_;
   bool frees_ignored_ = false;
   Status start_refusal_;
+  RpcFault start_refusal_fault_ = RpcFault::kWorker;
   std::string stepped_down_;   // why, once a worker answered kSuperseded
   std::map<int, std::set<uint64_t>> held_;   // sequences each worker holds
   std::map<uint64_t, int32_t> started_context_;   // each sequence's StartSequence max_context

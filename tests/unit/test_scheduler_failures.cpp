@@ -67,7 +67,7 @@ TEST(Scheduler, APeerThatGaveUpWaitingIsNotBlamedForTheStageThatFroze) {
   w.Hold("step w1");
   w.SetStepFault([](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
     if (worker == 2) return {DeadlineExceeded("step waited too long for its input"), RpcFault::kWorker};
-    if (worker == 1) return {Unavailable("node w1 (fake:1) did not answer in time"), RpcFault::kUnreachable};
+    if (worker == 1) return {Unavailable("node w1 (fake:1) did not answer in time"), RpcFault::kTimedOut};
     return {};
   });
   auto a = s.Submit(Params({5}, 4));
@@ -336,6 +336,30 @@ TEST(Scheduler, ARefusedStartEndsTheRequestWithTheWorkersReason) {
     EXPECT_EQ(o.error.message(),
               "starting the sequence: node w0: the KV budget holds no more sequences of this size");
   }
+}
+
+// A worker that does not answer a StartSequence by its deadline may only be paused (a swap
+// storm, SIGSTOP): the new request fails naming it, but the node is not marked down, so the
+// live request, whose step waits on that worker, goes on once it answers.
+TEST(Scheduler, AStartThatTimesOutFailsItsRequestButNotTheLiveOnes) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  w.Hold("step w1");
+  auto live = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(live.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step w1") == 1; }));
+  w.RefuseStarts(Unavailable("node w1 (fake:1) did not answer in time"), RpcFault::kTimedOut);
+  auto late = s.Submit(Params({9}, 2));
+  ASSERT_TRUE(late.ok());
+  const Outcome refused = Collect(late->get());
+  EXPECT_EQ(refused.error.code(), Code::kUnavailable);
+  EXPECT_EQ(refused.error.message(), "node w1 (fake:1) did not answer in time");
+  EXPECT_TRUE(w.marked_down().empty());
+  w.RefuseStarts(Status::Ok());
+  w.Release("step w1");
+  const Outcome o = Collect(live->get());
+  EXPECT_TRUE(o.finished) << o.error.ToString();
+  EXPECT_EQ(o.ids, (std::vector<int32_t>{6, 7, 8, 9}));
 }
 
 // Shutdown cancels the control calls on their way: a free queued behind a long step (or on a
