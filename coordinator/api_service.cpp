@@ -293,6 +293,9 @@ grpc::Status ApiService::Tokenize(grpc::ServerContext* ctx, const flashmesh::v1:
 grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh::v1::ClusterStatusRequest*,
                                        flashmesh::v1::ClusterStatusResponse* resp) {
   if (Status a = Authenticate(ctx); !a.ok()) return ToGrpc(a);
+  // The stats first (up to kStatsTimeout with a frozen node): the health and the node states
+  // below are then read together, so the verdict agrees with the rows it heads.
+  const auto stats = cluster_->StatsOfAll(kStatsTimeout);
   const Status health = ClusterHealth(*cluster_, *scheduler_);
   resp->set_healthy(health.ok());
   resp->set_reason(health.message());
@@ -302,7 +305,6 @@ grpc::Status ApiService::ClusterStatus(grpc::ServerContext* ctx, const flashmesh
   resp->set_pipeline_stages(cluster_->num_stages());
   resp->set_expert_parallel(cluster_->expert_parallel());
   resp->set_tensor_parallel(cluster_->tensor_parallel());
-  const auto stats = cluster_->StatsOfAll(kStatsTimeout);
   for (size_t i = 0; i < cluster_->nodes().size(); ++i) {
     const NodeHandle* node = cluster_->nodes()[i].get();
     auto* n = resp->add_nodes();

@@ -275,6 +275,29 @@ TEST(SelfHealing, StatusWithTwoFrozenNodesCostsOneStatsDeadline) {
   }
 }
 
+// The verdict and the rows of one status reply agree while a frozen node goes down: a reply
+// said "healthy" (read before its 800 ms wait for the frozen node's Stats) above that node's
+// "down" row (read after it).
+TEST(SelfHealing, AStatusReplyNeverCallsTheClusterHealthyAboveADownNode) {
+  Cluster cluster(ClusterSpec{});
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  cluster.worker(1)->Signal(SIGSTOP);
+  bool saw_down = false;
+  const auto until = Clock::now() + 4s;   // the heartbeat timeout is 2 s: it goes down within
+  while (Clock::now() < until) {
+    const auto st = Status(stub.get());
+    ASSERT_EQ(st.nodes_size(), 3);
+    const bool down = st.nodes(1).state() == flashmesh::v1::NODE_STATE_DOWN;
+    saw_down = saw_down || down;
+    EXPECT_FALSE(down && st.healthy()) << st.DebugString();
+  }
+  cluster.worker(1)->Signal(SIGCONT);
+  EXPECT_TRUE(saw_down);
+  EXPECT_TRUE(WaitHealthy(cluster.api(), 20s)) << cluster.Logs();
+}
+
 TEST(SelfHealing, SixtyFourExpiredQueuedRequestsDoNotBlockANewOne) {
   ClusterSpec spec;
   spec.max_batch = 1;
