@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "coordinator/api_client.h"
+#include "rpc/grpc_status.h"
 
 namespace fm::cli {
 
@@ -29,7 +30,7 @@ std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const cha
   }
   if (!s.ok()) {
     std::fprintf(down, "down: coordinator %s: %s\n", flags.Get("server").c_str(),
-                 s.error_message().c_str());
+                 GrpcErrorText(s).c_str());
     *exit_code = kExitDown;
     return std::nullopt;
   }

@@ -52,7 +52,11 @@ Result<int64_t> Integer(const Json& v, const std::string& field) {
   // 3.0 is an integer for JSON clients that only have doubles (JavaScript).
   if (v.is_number_float()) {
     double d = v.get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
+    if (std::isfinite(d) && d == std::floor(d)) {
+      if (std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
+      // A whole number past what a double holds exactly (an integer too long for uint64).
+      return InvalidArgument(field + ": " + v.dump() + " is too large");
+    }
   }
   return WrongType(field, "an integer", v);
 }
@@ -307,8 +311,17 @@ Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
   if (JsonNesting(body) > kMaxJsonNesting)
     return InvalidArgument("body: JSON nested deeper than " + std::to_string(kMaxJsonNesting) +
                            " levels");
-  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument("body: not valid JSON");
+  Json j;
+  try {
+    j = Json::parse(body.begin(), body.end());
+  } catch (const Json::exception& e) {
+    // Where and why ("... at line 1, column 17: syntax error ...", "number overflow parsing
+    // '1e400'"), without the library's "[json.exception.parse_error.101] " tag.
+    std::string why = e.what();
+    if (size_t tag = why.find("] "); why.rfind("[json.exception.", 0) == 0 && tag != std::string::npos)
+      why.erase(0, tag + 2);
+    return InvalidArgument("body: not valid JSON (" + why + ")");
+  }
   if (!j.is_object()) return WrongType("body", "a JSON object", j);
   OpenAiRequest r;
   FM_RETURN_IF_ERROR(DecodeObject(j, chat, &r));

@@ -40,9 +40,26 @@ Status FromGrpc(const grpc::Status& s, const std::string& context) {
     case G::CANCELLED: code = Code::kCancelled; break;
     case G::DEADLINE_EXCEEDED: code = Code::kDeadlineExceeded; break;
     case G::FAILED_PRECONDITION: code = Code::kFailedPrecondition; break;
+    // The address given (a flag, a YAML) is another daemon's port: the caller's input is wrong.
+    case G::UNIMPLEMENTED: code = Code::kInvalidArgument; break;
     default: break;
   }
-  return Status(code, context + ": " + s.error_message());
+  return Status(code, context + ": " + GrpcErrorText(s));
+}
+
+std::string GrpcErrorText(const grpc::Status& s) {
+  using G = grpc::StatusCode;
+  if (s.error_code() == G::UNIMPLEMENTED)
+    return "UNIMPLEMENTED: the server there does not serve this call (another flashmesh daemon's "
+           "port, or not flashmesh at all?)" + (s.error_message().empty() ? "" : ": " + s.error_message());
+  if (!s.error_message().empty()) return s.error_message();
+  switch (s.error_code()) {
+    case G::UNKNOWN: return "UNKNOWN (no message)";
+    case G::ABORTED: return "ABORTED (no message)";
+    case G::DATA_LOSS: return "DATA_LOSS (no message)";
+    case G::PERMISSION_DENIED: return "PERMISSION_DENIED (no message)";
+    default: return "gRPC status " + std::to_string(static_cast<int>(s.error_code())) + " (no message)";
+  }
 }
 
 Status FromGrpc(const grpc::Status& s) {

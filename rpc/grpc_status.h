@@ -14,6 +14,9 @@ namespace fm {
 grpc::Status ToGrpc(const Status& s);
 Status FromGrpc(const grpc::Status& s, const std::string& context);
 Status FromGrpc(const grpc::Status& s);
+// A failed call's message for a person: gRPC's own, or, when it says nothing (a server that
+// does not serve the method answers UNIMPLEMENTED with no text), the code and what it means.
+std::string GrpcErrorText(const grpc::Status& s);
 
 // A worker marks every error it returns itself with this trailing metadata key, so that the
 // coordinator tells "the worker answered with an error" from "the worker did not answer" by

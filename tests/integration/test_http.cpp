@@ -353,6 +353,8 @@ TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
   EXPECT_EQ(r.status, 413) << r.raw;
   r = HttpRaw(port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(64 << 10, 'a') + "\r\n\r\n", 5s);
   EXPECT_EQ(r.status, 431) << r.raw.substr(0, 200);
+  r = HttpRaw(port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 5s);
+  EXPECT_EQ(r.raw.rfind("HTTP/1.1 501 Not Implemented\r\n", 0), 0u) << r.raw;
   EXPECT_EQ(HttpCall(port(), "GET", "/v2/nothing").status, 404);
   r = HttpCall(port(), "GET", "/v1/chat/completions");
   EXPECT_EQ(r.status, 405);

@@ -188,6 +188,24 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
   }
 }
 
+// Numbers past their range say so, not that the body is not JSON or the value not an integer;
+// JSON that does not parse says where and why.
+TEST(DecodeOpenAiRequest, OutOfRangeNumbersAndBadJsonSayWhatIsWrong) {
+  const std::string chat = R"({"messages": [{"role": "user", "content": "x"}], )";
+  auto message = [&](const std::string& body) {
+    auto r = DecodeOpenAiRequest(body, true);
+    EXPECT_FALSE(r.ok()) << body;
+    return r.ok() ? std::string() : r.status().message();
+  };
+  EXPECT_EQ(message(chat + R"("max_tokens": 99999999999999999999})"), "max_tokens: 1e+20 is too large");
+  EXPECT_EQ(message(chat + R"("seed": 18446744073709551616})"), "seed: 1.8446744073709552e+19 is too large");
+  EXPECT_EQ(message(chat + R"("temperature": 1e400})").rfind("body: not valid JSON (", 0), 0u);
+  EXPECT_NE(message(chat + R"("temperature": 1e400})").find("1e400"), std::string::npos);
+  EXPECT_EQ(message(R"({"messages": [})"),
+            "body: not valid JSON (parse error at line 1, column 15: syntax error while parsing value - "
+            "unexpected '}'; expected '[', '{', or a literal)");
+}
+
 TEST(ErrorFromStatus, StatusCodesAndTypes) {
   EXPECT_EQ(ErrorFromStatus(Unauthenticated("no token")).http_status, 401);
   EXPECT_EQ(ErrorFromStatus(Unauthenticated("no token")).code, "invalid_api_key");
