@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <set>
 
 #include "common/log.h"
@@ -471,8 +472,16 @@ Status Scheduler::Attribute(const StepCall& call) {
     if (call.done[i] && call.results[i].fault == RpcFault::kLostSequences)
       return Unavailable(call.results[i].status.message());
   FM_RETURN_IF_ERROR(workers_->Running());
-  for (size_t i = 0; i < n; ++i)
-    if (call.done[i] && !call.results[i].ok()) return call.results[i].status.Wrap(step);
+  for (size_t i = 0; i < n; ++i) {
+    if (!call.done[i] || call.results[i].ok()) continue;
+    const Status& why = call.results[i].status;
+    // A worker's own message names the step already ("node w1: step N aborted: ..."): once.
+    const std::string& m = why.message();
+    const size_t at = m.find(step);
+    const bool named = at != std::string::npos &&
+                       (at + step.size() == m.size() || !std::isdigit(static_cast<unsigned char>(m[at + step.size()])));
+    return named ? why : why.Wrap(step);
+  }
   return Internal(step + " failed without an error");
 }
 

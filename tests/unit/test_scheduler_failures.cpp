@@ -96,6 +96,32 @@ TEST(Scheduler, AWorkerErrorEndsTheRequestsWithItsCodeAndText) {
   EXPECT_TRUE(w.marked_down().empty());
 }
 
+// A worker's message that names the step already is not prefixed with it again; one that names
+// another step (whose id starts with the same digits) is.
+TEST(Scheduler, AWorkerErrorThatNamesItsStepIsNotPrefixedWithItAgain) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, {});
+  const std::string step = "step " + std::to_string((w.term_ << 20) + 1);
+  w.SetStepFault([&](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    if (worker == 1) return {Internal("node w1: " + step + " aborted: the cluster was reset"), RpcFault::kWorker};
+    return {};
+  });
+  auto a = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(Collect(a->get()).error.message(), "node w1: " + step + " aborted: the cluster was reset");
+  std::string other;   // "step <this step's id>0": another step
+  w.SetStepFault([&](int worker, const flashmesh::v1::StepBatchRequest& req) -> RpcResult {
+    other = "step " + std::to_string(req.step_id()) + "0";
+    if (worker == 1) return {Internal("node w1: " + other + " is unknown"), RpcFault::kWorker};
+    return {};
+  });
+  ASSERT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+  auto b = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(b.ok());
+  const std::string m = Collect(b->get()).error.message();
+  EXPECT_EQ(m, other.substr(0, other.size() - 1) + ": node w1: " + other + " is unknown");
+}
+
 // A head that answers a token for a sequence not in the step (or a second token for one) fails
 // the step naming the node, instead of leaving the step's own sequence in flight for good: its
 // request ends, and the next request runs.
