@@ -420,6 +420,14 @@ void Cluster::Heartbeat(NodeHandle* node) {
         if (held_listener_)
           held_listener_(node->index_, std::vector<uint64_t>(resp.seq_ids().begin(), resp.seq_ids().end()), asked);
       }
+    } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+               now - (asked + rpc_timeout) > kCallerStall) {
+      // Seen long after its deadline: this coordinator was not running (paused, starved), which
+      // says nothing of the node; its next beat does.
+      FM_LOG(kWarn, "coordinator") << "the heartbeat of node " << node->name() << " timed out "
+                                   << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          now - (asked + rpc_timeout)).count()
+                                   << " ms late: this coordinator was not running; not counted";
     } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       // It answers but not to us: another cluster secret (or not a worker of this cluster).
       SetState(node, flashmesh::v1::NODE_STATE_DOWN, "refuses this coordinator's calls: " + s.error_message());

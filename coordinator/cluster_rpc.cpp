@@ -23,14 +23,24 @@ std::chrono::system_clock::time_point ToSystem(WorkerSet::Deadline d) {
 
 // An error without the worker's fault mark never reached the worker's code: the node (or the
 // network to it) failed, whatever the code or text.
-RpcResult Classify(const NodeHandle& node, const grpc::ClientContext& ctx, const grpc::Status& s) {
+RpcResult Classify(const NodeHandle& node, const grpc::ClientContext& ctx, const grpc::Status& s,
+                   WorkerSet::Deadline deadline) {
   if (s.ok()) return {};
   const auto& md = ctx.GetServerTrailingMetadata();
   auto it = md.find(kFaultKey);
   if (it == md.end()) {
     const std::string named = "node " + node.name() + " (" + node.control() + ") ";
-    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - deadline);
+      // gRPC ends a call at its deadline; seen a second later, this process was not running.
+      if (late > kCallerStall)
+        return {Unavailable("this coordinator did not run for at least " + std::to_string(late.count()) +
+                            " ms (paused, or starved of CPU): its call to " + named +
+                            "ran out of time meanwhile, though the node may have answered"),
+                RpcFault::kCoordinatorStalled};
       return {Unavailable(named + "did not answer in time"), RpcFault::kTimedOut};
+    }
     return {Unavailable(named + "is unavailable: " + s.error_message()), RpcFault::kUnreachable};
   }
   const std::string fault(it->second.data(), it->second.size());
@@ -47,8 +57,8 @@ std::function<void()> Call(NodeHandle* node, const Req& req, WorkerSet::Deadline
   auto p = std::make_shared<PendingCall<Req, Resp>>();
   p->req = req;
   p->ctx.set_deadline(ToSystem(deadline));
-  start(&p->ctx, &p->req, &p->resp, [p, node, done = std::move(done)](grpc::Status s) {
-    done(Classify(*node, p->ctx, s), std::move(p->resp));
+  start(&p->ctx, &p->req, &p->resp, [p, node, deadline, done = std::move(done)](grpc::Status s) {
+    done(Classify(*node, p->ctx, s, deadline), std::move(p->resp));
   });
   return [p] { p->ctx.TryCancel(); };
 }

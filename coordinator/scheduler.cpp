@@ -299,7 +299,7 @@ void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
     if (res.fault == RpcFault::kUnreachable) {
       workers_->MarkDown(worker, res.status.message());
       r->start_error = res.status;
-    } else if (res.fault == RpcFault::kTimedOut) {
+    } else if (res.fault == RpcFault::kTimedOut || res.fault == RpcFault::kCoordinatorStalled) {
       // Paused (a swap storm, SIGSTOP) or dead: the heartbeat tells which within
       // heartbeat.timeout_ms. Marking it down here would fail every live request over a pause
       // shorter than that; this request alone fails, and a late start is freed as unowned.
@@ -460,13 +460,19 @@ Status Scheduler::Attribute(const StepCall& call) {
   const size_t n = call.results.size();
   const std::string step = "step " + std::to_string(call.step_id);
   // A worker that did not answer is the cause; its peers' errors (waiting for its manifold,
-  // an EP exchange it never joined) are consequences.
-  for (size_t i = 0; i < n; ++i) {
-    const RpcFault fault = call.results[i].fault;
-    if (call.done[i] && (fault == RpcFault::kUnreachable || fault == RpcFault::kTimedOut)) {
-      workers_->MarkDown(static_cast<int>(i), call.results[i].status.message());
-      return Unavailable(call.results[i].status.message());
-    }
+  // an EP exchange it never joined) are consequences. Unless this coordinator was not running
+  // when the answers were due: then no node is to blame (nor marked down).
+  auto first = [&](RpcFault fault) -> const RpcResult* {
+    for (size_t i = 0; i < n; ++i)
+      if (call.done[i] && call.results[i].fault == fault) return &call.results[i];
+    return nullptr;
+  };
+  for (RpcFault fault : {RpcFault::kUnreachable, RpcFault::kCoordinatorStalled, RpcFault::kTimedOut}) {
+    const RpcResult* r = first(fault);
+    if (!r) continue;
+    if (fault != RpcFault::kCoordinatorStalled)
+      workers_->MarkDown(static_cast<int>(r - call.results.data()), r->status.message());
+    return Unavailable(r->status.message());
   }
   for (size_t i = 0; i < n; ++i)
     if (call.done[i] && call.results[i].fault == RpcFault::kLostSequences)

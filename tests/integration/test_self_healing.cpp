@@ -298,6 +298,37 @@ TEST(SelfHealing, AStatusReplyNeverCallsTheClusterHealthyAboveADownNode) {
   EXPECT_TRUE(WaitHealthy(cluster.api(), 20s)) << cluster.Logs();
 }
 
+// A coordinator that did not run (SIGSTOP, a VM pause) past its calls' deadlines blames itself:
+// a stream that fails then says so, and no healthy worker is marked down for it (the calls
+// time out long after their deadlines, which is how it tells).
+TEST(SelfHealing, AFrozenCoordinatorBlamesItselfNotAHealthyWorker) {
+  ClusterSpec spec;
+  spec.max_tokens = 4000;
+  spec.max_context = 4096;
+  Cluster cluster(spec);
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  LiveStream live(stub.get(), TokensRequest(Prompt(1), 4000));
+  ASSERT_TRUE(live.started()) << cluster.Logs();
+  cluster.coordinator()->Signal(SIGSTOP);
+  std::this_thread::sleep_for(8s);   // past the step deadline (5 s) and the heartbeat timeout
+  cluster.coordinator()->Signal(SIGCONT);
+  const grpc::Status st = live.Finish();
+  if (!st.ok()) {
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_NE(st.error_message().find("this coordinator did not run for at least "), std::string::npos)
+        << st.error_message();
+  }
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 20s)) << cluster.Logs();
+  const std::string log = cluster.coordinator()->Log();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(log.find("node " + cluster.node(i) + " down"), std::string::npos) << log;
+  Generation g = Generate(stub.get(), TokensRequest(Prompt(2), 4));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.ids.size(), 4u);
+}
+
 TEST(SelfHealing, SixtyFourExpiredQueuedRequestsDoNotBlockANewOne) {
   ClusterSpec spec;
   spec.max_batch = 1;
