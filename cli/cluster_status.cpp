@@ -28,6 +28,12 @@ std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const cha
     *exit_code = kExitCannotAsk;
     return std::nullopt;
   }
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {   // a typo, not an outage
+    std::fprintf(stderr, "%s: %s is not a coordinator's API: %s\n", cmd, flags.Get("server").c_str(),
+                 GrpcErrorText(s).c_str());
+    *exit_code = kExitCannotAsk;
+    return std::nullopt;
+  }
   if (!s.ok()) {
     std::fprintf(down, "down: coordinator %s: %s\n", flags.Get("server").c_str(),
                  GrpcErrorText(s).c_str());

@@ -10,8 +10,9 @@
 namespace fm::cli {
 
 // health's and status's exit codes besides 0 (healthy) and 1 (degraded): the coordinator did
-// not answer, or nothing was asked (a usage error, an unusable --token-file / --tls-ca, or the
-// coordinator refused the credentials): a probe tells a typo or a bad token from an outage.
+// not answer, or nothing was asked (a usage error, an unusable --token-file / --tls-ca, the
+// coordinator refused the credentials, or --server is not a coordinator's API port): a probe
+// tells a typo or a bad token from an outage.
 inline constexpr int kExitDown = 2;
 inline constexpr int kExitCannotAsk = 3;
 

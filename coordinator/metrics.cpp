@@ -128,6 +128,9 @@ std::string Metrics::Render(Cluster* cluster, const Scheduler* scheduler) {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   families.push_back(Scalar("flashmesh_queue_depth", "Requests waiting for a batch slot", scheduler->queued()));
   families.push_back(Scalar("flashmesh_active_sequences", "Sequences being generated", scheduler->active()));
+  // The stats first (up to kStatsTimeout with a frozen node), then the health and the node
+  // states together: a scrape never says ready beside a node that is down.
+  const auto stats = cluster->StatsOfAll(kStatsTimeout);
   const bool ready = ClusterHealth(*cluster, *scheduler).ok();   // /health's rule
   families.push_back(Scalar("flashmesh_cluster_ready", "1 while the cluster can generate (/health is 200)",
                             ready ? 1 : 0));
@@ -146,7 +149,6 @@ std::string Metrics::Render(Cluster* cluster, const Scheduler* scheduler) {
   NodeFamily device_tokens("flashmesh_node_device_tokens_total",
                            "Rows the node's device steps ran (what its device copy bytes cover)",
                            MetricType::Counter);
-  const auto stats = cluster->StatsOfAll(kStatsTimeout);
   for (size_t i = 0; i < cluster->nodes().size(); ++i) {
     const NodeHandle* node = cluster->nodes()[i].get();
     up.Add(node->name(), node->state() == flashmesh::v1::NODE_STATE_UP ? 1 : 0);

@@ -54,8 +54,10 @@ Result<int64_t> Integer(const Json& v, const std::string& field) {
     double d = v.get<double>();
     if (std::isfinite(d) && d == std::floor(d)) {
       if (std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
-      // A whole number past what a double holds exactly (an integer too long for uint64).
-      return InvalidArgument(field + ": " + v.dump() + " is too large");
+      // A whole number written as a float, or too long for int64/uint64: past what a double
+      // holds exactly.
+      return InvalidArgument(field + ": " + v.dump() + " is out of range (a number written with "
+                             "an exponent or a fraction must be under 9e15 in magnitude)");
     }
   }
   return WrongType(field, "an integer", v);
@@ -320,6 +322,11 @@ Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
     std::string why = e.what();
     if (size_t tag = why.find("] "); why.rfind("[json.exception.", 0) == 0 && tag != std::string::npos)
       why.erase(0, tag + 2);
+    // Its "last read: '...'" echoes the bad token, which can be most of a 4 MiB body.
+    if (why.size() > 200) {
+      why.resize(200);
+      why.append("...");
+    }
     return InvalidArgument("body: not valid JSON (" + why + ")");
   }
   if (!j.is_object()) return WrongType("body", "a JSON object", j);

@@ -483,9 +483,9 @@ Status Scheduler::Attribute(const StepCall& call) {
     const Status& why = call.results[i].status;
     // A worker's own message names the step already ("node w1: step N aborted: ..."): once.
     const std::string& m = why.message();
-    const size_t at = m.find(step);
-    const bool named = at != std::string::npos &&
-                       (at + step.size() == m.size() || !std::isdigit(static_cast<unsigned char>(m[at + step.size()])));
+    bool named = false;
+    for (size_t at = m.find(step); at != std::string::npos && !named; at = m.find(step, at + 1))
+      named = at + step.size() == m.size() || !std::isdigit(static_cast<unsigned char>(m[at + step.size()]));
     return named ? why : why.Wrap(step);
   }
   return Internal(step + " failed without an error");

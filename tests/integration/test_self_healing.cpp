@@ -15,6 +15,7 @@
 #include "flashmesh/v1/worker.grpc.pb.h"
 #include "rpc/control_auth.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/http_client.h"
 
 namespace fm::it {
 namespace {
@@ -279,12 +280,14 @@ TEST(SelfHealing, StatusWithTwoFrozenNodesCostsOneStatsDeadline) {
 // said "healthy" (read before its 800 ms wait for the frozen node's Stats) above that node's
 // "down" row (read after it).
 TEST(SelfHealing, AStatusReplyNeverCallsTheClusterHealthyAboveADownNode) {
-  Cluster cluster(ClusterSpec{});
+  ClusterSpec spec;
+  spec.http = true;
+  Cluster cluster(spec);
   cluster.StartAll();
   ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
   auto stub = Connect(cluster.api());
   cluster.worker(1)->Signal(SIGSTOP);
-  bool saw_down = false;
+  bool saw_down = false, scrape_saw_down = false;
   const auto until = Clock::now() + 4s;   // the heartbeat timeout is 2 s: it goes down within
   while (Clock::now() < until) {
     const auto st = Status(stub.get());
@@ -292,7 +295,14 @@ TEST(SelfHealing, AStatusReplyNeverCallsTheClusterHealthyAboveADownNode) {
     const bool down = st.nodes(1).state() == flashmesh::v1::NODE_STATE_DOWN;
     saw_down = saw_down || down;
     EXPECT_FALSE(down && st.healthy()) << st.DebugString();
+    // /metrics the same: never ready beside a node that is not up.
+    const std::string m = HttpCall(cluster.http_port(), "GET", "/metrics", "", {}, 10s).body;
+    const bool ready = m.find("\nflashmesh_cluster_ready 1\n") != std::string::npos;
+    const bool w1_up = m.find("\nflashmesh_node_up{node=\"w1\"} 1\n") != std::string::npos;
+    scrape_saw_down = scrape_saw_down || !w1_up;
+    EXPECT_FALSE(ready && !w1_up) << m;
   }
+  EXPECT_TRUE(scrape_saw_down);
   cluster.worker(1)->Signal(SIGCONT);
   EXPECT_TRUE(saw_down);
   EXPECT_TRUE(WaitHealthy(cluster.api(), 20s)) << cluster.Logs();
