@@ -16,7 +16,8 @@ const CommandSpec kSpec{
     "cluster: exit 0 healthy (docs/operations.md \"Health\"), 1 degraded (the reason is\n"
     "printed: a node not up, a step overdue, a reset in progress, a stray sequence),\n"
     "2 down (coordinator unreachable), 3 nothing asked (a usage error, an unusable\n"
-    "--token-file or --tls-ca, or credentials the coordinator refused).",
+    "--token-file or --tls-ca, credentials the coordinator refused, or a --server that is\n"
+    "not a coordinator's API port).",
     {{"server", "HOST:PORT", "the coordinator's API", true},
      {"node", "NAME", "exit 0 if that node is up, 1 if loading/waiting/draining, 2 if down"},
      {"token-file", "FILE", "bearer token file (security.token_file)"},

@@ -46,7 +46,7 @@ const CommandSpec kSpec{
     "parallelism, each node's 5 most-routed experts; for device (cuda) nodes, the host<->device\n"
     "bytes per token of their steps. Exit 0 when healthy, 1 when not (the reason is printed),\n"
     "2 when the coordinator does not answer, 3 when nothing was asked (a usage error,\n"
-    "unusable credentials)",
+    "unusable credentials, a --server that is not a coordinator's API port)",
     {{"server", "HOST:PORT", "the coordinator's API", true},
      {"json", nullptr, "the status as JSON"},
      {"token-file", "FILE", "bearer token file (security.token_file)"},

@@ -380,8 +380,8 @@ void Cluster::Heartbeat(NodeHandle* node) {
     flashmesh::v1::HealthRequest req;
     flashmesh::v1::HealthResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout);
     const auto asked = std::chrono::steady_clock::now();
+    ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout);
     grpc::Status s = node->stub()->Health(&ctx, req, &resp);
     auto now = std::chrono::steady_clock::now();
     if (s.ok()) {
@@ -421,13 +421,11 @@ void Cluster::Heartbeat(NodeHandle* node) {
           held_listener_(node->index_, std::vector<uint64_t>(resp.seq_ids().begin(), resp.seq_ids().end()), asked);
       }
     } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-               now - (asked + rpc_timeout) > kCallerStall) {
-      // Seen long after its deadline: this coordinator was not running (paused, starved), which
-      // says nothing of the node; its next beat does.
-      FM_LOG(kWarn, "coordinator") << "the heartbeat of node " << node->name() << " timed out "
-                                   << std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          now - (asked + rpc_timeout)).count()
-                                   << " ms late: this coordinator was not running; not counted";
+               stall_watch_.StalledAround(asked + rpc_timeout).count() > 0) {
+      // It ran out of time while this coordinator was not running (paused, starved), which says
+      // nothing of the node; its next beat does.
+      FM_LOG(kWarn, "coordinator") << "the heartbeat of node " << node->name()
+                                   << " ran out of time while this coordinator did not run; not counted";
     } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       // It answers but not to us: another cluster secret (or not a worker of this cluster).
       SetState(node, flashmesh::v1::NODE_STATE_DOWN, "refuses this coordinator's calls: " + s.error_message());

@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "coordinator/planner.h"
+#include "coordinator/stall_watch.h"
 #include "coordinator/worker_set.h"
 #include "flashmesh/v1/api.pb.h"
 #include "flashmesh/v1/worker.grpc.pb.h"
@@ -165,6 +166,7 @@ class Cluster final : public WorkerSet {
   }
 
   ClusterOptions options_;
+  StallWatch stall_watch_;   // a call that timed out while this process was paused blames it
   int num_stages_ = 1;
   int expert_parallel_ = 1;
   int stage_group_ = 1;   // workers of a stage (EP or TP group)

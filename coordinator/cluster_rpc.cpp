@@ -23,21 +23,18 @@ std::chrono::system_clock::time_point ToSystem(WorkerSet::Deadline d) {
 
 // An error without the worker's fault mark never reached the worker's code: the node (or the
 // network to it) failed, whatever the code or text.
-RpcResult Classify(const NodeHandle& node, const grpc::ClientContext& ctx, const grpc::Status& s,
-                   WorkerSet::Deadline deadline) {
+RpcResult Classify(const NodeHandle& node, const StallWatch& watch, const grpc::ClientContext& ctx,
+                   const grpc::Status& s, WorkerSet::Deadline deadline) {
   if (s.ok()) return {};
   const auto& md = ctx.GetServerTrailingMetadata();
   auto it = md.find(kFaultKey);
   if (it == md.end()) {
     const std::string named = "node " + node.name() + " (" + node.control() + ") ";
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::steady_clock::now() - deadline);
-      // gRPC ends a call at its deadline; seen a second later, this process was not running.
-      if (late > kCallerStall)
-        return {Unavailable("this coordinator did not run for at least " + std::to_string(late.count()) +
-                            " ms (paused, or starved of CPU): its call to " + named +
-                            "ran out of time meanwhile, though the node may have answered"),
+      if (const auto stalled = watch.StalledAround(deadline); stalled.count() > 0)
+        return {Unavailable("this coordinator did not run for " + std::to_string(stalled.count()) +
+                            " ms (paused, or starved of CPU) around the deadline of its call to " +
+                            named + "which may have answered in time"),
                 RpcFault::kCoordinatorStalled};
       return {Unavailable(named + "did not answer in time"), RpcFault::kTimedOut};
     }
@@ -52,13 +49,13 @@ RpcResult Classify(const NodeHandle& node, const grpc::ClientContext& ctx, const
 // Starts one async call: `start(ctx, req, resp, on_done)` issues it on the node's stub.
 // Returns the call's canceller (WorkerSet: harmless once it is done).
 template <typename Req, typename Resp, typename Start>
-std::function<void()> Call(NodeHandle* node, const Req& req, WorkerSet::Deadline deadline,
-                           WorkerSet::Done<Resp> done, Start start) {
+std::function<void()> Call(NodeHandle* node, const StallWatch* watch, const Req& req,
+                           WorkerSet::Deadline deadline, WorkerSet::Done<Resp> done, Start start) {
   auto p = std::make_shared<PendingCall<Req, Resp>>();
   p->req = req;
   p->ctx.set_deadline(ToSystem(deadline));
-  start(&p->ctx, &p->req, &p->resp, [p, node, deadline, done = std::move(done)](grpc::Status s) {
-    done(Classify(*node, p->ctx, s, deadline), std::move(p->resp));
+  start(&p->ctx, &p->req, &p->resp, [p, node, watch, deadline, done = std::move(done)](grpc::Status s) {
+    done(Classify(*node, *watch, p->ctx, s, deadline), std::move(p->resp));
   });
   return [p] { p->ctx.TryCancel(); };
 }
@@ -69,7 +66,7 @@ std::function<void()> Cluster::StartSequence(int worker, const flashmesh::v1::St
                                              Deadline deadline,
                                              Done<flashmesh::v1::StartSequenceResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  return Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+  return Call(n, &stall_watch_, req, deadline, StepDownIfSuperseded(n, std::move(done)),
               [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->StartSequence(ctx, q, r, std::move(cb));
   });
@@ -79,7 +76,7 @@ std::function<void()> Cluster::FreeSequence(int worker, const flashmesh::v1::Fre
                                             Deadline deadline,
                                             Done<flashmesh::v1::FreeSequenceResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  return Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+  return Call(n, &stall_watch_, req, deadline, StepDownIfSuperseded(n, std::move(done)),
               [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->FreeSequence(ctx, q, r, std::move(cb));
   });
@@ -87,7 +84,7 @@ std::function<void()> Cluster::FreeSequence(int worker, const flashmesh::v1::Fre
 
 std::function<void()> Cluster::Reset(int worker, Deadline deadline, Done<flashmesh::v1::ResetResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  return Call(n, flashmesh::v1::ResetRequest(), deadline,
+  return Call(n, &stall_watch_, flashmesh::v1::ResetRequest(), deadline,
               StepDownIfSuperseded(n, std::move(done)), [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->Reset(ctx, q, r, std::move(cb));
   });
@@ -96,7 +93,7 @@ std::function<void()> Cluster::Reset(int worker, Deadline deadline, Done<flashme
 std::function<void()> Cluster::StepBatch(int worker, const flashmesh::v1::StepBatchRequest& req,
                                          Deadline deadline, Done<flashmesh::v1::StepBatchResponse> done) {
   NodeHandle* n = nodes_[worker].get();
-  return Call(n, req, deadline, StepDownIfSuperseded(n, std::move(done)),
+  return Call(n, &stall_watch_, req, deadline, StepDownIfSuperseded(n, std::move(done)),
               [n](auto* ctx, auto* q, auto* r, auto cb) {
     n->stub()->async()->StepBatch(ctx, q, r, std::move(cb));
   });
@@ -120,7 +117,7 @@ std::vector<std::optional<flashmesh::v1::StatsResponse>> Cluster::StatsOfAll(
       std::lock_guard<std::mutex> l(g->mu);
       ++g->pending;
     }
-    Call(n, flashmesh::v1::StatsRequest(), deadline,
+    Call(n, &stall_watch_, flashmesh::v1::StatsRequest(), deadline,
          WorkerSet::Done<flashmesh::v1::StatsResponse>([g, i](RpcResult r, flashmesh::v1::StatsResponse resp) {
            std::lock_guard<std::mutex> l(g->mu);
            if (r.ok()) g->out[i] = std::move(resp);

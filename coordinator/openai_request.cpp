@@ -56,8 +56,9 @@ Result<int64_t> Integer(const Json& v, const std::string& field) {
       if (std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
       // A whole number written as a float, or too long for int64/uint64: past what a double
       // holds exactly.
-      return InvalidArgument(field + ": " + v.dump() + " is out of range (a number written with "
-                             "an exponent or a fraction must be under 9e15 in magnitude)");
+      return InvalidArgument(field + ": " + v.dump() + " is out of range (an integer must fit "
+                             "int64; written with an exponent or a fraction, it must be under 9e15 "
+                             "in magnitude)");
     }
   }
   return WrongType(field, "an integer", v);

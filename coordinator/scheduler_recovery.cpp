@@ -41,8 +41,10 @@ void Scheduler::SendResets() {
       Post([this, w, r] {
         resetting_[w] = 0;
         if (r.ok()) return;
-        // It may still hold sequences: DOWN (which fails what runs) until it answers again.
         needs_reset_[w] = 1;
+        // This coordinator was paused: the next turn sends it again (the node is not at fault).
+        if (r.fault == RpcFault::kCoordinatorStalled) return;
+        // It may still hold sequences: DOWN (which fails what runs) until it answers again.
         workers_->MarkDown(w, "Reset failed: " + r.status.message());
       });
       Untrack(rpc);

@@ -19,15 +19,12 @@ enum class RpcFault {
   kNone,
   kUnreachable,     // the worker could not be reached (connection): the node itself failed
   kTimedOut,        // no answer by the call's deadline: the node failed, or paused a moment
-  kCoordinatorStalled,  // timed out, but seen long after the deadline: this process was not
-                        // running (SIGSTOP, a VM pause, CPU starvation); no node is to blame
+  kCoordinatorStalled,  // timed out while this process was not running, or just after (SIGSTOP,
+                        // a VM pause, CPU starvation: StallWatch); no node is to blame
   kWorker,          // the worker answered with this error
   kLostSequences,   // the worker answered that it does not hold a sequence of the call
   kSuperseded,      // the worker answered that it follows a newer coordinator (this one steps down)
 };
-
-// A deadline seen this much later than it passed: the caller itself did not run meanwhile.
-inline constexpr std::chrono::milliseconds kCallerStall{1000};
 
 struct RpcResult {
   Status status;
