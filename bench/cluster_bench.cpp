@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -209,28 +210,43 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
   std::vector<std::unique_ptr<ChildProcess>> children;
   auto run = [&]() -> Status {
     FM_ASSIGN_OR_RETURN(children, StartLocalCluster(cfg, cluster));
-    FM_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
-    const std::string single_addr = "127.0.0.1:" + std::to_string(port);
     // The single process runs where the cluster's first worker runs (a cluster of cuda workers
-    // against one cuda worker).
-    std::vector<std::string> serve = {"serve", "--model", setup.model_dir, "--listen", single_addr,
-                                      "--device", cfg.nodes.front().device,
-                                      "--threads", threads, "--max-batch",
-                                      std::to_string(cfg.limits.max_batch), "--max-context",
-                                      std::to_string(cfg.limits.max_context), "--max-tokens",
-                                      std::to_string(cfg.limits.max_tokens), "--max-queue",
-                                      std::to_string(cfg.limits.max_queue),
-                                      "--max-streams-per-client",
-                                      std::to_string(cfg.limits.max_streams_per_client),
-                                      "--max-step-tokens",
-                                      std::to_string(cfg.limits.max_step_tokens)};
-    serve.insert(serve.end(), quiet.begin(), quiet.end());
-    FM_ASSIGN_OR_RETURN(auto single_process,
-                        ChildProcess::Start("serve", SelfBinary(), serve, cluster.output));
-    children.push_back(std::move(single_process));
-    FM_ASSIGN_OR_RETURN(ApiClient single, ConnectApi(single_addr, ""));
+    // against one cuda worker). Its port is picked free, but another process on the machine (a
+    // parallel test) can take it before serve binds it: a serve that exits before it is healthy
+    // is started again on another port, up to 3 times in all.
+    std::string single_addr;
+    std::optional<ApiClient> single_client;
+    for (int attempt = 1;; ++attempt) {
+      FM_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
+      single_addr = "127.0.0.1:" + std::to_string(port);
+      std::vector<std::string> serve = {"serve", "--model", setup.model_dir, "--listen", single_addr,
+                                        "--device", cfg.nodes.front().device,
+                                        "--threads", threads, "--max-batch",
+                                        std::to_string(cfg.limits.max_batch), "--max-context",
+                                        std::to_string(cfg.limits.max_context), "--max-tokens",
+                                        std::to_string(cfg.limits.max_tokens), "--max-queue",
+                                        std::to_string(cfg.limits.max_queue),
+                                        "--max-streams-per-client",
+                                        std::to_string(cfg.limits.max_streams_per_client),
+                                        "--max-step-tokens",
+                                        std::to_string(cfg.limits.max_step_tokens)};
+      serve.insert(serve.end(), quiet.begin(), quiet.end());
+      FM_ASSIGN_OR_RETURN(auto single_process,
+                          ChildProcess::Start("serve", SelfBinary(), serve, cluster.output));
+      FM_ASSIGN_OR_RETURN(ApiClient single, ConnectApi(single_addr, ""));
+      std::vector<std::unique_ptr<ChildProcess>> alone;
+      alone.push_back(std::move(single_process));
+      const Status up = WaitHealthy(single, "serve", alone);
+      children.push_back(std::move(alone.front()));
+      if (up.ok()) {
+        single_client = std::move(single);
+        break;
+      }
+      if (children.back()->Running() || attempt == 3) return up;
+      FM_LOG(kWarn, "bench") << up.ToString() << "; starting it again on another port";
+    }
+    ApiClient& single = *single_client;
     FM_ASSIGN_OR_RETURN(ApiClient pipe, ConnectApi(setup.listen, cfg.security.token_file, cfg.security.tls.ca));
-    FM_RETURN_IF_ERROR(WaitHealthy(single, "serve", children));
     FM_RETURN_IF_ERROR(WaitHealthy(pipe, "the cluster of " + o.config, children));
     FM_LOG(kInfo, "bench") << "both up; measuring";
     Options warm = o;

@@ -39,6 +39,38 @@ TEST(Scheduler, AWorkerThatDoesNotAnswerIsBlamedNotThePeerWaitingForIt) {
   EXPECT_EQ(Collect(b->get()).ids, (std::vector<int32_t>{21, 22}));
 }
 
+// A step that ran out of time while this coordinator was paused blames the coordinator: the
+// request fails with that reason, no node is marked down (even beside a plain time-out, which
+// the pause explains), every worker is reset, and the next request runs.
+TEST(Scheduler, AStepThatRanOutOfTimeWhileTheCoordinatorWasPausedMarksNoNodeDown) {
+  FakeWorkers w(3);
+  Scheduler s(&w, nullptr, {});
+  const std::string paused = "this coordinator did not run for 6000 ms (paused, or starved of CPU) "
+                             "around the deadline of its call to node w2 (fake:2) which may have "
+                             "answered in time";
+  w.SetStepFault([&](int worker, const flashmesh::v1::StepBatchRequest&) -> RpcResult {
+    if (worker == 1) return {Unavailable("node w1 (fake:1) did not answer in time"), RpcFault::kTimedOut};
+    if (worker == 2) return {Unavailable(paused), RpcFault::kCoordinatorStalled};
+    return {};
+  });
+  auto a = s.Submit(Params({5}, 4));
+  ASSERT_TRUE(a.ok());
+  const Outcome o = Collect(a->get());
+  EXPECT_EQ(o.error.code(), Code::kUnavailable);
+  EXPECT_EQ(o.error.message(), paused);
+  EXPECT_TRUE(w.marked_down().empty());
+  ASSERT_TRUE(WaitFor([&] {
+    auto l = w.log();
+    return std::count(l.begin(), l.end(), "reset w0") == 1 && std::count(l.begin(), l.end(), "reset w1") == 1 &&
+           std::count(l.begin(), l.end(), "reset w2") == 1;
+  }));
+  w.SetStepFault(nullptr);
+  ASSERT_TRUE(WaitFor([&] { return s.Health().ok(); }));
+  auto b = s.Submit(Params({20}, 2));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(Collect(b->get()).ids, (std::vector<int32_t>{21, 22}));
+}
+
 TEST(Scheduler, AWorkerThatLostTheSequencesEndsTheRequestsUnavailableWithItsReason) {
   FakeWorkers w(2);
   Scheduler s(&w, nullptr, {});
