@@ -214,11 +214,10 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
     // against one cuda worker). Its port is picked free, but another process on the machine (a
     // parallel test) can take it before serve binds it: a serve that exits before it is healthy
     // is started again on another port, up to 3 times in all.
-    std::string single_addr;
     std::optional<ApiClient> single_client;
     for (int attempt = 1;; ++attempt) {
       FM_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
-      single_addr = "127.0.0.1:" + std::to_string(port);
+      const std::string single_addr = "127.0.0.1:" + std::to_string(port);
       std::vector<std::string> serve = {"serve", "--model", setup.model_dir, "--listen", single_addr,
                                         "--device", cfg.nodes.front().device,
                                         "--threads", threads, "--max-batch",
@@ -233,16 +232,16 @@ Status Measure(const Options& o, const ClusterConfig& cfg, const CoordinatorSetu
       serve.insert(serve.end(), quiet.begin(), quiet.end());
       FM_ASSIGN_OR_RETURN(auto single_process,
                           ChildProcess::Start("serve", SelfBinary(), serve, cluster.output));
+      children.push_back(std::move(single_process));
       FM_ASSIGN_OR_RETURN(ApiClient single, ConnectApi(single_addr, ""));
-      std::vector<std::unique_ptr<ChildProcess>> alone;
-      alone.push_back(std::move(single_process));
-      const Status up = WaitHealthy(single, "serve", alone);
-      children.push_back(std::move(alone.front()));
+      const Status up = WaitHealthy(single, "serve", children);
       if (up.ok()) {
         single_client = std::move(single);
         break;
       }
+      // Only a serve that exited is started again; a cluster process that exited ends the bench.
       if (children.back()->Running() || attempt == 3) return up;
+      children.pop_back();   // it exited: the next wait must not see it again
       FM_LOG(kWarn, "bench") << up.ToString() << "; starting it again on another port";
     }
     ApiClient& single = *single_client;

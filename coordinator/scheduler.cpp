@@ -299,7 +299,7 @@ void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
     if (res.fault == RpcFault::kUnreachable) {
       workers_->MarkDown(worker, res.status.message());
       r->start_error = res.status;
-    } else if (res.fault == RpcFault::kTimedOut || res.fault == RpcFault::kCoordinatorStalled) {
+    } else if (NoAnswerInTime(res.fault)) {
       // Paused (a swap storm, SIGSTOP) or dead: the heartbeat tells which within
       // heartbeat.timeout_ms. Marking it down here would fail every live request over a pause
       // shorter than that; this request alone fails, and a late start is freed as unowned.

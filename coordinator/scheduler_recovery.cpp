@@ -71,7 +71,7 @@ void Scheduler::FreeOnWorkers(const std::vector<int>& workers, const std::vector
         // Its KV stays behind: DOWN fails what runs and resets it once it answers again. One
         // that did not answer in time may only be paused: the heartbeat decides, and a sequence
         // it still holds then is freed as unowned (Reconcile).
-        if (!r.ok() && r.fault != RpcFault::kTimedOut && r.fault != RpcFault::kCoordinatorStalled)
+        if (!r.ok() && !NoAnswerInTime(r.fault))
           workers_->MarkDown(w, "FreeSequence failed: " + r.status.message());
       });
       Untrack(rpc);

@@ -26,6 +26,12 @@ enum class RpcFault {
   kSuperseded,      // the worker answered that it follows a newer coordinator (this one steps down)
 };
 
+// No answer by the deadline: the node may only be paused, so a control call that ends so fails
+// its own request and the heartbeat decides whether the node is down.
+inline bool NoAnswerInTime(RpcFault f) {
+  return f == RpcFault::kTimedOut || f == RpcFault::kCoordinatorStalled;
+}
+
 struct RpcResult {
   Status status;
   RpcFault fault = RpcFault::kNone;
