@@ -69,6 +69,7 @@ double NodeHandle::heartbeat_age_s() const {
 Cluster::Cluster(const Plan& plan, const std::vector<std::pair<std::string, std::string>>& addresses,
                  const ClusterOptions& options)
     : options_(options),
+      checkpoint_(options.model_dir),
       num_stages_(plan.pipeline_stages),
       expert_parallel_(plan.expert_parallel),
       stage_group_(plan.group()),
@@ -261,6 +262,13 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   SetState(node, flashmesh::v1::NODE_STATE_LOADING, "");
   flashmesh::v1::LoadShardRequest lreq;
   *lreq.mutable_shard() = spec;
+  for (const FileFingerprint& f : checkpoint_.Expected()) {
+    flashmesh::v1::FileFingerprint* e = lreq.add_expect_files();
+    e->set_name(f.name);
+    e->set_size(f.size);
+    e->set_crc32c(f.crc32c);
+    e->set_source(f.source);
+  }
   flashmesh::v1::LoadShardResponse lresp;
   grpc::ClientContext lctx;
   lctx.set_deadline(std::chrono::system_clock::now() + kLoadTimeout);
@@ -268,6 +276,7 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
     std::lock_guard<std::mutex> lock(node->mu_);
     if (stop_) return;
     node->loading_ = &lctx;   // the destructor cancels it: a stop never waits for a load
+    node->accepted_ = false;
   }
   grpc::Status ls = node->stub()->LoadShard(&lctx, lreq, &lresp);
   {
@@ -275,10 +284,17 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
     node->loading_ = nullptr;
   }
   if (ls.ok()) {
+    std::vector<FileFingerprint> files;
+    for (const auto& f : lresp.files()) files.push_back({f.name(), f.size(), f.crc32c(), ""});
+    if (Status same = checkpoint_.Admit(node->name(), files); !same.ok()) {
+      FailLoad(node, "LoadShard refused", same.message());
+      return;
+    }
     vocab_size_ = lresp.vocab_size();
     {
       std::lock_guard<std::mutex> lock(node->mu_);
       node->load_failures_ = 0;
+      node->accepted_ = true;
     }
     // A drained worker stays drained through the load: nothing is admitted for it meanwhile.
     SetState(node, lresp.draining() ? flashmesh::v1::NODE_STATE_DRAINING : flashmesh::v1::NODE_STATE_UP, "");
@@ -377,6 +393,11 @@ void Cluster::Heartbeat(NodeHandle* node) {
   NcclGroup* group = GroupOf(node);
   while (!stop_ && !stepped_down_) {
     const uint64_t seen = group ? group->generation.load() : 0;
+    bool accepted = false;   // read before Health: a load that ends meanwhile shows next beat
+    {
+      std::lock_guard<std::mutex> lock(node->mu_);
+      accepted = node->accepted_;
+    }
     flashmesh::v1::HealthRequest req;
     flashmesh::v1::HealthResponse resp;
     grpc::ClientContext ctx;
@@ -395,10 +416,11 @@ void Cluster::Heartbeat(NodeHandle* node) {
       } else if (resp.node() != node->name()) {
         SetState(node, flashmesh::v1::NODE_STATE_DOWN,
                  "the worker at " + node->control() + " says it is node '" + resp.node() + "'");
-      } else if (!resp.loaded() || resp.epoch() != epoch_ || !SameShard(resp.shard(), node->spec())) {
-        // Not ours (restarted, another coordinator's, or loaded out of band with another
-        // shard): load ours, no sooner than the backoff after a failed load.
-        if (resp.loaded() && resp.epoch() == epoch_) {
+      } else if (!resp.loaded() || resp.epoch() != epoch_ || !SameShard(resp.shard(), node->spec()) ||
+                 !accepted) {
+        // Not ours (restarted, another coordinator's, loaded out of band with another shard, or
+        // refused for its checkpoint): load ours, no sooner than the backoff after a failed load.
+        if (resp.loaded() && resp.epoch() == epoch_ && accepted) {
           FM_LOG(kWarn, "coordinator") << "node " << node->name() << " holds another shard than the plan's: reloading";
         }
         bool due = false;

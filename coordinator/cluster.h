@@ -22,6 +22,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/status.h"
+#include "coordinator/checkpoint_refs.h"
 #include "coordinator/planner.h"
 #include "coordinator/stall_watch.h"
 #include "coordinator/worker_set.h"
@@ -83,6 +84,9 @@ class NodeHandle {
   // Under mu_: an NCCL group's loads run on threads of whichever member's heartbeat starts them.
   int load_failures_ = 0;                                // in a row
   std::chrono::steady_clock::time_point next_load_{};   // no LoadShard before (backoff)
+  // Its last LoadShard of this coordinator succeeded and loaded the reference checkpoint: a
+  // node is UP only then (a load refused after it ran leaves the worker loaded with our epoch).
+  bool accepted_ = false;
 };
 
 class Cluster final : public WorkerSet {
@@ -166,6 +170,7 @@ class Cluster final : public WorkerSet {
   }
 
   ClusterOptions options_;
+  CheckpointRefs checkpoint_;   // every node must load the same checkpoint
   StallWatch stall_watch_;   // a call that timed out while this process was paused blames it
   int num_stages_ = 1;
   int expert_parallel_ = 1;

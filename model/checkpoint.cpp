@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -395,6 +396,25 @@ Result<std::vector<int64_t>> CheckpointImpl::GetI64(const std::string& name) con
 Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir,
                                                      const ShardSelection& sel, TensorBytes where) {
   return CheckpointImpl::Open(dir, sel, where);
+}
+
+std::vector<std::string> CheckpointFiles(const std::string& dir) {
+  std::vector<std::string> files;
+  uint64_t size = 0;
+  if (FileExists(dir + "/config.json", &size)) files.push_back("config.json");
+  const std::string index = "model.safetensors.index.json";
+  if (FileExists(dir + "/" + index, &size)) {
+    files.push_back(index);
+    Result<std::map<std::string, std::string>> weight_map = ReadIndex(dir + "/" + index);
+    if (!weight_map.ok()) return files;
+    std::set<std::string> shards;
+    for (const auto& [tensor, file] : *weight_map) shards.insert(file);
+    for (const std::string& f : shards)
+      if (FileExists(dir + "/" + f, &size)) files.push_back(f);
+  } else if (FileExists(dir + "/model.safetensors", &size)) {
+    files.push_back("model.safetensors");
+  }
+  return files;
 }
 
 }  // namespace fm

@@ -68,4 +68,10 @@ class Checkpoint {
   virtual size_t mapped_bytes() const = 0;
 };
 
+// The files of the checkpoint in `dir` that a shard's load reads, by name within dir:
+// config.json, then model.safetensors.index.json and the shard files it names, or the single
+// model.safetensors. Only files that exist are listed (Open names a missing one), and an index
+// that does not parse lists no shard.
+std::vector<std::string> CheckpointFiles(const std::string& dir);
+
 }  // namespace fm

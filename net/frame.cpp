@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "common/numfmt.h"
-#include "net/crc32c.h"
+#include "common/crc32c.h"
 
 namespace fm::net {
 namespace {

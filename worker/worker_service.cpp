@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "common/log.h"
+#include "model/checkpoint_fingerprint.h"
 #include "rpc/grpc_status.h"
 
 namespace fm {
@@ -165,6 +166,16 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   if (!known(s.stage_transport()))
     return WorkerError(ctx, InvalidArgument("shard.stage_transport: unknown value " +
                                             std::to_string(s.stage_transport())));
+  // Every node must load the same checkpoint, or the stages compute with other weights of the
+  // same shapes and the tokens are silently wrong: checked before a weight is read.
+  Result<std::vector<FileFingerprint>> files = FingerprintCheckpoint(p.model_dir);
+  if (!files.ok()) return WorkerError(ctx, files.status().Wrap("node " + node_));
+  std::vector<FileFingerprint> expected;
+  for (const auto& e : req->expect_files()) expected.push_back({e.name(), e.size(), e.crc32c(), e.source()});
+  if (Status same = MatchFingerprints(*files, p.model_dir, expected); !same.ok()) {
+    FM_LOG(kError, "worker") << node_ << ": refused to load: " << same.message();
+    return WorkerError(ctx, same.Wrap("node " + node_));
+  }
   std::unique_ptr<net::Communicator> ep_group;
   net::NcclCommunicator* nccl = nullptr;   // ep_group when it is an NCCL group
   if (s.ep_nodes_size() > 1) {
@@ -265,6 +276,12 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   resp->set_vocab_size(static_cast<int32_t>(runtime_.config().vocab_size));
   resp->set_num_hidden_layers(static_cast<int32_t>(runtime_.config().num_hidden_layers));
   resp->set_draining(draining_);
+  for (const FileFingerprint& f : *files) {
+    flashmesh::v1::FileFingerprint* out = resp->add_files();
+    out->set_name(f.name);
+    out->set_size(f.size);
+    out->set_crc32c(f.crc32c);
+  }
   return grpc::Status::OK;
 }
 

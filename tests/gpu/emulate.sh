@@ -57,7 +57,7 @@ kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_ep.cpp}")
 # The NCCL communicator over emu/nccl.h: the emulation's own tests and the real-GPU ones (those
 # needing two devices skip).
 nccl_srcs=(tests/gpu/test_nccl_emu.cpp tests/gpu/test_nccl_communicator.cpp net/nccl_communicator.cpp
-           net/frame.cpp net/crc32c.cpp tests/gpu/emu/device_emu.cpp "${common[@]}")
+           net/frame.cpp common/crc32c.cpp tests/gpu/emu/device_emu.cpp "${common[@]}")
 kernel_srcs=("${kernel_test[@]}" tests/gpu/test_emu_schedule.cpp model/sampler.cpp model/embed.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
              kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
@@ -66,7 +66,7 @@ kernel_srcs=("${kernel_test[@]}" tests/gpu/test_emu_schedule.cpp model/sampler.c
 # The EP and tp tests (test_cuda_ep, test_cuda_tp) run the worker's EP executor and tp group over
 # the TCP communicator and over the NCCL one (emu/nccl.h).
 ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cpp net/tcp_transport_conns.cpp net/tcp_conn.cpp
-         net/handshake.cpp net/frame_auth.cpp net/frame.cpp net/crc32c.cpp net/nccl_communicator.cpp
+         net/handshake.cpp net/frame_auth.cpp net/frame.cpp common/crc32c.cpp net/nccl_communicator.cpp
          worker/tp_group.cpp)
 shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
             tests/gpu/test_emu_device_faults.cpp worker/shard_runtime.cpp worker/stage_executor.cpp

@@ -164,9 +164,10 @@ void Cluster::StartWorker(int i, const std::vector<std::string>& extra) {
   workers_[i] = std::make_unique<Process>(args, dir_.path() + "/" + node(i) + ".log");
 }
 
-void Cluster::StartCoordinator() {
-  coordinator_ = std::make_unique<Process>(std::vector<std::string>{"coordinator", "--config", yaml_},
-                                           dir_.path() + "/coordinator.log");
+void Cluster::StartCoordinator(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"coordinator", "--config", yaml_};
+  args.insert(args.end(), extra.begin(), extra.end());
+  coordinator_ = std::make_unique<Process>(args, dir_.path() + "/coordinator.log");
 }
 
 void Cluster::StartAll() {

@@ -93,7 +93,7 @@ class Cluster {
   std::string YamlWithApiPort(int api_port) const;
   // `extra` arguments after the usual ones (e.g. --model DIR).
   void StartWorker(int i, const std::vector<std::string>& extra = {});
-  void StartCoordinator();
+  void StartCoordinator(const std::vector<std::string>& extra = {});
   void StartAll();
   int workers() const { return static_cast<int>(workers_.size()); }
   Process* worker(int i) { return workers_[i].get(); }

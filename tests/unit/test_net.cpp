@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/numfmt.h"
-#include "net/crc32c.h"
+#include "common/crc32c.h"
 #include "tests/unit/test_net_util.h"
 
 namespace fm::net {

@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "net/crc32c.h"
+#include "common/crc32c.h"
 #include "net/frame.h"
 #include "net/frame_auth.h"
 #include "net/handshake.h"

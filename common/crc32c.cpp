@@ -1,9 +1,9 @@
 // CRC32C, slicing-by-8: eight 256-entry tables let the loop consume 8 bytes per step.
-#include "net/crc32c.h"
+#include "common/crc32c.h"
 
 #include <array>
 
-namespace fm::net {
+namespace fm {
 namespace {
 
 constexpr uint32_t kPoly = 0x82F63B78u;  // Castagnoli, reflected
@@ -41,4 +41,4 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
   return ~c;
 }
 
-}  // namespace fm::net
+}  // namespace fm
