@@ -6,12 +6,17 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -105,12 +110,72 @@ std::string SelfBinary() {
   return ec ? "/proc/self/exe" : path.string();
 }
 
+namespace {
+
+// The lowest port the kernel hands to outgoing connections (ip_local_port_range): a port below
+// it cannot be taken by some process's connect() between our pick and the child's bind.
+int EphemeralLow() {
+  int low = 32768, high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return low;
+}
+
+// Whether 127.0.0.1:port can be bound now.
+bool Bindable(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+// Holds `port` for this process's lifetime against other processes that pick ports here (the
+// test binaries ctest runs side by side): a bound abstract Unix socket named after it, which
+// the kernel releases when this process exits and which leaves no file behind.
+bool Reserve(int port) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;   // no reservation to be had: the bind check alone
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string name = "flashmesh-port-" + std::to_string(port);
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());   // sun_path[0] == 0: abstract
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    close(fd);
+    return false;
+  }
+  return true;   // fd stays open: the reservation lasts until this process exits
+}
+
+}  // namespace
+
 Result<int> FreeLoopbackPort() {
   static std::mutex mu;
   static std::set<int> handed_out;
+  static std::mt19937 rng{std::random_device{}()};
   std::lock_guard<std::mutex> lock(mu);
+  // Below the ephemeral range, at random: [max(10000, low - 16384), low).
+  const int low = EphemeralLow();
+  const int first = std::max(10000, low - 16384);
+  if (low - first >= 1024) {
+    std::uniform_int_distribution<int> pick(first, low - 1);
+    for (int tries = 0; tries < 1000; ++tries) {
+      const int port = pick(rng);
+      if (handed_out.count(port) || !Bindable(port) || !Reserve(port)) continue;
+      handed_out.insert(port);
+      return port;
+    }
+  }
+  // No room below the ephemeral range: a port the kernel picks.
   while (true) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Internal("FreeLoopbackPort: socket failed");
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -121,7 +186,9 @@ Result<int> FreeLoopbackPort() {
     close(fd);
     if (!ok) return Internal("FreeLoopbackPort: no free loopback port");
     const int port = ntohs(addr.sin_port);
-    if (handed_out.insert(port).second) return port;
+    if (handed_out.count(port) || !Reserve(port)) continue;
+    handed_out.insert(port);
+    return port;
   }
 }
 

@@ -65,7 +65,10 @@ void StopAll(std::vector<std::unique_ptr<ChildProcess>>& children, std::chrono::
 std::string SelfBinary();
 
 // A TCP port on 127.0.0.1 that nobody listens on right now, never the same twice per
-// process (two fresh servers of one run cannot be handed the same port).
+// process (two fresh servers of one run cannot be handed the same port) nor to two processes
+// at once (an abstract Unix socket per port, held until exit), and below
+// the kernel's ephemeral range when there is room: no outgoing connection takes it before the
+// server it is for binds it.
 Result<int> FreeLoopbackPort();
 
 }  // namespace fm

@@ -1,10 +1,18 @@
 // launch/: which nodes `up` starts here, and that a child never outlives its launcher.
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -68,6 +76,38 @@ TEST(Launch, AChildDiesWithItsLauncher) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_FALSE(Alive(child)) << "pid " << child << " outlived its launcher";
   if (Alive(child)) kill(child, SIGKILL);
+}
+
+// Test processes side by side (ctest -j) must not be handed the same port, and no outgoing
+// connection may take one before its server binds it.
+TEST(Launch, AFreePortIsReservedAgainstOtherProcessesAndBelowTheEphemeralRange) {
+  int low = 32768, high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    ASSERT_EQ(std::fscanf(f, "%d %d", &low, &high), 2);
+    std::fclose(f);
+  }
+  std::set<int> seen;
+  for (int i = 0; i < 20; ++i) {
+    auto port = FreeLoopbackPort();
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    EXPECT_TRUE(seen.insert(*port).second) << *port;
+    if (low - std::max(10000, low - 16384) >= 1024) {
+      EXPECT_LT(*port, low);
+      EXPECT_GE(*port, 10000);
+    }
+    // Another process's claim on it (the same abstract socket name) is refused while this
+    // process lives.
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string name = "flashmesh-port-" + std::to_string(*port);
+    std::memcpy(addr.sun_path + 1, name.data(), name.size());
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    EXPECT_NE(bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0) << "port " << *port << " not reserved";
+    EXPECT_EQ(errno, EADDRINUSE);
+    close(fd);
+  }
 }
 
 }  // namespace
