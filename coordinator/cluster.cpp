@@ -262,12 +262,13 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   SetState(node, flashmesh::v1::NODE_STATE_LOADING, "");
   flashmesh::v1::LoadShardRequest lreq;
   *lreq.mutable_shard() = spec;
-  for (const FileFingerprint& f : checkpoint_.Expected()) {
+  for (const FileFingerprint& f : checkpoint_.BeginLoad(node->name())) {
     flashmesh::v1::FileFingerprint* e = lreq.add_expect_files();
     e->set_name(f.name);
     e->set_size(f.size);
     e->set_crc32c(f.crc32c);
     e->set_source(f.source);
+    e->set_path(f.path);
   }
   flashmesh::v1::LoadShardResponse lresp;
   grpc::ClientContext lctx;
@@ -285,8 +286,8 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   }
   if (ls.ok()) {
     std::vector<FileFingerprint> files;
-    for (const auto& f : lresp.files()) files.push_back({f.name(), f.size(), f.crc32c(), ""});
-    if (Status same = checkpoint_.Admit(node->name(), files); !same.ok()) {
+    for (const auto& f : lresp.files()) files.push_back({f.name(), f.size(), f.crc32c(), "", ""});
+    if (Status same = checkpoint_.Admit(node->name(), lresp.model_dir(), std::move(files)); !same.ok()) {
       FailLoad(node, "LoadShard refused", same.message());
       return;
     }

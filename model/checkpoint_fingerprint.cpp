@@ -76,17 +76,50 @@ std::string DescribeFingerprint(const FileFingerprint& f) {
          "CRC32C " + crc;
 }
 
+namespace {
+
+constexpr const char* kIndex = "model.safetensors.index.json";
+constexpr const char* kSingle = "model.safetensors";
+
+// Which of the two layouts (CheckpointFiles) a list holds: the index, the single file, or "".
+std::string LayoutOf(const std::vector<FileFingerprint>& files, const FileFingerprint** which) {
+  for (const FileFingerprint& f : files)
+    if (f.name == kIndex || f.name == kSingle) {
+      if (which) *which = &f;
+      return f.name;
+    }
+  return "";
+}
+
+std::string CopyOf(const FileFingerprint& ref) {
+  return (ref.source.empty() ? std::string("the reference") : ref.source) + " copy" +
+         (ref.path.empty() ? "" : " " + ref.path);
+}
+
+}  // namespace
+
 Status MatchFingerprints(const std::vector<FileFingerprint>& mine, const std::string& dir,
                          const std::vector<FileFingerprint>& expected) {
+  const std::string here = dir.empty() ? "" : dir + "/";
   for (const FileFingerprint& m : mine) {
     for (const FileFingerprint& e : expected) {
       if (e.name != m.name || (e.size == m.size && e.crc32c == m.crc32c)) continue;
-      const std::string whose = e.source.empty() ? "the reference" : e.source;
-      return InvalidArgument("checkpoint file " + (dir.empty() ? "" : dir + "/") + m.name + " differs from " + whose +
-                             " copy (here " + DescribeFingerprint(m) + "; " + whose + ": " +
-                             DescribeFingerprint(e) +
+      return InvalidArgument("checkpoint file " + here + m.name + " differs from " + CopyOf(e) +
+                             " (here " + DescribeFingerprint(m) + "; there " + DescribeFingerprint(e) +
                              "): every node must load the same checkpoint");
     }
+  }
+  const FileFingerprint* ref = nullptr;
+  const std::string want = LayoutOf(expected, &ref);
+  const std::string have = LayoutOf(mine, nullptr);
+  if (!want.empty() && have != want) {
+    auto layout = [](const std::string& l) {
+      return l == kIndex ? std::string(kIndex) + " and the shards it names"
+                         : l.empty() ? std::string("no weights") : l;
+    };
+    return InvalidArgument("the checkpoint in " + (dir.empty() ? std::string("this node's model directory") : dir) +
+                           " is laid out otherwise than " + CopyOf(*ref) + " (here " + layout(have) +
+                           "; there " + layout(want) + "): every node must load the same checkpoint files");
   }
   return Status::Ok();
 }

@@ -1,8 +1,9 @@
 // Checkpoint fingerprints: every node of a cluster must load the same checkpoint, or the stages
 // compute with different weights of the same shapes and the output is silently wrong. A file's
 // fingerprint is cheap (at most 1 MiB read): its size and a CRC32C of sampled bytes. It tells a
-// different checkpoint (another seed, another fine-tune, another conversion) from the same one;
-// it is not a check of every byte (a flipped bit in the middle of a shard can pass).
+// different checkpoint (another seed, another fine-tune, another conversion) from the same one
+// with high likelihood; it is not a check of every byte (a flipped bit in the middle of a shard
+// passes).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -19,7 +20,9 @@ struct FileFingerprint {
   // kFingerprintChunks chunks of kFingerprintChunk bytes spread evenly, the first at offset 0
   // and the last ending at the end of the file.
   uint32_t crc32c = 0;
-  std::string source;     // whose copy, for messages: "the coordinator's", "node w0's"
+  // For messages about a reference: whose copy ("the coordinator's", "node w0's") and where it
+  // is on that machine ("/models/v4/config.json"; may be empty).
+  std::string source, path;
 };
 
 inline constexpr uint64_t kFingerprintChunk = 64 << 10;
@@ -31,9 +34,12 @@ Result<FileFingerprint> FingerprintFile(const std::string& dir, const std::strin
 // The fingerprints of CheckpointFiles(dir) (model/checkpoint.h), in that order.
 Result<std::vector<FileFingerprint>> FingerprintCheckpoint(const std::string& dir);
 
-// The first file of `mine` that `expected` lists under its name with another size or CRC is
-// an error naming it (prefixed with `dir` + "/" unless dir is empty) and both copies; files only
-// one side lists are no error.
+// Whether the checkpoint `mine` (read from `dir`) is the one `expected` describes: an error
+// naming the first file that `expected` lists under its name with another size or CRC, or, when
+// `expected` holds an index or a single model.safetensors, a checkpoint laid out otherwise (the
+// same weights could be in other files, but another layout is another checkpoint's as often).
+// Files only one side lists are otherwise no error (a coordinator holding config.json alone).
+// `dir` prefixes the file names in the message unless empty.
 Status MatchFingerprints(const std::vector<FileFingerprint>& mine, const std::string& dir,
                          const std::vector<FileFingerprint>& expected);
 

@@ -171,7 +171,9 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   Result<std::vector<FileFingerprint>> files = FingerprintCheckpoint(p.model_dir);
   if (!files.ok()) return WorkerError(ctx, files.status().Wrap("node " + node_));
   std::vector<FileFingerprint> expected;
-  for (const auto& e : req->expect_files()) expected.push_back({e.name(), e.size(), e.crc32c(), e.source()});
+  // source and path only go into the message: capped, however long the coordinator sent them.
+  for (const auto& e : req->expect_files())
+    expected.push_back({e.name(), e.size(), e.crc32c(), e.source().substr(0, 256), e.path().substr(0, 1024)});
   if (Status same = MatchFingerprints(*files, p.model_dir, expected); !same.ok()) {
     FM_LOG(kError, "worker") << node_ << ": refused to load: " << same.message();
     return WorkerError(ctx, same.Wrap("node " + node_));
@@ -276,6 +278,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   resp->set_vocab_size(static_cast<int32_t>(runtime_.config().vocab_size));
   resp->set_num_hidden_layers(static_cast<int32_t>(runtime_.config().num_hidden_layers));
   resp->set_draining(draining_);
+  resp->set_model_dir(p.model_dir);
   for (const FileFingerprint& f : *files) {
     flashmesh::v1::FileFingerprint* out = resp->add_files();
     out->set_name(f.name);

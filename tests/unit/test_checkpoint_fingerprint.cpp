@@ -100,9 +100,10 @@ TEST(FingerprintFile, ALargeFileIsSampledAtSixteenEvenlySpreadChunks) {
 }
 
 TEST(MatchFingerprints, NamesTheFileAndBothCopies) {
-  const FileFingerprint mine{"model-00002-of-00003.safetensors", 14168812, 0x1a2b3c4d, ""};
-  const FileFingerprint same{"model-00002-of-00003.safetensors", 14168812, 0x1a2b3c4d, "the coordinator's"};
-  const FileFingerprint config{"config.json", 1371, 0x11111111, "the coordinator's"};
+  const FileFingerprint mine{"model-00002-of-00003.safetensors", 14168812, 0x1a2b3c4d, "", ""};
+  const FileFingerprint same{"model-00002-of-00003.safetensors", 14168812, 0x1a2b3c4d, "the coordinator's",
+                             "/c/model-00002-of-00003.safetensors"};
+  const FileFingerprint config{"config.json", 1371, 0x11111111, "the coordinator's", "/c/config.json"};
   EXPECT_TRUE(MatchFingerprints({mine}, "/m", {config, same}).ok());
   // A file only one side lists is no error (a coordinator holding config.json alone).
   EXPECT_TRUE(MatchFingerprints({mine}, "/m", {config}).ok());
@@ -115,17 +116,46 @@ TEST(MatchFingerprints, NamesTheFileAndBothCopies) {
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "checkpoint file /m/model-00002-of-00003.safetensors differs from the coordinator's copy "
-            "(here 14168812 bytes, sampled CRC32C 1a2b3c4d; the coordinator's: 14168812 bytes, "
-            "sampled CRC32C 5e6f7a8b): every node must load the same checkpoint");
+            "/c/model-00002-of-00003.safetensors (here 14168812 bytes, sampled CRC32C 1a2b3c4d; there "
+            "14168812 bytes, sampled CRC32C 5e6f7a8b): every node must load the same checkpoint");
   other = same;
   other.size = 99;
   other.source = "node w0's";
+  other.path = "";
   s = MatchFingerprints({mine}, "", {other});
   EXPECT_NE(s.message().find("checkpoint file model-00002-of-00003.safetensors differs from node w0's copy "
-                             "(here 14168812 bytes, sampled CRC32C 1a2b3c4d; node w0's: 99 bytes, CRC32C "
+                             "(here 14168812 bytes, sampled CRC32C 1a2b3c4d; there 99 bytes, CRC32C "
                              "1a2b3c4d)"),
             std::string::npos)
       << s.message();
+}
+
+// The same file names compared alone would let a checkpoint in one model.safetensors pass beside
+// an index and its shards (only config.json in common): another layout is refused.
+TEST(MatchFingerprints, AnotherLayoutIsRefused) {
+  const FileFingerprint config{"config.json", 1371, 0x11111111, "", ""};
+  const FileFingerprint index{"model.safetensors.index.json", 149824, 0x22222222, "the coordinator's",
+                              "/c/model.safetensors.index.json"};
+  const FileFingerprint shard{"model-00001-of-00003.safetensors", 14069642, 0x33333333, "", ""};
+  const FileFingerprint single{"model.safetensors", 42000000, 0x44444444, "node w0's", "/w0/model.safetensors"};
+  Status s = MatchFingerprints({config, single}, "/m", {config, index, shard});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "the checkpoint in /m is laid out otherwise than the coordinator's copy "
+            "/c/model.safetensors.index.json (here model.safetensors; there model.safetensors.index.json "
+            "and the shards it names): every node must load the same checkpoint files");
+  s = MatchFingerprints({config, index, shard}, "", {config, single});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("the checkpoint in this node's model directory is laid out otherwise than "
+                             "node w0's copy /w0/model.safetensors (here model.safetensors.index.json and "
+                             "the shards it names; there model.safetensors)"),
+            std::string::npos)
+      << s.message();
+  s = MatchFingerprints({config}, "/m", {config, single});
+  EXPECT_NE(s.message().find("(here no weights; there model.safetensors)"), std::string::npos) << s.message();
+  // A reference without weights (a coordinator's config.json alone) takes any layout.
+  EXPECT_TRUE(MatchFingerprints({config, single}, "/m", {config}).ok());
+  EXPECT_TRUE(MatchFingerprints({config, index, shard}, "/m", {config}).ok());
 }
 
 TEST(FingerprintCheckpoint, AnotherSeedDiffersInEveryShardButNotInConfigOrIndex) {
@@ -143,7 +173,7 @@ TEST(FingerprintCheckpoint, AnotherSeedDiffersInEveryShardButNotInConfigOrIndex)
   }
   Status s = MatchFingerprints(*fb, b, *fa);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("checkpoint file " + b + "/" + (*fa)[2].name + " differs from the reference copy"),
+  EXPECT_NE(s.message().find("checkpoint file " + b + "/" + (*fa)[2].name + " differs from the reference copy (here "),
             std::string::npos)
       << s.message();
   // A shard the index names that is not a regular file is left out (Open names it).
