@@ -317,9 +317,17 @@ std::chrono::milliseconds Cluster::FailLoad(NodeHandle* node, const std::string&
     failures = ++node->load_failures_;
     node->next_load_ = std::chrono::steady_clock::now() + backoff;
   }
+  // The node is named before its error already ("node w1 (ADDR) is down: ..."): not again in
+  // the worker's own wording of it ("node w1: ...", "node w1 loading its shard: ...").
+  std::string cause = why;
+  for (const std::string& named : {"node " + node->name() + ": ", "node " + node->name() + " "})
+    if (cause.rfind(named, 0) == 0) {
+      cause.erase(0, named.size());
+      break;
+    }
   SetState(node, flashmesh::v1::NODE_STATE_DOWN,
            what + " (" + std::to_string(failures) + " in a row, next in " +
-               std::to_string(backoff.count()) + " ms): " + why);
+               std::to_string(backoff.count()) + " ms): " + cause);
   return backoff;
 }
 
