@@ -6,18 +6,17 @@
 #include "model/checkpoint.h"
 
 namespace fm {
-namespace {
 
-// Size and modification time of a file, or false when it cannot be stat'ed.
-bool Stat(const std::string& path, uint64_t* size, int64_t* mtime_ns) {
+bool CheckpointRefs::Identify(const std::string& path, FileId* id) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return false;
-  *size = static_cast<uint64_t>(st.st_size);
-  *mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  id->dev = static_cast<uint64_t>(st.st_dev);
+  id->ino = static_cast<uint64_t>(st.st_ino);
+  id->size = static_cast<uint64_t>(st.st_size);
+  id->mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  id->ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
   return true;
 }
-
-}  // namespace
 
 CheckpointRefs::CheckpointRefs(std::string model_dir) : model_dir_(std::move(model_dir)) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -26,14 +25,22 @@ CheckpointRefs::CheckpointRefs(std::string model_dir) : model_dir_(std::move(mod
 
 void CheckpointRefs::RefreshOwn() {
   if (model_dir_.empty()) return;
+  // The file list comes from the index (a few MB of JSON for a real checkpoint): parsed again
+  // only when the index (or, without one, config.json) changed.
+  FileId listed;
+  if (!Identify(model_dir_ + "/model.safetensors.index.json", &listed))
+    Identify(model_dir_ + "/config.json", &listed);
+  if (own_names_.empty() || !(listed == listed_from_)) {
+    own_names_ = CheckpointFiles(model_dir_);
+    listed_from_ = listed;
+  }
   std::vector<OwnFile> now;
-  for (const std::string& name : CheckpointFiles(model_dir_)) {
+  for (const std::string& name : own_names_) {
     OwnFile o;
-    uint64_t size = 0;
-    if (!Stat(model_dir_ + "/" + name, &size, &o.mtime_ns)) continue;
+    if (!Identify(model_dir_ + "/" + name, &o.id)) continue;
     bool same = false;
     for (const OwnFile& before : own_)
-      if (before.f.name == name && before.f.size == size && before.mtime_ns == o.mtime_ns) {
+      if (before.f.name == name && before.id == o.id) {
         o = before;
         same = true;
       }
@@ -53,45 +60,47 @@ void CheckpointRefs::RefreshOwn() {
   own_ = std::move(now);
 }
 
-std::vector<FileFingerprint> CheckpointRefs::ReferencesFor(const std::string& node) {
-  std::vector<FileFingerprint> refs;
-  for (const OwnFile& o : own_) refs.push_back(o.f);
-  // Admitted nodes agree with one another on every file they share (each was compared with
-  // those admitted before it): any of them will do for a file the coordinator lacks.
-  for (const auto& [other, files] : admitted_) {
-    if (other == node) continue;
-    for (const FileFingerprint& f : files) {
-      bool known = false;
-      for (const FileFingerprint& r : refs) known = known || r.name == f.name;
-      if (!known) refs.push_back(f);
-    }
-  }
-  return refs;
+std::vector<FileFingerprint> CheckpointRefs::Expected(const std::string& node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ReferencesFor(node);
 }
 
-std::vector<FileFingerprint> CheckpointRefs::BeginLoad(const std::string& node) {
-  std::lock_guard<std::mutex> lock(mu_);
-  admitted_.erase(node);
+std::vector<FileFingerprint> CheckpointRefs::ReferencesFor(const std::string& node) {
   RefreshOwn();
-  return ReferencesFor(node);
+  std::vector<FileFingerprint> refs;
+  for (const OwnFile& o : own_) refs.push_back(o.f);
+  for (const auto& [other, files] : admitted_)
+    if (other != node) refs.insert(refs.end(), files.begin(), files.end());
+  return refs;
 }
 
 Status CheckpointRefs::Admit(const std::string& node, const std::string& dir,
                              std::vector<FileFingerprint> files) {
-  std::lock_guard<std::mutex> lock(mu_);
   bool config = false;
   for (const FileFingerprint& f : files) config = config || f.name == "config.json";
-  if (!config)
+  // One lock from the references to the entry: two nodes admitted at once compare with each other.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!config) {
+    admitted_.erase(node);
     return InvalidArgument("node " + node + " reported no fingerprint of its checkpoint's config.json "
-                              "(a worker older than this coordinator?): it cannot show that it loaded "
-                              "the same checkpoint as the other nodes");
-  FM_RETURN_IF_ERROR(MatchFingerprints(files, dir, ReferencesFor(node)).Wrap("node " + node));
+                           "(a worker older than this coordinator?): it cannot show that it loaded "
+                           "the same checkpoint as the other nodes");
+  }
+  if (Status same = MatchFingerprints(files, dir, ReferencesFor(node)).Wrap("node " + node); !same.ok()) {
+    admitted_.erase(node);
+    return same;
+  }
   for (FileFingerprint& f : files) {
     f.source = "node " + node + "'s";
     f.path = dir.empty() ? "" : dir + "/" + f.name;
   }
   admitted_[node] = std::move(files);
   return Status::Ok();
+}
+
+void CheckpointRefs::Refused(const std::string& node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  admitted_.erase(node);
 }
 
 }  // namespace fm

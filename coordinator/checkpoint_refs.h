@@ -1,11 +1,14 @@
 // CheckpointRefs: the checkpoint every node must load (model/checkpoint_fingerprint.h), file by
-// file. A file's reference is the coordinator's own copy when it has one (it reads config.json
-// and the tokenizer from its model directory, and may hold the weights too; read again when a
-// file's size or modification time changes), otherwise the copy of a node whose load was
-// admitted, never the node's own: a node that loads again (restarted, its files fixed) is no
-// reference for itself. Each LoadShard carries Expected(), so a worker with another checkpoint
-// refuses before it reads a weight; Admit compares what a node loaded once its load succeeded
-// (two nodes that loaded a file the coordinator lacks at the same time).
+// file. A loading node's files are compared with the coordinator's own copy of each file it has
+// (it reads config.json and the tokenizer from its model directory, and may hold the weights
+// too; fingerprinted again when a file changes) and with the files of every other node whose
+// load was admitted: a node must match them all, so a cluster never runs on two checkpoints,
+// and a node is never compared with its own earlier load (restarted, its files fixed).
+// A node's entry lasts from its admitted load until it is refused for its checkpoint: a load
+// that fails for another reason (an NCCL group whose other member failed) keeps it, so the
+// blame stays on the node whose files differ. Each LoadShard carries the references, so a
+// worker with another checkpoint refuses before it reads a weight; Admit compares what a node
+// loaded once its load succeeded (nodes that loaded at the same time).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -22,24 +25,36 @@ class CheckpointRefs {
  public:
   // Fingerprints the coordinator's copy in model_dir (the files it has; none for "").
   explicit CheckpointRefs(std::string model_dir);
-  // The references for `node`'s next load, each with its source and path, and forgets what
-  // `node` loaded before (a load replaces it).
-  std::vector<FileFingerprint> BeginLoad(const std::string& node);
-  // The files `node` loaded from `dir`: an error naming the first one that differs from the
-  // reference (or a list without config.json: a worker that does not fingerprint); otherwise
-  // they become references for the other nodes' files the coordinator lacks.
+  // The references for `node`'s next load, each with its source and path: the coordinator's
+  // copy, then every other admitted node's files (a file may appear several times).
+  std::vector<FileFingerprint> Expected(const std::string& node);
+  // The files `node` loaded from `dir`: an error naming the first one that differs from a
+  // reference (or a list without config.json: a worker that does not fingerprint), after which
+  // `node` is no reference; otherwise they are its entry, a reference for the other nodes.
   Status Admit(const std::string& node, const std::string& dir, std::vector<FileFingerprint> files);
+  // `node` refused to load for its checkpoint (kFaultOtherCheckpoint): no reference any more.
+  void Refused(const std::string& node);
 
  private:
-  // Under mu_: the coordinator's copy again where a file changed (size, mtime) or came or went.
+  // What identifies a file's contents without reading it: any write or copy changes one of
+  // these (ctime too, which `cp -p` and `touch -r` cannot set back).
+  struct FileId {
+    uint64_t dev = 0, ino = 0, size = 0;
+    int64_t mtime_ns = 0, ctime_ns = 0;
+    bool operator==(const FileId&) const = default;
+  };
+  static bool Identify(const std::string& path, FileId* id);
+  // Under mu_: the coordinator's copy again where a file changed or came or went.
   void RefreshOwn();
-  std::vector<FileFingerprint> ReferencesFor(const std::string& node);   // under mu_
+  std::vector<FileFingerprint> ReferencesFor(const std::string& node);   // under mu_, refreshed
 
   std::string model_dir_;
   std::mutex mu_;
+  FileId listed_from_;                // the index (or config.json) the file list was read from
+  std::vector<std::string> own_names_;
   struct OwnFile {
     FileFingerprint f;
-    int64_t mtime_ns = 0;
+    FileId id;
   };
   std::vector<OwnFile> own_;
   std::map<std::string, std::vector<FileFingerprint>> admitted_;   // by node

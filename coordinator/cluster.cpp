@@ -262,7 +262,7 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   SetState(node, flashmesh::v1::NODE_STATE_LOADING, "");
   flashmesh::v1::LoadShardRequest lreq;
   *lreq.mutable_shard() = spec;
-  for (const FileFingerprint& f : checkpoint_.BeginLoad(node->name())) {
+  for (const FileFingerprint& f : checkpoint_.Expected(node->name())) {
     flashmesh::v1::FileFingerprint* e = lreq.add_expect_files();
     e->set_name(f.name);
     e->set_size(f.size);
@@ -302,6 +302,12 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   } else if (ls.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     StepDown("node " + node->name() + " refused LoadShard: " + ls.error_message());
   } else {
+    // Refused for its checkpoint: its files are no reference for the others any more. A load
+    // that failed otherwise keeps the entry of its last admitted load (checkpoint_refs.h).
+    const auto& md = lctx.GetServerTrailingMetadata();
+    const auto fault = md.find(kFaultKey);
+    if (fault != md.end() && std::string(fault->second.data(), fault->second.size()) == kFaultOtherCheckpoint)
+      checkpoint_.Refused(node->name());
     FailLoad(node, "LoadShard failed", ls.error_message());
   }
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -148,8 +149,9 @@ bool Reserve(int port) {
   std::memcpy(addr.sun_path + 1, name.data(), name.size());   // sun_path[0] == 0: abstract
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    const bool taken = errno == EADDRINUSE;
     close(fd);
-    return false;
+    return !taken;   // another error (a security policy, say): no reservation to be had
   }
   return true;   // fd stays open: the reservation lasts until this process exits
 }
@@ -174,7 +176,7 @@ Result<int> FreeLoopbackPort() {
     }
   }
   // No room below the ephemeral range: a port the kernel picks.
-  while (true) {
+  for (int tries = 0; tries < 1000; ++tries) {
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Internal("FreeLoopbackPort: socket failed");
     sockaddr_in addr{};
@@ -190,6 +192,7 @@ Result<int> FreeLoopbackPort() {
     handed_out.insert(port);
     return port;
   }
+  return Internal("FreeLoopbackPort: every loopback port tried is taken or reserved by another process");
 }
 
 }  // namespace fm

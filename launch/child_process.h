@@ -66,7 +66,8 @@ std::string SelfBinary();
 
 // A TCP port on 127.0.0.1 that nobody listens on right now, never the same twice per
 // process (two fresh servers of one run cannot be handed the same port) nor to two processes
-// at once (an abstract Unix socket per port, held until exit), and below
+// at once (an abstract Unix socket per port, held until exit: one descriptor per port handed
+// out), and below
 // the kernel's ephemeral range when there is room: no outgoing connection takes it before the
 // server it is for binds it.
 Result<int> FreeLoopbackPort();

@@ -1,11 +1,9 @@
-// CheckpointRefs (coordinator/checkpoint_refs.h): the coordinator's copy is the reference (read
-// again when it changes); a file it lacks takes an admitted other node's copy, never the node's
-// own; a node with another checkpoint is refused by name.
+// CheckpointRefs (coordinator/checkpoint_refs.h): a node must match the coordinator's copy (read
+// again when it changes) and every other admitted node's, never its own earlier load; a node
+// with another checkpoint is refused by name.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <filesystem>
-#include <thread>
 
 #include "coordinator/checkpoint_refs.h"
 #include "model/checkpoint.h"
@@ -42,14 +40,13 @@ std::string ConfigOnly(const std::string& from, const std::string& name) {
 TEST(CheckpointRefs, TheCoordinatorsCopyIsTheReference) {
   TwoSeeds m;
   CheckpointRefs refs(m.a);
-  const std::vector<FileFingerprint> expected = refs.BeginLoad("w0");
+  const std::vector<FileFingerprint> expected = refs.Expected("w0");
   ASSERT_EQ(expected.size(), CheckpointFiles(m.a).size());
   for (const FileFingerprint& f : expected) {
     EXPECT_EQ(f.source, "the coordinator's") << f.name;
     EXPECT_EQ(f.path, m.a + "/" + f.name);
   }
   EXPECT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
-  refs.BeginLoad("w1");
   Status s = refs.Admit("w1", m.b, Files(m.b));
   ASSERT_FALSE(s.ok());
   const std::string shard = CheckpointFiles(m.a)[2];
@@ -72,17 +69,15 @@ TEST(CheckpointRefs, TheCoordinatorsCopyIsReadAgainWhenItChanges) {
   CheckpointRefs refs(c);
   EXPECT_FALSE(refs.Admit("w0", m.a, Files(m.a)).ok());
   // The operator puts the right files there: the next load compares with them.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));   // a later mtime on any clock
   for (const auto& f : fs::directory_iterator(m.a))
     fs::copy_file(f.path(), c + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
-  refs.BeginLoad("w0");
   EXPECT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
 }
 
 TEST(CheckpointRefs, AFileTheCoordinatorLacksTakesAnAdmittedOtherNodesCopy) {
   TwoSeeds m;
   CheckpointRefs refs(ConfigOnly(m.a, "refs_config_only"));
-  ASSERT_EQ(refs.BeginLoad("w2").size(), 1u);
+  ASSERT_EQ(refs.Expected("w2").size(), 1u);
 
   // A node whose config.json is not the coordinator's is refused and teaches nothing.
   std::vector<FileFingerprint> odd = Files(m.a);
@@ -92,12 +87,12 @@ TEST(CheckpointRefs, AFileTheCoordinatorLacksTakesAnAdmittedOtherNodesCopy) {
   EXPECT_NE(s.message().find("node w2: checkpoint file " + m.a + "/config.json differs from the coordinator's copy"),
             std::string::npos)
       << s.message();
-  EXPECT_EQ(refs.BeginLoad("w1").size(), 1u);
+  EXPECT_EQ(refs.Expected("w1").size(), 1u);
 
-  refs.BeginLoad("w0");
   ASSERT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
-  const std::vector<FileFingerprint> expected = refs.BeginLoad("w1");
-  ASSERT_EQ(expected.size(), CheckpointFiles(m.a).size());
+  const std::vector<FileFingerprint> expected = refs.Expected("w1");
+  ASSERT_EQ(expected.size(), 1 + CheckpointFiles(m.a).size());   // config.json twice
+  EXPECT_EQ(expected[0].source, "the coordinator's");
   for (size_t i = 1; i < expected.size(); ++i) {
     EXPECT_EQ(expected[i].source, "node w0's") << expected[i].name;
     EXPECT_EQ(expected[i].path, m.a + "/" + expected[i].name);
@@ -116,20 +111,69 @@ TEST(CheckpointRefs, AFileTheCoordinatorLacksTakesAnAdmittedOtherNodesCopy) {
 TEST(CheckpointRefs, ANodeIsNoReferenceForItsOwnNextLoad) {
   TwoSeeds m;
   CheckpointRefs refs(ConfigOnly(m.a, "refs_own"));
-  refs.BeginLoad("w0");
   ASSERT_TRUE(refs.Admit("w0", m.b, Files(m.b)).ok());   // wrong, but first
-  refs.BeginLoad("w1");
   EXPECT_FALSE(refs.Admit("w1", m.a, Files(m.a)).ok());  // right, refused against w0's copy
-  EXPECT_EQ(refs.BeginLoad("w0").size(), 1u);             // w0 loads again: only config.json
-  EXPECT_EQ(refs.BeginLoad("w1").size(), 1u);             // and meanwhile is no one's reference
+  EXPECT_EQ(refs.Expected("w0").size(), 1u);             // w0 loads again: only config.json
   ASSERT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
-  refs.BeginLoad("w1");
   EXPECT_TRUE(refs.Admit("w1", m.a, Files(m.a)).ok());
 }
 
+// The coordinator's copy is replaced while nodes run on the old one: a node loading the new
+// files must still match the running nodes, so the cluster never mixes two checkpoints; once
+// the other node is refused (or reloaded with the new files too), they serve together.
+TEST(CheckpointRefs, ANewCoordinatorCopyDoesNotLetANodeJoinOthersOnTheOldOne) {
+  TwoSeeds m;
+  const std::string c = testing_ck::TempDir("refs_replaced");
+  fs::copy(m.a, c, fs::copy_options::recursive);
+  CheckpointRefs refs(c);
+  ASSERT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
+  ASSERT_TRUE(refs.Admit("w1", m.a, Files(m.a)).ok());
+  for (const auto& f : fs::directory_iterator(m.b))
+    fs::copy_file(f.path(), c + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
+  Status s = refs.Admit("w0", m.b, Files(m.b));   // w0 restarted on the new files
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("differs from node w1's copy " + m.a + "/"), std::string::npos) << s.message();
+  ASSERT_TRUE(refs.Admit("w1", m.b, Files(m.b)).ok());   // w1 restarted on them too (w0 refused)
+  EXPECT_TRUE(refs.Admit("w0", m.b, Files(m.b)).ok());
+}
+
+// `cp -p`, `rsync -a` and `tar x` keep the modification time, and checkpoints of the same shapes
+// have the same sizes: the change time still shows the new contents.
+TEST(CheckpointRefs, ACopyThatKeepsSizeAndMtimeIsStillSeen) {
+  TwoSeeds m;
+  const std::string c = testing_ck::TempDir("refs_same_mtime");
+  fs::copy(m.b, c, fs::copy_options::recursive);
+  CheckpointRefs refs(c);
+  EXPECT_FALSE(refs.Admit("w0", m.a, Files(m.a)).ok());
+  for (const auto& f : fs::directory_iterator(m.a)) {
+    const std::string to = c + "/" + f.path().filename().string();
+    const auto mtime = fs::last_write_time(to);
+    ASSERT_EQ(fs::file_size(to), fs::file_size(f.path())) << to;
+    fs::copy_file(f.path(), to, fs::copy_options::overwrite_existing);
+    fs::last_write_time(to, mtime);
+  }
+  EXPECT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
+}
+
+// A group load whose other member failed keeps a node's entry (its files were not shown to
+// differ); a refusal for its checkpoint drops it.
+TEST(CheckpointRefs, ARefusalDropsANodesEntryAnotherFailureKeepsIt) {
+  TwoSeeds m;
+  CheckpointRefs refs(ConfigOnly(m.a, "refs_refused"));
+  ASSERT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
+  const size_t files = CheckpointFiles(m.a).size();
+  EXPECT_EQ(refs.Expected("w0").size(), 1u);
+  EXPECT_EQ(refs.Expected("w1").size(), 1 + files);   // asked again and again: nothing dropped
+  EXPECT_EQ(refs.Expected("w1").size(), 1 + files);
+  refs.Refused("w0");
+  EXPECT_EQ(refs.Expected("w1").size(), 1u);
+  EXPECT_TRUE(refs.Admit("w1", m.b, Files(m.b)).ok());  // with w0 gone, w1's copy is the reference
+  EXPECT_FALSE(refs.Admit("w0", m.a, Files(m.a)).ok());
+}
+
 TEST(CheckpointRefs, NoModelDirectoryNoReferences) {
-  EXPECT_TRUE(CheckpointRefs("").BeginLoad("w0").empty());
-  EXPECT_TRUE(CheckpointRefs(testing_ck::TempDir("refs_missing")).BeginLoad("w0").empty());
+  EXPECT_TRUE(CheckpointRefs("").Expected("w0").empty());
+  EXPECT_TRUE(CheckpointRefs(testing_ck::TempDir("refs_missing")).Expected("w0").empty());
 }
 
 }  // namespace
