@@ -26,12 +26,14 @@ CheckpointRefs::CheckpointRefs(std::string model_dir) : model_dir_(std::move(mod
 void CheckpointRefs::RefreshOwn() {
   if (model_dir_.empty()) return;
   // The file list comes from the index (a few MB of JSON for a real checkpoint): parsed again
-  // only when the index (or, without one, config.json) changed.
-  FileId listed;
-  if (!Identify(model_dir_ + "/model.safetensors.index.json", &listed))
-    Identify(model_dir_ + "/config.json", &listed);
-  if (own_names_.empty() || !(listed == listed_from_)) {
-    own_names_ = CheckpointFiles(model_dir_);
+  // only when config.json, the index or a single model.safetensors came, went or changed. It
+  // holds every shard the index names; those that exist now are taken below.
+  std::vector<FileId> listed(3);
+  Identify(model_dir_ + "/config.json", &listed[0]);
+  Identify(model_dir_ + "/model.safetensors.index.json", &listed[1]);
+  Identify(model_dir_ + "/model.safetensors", &listed[2]);
+  if (listed != listed_from_) {
+    own_names_ = CheckpointFiles(model_dir_, /*shards_that_exist_only=*/false);
     listed_from_ = listed;
   }
   std::vector<OwnFile> now;
@@ -91,14 +93,14 @@ Status CheckpointRefs::Admit(const std::string& node, const std::string& dir,
     return same;
   }
   for (FileFingerprint& f : files) {
-    f.source = "node " + node + "'s";
+    f.source = "node " + node + "'s loaded";
     f.path = dir.empty() ? "" : dir + "/" + f.name;
   }
   admitted_[node] = std::move(files);
   return Status::Ok();
 }
 
-void CheckpointRefs::Refused(const std::string& node) {
+void CheckpointRefs::Forget(const std::string& node) {
   std::lock_guard<std::mutex> lock(mu_);
   admitted_.erase(node);
 }

@@ -4,11 +4,12 @@
 // too; fingerprinted again when a file changes) and with the files of every other node whose
 // load was admitted: a node must match them all, so a cluster never runs on two checkpoints,
 // and a node is never compared with its own earlier load (restarted, its files fixed).
-// A node's entry lasts from its admitted load until it is refused for its checkpoint: a load
-// that fails for another reason (an NCCL group whose other member failed) keeps it, so the
-// blame stays on the node whose files differ. Each LoadShard carries the references, so a
-// worker with another checkpoint refuses before it reads a weight; Admit compares what a node
-// loaded once its load succeeded (nodes that loaded at the same time).
+// A node's entry is what it holds loaded: from its admitted load until a load of it fails or
+// its worker no longer holds that load (restarted); a node that is down but may still hold it
+// (frozen, unreachable) keeps it, or it could come back beside nodes on other files. Each
+// LoadShard carries the references, so a worker with another checkpoint refuses before it
+// reads a weight; Admit compares what a node loaded once its load succeeded (nodes that loaded
+// at the same time).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -32,8 +33,8 @@ class CheckpointRefs {
   // reference (or a list without config.json: a worker that does not fingerprint), after which
   // `node` is no reference; otherwise they are its entry, a reference for the other nodes.
   Status Admit(const std::string& node, const std::string& dir, std::vector<FileFingerprint> files);
-  // `node` refused to load for its checkpoint (kFaultOtherCheckpoint): no reference any more.
-  void Refused(const std::string& node);
+  // `node` holds no admitted load any more (a load failed, or its worker restarted).
+  void Forget(const std::string& node);
 
  private:
   // What identifies a file's contents without reading it: any write or copy changes one of
@@ -50,7 +51,7 @@ class CheckpointRefs {
 
   std::string model_dir_;
   std::mutex mu_;
-  FileId listed_from_;                // the index (or config.json) the file list was read from
+  std::vector<FileId> listed_from_;   // config.json, index, model.safetensors when listed
   std::vector<std::string> own_names_;
   struct OwnFile {
     FileFingerprint f;

@@ -302,12 +302,7 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   } else if (ls.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     StepDown("node " + node->name() + " refused LoadShard: " + ls.error_message());
   } else {
-    // Refused for its checkpoint: its files are no reference for the others any more. A load
-    // that failed otherwise keeps the entry of its last admitted load (checkpoint_refs.h).
-    const auto& md = lctx.GetServerTrailingMetadata();
-    const auto fault = md.find(kFaultKey);
-    if (fault != md.end() && std::string(fault->second.data(), fault->second.size()) == kFaultOtherCheckpoint)
-      checkpoint_.Refused(node->name());
+    checkpoint_.Forget(node->name());   // it holds no admitted load now (checkpoint_refs.h)
     FailLoad(node, "LoadShard failed", ls.error_message());
   }
 }
@@ -435,6 +430,10 @@ void Cluster::Heartbeat(NodeHandle* node) {
                  !accepted) {
         // Not ours (restarted, another coordinator's, loaded out of band with another shard, or
         // refused for its checkpoint): load ours, no sooner than the backoff after a failed load.
+        // Whatever it loaded before is no reference for the other nodes' loads meanwhile (unless
+        // the answer predates the end of a group load, which may have admitted it since).
+        const bool stale = group && (seen % 2 == 1 || group->generation != seen);
+        if ((!resp.loaded() || resp.epoch() != epoch_) && !stale) checkpoint_.Forget(node->name());
         if (resp.loaded() && resp.epoch() == epoch_ && accepted) {
           FM_LOG(kWarn, "coordinator") << "node " << node->name() << " holds another shard than the plan's: reloading";
         }

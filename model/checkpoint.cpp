@@ -398,7 +398,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir,
   return CheckpointImpl::Open(dir, sel, where);
 }
 
-std::vector<std::string> CheckpointFiles(const std::string& dir) {
+std::vector<std::string> CheckpointFiles(const std::string& dir, bool shards_that_exist_only) {
   std::vector<std::string> files;
   uint64_t size = 0;
   if (FileExists(dir + "/config.json", &size)) files.push_back("config.json");
@@ -410,7 +410,7 @@ std::vector<std::string> CheckpointFiles(const std::string& dir) {
     std::set<std::string> shards;
     for (const auto& [tensor, file] : *weight_map) shards.insert(file);
     for (const std::string& f : shards)
-      if (FileExists(dir + "/" + f, &size)) files.push_back(f);
+      if (!shards_that_exist_only || FileExists(dir + "/" + f, &size)) files.push_back(f);
   } else if (FileExists(dir + "/model.safetensors", &size)) {
     files.push_back("model.safetensors");
   }

@@ -70,8 +70,9 @@ class Checkpoint {
 
 // The files of the checkpoint in `dir` that a shard's load reads, by name within dir:
 // config.json, then model.safetensors.index.json and the shard files it names, or the single
-// model.safetensors. Only files that exist are listed (Open names a missing one), and an index
-// that does not parse lists no shard.
-std::vector<std::string> CheckpointFiles(const std::string& dir);
+// model.safetensors. Only files that exist are listed (Open names a missing one), or with
+// `shards_that_exist_only` false every shard the index names; an index that does not parse
+// lists no shard.
+std::vector<std::string> CheckpointFiles(const std::string& dir, bool shards_that_exist_only = true);
 
 }  // namespace fm

@@ -27,8 +27,6 @@ inline constexpr char kFaultWorker[] = "worker";
 inline constexpr char kFaultLostSequences[] = "lost-sequences";
 // The worker follows a newer coordinator (a higher term): the caller is to step down.
 inline constexpr char kFaultSuperseded[] = "superseded";
-// LoadShard: the worker's checkpoint is not the one the coordinator expects (checkpoint_refs.h).
-inline constexpr char kFaultOtherCheckpoint[] = "other-checkpoint";
 grpc::Status WorkerError(grpc::ServerContext* ctx, const Status& s, const char* fault = kFaultWorker);
 
 // PEM files of security.tls: this process's certificate and key, and the CA that signed the

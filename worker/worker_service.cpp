@@ -176,7 +176,7 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
     expected.push_back({e.name(), e.size(), e.crc32c(), e.source().substr(0, 256), e.path().substr(0, 1024)});
   if (Status same = MatchFingerprints(*files, p.model_dir, expected); !same.ok()) {
     FM_LOG(kError, "worker") << node_ << ": refused to load: " << same.message();
-    return WorkerError(ctx, same.Wrap("node " + node_), kFaultOtherCheckpoint);
+    return WorkerError(ctx, same.Wrap("node " + node_));
   }
   std::unique_ptr<net::Communicator> ep_group;
   net::NcclCommunicator* nccl = nullptr;   // ep_group when it is an NCCL group

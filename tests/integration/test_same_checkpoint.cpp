@@ -98,7 +98,7 @@ TEST(SameCheckpoint, WithoutTheCoordinatorsCopyTheFirstNodesCopyIsTheReference) 
       const auto& a = status.nodes(up);
       const auto& b = status.nodes(1 - up);
       if (a.state() == flashmesh::v1::NODE_STATE_UP && b.state() == flashmesh::v1::NODE_STATE_DOWN &&
-          b.error().find("differs from node " + a.name() + "'s copy") != std::string::npos)
+          b.error().find("differs from node " + a.name() + "'s loaded copy") != std::string::npos)
         return true;
     }
     return false;
@@ -130,9 +130,9 @@ TEST(SameCheckpoint, ANodeIsNoReferenceForItsOwnNextLoad) {
     return status.nodes_size() == 2 && status.nodes(0).state() == flashmesh::v1::NODE_STATE_UP;
   }, 30s)) << cluster.Logs();
   cluster.StartWorker(1, {"--model", SmallModel()});
-  const std::string err = NodeErrorContaining(cluster.api(), "differs from node w0's copy", 30s);
+  const std::string err = NodeErrorContaining(cluster.api(), "differs from node w0's loaded copy", 30s);
   EXPECT_NE(err.find("): checkpoint file " + SmallModel() + "/model-00001-of-00003.safetensors differs "
-                     "from node w0's copy " + wrong + "/model-00001-of-00003.safetensors (here "),
+                     "from node w0's loaded copy " + wrong + "/model-00001-of-00003.safetensors (here "),
             std::string::npos)
       << err << "\n" << cluster.Logs();
 

@@ -94,13 +94,13 @@ TEST(CheckpointRefs, AFileTheCoordinatorLacksTakesAnAdmittedOtherNodesCopy) {
   ASSERT_EQ(expected.size(), 1 + CheckpointFiles(m.a).size());   // config.json twice
   EXPECT_EQ(expected[0].source, "the coordinator's");
   for (size_t i = 1; i < expected.size(); ++i) {
-    EXPECT_EQ(expected[i].source, "node w0's") << expected[i].name;
+    EXPECT_EQ(expected[i].source, "node w0's loaded") << expected[i].name;
     EXPECT_EQ(expected[i].path, m.a + "/" + expected[i].name);
   }
   s = refs.Admit("w1", m.b, Files(m.b));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("node w1: checkpoint file " + m.b + "/" + CheckpointFiles(m.a)[2] +
-                             " differs from node w0's copy " + m.a + "/"),
+                             " differs from node w0's loaded copy " + m.a + "/"),
             std::string::npos)
       << s.message();
   EXPECT_TRUE(refs.Admit("w1", m.a, Files(m.a)).ok());
@@ -132,7 +132,7 @@ TEST(CheckpointRefs, ANewCoordinatorCopyDoesNotLetANodeJoinOthersOnTheOldOne) {
     fs::copy_file(f.path(), c + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
   Status s = refs.Admit("w0", m.b, Files(m.b));   // w0 restarted on the new files
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("differs from node w1's copy " + m.a + "/"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("differs from node w1's loaded copy " + m.a + "/"), std::string::npos) << s.message();
   ASSERT_TRUE(refs.Admit("w1", m.b, Files(m.b)).ok());   // w1 restarted on them too (w0 refused)
   EXPECT_TRUE(refs.Admit("w0", m.b, Files(m.b)).ok());
 }
@@ -155,9 +155,10 @@ TEST(CheckpointRefs, ACopyThatKeepsSizeAndMtimeIsStillSeen) {
   EXPECT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
 }
 
-// A group load whose other member failed keeps a node's entry (its files were not shown to
-// differ); a refusal for its checkpoint drops it.
-TEST(CheckpointRefs, ARefusalDropsANodesEntryAnotherFailureKeepsIt) {
+// A node's entry is what it holds loaded: asking for references keeps it; a failed load or a
+// restart (Forget) drops it, so a node whose files were fixed is not refused against its own
+// old load through another node (an NCCL group loads all members together).
+TEST(CheckpointRefs, ForgettingANodeDropsItsEntry) {
   TwoSeeds m;
   CheckpointRefs refs(ConfigOnly(m.a, "refs_refused"));
   ASSERT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
@@ -165,10 +166,25 @@ TEST(CheckpointRefs, ARefusalDropsANodesEntryAnotherFailureKeepsIt) {
   EXPECT_EQ(refs.Expected("w0").size(), 1u);
   EXPECT_EQ(refs.Expected("w1").size(), 1 + files);   // asked again and again: nothing dropped
   EXPECT_EQ(refs.Expected("w1").size(), 1 + files);
-  refs.Refused("w0");
+  refs.Forget("w0");
   EXPECT_EQ(refs.Expected("w1").size(), 1u);
   EXPECT_TRUE(refs.Admit("w1", m.b, Files(m.b)).ok());  // with w0 gone, w1's copy is the reference
   EXPECT_FALSE(refs.Admit("w0", m.a, Files(m.a)).ok());
+}
+
+// Shards copied into the coordinator's directory after it started (the index already there)
+// are references from the next load on.
+TEST(CheckpointRefs, ShardsAddedLaterToTheCoordinatorsCopyAreSeen) {
+  TwoSeeds m;
+  const std::string c = testing_ck::TempDir("refs_added");
+  fs::create_directories(c);
+  for (const char* f : {"config.json", "model.safetensors.index.json"})
+    fs::copy_file(m.a + std::string("/") + f, c + "/" + f);
+  CheckpointRefs refs(c);
+  ASSERT_EQ(refs.Expected("w0").size(), 2u);
+  for (const std::string& f : CheckpointFiles(m.a)) fs::copy_file(m.a + "/" + f, c + "/" + f, fs::copy_options::skip_existing);
+  EXPECT_EQ(refs.Expected("w0").size(), CheckpointFiles(m.a).size());
+  EXPECT_FALSE(refs.Admit("w0", m.b, Files(m.b)).ok());
 }
 
 TEST(CheckpointRefs, NoModelDirectoryNoReferences) {
