@@ -24,6 +24,32 @@ std::string OtherSmallModel(const TempDir& dir) {
   return p;
 }
 
+// A coordinator's model directory holding config.json and the tokenizer only.
+std::string CoordinatorCopyWithoutWeights(const TempDir& dir) {
+  const std::string p = dir.path() + "/coordinator";
+  fs::create_directories(p);
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(SmallModel() + "/" + f, p + "/" + f);
+  return p;
+}
+
+// Puts the small preset's files over those in `dir` (the operator's fix).
+void CopySmallModelOver(const std::string& dir) {
+  for (const auto& f : fs::directory_iterator(SmallModel()))
+    fs::copy_file(f.path(), dir + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
+}
+
+// `got` (a cluster's generation of TokensRequest({20, 21, 22}, 6)) has the single process's tokens.
+void ExpectSingleProcessTokens(const Generation& got) {
+  Server single;
+  ASSERT_TRUE(WaitHealthy(single.api(), 60s)) << single.process()->Log();
+  auto stub = Connect(single.api());
+  const Generation want = Generate(stub.get(), TokensRequest({20, 21, 22}, 6));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_EQ(got.logprobs, want.logprobs);
+}
+
 TEST(SameCheckpoint, AWorkerWithAnotherCheckpointIsRefusedBeforeItLoadsAndServesOnceItHasTheSame) {
   TempDir dir;
   const std::string other = OtherSmallModel(dir);
@@ -59,18 +85,11 @@ TEST(SameCheckpoint, AWorkerWithAnotherCheckpointIsRefusedBeforeItLoadsAndServes
 
   // The operator copies the right files over; the next load (after its backoff, <= 8 s) reads
   // them afresh and the cluster gives the single process's tokens.
-  for (const auto& f : fs::directory_iterator(SmallModel()))
-    fs::copy_file(f.path(), other + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
+  CopySmallModelOver(other);
   ASSERT_TRUE(WaitHealthy(cluster.api(), 30s)) << cluster.Logs();
   const Generation served = Generate(stub.get(), TokensRequest({20, 21, 22}, 6));
   ASSERT_TRUE(served.status.ok()) << served.status.error_message();
-  Server single;
-  ASSERT_TRUE(WaitHealthy(single.api(), 60s)) << single.process()->Log();
-  auto single_stub = Connect(single.api());
-  const Generation want = Generate(single_stub.get(), TokensRequest({20, 21, 22}, 6));
-  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
-  EXPECT_EQ(served.ids, want.ids);
-  EXPECT_EQ(served.logprobs, want.logprobs);
+  ExpectSingleProcessTokens(served);
 }
 
 // A coordinator that holds config.json and the tokenizer only: the first node to load a shard
@@ -78,10 +97,7 @@ TEST(SameCheckpoint, AWorkerWithAnotherCheckpointIsRefusedBeforeItLoadsAndServes
 TEST(SameCheckpoint, WithoutTheCoordinatorsCopyTheFirstNodesCopyIsTheReference) {
   TempDir dir;
   const std::string other = OtherSmallModel(dir);
-  const std::string coordinator_copy = dir.path() + "/coordinator";
-  fs::create_directories(coordinator_copy);
-  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
-    fs::copy_file(SmallModel() + "/" + f, coordinator_copy + "/" + f);
+  const std::string coordinator_copy = CoordinatorCopyWithoutWeights(dir);
   ClusterSpec spec;
   spec.stages = 2;
   Cluster cluster(spec);
@@ -115,10 +131,7 @@ TEST(SameCheckpoint, WithoutTheCoordinatorsCopyTheFirstNodesCopyIsTheReference) 
 TEST(SameCheckpoint, ANodeIsNoReferenceForItsOwnNextLoad) {
   TempDir dir;
   const std::string wrong = OtherSmallModel(dir);
-  const std::string coordinator_copy = dir.path() + "/coordinator";
-  fs::create_directories(coordinator_copy);
-  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
-    fs::copy_file(SmallModel() + "/" + f, coordinator_copy + "/" + f);
+  const std::string coordinator_copy = CoordinatorCopyWithoutWeights(dir);
   ClusterSpec spec;
   spec.stages = 2;
   Cluster cluster(spec);
@@ -137,18 +150,12 @@ TEST(SameCheckpoint, ANodeIsNoReferenceForItsOwnNextLoad) {
       << err << "\n" << cluster.Logs();
 
   cluster.KillWorker(0, SIGKILL);
-  for (const auto& f : fs::directory_iterator(SmallModel()))
-    fs::copy_file(f.path(), wrong + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
+  CopySmallModelOver(wrong);
   cluster.StartWorker(0, {"--model", wrong});
   ASSERT_TRUE(WaitHealthy(cluster.api(), 30s)) << Status(stub.get()).DebugString() << cluster.Logs();
   const Generation g = Generate(stub.get(), TokensRequest({20, 21, 22}, 6));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-  Server single;
-  ASSERT_TRUE(WaitHealthy(single.api(), 60s)) << single.process()->Log();
-  auto single_stub = Connect(single.api());
-  const Generation want = Generate(single_stub.get(), TokensRequest({20, 21, 22}, 6));
-  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
-  EXPECT_EQ(g.ids, want.ids);
+  ExpectSingleProcessTokens(g);
 }
 
 }  // namespace

@@ -37,6 +37,12 @@ std::string ConfigOnly(const std::string& from, const std::string& name) {
   return d;
 }
 
+// Every file of `from` written over its namesake in `to` (an operator's copy).
+void CopyOver(const std::string& from, const std::string& to) {
+  for (const auto& f : fs::directory_iterator(from))
+    fs::copy_file(f.path(), to + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
+}
+
 TEST(CheckpointRefs, TheCoordinatorsCopyIsTheReference) {
   TwoSeeds m;
   CheckpointRefs refs(m.a);
@@ -69,8 +75,7 @@ TEST(CheckpointRefs, TheCoordinatorsCopyIsReadAgainWhenItChanges) {
   CheckpointRefs refs(c);
   EXPECT_FALSE(refs.Admit("w0", m.a, Files(m.a)).ok());
   // The operator puts the right files there: the next load compares with them.
-  for (const auto& f : fs::directory_iterator(m.a))
-    fs::copy_file(f.path(), c + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
+  CopyOver(m.a, c);
   EXPECT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
 }
 
@@ -128,8 +133,7 @@ TEST(CheckpointRefs, ANewCoordinatorCopyDoesNotLetANodeJoinOthersOnTheOldOne) {
   CheckpointRefs refs(c);
   ASSERT_TRUE(refs.Admit("w0", m.a, Files(m.a)).ok());
   ASSERT_TRUE(refs.Admit("w1", m.a, Files(m.a)).ok());
-  for (const auto& f : fs::directory_iterator(m.b))
-    fs::copy_file(f.path(), c + "/" + f.path().filename().string(), fs::copy_options::overwrite_existing);
+  CopyOver(m.b, c);
   Status s = refs.Admit("w0", m.b, Files(m.b));   // w0 restarted on the new files
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("differs from node w1's loaded copy " + m.a + "/"), std::string::npos) << s.message();
