@@ -94,6 +94,7 @@ Status CheckpointRefs::Admit(const std::string& node, const std::string& dir,
   }
   for (FileFingerprint& f : files) {
     f.source = "node " + node + "'s loaded";
+    f.holder = node;
     f.path = dir.empty() ? "" : dir + "/" + f.name;
   }
   admitted_[node] = std::move(files);

@@ -269,6 +269,7 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
     e->set_crc32c(f.crc32c);
     e->set_source(f.source);
     e->set_path(f.path);
+    e->set_holder(f.holder);
   }
   flashmesh::v1::LoadShardResponse lresp;
   grpc::ClientContext lctx;
@@ -286,7 +287,7 @@ void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {
   }
   if (ls.ok()) {
     std::vector<FileFingerprint> files;
-    for (const auto& f : lresp.files()) files.push_back({f.name(), f.size(), f.crc32c(), "", ""});
+    for (const auto& f : lresp.files()) files.push_back({f.name(), f.size(), f.crc32c(), "", "", ""});
     if (Status same = checkpoint_.Admit(node->name(), lresp.model_dir(), std::move(files)); !same.ok()) {
       FailLoad(node, "LoadShard refused", same.message());
       return;

@@ -96,6 +96,14 @@ std::string CopyOf(const FileFingerprint& ref) {
          (ref.path.empty() ? "" : " " + ref.path);
 }
 
+// A node's loaded copy stays the reference until that node loads again: fixing its files is
+// not enough.
+std::string RestartHint(const FileFingerprint& ref) {
+  if (ref.holder.empty()) return "";
+  return " (if " + ref.holder + "'s is the wrong one, fix its files and restart " + ref.holder +
+         ": it keeps the copy it loaded)";
+}
+
 }  // namespace
 
 Status MatchFingerprints(const std::vector<FileFingerprint>& mine, const std::string& dir,
@@ -106,7 +114,7 @@ Status MatchFingerprints(const std::vector<FileFingerprint>& mine, const std::st
       if (e.name != m.name || (e.size == m.size && e.crc32c == m.crc32c)) continue;
       return InvalidArgument("checkpoint file " + here + m.name + " differs from " + CopyOf(e) +
                              " (here " + DescribeFingerprint(m) + "; there " + DescribeFingerprint(e) +
-                             "): every node must load the same checkpoint");
+                             "): every node must load the same checkpoint" + RestartHint(e));
     }
   }
   const FileFingerprint* ref = nullptr;
@@ -119,7 +127,8 @@ Status MatchFingerprints(const std::vector<FileFingerprint>& mine, const std::st
     };
     return InvalidArgument("the checkpoint in " + (dir.empty() ? std::string("this node's model directory") : dir) +
                            " is laid out otherwise than " + CopyOf(*ref) + " (here " + layout(have) +
-                           "; there " + layout(want) + "): every node must load the same checkpoint files");
+                           "; there " + layout(want) + "): every node must load the same checkpoint files" +
+                           RestartHint(*ref));
   }
   return Status::Ok();
 }

@@ -20,9 +20,10 @@ struct FileFingerprint {
   // kFingerprintChunks chunks of kFingerprintChunk bytes spread evenly, the first at offset 0
   // and the last ending at the end of the file.
   uint32_t crc32c = 0;
-  // For messages about a reference: whose copy ("the coordinator's", "node w0's") and where it
-  // is on that machine ("/models/v4/config.json"; may be empty).
-  std::string source, path;
+  // For messages about a reference: whose copy ("the coordinator's", "node w0's loaded"), where
+  // it is on that machine ("/models/v4/config.json"; may be empty), and the node that holds it
+  // loaded (empty for the coordinator's copy): if that one is wrong, it must be restarted.
+  std::string source, path, holder;
 };
 
 inline constexpr uint64_t kFingerprintChunk = 64 << 10;

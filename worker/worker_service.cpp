@@ -173,7 +173,8 @@ grpc::Status WorkerService::LoadShard(grpc::ServerContext* ctx, const flashmesh:
   std::vector<FileFingerprint> expected;
   // source and path only go into the message: capped, however long the coordinator sent them.
   for (const auto& e : req->expect_files())
-    expected.push_back({e.name(), e.size(), e.crc32c(), e.source().substr(0, 256), e.path().substr(0, 1024)});
+    expected.push_back({e.name(), e.size(), e.crc32c(), e.source().substr(0, 256), e.path().substr(0, 1024),
+                        e.holder().substr(0, 256)});
   if (Status same = MatchFingerprints(*files, p.model_dir, expected); !same.ok()) {
     FM_LOG(kError, "worker") << node_ << ": refused to load: " << same.message();
     return WorkerError(ctx, same.Wrap("node " + node_));

@@ -148,6 +148,9 @@ TEST(SameCheckpoint, ANodeIsNoReferenceForItsOwnNextLoad) {
                      "from node w0's loaded copy " + wrong + "/model-00001-of-00003.safetensors (here "),
             std::string::npos)
       << err << "\n" << cluster.Logs();
+  EXPECT_NE(err.find("(if w0's is the wrong one, fix its files and restart w0: it keeps the copy it loaded)"),
+            std::string::npos)
+      << err;
 
   cluster.KillWorker(0, SIGKILL);
   CopySmallModelOver(wrong);

@@ -100,10 +100,10 @@ TEST(FingerprintFile, ALargeFileIsSampledAtSixteenEvenlySpreadChunks) {
 }
 
 TEST(MatchFingerprints, NamesTheFileAndBothCopies) {
-  const FileFingerprint mine{"model-00002-of-00003.safetensors", 14168812, 0x1a2b3c4d, "", ""};
+  const FileFingerprint mine{"model-00002-of-00003.safetensors", 14168812, 0x1a2b3c4d, "", "", ""};
   const FileFingerprint same{"model-00002-of-00003.safetensors", 14168812, 0x1a2b3c4d, "the coordinator's",
-                             "/c/model-00002-of-00003.safetensors"};
-  const FileFingerprint config{"config.json", 1371, 0x11111111, "the coordinator's", "/c/config.json"};
+                             "/c/model-00002-of-00003.safetensors", ""};
+  const FileFingerprint config{"config.json", 1371, 0x11111111, "the coordinator's", "/c/config.json", ""};
   EXPECT_TRUE(MatchFingerprints({mine}, "/m", {config, same}).ok());
   // A file only one side lists is no error (a coordinator holding config.json alone).
   EXPECT_TRUE(MatchFingerprints({mine}, "/m", {config}).ok());
@@ -120,24 +120,25 @@ TEST(MatchFingerprints, NamesTheFileAndBothCopies) {
             "14168812 bytes, sampled CRC32C 5e6f7a8b): every node must load the same checkpoint");
   other = same;
   other.size = 99;
-  other.source = "node w0's";
+  other.source = "node w0's loaded";
   other.path = "";
+  other.holder = "w0";
   s = MatchFingerprints({mine}, "", {other});
-  EXPECT_NE(s.message().find("checkpoint file model-00002-of-00003.safetensors differs from node w0's copy "
-                             "(here 14168812 bytes, sampled CRC32C 1a2b3c4d; there 99 bytes, CRC32C "
-                             "1a2b3c4d)"),
-            std::string::npos)
-      << s.message();
+  EXPECT_EQ(s.message(),
+            "checkpoint file model-00002-of-00003.safetensors differs from node w0's loaded copy "
+            "(here 14168812 bytes, sampled CRC32C 1a2b3c4d; there 99 bytes, CRC32C 1a2b3c4d): every node "
+            "must load the same checkpoint (if w0's is the wrong one, fix its files and restart w0: it "
+            "keeps the copy it loaded)");
 }
 
 // The same file names compared alone would let a checkpoint in one model.safetensors pass beside
 // an index and its shards (only config.json in common): another layout is refused.
 TEST(MatchFingerprints, AnotherLayoutIsRefused) {
-  const FileFingerprint config{"config.json", 1371, 0x11111111, "", ""};
+  const FileFingerprint config{"config.json", 1371, 0x11111111, "", "", ""};
   const FileFingerprint index{"model.safetensors.index.json", 149824, 0x22222222, "the coordinator's",
-                              "/c/model.safetensors.index.json"};
-  const FileFingerprint shard{"model-00001-of-00003.safetensors", 14069642, 0x33333333, "", ""};
-  const FileFingerprint single{"model.safetensors", 42000000, 0x44444444, "node w0's", "/w0/model.safetensors"};
+                              "/c/model.safetensors.index.json", ""};
+  const FileFingerprint shard{"model-00001-of-00003.safetensors", 14069642, 0x33333333, "", "", ""};
+  const FileFingerprint single{"model.safetensors", 42000000, 0x44444444, "node w0's loaded", "/w0/model.safetensors", "w0"};
   Status s = MatchFingerprints({config, single}, "/m", {config, index, shard});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(),
@@ -147,8 +148,9 @@ TEST(MatchFingerprints, AnotherLayoutIsRefused) {
   s = MatchFingerprints({config, index, shard}, "", {config, single});
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("the checkpoint in this node's model directory is laid out otherwise than "
-                             "node w0's copy /w0/model.safetensors (here model.safetensors.index.json and "
-                             "the shards it names; there model.safetensors)"),
+                             "node w0's loaded copy /w0/model.safetensors (here model.safetensors.index.json and "
+                             "the shards it names; there model.safetensors): every node must load the same "
+                             "checkpoint files (if w0's is the wrong one, fix its files and restart w0"),
             std::string::npos)
       << s.message();
   s = MatchFingerprints({config}, "/m", {config, single});

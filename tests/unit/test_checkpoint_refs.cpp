@@ -98,8 +98,10 @@ TEST(CheckpointRefs, AFileTheCoordinatorLacksTakesAnAdmittedOtherNodesCopy) {
   const std::vector<FileFingerprint> expected = refs.Expected("w1");
   ASSERT_EQ(expected.size(), 1 + CheckpointFiles(m.a).size());   // config.json twice
   EXPECT_EQ(expected[0].source, "the coordinator's");
+  EXPECT_EQ(expected[0].holder, "");
   for (size_t i = 1; i < expected.size(); ++i) {
     EXPECT_EQ(expected[i].source, "node w0's loaded") << expected[i].name;
+    EXPECT_EQ(expected[i].holder, "w0") << expected[i].name;
     EXPECT_EQ(expected[i].path, m.a + "/" + expected[i].name);
   }
   s = refs.Admit("w1", m.b, Files(m.b));
