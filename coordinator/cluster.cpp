@@ -416,6 +416,8 @@ void Cluster::Heartbeat(NodeHandle* node) {
     ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout);
     grpc::Status s = node->stub()->Health(&ctx, req, &resp);
     auto now = std::chrono::steady_clock::now();
+    // A group load ran when this was asked, or began since: the answer predates its end.
+    auto predates_group_load = [&] { return group && (seen % 2 == 1 || group->generation != seen); };
     if (s.ok()) {
       {
         std::lock_guard<std::mutex> lock(node->mu_);
@@ -433,8 +435,8 @@ void Cluster::Heartbeat(NodeHandle* node) {
         // refused for its checkpoint): load ours, no sooner than the backoff after a failed load.
         // Whatever it loaded before is no reference for the other nodes' loads meanwhile (unless
         // the answer predates the end of a group load, which may have admitted it since).
-        const bool stale = group && (seen % 2 == 1 || group->generation != seen);
-        if ((!resp.loaded() || resp.epoch() != epoch_) && !stale) checkpoint_.Forget(node->name());
+        if ((!resp.loaded() || resp.epoch() != epoch_) && !predates_group_load())
+          checkpoint_.Forget(node->name());
         if (resp.loaded() && resp.epoch() == epoch_ && accepted) {
           FM_LOG(kWarn, "coordinator") << "node " << node->name() << " holds another shard than the plan's: reloading";
         }
@@ -450,8 +452,8 @@ void Cluster::Heartbeat(NodeHandle* node) {
             LoadNode(node, node->spec());
           }
         }
-      } else if (group && (seen % 2 == 1 || group->generation != seen)) {
-        // A group load ran when this was asked, or began since: the answer predates its end.
+      } else if (predates_group_load()) {
+        // Not marked UP on an answer older than the group's load.
       } else {
         SetState(node, resp.draining() ? flashmesh::v1::NODE_STATE_DRAINING : flashmesh::v1::NODE_STATE_UP, "");
         if (held_listener_)

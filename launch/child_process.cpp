@@ -124,17 +124,22 @@ int EphemeralLow() {
   return low;
 }
 
-// Whether 127.0.0.1:port can be bound now.
-bool Bindable(int port) {
+// Binds a TCP socket to 127.0.0.1:port (0: a port the kernel picks) and closes it again: the
+// port that was bound, or -1 when none could be (errno says why).
+int BindLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
+  if (fd < 0) return -1;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  socklen_t len = sizeof addr;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int saved = errno;
   close(fd);
-  return ok;
+  errno = saved;
+  return ok ? ntohs(addr.sin_port) : -1;
 }
 
 // Holds `port` for this process's lifetime against other processes that pick ports here (the
@@ -170,24 +175,16 @@ Result<int> FreeLoopbackPort() {
     std::uniform_int_distribution<int> pick(first, low - 1);
     for (int tries = 0; tries < 1000; ++tries) {
       const int port = pick(rng);
-      if (handed_out.count(port) || !Bindable(port) || !Reserve(port)) continue;
+      if (handed_out.count(port) || BindLoopback(port) != port || !Reserve(port)) continue;
       handed_out.insert(port);
       return port;
     }
   }
   // No room below the ephemeral range: a port the kernel picks.
   for (int tries = 0; tries < 1000; ++tries) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Internal("FreeLoopbackPort: socket failed");
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-    close(fd);
-    if (!ok) return Internal("FreeLoopbackPort: no free loopback port");
-    const int port = ntohs(addr.sin_port);
+    const int port = BindLoopback(0);
+    if (port < 0)
+      return Internal(std::string("FreeLoopbackPort: no free loopback port: ") + std::strerror(errno));
     if (handed_out.count(port) || !Reserve(port)) continue;
     handed_out.insert(port);
     return port;
