@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "common/utf8.h"
+#include "model/sampler.h"
 #include "rpc/grpc_status.h"
 
 namespace fm {
@@ -175,6 +176,9 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
       return InvalidArgument("sampling.top_p: " + std::to_string(s.top_p()) + " outside (0, 1]");
     if (s.top_k() < 0) return InvalidArgument("sampling.top_k: " + std::to_string(s.top_k()) + " is negative");
   }
+  if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs)
+    return InvalidArgument("sampling.top_logprobs: " + std::to_string(s.top_logprobs()) + " outside [0, " +
+                           std::to_string(kMaxTopLogprobs) + "]");
   if (req.stop_size() > kMaxStopStrings)
     return InvalidArgument("stop: " + std::to_string(req.stop_size()) + " strings (at most " +
                            std::to_string(kMaxStopStrings) + ")");
@@ -190,6 +194,7 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
   p.sampling.set_temperature(greedy ? 0.f : s.temperature());
   p.sampling.set_top_p(!greedy && s.has_top_p() ? s.top_p() : 1.f);
   p.sampling.set_top_k(greedy ? 0 : s.top_k());
+  p.sampling.set_top_logprobs(s.top_logprobs());
   if (s.has_seed()) {
     p.sampling.set_seed(s.seed());
   } else {

@@ -43,14 +43,11 @@ size_t Releasable(const std::string& text, size_t hold, size_t sent) {
   return std::max(n, sent);
 }
 
-// The logprobs entry of one token: chat's {token, logprob, bytes, top_logprobs} (the chosen
-// token is the only alternative the workers report) or completions' parallel arrays.
-Json ChatLogprob(const std::string& token, float logprob, int64_t top) {
+// Chat's {token, logprob, bytes} of one token (chosen or alternative).
+Json LogprobEntry(const std::string& token, float logprob) {
   Json bytes = Json::array();
   for (unsigned char c : token) bytes.push_back(c);
-  Json e = {{"token", token}, {"logprob", logprob}, {"bytes", bytes}, {"top_logprobs", Json::array()}};
-  if (top > 0) e["top_logprobs"].push_back({{"token", token}, {"logprob", logprob}, {"bytes", bytes}});
-  return e;
+  return {{"token", token}, {"logprob", logprob}, {"bytes", bytes}};
 }
 
 // Completions' logprobs of the tokens `entries` (ChatLogprob's), each starting at its offset in
@@ -60,7 +57,11 @@ Json CompletionLogprobs(const Json& entries, const Json& offsets) {
   for (const auto& e : entries) {
     tokens.push_back(e["token"]);
     lps.push_back(e["logprob"]);
-    tops.push_back(Json{{e["token"].get<std::string>(), e["logprob"]}});
+    // OpenAI's {token: logprob} of the alternatives and the chosen token ("up to logprobs + 1").
+    Json top = Json::object();
+    for (const auto& alt : e["top_logprobs"]) top[alt["token"].get<std::string>()] = alt["logprob"];
+    top[e["token"].get<std::string>()] = e["logprob"];
+    tops.push_back(std::move(top));
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -173,6 +174,7 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
   // (the top candidate only) where the cast would make it 0, an error about another field.
   s->set_top_p(std::max(static_cast<float>(r.top_p), std::numeric_limits<float>::min()));
   s->set_top_k(static_cast<int32_t>(r.top_k));
+  if (r.logprobs) s->set_top_logprobs(static_cast<int32_t>(r.top_logprobs));
   if (r.seed) {
     s->set_seed(*r.seed);
     s->set_has_seed(true);
@@ -236,8 +238,12 @@ uint64_t HttpApi::RandomIdPrefix() {
 void HttpApi::AddToken(Job* job, const flashmesh::v1::TokenEvent& token) const {
   job->meter.Token();
   if (job->req.logprobs) {
-    job->logprobs.push_back(ChatLogprob(TokenString(token.id(), token.text()), token.logprob(),
-                                        job->req.top_logprobs));
+    Json e = LogprobEntry(TokenString(token.id(), token.text()), token.logprob());
+    Json alts = Json::array();
+    for (const auto& alt : token.top_logprobs())
+      alts.push_back(LogprobEntry(TokenString(alt.id(), alt.token()), alt.logprob()));
+    e["top_logprobs"] = std::move(alts);
+    job->logprobs.push_back(std::move(e));
     job->offsets.push_back(job->text.size());
   }
   job->text += token.text();

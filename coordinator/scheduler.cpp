@@ -549,7 +549,7 @@ void Scheduler::Complete(StepCall* call) {
       if (r->in_flight == 0) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
       continue;
     }
-    ApplyToken(r, t.id(), t.logprob());
+    ApplyToken(r, t);
   }
   // A prompt chunk's sequence is ready for its next chunk.
   for (uint64_t id : call->chunk_ids) {
@@ -561,7 +561,8 @@ void Scheduler::Complete(StepCall* call) {
   }
 }
 
-void Scheduler::ApplyToken(Request* r, int32_t id, float logprob) {
+void Scheduler::ApplyToken(Request* r, const flashmesh::v1::SampledToken& t) {
+  const int32_t id = t.id();
   ++r->generated;
   const bool eos = tokenizer_ && id == tokenizer_->eos_id() && !r->params.ignore_eos;
   const int64_t context = static_cast<int64_t>(r->params.prompt.size()) + r->generated;
@@ -569,7 +570,19 @@ void Scheduler::ApplyToken(Request* r, int32_t id, float logprob) {
   RequestStream::Event ev;
   ev.kind = RequestStream::Event::kToken;
   ev.token.set_id(id);
-  ev.token.set_logprob(logprob);
+  ev.token.set_logprob(t.logprob());
+  // No more than the request asked for, whatever a worker sent.
+  const int alts = std::min(t.top_size(), std::max(r->params.sampling.top_logprobs(), 0));
+  for (int i = 0; i < alts; ++i) {
+    const auto& alt = t.top(i);
+    auto* a = ev.token.add_top_logprobs();
+    a->set_id(alt.id());
+    a->set_logprob(alt.logprob());
+    if (tokenizer_) {
+      auto bytes = tokenizer_->TokenBytes(alt.id());
+      if (bytes.ok()) a->set_token(*bytes);
+    }
+  }
   size_t scan_from = r->text.size();
   if (r->decoder) {
     auto piece = r->decoder->Push(id);

@@ -182,7 +182,7 @@ class Scheduler {
                   flashmesh::v1::StepBatchResponse resp, double seconds);
   void Complete(StepCall* call);
   Status Attribute(const StepCall& call);
-  void ApplyToken(Request* r, int32_t id, float logprob);
+  void ApplyToken(Request* r, const flashmesh::v1::SampledToken& t);
   void Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string);
   void End(Request* r, Status why);   // by value: `why` is often r's own start_error
   // Ends every live request with `why` and resets every worker; failed_step_deadline: the

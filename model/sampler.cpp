@@ -17,6 +17,17 @@ uint64_t SplitMix64(uint64_t* x) {
 
 uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
+// The first m of ids [0, n) in the order `before` (m <= n, n > 0), sorted.
+template <class Before>
+std::vector<int32_t> TopIds(int64_t n, int64_t m, const Before& before) {
+  std::vector<int32_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0);
+  m = std::min(m, n);
+  std::partial_sort(ids.begin(), ids.begin() + m, ids.end(), before);
+  ids.resize(m);
+  return ids;
+}
+
 }  // namespace
 
 Rng::Rng(uint64_t seed) {
@@ -45,6 +56,9 @@ Status ValidateSamplerConfig(const SamplerConfig& cfg) {
     return InvalidArgument("top_p: " + std::to_string(cfg.top_p) + " (must be in (0, 1])");
   if (cfg.top_k < 0)
     return InvalidArgument("top_k: " + std::to_string(cfg.top_k) + " (must be >= 0; 0 = off)");
+  if (cfg.top_logprobs < 0 || cfg.top_logprobs > kMaxTopLogprobs)
+    return InvalidArgument("top_logprobs: " + std::to_string(cfg.top_logprobs) + " (must be in [0, " +
+                           std::to_string(kMaxTopLogprobs) + "])");
   return Status::Ok();
 }
 
@@ -68,10 +82,23 @@ Result<SampledToken> Sampler::SampleWith(std::span<const float> logits, double u
   if (best < 0) return InvalidArgument("logits: no finite value among " + std::to_string(n));
   if (logits[best] == INFINITY) return InvalidArgument("logits[" + std::to_string(best) + "] is +inf");
 
+  auto before = [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
   if (is_greedy()) {
     double sum = 0.0;  // log_softmax in id order, max subtracted
     for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - logits[best]);
-    return SampledToken{static_cast<int32_t>(best), static_cast<float>(-std::log(sum))};
+    const double log_sum = std::log(sum);
+    SampledToken out{static_cast<int32_t>(best), static_cast<float>(-log_sum), {}};
+    if (cfg_.top_logprobs > 0) {
+      // log_softmax(l)[i] = (l_i - l_max) - log(sum): for i = best exactly the logprob above.
+      std::vector<int32_t> ids = TopIds(n, cfg_.top_logprobs, before);
+      for (int32_t id : ids) {
+        const double lp = (static_cast<double>(logits[id]) - logits[best]) - log_sum;
+        if (std::exp(lp) > 0.0) out.top.push_back({id, static_cast<float>(lp)});
+      }
+    }
+    return out;
   }
 
   const double inv_t = 1.0 / static_cast<double>(cfg_.temperature);
@@ -81,9 +108,6 @@ Result<SampledToken> Sampler::SampleWith(std::span<const float> logits, double u
   // of the total order "larger logit first, lower id among equal logits".
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  auto before = [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  };
   int64_t keep = n;
   double total = 0.0;
   if (cfg_.top_k > 0 && cfg_.top_k < n) {
@@ -123,7 +147,16 @@ Result<SampledToken> Sampler::SampleWith(std::span<const float> logits, double u
       break;
     }
   }
-  return SampledToken{order[pick], static_cast<float>(std::log(weight(order[pick]) / total))};
+  auto logprob = [&](int32_t id) { return static_cast<float>(std::log(weight(id) / total)); };
+  SampledToken out{order[pick], logprob(order[pick]), {}};
+  if (cfg_.top_logprobs > 0) {
+    // The kept set is sorted when top-k or top-p truncated it; else it is every id in id order.
+    const int64_t m = std::min<int64_t>(keep, cfg_.top_logprobs);
+    if (keep == n) std::partial_sort(order.begin(), order.begin() + m, order.end(), before);
+    for (int64_t j = 0; j < m; ++j)
+      if (weight(order[j]) > 0.0) out.top.push_back({order[j], logprob(order[j])});
+  }
+  return out;
 }
 
 }  // namespace fm

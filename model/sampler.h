@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -16,9 +17,14 @@ struct SamplerConfig {
   int32_t top_k = 0;         // 0 = no top-k; else keep the k largest logits
   float top_p = 1.0f;        // (0, 1]: keep the smallest prefix of probability >= top_p
   uint64_t seed = 0;
+  int32_t top_logprobs = 0;  // [0, kMaxTopLogprobs]: alternatives reported with each token
 };
 
-// InvalidArgument naming the field: temperature < 0 (or NaN), top_p outside (0, 1], top_k < 0.
+// OpenAI's bound on top_logprobs (and on completions' logprobs).
+constexpr int32_t kMaxTopLogprobs = 20;
+
+// InvalidArgument naming the field: temperature < 0 (or NaN), top_p outside (0, 1], top_k < 0,
+// top_logprobs outside [0, kMaxTopLogprobs].
 Status ValidateSamplerConfig(const SamplerConfig& cfg);
 
 // splitmix64-seeded xoshiro256** (Blackman & Vigna): fixed, portable sequence per seed.
@@ -31,11 +37,22 @@ class Rng {
   uint64_t s_[4];
 };
 
+struct TokenLogprob {
+  int32_t id = -1;
+  float logprob = 0.0f;
+  bool operator==(const TokenLogprob&) const = default;
+};
+
 struct SampledToken {
   int32_t id = -1;
   // Log-probability of `id` under the distribution it was drawn from: softmax(logits / T)
   // restricted to the top-k/top-p set and renormalized; for greedy, log_softmax(logits)[id].
   float logprob = 0.0f;
+  // The config's top_logprobs most likely tokens under that same distribution, most likely
+  // first (equal logits: lower id first), each with its logprob computed as `logprob` is (so
+  // the chosen token's entry, when it is among them, has its bits). Tokens of probability 0
+  // (outside the top-k/top-p set) are left out, so there can be fewer.
+  std::vector<TokenLogprob> top;
 };
 
 class Sampler {

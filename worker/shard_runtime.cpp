@@ -379,7 +379,8 @@ Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> s
                       model_->SampleNext(last, B, samplers));
   std::vector<SampledId> out;
   out.reserve(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) out.push_back({ids[i], picked[i].id, picked[i].logprob});
+  for (size_t i = 0; i < ids.size(); ++i)
+    out.push_back({ids[i], picked[i].id, picked[i].logprob, std::move(picked[i].top)});
   return out;
 }
 

@@ -69,6 +69,7 @@ struct SampledId {
   uint64_t seq_id = 0;
   int32_t id = 0;
   float logprob = 0.f;
+  std::vector<TokenLogprob> top;   // the sequence's top_logprobs alternatives (SampledToken)
 };
 
 // A device shard's host<->device copies of its steps (common/device_transfers.h; the one-time

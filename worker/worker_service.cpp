@@ -363,6 +363,7 @@ grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
   sp.top_p = s.top_p();
   sp.top_k = s.top_k();
   sp.seed = s.seed();
+  sp.top_logprobs = s.top_logprobs();
   Status st = runtime_.StartSequence(req->seq_id(), req->max_context(), sp);
   if (!st.ok()) return WorkerError(ctx, st.Wrap("node " + node_));
   resp->set_kv_bytes(runtime_.kv_bytes());
@@ -423,6 +424,11 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
     out->set_seq_id(t.seq_id);
     out->set_id(t.id);
     out->set_logprob(t.logprob);
+    for (const TokenLogprob& alt : t.top) {
+      auto* a = out->add_top();
+      a->set_id(alt.id);
+      a->set_logprob(alt.logprob);
+    }
   }
   return grpc::Status::OK;
 }

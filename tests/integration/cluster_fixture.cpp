@@ -273,6 +273,8 @@ Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::G
     if (resp.has_token()) {
       g.ids.push_back(resp.token().id());
       g.logprobs.push_back(resp.token().logprob());
+      g.top.emplace_back();
+      for (const auto& alt : resp.token().top_logprobs()) g.top.back().emplace_back(alt.id(), alt.logprob());
       g.text += resp.token().text();
       g.pieces.push_back(resp.token().text());
     } else if (resp.has_finish()) {
@@ -372,6 +374,7 @@ void ExpectClusterEqualsSingle(const ClusterSpec& spec,
     ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message() << cluster.Logs();
     EXPECT_EQ(got[i].ids, want[i].ids) << "request " << i;
     EXPECT_EQ(got[i].logprobs, want[i].logprobs) << "request " << i;
+    EXPECT_EQ(got[i].top, want[i].top) << "request " << i;
     EXPECT_EQ(got[i].ids.size(), tokens);
   }
   auto stub = Connect(cluster.api());

@@ -129,6 +129,7 @@ struct Generation {
   grpc::Status status;
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top;   // each token's top_logprobs (id, logprob)
   std::string text;
   std::vector<std::string> pieces;   // text of each token (whole UTF-8 characters)
   flashmesh::v1::Finish finish;

@@ -71,6 +71,13 @@ TEST_F(ApiTest, BadInputsAreInvalidArgumentNamingTheField) {
     bad_p.mutable_sampling()->set_top_p(p);
     ExpectError(Generate(stub.get(), bad_p), grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p");
   }
+  for (int n : {-1, 21}) {   // greedy too: alternatives are asked for either way
+    auto bad_top = TokensRequest({5, 6}, 4);
+    bad_top.mutable_sampling()->set_greedy(true);
+    bad_top.mutable_sampling()->set_top_logprobs(n);
+    ExpectError(Generate(stub.get(), bad_top), grpc::StatusCode::INVALID_ARGUMENT,
+                "sampling.top_logprobs: " + std::to_string(n) + " outside [0, 20]");
+  }
   // Malformed UTF-8 in text fields: refused naming the field and the byte (was INTERNAL with
   // no details while the fields were proto strings).
   flashmesh::v1::GenerateRequest bad_text;

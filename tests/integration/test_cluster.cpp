@@ -36,7 +36,23 @@ flashmesh::v1::GenerateRequest SampledRequest(int i) {
   s->set_top_k(40);
   s->set_seed(1000 + i);
   s->set_has_seed(true);
+  s->set_top_logprobs(i % 3);
   return req;
+}
+
+// Each token's alternatives, most likely first, the chosen token's entry with the chosen
+// logprob: greedy gives `n` of them, the chosen token first; sampling 1..n (top-p can keep fewer).
+void ExpectTopLogprobs(const Generation& g, int n, bool greedy, const std::string& what) {
+  ASSERT_EQ(g.top.size(), g.ids.size()) << what;
+  for (size_t t = 0; t < g.ids.size(); ++t) {
+    const auto& top = g.top[t];
+    if (greedy || n == 0) ASSERT_EQ(top.size(), static_cast<size_t>(n)) << what << " token " << t;
+    else ASSERT_TRUE(!top.empty() && top.size() <= static_cast<size_t>(n)) << what << " token " << t;
+    for (size_t j = 1; j < top.size(); ++j) EXPECT_GE(top[j - 1].second, top[j].second) << what;
+    for (const auto& [id, lp] : top)
+      if (id == g.ids[t]) EXPECT_EQ(lp, g.logprobs[t]) << what << " token " << t;
+    if (greedy && n > 0) EXPECT_EQ(top[0].first, g.ids[t]) << what << " token " << t;
+  }
 }
 
 void ExpectSame(const Generation& a, const Generation& b, const std::string& what) {
@@ -44,6 +60,7 @@ void ExpectSame(const Generation& a, const Generation& b, const std::string& wha
   ASSERT_TRUE(b.status.ok()) << what << ": " << b.status.error_message();
   EXPECT_EQ(a.ids, b.ids) << what;
   EXPECT_EQ(a.logprobs, b.logprobs) << what;   // f32 frames: bit-exact
+  EXPECT_EQ(a.top, b.top) << what;
   EXPECT_EQ(a.finish.reason(), b.finish.reason()) << what;
 }
 
@@ -77,8 +94,10 @@ TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
   int sampled_differs = 0;
   for (int i = 0; i < 8; ++i) {
     auto greedy = TokensRequest(Prompt(i), kNewTokens);
+    greedy.mutable_sampling()->set_top_logprobs(i % 2 ? 4 : 0);
     Generation a = Generate(single.get(), greedy), b = Generate(pipe.get(), greedy);
     ExpectSame(a, b, "greedy prompt " + std::to_string(i));
+    ExpectTopLogprobs(a, i % 2 ? 4 : 0, true, "greedy prompt " + std::to_string(i));
     EXPECT_EQ(a.ids.size(), static_cast<size_t>(kNewTokens));
     EXPECT_EQ(a.finish.reason(), flashmesh::v1::FINISH_REASON_LENGTH);
     EXPECT_EQ(a.finish.usage().completion_tokens(), kNewTokens);
@@ -86,6 +105,7 @@ TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
     auto sampled = SampledRequest(i);
     Generation c = Generate(single.get(), sampled);
     ExpectSame(c, Generate(pipe.get(), sampled), "seeded prompt " + std::to_string(i));
+    ExpectTopLogprobs(c, i % 3, false, "seeded prompt " + std::to_string(i));
     sampled_differs += c.ids != a.ids;
   }
   EXPECT_GT(sampled_differs, 0) << "seeded sampling never left the greedy path: not exercised";

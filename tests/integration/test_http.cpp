@@ -113,10 +113,13 @@ Cluster* HttpApiTest::cluster_ = nullptr;
 
 TEST_F(HttpApiTest, ChatCompletionEqualsGrpcGenerate) {
   auto stub = Connect(cluster_->api());
-  Generation want = Generate(stub.get(), GreedyText("hello world", 8));
+  auto req = GreedyText("hello world", 8);
+  req.mutable_sampling()->set_top_logprobs(3);
+  Generation want = Generate(stub.get(), req);
   ASSERT_TRUE(want.status.ok()) << want.status.error_message();
   Json body = ChatBody("hello world", 8);
   body["logprobs"] = true;
+  body["top_logprobs"] = 3;
   body["some_future_field"] = {{"ignored", true}};   // unknown fields are ignored, as OpenAI does
   HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body.dump());
   ASSERT_EQ(r.status, 200) << r.raw;
@@ -135,8 +138,18 @@ TEST_F(HttpApiTest, ChatCompletionEqualsGrpcGenerate) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 8);
   EXPECT_EQ(j["usage"]["total_tokens"], want.finish.usage().prompt_tokens() + 8);
   ASSERT_EQ(c["logprobs"]["content"].size(), 8u);
-  for (size_t i = 0; i < 8; ++i)
-    EXPECT_EQ(static_cast<float>(c["logprobs"]["content"][i]["logprob"].get<double>()), want.logprobs[i]) << i;
+  for (size_t i = 0; i < 8; ++i) {
+    const Json& e = c["logprobs"]["content"][i];
+    EXPECT_EQ(static_cast<float>(e["logprob"].get<double>()), want.logprobs[i]) << i;
+    // The 3 most likely tokens, as gRPC gave them; greedy's first is the chosen one.
+    ASSERT_EQ(e["top_logprobs"].size(), 3u) << e;
+    ASSERT_EQ(want.top[i].size(), 3u);
+    for (size_t j = 0; j < 3; ++j)
+      EXPECT_EQ(static_cast<float>(e["top_logprobs"][j]["logprob"].get<double>()), want.top[i][j].second) << e;
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+    EXPECT_EQ(e["top_logprobs"][0]["bytes"], e["bytes"]);
+    EXPECT_GT(e["top_logprobs"][1]["logprob"].get<double>(), e["top_logprobs"][2]["logprob"].get<double>() - 1e-9);
+  }
 }
 
 TEST_F(HttpApiTest, StreamedChatIsByteExactSse) {
@@ -206,7 +219,7 @@ TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
   Json body = ChatBody("hello world", 5);
   body["stream"] = true;
   body["logprobs"] = true;
-  body["top_logprobs"] = 1;
+  body["top_logprobs"] = 2;
   HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", body.dump());
   ASSERT_EQ(r.status, 200) << r.raw;
   std::vector<Json> events = Events(r.body);
@@ -215,8 +228,9 @@ TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
     const Json& lp = events[1 + i]["choices"][0]["logprobs"]["content"];
     ASSERT_EQ(lp.size(), 1u) << events[1 + i];
     EXPECT_EQ(static_cast<float>(lp[0]["logprob"].get<double>()), want.logprobs[i]);
-    ASSERT_EQ(lp[0]["top_logprobs"].size(), 1u);
+    ASSERT_EQ(lp[0]["top_logprobs"].size(), 2u);
     EXPECT_EQ(lp[0]["top_logprobs"][0]["token"], lp[0]["token"]);
+    EXPECT_LE(lp[0]["top_logprobs"][1]["logprob"].get<double>(), lp[0]["logprob"].get<double>());
   }
 
   Generation ids_want = Generate(stub.get(), TokensRequest({9, 8, 7}, 6));
@@ -244,6 +258,21 @@ TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
   ASSERT_EQ(r.status, 200) << r.raw;
   const Json want_offsets = ParseBody(r)["choices"][0]["logprobs"]["text_offset"];
   ASSERT_EQ(want_offsets.size(), 6u) << r.body;
+  // logprobs N: each token's N most likely, plus the chosen one (OpenAI's "up to N + 1");
+  // greedy's chosen token is the most likely, so 3 entries holding the chosen token's logprob.
+  c["logprobs"] = 3;
+  r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const Json lps = ParseBody(r)["choices"][0]["logprobs"];
+  ASSERT_EQ(lps["top_logprobs"].size(), 6u) << r.body;
+  for (size_t i = 0; i < 6; ++i) {
+    const Json& top = lps["top_logprobs"][i];
+    EXPECT_TRUE(top.size() >= 1 && top.size() <= 3) << top;   // token strings can coincide
+    ASSERT_TRUE(top.contains(lps["tokens"][i].get<std::string>())) << top;
+    EXPECT_EQ(top[lps["tokens"][i].get<std::string>()], lps["token_logprobs"][i]) << top;
+    for (const auto& [token, lp] : top.items()) EXPECT_LE(lp.get<double>(), lps["token_logprobs"][i].get<double>());
+  }
+  c["logprobs"] = 0;
   c["stream"] = true;
   r = HttpCall(port(), "POST", "/v1/completions", c.dump());
   ASSERT_EQ(r.status, 200) << r.raw;

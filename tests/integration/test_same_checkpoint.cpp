@@ -60,7 +60,11 @@ TEST(SameCheckpoint, AWorkerWithAnotherCheckpointIsRefusedBeforeItLoadsAndServes
   cluster.StartWorker(1, {"--model", other});
   cluster.StartCoordinator();
   const std::string err = NodeErrorContaining(cluster.api(), "differs from the coordinator's copy", 30s);
-  EXPECT_NE(err.find("LoadShard failed (1 in a row, next in 500 ms): checkpoint file " + other +
+  // "(1 in a row, next in 500 ms)", or a later try's count when the poll comes late (a loaded
+  // machine): the count is not what this test is about.
+  EXPECT_NE(err.find("LoadShard failed ("), std::string::npos) << err;
+  EXPECT_NE(err.find(" in a row, next in "), std::string::npos) << err;
+  EXPECT_NE(err.find("): checkpoint file " + other +
                      "/model-00001-of-00003.safetensors differs from the coordinator's copy " +
                      SmallModel() + "/model-00001-of-00003.safetensors (here 14"),
             std::string::npos)

@@ -105,6 +105,9 @@ TEST(Sampler, ValidationNamesTheField) {
   EXPECT_NE(err({.top_p = 0.0f}).find("top_p"), std::string::npos);
   EXPECT_NE(err({.top_p = 1.5f}).find("top_p"), std::string::npos);
   EXPECT_NE(err({.top_k = -1}).find("top_k"), std::string::npos);
+  EXPECT_NE(err({.top_logprobs = -1}).find("top_logprobs"), std::string::npos);
+  EXPECT_NE(err({.top_logprobs = kMaxTopLogprobs + 1}).find("top_logprobs"), std::string::npos);
+  EXPECT_EQ(Sampler::Create({.top_logprobs = kMaxTopLogprobs}).status().code(), Code::kOk);
   EXPECT_EQ(Sampler::Create({.top_p = 1.0f}).status().code(), Code::kOk);
   EXPECT_EQ(Sampler::Create({.top_k = -1}).status().code(), Code::kInvalidArgument);
 }
@@ -162,6 +165,56 @@ TEST(Sampler, TopKAndTopPTruncate) {
   }
   Sampler k1 = Make({.temperature = 5.0f, .top_k = 1, .seed = 3});
   for (int i = 0; i < 20; ++i) EXPECT_EQ(k1.Sample(Probs())->id, 3);
+}
+
+// Alternatives of Probs() (0.1, 0.2, 0.3, 0.4): the most likely first, under the distribution
+// the token was drawn from, and the chosen token's entry has the chosen logprob's bits.
+TEST(Sampler, TopLogprobsAreTheMostLikelyUnderTheDrawnDistribution) {
+  auto alts = [](const SampledToken& t) {
+    std::vector<int32_t> ids;
+    for (const auto& a : t.top) ids.push_back(a.id);
+    return ids;
+  };
+  auto chosen_entry = [](const SampledToken& t) {
+    for (const auto& a : t.top)
+      if (a.id == t.id) return a.logprob;
+    return NAN;
+  };
+  // Greedy: log_softmax of the raw logits.
+  auto g = Make({.greedy = true, .top_logprobs = 3}).Sample(Probs());
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->id, 3);
+  EXPECT_EQ(alts(*g), (std::vector<int32_t>{3, 2, 1}));
+  EXPECT_NEAR(g->top[1].logprob, std::log(0.3), 1e-6);
+  EXPECT_NEAR(g->top[2].logprob, std::log(0.2), 1e-6);
+  EXPECT_EQ(chosen_entry(*g), g->logprob);
+  // Untruncated: every token is a candidate, so 4 alternatives of 5 asked.
+  Sampler plain = Make({.seed = 4, .top_logprobs = 5});
+  for (int i = 0; i < 20; ++i) {
+    auto r = plain.Sample(Probs());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(alts(*r), (std::vector<int32_t>{3, 2, 1, 0}));
+    EXPECT_NEAR(r->top[3].logprob, std::log(0.1), 1e-6);
+    EXPECT_EQ(chosen_entry(*r), r->logprob) << "draw " << i;
+  }
+  // top_k 2 renormalizes over {3, 2}: 4/7 and 3/7, and ids 1 and 0 have probability 0.
+  Sampler k2 = Make({.top_k = 2, .seed = 9, .top_logprobs = 4});
+  for (int i = 0; i < 20; ++i) {
+    auto r = k2.Sample(Probs());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(alts(*r), (std::vector<int32_t>{3, 2}));
+    EXPECT_NEAR(r->top[0].logprob, std::log(4.0 / 7.0), 1e-6);
+    EXPECT_NEAR(r->top[1].logprob, std::log(3.0 / 7.0), 1e-6);
+    EXPECT_EQ(chosen_entry(*r), r->logprob);
+  }
+  // top_p 0.3 keeps {3} only; one alternative asked of a wider set gives the most likely.
+  EXPECT_EQ(alts(*Make({.top_p = 0.3f, .top_logprobs = 2}).Sample(Probs())), (std::vector<int32_t>{3}));
+  EXPECT_EQ(alts(*Make({.top_logprobs = 1}).Sample(Probs())), (std::vector<int32_t>{3}));
+  // None asked, none given; equal logits: the lower id first; a -inf logit is never one.
+  EXPECT_TRUE(Make({}).Sample(Probs())->top.empty());
+  const std::vector<float> ties = {1.f, -INFINITY, 2.f, 1.f, 2.f};
+  EXPECT_EQ(alts(*Make({.greedy = true, .top_logprobs = 5}).Sample(ties)), (std::vector<int32_t>{2, 4, 0, 3}));
+  EXPECT_EQ(alts(*Make({.seed = 1, .top_logprobs = 5}).Sample(ties)), (std::vector<int32_t>{2, 4, 0, 3}));
 }
 
 TEST(Sampler, TemperatureSharpensAndFlattens) {
