@@ -58,6 +58,11 @@ const CommandSpec kSpec{
      {"top-p", "P", "nucleus sampling, P in (0, 1] (default 1)"},
      {"top-k", "K", "keep the K most likely tokens, 0 = all (default 0)"},
      {"seed", "S", "sampling seed (default 0); same seed, same tokens"},
+     {"min-p", "P", "drop tokens below P x the most likely's probability, P in [0, 1] (default 0)"},
+     {"repetition-penalty", "R", "divide (l > 0) or multiply (l < 0) the logits of the prompt's and\n"
+                                 "generated tokens by R > 0 (default 1 = off)"},
+     {"frequency-penalty", "F", "subtract F x times generated from a token's logit, F in [-2, 2]"},
+     {"presence-penalty", "P", "subtract P from a generated token's logit, P in [-2, 2]"},
      {"format", "text|ids", "stream decoded text (default) or print the ids on one line"},
      {"threads", "N", "with --model: kernel threads (default: all cores)"},
      {"max-step-tokens", "N", "with --model: prefill the prompt in chunks of N tokens, as a\n"
@@ -77,12 +82,16 @@ Status ParseArgs(const Flags& f, GenerateArgs* args) {
   FM_ASSIGN_OR_RETURN(args->gen.max_tokens, f.GetInt("max-tokens", args->gen.max_tokens, 1, 1 << 24));
   args->greedy = f.Has("greedy");
   SamplerConfig& sampling = args->gen.sampling;
-  args->sampling_flag = f.Has("temperature") || f.Has("top-p") || f.Has("top-k") || f.Has("seed");
+  args->sampling_flag = f.Has("temperature") || f.Has("top-p") || f.Has("top-k") || f.Has("seed") || f.Has("min-p");
   FM_ASSIGN_OR_RETURN(sampling.temperature, f.GetFloat("temperature", sampling.temperature));
   FM_ASSIGN_OR_RETURN(sampling.top_p, f.GetFloat("top-p", sampling.top_p));
   FM_ASSIGN_OR_RETURN(const int64_t top_k, f.GetInt("top-k", sampling.top_k, 0, INT32_MAX));
   sampling.top_k = static_cast<int32_t>(top_k);
   FM_ASSIGN_OR_RETURN(sampling.seed, f.GetSeed("seed"));
+  FM_ASSIGN_OR_RETURN(sampling.min_p, f.GetFloat("min-p", sampling.min_p));
+  FM_ASSIGN_OR_RETURN(sampling.repetition_penalty, f.GetFloat("repetition-penalty", sampling.repetition_penalty));
+  FM_ASSIGN_OR_RETURN(sampling.frequency_penalty, f.GetFloat("frequency-penalty", sampling.frequency_penalty));
+  FM_ASSIGN_OR_RETURN(sampling.presence_penalty, f.GetFloat("presence-penalty", sampling.presence_penalty));
   args->format = f.Get("format", "text");
   if (args->format != "text" && args->format != "ids")
     return InvalidArgument("--format: expected text or ids, got '" + args->format + "'");
@@ -101,7 +110,7 @@ Status ParseArgs(const Flags& f, GenerateArgs* args) {
     return InvalidArgument("give exactly one of --prompt and --tokens");
   if (args->raw && !args->has_prompt) return InvalidArgument("--raw: only applies to --prompt");
   if (args->greedy && args->sampling_flag)
-    return InvalidArgument("--greedy: conflicts with --temperature/--top-p/--top-k/--seed");
+    return InvalidArgument("--greedy: conflicts with --temperature/--top-p/--top-k/--seed/--min-p");
   args->gen.sampling.greedy = args->greedy;
   FM_RETURN_IF_ERROR(ValidateSamplerConfig(args->gen.sampling));
   if (args->has_tokens) {

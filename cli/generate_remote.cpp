@@ -23,6 +23,10 @@ Status GenerateRemote(const RemoteGenerateArgs& args) {
   s->set_temperature(args.gen.sampling.temperature);
   s->set_top_p(args.gen.sampling.top_p);
   s->set_top_k(args.gen.sampling.top_k);
+  s->set_min_p(args.gen.sampling.min_p);
+  s->set_repetition_penalty(args.gen.sampling.repetition_penalty);
+  s->set_frequency_penalty(args.gen.sampling.frequency_penalty);
+  s->set_presence_penalty(args.gen.sampling.presence_penalty);
   s->set_seed(args.gen.sampling.seed);
   s->set_has_seed(true);   // like the local mode: the seed (default 0) fixes the tokens
   auto ctx = client.Context(static_cast<double>(args.timeout_s));

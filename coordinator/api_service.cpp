@@ -176,6 +176,16 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
       return InvalidArgument("sampling.top_p: " + std::to_string(s.top_p()) + " outside (0, 1]");
     if (s.top_k() < 0) return InvalidArgument("sampling.top_k: " + std::to_string(s.top_k()) + " is negative");
   }
+  // The penalties change the logits, so greedy takes them too; min-p is moot there.
+  if (s.has_repetition_penalty() && !(s.repetition_penalty() > 0 && std::isfinite(s.repetition_penalty())))
+    return InvalidArgument("sampling.repetition_penalty: " + std::to_string(s.repetition_penalty()) +
+                           " (must be a finite number > 0; 1 = off)");
+  if (!(s.frequency_penalty() >= -2 && s.frequency_penalty() <= 2))
+    return InvalidArgument("sampling.frequency_penalty: " + std::to_string(s.frequency_penalty()) + " outside [-2, 2]");
+  if (!(s.presence_penalty() >= -2 && s.presence_penalty() <= 2))
+    return InvalidArgument("sampling.presence_penalty: " + std::to_string(s.presence_penalty()) + " outside [-2, 2]");
+  if (!s.greedy() && !(s.min_p() >= 0 && s.min_p() <= 1))
+    return InvalidArgument("sampling.min_p: " + std::to_string(s.min_p()) + " outside [0, 1]");
   if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs)
     return InvalidArgument("sampling.top_logprobs: " + std::to_string(s.top_logprobs()) + " outside [0, " +
                            std::to_string(kMaxTopLogprobs) + "]");
@@ -195,6 +205,10 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
   p.sampling.set_top_p(!greedy && s.has_top_p() ? s.top_p() : 1.f);
   p.sampling.set_top_k(greedy ? 0 : s.top_k());
   p.sampling.set_top_logprobs(s.top_logprobs());
+  p.sampling.set_repetition_penalty(s.has_repetition_penalty() ? s.repetition_penalty() : 1.f);
+  p.sampling.set_frequency_penalty(s.frequency_penalty());
+  p.sampling.set_presence_penalty(s.presence_penalty());
+  p.sampling.set_min_p(greedy ? 0.f : s.min_p());
   if (s.has_seed()) {
     p.sampling.set_seed(s.seed());
   } else {

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/utf8.h"
+
 namespace fm {
 namespace {
 
@@ -50,18 +52,30 @@ Json LogprobEntry(const std::string& token, float logprob) {
   return {{"token", token}, {"logprob", logprob}, {"bytes", bytes}};
 }
 
-// Completions' logprobs of the tokens `entries` (ChatLogprob's), each starting at its offset in
-// the generated text (a token may add no text: a special token, or part of a character).
+// A token as completions' logprobs name it (in `tokens` and as a `top_logprobs` key): its text
+// when that is whole UTF-8, else OpenAI's "bytes:\xNN..." spelling, and vLLM's "token_id:N"
+// without a tokenizer. So two tokens never share a key.
+std::string CompletionToken(int32_t id, const std::string& token) {
+  if (token.empty()) return "token_id:" + std::to_string(id);
+  if (FirstInvalidUtf8(token) == std::string_view::npos) return token;
+  std::string out = "bytes:";
+  char hex[8];
+  for (unsigned char c : token) {
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += hex;
+  }
+  return out;
+}
+
+// Completions' logprobs of the tokens `entries` ({token, logprob, top}: AddToken's), each
+// starting at its offset in the generated text (a token may add no text: a special token, or
+// part of a character).
 Json CompletionLogprobs(const Json& entries, const Json& offsets) {
   Json tokens = Json::array(), lps = Json::array(), tops = Json::array();
   for (const auto& e : entries) {
     tokens.push_back(e["token"]);
     lps.push_back(e["logprob"]);
-    // OpenAI's {token: logprob} of the alternatives and the chosen token ("up to logprobs + 1").
-    Json top = Json::object();
-    for (const auto& alt : e["top_logprobs"]) top[alt["token"].get<std::string>()] = alt["logprob"];
-    top[e["token"].get<std::string>()] = e["logprob"];
-    tops.push_back(std::move(top));
+    tops.push_back(e["top"]);
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -175,6 +189,10 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
   s->set_top_p(std::max(static_cast<float>(r.top_p), std::numeric_limits<float>::min()));
   s->set_top_k(static_cast<int32_t>(r.top_k));
   if (r.logprobs) s->set_top_logprobs(static_cast<int32_t>(r.top_logprobs));
+  s->set_min_p(static_cast<float>(r.min_p));
+  s->set_frequency_penalty(static_cast<float>(r.frequency_penalty));
+  s->set_presence_penalty(static_cast<float>(r.presence_penalty));
+  s->set_repetition_penalty(std::max(static_cast<float>(r.repetition_penalty), std::numeric_limits<float>::min()));
   if (r.seed) {
     s->set_seed(*r.seed);
     s->set_has_seed(true);
@@ -237,15 +255,24 @@ uint64_t HttpApi::RandomIdPrefix() {
 
 void HttpApi::AddToken(Job* job, const flashmesh::v1::TokenEvent& token) const {
   job->meter.Token();
-  if (job->req.logprobs) {
+  if (job->req.logprobs && job->req.chat) {
     Json e = LogprobEntry(TokenString(token.id(), token.text()), token.logprob());
     Json alts = Json::array();
     for (const auto& alt : token.top_logprobs())
       alts.push_back(LogprobEntry(TokenString(alt.id(), alt.token()), alt.logprob()));
     e["top_logprobs"] = std::move(alts);
     job->logprobs.push_back(std::move(e));
-    job->offsets.push_back(job->text.size());
+  } else if (job->req.logprobs) {
+    // OpenAI's {token: logprob} of the alternatives and the chosen token ("up to logprobs + 1";
+    // the chosen one's own value last, so it wins).
+    const std::string chosen = CompletionToken(token.id(), TokenString(token.id(), token.text()));
+    Json top = Json::object();
+    for (const auto& alt : token.top_logprobs())
+      top[CompletionToken(alt.id(), TokenString(alt.id(), alt.token()))] = alt.logprob();
+    top[chosen] = token.logprob();
+    job->logprobs.push_back({{"token", chosen}, {"logprob", token.logprob()}, {"top", std::move(top)}});
   }
+  if (job->req.logprobs) job->offsets.push_back(job->text.size());
   job->text += token.text();
 }
 

@@ -168,6 +168,23 @@ Status DecodeSampling(const Json& j, OpenAiRequest* r) {
     if (r->top_k < 0 || r->top_k > std::numeric_limits<int32_t>::max())
       return InvalidArgument("top_k: " + v->dump() + " (0 or -1 = off, else a positive count)");
   }
+  if (const Json* v = Field(j, "min_p")) {
+    FM_ASSIGN_OR_RETURN(r->min_p, Number(*v, "min_p"));
+    if (!(r->min_p >= 0 && r->min_p <= 1)) return InvalidArgument("min_p: " + v->dump() + " outside [0, 1]");
+  }
+  for (auto [field, value] : {std::pair{"frequency_penalty", &r->frequency_penalty},
+                              std::pair{"presence_penalty", &r->presence_penalty}}) {
+    if (const Json* v = Field(j, field)) {
+      FM_ASSIGN_OR_RETURN(*value, Number(*v, field));
+      if (!(*value >= -2 && *value <= 2)) return InvalidArgument(std::string(field) + ": " + v->dump() + " outside [-2, 2]");
+    }
+  }
+  if (const Json* v = Field(j, "repetition_penalty")) {
+    FM_ASSIGN_OR_RETURN(r->repetition_penalty, Number(*v, "repetition_penalty"));
+    // Past float's range the worker's value would be inf: as out of range as 0.
+    if (!(r->repetition_penalty > 0 && r->repetition_penalty <= 1e6))
+      return InvalidArgument("repetition_penalty: " + v->dump() + " outside (0, 1e6]");
+  }
   if (const Json* v = Field(j, "seed")) {
     FM_ASSIGN_OR_RETURN(int64_t seed, Integer(*v, "seed"));
     r->seed = static_cast<uint64_t>(seed);
@@ -192,10 +209,6 @@ Status RefuseUnsupported(const Json& j) {
     const char* neutral_text;
   };
   static const Unsupported kFields[] = {
-      {"presence_penalty", IsNumber0, "0"},
-      {"frequency_penalty", IsNumber0, "0"},
-      {"repetition_penalty", IsNumber1, "1"},
-      {"min_p", IsNumber0, "0"},
       {"min_tokens", IsNumber0, "0"},
       {"best_of", IsNumber1, "1"},
       {"echo", IsFalse, "false"},

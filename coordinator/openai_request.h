@@ -27,6 +27,10 @@ struct OpenAiRequest {
   double temperature = 1.0;              // OpenAI's default; 0 = greedy
   double top_p = 1.0;
   int64_t top_k = 0;                     // extension (vLLM's); 0 = off
+  double min_p = 0.0;                    // extension (vLLM's, llama.cpp's); 0 = off
+  double frequency_penalty = 0.0;        // [-2, 2]
+  double presence_penalty = 0.0;         // [-2, 2]
+  double repetition_penalty = 1.0;       // extension (vLLM's); 1 = off
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;

@@ -60,6 +60,7 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
                            std::to_string(opt.max_tokens) + " exceeds max_context " +
                            std::to_string(max_context));
   FM_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(opt.sampling));
+  sampler.Observe(prompt, false);
 
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -89,6 +90,7 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
       res.finish = FinishReason::kLength;
       break;
     }
+    sampler.Observe(std::span<const int32_t>(&tok.id, 1), true);
     FM_ASSIGN_OR_RETURN(tok, Step(model, cache.get(), std::span<const int32_t>(&tok.id, 1),
                                   &sampler, x.get()));
   }

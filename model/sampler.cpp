@@ -56,6 +56,15 @@ Status ValidateSamplerConfig(const SamplerConfig& cfg) {
     return InvalidArgument("top_p: " + std::to_string(cfg.top_p) + " (must be in (0, 1])");
   if (cfg.top_k < 0)
     return InvalidArgument("top_k: " + std::to_string(cfg.top_k) + " (must be >= 0; 0 = off)");
+  if (!(cfg.repetition_penalty > 0.0f) || !std::isfinite(cfg.repetition_penalty))
+    return InvalidArgument("repetition_penalty: " + std::to_string(cfg.repetition_penalty) +
+                           " (must be a finite value > 0; 1 = off)");
+  if (!(cfg.frequency_penalty >= -2.0f && cfg.frequency_penalty <= 2.0f))
+    return InvalidArgument("frequency_penalty: " + std::to_string(cfg.frequency_penalty) + " (must be in [-2, 2])");
+  if (!(cfg.presence_penalty >= -2.0f && cfg.presence_penalty <= 2.0f))
+    return InvalidArgument("presence_penalty: " + std::to_string(cfg.presence_penalty) + " (must be in [-2, 2])");
+  if (!(cfg.min_p >= 0.0f && cfg.min_p <= 1.0f))
+    return InvalidArgument("min_p: " + std::to_string(cfg.min_p) + " (must be in [0, 1])");
   if (cfg.top_logprobs < 0 || cfg.top_logprobs > kMaxTopLogprobs)
     return InvalidArgument("top_logprobs: " + std::to_string(cfg.top_logprobs) + " (must be in [0, " +
                            std::to_string(kMaxTopLogprobs) + "])");
@@ -71,7 +80,50 @@ Result<SampledToken> Sampler::Sample(std::span<const float> logits) {
   return SampleWith(logits, is_greedy() ? 0.0 : DrawUniform());
 }
 
-Result<SampledToken> Sampler::SampleWith(std::span<const float> logits, double u) const {
+bool Sampler::has_penalties() const {
+  return cfg_.repetition_penalty != 1.0f || cfg_.frequency_penalty != 0.0f || cfg_.presence_penalty != 0.0f;
+}
+
+bool Sampler::NeedsHostLogits() const {
+  return cfg_.top_logprobs > 0 || has_penalties() || (cfg_.min_p > 0.0f && !is_greedy());
+}
+
+void Sampler::Observe(std::span<const int32_t> tokens, bool generated) {
+  if (!has_penalties()) return;
+  for (int32_t id : tokens) {
+    if (cfg_.repetition_penalty != 1.0f) seen_.insert(id);
+    if (generated) ++generated_[id];
+  }
+}
+
+std::vector<float> Sampler::Adjusted(std::span<const float> logits) const {
+  std::vector<float> l(logits.begin(), logits.end());
+  const int64_t n = static_cast<int64_t>(l.size());
+  auto in_range = [&](int32_t id) { return id >= 0 && id < n; };   // ids came from the network
+  // Each token's change depends on that token alone, so the sets' order does not matter.
+  for (int32_t id : seen_)
+    if (in_range(id)) l[id] = l[id] > 0.0f ? l[id] / cfg_.repetition_penalty : l[id] * cfg_.repetition_penalty;
+  for (const auto& [id, count] : generated_)
+    if (in_range(id))
+      l[id] -= static_cast<float>(cfg_.frequency_penalty * static_cast<double>(count) + cfg_.presence_penalty);
+  if (cfg_.min_p > 0.0f && !is_greedy()) {
+    // p_i / p_max = exp((l_i - l_max) / T): below min_p the token is out (-inf).
+    float top = -INFINITY;
+    for (float v : l)
+      if (!std::isnan(v)) top = std::max(top, v);
+    if (std::isfinite(top)) {
+      const double inv_t = 1.0 / static_cast<double>(cfg_.temperature), floor = std::log(static_cast<double>(cfg_.min_p));
+      for (float& v : l)
+        if ((static_cast<double>(v) - top) * inv_t < floor) v = -INFINITY;
+    }
+  }
+  return l;
+}
+
+Result<SampledToken> Sampler::SampleWith(std::span<const float> raw, double u) const {
+  std::vector<float> adjusted;
+  if (has_penalties() || (cfg_.min_p > 0.0f && !is_greedy())) adjusted = Adjusted(raw);
+  const std::span<const float> logits = adjusted.empty() ? raw : std::span<const float>(adjusted);
   const int64_t n = static_cast<int64_t>(logits.size());
   int64_t best = -1;
   for (int64_t i = 0; i < n; ++i) {
@@ -91,11 +143,12 @@ Result<SampledToken> Sampler::SampleWith(std::span<const float> logits, double u
     const double log_sum = std::log(sum);
     SampledToken out{static_cast<int32_t>(best), static_cast<float>(-log_sum), {}};
     if (cfg_.top_logprobs > 0) {
-      // log_softmax(l)[i] = (l_i - l_max) - log(sum): for i = best exactly the logprob above.
-      std::vector<int32_t> ids = TopIds(n, cfg_.top_logprobs, before);
-      for (int32_t id : ids) {
+      // log_softmax(l)[i] = (l_i - l_max) - log(sum); the chosen token's is the one above (its
+      // bits: -log(1) is -0, where 0 - log(1) would be +0). Only -inf logits are left out.
+      for (int32_t id : TopIds(n, cfg_.top_logprobs, before)) {
         const double lp = (static_cast<double>(logits[id]) - logits[best]) - log_sum;
-        if (std::exp(lp) > 0.0) out.top.push_back({id, static_cast<float>(lp)});
+        if (id == best) out.top.push_back({id, out.logprob});
+        else if (std::isfinite(lp)) out.top.push_back({id, static_cast<float>(lp)});
       }
     }
     return out;

@@ -1,10 +1,13 @@
-// Sampler: picks the next token from one row of logits: greedy, or temperature + top-k + top-p
-// with an own seeded RNG (xoshiro256**), so a seed gives the same tokens on every machine and
-// build. See docs/api.md "Sampling" for the exact rules.
+// Sampler: picks the next token from one row of logits: greedy, or temperature + min-p + top-k +
+// top-p with an own seeded RNG (xoshiro256**), so a seed gives the same tokens on every machine
+// and build; repetition / frequency / presence penalties from the sequence's tokens first. See
+// docs/api.md "Sampling" for the exact rules.
 #pragma once
 #include <cstdint>
 #include <span>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -18,13 +21,19 @@ struct SamplerConfig {
   float top_p = 1.0f;        // (0, 1]: keep the smallest prefix of probability >= top_p
   uint64_t seed = 0;
   int32_t top_logprobs = 0;  // [0, kMaxTopLogprobs]: alternatives reported with each token
+  // Penalties on the logits of tokens the sequence holds (vLLM's rules, docs/api.md):
+  float repetition_penalty = 1.0f;  // > 0: prompt or generated: l > 0 ? l / r : l * r (1 = off)
+  float frequency_penalty = 0.0f;   // [-2, 2]: generated: l -= f * count
+  float presence_penalty = 0.0f;    // [-2, 2]: generated: l -= p (once)
+  float min_p = 0.0f;               // [0, 1]: drop tokens of probability < min_p * the largest
 };
 
 // OpenAI's bound on top_logprobs (and on completions' logprobs).
 constexpr int32_t kMaxTopLogprobs = 20;
 
 // InvalidArgument naming the field: temperature < 0 (or NaN), top_p outside (0, 1], top_k < 0,
-// top_logprobs outside [0, kMaxTopLogprobs].
+// top_logprobs outside [0, kMaxTopLogprobs], repetition_penalty not > 0, frequency_penalty or
+// presence_penalty outside [-2, 2], min_p outside [0, 1] (NaN is outside every range).
 Status ValidateSamplerConfig(const SamplerConfig& cfg);
 
 // splitmix64-seeded xoshiro256** (Blackman & Vigna): fixed, portable sequence per seed.
@@ -68,11 +77,23 @@ class Sampler {
   double DrawUniform() { return rng_.Uniform(); }
   // Sample with the draw given: Sample(l) == SampleWith(l, is_greedy() ? 0 : DrawUniform()).
   Result<SampledToken> SampleWith(std::span<const float> logits, double u) const;
+  // The tokens that enter the sequence, in order: the prompt's (generated false), then each
+  // sampled token as it is fed back (generated true). The penalties read them; without
+  // penalties nothing is kept.
+  void Observe(std::span<const int32_t> tokens, bool generated);
+  // True when a pick needs the whole row of logits on the host (top logprobs, a penalty,
+  // min-p): a device sampler hands such rows to SampleWith.
+  bool NeedsHostLogits() const;
 
  private:
   explicit Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) {}
+  bool has_penalties() const;
+  // logits with the penalties and min-p applied (min-p only when sampling).
+  std::vector<float> Adjusted(std::span<const float> logits) const;
   SamplerConfig cfg_;
   Rng rng_;
+  std::unordered_set<int32_t> seen_;                 // prompt and generated ids (repetition)
+  std::unordered_map<int32_t, int32_t> generated_;   // generated id -> times (frequency, presence)
 };
 
 }  // namespace fm

@@ -359,10 +359,14 @@ Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> s
   std::vector<Sampler*> samplers;
   std::vector<uint64_t> ids;
   int64_t end = 0;
+  std::vector<Sequence*> sampled;
   for (const auto& s : slices) {
     end += static_cast<int64_t>(s.tokens.size());
-    if (!s.sample) continue;
     FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    // The penalties' history: the prompt's tokens, then each sampled token as it comes back.
+    if (seq->sampler) seq->sampler->Observe(s.tokens, seq->generated);
+    if (!s.sample) continue;
+    sampled.push_back(seq);
     rows.push_back(end - 1);
     samplers.push_back(seq->sampler.get());
     ids.push_back(s.seq_id);
@@ -377,6 +381,7 @@ Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> s
   }
   FM_ASSIGN_OR_RETURN(std::vector<SampledToken> picked,
                       model_->SampleNext(last, B, samplers));
+  for (Sequence* seq : sampled) seq->generated = true;
   std::vector<SampledId> out;
   out.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i)

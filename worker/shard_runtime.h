@@ -151,6 +151,7 @@ class ShardRuntime {
     std::unique_ptr<Sampler> sampler;
     int64_t max_context = 0;
     int64_t position = 0;
+    bool generated = false;   // a token was sampled: the tokens it is fed from then on are its own
     // What it charges the KV budget: its bytes at max_context (a CPU cache grows with its
     // positions, a device cache is allocated whole at the start).
     uint64_t kv_charge = 0;

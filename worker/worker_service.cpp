@@ -364,6 +364,10 @@ grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
   sp.top_k = s.top_k();
   sp.seed = s.seed();
   sp.top_logprobs = s.top_logprobs();
+  sp.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  sp.frequency_penalty = s.frequency_penalty();
+  sp.presence_penalty = s.presence_penalty();
+  sp.min_p = s.min_p();
   Status st = runtime_.StartSequence(req->seq_id(), req->max_context(), sp);
   if (!st.ok()) return WorkerError(ctx, st.Wrap("node " + node_));
   resp->set_kv_bytes(runtime_.kv_bytes());

@@ -81,13 +81,13 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
     cuda::SampleResult res[kMaxStepRows];
     FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
     for (int64_t t = 0; t < T; ++t) {
-      const bool wants_top = samplers[r0 + t]->config().top_logprobs > 0;
-      if (res[t].status == cuda::kSampleOk && !wants_top) {
+      const bool host_only = samplers[r0 + t]->NeedsHostLogits();
+      if (res[t].status == cuda::kSampleOk && !host_only) {
         out.push_back(SampledToken{res[t].id, res[t].logprob, {}});
       } else if (res[t].status == cuda::kSampleOk || res[t].status == cuda::kSampleNeedsHost) {
-        // A top-k / top-p set beyond the device's candidates, or a row that asks for its top
-        // alternatives: this row's logits, on the host, so that the token and its alternatives
-        // come from one computation (docs/api.md "Sampling").
+        // A top-k / top-p set beyond the device's candidates, or a row whose pick needs every
+        // logit (top alternatives, penalties, min-p): this row's logits, on the host, so that
+        // the token and its alternatives come from one computation (docs/api.md "Sampling").
         std::vector<float> lg(V);
         FM_RETURN_IF_ERROR(s_.logits.CopyToHost(lg.data(), V * sizeof(float), t * V * sizeof(float)));
         FM_ASSIGN_OR_RETURN(SampledToken tok, samplers[r0 + t]->SampleWith(lg, params[t].u));

@@ -3,6 +3,7 @@
 // parser holds stay within the header limit; a decoded
 // request must satisfy what the decoder promises, and every error must render as valid JSON
 // naming a field that is in its message.
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -27,6 +28,8 @@ void CheckDecoded(const std::string& body, bool chat) {
   if (!chat && r->prompt.empty() && r->prompt_ids.empty()) std::abort();
   if (r->max_tokens < 0 || r->top_k < 0 || !(r->top_p > 0 && r->top_p <= 1)) std::abort();
   if (!(r->temperature >= 0 && r->temperature <= 2) || r->top_logprobs < 0 || r->top_logprobs > 20) std::abort();
+  if (!(r->min_p >= 0 && r->min_p <= 1) || !(r->repetition_penalty > 0 && r->repetition_penalty <= 1e6)) std::abort();
+  if (!(std::fabs(r->frequency_penalty) <= 2) || !(std::fabs(r->presence_penalty) <= 2)) std::abort();
   for (const auto& s : r->stop)
     if (s.empty()) std::abort();
 }

@@ -260,50 +260,58 @@ TEST_F(CudaShardTest, DecodeBatchOfSequencesIsOneLaunchSequence) {
 
 // Sampling where the logits are (SampleNext): the device's picks equal the host Sampler's over
 // the device's own logits, for greedy, top-k and top-p rows in one call, over three draws (the
-// RNG advances the same way on both sides). Rows that ask for top logprobs are sampled on the
-// host from the device's logits: their tokens and alternatives are the host's exactly.
+// RNG advances the same way on both sides). Rows that ask for top logprobs, penalties or min-p
+// are sampled on the host from the device's logits: their tokens and alternatives are the host's
+// exactly.
 TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ThreadPool pool(2);
   Pair p = Open(&pool);
   ASSERT_TRUE(p.gpu);
-  const auto a = Tokens(5, 41);
+  const auto a = Tokens(6, 41);
   auto ga = p.gpu->NewSequence(64).value();
   const BatchItem item{ga.get(), a};
   std::vector<float> lg, state;
   ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&item, 1}, &lg, &state).ok());
   const ModelConfig& cfg = p.gpu->config();
   const int64_t V = cfg.vocab_size, row = cfg.hc_mult * cfg.hidden_size;
-  std::vector<SamplerConfig> configs(5);
+  std::vector<SamplerConfig> configs(6);
   configs[0].greedy = true;
   configs[1].temperature = 0.9f, configs[1].top_k = 8, configs[1].seed = 3;
   configs[2].temperature = 1.1f, configs[2].top_p = 0.8f, configs[2].seed = 4;
   configs[3].greedy = true, configs[3].top_logprobs = 3;
   configs[4].temperature = 1.2f, configs[4].top_k = 20, configs[4].seed = 5, configs[4].top_logprobs = 5;
+  configs[5].temperature = 0.8f, configs[5].seed = 6, configs[5].min_p = 0.02f;
+  configs[5].repetition_penalty = 1.2f, configs[5].frequency_penalty = 0.5f;
   std::vector<Sampler> dev, host;
   for (const SamplerConfig& c : configs) {
     dev.push_back(*Sampler::Create(c));
     host.push_back(*Sampler::Create(c));
   }
-  // The prefill's 5 final rows, one per sampler.
+  dev[5].Observe(a, false);
+  host[5].Observe(a, false);
+  // The prefill's 6 final rows, one per sampler.
   auto x = modeltest::ToShard(*p.gpu, state);
   ASSERT_TRUE(x.ok()) << x.status().ToString();
-  ASSERT_EQ(static_cast<int64_t>(state.size()), 5 * row);
-  std::vector<float> logits(5 * V);
-  ASSERT_TRUE(p.gpu->Logits((*x)->data(), 5, logits.data()).ok());
+  ASSERT_EQ(static_cast<int64_t>(state.size()), 6 * row);
+  std::vector<float> logits(6 * V);
+  ASSERT_TRUE(p.gpu->Logits((*x)->data(), 6, logits.data()).ok());
   for (int draw = 0; draw < 3; ++draw) {
-    Sampler* const ds[] = {&dev[0], &dev[1], &dev[2], &dev[3], &dev[4]};
-    auto got = p.gpu->SampleNext((*x)->data(), 5, ds);
+    Sampler* const ds[] = {&dev[0], &dev[1], &dev[2], &dev[3], &dev[4], &dev[5]};
+    auto got = p.gpu->SampleNext((*x)->data(), 6, ds);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
-    for (int r = 0; r < 5; ++r) {
+    for (int r = 0; r < 6; ++r) {
       auto want = host[r].Sample(std::span(&logits[r * V], V));
       ASSERT_TRUE(want.ok()) << want.status().ToString();
       EXPECT_EQ((*got)[r].id, want->id) << "draw " << draw << " row " << r;
       EXPECT_NEAR((*got)[r].logprob, want->logprob, 1e-5) << "draw " << draw << " row " << r;
       EXPECT_EQ((*got)[r].top, want->top) << "draw " << draw << " row " << r;
       EXPECT_EQ((*got)[r].top.size(), static_cast<size_t>(configs[r].top_logprobs)) << "row " << r;
-      if (configs[r].top_logprobs > 0) EXPECT_EQ((*got)[r].logprob, want->logprob) << "row " << r;
+      if (host[r].NeedsHostLogits()) EXPECT_EQ((*got)[r].logprob, want->logprob) << "row " << r;
     }
+    // The penalized row's pick joins its history on both sides, as a pipeline feeds it back.
+    const int32_t fed = (*got)[5].id;
+    for (Sampler* s : {&dev[5], &host[5]}) s->Observe(std::span<const int32_t>(&fed, 1), true);
   }
 }
 

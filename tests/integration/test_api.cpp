@@ -71,6 +71,24 @@ TEST_F(ApiTest, BadInputsAreInvalidArgumentNamingTheField) {
     bad_p.mutable_sampling()->set_top_p(p);
     ExpectError(Generate(stub.get(), bad_p), grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p");
   }
+  // Penalties apply with greedy too, so they are checked with it.
+  for (auto [field, value] : {std::pair{"sampling.repetition_penalty", 0.0f},
+                              std::pair{"sampling.repetition_penalty", -1.0f},
+                              std::pair{"sampling.frequency_penalty", 2.5f},
+                              std::pair{"sampling.presence_penalty", std::nanf("")}}) {
+    auto bad = TokensRequest({5, 6}, 4);
+    auto* s = bad.mutable_sampling();
+    s->set_greedy(true);
+    if (std::string(field) == "sampling.repetition_penalty") s->set_repetition_penalty(value);
+    if (std::string(field) == "sampling.frequency_penalty") s->set_frequency_penalty(value);
+    if (std::string(field) == "sampling.presence_penalty") s->set_presence_penalty(value);
+    ExpectError(Generate(stub.get(), bad), grpc::StatusCode::INVALID_ARGUMENT, field);
+  }
+  auto bad_min_p = TokensRequest({5, 6}, 4);
+  bad_min_p.mutable_sampling()->set_greedy(false);
+  bad_min_p.mutable_sampling()->set_temperature(0.5f);
+  bad_min_p.mutable_sampling()->set_min_p(1.5f);
+  ExpectError(Generate(stub.get(), bad_min_p), grpc::StatusCode::INVALID_ARGUMENT, "sampling.min_p: 1.500000 outside [0, 1]");
   for (int n : {-1, 21}) {   // greedy too: alternatives are asked for either way
     auto bad_top = TokensRequest({5, 6}, 4);
     bad_top.mutable_sampling()->set_greedy(true);

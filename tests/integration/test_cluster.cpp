@@ -37,6 +37,11 @@ flashmesh::v1::GenerateRequest SampledRequest(int i) {
   s->set_seed(1000 + i);
   s->set_has_seed(true);
   s->set_top_logprobs(i % 3);
+  // The penalties and min-p too, so the last stage's token history is checked against the single
+  // process's.
+  if (i % 4 == 1) s->set_frequency_penalty(0.5f), s->set_presence_penalty(0.3f);
+  if (i % 4 == 2) s->set_repetition_penalty(1.3f);
+  if (i % 4 == 3) s->set_min_p(0.05f);
   return req;
 }
 
@@ -91,7 +96,7 @@ Cluster* PipelineTest::cluster_ = nullptr;
 TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
   auto single = Connect(server_->api());
   auto pipe = Connect(cluster_->api());
-  int sampled_differs = 0;
+  int sampled_differs = 0, penalized_differs = 0;
   for (int i = 0; i < 8; ++i) {
     auto greedy = TokensRequest(Prompt(i), kNewTokens);
     greedy.mutable_sampling()->set_top_logprobs(i % 2 ? 4 : 0);
@@ -107,8 +112,23 @@ TEST_F(PipelineTest, ThreeStagesEqualSingleProcessGreedyAndSeeded) {
     ExpectSame(c, Generate(pipe.get(), sampled), "seeded prompt " + std::to_string(i));
     ExpectTopLogprobs(c, i % 3, false, "seeded prompt " + std::to_string(i));
     sampled_differs += c.ids != a.ids;
+    // Greedy with penalties: the pipeline's tokens are the single process's, and the penalties
+    // move it off the plain greedy path. This random model's greedy path repeats no token within
+    // 8, so the penalties here favour the sequence's tokens (repetition < 1 on the prompt's and
+    // generated ones, negative frequency / presence on generated ones) to change its picks.
+    auto penalized = TokensRequest(Prompt(i), kNewTokens);
+    if (i % 2) {
+      penalized.mutable_sampling()->set_repetition_penalty(0.2f);
+    } else {
+      penalized.mutable_sampling()->set_frequency_penalty(-2.0f);
+      penalized.mutable_sampling()->set_presence_penalty(-1.5f);
+    }
+    Generation d = Generate(single.get(), penalized);
+    ExpectSame(d, Generate(pipe.get(), penalized), "penalized prompt " + std::to_string(i));
+    penalized_differs += d.ids != a.ids;
   }
   EXPECT_GT(sampled_differs, 0) << "seeded sampling never left the greedy path: not exercised";
+  EXPECT_GT(penalized_differs, 0) << "the penalties never changed a greedy pick: not exercised";
   auto status = StatusAfterFrees(pipe.get());
   ASSERT_EQ(status.nodes_size(), 3);
   EXPECT_EQ(status.nodes(0).layer_begin(), 0);
@@ -137,9 +157,16 @@ std::string IdsLine(const std::string& out) {
 }
 
 TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
+  std::vector<std::string> outputs;
   for (const std::vector<std::string>& opts :
        {std::vector<std::string>{"--greedy"},
-        std::vector<std::string>{"--temperature", "0.7", "--top-p", "0.9", "--seed", "7"}}) {
+        std::vector<std::string>{"--temperature", "0.7", "--top-p", "0.9", "--seed", "7"},
+        // The local mode keeps the penalties' history itself (model/generate.cpp), the server's
+        // last stage from the tokens of its steps (worker/shard_runtime.cpp).
+        std::vector<std::string>{"--greedy", "--repetition-penalty", "0.5", "--frequency-penalty", "-1",
+                                 "--presence-penalty", "-1"},
+        std::vector<std::string>{"--temperature", "0.9", "--min-p", "0.05", "--seed", "3",
+                                 "--frequency-penalty", "-0.5", "--repetition-penalty", "0.8"}}) {
     std::vector<std::string> common = {"--tokens", "5,17,42,99", "--max-tokens", "6", "--format", "ids"};
     common.insert(common.end(), opts.begin(), opts.end());
     std::vector<std::string> local = {"generate", "--model", SmallModel(), "--threads", "1"};
@@ -151,7 +178,9 @@ TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
     ASSERT_EQ(RunFlashmesh(remote, &out_remote), 0) << out_remote;
     EXPECT_FALSE(IdsLine(out_local).empty()) << out_local;
     EXPECT_EQ(IdsLine(out_local), IdsLine(out_remote)) << out_local << "\n" << out_remote;
+    outputs.push_back(IdsLine(out_local));
   }
+  EXPECT_NE(outputs[0], outputs[2]) << "the penalties did not change the greedy ids: not exercised";
 }
 
 // A prompt of 2-4 chunks: the cluster's tokens and logprobs are the single process's, bit for

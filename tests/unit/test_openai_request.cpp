@@ -134,6 +134,23 @@ TEST(DecodeOpenAiRequest, UnsupportedFieldsAtTheirNeutralValuesAreAccepted) {
   EXPECT_TRUE(c.ok()) << c.status().ToString();
 }
 
+// The penalties and min-p (OpenAI's, and vLLM's / llama.cpp's extensions) are decoded as given.
+TEST(DecodeOpenAiRequest, PenaltiesAndMinP) {
+  auto r = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": -1.5,
+      "frequency_penalty": 2, "repetition_penalty": 1.15, "min_p": 0.05})", true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->presence_penalty, -1.5);
+  EXPECT_EQ(r->frequency_penalty, 2.0);
+  EXPECT_EQ(r->repetition_penalty, 1.15);
+  EXPECT_EQ(r->min_p, 0.05);
+  auto d = DecodeOpenAiRequest(R"({"prompt": "x"})", false);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->presence_penalty, 0.0);
+  EXPECT_EQ(d->frequency_penalty, 0.0);
+  EXPECT_EQ(d->repetition_penalty, 1.0);
+  EXPECT_EQ(d->min_p, 0.0);
+}
+
 TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
   struct Case { const char* body; bool chat; const char* param; };
   const Case cases[] = {
@@ -158,10 +175,14 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"prompt": [1, "a"]})", false, "prompt"},
       {R"({"prompt": [1, -1]})", false, "prompt[1]"},
       {R"({"prompt": "x", "logprobs": 21})", false, "logprobs"},
-      // Known fields that would change the output, which this server does not do.
-      {R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5})", true, "presence_penalty"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5})", true, "presence_penalty"},
       {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": "a"})", true, "frequency_penalty"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1.2})", true, "repetition_penalty"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -3})", true, "frequency_penalty"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0})", true, "repetition_penalty"},
+      {R"({"prompt": "x", "repetition_penalty": 1e300})", false, "repetition_penalty"},
+      {R"({"prompt": "x", "min_p": 1.01})", false, "min_p"},
+      {R"({"prompt": "x", "min_p": true})", false, "min_p"},
+      // Known fields that would change the output, which this server does not do.
       {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 100}})", true, "logit_bias"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", true, "response_format"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},

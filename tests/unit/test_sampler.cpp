@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 
 #include <cmath>
 #include <filesystem>
@@ -106,6 +107,13 @@ TEST(Sampler, ValidationNamesTheField) {
   EXPECT_NE(err({.top_p = 1.5f}).find("top_p"), std::string::npos);
   EXPECT_NE(err({.top_k = -1}).find("top_k"), std::string::npos);
   EXPECT_NE(err({.top_logprobs = -1}).find("top_logprobs"), std::string::npos);
+  EXPECT_NE(err({.repetition_penalty = 0.0f}).find("repetition_penalty"), std::string::npos);
+  EXPECT_NE(err({.repetition_penalty = INFINITY}).find("repetition_penalty"), std::string::npos);
+  EXPECT_NE(err({.frequency_penalty = 2.5f}).find("frequency_penalty"), std::string::npos);
+  EXPECT_NE(err({.presence_penalty = -2.5f}).find("presence_penalty"), std::string::npos);
+  EXPECT_NE(err({.presence_penalty = NAN}).find("presence_penalty"), std::string::npos);
+  EXPECT_NE(err({.min_p = 1.5f}).find("min_p"), std::string::npos);
+  EXPECT_NE(err({.min_p = -0.1f}).find("min_p"), std::string::npos);
   EXPECT_NE(err({.top_logprobs = kMaxTopLogprobs + 1}).find("top_logprobs"), std::string::npos);
   EXPECT_EQ(Sampler::Create({.top_logprobs = kMaxTopLogprobs}).status().code(), Code::kOk);
   EXPECT_EQ(Sampler::Create({.top_p = 1.0f}).status().code(), Code::kOk);
@@ -175,11 +183,13 @@ TEST(Sampler, TopLogprobsAreTheMostLikelyUnderTheDrawnDistribution) {
     for (const auto& a : t.top) ids.push_back(a.id);
     return ids;
   };
+  // The chosen token's entry, as bits (-0 and +0 differ).
   auto chosen_entry = [](const SampledToken& t) {
     for (const auto& a : t.top)
-      if (a.id == t.id) return a.logprob;
-    return NAN;
+      if (a.id == t.id) return std::bit_cast<uint32_t>(a.logprob);
+    return 0xFFFFFFFFu;
   };
+  auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
   // Greedy: log_softmax of the raw logits.
   auto g = Make({.greedy = true, .top_logprobs = 3}).Sample(Probs());
   ASSERT_TRUE(g.ok());
@@ -187,7 +197,7 @@ TEST(Sampler, TopLogprobsAreTheMostLikelyUnderTheDrawnDistribution) {
   EXPECT_EQ(alts(*g), (std::vector<int32_t>{3, 2, 1}));
   EXPECT_NEAR(g->top[1].logprob, std::log(0.3), 1e-6);
   EXPECT_NEAR(g->top[2].logprob, std::log(0.2), 1e-6);
-  EXPECT_EQ(chosen_entry(*g), g->logprob);
+  EXPECT_EQ(chosen_entry(*g), bits(g->logprob));
   // Untruncated: every token is a candidate, so 4 alternatives of 5 asked.
   Sampler plain = Make({.seed = 4, .top_logprobs = 5});
   for (int i = 0; i < 20; ++i) {
@@ -195,7 +205,7 @@ TEST(Sampler, TopLogprobsAreTheMostLikelyUnderTheDrawnDistribution) {
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(alts(*r), (std::vector<int32_t>{3, 2, 1, 0}));
     EXPECT_NEAR(r->top[3].logprob, std::log(0.1), 1e-6);
-    EXPECT_EQ(chosen_entry(*r), r->logprob) << "draw " << i;
+    EXPECT_EQ(chosen_entry(*r), bits(r->logprob)) << "draw " << i;
   }
   // top_k 2 renormalizes over {3, 2}: 4/7 and 3/7, and ids 1 and 0 have probability 0.
   Sampler k2 = Make({.top_k = 2, .seed = 9, .top_logprobs = 4});
@@ -205,7 +215,7 @@ TEST(Sampler, TopLogprobsAreTheMostLikelyUnderTheDrawnDistribution) {
     EXPECT_EQ(alts(*r), (std::vector<int32_t>{3, 2}));
     EXPECT_NEAR(r->top[0].logprob, std::log(4.0 / 7.0), 1e-6);
     EXPECT_NEAR(r->top[1].logprob, std::log(3.0 / 7.0), 1e-6);
-    EXPECT_EQ(chosen_entry(*r), r->logprob);
+    EXPECT_EQ(chosen_entry(*r), bits(r->logprob));
   }
   // top_p 0.3 keeps {3} only; one alternative asked of a wider set gives the most likely.
   EXPECT_EQ(alts(*Make({.top_p = 0.3f, .top_logprobs = 2}).Sample(Probs())), (std::vector<int32_t>{3}));
@@ -215,6 +225,86 @@ TEST(Sampler, TopLogprobsAreTheMostLikelyUnderTheDrawnDistribution) {
   const std::vector<float> ties = {1.f, -INFINITY, 2.f, 1.f, 2.f};
   EXPECT_EQ(alts(*Make({.greedy = true, .top_logprobs = 5}).Sample(ties)), (std::vector<int32_t>{2, 4, 0, 3}));
   EXPECT_EQ(alts(*Make({.seed = 1, .top_logprobs = 5}).Sample(ties)), (std::vector<int32_t>{2, 4, 0, 3}));
+  // One token takes all the mass: the chosen logprob is -log(1) = -0, and so is its entry. A
+  // greedy alternative of a finite logit stays however unlikely (only -inf is left out).
+  const std::vector<float> sure = {0.f, -1000.f, -INFINITY};
+  auto one = Make({.greedy = true, .top_logprobs = 3}).Sample(sure);
+  EXPECT_EQ(alts(*one), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(chosen_entry(*one), bits(one->logprob));
+  EXPECT_EQ(bits(one->logprob), bits(-0.0f));
+  EXPECT_EQ(one->top[1].logprob, -1000.0f);
+}
+
+// The penalties by hand (vLLM's rules), greedy so each pick is the argmax of the changed
+// logits, and its logprob is log_softmax of them.
+TEST(Sampler, PenaltiesChangeTheLogitsOfTheSequencesTokens) {
+  const std::vector<float> logits = {1.0f, 2.0f, -1.0f, 3.0f};
+  auto log_softmax = [](std::vector<double> l, int id) {
+    double m = *std::max_element(l.begin(), l.end()), sum = 0.0;
+    for (double v : l) sum += std::exp(v - m);
+    return static_cast<float>(l[id] - m - std::log(sum));
+  };
+  // Repetition over prompt and generated tokens: 3 -> 3 / 2 = 1.5, -1 -> -2; so id 1 (2.0) wins.
+  Sampler rep = Make({.greedy = true, .repetition_penalty = 2.0f});
+  rep.Observe(std::vector<int32_t>{3, 2, 3}, false);
+  auto r = rep.Sample(logits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->id, 1);
+  EXPECT_NEAR(r->logprob, log_softmax({1.0, 2.0, -2.0, 1.5}, 1), 1e-6);
+  // Frequency and presence count generated tokens only: a prompt's 3 is not penalized ...
+  Sampler freq = Make({.greedy = true, .frequency_penalty = 0.5f, .presence_penalty = 0.25f});
+  freq.Observe(std::vector<int32_t>{3, 3, 3}, false);
+  EXPECT_EQ(freq.Sample(logits)->id, 3);
+  // ... a generated 3 once (3 - 0.5 - 0.25 = 2.25) still wins, twice (1.75) it loses to id 1.
+  freq.Observe(std::vector<int32_t>{3}, true);
+  auto once = freq.Sample(logits);
+  EXPECT_EQ(once->id, 3);
+  EXPECT_NEAR(once->logprob, log_softmax({1.0, 2.0, -1.0, 2.25}, 3), 1e-6);
+  freq.Observe(std::vector<int32_t>{3}, true);
+  auto twice = freq.Sample(logits);
+  EXPECT_EQ(twice->id, 1);
+  EXPECT_NEAR(twice->logprob, log_softmax({1.0, 2.0, -1.0, 1.75}, 1), 1e-6);
+  // A negative presence penalty favours what was generated; ids outside the vocabulary (from the
+  // network) change nothing.
+  Sampler fav = Make({.greedy = true, .repetition_penalty = 1.5f, .presence_penalty = -2.0f});
+  fav.Observe(std::vector<int32_t>{2, -7, 99}, true);
+  EXPECT_EQ(fav.Sample(logits)->id, 3) << "-1 * 1.5 + 2 = 0.5 < 3";
+  fav.Observe(std::vector<int32_t>{0}, true);   // 1 / 1.5 + 2 = 2.67 < 3
+  EXPECT_EQ(fav.Sample(logits)->id, 3);
+  Sampler fav2 = Make({.greedy = true, .presence_penalty = -2.0f});
+  fav2.Observe(std::vector<int32_t>{0}, true);   // 1 + 2 = 3: ties id 3, and the lower id wins
+  EXPECT_EQ(fav2.Sample(logits)->id, 0);
+  // Without a penalty nothing is kept and nothing changes; the host needs the logits only then.
+  Sampler plain = Make({.greedy = true});
+  plain.Observe(std::vector<int32_t>{3, 3}, true);
+  EXPECT_EQ(plain.Sample(logits)->id, 3);
+  EXPECT_FALSE(plain.NeedsHostLogits());
+  EXPECT_TRUE(freq.NeedsHostLogits());
+  EXPECT_TRUE(Make({.top_logprobs = 1}).NeedsHostLogits());
+  EXPECT_TRUE(Make({.min_p = 0.1f}).NeedsHostLogits());
+  EXPECT_FALSE(Make({.greedy = true, .min_p = 0.1f}).NeedsHostLogits()) << "min-p cannot move an argmax";
+}
+
+// min-p of Probs() (0.1, 0.2, 0.3, 0.4): 0.6 keeps p >= 0.24, i.e. {3, 2}: 4/7 and 3/7, as top_k 2.
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheMostLikely) {
+  Sampler mp = Make({.seed = 9, .top_logprobs = 4, .min_p = 0.6f});
+  Rng rng(9);
+  for (int i = 0; i < 50; ++i) {
+    const double u = rng.Uniform();
+    auto r = mp.Sample(Probs());
+    ASSERT_TRUE(r.ok());
+    // Untruncated by top-k/top-p, candidates walk in id order: 2 (3/7) before 3.
+    EXPECT_EQ(r->id, u < 3.0 / 7.0 ? 2 : 3) << "draw " << i;
+    EXPECT_NEAR(r->logprob, std::log(r->id == 3 ? 4.0 / 7.0 : 3.0 / 7.0), 1e-6);
+    ASSERT_EQ(r->top.size(), 2u);
+    EXPECT_EQ(r->top[0].id, 3);
+  }
+  // Temperature first: at T = 0.5 the ratios square (0.5625 for id 2), so 0.6 keeps id 3 only.
+  auto hot = Make({.temperature = 0.5f, .seed = 1, .min_p = 0.6f}).Sample(Probs());
+  EXPECT_EQ(hot->id, 3);
+  EXPECT_EQ(hot->logprob, 0.0f);
+  // min_p 1 keeps the most likely (and its equals) only.
+  EXPECT_EQ(Make({.seed = 2, .min_p = 1.0f}).Sample(Probs())->id, 3);
 }
 
 TEST(Sampler, TemperatureSharpensAndFlattens) {
