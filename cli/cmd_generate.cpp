@@ -61,8 +61,9 @@ const CommandSpec kSpec{
      {"min-p", "P", "drop tokens below P x the most likely's probability, P in [0, 1] (default 0)"},
      {"repetition-penalty", "R", "divide (l > 0) or multiply (l < 0) the logits of the prompt's and\n"
                                  "generated tokens by R > 0 (default 1 = off)"},
-     {"frequency-penalty", "F", "subtract F x times generated from a token's logit, F in [-2, 2]"},
-     {"presence-penalty", "P", "subtract P from a generated token's logit, P in [-2, 2]"},
+     {"frequency-penalty", "F", "subtract F x times generated from a token's logit, F in [-2, 2]\n"
+                                "(default 0)"},
+     {"presence-penalty", "Q", "subtract Q from a generated token's logit, Q in [-2, 2] (default 0)"},
      {"format", "text|ids", "stream decoded text (default) or print the ids on one line"},
      {"threads", "N", "with --model: kernel threads (default: all cores)"},
      {"max-step-tokens", "N", "with --model: prefill the prompt in chunks of N tokens, as a\n"

@@ -186,6 +186,27 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
     return InvalidArgument("sampling.presence_penalty: " + std::to_string(s.presence_penalty()) + " outside [-2, 2]");
   if (!s.greedy() && !(s.min_p() >= 0 && s.min_p() <= 1))
     return InvalidArgument("sampling.min_p: " + std::to_string(s.min_p()) + " outside [0, 1]");
+  if (s.logit_bias_size() > kMaxLogitBias)
+    return InvalidArgument("sampling.logit_bias: " + std::to_string(s.logit_bias_size()) + " entries (at most " +
+                           std::to_string(kMaxLogitBias) + ")");
+  for (const auto& [id, bias] : s.logit_bias()) {
+    if (id < 0 || id >= model_.vocab_size)
+      return InvalidArgument("sampling.logit_bias: token " + std::to_string(id) + " outside [0, " +
+                             std::to_string(model_.vocab_size) + ") (vocab_size)");
+    if (!(bias >= -100 && bias <= 100))
+      return InvalidArgument("sampling.logit_bias: token " + std::to_string(id) + ": bias " + std::to_string(bias) +
+                             " outside [-100, 100]");
+  }
+  if (req.stop_token_ids_size() > kMaxStopTokenIds)
+    return InvalidArgument("stop_token_ids: " + std::to_string(req.stop_token_ids_size()) + " ids (at most " +
+                           std::to_string(kMaxStopTokenIds) + ")");
+  for (int i = 0; i < req.stop_token_ids_size(); ++i)
+    if (req.stop_token_ids(i) < 0 || req.stop_token_ids(i) >= model_.vocab_size)
+      return InvalidArgument("stop_token_ids[" + std::to_string(i) + "]: " + std::to_string(req.stop_token_ids(i)) +
+                             " outside [0, " + std::to_string(model_.vocab_size) + ") (vocab_size)");
+  if (req.min_tokens() < 0 || req.min_tokens() > req.max_tokens())
+    return InvalidArgument("min_tokens: " + std::to_string(req.min_tokens()) + " outside [0, max_tokens " +
+                           std::to_string(req.max_tokens()) + "]");
   if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs)
     return InvalidArgument("sampling.top_logprobs: " + std::to_string(s.top_logprobs()) + " outside [0, " +
                            std::to_string(kMaxTopLogprobs) + "]");
@@ -217,6 +238,15 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
   }
   p.stop.assign(req.stop().begin(), req.stop().end());
   p.ignore_eos = req.ignore_eos();
+  p.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
+  p.min_tokens = req.min_tokens();
+  *p.sampling.mutable_logit_bias() = s.logit_bias();
+  // The last stage holds back every token that would stop the request before min_tokens.
+  if (p.min_tokens > 0) {
+    p.sampling.set_min_tokens(static_cast<int32_t>(p.min_tokens));
+    if (tokenizer_ && !p.ignore_eos) p.sampling.add_min_tokens_ids(tokenizer_->eos_id());
+    for (int32_t id : p.stop_token_ids) p.sampling.add_min_tokens_ids(id);
+  }
   return p;
 }
 

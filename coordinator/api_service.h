@@ -25,6 +25,8 @@ inline constexpr int kApiMaxRequestBytes = 4 << 20;   // a gRPC request message 
 inline constexpr size_t kMaxPromptBytesPerToken = 32;  // input.text up to this x max_context
 inline constexpr int kMaxStopStrings = 4;              // OpenAI's limit
 inline constexpr size_t kMaxStopBytes = 256;
+inline constexpr int kMaxLogitBias = 1024;            // logit_bias entries
+inline constexpr int kMaxStopTokenIds = 1024;
 
 struct ApiOptions {
   int64_t max_tokens = 4096;             // per request

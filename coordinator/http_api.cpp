@@ -199,12 +199,16 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
   }
   for (const auto& stop : r.stop) g.add_stop(stop);
   g.set_ignore_eos(r.ignore_eos);
+  for (const auto& [id, bias] : r.logit_bias) (*s->mutable_logit_bias())[id] = bias;
+  g.mutable_stop_token_ids()->Add(r.stop_token_ids.begin(), r.stop_token_ids.end());
+  g.set_min_tokens(static_cast<int32_t>(std::min<int64_t>(r.min_tokens, std::numeric_limits<int32_t>::max())));
   auto params = grpc_api_->Validate(g);
   if (params.ok()) return params;
   // The gRPC validator names gRPC's fields: say the request's instead.
   std::string msg = params.status().message();
   if (msg.rfind("input.tokens.ids", 0) == 0) msg = "prompt" + msg.substr(16);
   else if (msg.rfind("input", 0) == 0) msg = input + msg.substr(5);
+  else if (msg.rfind("sampling.", 0) == 0) msg = msg.substr(9);   // HTTP's fields are top-level
   return Status(params.status().code(), msg);
 }
 

@@ -13,6 +13,7 @@ using Json = nlohmann::json;
 
 constexpr int64_t kMaxStopStrings = 4;   // OpenAI's limit
 constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's limit
+constexpr size_t kMaxTokenLists = 1024;   // logit_bias entries, stop_token_ids (api_service.h)
 
 const char* TypeName(const Json& v) {
   switch (v.type()) {
@@ -185,6 +186,39 @@ Status DecodeSampling(const Json& j, OpenAiRequest* r) {
     if (!(r->repetition_penalty > 0 && r->repetition_penalty <= 1e6))
       return InvalidArgument("repetition_penalty: " + v->dump() + " outside (0, 1e6]");
   }
+  if (const Json* v = Field(j, "logit_bias")) {
+    if (!v->is_object()) return WrongType("logit_bias", "an object of token id: bias", *v);
+    if (v->size() > kMaxTokenLists)
+      return InvalidArgument("logit_bias: " + std::to_string(v->size()) + " entries (at most " +
+                             std::to_string(kMaxTokenLists) + ")");
+    for (const auto& [key, bias] : v->items()) {
+      const std::string field = "logit_bias." + key.substr(0, 16);
+      // OpenAI's keys are token ids written as strings.
+      if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoll(key) > std::numeric_limits<int32_t>::max())
+        return InvalidArgument(field + ": the key is not a token id");
+      FM_ASSIGN_OR_RETURN(double b, Number(bias, field));
+      if (!(b >= -100 && b <= 100)) return InvalidArgument(field + ": " + bias.dump() + " outside [-100, 100]");
+      r->logit_bias.emplace_back(static_cast<int32_t>(std::stoll(key)), static_cast<float>(b));
+    }
+  }
+  if (const Json* v = Field(j, "stop_token_ids")) {
+    if (!v->is_array()) return WrongType("stop_token_ids", "an array of token ids", *v);
+    if (v->size() > kMaxTokenLists)
+      return InvalidArgument("stop_token_ids: " + std::to_string(v->size()) + " ids (at most " +
+                             std::to_string(kMaxTokenLists) + ")");
+    for (size_t i = 0; i < v->size(); ++i) {
+      const std::string field = "stop_token_ids[" + std::to_string(i) + "]";
+      FM_ASSIGN_OR_RETURN(int64_t id, Integer((*v)[i], field));
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) return InvalidArgument(field + ": " + std::to_string(id) + " is not a token id");
+      r->stop_token_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  if (const Json* v = Field(j, "min_tokens")) {
+    FM_ASSIGN_OR_RETURN(r->min_tokens, Integer(*v, "min_tokens"));
+    if (r->min_tokens < 0 || r->min_tokens > std::numeric_limits<int32_t>::max())
+      return InvalidArgument("min_tokens: " + std::to_string(r->min_tokens) + " (a count >= 0)");
+  }
   if (const Json* v = Field(j, "seed")) {
     FM_ASSIGN_OR_RETURN(int64_t seed, Integer(*v, "seed"));
     r->seed = static_cast<uint64_t>(seed);
@@ -193,7 +227,6 @@ Status DecodeSampling(const Json& j, OpenAiRequest* r) {
 }
 
 // The values of RefuseUnsupported's fields that change nothing.
-bool IsNumber0(const Json& v) { return v.is_number() && v.get<double>() == 0; }
 bool IsNumber1(const Json& v) { return v.is_number() && v.get<double>() == 1; }
 bool IsFalse(const Json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool IsEmptyArray(const Json& v) { return v.is_array() && v.empty(); }
@@ -209,12 +242,9 @@ Status RefuseUnsupported(const Json& j) {
     const char* neutral_text;
   };
   static const Unsupported kFields[] = {
-      {"min_tokens", IsNumber0, "0"},
       {"best_of", IsNumber1, "1"},
       {"echo", IsFalse, "false"},
       {"suffix", [](const Json& v) { return v.is_string() && v.get<std::string>().empty(); }, "\"\""},
-      {"logit_bias", [](const Json& v) { return v.is_object() && v.empty(); }, "{}"},
-      {"stop_token_ids", IsEmptyArray, "[]"},
       {"tools", IsEmptyArray, "[]"},
       {"functions", IsEmptyArray, "[]"},
       {"tool_choice", [](const Json& v) { return v == "none" || v == "auto"; }, "\"none\" or \"auto\""},

@@ -31,6 +31,9 @@ struct OpenAiRequest {
   double frequency_penalty = 0.0;        // [-2, 2]
   double presence_penalty = 0.0;         // [-2, 2]
   double repetition_penalty = 1.0;       // extension (vLLM's); 1 = off
+  std::vector<std::pair<int32_t, float>> logit_bias;   // (token id, bias in [-100, 100])
+  std::vector<int32_t> stop_token_ids;   // extension (vLLM's)
+  int64_t min_tokens = 0;                // extension (vLLM's)
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;

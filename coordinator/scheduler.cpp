@@ -564,7 +564,13 @@ void Scheduler::Complete(StepCall* call) {
 void Scheduler::ApplyToken(Request* r, const flashmesh::v1::SampledToken& t) {
   const int32_t id = t.id();
   ++r->generated;
-  const bool eos = tokenizer_ && id == tokenizer_->eos_id() && !r->params.ignore_eos;
+  // Stops of every kind wait for min_tokens (vLLM's rule; the last stage held the stop tokens
+  // back until then).
+  const bool may_stop = r->generated >= r->params.min_tokens;
+  const auto& stop_ids = r->params.stop_token_ids;
+  const bool stop_token = may_stop && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+  const bool stopped =
+      stop_token || (may_stop && tokenizer_ && id == tokenizer_->eos_id() && !r->params.ignore_eos);
   const int64_t context = static_cast<int64_t>(r->params.prompt.size()) + r->generated;
   const bool length = r->generated >= r->params.max_tokens || context >= limits_.max_context;
   RequestStream::Event ev;
@@ -585,18 +591,19 @@ void Scheduler::ApplyToken(Request* r, const flashmesh::v1::SampledToken& t) {
   }
   size_t scan_from = r->text.size();
   if (r->decoder) {
-    auto piece = r->decoder->Push(id);
+    // A stop token's own text is not part of the output (vLLM's), as end-of-sentence has none.
+    auto piece = stop_token ? Result<std::string>(std::string()) : r->decoder->Push(id);
     std::string text = piece.ok() ? *piece : std::string();
     // The last token: an unfinished UTF-8 character still held comes out as U+FFFD.
-    if (eos || length) text += r->decoder->Flush();
+    if (stopped || length) text += r->decoder->Flush();
     ev.token.set_text(text);
     r->text += text;
   }
   r->stream->Push(std::move(ev));
-  if (eos) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, "");
+  if (stopped) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, "");
   for (const auto& s : r->params.stop) {
     size_t from = scan_from >= s.size() ? scan_from - s.size() + 1 : 0;
-    if (r->text.find(s, from) != std::string::npos) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, s);
+    if (may_stop && r->text.find(s, from) != std::string::npos) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, s);
   }
   if (length) return Finish(r, flashmesh::v1::FINISH_REASON_LENGTH, "");
   r->next = {id};

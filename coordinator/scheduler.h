@@ -37,6 +37,8 @@ struct GenerateParams {
   flashmesh::v1::Sampling sampling;   // resolved: seed set, greedy decided
   int64_t max_tokens = 0;
   std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  int64_t min_tokens = 0;   // no stop of any kind before this many tokens
   bool ignore_eos = false;
   // The client's deadline: a request still queued then leaves the queue with DEADLINE_EXCEEDED.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();

@@ -1,6 +1,7 @@
 #include "model/sampler.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -65,6 +66,12 @@ Status ValidateSamplerConfig(const SamplerConfig& cfg) {
     return InvalidArgument("presence_penalty: " + std::to_string(cfg.presence_penalty) + " (must be in [-2, 2])");
   if (!(cfg.min_p >= 0.0f && cfg.min_p <= 1.0f))
     return InvalidArgument("min_p: " + std::to_string(cfg.min_p) + " (must be in [0, 1])");
+  for (const auto& [id, bias] : cfg.logit_bias)
+    if (id < 0 || !(bias >= -100.0f && bias <= 100.0f))
+      return InvalidArgument("logit_bias: token " + std::to_string(id) + " bias " + std::to_string(bias) +
+                             " (a token >= 0, a bias in [-100, 100])");
+  if (cfg.min_tokens < 0)
+    return InvalidArgument("min_tokens: " + std::to_string(cfg.min_tokens) + " (must be >= 0)");
   if (cfg.top_logprobs < 0 || cfg.top_logprobs > kMaxTopLogprobs)
     return InvalidArgument("top_logprobs: " + std::to_string(cfg.top_logprobs) + " (must be in [0, " +
                            std::to_string(kMaxTopLogprobs) + "])");
@@ -84,11 +91,18 @@ bool Sampler::has_penalties() const {
   return cfg_.repetition_penalty != 1.0f || cfg_.frequency_penalty != 0.0f || cfg_.presence_penalty != 0.0f;
 }
 
-bool Sampler::NeedsHostLogits() const {
-  return cfg_.top_logprobs > 0 || has_penalties() || (cfg_.min_p > 0.0f && !is_greedy());
+bool Sampler::masks_min_tokens() const {
+  return generated_count_ < cfg_.min_tokens && !cfg_.min_tokens_ids.empty();
 }
 
+bool Sampler::adjusts(bool sampling) const {
+  return has_penalties() || !cfg_.logit_bias.empty() || masks_min_tokens() || (sampling && cfg_.min_p > 0.0f);
+}
+
+bool Sampler::NeedsHostLogits() const { return cfg_.top_logprobs > 0 || adjusts(!is_greedy()); }
+
 void Sampler::Observe(std::span<const int32_t> tokens, bool generated) {
+  if (generated) generated_count_ += static_cast<int64_t>(tokens.size());
   if (!has_penalties()) return;
   for (int32_t id : tokens) {
     if (cfg_.repetition_penalty != 1.0f) seen_.insert(id);
@@ -100,12 +114,23 @@ std::vector<float> Sampler::Adjusted(std::span<const float> logits) const {
   std::vector<float> l(logits.begin(), logits.end());
   const int64_t n = static_cast<int64_t>(l.size());
   auto in_range = [&](int32_t id) { return id >= 0 && id < n; };   // ids came from the network
+  // A finite logit stays finite: a tiny repetition_penalty must not make one +inf (the model's
+  // own +inf or NaN stay errors, -inf stays out).
+  auto set = [&](int32_t id, double v) {
+    if (std::isfinite(l[id])) l[id] = static_cast<float>(std::clamp(v, -double(FLT_MAX), double(FLT_MAX)));
+  };
   // Each token's change depends on that token alone, so the sets' order does not matter.
+  for (const auto& [id, bias] : cfg_.logit_bias)
+    if (in_range(id)) set(id, static_cast<double>(l[id]) + bias);
+  if (masks_min_tokens())
+    for (int32_t id : cfg_.min_tokens_ids)
+      if (in_range(id) && !std::isnan(l[id])) l[id] = -INFINITY;
+  const double r = cfg_.repetition_penalty;
   for (int32_t id : seen_)
-    if (in_range(id)) l[id] = l[id] > 0.0f ? l[id] / cfg_.repetition_penalty : l[id] * cfg_.repetition_penalty;
+    if (in_range(id)) set(id, l[id] > 0.0f ? static_cast<double>(l[id]) / r : static_cast<double>(l[id]) * r);
   for (const auto& [id, count] : generated_)
     if (in_range(id))
-      l[id] -= static_cast<float>(cfg_.frequency_penalty * static_cast<double>(count) + cfg_.presence_penalty);
+      set(id, static_cast<double>(l[id]) - (cfg_.frequency_penalty * static_cast<double>(count) + cfg_.presence_penalty));
   if (cfg_.min_p > 0.0f && !is_greedy()) {
     // p_i / p_max = exp((l_i - l_max) / T): below min_p the token is out (-inf).
     float top = -INFINITY;
@@ -122,7 +147,7 @@ std::vector<float> Sampler::Adjusted(std::span<const float> logits) const {
 
 Result<SampledToken> Sampler::SampleWith(std::span<const float> raw, double u) const {
   std::vector<float> adjusted;
-  if (has_penalties() || (cfg_.min_p > 0.0f && !is_greedy())) adjusted = Adjusted(raw);
+  if (adjusts(!is_greedy())) adjusted = Adjusted(raw);
   const std::span<const float> logits = adjusted.empty() ? raw : std::span<const float>(adjusted);
   const int64_t n = static_cast<int64_t>(logits.size());
   int64_t best = -1;

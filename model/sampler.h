@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -26,6 +27,12 @@ struct SamplerConfig {
   float frequency_penalty = 0.0f;   // [-2, 2]: generated: l -= f * count
   float presence_penalty = 0.0f;    // [-2, 2]: generated: l -= p (once)
   float min_p = 0.0f;               // [0, 1]: drop tokens of probability < min_p * the largest
+  // (token, bias in [-100, 100]): added to the logit before anything else (OpenAI's logit_bias).
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
+  // Until min_tokens tokens are generated, min_tokens_ids (end-of-sentence, stop tokens) cannot
+  // be drawn (their logits are -inf).
+  int32_t min_tokens = 0;
+  std::vector<int32_t> min_tokens_ids = {};
 };
 
 // OpenAI's bound on top_logprobs (and on completions' logprobs).
@@ -33,7 +40,8 @@ constexpr int32_t kMaxTopLogprobs = 20;
 
 // InvalidArgument naming the field: temperature < 0 (or NaN), top_p outside (0, 1], top_k < 0,
 // top_logprobs outside [0, kMaxTopLogprobs], repetition_penalty not > 0, frequency_penalty or
-// presence_penalty outside [-2, 2], min_p outside [0, 1] (NaN is outside every range).
+// presence_penalty outside [-2, 2], min_p outside [0, 1] (NaN is outside every range), a
+// logit_bias token < 0 or bias outside [-100, 100], min_tokens < 0.
 Status ValidateSamplerConfig(const SamplerConfig& cfg);
 
 // splitmix64-seeded xoshiro256** (Blackman & Vigna): fixed, portable sequence per seed.
@@ -81,19 +89,23 @@ class Sampler {
   // sampled token as it is fed back (generated true). The penalties read them; without
   // penalties nothing is kept.
   void Observe(std::span<const int32_t> tokens, bool generated);
-  // True when a pick needs the whole row of logits on the host (top logprobs, a penalty,
-  // min-p): a device sampler hands such rows to SampleWith.
+  // True when a pick needs the whole row of logits on the host (top logprobs, logit_bias, the
+  // min_tokens mask, a penalty, min-p): a device sampler hands such rows to SampleWith.
   bool NeedsHostLogits() const;
 
  private:
   explicit Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) {}
   bool has_penalties() const;
-  // logits with the penalties and min-p applied (min-p only when sampling).
+  bool masks_min_tokens() const;   // the min_tokens ids are still held back
+  bool adjusts(bool sampling) const;
+  // logits with the bias, the min_tokens mask, the penalties and min-p applied (min-p only when
+  // sampling).
   std::vector<float> Adjusted(std::span<const float> logits) const;
   SamplerConfig cfg_;
   Rng rng_;
   std::unordered_set<int32_t> seen_;                 // prompt and generated ids (repetition)
   std::unordered_map<int32_t, int32_t> generated_;   // generated id -> times (frequency, presence)
+  int64_t generated_count_ = 0;                       // tokens generated so far (min_tokens)
 };
 
 }  // namespace fm

@@ -283,6 +283,7 @@ TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
   configs[4].temperature = 1.2f, configs[4].top_k = 20, configs[4].seed = 5, configs[4].top_logprobs = 5;
   configs[5].temperature = 0.8f, configs[5].seed = 6, configs[5].min_p = 0.02f;
   configs[5].repetition_penalty = 1.2f, configs[5].frequency_penalty = 0.5f;
+  configs[5].logit_bias = {{3, 1.5f}}, configs[5].min_tokens = 2, configs[5].min_tokens_ids = {0, 1};
   std::vector<Sampler> dev, host;
   for (const SamplerConfig& c : configs) {
     dev.push_back(*Sampler::Create(c));

@@ -89,6 +89,18 @@ TEST_F(ApiTest, BadInputsAreInvalidArgumentNamingTheField) {
   bad_min_p.mutable_sampling()->set_temperature(0.5f);
   bad_min_p.mutable_sampling()->set_min_p(1.5f);
   ExpectError(Generate(stub.get(), bad_min_p), grpc::StatusCode::INVALID_ARGUMENT, "sampling.min_p: 1.500000 outside [0, 1]");
+  auto bad_bias = TokensRequest({5, 6}, 4);
+  (*bad_bias.mutable_sampling()->mutable_logit_bias())[1 << 30] = 1.0f;
+  ExpectError(Generate(stub.get(), bad_bias), grpc::StatusCode::INVALID_ARGUMENT,
+              "sampling.logit_bias: token 1073741824 outside [0, ");
+  auto bad_stop_id = TokensRequest({5, 6}, 4);
+  bad_stop_id.add_stop_token_ids(3);
+  bad_stop_id.add_stop_token_ids(-3);
+  ExpectError(Generate(stub.get(), bad_stop_id), grpc::StatusCode::INVALID_ARGUMENT, "stop_token_ids[1]: -3 outside");
+  auto bad_min_tokens = TokensRequest({5, 6}, 4);
+  bad_min_tokens.set_min_tokens(5);
+  ExpectError(Generate(stub.get(), bad_min_tokens), grpc::StatusCode::INVALID_ARGUMENT,
+              "min_tokens: 5 outside [0, max_tokens 4]");
   for (int n : {-1, 21}) {   // greedy too: alternatives are asked for either way
     auto bad_top = TokensRequest({5, 6}, 4);
     bad_top.mutable_sampling()->set_greedy(true);

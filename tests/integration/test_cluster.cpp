@@ -156,6 +156,55 @@ std::string IdsLine(const std::string& out) {
   return last;
 }
 
+// stop_token_ids, min_tokens and logit_bias: each does what it says on a pipeline, with the
+// single process's tokens.
+TEST_F(PipelineTest, StopTokensMinTokensAndLogitBias) {
+  auto single = Connect(server_->api());
+  auto pipe = Connect(cluster_->api());
+  const auto plain_req = TokensRequest(Prompt(1), kNewTokens);
+  const Generation plain = Generate(single.get(), plain_req);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_EQ(plain.ids.size(), static_cast<size_t>(kNewTokens));
+  const int32_t third = plain.ids[2];
+  ASSERT_TRUE(plain.ids[0] != third && plain.ids[1] != third) << "pick another prompt";
+  auto both = [&](const flashmesh::v1::GenerateRequest& req, const std::string& what) {
+    Generation a = Generate(single.get(), req);
+    ExpectSame(a, Generate(pipe.get(), req), what);
+    return a;
+  };
+
+  // The third token stops the stream: it is reported (and counted) but adds no text.
+  auto stop_req = plain_req;
+  stop_req.add_stop_token_ids(third);
+  const Generation stopped = both(stop_req, "stop_token_ids");
+  EXPECT_EQ(stopped.ids, std::vector<int32_t>(plain.ids.begin(), plain.ids.begin() + 3));
+  EXPECT_EQ(stopped.finish.reason(), flashmesh::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped.finish.usage().completion_tokens(), 3);
+  ASSERT_EQ(stopped.pieces.size(), 3u);
+  EXPECT_EQ(stopped.pieces[2], "");
+
+  // min_tokens 4 holds that token back for the first 4 tokens: 3 tokens as before, then another.
+  auto min_req = stop_req;
+  min_req.set_min_tokens(4);
+  const Generation held = both(min_req, "min_tokens");
+  ASSERT_GE(held.ids.size(), 4u);
+  EXPECT_EQ(std::vector<int32_t>(held.ids.begin(), held.ids.begin() + 2),
+            std::vector<int32_t>(plain.ids.begin(), plain.ids.begin() + 2));
+  for (size_t i = 0; i < 4; ++i) EXPECT_NE(held.ids[i], third) << "token " << i;
+  for (size_t i = 4; i < held.ids.size(); ++i)
+    if (held.ids[i] == third) EXPECT_EQ(i + 1, held.ids.size()) << "it stops once allowed";
+
+  // A bias of +100 makes one token every pick; -100 keeps the first pick from being one.
+  auto up = plain_req;
+  (*up.mutable_sampling()->mutable_logit_bias())[7] = 100.0f;
+  EXPECT_EQ(both(up, "logit_bias +100").ids, std::vector<int32_t>(kNewTokens, 7));
+  auto down = plain_req;
+  (*down.mutable_sampling()->mutable_logit_bias())[plain.ids[0]] = -100.0f;
+  const Generation biased = both(down, "logit_bias -100");
+  ASSERT_FALSE(biased.ids.empty());
+  for (int32_t id : biased.ids) EXPECT_NE(id, plain.ids[0]);
+}
+
 TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
   std::vector<std::string> outputs;
   for (const std::vector<std::string>& opts :

@@ -298,6 +298,38 @@ TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
   EXPECT_EQ(offsets, want_offsets) << r.body;
 }
 
+// logit_bias, stop_token_ids, min_tokens and the penalties over HTTP: the same tokens as gRPC.
+TEST_F(HttpApiTest, LogitBiasStopTokenIdsAndPenaltiesEqualGrpc) {
+  auto stub = Connect(cluster_->api());
+  auto req = TokensRequest({9, 8, 7}, 6);
+  (*req.mutable_sampling()->mutable_logit_bias())[42] = 100.0f;
+  Generation biased = Generate(stub.get(), req);
+  ASSERT_TRUE(biased.status.ok()) << biased.status.error_message();
+  EXPECT_EQ(biased.ids, std::vector<int32_t>(6, 42));
+  Json c = {{"prompt", {9, 8, 7}}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true},
+            {"logit_bias", {{"42", 100}}}};
+  HttpResult r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ParseBody(r)["choices"][0]["text"], biased.text);
+
+  auto pen = TokensRequest({9, 8, 7}, 6);
+  pen.mutable_sampling()->set_frequency_penalty(-2.0f);
+  pen.mutable_sampling()->set_repetition_penalty(0.5f);
+  pen.add_stop_token_ids(11);
+  pen.set_min_tokens(2);
+  Generation want = Generate(stub.get(), pen);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  c = {{"prompt", {9, 8, 7}}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 0},
+       {"frequency_penalty", -2.0}, {"repetition_penalty", 0.5}, {"stop_token_ids", {11}}, {"min_tokens", 2}};
+  r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const Json j = ParseBody(r);
+  EXPECT_EQ(j["choices"][0]["text"], want.text);
+  ASSERT_EQ(j["choices"][0]["logprobs"]["token_logprobs"].size(), want.logprobs.size());
+  for (size_t i = 0; i < want.logprobs.size(); ++i)
+    EXPECT_EQ(static_cast<float>(j["choices"][0]["logprobs"]["token_logprobs"][i].get<double>()), want.logprobs[i]);
+}
+
 TEST_F(HttpApiTest, StopStringIsCutFromTheText) {
   auto stub = Connect(cluster_->api());
   Generation full = Generate(stub.get(), GreedyText("hello world", 24));
@@ -368,6 +400,11 @@ TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
       {with("stream", "yes"), "stream"},
       {with("seed", 1.5), "seed"},
       {with("logprobs", 1), "logprobs"},
+      // Checked against the vocabulary by the gRPC validator, named as HTTP names them.
+      {with("logit_bias", {{"999999", 5}}), "logit_bias"},
+      {with("stop_token_ids", {999999}), "stop_token_ids[0]"},
+      {with("min_tokens", 3), "min_tokens"},
+      {with("frequency_penalty", 3), "frequency_penalty"},
       // More bytes than 32 x max_context (4096): refused before tokenizing.
       {with("messages", Json::array({{{"role", "user"}, {"content", std::string(200000, 'a')}}})), "messages"},
   };

@@ -69,7 +69,7 @@ TEST(HttpRequestParser, LimitsAndGarbageAreErrorsWithTheirStatus) {
 // levels (a 200 kB body) ended the daemon. Brackets inside strings do not count.
 TEST(DecodeOpenAiRequest, NestingPastTheLimitIsRefusedBeforeAnyValueIsRead) {
   const auto nested = [](size_t depth) {
-    return R"({"prompt": "hi", "logit_bias": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
+    return R"({"prompt": "hi", "tools": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
   };
   auto deep = DecodeOpenAiRequest(nested(100000), false);
   ASSERT_FALSE(deep.ok());
@@ -77,7 +77,7 @@ TEST(DecodeOpenAiRequest, NestingPastTheLimitIsRefusedBeforeAnyValueIsRead) {
   EXPECT_EQ(deep.status().message(), "body: JSON nested deeper than 64 levels");
   auto at_limit = DecodeOpenAiRequest(nested(63), false);   // 64 with the body's object
   ASSERT_FALSE(at_limit.ok());
-  EXPECT_EQ(at_limit.status().message().rfind("logit_bias: [[[", 0), 0u) << at_limit.status().ToString();
+  EXPECT_EQ(at_limit.status().message().rfind("tools: [[[", 0), 0u) << at_limit.status().ToString();
   auto in_string = DecodeOpenAiRequest(R"({"prompt": ")" + std::string(1000, '[') + R"("})", false);
   EXPECT_TRUE(in_string.ok()) << in_string.status().ToString();
 }
@@ -134,7 +134,8 @@ TEST(DecodeOpenAiRequest, UnsupportedFieldsAtTheirNeutralValuesAreAccepted) {
   EXPECT_TRUE(c.ok()) << c.status().ToString();
 }
 
-// The penalties and min-p (OpenAI's, and vLLM's / llama.cpp's extensions) are decoded as given.
+// The penalties, min-p, logit_bias, stop_token_ids and min_tokens (OpenAI's, and vLLM's /
+// llama.cpp's extensions) are decoded as given.
 TEST(DecodeOpenAiRequest, PenaltiesAndMinP) {
   auto r = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": -1.5,
       "frequency_penalty": 2, "repetition_penalty": 1.15, "min_p": 0.05})", true);
@@ -143,6 +144,12 @@ TEST(DecodeOpenAiRequest, PenaltiesAndMinP) {
   EXPECT_EQ(r->frequency_penalty, 2.0);
   EXPECT_EQ(r->repetition_penalty, 1.15);
   EXPECT_EQ(r->min_p, 0.05);
+  auto b = DecodeOpenAiRequest(R"({"prompt": "x", "logit_bias": {"7": -100, "12": 2.5}, "stop_token_ids": [3, 4],
+      "min_tokens": 2})", false);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->logit_bias, (std::vector<std::pair<int32_t, float>>{{12, 2.5f}, {7, -100.0f}}));
+  EXPECT_EQ(b->stop_token_ids, (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(b->min_tokens, 2);
   auto d = DecodeOpenAiRequest(R"({"prompt": "x"})", false);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->presence_penalty, 0.0);
@@ -182,16 +189,20 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"prompt": "x", "repetition_penalty": 1e300})", false, "repetition_penalty"},
       {R"({"prompt": "x", "min_p": 1.01})", false, "min_p"},
       {R"({"prompt": "x", "min_p": true})", false, "min_p"},
+      {R"({"prompt": "x", "logit_bias": {"5": 100.5}})", false, "logit_bias.5"},
+      {R"({"prompt": "x", "logit_bias": {"a": 1}})", false, "logit_bias.a"},
+      {R"({"prompt": "x", "logit_bias": {"99999999999": 1}})", false, "logit_bias.99999999999"},
+      {R"({"prompt": "x", "logit_bias": [5]})", false, "logit_bias"},
+      {R"({"prompt": "x", "stop_token_ids": [7, -1]})", false, "stop_token_ids[1]"},
+      {R"({"prompt": "x", "stop_token_ids": 7})", false, "stop_token_ids"},
+      {R"({"prompt": "x", "min_tokens": -1})", false, "min_tokens"},
       // Known fields that would change the output, which this server does not do.
-      {R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 100}})", true, "logit_bias"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", true, "response_format"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "min_tokens": 4})", true, "min_tokens"},
       {R"({"prompt": "x", "echo": true})", false, "echo"},
       {R"({"prompt": "x", "suffix": "end"})", false, "suffix"},
       {R"({"prompt": "x", "best_of": 2})", false, "best_of"},
-      {R"({"prompt": "x", "stop_token_ids": [7]})", false, "stop_token_ids"},
       {R"({"prompt": "x", "guided_regex": "[a-z]+"})", false, "guided_regex"},
       {R"({"messages": [{"role": "user", "content": "x"}], "guided_json": {}})", true, "guided_json"},
       {R"({"prompt": "x", "use_beam_search": true})", false, "use_beam_search"},

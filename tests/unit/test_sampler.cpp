@@ -114,6 +114,9 @@ TEST(Sampler, ValidationNamesTheField) {
   EXPECT_NE(err({.presence_penalty = NAN}).find("presence_penalty"), std::string::npos);
   EXPECT_NE(err({.min_p = 1.5f}).find("min_p"), std::string::npos);
   EXPECT_NE(err({.min_p = -0.1f}).find("min_p"), std::string::npos);
+  EXPECT_NE(err({.logit_bias = {{5, 100.5f}}}).find("logit_bias"), std::string::npos);
+  EXPECT_NE(err({.logit_bias = {{-1, 1.0f}}}).find("logit_bias"), std::string::npos);
+  EXPECT_NE(err({.min_tokens = -1}).find("min_tokens"), std::string::npos);
   EXPECT_NE(err({.top_logprobs = kMaxTopLogprobs + 1}).find("top_logprobs"), std::string::npos);
   EXPECT_EQ(Sampler::Create({.top_logprobs = kMaxTopLogprobs}).status().code(), Code::kOk);
   EXPECT_EQ(Sampler::Create({.top_p = 1.0f}).status().code(), Code::kOk);
@@ -274,6 +277,16 @@ TEST(Sampler, PenaltiesChangeTheLogitsOfTheSequencesTokens) {
   Sampler fav2 = Make({.greedy = true, .presence_penalty = -2.0f});
   fav2.Observe(std::vector<int32_t>{0}, true);   // 1 + 2 = 3: ties id 3, and the lower id wins
   EXPECT_EQ(fav2.Sample(logits)->id, 0);
+  // A tiny repetition penalty makes a large logit the largest float, not +inf (which would be
+  // an error that fails the step of every sequence); -inf stays -inf.
+  Sampler tiny = Make({.greedy = true, .top_logprobs = 2, .repetition_penalty = 1e-40f});
+  tiny.Observe(std::vector<int32_t>{3, 1}, false);
+  auto t = tiny.Sample(std::vector<float>{1.0f, 2.0f, -INFINITY, 3.0f});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->id, 1) << "2 / 1e-40 and 3 / 1e-40 both clamp to FLT_MAX: the lower id";
+  EXPECT_EQ(t->top.size(), 2u);
+  EXPECT_FALSE(Make({.greedy = true, .repetition_penalty = 2.0f}).Sample(std::vector<float>{1.0f, INFINITY}).ok())
+      << "the model's own +inf is still an error";
   // Without a penalty nothing is kept and nothing changes; the host needs the logits only then.
   Sampler plain = Make({.greedy = true});
   plain.Observe(std::vector<int32_t>{3, 3}, true);
@@ -283,6 +296,34 @@ TEST(Sampler, PenaltiesChangeTheLogitsOfTheSequencesTokens) {
   EXPECT_TRUE(Make({.top_logprobs = 1}).NeedsHostLogits());
   EXPECT_TRUE(Make({.min_p = 0.1f}).NeedsHostLogits());
   EXPECT_FALSE(Make({.greedy = true, .min_p = 0.1f}).NeedsHostLogits()) << "min-p cannot move an argmax";
+}
+
+// logit_bias is added first; min_tokens holds its ids back until that many tokens were
+// generated (what the sequence was fed back counts, the prompt does not).
+TEST(Sampler, LogitBiasAndMinTokens) {
+  const std::vector<float> logits = {1.0f, 2.0f, -1.0f, 3.0f};
+  auto b = Make({.greedy = true, .logit_bias = {{0, 2.5f}, {3, -100.0f}}}).Sample(logits);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->id, 0) << "1 + 2.5 beats 2, and 3 - 100";
+  EXPECT_EQ(Make({.greedy = true, .logit_bias = {{2, 100.0f}}}).Sample(logits)->id, 2);
+  // A bias past the vocabulary (the coordinator checks ids; a worker just skips them).
+  EXPECT_EQ(Make({.greedy = true, .logit_bias = {{9, 100.0f}}}).Sample(logits)->id, 3);
+
+  Sampler m = Make({.greedy = true, .top_logprobs = 2, .min_tokens = 2, .min_tokens_ids = {3, 1}});
+  m.Observe(std::vector<int32_t>{0, 2, 1}, false);   // the prompt
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(m.NeedsHostLogits());
+    auto r = m.Sample(logits);
+    EXPECT_EQ(r->id, 0) << "3 and 1 held back, token " << i;
+    EXPECT_EQ(r->top.size(), 2u) << "-inf is never an alternative";
+    m.Observe(std::vector<int32_t>{r->id}, true);
+  }
+  EXPECT_EQ(m.Sample(logits)->id, 3) << "two generated: free again";
+  // Without other adjustments the device may pick again once min_tokens is reached.
+  Sampler d = Make({.greedy = true, .min_tokens = 1, .min_tokens_ids = {3}});
+  EXPECT_TRUE(d.NeedsHostLogits());
+  d.Observe(std::vector<int32_t>{1}, true);
+  EXPECT_FALSE(d.NeedsHostLogits());
 }
 
 // min-p of Probs() (0.1, 0.2, 0.3, 0.4): 0.6 keeps p >= 0.24, i.e. {3, 2}: 4/7 and 3/7, as top_k 2.
