@@ -122,9 +122,17 @@ std::vector<float> Sampler::Adjusted(std::span<const float> logits) const {
   // Each token's change depends on that token alone, so the sets' order does not matter.
   for (const auto& [id, bias] : cfg_.logit_bias)
     if (in_range(id)) set(id, static_cast<double>(l[id]) + bias);
-  if (masks_min_tokens())
+  if (masks_min_tokens()) {
+    // Held back unless that leaves nothing to draw (a request whose stop tokens cover the
+    // vocabulary would otherwise fail the step of every sequence with it).
+    std::vector<char> held(n, 0);
     for (int32_t id : cfg_.min_tokens_ids)
-      if (in_range(id) && !std::isnan(l[id])) l[id] = -INFINITY;
+      if (in_range(id)) held[id] = 1;
+    bool any_left = false;
+    for (int64_t i = 0; i < n && !any_left; ++i) any_left = !held[i] && std::isfinite(l[i]);
+    for (int64_t i = 0; i < n && any_left; ++i)
+      if (held[i] && !std::isnan(l[i])) l[i] = -INFINITY;
+  }
   const double r = cfg_.repetition_penalty;
   for (int32_t id : seen_)
     if (in_range(id)) set(id, l[id] > 0.0f ? static_cast<double>(l[id]) / r : static_cast<double>(l[id]) * r);

@@ -319,6 +319,10 @@ TEST(Sampler, LogitBiasAndMinTokens) {
     m.Observe(std::vector<int32_t>{r->id}, true);
   }
   EXPECT_EQ(m.Sample(logits)->id, 3) << "two generated: free again";
+  // Holding back every token would leave nothing to draw: then none is held back.
+  auto all = Make({.greedy = true, .min_tokens = 1, .min_tokens_ids = {0, 1, 2, 3}}).Sample(logits);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->id, 3);
   // Without other adjustments the device may pick again once min_tokens is reached.
   Sampler d = Make({.greedy = true, .min_tokens = 1, .min_tokens_ids = {3}});
   EXPECT_TRUE(d.NeedsHostLogits());
