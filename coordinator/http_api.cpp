@@ -82,22 +82,47 @@ Json CompletionLogprobs(const Json& entries, const Json& offsets) {
 
 }  // namespace
 
-// One generation request: what it asked for, its stream, and what it produced so far.
-struct HttpApi::Job {
-  OpenAiRequest req;
+// One choice of a request (n > 1 makes several): its generation's stream, what it produced so
+// far, and its own metrics (each choice is a generation: its own time to first token, finish
+// reason and tokens).
+struct HttpApi::Choice {
+  explicit Choice(Metrics* m) : meter(m, "http") {}
+  std::unique_ptr<ApiService::StreamSlot> slot;
   std::shared_ptr<RequestStream> stream;
   RequestMeter meter;
-  std::string id;
-  std::time_t created = 0;
   std::string text;     // decoded so far
   size_t sent = 0;      // bytes of text already streamed
-  size_t hold = 0;      // longest stop string - 1
   Json logprobs = Json::array();   // entries of the tokens not yet streamed (all when not streaming)
   Json offsets = Json::array();    // where each of those tokens starts in text
-  explicit Job(Metrics* m) : meter(m, "http") {}
+  bool finished = false;
+  flashmesh::v1::Finish finish;
+};
+
+// One generation request: what it asked for and its choices.
+struct HttpApi::Job {
+  OpenAiRequest req;
+  std::vector<std::unique_ptr<Choice>> choices;
+  std::shared_ptr<StreamWaker> waker = std::make_shared<StreamWaker>();
+  size_t next_poll = 0; // the choice NextEvent looks at first (round robin: none starves)
+  std::string id;
+  std::time_t created = 0;
+  size_t hold = 0;      // longest stop string - 1
   // The fields every response object and stream chunk starts with.
   Json Envelope(const std::string& object, const std::string& model) const {
     return {{"id", id}, {"object", object}, {"created", created}, {"model", model}};
+  }
+  // The client left or one choice failed: the others end too.
+  void CancelAll() {
+    for (auto& c : choices) c->stream->Cancel();
+  }
+  // The usage of every choice together: the prompt once (as OpenAI counts it), the tokens of all.
+  Json TotalUsage() const {
+    flashmesh::v1::Usage u;
+    for (const auto& c : choices) {
+      u.set_prompt_tokens(c->finish.usage().prompt_tokens());
+      u.set_completion_tokens(u.completion_tokens() + c->finish.usage().completion_tokens());
+    }
+    return Usage(u);
   }
 };
 
@@ -219,29 +244,46 @@ std::string HttpApi::TokenString(int32_t id, const std::string& piece) const {
 }
 
 void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
-  Job job(metrics_);
-  auto fail = [&](const Status& s) {
-    job.meter.Failed(s);
-    ReplyError(out, s);
+  Job job;
+  auto fail = [&](const Status& s, const char* code = nullptr) {
+    RequestMeter(metrics_, "http").Failed(s);
+    job.CancelAll();
+    ReplyError(out, s, code);
   };
   auto decoded = DecodeOpenAiRequest(http.body, chat);
   if (!decoded.ok()) return fail(decoded.status());
   job.req = std::move(decoded).value();
+  // Each choice is a generation of the client's: more than it may run at once can never start.
+  if (job.req.n > options_.max_streams_per_client)
+    return fail(InvalidArgument("n: " + std::to_string(job.req.n) + " choices, more than the " +
+                                std::to_string(options_.max_streams_per_client) +
+                                " generations a client may run at once (limits.max_streams_per_client)"));
   auto params = ToParams(job.req);
   if (!params.ok()) return fail(params.status());
-  // HTTP requests carry no address here: a client is its (checked) token; without tokens,
-  // every HTTP client is one.
-  auto slot = grpc_api_->AcquireStream(grpc_api_->StreamClient(http.Header("authorization"), "http"));
-  if (!slot.ok()) {
-    job.meter.Failed(slot.status());
-    return ReplyError(out, slot.status(), "rate_limit_exceeded");
-  }
   for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
   const int64_t prompt_tokens = static_cast<int64_t>(params->prompt.size());
-  auto stream = scheduler_->Submit(std::move(params).value());
-  if (!stream.ok()) return fail(stream.status());
-  job.meter.Submitted(prompt_tokens);
-  job.stream = *stream;
+  // HTTP requests carry no address here: a client is its (checked) token; without tokens,
+  // every HTTP client is one.
+  const std::string client = grpc_api_->StreamClient(http.Header("authorization"), "http");
+  std::random_device rd;
+  for (int64_t i = 0; i < job.req.n; ++i) {
+    auto c = std::make_unique<Choice>(metrics_);
+    auto slot = grpc_api_->AcquireStream(client);
+    if (!slot.ok()) return fail(slot.status(), "rate_limit_exceeded");
+    c->slot = std::move(slot).value();
+    // Choice i draws from seed + i (a given seed still gives the same n choices), or from a
+    // seed of its own.
+    GenerateParams p = *params;
+    if (i > 0)
+      p.sampling.set_seed(job.req.seed ? *job.req.seed + static_cast<uint64_t>(i)
+                                       : (static_cast<uint64_t>(rd()) << 32) | rd());
+    auto stream = scheduler_->Submit(std::move(p));
+    if (!stream.ok()) return fail(stream.status());
+    c->stream = *stream;
+    c->stream->SetWaker(job.waker);
+    c->meter.Submitted(prompt_tokens);
+    job.choices.push_back(std::move(c));
+  }
   char id[48];
   std::snprintf(id, sizeof id, "%s%016llx%016llx", chat ? "chatcmpl-" : "cmpl-",
                 static_cast<unsigned long long>(id_prefix_),
@@ -257,15 +299,15 @@ uint64_t HttpApi::RandomIdPrefix() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
-void HttpApi::AddToken(Job* job, const flashmesh::v1::TokenEvent& token) const {
-  job->meter.Token();
+void HttpApi::AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& token) const {
+  c->meter.Token();
   if (job->req.logprobs && job->req.chat) {
     Json e = LogprobEntry(TokenString(token.id(), token.text()), token.logprob());
     Json alts = Json::array();
     for (const auto& alt : token.top_logprobs())
       alts.push_back(LogprobEntry(TokenString(alt.id(), alt.token()), alt.logprob()));
     e["top_logprobs"] = std::move(alts);
-    job->logprobs.push_back(std::move(e));
+    c->logprobs.push_back(std::move(e));
   } else if (job->req.logprobs) {
     // OpenAI's {token: logprob} of the alternatives and the chosen token ("up to logprobs + 1";
     // the chosen one's own value last, so it wins).
@@ -274,55 +316,75 @@ void HttpApi::AddToken(Job* job, const flashmesh::v1::TokenEvent& token) const {
     for (const auto& alt : token.top_logprobs())
       top[CompletionToken(alt.id(), TokenString(alt.id(), alt.token()))] = alt.logprob();
     top[chosen] = token.logprob();
-    job->logprobs.push_back({{"token", chosen}, {"logprob", token.logprob()}, {"top", std::move(top)}});
+    c->logprobs.push_back({{"token", chosen}, {"logprob", token.logprob()}, {"top", std::move(top)}});
   }
-  if (job->req.logprobs) job->offsets.push_back(job->text.size());
-  job->text += token.text();
+  if (job->req.logprobs) c->offsets.push_back(c->text.size());
+  c->text += token.text();
 }
 
-bool HttpApi::NextEvent(Job* job, HttpResponder* out, RequestStream::Event* ev) {
-  while (!out->Abandoned())
-    if (job->stream->Pop(ev, kPollInterval)) return true;
-  job->stream->Cancel();  // the scheduler frees the sequence on every worker
+bool HttpApi::NextEvent(Job* job, HttpResponder* out, size_t* which, RequestStream::Event* ev) {
+  const size_t n = job->choices.size();
+  while (!out->Abandoned()) {
+    const uint64_t seen = job->waker->count();
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (job->next_poll + k) % n;
+      if (job->choices[i]->finished || !job->choices[i]->stream->Pop(ev, std::chrono::milliseconds(0))) continue;
+      job->next_poll = (i + 1) % n;
+      *which = i;
+      return true;
+    }
+    job->waker->Wait(seen, kPollInterval);
+  }
+  job->CancelAll();  // the scheduler frees the sequences on every worker
   const Status why = out->AbandonedBecause();
   if (why.code() != Code::kCancelled) {  // the response timed out or the server stops: say so
+    *which = 0;
     *ev = RequestStream::Event{RequestStream::Event::kError, {}, {}, why};
     return true;
   }
-  job->meter.Cancelled();
+  for (auto& c : job->choices)
+    if (!c->finished) c->meter.Cancelled();
   return false;
 }
 
 void HttpApi::Collect(Job* job, HttpResponder* out) {
   RequestStream::Event ev;
-  while (true) {
-    if (!NextEvent(job, out, &ev)) return;
+  size_t i = 0, left = job->choices.size();
+  while (left > 0) {
+    if (!NextEvent(job, out, &i, &ev)) return;
+    Choice* c = job->choices[i].get();
     if (ev.kind == RequestStream::Event::kError) {
-      job->meter.Failed(ev.error);
+      c->meter.Failed(ev.error);
+      job->CancelAll();
       return ReplyError(out, ev.error);
     }
     if (ev.kind == RequestStream::Event::kToken) {
-      AddToken(job, ev.token);
+      AddToken(job, c, ev.token);
       continue;
     }
-    break;
+    c->finished = true;
+    c->finish = ev.finish;
+    c->meter.Finished(ev.finish);
+    --left;
   }
-  job->meter.Finished(ev.finish);
-  std::string text = job->text;
-  if (!ev.finish.stop_string().empty()) text = text.substr(0, text.find(ev.finish.stop_string()));
-  Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishName(ev.finish.reason())}};
-  Json body;
-  if (job->req.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-    if (job->req.logprobs) choice["logprobs"] = {{"content", job->logprobs}};
-    body = job->Envelope("chat.completion", options_.model_name);
-  } else {
-    choice["text"] = text;
-    if (job->req.logprobs) choice["logprobs"] = CompletionLogprobs(job->logprobs, job->offsets);
-    body = job->Envelope("text_completion", options_.model_name);
+  Json choices = Json::array();
+  for (size_t k = 0; k < job->choices.size(); ++k) {
+    const Choice& c = *job->choices[k];
+    std::string text = c.text;
+    if (!c.finish.stop_string().empty()) text = text.substr(0, text.find(c.finish.stop_string()));
+    Json choice = {{"index", k}, {"logprobs", nullptr}, {"finish_reason", FinishName(c.finish.reason())}};
+    if (job->req.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+      if (job->req.logprobs) choice["logprobs"] = {{"content", c.logprobs}};
+    } else {
+      choice["text"] = text;
+      if (job->req.logprobs) choice["logprobs"] = CompletionLogprobs(c.logprobs, c.offsets);
+    }
+    choices.push_back(std::move(choice));
   }
-  body["choices"] = Json::array({choice});
-  body["usage"] = Usage(ev.finish.usage());
+  Json body = job->Envelope(job->req.chat ? "chat.completion" : "text_completion", options_.model_name);
+  body["choices"] = std::move(choices);
+  body["usage"] = job->TotalUsage();
   out->Reply(200, "application/json", Dump(body));
 }
 
@@ -336,64 +398,93 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     if (job->req.include_usage) chunk["usage"] = usage ? *usage : Json(nullptr);
     return out->Send("data: " + Dump(chunk) + "\n\n");
   };
-  // A choice carrying the text released so far (and the logprobs of the tokens since the last).
-  auto piece = [&](size_t upto, const char* finish) {
-    std::string delta = job->text.substr(job->sent, upto - job->sent);
-    Json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+  // A choice carrying choice i's text released so far (and the logprobs of its tokens since).
+  auto piece = [&](size_t i, size_t upto, const char* finish) {
+    Choice& c = *job->choices[i];
+    std::string delta = c.text.substr(c.sent, upto - c.sent);
+    Json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
     if (chat) {
       choice["delta"] = finish && delta.empty() ? Json::object() : Json{{"content", delta}};
-      if (!job->logprobs.empty()) choice["logprobs"] = {{"content", job->logprobs}};
+      if (!c.logprobs.empty()) choice["logprobs"] = {{"content", c.logprobs}};
     } else {
       choice["text"] = delta;
-      if (!job->logprobs.empty()) choice["logprobs"] = CompletionLogprobs(job->logprobs, job->offsets);
+      if (!c.logprobs.empty()) choice["logprobs"] = CompletionLogprobs(c.logprobs, c.offsets);
     }
-    job->sent = upto;
-    job->logprobs = Json::array();
-    job->offsets = Json::array();
+    c.sent = upto;
+    c.logprobs = Json::array();
+    c.offsets = Json::array();
     return choice;
   };
   auto client_gone = [&] {
-    job->stream->Cancel();
-    job->meter.Cancelled();
+    job->CancelAll();
+    for (auto& c : job->choices)
+      if (!c->finished) c->meter.Cancelled();
   };
-  // The status line waits for the first event, as llama.cpp's server does: a request that fails
-  // before its first token (its sequence refused by a worker's KV budget, a node down at its
-  // start or during its prefill, the response's time limit spent in the queue) gets the HTTP
-  // status of that error, which an OpenAI client retries, not a 200 with an error event in it.
-  // The first token's bytes leave no later than they would have.
-  RequestStream::Event ev;
-  if (!NextEvent(job, out, &ev)) return;
-  if (ev.kind == RequestStream::Event::kError) {
-    job->meter.Failed(ev.error);
-    return ReplyError(out, ev.error);
+  // The status line waits for every choice's first event, as llama.cpp's server waits for its
+  // one: a request that fails before its first token (a sequence refused by a worker's KV
+  // budget, a node down at its start or during its prefill, the response's time limit spent in
+  // the queue) gets the HTTP status of that error, which an OpenAI client retries, not a 200
+  // with an error event in it. The first token's bytes leave no later than they would have.
+  const size_t n = job->choices.size();
+  std::vector<std::pair<size_t, RequestStream::Event>> early;
+  std::vector<char> began(n, 0);
+  for (size_t waiting = n; waiting > 0;) {
+    size_t i = 0;
+    RequestStream::Event ev;
+    if (!NextEvent(job, out, &i, &ev)) return;
+    if (ev.kind == RequestStream::Event::kError) {
+      job->choices[i]->meter.Failed(ev.error);
+      job->CancelAll();
+      return ReplyError(out, ev.error);
+    }
+    if (!began[i]) began[i] = 1, --waiting;
+    early.emplace_back(i, std::move(ev));
   }
   if (!out->StartStream(200, "text/event-stream")) return client_gone();
-  if (chat) {
-    Json first = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+  for (size_t i = 0; chat && i < n; ++i) {
+    Json first = {{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
                   {"finish_reason", nullptr}};
     if (!send(first, nullptr)) return client_gone();
   }
-  while (ev.kind != RequestStream::Event::kFinish) {
+  size_t left = n;
+  // Sends what choice i's event adds; false when the response ends here (an error).
+  auto on_event = [&](size_t i, const RequestStream::Event& ev) {
+    Choice& c = *job->choices[i];
     if (ev.kind == RequestStream::Event::kError) {
-      job->meter.Failed(ev.error);
+      c.meter.Failed(ev.error);
+      job->CancelAll();
       out->Send("data: " + ErrorFromStatus(ev.error).ToJson() + "\n\ndata: [DONE]\n\n");
-      return;
+      return false;
     }
-    AddToken(job, ev.token);
-    // Never past the start of a stop string this token completed (the finish event follows).
-    size_t upto = Releasable(job->text, job->hold, job->sent);
-    for (const auto& stop : job->req.stop)
-      upto = std::min(upto, std::max(job->sent, job->text.find(stop, job->sent > job->hold ? job->sent - job->hold : 0)));
-    send(piece(upto, nullptr), nullptr);
-    if (!NextEvent(job, out, &ev)) return;
+    if (ev.kind == RequestStream::Event::kToken) {
+      AddToken(job, &c, ev.token);
+      // Never past the start of a stop string this token completed (the finish event follows).
+      size_t upto = Releasable(c.text, job->hold, c.sent);
+      for (const auto& stop : job->req.stop)
+        upto = std::min(upto, std::max(c.sent, c.text.find(stop, c.sent > job->hold ? c.sent - job->hold : 0)));
+      send(piece(i, upto, nullptr), nullptr);
+      return true;
+    }
+    c.finished = true;
+    c.finish = ev.finish;
+    c.meter.Finished(ev.finish);
+    --left;
+    size_t end = c.text.size();
+    if (!ev.finish.stop_string().empty()) end = std::max(c.sent, c.text.find(ev.finish.stop_string()));
+    // The held-back rest (if any) and the finish reason in one last chunk, as OpenAI does.
+    send(piece(i, end, FinishName(ev.finish.reason())), nullptr);
+    return true;
+  };
+  for (const auto& [i, ev] : early)
+    if (!on_event(i, ev)) return;
+  while (left > 0) {
+    size_t i = 0;
+    RequestStream::Event ev;
+    if (!NextEvent(job, out, &i, &ev)) return;
+    if (!on_event(i, ev)) return;
   }
-  job->meter.Finished(ev.finish);
-  size_t end = job->text.size();
-  if (!ev.finish.stop_string().empty()) end = std::max(job->sent, job->text.find(ev.finish.stop_string()));
-  // The held-back rest (if any) and the finish reason in one last chunk, as OpenAI does.
-  send(piece(end, FinishName(ev.finish.reason())), nullptr);
   if (job->req.include_usage) {
-    Json usage = Usage(ev.finish.usage());
+    Json usage = job->TotalUsage();
     send(Json(nullptr), &usage);
   }
   out->Send("data: [DONE]\n\n");

@@ -25,18 +25,19 @@ class HttpApi {
   void Handle(const HttpRequest& req, HttpResponder* out);
 
  private:
-  struct Job;   // one generation request in flight
+  struct Job;      // one generation request in flight
+  struct Choice;   // one of its n choices
   void Generate(const HttpRequest& req, HttpResponder* out, bool chat);
   void Stream(Job* job, HttpResponder* out);
   void Collect(Job* job, HttpResponder* out);
-  // The request's next event (true), or false when the client went away first: the request is
-  // then cancelled and counted so. A response past HttpLimits.response_timeout, or one the
-  // stopping server ends, is cancelled too and gets an error naming why (504 / 503): a status
-  // before the first token, an error event after it.
-  bool NextEvent(Job* job, HttpResponder* out, RequestStream::Event* ev);
-  // A generated token: its text appended to the job's, its logprobs entry and text offset kept
-  // when asked for.
-  void AddToken(Job* job, const flashmesh::v1::TokenEvent& token) const;
+  // The next event of any of the request's choices (true; *which is the choice), or false when
+  // the client went away first: the request is then cancelled and counted so. A response past
+  // HttpLimits.response_timeout, or one the stopping server ends, is cancelled too and gets an
+  // error naming why (504 / 503): a status before the first token, an error event after it.
+  bool NextEvent(Job* job, HttpResponder* out, size_t* which, RequestStream::Event* ev);
+  // A generated token of choice c: its text appended to the choice's, its logprobs entry and
+  // text offset kept when asked for.
+  void AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& token) const;
   void Models(HttpResponder* out) const;
   void Health(HttpResponder* out) const;
   Status Authenticate(const HttpRequest& req) const;

@@ -14,6 +14,7 @@ using Json = nlohmann::json;
 constexpr int64_t kMaxStopStrings = 4;   // OpenAI's limit
 constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's limit
 constexpr size_t kMaxTokenLists = 1024;   // logit_bias entries, stop_token_ids (api_service.h)
+constexpr int64_t kMaxChoices = 128;      // OpenAI's limit on n
 
 const char* TypeName(const Json& v) {
   switch (v.type()) {
@@ -284,8 +285,9 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
     FM_RETURN_IF_ERROR(DecodePrompt(*p, r));
   }
   if (const Json* v = Field(j, "n")) {
-    FM_ASSIGN_OR_RETURN(int64_t n, Integer(*v, "n"));
-    if (n != 1) return InvalidArgument("n: " + std::to_string(n) + " (only n = 1 is supported)");
+    FM_ASSIGN_OR_RETURN(r->n, Integer(*v, "n"));
+    if (r->n < 1 || r->n > kMaxChoices)
+      return InvalidArgument("n: " + std::to_string(r->n) + " outside [1, " + std::to_string(kMaxChoices) + "]");
   }
   // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI's API.
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {

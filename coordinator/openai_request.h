@@ -41,6 +41,7 @@ struct OpenAiRequest {
   bool logprobs = false;                 // chat: logprobs: true; completions: logprobs: N >= 0
   int64_t top_logprobs = 0;
   bool ignore_eos = false;               // extension (vLLM's)
+  int64_t n = 1;                         // choices: n generations of the prompt
 };
 
 // Decodes a request body. InvalidArgument names the field (see above), or the body when it is

@@ -23,32 +23,6 @@ constexpr auto kMaxSleep = std::chrono::seconds(1);
 
 }  // namespace
 
-bool RequestStream::Pop(Event* ev, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
-  *ev = std::move(events_.front());
-  events_.pop_front();
-  return true;
-}
-
-void RequestStream::Push(Event ev) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(std::move(ev));
-  }
-  cv_.notify_all();
-}
-
-void RequestStream::Cancel() {
-  cancelled_ = true;
-  std::function<void()> hook;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    hook = on_cancel_;
-  }
-  if (hook) hook();
-}
-
 Scheduler::Scheduler(WorkerSet* workers, const Tokenizer* tokenizer, SchedulerLimits limits)
     : workers_(workers),
       tokenizer_(tokenizer),

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "coordinator/request_stream.h"
 #include "coordinator/worker_set.h"
 #include "flashmesh/v1/api.pb.h"
 #include "model/tokenizer.h"
@@ -42,31 +43,6 @@ struct GenerateParams {
   bool ignore_eos = false;
   // The client's deadline: a request still queued then leaves the queue with DEADLINE_EXCEEDED.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-};
-
-// One request's stream of events, filled by the scheduler, drained by the API handler.
-class RequestStream {
- public:
-  struct Event {
-    enum Kind { kToken, kFinish, kError } kind = kToken;
-    flashmesh::v1::TokenEvent token;
-    flashmesh::v1::Finish finish;
-    Status error;
-  };
-  // Waits up to `timeout` for the next event.
-  bool Pop(Event* ev, std::chrono::milliseconds timeout);
-  void Push(Event ev);
-  // Ends the request (the client left): it leaves the queue, or its sequence is freed.
-  void Cancel();
-  bool cancelled() const { return cancelled_; }
-
- private:
-  friend class Scheduler;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Event> events_;
-  std::atomic<bool> cancelled_{false};
-  std::function<void()> on_cancel_;   // wakes the scheduler (if it still exists); set by Submit
 };
 
 struct SchedulerLimits {

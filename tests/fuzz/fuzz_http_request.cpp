@@ -30,6 +30,10 @@ void CheckDecoded(const std::string& body, bool chat) {
   if (!(r->temperature >= 0 && r->temperature <= 2) || r->top_logprobs < 0 || r->top_logprobs > 20) std::abort();
   if (!(r->min_p >= 0 && r->min_p <= 1) || !(r->repetition_penalty > 0 && r->repetition_penalty <= 1e6)) std::abort();
   if (!(std::fabs(r->frequency_penalty) <= 2) || !(std::fabs(r->presence_penalty) <= 2)) std::abort();
+  if (r->n < 1 || r->n > 128 || r->min_tokens < 0 || r->logit_bias.size() > 1024 || r->stop_token_ids.size() > 1024)
+    std::abort();
+  for (const auto& [id, bias] : r->logit_bias)
+    if (id < 0 || !(std::fabs(bias) <= 100)) std::abort();
   for (const auto& s : r->stop)
     if (s.empty()) std::abort();
 }

@@ -330,6 +330,80 @@ TEST_F(HttpApiTest, LogitBiasStopTokenIdsAndPenaltiesEqualGrpc) {
     EXPECT_EQ(static_cast<float>(j["choices"][0]["logprobs"]["token_logprobs"][i].get<double>()), want.logprobs[i]);
 }
 
+// n choices: choice i is the generation of seed + i (what gRPC gives for that seed), streamed
+// or not; usage counts the prompt once and the tokens of every choice.
+TEST_F(HttpApiTest, NChoicesAreTheGenerationsOfConsecutiveSeeds) {
+  auto stub = Connect(cluster_->api());
+  constexpr int kN = 3, kTokens = 5;
+  std::vector<Generation> want;
+  for (int i = 0; i < kN; ++i) {
+    auto req = TokensRequest({9, 8, 7}, kTokens);
+    auto* s = req.mutable_sampling();
+    s->set_greedy(false);
+    s->set_temperature(1.5f);
+    s->set_seed(40 + i);
+    s->set_has_seed(true);
+    want.push_back(Generate(stub.get(), req));
+    ASSERT_TRUE(want.back().status.ok()) << want.back().status.error_message();
+  }
+  ASSERT_NE(want[0].ids, want[1].ids) << "the seeds gave one text: not exercised";
+  Json c = {{"prompt", {9, 8, 7}}, {"max_tokens", kTokens}, {"temperature", 1.5}, {"seed", 40},
+            {"ignore_eos", true}, {"n", kN}, {"logprobs", 0}};
+  HttpResult r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  Json j = ParseBody(r);
+  ASSERT_EQ(j["choices"].size(), static_cast<size_t>(kN)) << j;
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], want[i].text) << i;
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+    ASSERT_EQ(j["choices"][i]["logprobs"]["token_logprobs"].size(), static_cast<size_t>(kTokens));
+    for (int t = 0; t < kTokens; ++t)
+      EXPECT_EQ(static_cast<float>(j["choices"][i]["logprobs"]["token_logprobs"][t].get<double>()), want[i].logprobs[t]);
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(j["usage"]["completion_tokens"], kN * kTokens);
+
+  // Streamed chat: one role chunk per choice, each choice's pieces under its index, a finish
+  // chunk each, then the usage of all.
+  Json chat = ChatBody("hello world", kTokens);
+  chat["temperature"] = 1.5;
+  chat["seed"] = 7;
+  chat["n"] = kN;
+  chat["stream"] = true;
+  chat["stream_options"] = {{"include_usage", true}};
+  r = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::vector<std::string> text(kN);
+  std::vector<int> roles(kN), finishes(kN);
+  Json usage;
+  for (const Json& e : Events(r.body)) {
+    if (e["choices"].empty()) {
+      usage = e["usage"];
+      continue;
+    }
+    const Json& ch = e["choices"][0];
+    const int i = ch["index"].get<int>();
+    ASSERT_TRUE(i >= 0 && i < kN) << e;
+    if (ch["delta"].contains("role")) ++roles[i];
+    if (ch["delta"].contains("content")) text[i] += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) ++finishes[i];
+  }
+  EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
+  chat["stream"] = false;
+  chat.erase("stream_options");
+  r = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  j = ParseBody(r);
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(roles[i], 1) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(text[i], j["choices"][i]["message"]["content"]) << i;
+  }
+  EXPECT_EQ(usage["completion_tokens"], j["usage"]["completion_tokens"]) << r.body;
+  EXPECT_EQ(usage["prompt_tokens"], j["usage"]["prompt_tokens"]);
+}
+
 TEST_F(HttpApiTest, StopStringIsCutFromTheText) {
   auto stub = Connect(cluster_->api());
   Generation full = Generate(stub.get(), GreedyText("hello world", 24));
@@ -392,7 +466,8 @@ TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
       {with("temperature", "hot"), "temperature"},
       {with("temperature", 7), "temperature"},
       {with("top_p", 1.5), "top_p"},
-      {with("n", 2), "n"},
+      {with("n", 0), "n"},
+      {with("n", 65), "n"},   // more choices than limits.max_streams_per_client (64)
       {with("max_tokens", "8"), "max_tokens"},
       {with("max_tokens", 100000), "max_tokens"},
       {with("max_completion_tokens", 100000), "max_completion_tokens"},

@@ -150,6 +150,10 @@ TEST(DecodeOpenAiRequest, PenaltiesAndMinP) {
   EXPECT_EQ(b->logit_bias, (std::vector<std::pair<int32_t, float>>{{12, 2.5f}, {7, -100.0f}}));
   EXPECT_EQ(b->stop_token_ids, (std::vector<int32_t>{3, 4}));
   EXPECT_EQ(b->min_tokens, 2);
+  EXPECT_EQ(b->n, 1);
+  auto n = DecodeOpenAiRequest(R"({"prompt": "x", "n": 128})", false);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(n->n, 128);
   auto d = DecodeOpenAiRequest(R"({"prompt": "x"})", false);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->presence_penalty, 0.0);
@@ -172,7 +176,8 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "top_k": -2})", true, "top_k"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", true, "max_tokens"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2.5})", true, "max_completion_tokens"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", true, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", true, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 129})", true, "n"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": ["a", ""]})", true, "stop[1]"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]})", true, "stop"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}})", true, "stream_options.include_usage"},
