@@ -24,7 +24,7 @@ bool SameShard(flashmesh::v1::ShardSpec a, flashmesh::v1::ShardSpec b) {
     s->clear_next_nccl_id();
     s->clear_prev_nccl_id();
   }
-  return a.SerializeAsString() == b.SerializeAsString();
+  return CanonicalBytes(a) == CanonicalBytes(b);
 }
 
 uint64_t UnixMillis() {

@@ -94,8 +94,14 @@ struct HttpApi::Choice {
   size_t sent = 0;      // bytes of text already streamed
   Json logprobs = Json::array();   // entries of the tokens not yet streamed (all when not streaming)
   Json offsets = Json::array();    // where each of those tokens starts in text
+  int64_t tokens = 0;
+  size_t stops_from = 0; // the text before min_tokens' token: a stop string must end past it
   bool finished = false;
   flashmesh::v1::Finish finish;
+  // Where the matched stop string starts in the text (the scheduler found it there).
+  size_t StopOffset() const {
+    return static_cast<size_t>(std::clamp<int64_t>(finish.stop_offset(), 0, static_cast<int64_t>(text.size())));
+  }
 };
 
 // One generation request: what it asked for and its choices.
@@ -319,6 +325,8 @@ void HttpApi::AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& tok
     c->logprobs.push_back({{"token", chosen}, {"logprob", token.logprob()}, {"top", std::move(top)}});
   }
   if (job->req.logprobs) c->offsets.push_back(c->text.size());
+  // Stop strings count from min_tokens' token on (the scheduler's rule).
+  if (++c->tokens == job->req.min_tokens) c->stops_from = c->text.size();
   c->text += token.text();
 }
 
@@ -371,7 +379,7 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
   for (size_t k = 0; k < job->choices.size(); ++k) {
     const Choice& c = *job->choices[k];
     std::string text = c.text;
-    if (!c.finish.stop_string().empty()) text = text.substr(0, text.find(c.finish.stop_string()));
+    if (!c.finish.stop_string().empty()) text = text.substr(0, c.StopOffset());
     Json choice = {{"index", k}, {"logprobs", nullptr}, {"finish_reason", FinishName(c.finish.reason())}};
     if (job->req.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -458,10 +466,14 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     }
     if (ev.kind == RequestStream::Event::kToken) {
       AddToken(job, &c, ev.token);
-      // Never past the start of a stop string this token completed (the finish event follows).
+      // Never past the start of a stop string this token completed (the finish event follows);
+      // one that ends before min_tokens' token does not stop the request, so it is not held.
       size_t upto = Releasable(c.text, job->hold, c.sent);
-      for (const auto& stop : job->req.stop)
-        upto = std::min(upto, std::max(c.sent, c.text.find(stop, c.sent > job->hold ? c.sent - job->hold : 0)));
+      for (const auto& stop : job->req.stop) {
+        const size_t allowed = c.stops_from >= stop.size() ? c.stops_from - stop.size() + 1 : 0;
+        const size_t from = std::max(allowed, c.sent > job->hold ? c.sent - job->hold : 0);
+        upto = std::min(upto, std::max(c.sent, c.text.find(stop, from)));
+      }
       send(piece(i, upto, nullptr), nullptr);
       return true;
     }
@@ -470,7 +482,7 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     c.meter.Finished(ev.finish);
     --left;
     size_t end = c.text.size();
-    if (!ev.finish.stop_string().empty()) end = std::max(c.sent, c.text.find(ev.finish.stop_string()));
+    if (!ev.finish.stop_string().empty()) end = std::max(c.sent, c.StopOffset());
     // The held-back rest (if any) and the finish reason in one last chunk, as OpenAI does.
     send(piece(i, end, FinishName(ev.finish.reason())), nullptr);
     return true;

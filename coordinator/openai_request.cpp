@@ -193,14 +193,21 @@ Status DecodeSampling(const Json& j, OpenAiRequest* r) {
       return InvalidArgument("logit_bias: " + std::to_string(v->size()) + " entries (at most " +
                              std::to_string(kMaxTokenLists) + ")");
     for (const auto& [key, bias] : v->items()) {
-      const std::string field = "logit_bias." + key.substr(0, 16);
-      // OpenAI's keys are token ids written as strings.
-      if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoll(key) > std::numeric_limits<int32_t>::max())
-        return InvalidArgument(field + ": the key is not a token id");
+      // OpenAI's keys are token ids written as strings ("50256"; vLLM's int() also takes spaces
+      // around and a "+").
+      const size_t b0 = key.find_first_not_of(" \t"), b1 = key.find_last_not_of(" \t");
+      std::string digits = b0 == std::string::npos ? "" : key.substr(b0, b1 - b0 + 1);
+      if (!digits.empty() && digits[0] == '+') digits.erase(0, 1);
+      if (digits.empty() || digits.size() > 10 || digits.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoll(digits) > std::numeric_limits<int32_t>::max())
+        return InvalidArgument("logit_bias: the key \"" + key.substr(0, 16) + "\" is not a token id");
+      const auto id = static_cast<int32_t>(std::stoll(digits));
+      const std::string field = "logit_bias." + std::to_string(id);
       FM_ASSIGN_OR_RETURN(double b, Number(bias, field));
       if (!(b >= -100 && b <= 100)) return InvalidArgument(field + ": " + bias.dump() + " outside [-100, 100]");
-      r->logit_bias.emplace_back(static_cast<int32_t>(std::stoll(key)), static_cast<float>(b));
+      for (const auto& [seen, unused] : r->logit_bias)
+        if (seen == id) return InvalidArgument(field + ": token " + std::to_string(id) + " is given twice");
+      r->logit_bias.emplace_back(id, static_cast<float>(b));
     }
   }
   if (const Json* v = Field(j, "stop_token_ids")) {

@@ -178,7 +178,7 @@ void Scheduler::Tick() {
   std::vector<Request*> cancelled;
   for (auto& [id, r] : live_)
     if (r->stream->cancelled() && r->in_flight == 0 && r->starting == 0) cancelled.push_back(r.get());
-  for (Request* r : cancelled) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
+  for (Request* r : cancelled) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
   {
     std::lock_guard<std::mutex> lock(signal_->mu);
     DropDeadQueuedLocked(now);
@@ -520,7 +520,7 @@ void Scheduler::Complete(StepCall* call) {
     --r->in_flight;
     if (r->stream->cancelled()) {
       // Else a chunk's step before it is still on its way: Tick finishes it after that one.
-      if (r->in_flight == 0) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
+      if (r->in_flight == 0) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
       continue;
     }
     ApplyToken(r, t);
@@ -531,7 +531,7 @@ void Scheduler::Complete(StepCall* call) {
     if (it == live_.end()) continue;
     Request* r = it->second.get();
     if (--r->in_flight == 0 && r->stream->cancelled())
-      Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED, "");
+      Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
   }
 }
 
@@ -574,22 +574,26 @@ void Scheduler::ApplyToken(Request* r, const flashmesh::v1::SampledToken& t) {
     r->text += text;
   }
   r->stream->Push(std::move(ev));
-  if (stopped) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, "");
+  if (stopped) return Finish(r, flashmesh::v1::FINISH_REASON_STOP);
   for (const auto& s : r->params.stop) {
-    size_t from = scan_from >= s.size() ? scan_from - s.size() + 1 : 0;
-    if (may_stop && r->text.find(s, from) != std::string::npos) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, s);
+    // Only an occurrence that ends in this token's text: the earlier text had its turn.
+    const size_t from = scan_from >= s.size() ? scan_from - s.size() + 1 : 0;
+    const size_t at = may_stop ? r->text.find(s, from) : std::string::npos;
+    if (at != std::string::npos) return Finish(r, flashmesh::v1::FINISH_REASON_STOP, s, static_cast<int64_t>(at));
   }
-  if (length) return Finish(r, flashmesh::v1::FINISH_REASON_LENGTH, "");
+  if (length) return Finish(r, flashmesh::v1::FINISH_REASON_LENGTH);
   r->next = {id};
 }
 
-void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string) {
+void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string,
+                       int64_t stop_offset) {
   RequestStream::Event ev;
   ev.kind = RequestStream::Event::kFinish;
   ev.finish.set_reason(reason);
   ev.finish.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(r->params.prompt.size()));
   ev.finish.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r->generated));
   ev.finish.set_stop_string(stop_string);
+  ev.finish.set_stop_offset(stop_offset);
   // Freed and no longer counted before the client sees its stream end.
   FreeOnWorkers(r->started, {r->id});
   std::shared_ptr<RequestStream> stream = r->stream;

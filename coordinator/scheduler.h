@@ -161,7 +161,9 @@ class Scheduler {
   void Complete(StepCall* call);
   Status Attribute(const StepCall& call);
   void ApplyToken(Request* r, const flashmesh::v1::SampledToken& t);
-  void Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string);
+  // stop_offset: where stop_string starts in the request's text.
+  void Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string = "",
+              int64_t stop_offset = 0);
   void End(Request* r, Status why);   // by value: `why` is often r's own start_error
   // Ends every live request with `why` and resets every worker; failed_step_deadline: the
   // deadline of the step whose failure this is (the workers may still compute it).

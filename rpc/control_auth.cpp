@@ -2,6 +2,8 @@
 // come from libcrypto.
 #include "rpc/control_auth.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/message.h>
 #include <grpcpp/support/client_interceptor.h>
 #include <openssl/crypto.h>
@@ -71,7 +73,7 @@ class SigningInterceptor final : public grpc::experimental::Interceptor {
         RAND_bytes(raw, sizeof raw);
         const std::string nonce = Hex(raw, sizeof raw);
         const int64_t now = UnixMillis();
-        const std::string body = req ? req->SerializeAsString() : std::string();
+        const std::string body = req ? CanonicalBytes(*req) : std::string();
         md->emplace(kAuthMetadata, std::to_string(now) + "." + nonce + "." +
                                        ControlCallMac(*key_, *node_, method_, term_, now, nonce, body));
       }
@@ -110,6 +112,17 @@ std::string Metadata(const grpc::ServerContext& ctx, const char* key) {
 }
 
 }  // namespace
+
+std::string CanonicalBytes(const google::protobuf::Message& m) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream raw(&out);
+    google::protobuf::io::CodedOutputStream coded(&raw);
+    coded.SetSerializationDeterministic(true);
+    m.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
 
 std::string ControlKey(const std::string& cluster_secret) {
   return cluster_secret.empty() ? "" : HmacSha256(cluster_secret, "flashmesh control key");
@@ -165,7 +178,7 @@ Result<uint64_t> ControlGuard::Authenticate(const grpc::ServerContext& ctx,
   const std::string nonce = cred.substr(dot1 + 1, dot2 - dot1 - 1);
   const std::string mac = cred.substr(dot2 + 1);
   const std::string want =
-      ControlCallMac(key_, node_, method, term, unix_ms, nonce, req.SerializeAsString());
+      ControlCallMac(key_, node_, method, term, unix_ms, nonce, CanonicalBytes(req));
   if (mac.size() != want.size() || CRYPTO_memcmp(mac.data(), want.data(), want.size()) != 0)
     return Unauthenticated(method + ": credential does not verify at node '" + node_ +
                            "' (wrong cluster secret, a call for another node, or the call was altered)");

@@ -38,6 +38,11 @@ inline constexpr char kTermMetadata[] = "x-flashmesh-term";
 inline constexpr char kAuthMetadata[] = "x-flashmesh-auth";
 inline constexpr std::chrono::seconds kMaxClockSkew{60};
 
+// A message's bytes in protobuf's deterministic serialization (map entries in key order): what
+// the MAC signs, so that the sender's message and the receiver's parsed copy give the same
+// bytes (a map field made them differ from one call to the next).
+std::string CanonicalBytes(const google::protobuf::Message& m);
+
 // The control key derived from the cluster secret; "" for no secret.
 std::string ControlKey(const std::string& cluster_secret);
 // The hex MAC of one call to worker `node` (see above). The node is signed so that a call

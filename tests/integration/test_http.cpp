@@ -301,13 +301,22 @@ TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
 // logit_bias, stop_token_ids, min_tokens and the penalties over HTTP: the same tokens as gRPC.
 TEST_F(HttpApiTest, LogitBiasStopTokenIdsAndPenaltiesEqualGrpc) {
   auto stub = Connect(cluster_->api());
+  // Several entries: the worker's copy of the map verifies (the cluster has a secret) however
+  // protobuf orders it.
   auto req = TokensRequest({9, 8, 7}, 6);
-  (*req.mutable_sampling()->mutable_logit_bias())[42] = 100.0f;
+  Json bias = Json::object();
+  for (int k = 0; k < 12; ++k) {
+    (*req.mutable_sampling()->mutable_logit_bias())[40 + 3 * k] = k == 0 ? 100.0f : -1.0f - k;
+    bias[std::to_string(40 + 3 * k)] = k == 0 ? 100.0 : -1.0 - k;
+  }
+  for (int call = 0; call < 4; ++call) {
+    Generation biased = Generate(stub.get(), req);
+    ASSERT_TRUE(biased.status.ok()) << "call " << call << ": " << biased.status.error_message();
+    EXPECT_EQ(biased.ids, std::vector<int32_t>(6, 40));
+  }
   Generation biased = Generate(stub.get(), req);
-  ASSERT_TRUE(biased.status.ok()) << biased.status.error_message();
-  EXPECT_EQ(biased.ids, std::vector<int32_t>(6, 42));
   Json c = {{"prompt", {9, 8, 7}}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true},
-            {"logit_bias", {{"42", 100}}}};
+            {"logit_bias", bias}};
   HttpResult r = HttpCall(port(), "POST", "/v1/completions", c.dump());
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(ParseBody(r)["choices"][0]["text"], biased.text);
@@ -332,6 +341,51 @@ TEST_F(HttpApiTest, LogitBiasStopTokenIdsAndPenaltiesEqualGrpc) {
 
 // n choices: choice i is the generation of seed + i (what gRPC gives for that seed), streamed
 // or not; usage counts the prompt once and the tokens of every choice.
+// A stop string that ends before min_tokens' token does not stop the request, and the text is
+// cut at the occurrence that did (not at the first one), streamed or not.
+TEST_F(HttpApiTest, MinTokensCutsTheTextAtTheStopThatCounted) {
+  auto stub = Connect(cluster_->api());
+  const Generation plain = Generate(stub.get(), TokensRequest({9, 8, 7}, 16));
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  // A letter in the text of the first tokens and again after min_tokens' token starts.
+  int min_tokens = 0;
+  std::string stop;
+  for (int m = 3; m <= 8 && stop.empty(); ++m) {
+    std::string before;
+    for (int t = 0; t < m - 1; ++t) before += plain.pieces[t];
+    const std::string after = plain.text.substr(before.size());
+    for (char ch = 'a'; ch <= 'z' && stop.empty(); ++ch)
+      if (before.find(ch) != std::string::npos && after.find(ch) != std::string::npos) {
+        stop = std::string(1, ch);
+        min_tokens = m;
+      }
+  }
+  ASSERT_FALSE(stop.empty()) << "no letter repeats in " << plain.text;
+  std::string before;
+  for (int t = 0; t < min_tokens - 1; ++t) before += plain.pieces[t];
+  const size_t want_cut = plain.text.find(stop, before.size());
+
+  auto req = TokensRequest({9, 8, 7}, 16);
+  req.add_stop(stop);
+  req.set_min_tokens(min_tokens);
+  const Generation g = Generate(stub.get(), req);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.finish.reason(), flashmesh::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(g.finish.stop_string(), stop);
+  EXPECT_EQ(g.finish.stop_offset(), static_cast<int64_t>(want_cut)) << plain.text << " / " << stop;
+  Json c = {{"prompt", {9, 8, 7}}, {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true},
+            {"stop", stop}, {"min_tokens", min_tokens}};
+  HttpResult r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ParseBody(r)["choices"][0]["text"], plain.text.substr(0, want_cut)) << stop << " " << min_tokens;
+  c["stream"] = true;
+  r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::string streamed;
+  for (const Json& e : Events(r.body)) streamed += e["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(streamed, plain.text.substr(0, want_cut));
+}
+
 TEST_F(HttpApiTest, NChoicesAreTheGenerationsOfConsecutiveSeeds) {
   auto stub = Connect(cluster_->api());
   constexpr int kN = 3, kTokens = 5;

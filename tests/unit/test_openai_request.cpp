@@ -151,6 +151,9 @@ TEST(DecodeOpenAiRequest, PenaltiesAndMinP) {
   EXPECT_EQ(b->stop_token_ids, (std::vector<int32_t>{3, 4}));
   EXPECT_EQ(b->min_tokens, 2);
   EXPECT_EQ(b->n, 1);
+  auto spaced = DecodeOpenAiRequest(R"({"prompt": "x", "logit_bias": {" 5": 1, "+6 ": 2}})", false);
+  ASSERT_TRUE(spaced.ok()) << spaced.status().ToString();
+  EXPECT_EQ(spaced->logit_bias, (std::vector<std::pair<int32_t, float>>{{5, 1.0f}, {6, 2.0f}}));
   auto n = DecodeOpenAiRequest(R"({"prompt": "x", "n": 128})", false);
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(n->n, 128);
@@ -195,8 +198,10 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"prompt": "x", "min_p": 1.01})", false, "min_p"},
       {R"({"prompt": "x", "min_p": true})", false, "min_p"},
       {R"({"prompt": "x", "logit_bias": {"5": 100.5}})", false, "logit_bias.5"},
-      {R"({"prompt": "x", "logit_bias": {"a": 1}})", false, "logit_bias.a"},
-      {R"({"prompt": "x", "logit_bias": {"99999999999": 1}})", false, "logit_bias.99999999999"},
+      {R"({"prompt": "x", "logit_bias": {"a": 1}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"99999999999": 1}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"5 6": 1}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"7": 1, "007": 2}})", false, "logit_bias.7"},
       {R"({"prompt": "x", "logit_bias": [5]})", false, "logit_bias"},
       {R"({"prompt": "x", "stop_token_ids": [7, -1]})", false, "stop_token_ids[1]"},
       {R"({"prompt": "x", "stop_token_ids": 7})", false, "stop_token_ids"},
