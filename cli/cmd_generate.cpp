@@ -3,6 +3,7 @@
 //   [--threads N]
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,10 +65,37 @@ const CommandSpec kSpec{
      {"frequency-penalty", "F", "subtract F x times generated from a token's logit, F in [-2, 2]\n"
                                 "(default 0)"},
      {"presence-penalty", "Q", "subtract Q from a generated token's logit, Q in [-2, 2] (default 0)"},
+     {"logit-bias", "ID:B,..", "add B in [-100, 100] to token ID's logit (OpenAI's logit_bias)"},
+     {"stop-token-ids", "IDS", "also stop after one of these comma-separated token ids"},
+     {"min-tokens", "N", "no stop (end-of-sentence, --stop-token-ids) before N tokens"},
      {"format", "text|ids", "stream decoded text (default) or print the ids on one line"},
      {"threads", "N", "with --model: kernel threads (default: all cores)"},
      {"max-step-tokens", "N", "with --model: prefill the prompt in chunks of N tokens, as a\n"
                               "server with limits.max_step_tokens N does (default 2048)"}}};
+
+// "42:100,7:-5" -> {(42, 100), (7, -5)}; errors name --logit-bias and the item.
+Result<std::vector<std::pair<int32_t, float>>> ParseLogitBias(const std::string& list) {
+  std::vector<std::pair<int32_t, float>> out;
+  size_t at = 0;
+  for (int i = 0; at <= list.size(); ++i) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    const size_t colon = item.find(':');
+    auto bad = [&] {
+      return InvalidArgument("--logit-bias: item " + std::to_string(i) + " '" + item + "' is not ID:BIAS");
+    };
+    if (colon == std::string::npos) return bad();
+    auto id = ParseTokenIds("logit-bias", item.substr(0, colon));
+    if (!id.ok() || id->size() != 1) return bad();
+    char* stop = nullptr;
+    const std::string b = item.substr(colon + 1);
+    const float bias = std::strtof(b.c_str(), &stop);
+    if (b.empty() || *stop != '\0') return bad();
+    out.emplace_back((*id)[0], bias);
+    at = end + 1;
+  }
+  return out;
+}
 
 Status ParseArgs(const Flags& f, GenerateArgs* args) {
   args->model = f.Get("model");
@@ -93,6 +121,13 @@ Status ParseArgs(const Flags& f, GenerateArgs* args) {
   FM_ASSIGN_OR_RETURN(sampling.repetition_penalty, f.GetFloat("repetition-penalty", sampling.repetition_penalty));
   FM_ASSIGN_OR_RETURN(sampling.frequency_penalty, f.GetFloat("frequency-penalty", sampling.frequency_penalty));
   FM_ASSIGN_OR_RETURN(sampling.presence_penalty, f.GetFloat("presence-penalty", sampling.presence_penalty));
+  if (f.Has("logit-bias")) {
+    FM_ASSIGN_OR_RETURN(sampling.logit_bias, ParseLogitBias(f.Get("logit-bias")));
+  }
+  if (f.Has("stop-token-ids")) {
+    FM_ASSIGN_OR_RETURN(args->gen.stop_token_ids, ParseTokenIds("stop-token-ids", f.Get("stop-token-ids")));
+  }
+  FM_ASSIGN_OR_RETURN(args->gen.min_tokens, f.GetInt("min-tokens", 0, 0, args->gen.max_tokens));
   args->format = f.Get("format", "text");
   if (args->format != "text" && args->format != "ids")
     return InvalidArgument("--format: expected text or ids, got '" + args->format + "'");
@@ -149,8 +184,13 @@ Status Run(GenerateArgs& args) {
   std::optional<StreamDecoder> stream;
   if (args.format == "text") stream.emplace(*tok);
   Status emit_error;
+  int64_t generated = 0;
   auto on_token = [&](const SampledToken& t) {
-    if (!stream) return true;
+    const auto& stops = args.gen.stop_token_ids;
+    // A stop token adds no text (as a server's).
+    const bool stop_token = ++generated >= args.gen.min_tokens &&
+                            std::find(stops.begin(), stops.end(), t.id) != stops.end();
+    if (!stream || stop_token) return true;
     Result<std::string> piece = stream->Push(t.id);
     if (!piece.ok()) {
       emit_error = piece.status();

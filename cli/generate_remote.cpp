@@ -27,6 +27,9 @@ Status GenerateRemote(const RemoteGenerateArgs& args) {
   s->set_repetition_penalty(args.gen.sampling.repetition_penalty);
   s->set_frequency_penalty(args.gen.sampling.frequency_penalty);
   s->set_presence_penalty(args.gen.sampling.presence_penalty);
+  for (const auto& [id, bias] : args.gen.sampling.logit_bias) (*s->mutable_logit_bias())[id] = bias;
+  req.mutable_stop_token_ids()->Add(args.gen.stop_token_ids.begin(), args.gen.stop_token_ids.end());
+  req.set_min_tokens(static_cast<int32_t>(args.gen.min_tokens));
   s->set_seed(args.gen.sampling.seed);
   s->set_has_seed(true);   // like the local mode: the seed (default 0) fixes the tokens
   auto ctx = client.Context(static_cast<double>(args.timeout_s));

@@ -59,7 +59,17 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
     return InvalidArgument("max_tokens: prompt (" + std::to_string(prompt.size()) + ") + " +
                            std::to_string(opt.max_tokens) + " exceeds max_context " +
                            std::to_string(max_context));
-  FM_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(opt.sampling));
+  if (opt.min_tokens < 0 || opt.min_tokens > opt.max_tokens)
+    return InvalidArgument("min_tokens: " + std::to_string(opt.min_tokens) + " outside [0, max_tokens " +
+                           std::to_string(opt.max_tokens) + "]");
+  SamplerConfig sampling = opt.sampling;
+  std::vector<int32_t> stops = opt.stop_token_ids;
+  if (opt.eos_id >= 0) stops.push_back(opt.eos_id);
+  if (opt.min_tokens > 0) {   // as the coordinator asks a server's last stage
+    sampling.min_tokens = static_cast<int32_t>(opt.min_tokens);
+    sampling.min_tokens_ids = stops;
+  }
+  FM_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
   sampler.Observe(prompt, false);
 
   GenerateResult res;
@@ -82,7 +92,8 @@ Result<GenerateResult> Generate(const ShardModel& model, std::span<const int32_t
       res.finish = FinishReason::kCancelled;
       break;
     }
-    if (tok.id == opt.eos_id) {
+    const bool may_stop = static_cast<int64_t>(res.tokens.size()) >= opt.min_tokens;
+    if (may_stop && std::find(stops.begin(), stops.end(), tok.id) != stops.end()) {
       res.finish = FinishReason::kStop;
       break;
     }

@@ -18,6 +18,9 @@ struct GenerateOptions {
   SamplerConfig sampling;
   int64_t max_tokens = 64;   // >= 1 generated tokens at most (the EOS token counts)
   int32_t eos_id = -1;       // generation stops after sampling it; -1: only max_tokens stops
+  std::vector<int32_t> stop_token_ids;   // and after one of these (vLLM's)
+  // No stop (eos_id, stop_token_ids) before this many tokens: the sampler holds them back.
+  int64_t min_tokens = 0;
   int64_t max_context = 0;   // KV capacity; 0 = prompt + max_tokens
   // The prompt goes through in chunks of this many tokens, as a server's does with
   // limits.max_step_tokens (on the CPU the bits are those of one whole prefill either way).

@@ -230,6 +230,28 @@ TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
     outputs.push_back(IdsLine(out_local));
   }
   EXPECT_NE(outputs[0], outputs[2]) << "the penalties did not change the greedy ids: not exercised";
+  // Stop tokens, min_tokens and a bias: the local mode's stop rule (model/generate.cpp) is the
+  // scheduler's. The greedy path's third token stops it once min_tokens 2 allow.
+  std::vector<std::string> greedy_ids;
+  for (size_t at = 0; at < outputs[0].size();) {
+    const size_t end = std::min(outputs[0].find(' ', at), outputs[0].size());
+    greedy_ids.push_back(outputs[0].substr(at, end - at));
+    at = end + 1;
+  }
+  ASSERT_GE(greedy_ids.size(), 4u) << outputs[0];
+  std::vector<std::string> common = {"--tokens", "5,17,42,99", "--max-tokens", "6", "--format", "ids", "--greedy",
+                                     "--stop-token-ids", greedy_ids[2] + ",4095", "--min-tokens", "2",
+                                     "--logit-bias", "4000:-2,4001:-3"};
+  std::vector<std::string> local = {"generate", "--model", SmallModel(), "--threads", "1"};
+  std::vector<std::string> remote = {"generate", "--server", cluster_->api()};
+  local.insert(local.end(), common.begin(), common.end());
+  remote.insert(remote.end(), common.begin(), common.end());
+  std::string out_local, out_remote;
+  ASSERT_EQ(RunFlashmesh(local, &out_local), 0) << out_local;
+  ASSERT_EQ(RunFlashmesh(remote, &out_remote), 0) << out_remote;
+  EXPECT_EQ(IdsLine(out_local), IdsLine(out_remote)) << out_local << "\n" << out_remote;
+  if (greedy_ids[0] != greedy_ids[2] && greedy_ids[1] != greedy_ids[2])
+    EXPECT_EQ(IdsLine(out_local), greedy_ids[0] + " " + greedy_ids[1] + " " + greedy_ids[2]);
 }
 
 // A prompt of 2-4 chunks: the cluster's tokens and logprobs are the single process's, bit for
