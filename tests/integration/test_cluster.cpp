@@ -205,6 +205,21 @@ TEST_F(PipelineTest, StopTokensMinTokensAndLogitBias) {
   for (int32_t id : biased.ids) EXPECT_NE(id, plain.ids[0]);
 }
 
+// `generate --model` and `generate --server` with the same options: the ids line of each.
+std::pair<std::string, std::string> LocalAndRemoteIds(const std::string& api, const std::vector<std::string>& opts) {
+  std::vector<std::string> common = {"--tokens", "5,17,42,99", "--max-tokens", "6", "--format", "ids"};
+  common.insert(common.end(), opts.begin(), opts.end());
+  std::vector<std::string> local = {"generate", "--model", SmallModel(), "--threads", "1"};
+  std::vector<std::string> remote = {"generate", "--server", api};
+  local.insert(local.end(), common.begin(), common.end());
+  remote.insert(remote.end(), common.begin(), common.end());
+  std::string out_local, out_remote;
+  EXPECT_EQ(RunFlashmesh(local, &out_local), 0) << out_local;
+  EXPECT_EQ(RunFlashmesh(remote, &out_remote), 0) << out_remote;
+  EXPECT_FALSE(IdsLine(out_local).empty()) << out_local;
+  return {IdsLine(out_local), IdsLine(out_remote)};
+}
+
 TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
   std::vector<std::string> outputs;
   for (const std::vector<std::string>& opts :
@@ -216,18 +231,9 @@ TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
                                  "--presence-penalty", "-1"},
         std::vector<std::string>{"--temperature", "0.9", "--min-p", "0.05", "--seed", "3",
                                  "--frequency-penalty", "-0.5", "--repetition-penalty", "0.8"}}) {
-    std::vector<std::string> common = {"--tokens", "5,17,42,99", "--max-tokens", "6", "--format", "ids"};
-    common.insert(common.end(), opts.begin(), opts.end());
-    std::vector<std::string> local = {"generate", "--model", SmallModel(), "--threads", "1"};
-    std::vector<std::string> remote = {"generate", "--server", cluster_->api()};
-    local.insert(local.end(), common.begin(), common.end());
-    remote.insert(remote.end(), common.begin(), common.end());
-    std::string out_local, out_remote;
-    ASSERT_EQ(RunFlashmesh(local, &out_local), 0) << out_local;
-    ASSERT_EQ(RunFlashmesh(remote, &out_remote), 0) << out_remote;
-    EXPECT_FALSE(IdsLine(out_local).empty()) << out_local;
-    EXPECT_EQ(IdsLine(out_local), IdsLine(out_remote)) << out_local << "\n" << out_remote;
-    outputs.push_back(IdsLine(out_local));
+    const auto [local, remote] = LocalAndRemoteIds(cluster_->api(), opts);
+    EXPECT_EQ(local, remote);
+    outputs.push_back(local);
   }
   EXPECT_NE(outputs[0], outputs[2]) << "the penalties did not change the greedy ids: not exercised";
   // Stop tokens, min_tokens and a bias: the local mode's stop rule (model/generate.cpp) is the
@@ -239,19 +245,12 @@ TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
     at = end + 1;
   }
   ASSERT_GE(greedy_ids.size(), 4u) << outputs[0];
-  std::vector<std::string> common = {"--tokens", "5,17,42,99", "--max-tokens", "6", "--format", "ids", "--greedy",
-                                     "--stop-token-ids", greedy_ids[2] + ",4095", "--min-tokens", "2",
-                                     "--logit-bias", "4000:-2,4001:-3"};
-  std::vector<std::string> local = {"generate", "--model", SmallModel(), "--threads", "1"};
-  std::vector<std::string> remote = {"generate", "--server", cluster_->api()};
-  local.insert(local.end(), common.begin(), common.end());
-  remote.insert(remote.end(), common.begin(), common.end());
-  std::string out_local, out_remote;
-  ASSERT_EQ(RunFlashmesh(local, &out_local), 0) << out_local;
-  ASSERT_EQ(RunFlashmesh(remote, &out_remote), 0) << out_remote;
-  EXPECT_EQ(IdsLine(out_local), IdsLine(out_remote)) << out_local << "\n" << out_remote;
+  const auto [local, remote] = LocalAndRemoteIds(
+      cluster_->api(), {"--greedy", "--stop-token-ids", greedy_ids[2] + ",4095", "--min-tokens", "2",
+                        "--logit-bias", "4000:-2,4001:-3"});
+  EXPECT_EQ(local, remote);
   if (greedy_ids[0] != greedy_ids[2] && greedy_ids[1] != greedy_ids[2])
-    EXPECT_EQ(IdsLine(out_local), greedy_ids[0] + " " + greedy_ids[1] + " " + greedy_ids[2]);
+    EXPECT_EQ(local, greedy_ids[0] + " " + greedy_ids[1] + " " + greedy_ids[2]);
 }
 
 // A prompt of 2-4 chunks: the cluster's tokens and logprobs are the single process's, bit for
