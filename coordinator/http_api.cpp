@@ -121,6 +121,17 @@ struct HttpApi::Job {
   void CancelAll() {
     for (auto& c : choices) c->stream->Cancel();
   }
+  // Choice `failed` ended the response with `why`: the others still going end, counted as
+  // cancelled (each choice counts once in the metrics).
+  void FailAll(size_t failed, const Status& why) {
+    CancelAll();
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (choices[i]->finished) continue;
+      choices[i]->finished = true;
+      if (i == failed) choices[i]->meter.Failed(why);
+      else choices[i]->meter.Cancelled();
+    }
+  }
   // The usage of every choice together: the prompt once (as OpenAI counts it), the tokens of all.
   Json TotalUsage() const {
     flashmesh::v1::Usage u;
@@ -259,11 +270,16 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   auto decoded = DecodeOpenAiRequest(http.body, chat);
   if (!decoded.ok()) return fail(decoded.status());
   job.req = std::move(decoded).value();
-  // Each choice is a generation of the client's: more than it may run at once can never start.
+  // Each choice is a generation of the client's, queued with the others: more than it may run
+  // at once, or than the queue holds, can never start (a 429 would be retried for ever).
   if (job.req.n > options_.max_streams_per_client)
     return fail(InvalidArgument("n: " + std::to_string(job.req.n) + " choices, more than the " +
                                 std::to_string(options_.max_streams_per_client) +
                                 " generations a client may run at once (limits.max_streams_per_client)"));
+  if (job.req.n > scheduler_->max_queue())
+    return fail(InvalidArgument("n: " + std::to_string(job.req.n) + " choices, more than the " +
+                                std::to_string(scheduler_->max_queue()) +
+                                " requests the queue holds (limits.max_queue)"));
   auto params = ToParams(job.req);
   if (!params.ok()) return fail(params.status());
   for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
@@ -272,20 +288,25 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   // every HTTP client is one.
   const std::string client = grpc_api_->StreamClient(http.Header("authorization"), "http");
   std::random_device rd;
+  std::vector<std::unique_ptr<ApiService::StreamSlot>> slots;
+  std::vector<GenerateParams> choices;
   for (int64_t i = 0; i < job.req.n; ++i) {
-    auto c = std::make_unique<Choice>(metrics_);
     auto slot = grpc_api_->AcquireStream(client);
     if (!slot.ok()) return fail(slot.status(), "rate_limit_exceeded");
-    c->slot = std::move(slot).value();
+    slots.push_back(std::move(slot).value());
     // Choice i draws from seed + i (a given seed still gives the same n choices), or from a
     // seed of its own.
-    GenerateParams p = *params;
+    choices.push_back(*params);
     if (i > 0)
-      p.sampling.set_seed(job.req.seed ? *job.req.seed + static_cast<uint64_t>(i)
-                                       : (static_cast<uint64_t>(rd()) << 32) | rd());
-    auto stream = scheduler_->Submit(std::move(p));
-    if (!stream.ok()) return fail(stream.status());
-    c->stream = *stream;
+      choices.back().sampling.set_seed(job.req.seed ? *job.req.seed + static_cast<uint64_t>(i)
+                                                    : (static_cast<uint64_t>(rd()) << 32) | rd());
+  }
+  auto streams = scheduler_->SubmitAll(std::move(choices));
+  if (!streams.ok()) return fail(streams.status());
+  for (size_t i = 0; i < streams->size(); ++i) {
+    auto c = std::make_unique<Choice>(metrics_);
+    c->slot = std::move(slots[i]);
+    c->stream = (*streams)[i];
     c->stream->SetWaker(job.waker);
     c->meter.Submitted(prompt_tokens);
     job.choices.push_back(std::move(c));
@@ -347,6 +368,7 @@ bool HttpApi::NextEvent(Job* job, HttpResponder* out, size_t* which, RequestStre
   const Status why = out->AbandonedBecause();
   if (why.code() != Code::kCancelled) {  // the response timed out or the server stops: say so
     *which = 0;
+    while (*which + 1 < n && job->choices[*which]->finished) ++*which;   // one still going
     *ev = RequestStream::Event{RequestStream::Event::kError, {}, {}, why};
     return true;
   }
@@ -362,8 +384,7 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
     if (!NextEvent(job, out, &i, &ev)) return;
     Choice* c = job->choices[i].get();
     if (ev.kind == RequestStream::Event::kError) {
-      c->meter.Failed(ev.error);
-      job->CancelAll();
+      job->FailAll(i, ev.error);
       return ReplyError(out, ev.error);
     }
     if (ev.kind == RequestStream::Event::kToken) {
@@ -428,25 +449,20 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     for (auto& c : job->choices)
       if (!c->finished) c->meter.Cancelled();
   };
-  // The status line waits for every choice's first event, as llama.cpp's server waits for its
-  // one: a request that fails before its first token (a sequence refused by a worker's KV
-  // budget, a node down at its start or during its prefill, the response's time limit spent in
-  // the queue) gets the HTTP status of that error, which an OpenAI client retries, not a 200
-  // with an error event in it. The first token's bytes leave no later than they would have.
+  // The status line waits for the first event, as llama.cpp's server does: a request that fails
+  // before its first token (its sequence refused by a worker's KV budget, a node down at its
+  // start or during its prefill, the response's time limit spent in the queue) gets the HTTP
+  // status of that error, which an OpenAI client retries, not a 200 with an error event in it.
+  // The first token's bytes leave no later than they would have. With n choices that is the
+  // first of any choice (one may wait in the queue for a batch slot while another runs); a
+  // choice that fails later ends the stream with an error event.
   const size_t n = job->choices.size();
-  std::vector<std::pair<size_t, RequestStream::Event>> early;
-  std::vector<char> began(n, 0);
-  for (size_t waiting = n; waiting > 0;) {
-    size_t i = 0;
-    RequestStream::Event ev;
-    if (!NextEvent(job, out, &i, &ev)) return;
-    if (ev.kind == RequestStream::Event::kError) {
-      job->choices[i]->meter.Failed(ev.error);
-      job->CancelAll();
-      return ReplyError(out, ev.error);
-    }
-    if (!began[i]) began[i] = 1, --waiting;
-    early.emplace_back(i, std::move(ev));
+  size_t first_choice = 0;
+  RequestStream::Event first_ev;
+  if (!NextEvent(job, out, &first_choice, &first_ev)) return;
+  if (first_ev.kind == RequestStream::Event::kError) {
+    job->FailAll(first_choice, first_ev.error);
+    return ReplyError(out, first_ev.error);
   }
   if (!out->StartStream(200, "text/event-stream")) return client_gone();
   for (size_t i = 0; chat && i < n; ++i) {
@@ -459,8 +475,7 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
   auto on_event = [&](size_t i, const RequestStream::Event& ev) {
     Choice& c = *job->choices[i];
     if (ev.kind == RequestStream::Event::kError) {
-      c.meter.Failed(ev.error);
-      job->CancelAll();
+      job->FailAll(i, ev.error);
       out->Send("data: " + ErrorFromStatus(ev.error).ToJson() + "\n\ndata: [DONE]\n\n");
       return false;
     }
@@ -487,8 +502,7 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     send(piece(i, end, FinishName(ev.finish.reason())), nullptr);
     return true;
   };
-  for (const auto& [i, ev] : early)
-    if (!on_event(i, ev)) return;
+  if (!on_event(first_choice, first_ev)) return;
   while (left > 0) {
     size_t i = 0;
     RequestStream::Event ev;

@@ -193,11 +193,12 @@ Status DecodeSampling(const Json& j, OpenAiRequest* r) {
       return InvalidArgument("logit_bias: " + std::to_string(v->size()) + " entries (at most " +
                              std::to_string(kMaxTokenLists) + ")");
     for (const auto& [key, bias] : v->items()) {
-      // OpenAI's keys are token ids written as strings ("50256"; vLLM's int() also takes spaces
-      // around and a "+").
+      // OpenAI's keys are token ids written as strings ("50256"); spaces or tabs around, one
+      // leading "+" and leading zeros are taken too (as vLLM's int() takes them).
       const size_t b0 = key.find_first_not_of(" \t"), b1 = key.find_last_not_of(" \t");
       std::string digits = b0 == std::string::npos ? "" : key.substr(b0, b1 - b0 + 1);
       if (!digits.empty() && digits[0] == '+') digits.erase(0, 1);
+      while (digits.size() > 1 && digits[0] == '0') digits.erase(0, 1);
       if (digits.empty() || digits.size() > 10 || digits.find_first_not_of("0123456789") != std::string::npos ||
           std::stoll(digits) > std::numeric_limits<int32_t>::max())
         return InvalidArgument("logit_bias: the key \"" + key.substr(0, 16) + "\" is not a token id");

@@ -68,28 +68,40 @@ Scheduler::~Scheduler() {
 }
 
 Result<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerateParams params) {
+  std::vector<GenerateParams> one;
+  one.push_back(std::move(params));
+  FM_ASSIGN_OR_RETURN(auto streams, SubmitAll(std::move(one)));
+  return streams[0];
+}
+
+Result<std::vector<std::shared_ptr<RequestStream>>> Scheduler::SubmitAll(std::vector<GenerateParams> params) {
   FM_RETURN_IF_ERROR(workers_->Ready());
-  auto r = std::make_unique<Request>();
-  r->params = std::move(params);
-  r->stream = std::make_shared<RequestStream>();
-  r->stream->on_cancel_ = [weak = std::weak_ptr<Signal>(signal_)] {
-    if (auto s = weak.lock()) s->Post(nullptr);
-  };
-  if (tokenizer_) r->decoder.emplace(*tokenizer_);
-  r->next = r->params.prompt;
-  auto stream = r->stream;
+  std::vector<std::unique_ptr<Request>> requests;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (auto& p : params) {
+    auto r = std::make_unique<Request>();
+    r->params = std::move(p);
+    r->stream = std::make_shared<RequestStream>();
+    r->stream->on_cancel_ = [weak = std::weak_ptr<Signal>(signal_)] {
+      if (auto s = weak.lock()) s->Post(nullptr);
+    };
+    if (tokenizer_) r->decoder.emplace(*tokenizer_);
+    r->next = r->params.prompt;
+    streams.push_back(r->stream);
+    requests.push_back(std::move(r));
+  }
   {
     std::lock_guard<std::mutex> lock(signal_->mu);
     DropDeadQueuedLocked(Clock::now());
-    if (static_cast<int64_t>(incoming_.size()) >= limits_.max_queue)
+    if (static_cast<int64_t>(incoming_.size() + requests.size()) > limits_.max_queue)
       return ResourceExhausted("the request queue is full (" + std::to_string(limits_.max_queue) +
                                " waiting; limits.max_queue)");
-    incoming_.push_back(std::move(r));
+    for (auto& r : requests) incoming_.push_back(std::move(r));
     queued_count_ = static_cast<int>(incoming_.size());
     signal_->wake = true;
   }
   signal_->cv.notify_all();
-  return stream;
+  return streams;
 }
 
 Status Scheduler::Health() const {

@@ -71,6 +71,10 @@ class Scheduler {
   // Queues a request; RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when the
   // cluster cannot take new requests now.
   Result<std::shared_ptr<RequestStream>> Submit(GenerateParams params);
+  // Queues every request or none (the n choices of one HTTP request: the queue must hold them
+  // all at once, or they would be refused one by one as it fills).
+  Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAll(std::vector<GenerateParams> params);
+  int64_t max_queue() const { return limits_.max_queue; }
   int active() const { return active_count_; }
   int queued() const { return queued_count_; }
   // Ok, or why the scheduler is not healthy: a step overdue (running past half of its

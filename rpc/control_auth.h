@@ -40,7 +40,8 @@ inline constexpr std::chrono::seconds kMaxClockSkew{60};
 
 // A message's bytes in protobuf's deterministic serialization (map entries in key order): what
 // the MAC signs, so that the sender's message and the receiver's parsed copy give the same
-// bytes (a map field made them differ from one call to the next).
+// bytes (a map field made them differ from one call to the next). Deterministic within one
+// protobuf build and schema, which the cluster shares: coordinator and workers are one build.
 std::string CanonicalBytes(const google::protobuf::Message& m);
 
 // The control key derived from the cluster secret; "" for no secret.

@@ -458,6 +458,27 @@ TEST_F(HttpApiTest, NChoicesAreTheGenerationsOfConsecutiveSeeds) {
   EXPECT_EQ(usage["prompt_tokens"], j["usage"]["prompt_tokens"]);
 }
 
+// The n choices enter the queue together: n up to limits.max_queue always gets in on an idle
+// server (queued one by one, the queue filled before the scheduler took the first: a 429 at
+// random), and more can never get in, a 400 naming n rather than a 429 retried for ever.
+TEST(HttpChoices, AllChoicesEnterTheQueueTogetherOrTheRequestIsRefused) {
+  using namespace std::chrono_literals;
+  const int http = FreePort();
+  Server server({"--http", "127.0.0.1:" + std::to_string(http), "--max-queue", "3", "--max-batch", "4"});
+  ASSERT_TRUE(WaitHealthy(server.api(), 60s)) << server.process()->Log();
+  Json c = {{"prompt", {9, 8, 7}}, {"max_tokens", 2}, {"temperature", 1.0}, {"n", 3}};
+  for (int call = 0; call < 5; ++call) {
+    HttpResult r = HttpCall(http, "POST", "/v1/completions", c.dump());
+    ASSERT_EQ(r.status, 200) << "call " << call << ": " << r.raw;
+    EXPECT_EQ(ParseBody(r)["choices"].size(), 3u);
+  }
+  c["n"] = 4;
+  HttpResult r = HttpCall(http, "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 400) << r.raw;
+  EXPECT_EQ(ParseBody(r)["error"]["param"], "n");
+  EXPECT_NE(r.body.find("limits.max_queue"), std::string::npos) << r.body;
+}
+
 TEST_F(HttpApiTest, StopStringIsCutFromTheText) {
   auto stub = Connect(cluster_->api());
   Generation full = Generate(stub.get(), GreedyText("hello world", 24));

@@ -151,9 +151,9 @@ TEST(DecodeOpenAiRequest, PenaltiesAndMinP) {
   EXPECT_EQ(b->stop_token_ids, (std::vector<int32_t>{3, 4}));
   EXPECT_EQ(b->min_tokens, 2);
   EXPECT_EQ(b->n, 1);
-  auto spaced = DecodeOpenAiRequest(R"({"prompt": "x", "logit_bias": {" 5": 1, "+6 ": 2}})", false);
+  auto spaced = DecodeOpenAiRequest(R"({"prompt": "x", "logit_bias": {" 5": 1, "+6 ": 2, "00000000007": 3}})", false);
   ASSERT_TRUE(spaced.ok()) << spaced.status().ToString();
-  EXPECT_EQ(spaced->logit_bias, (std::vector<std::pair<int32_t, float>>{{5, 1.0f}, {6, 2.0f}}));
+  EXPECT_EQ(spaced->logit_bias, (std::vector<std::pair<int32_t, float>>{{5, 1.0f}, {6, 2.0f}, {7, 3.0f}}));
   auto n = DecodeOpenAiRequest(R"({"prompt": "x", "n": 128})", false);
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(n->n, 128);
