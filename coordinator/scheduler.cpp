@@ -94,8 +94,9 @@ Result<std::vector<std::shared_ptr<RequestStream>>> Scheduler::SubmitAll(std::ve
     std::lock_guard<std::mutex> lock(signal_->mu);
     DropDeadQueuedLocked(Clock::now());
     if (static_cast<int64_t>(incoming_.size() + requests.size()) > limits_.max_queue)
-      return ResourceExhausted("the request queue is full (" + std::to_string(limits_.max_queue) +
-                               " waiting; limits.max_queue)");
+      return ResourceExhausted("the request queue is full (" + std::to_string(incoming_.size()) + " of " +
+                               std::to_string(limits_.max_queue) + " waiting, " +
+                               std::to_string(requests.size()) + " more asked; limits.max_queue)");
     for (auto& r : requests) incoming_.push_back(std::move(r));
     queued_count_ = static_cast<int>(incoming_.size());
     signal_->wake = true;
