@@ -104,9 +104,10 @@ bool Sampler::NeedsHostLogits() const { return cfg_.top_logprobs > 0 || adjusts(
 void Sampler::Observe(std::span<const int32_t> tokens, bool generated) {
   if (generated) generated_count_ += static_cast<int64_t>(tokens.size());
   if (!has_penalties()) return;
+  const bool counts = generated && (cfg_.frequency_penalty != 0.0f || cfg_.presence_penalty != 0.0f);
   for (int32_t id : tokens) {
     if (cfg_.repetition_penalty != 1.0f) seen_.insert(id);
-    if (generated) ++generated_[id];
+    if (counts) ++generated_[id];
   }
 }
 

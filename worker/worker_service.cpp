@@ -369,7 +369,6 @@ grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
   sp.presence_penalty = s.presence_penalty();
   sp.min_p = s.min_p();
   sp.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
-  std::sort(sp.logit_bias.begin(), sp.logit_bias.end());   // a map's order is not defined
   sp.min_tokens = s.min_tokens();
   sp.min_tokens_ids.assign(s.min_tokens_ids().begin(), s.min_tokens_ids().end());
   Status st = runtime_.StartSequence(req->seq_id(), req->max_context(), sp);
