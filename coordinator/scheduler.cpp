@@ -90,6 +90,21 @@ Result<std::vector<std::shared_ptr<RequestStream>>> Scheduler::SubmitAll(std::ve
     streams.push_back(r->stream);
     requests.push_back(std::move(r));
   }
+  const GenerateParams& first = requests[0]->params;
+  // The sampler of a fork takes the prompt the prefix sequence's saw, which it keeps only under
+  // a repetition penalty (Sampler::AdoptPrompt): the same penalty for all.
+  const bool share = requests.size() > 1 && first.prompt.size() >= 2 &&
+                     std::all_of(requests.begin(), requests.end(), [&](const auto& r) {
+                       return r->params.prompt == first.prompt &&
+                              r->params.sampling.repetition_penalty() == first.sampling.repetition_penalty();
+                     });
+  if (share) {
+    auto shared = std::make_shared<SharedPrompt>();
+    shared->prefix.prompt.assign(first.prompt.begin(), first.prompt.end() - 1);
+    shared->prefix.sampling = first.sampling;
+    shared->prefix.deadline = first.deadline;
+    for (auto& r : requests) r->shared = shared;
+  }
   {
     std::lock_guard<std::mutex> lock(signal_->mu);
     DropDeadQueuedLocked(Clock::now());
@@ -192,6 +207,7 @@ void Scheduler::Tick() {
   for (auto& [id, r] : live_)
     if (r->stream->cancelled() && r->in_flight == 0 && r->starting == 0) cancelled.push_back(r.get());
   for (Request* r : cancelled) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
+  FreeIdlePrefixes();
   {
     std::lock_guard<std::mutex> lock(signal_->mu);
     DropDeadQueuedLocked(now);
@@ -228,7 +244,6 @@ void Scheduler::DropDeadQueuedLocked(Clock::time_point now) {
 }
 
 void Scheduler::Admit() {
-  const auto& workers = workers_->workers();
   while (static_cast<int64_t>(live_.size()) < limits_.max_batch) {
     std::unique_ptr<Request> owned;
     {
@@ -239,39 +254,88 @@ void Scheduler::Admit() {
       incoming_.pop_front();
       queued_count_ = static_cast<int>(incoming_.size());
     }
-    Request* r = owned.get();
-    r->id = next_request_id_++;
     // Data-parallel attention: the sequence lives on one member of every stage's EP group,
-    // the one with the fewest live sequences.
+    // the one with the fewest live sequences (a fork: its prefix sequence's).
     std::vector<int> load(workers_->expert_parallel(), 0);
     for (const auto& [id, q] : live_) ++load[q->member];
-    r->member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    live_[r->id] = std::move(owned);
-    flashmesh::v1::StartSequenceRequest req;
-    req.set_seq_id(r->id);
-    // The request's own reach (prompt + max_tokens, one spare), not the cluster's max_context:
-    // a worker sizes and charges a sequence's KV by it (its budget, a device's caches), so short
-    // requests leave room for more, as vLLM's block tables do.
-    const int64_t reach = static_cast<int64_t>(r->params.prompt.size()) + r->params.max_tokens;
-    req.set_max_context(static_cast<int32_t>(std::min(limits_.max_context, reach)));
-    *req.mutable_sampling() = r->params.sampling;
-    std::vector<int> targets;
-    for (size_t i = 0; i < workers.size(); ++i)
-      if (workers[i].ep_rank == r->member) targets.push_back(static_cast<int>(i));
-    r->starting = static_cast<int>(targets.size());
-    starts_outstanding_ += r->starting;
-    const auto deadline = Clock::now() + limits_.control_timeout;
-    for (int w : targets) {
-      const uint64_t rpc = Track();
-      Keep(rpc, workers_->StartSequence(
-                    w, req, deadline,
-                    [this, id = r->id, w, rpc](RpcResult res, flashmesh::v1::StartSequenceResponse) {
-                      Post([this, id, w, res] { OnStarted(id, w, res); });
-                      Untrack(rpc);
-                    }));
+    int member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    Request* prefix = owned->shared ? PrefixFor(*owned, member) : nullptr;
+    if (prefix) member = prefix->member;
+    Request* r = StartRequest(std::move(owned), member);
+    if (prefix) {
+      r->fork_pending = true;
+      prefix->waiting.insert(r->id);
     }
   }
   active_count_ = static_cast<int>(live_.size());
+}
+
+Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
+  SharedPrompt& shared = *r.shared;
+  if (!shared.tried) {
+    shared.tried = true;
+    if (static_cast<int64_t>(live_.size()) + 2 <= limits_.max_batch) {
+      auto h = std::make_unique<Request>();
+      h->params = shared.prefix;
+      h->stream = std::make_shared<RequestStream>();   // nobody reads it
+      h->next = h->params.prompt;
+      h->prefix = true;
+      h->sharers = r.shared;
+      shared.seq_id = StartRequest(std::move(h), member)->id;
+    }
+  }
+  auto it = live_.find(shared.seq_id);
+  return shared.seq_id != 0 && it != live_.end() ? it->second.get() : nullptr;
+}
+
+Scheduler::Request* Scheduler::StartRequest(std::unique_ptr<Request> owned, int member) {
+  const auto& workers = workers_->workers();
+  Request* r = owned.get();
+  r->id = next_request_id_++;
+  r->member = member;
+  live_[r->id] = std::move(owned);
+  flashmesh::v1::StartSequenceRequest req;
+  req.set_seq_id(r->id);
+  // The request's own reach (prompt + max_tokens, one spare), not the cluster's max_context:
+  // a worker sizes and charges a sequence's KV by it (its budget, a device's caches), so short
+  // requests leave room for more, as vLLM's block tables do.
+  const int64_t reach = static_cast<int64_t>(r->params.prompt.size()) + r->params.max_tokens;
+  req.set_max_context(static_cast<int32_t>(std::min(limits_.max_context, reach)));
+  *req.mutable_sampling() = r->params.sampling;
+  std::vector<int> targets;
+  for (size_t i = 0; i < workers.size(); ++i)
+    if (workers[i].ep_rank == r->member) targets.push_back(static_cast<int>(i));
+  r->starting = static_cast<int>(targets.size());
+  starts_outstanding_ += r->starting;
+  const auto deadline = Clock::now() + limits_.control_timeout;
+  for (int w : targets) {
+    const uint64_t rpc = Track();
+    Keep(rpc, workers_->StartSequence(
+                  w, req, deadline,
+                  [this, id = r->id, w, rpc](RpcResult res, flashmesh::v1::StartSequenceResponse) {
+                    Post([this, id, w, res] { OnStarted(id, w, res); });
+                    Untrack(rpc);
+                  }));
+  }
+  return r;
+}
+
+void Scheduler::FreeIdlePrefixes() {
+  std::vector<Request*> idle;
+  for (auto& [id, r] : live_)
+    if (r->prefix && r->starting == 0 && r->in_flight == 0 && r->forks_in_flight == 0 &&
+        r->waiting.empty() && (r->next.empty() || r->sharers.expired()))
+      idle.push_back(r.get());
+  for (Request* r : idle) Finish(r, flashmesh::v1::FINISH_REASON_STOP);   // freed on every worker
+}
+
+void Scheduler::Leave(Request* r) {
+  if (r->fork_pending)
+    if (auto h = live_.find(r->shared->seq_id); h != live_.end()) h->second->waiting.erase(r->id);
+  if (!r->prefix) return;
+  for (uint64_t id : r->waiting)
+    if (auto q = live_.find(id); q != live_.end()) q->second->fork_pending = false;
+  if (auto shared = r->sharers.lock()) shared->seq_id = 0;
 }
 
 void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {
@@ -338,6 +402,15 @@ void Scheduler::Launch() {
     // one takes the next free slot instead of waiting for the long one's last chunk.
     std::vector<Request*> decode, prefill;
     for (auto& [id, r] : live_) {
+      if (r->fork_pending) {
+        // Its fork runs the prompt's last token, one row: in a step after the prefix sequence's
+        // last chunk, which every stage has then run first.
+        const Request* h = live_.at(r->shared->seq_id).get();   // live while a fork waits (Leave)
+        if (h->starting == 0 && h->next.empty() && r->starting == 0 && !r->stream->cancelled())
+          decode.push_back(r.get());
+        continue;
+      }
+      if (r->prefix && r->sharers.expired()) continue;   // nobody left to fork from it
       const bool prompt_left = r->generated == 0;   // next holds the rest of the prompt
       if (r->starting == 0 && (r->in_flight == 0 || prompt_left) && !r->stream->cancelled() &&
           !r->next.empty())
@@ -355,9 +428,19 @@ void Scheduler::Launch() {
     auto add = [&](Request* r, size_t n) {
       flashmesh::v1::StepItem item;
       item.set_seq_id(r->id);
+      if (r->fork_pending) {
+        Request* h = live_.at(r->shared->seq_id).get();
+        item.set_fork_from(h->id);
+        r->next.erase(r->next.begin(), r->next.end() - 1);   // the prefix sequence ran these
+        r->fork_pending = false;
+        h->waiting.erase(r->id);
+        ++h->forks_in_flight;
+        call->fork_sources.push_back(h->id);
+      }
       item.mutable_tokens()->Add(r->next.begin(), r->next.begin() + static_cast<std::ptrdiff_t>(n));
       r->next.erase(r->next.begin(), r->next.begin() + static_cast<std::ptrdiff_t>(n));
-      if (!r->next.empty()) {
+      // A prefix sequence samples nothing, not even after its last chunk.
+      if (!r->next.empty() || r->prefix) {
         item.set_prefill_continues(true);
         call->chunk_ids.push_back(r->id);
       }
@@ -518,6 +601,8 @@ void Scheduler::Complete(StepCall* call) {
                      " tokens for " + std::to_string(want) + " sequences"));
     return;
   }
+  for (uint64_t id : call->fork_sources)
+    if (auto it = live_.find(id); it != live_.end()) --it->second->forks_in_flight;
   const double seconds = std::chrono::duration<double>(Clock::now() - call->launched).count();
   // Its time covers the steps it waited behind too: measured against all those rows (against
   // its own alone, a pipeline's deadlines counted the wait twice and grew with stages^2).
@@ -610,6 +695,7 @@ void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std
   // Freed and no longer counted before the client sees its stream end.
   FreeOnWorkers(r->started, {r->id});
   std::shared_ptr<RequestStream> stream = r->stream;
+  Leave(r);
   live_.erase(r->id);
   active_count_ = static_cast<int>(live_.size());
   stream->Push(std::move(ev));
@@ -617,6 +703,7 @@ void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std
 
 void Scheduler::End(Request* r, Status why) {
   std::shared_ptr<RequestStream> stream = r->stream;
+  Leave(r);
   live_.erase(r->id);
   active_count_ = static_cast<int>(live_.size());
   stream->Push({RequestStream::Event::kError, {}, {}, why});

@@ -72,7 +72,11 @@ class Scheduler {
   // cluster cannot take new requests now.
   Result<std::shared_ptr<RequestStream>> Submit(GenerateParams params);
   // Queues every request or none (the n choices of one HTTP request: the queue must hold them
-  // all at once, or they would be refused one by one as it fills).
+  // all at once, or they would be refused one by one as it fills). Requests of one prompt of 2
+  // or more tokens share its prefill: a prefix sequence (not a request, but a batch slot while
+  // it lives) runs all of the prompt but its last token once, and each request admitted while
+  // it lives forks from it and runs that last token itself (StepItem.fork_from). Every token is
+  // the one the request would get alone: a prefill gives the same bits however it is chunked.
   Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAll(std::vector<GenerateParams> params);
   int64_t max_queue() const { return limits_.max_queue; }
   int active() const { return active_count_; }
@@ -89,6 +93,13 @@ class Scheduler {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // The prompt the requests of one SubmitAll share; each of them holds it, so it expires with
+  // the last of them.
+  struct SharedPrompt {
+    GenerateParams prefix;    // the prefix sequence's: the prompt but its last token
+    bool tried = false;       // the prefix sequence was started, or could not be (no slot)
+    uint64_t seq_id = 0;      // the prefix sequence while it lives; 0: requests prefill alone
+  };
   struct Request {
     uint64_t id = 0;
     GenerateParams params;
@@ -105,12 +116,22 @@ class Scheduler {
     std::vector<int> started;      // workers that hold it
     Clock::time_point started_at;  // when the last StartSequence answered
     Status start_error;            // the first failed StartSequence
+    // A request of a shared prompt, and whether it waits to fork from the prefix sequence.
+    std::shared_ptr<SharedPrompt> shared;
+    bool fork_pending = false;
+    // The prefix sequence of a shared prompt (no client reads its stream): the requests that
+    // wait to fork from it, the steps in flight that do, and who still shares it at all.
+    bool prefix = false;
+    std::set<uint64_t> waiting;
+    int forks_in_flight = 0;
+    std::weak_ptr<SharedPrompt> sharers;
   };
   // One micro-batch's RPCs to every worker.
   struct StepCall {
     uint64_t step_id = 0;
     std::vector<uint64_t> seq_ids;    // every sequence of the step
     std::vector<uint64_t> chunk_ids;  // those sent a prompt chunk with more to come: no token
+    std::vector<uint64_t> fork_sources;   // the prefix sequence of each fork in the step
     size_t rows = 0;
     // Its rows and those of the steps in flight before it at its launch: what its time from
     // launch to completion covers, so what it is measured against (StepDeadline).
@@ -157,6 +178,16 @@ class Scheduler {
   void FailQueued(const Status& why);
   void SendResets();
   void Admit();
+  // Makes `owned` live and starts its sequence on its member's workers (every stage).
+  Request* StartRequest(std::unique_ptr<Request> owned, int member);
+  // The live prefix sequence a shared prompt's request at admission forks from, or null. The
+  // first of them starts it, when the batch has a slot for both (on `member`).
+  Request* PrefixFor(const Request& r, int member);
+  // Frees every prefix sequence that nobody waits for and no step in flight uses any more.
+  void FreeIdlePrefixes();
+  // Bookkeeping of a request leaving live_: a fork it waited for, or, for a prefix sequence,
+  // its waiting requests (they prefill alone now).
+  void Leave(Request* r);
   void OnStarted(uint64_t id, int worker, const RpcResult& r);
   void Launch();
   Clock::time_point StepDeadline(Clock::time_point now, size_t rows) const;

@@ -69,6 +69,20 @@ class AttentionCacheImpl final : public AttentionCache {
     return b;
   }
 
+  Status CopyFrom(const AttentionCache& other) override {
+    const auto* src = dynamic_cast<const AttentionCacheImpl*>(&other);
+    if (!src || src->ratio != ratio || src->window != window || src->dim != dim)
+      return InvalidArgument("copying the attention cache of another kind of layer");
+    if (src->pos > max_context)
+      return OutOfRange("copying an attention cache of " + std::to_string(src->pos) +
+                        " positions into one of max_context " + std::to_string(max_context));
+    pos = src->pos;
+    ring = src->ring;
+    comp = src->comp;
+    index_comp = src->index_comp;
+    return Status::Ok();
+  }
+
   const float* RingRow(int64_t s) const { return ring.data() + (s % window) * dim; }
 
   const int64_t ratio, max_context, window, dim;

@@ -31,6 +31,10 @@ class AttentionCache {  // one sequence, one layer (MODEL.md "Decode state")
   virtual ~AttentionCache() = default;
   virtual int64_t next_pos() const = 0;  // positions consumed so far
   virtual size_t bytes() const = 0;      // bytes currently held (KV use for status)
+  // This cache takes src's state: the same layer of another sequence on the same shard, whose
+  // positions fit this one's max_context (a sequence forked from a shared prompt prefix,
+  // StepItem.fork_from). Errors: a cache of another kind or ratio, src beyond max_context.
+  virtual Status CopyFrom(const AttentionCache& src) = 0;
 };
 
 std::unique_ptr<AttentionCache> NewAttentionCache(const ModelConfig& cfg, int64_t ratio,

@@ -253,6 +253,10 @@ Status ShardModelImpl::MtpLogits(std::span<const BatchItem> items, const float* 
 
 }  // namespace
 
+Status ShardModel::CopySequence(const SequenceCache& src, SequenceCache* dst) const {
+  return dst->CopyFrom(src);
+}
+
 Result<std::unique_ptr<ShardModel>> ShardModel::Create(const Checkpoint& ckpt, ThreadPool* pool) {
   auto m = std::make_unique<ShardModelImpl>(ckpt.config(), pool);
   FM_RETURN_IF_ERROR(m->Bind(ckpt));

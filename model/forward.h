@@ -135,6 +135,9 @@ class ShardModel {
   // Empty decode state for this shard's layers, able to hold max_context positions. Errors:
   // ResourceExhausted when a device shard's memory cannot hold it.
   virtual Result<std::unique_ptr<SequenceCache>> NewSequence(int64_t max_context) const = 0;
+  // dst (from NewSequence, not stepping) takes src's decode state: a fork of a sequence at its
+  // position, e.g. n choices sharing one prefill of their prompt. No step may run meanwhile.
+  virtual Status CopySequence(const SequenceCache& src, SequenceCache* dst) const;
 
   // An empty manifold buffer [0, hc*H] in this shard's activation memory: host memory on the
   // CPU shard (the default), device memory on a device shard. Every `x` below points into such

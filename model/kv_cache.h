@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/status.h"
 #include "model/attention.h"
 
 namespace fm {
@@ -30,6 +31,9 @@ class SequenceCache {
 
   // Called by ShardModel after a successful ForwardLayers over n positions.
   void Advance(int64_t n) { next_pos_ += n; }
+  // Every layer's state (and the MTP block's) and the position become src's: a sequence of the
+  // same shard (ShardModel::CopySequence). On an error this cache is left half copied.
+  Status CopyFrom(const SequenceCache& src);
 
  private:
   int64_t layer_begin_;

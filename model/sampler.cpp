@@ -111,6 +111,16 @@ void Sampler::Observe(std::span<const int32_t> tokens, bool generated) {
   }
 }
 
+Status Sampler::AdoptPrompt(const Sampler& src) {
+  if (generated_count_ != 0 || src.generated_count_ != 0)
+    return InvalidArgument("a sampler takes the prompt of a sequence only before either generates");
+  const bool needs = cfg_.repetition_penalty != 1.0f;
+  if (needs && src.cfg_.repetition_penalty == 1.0f)
+    return InvalidArgument("the sequence forked from has no repetition_penalty, so kept no prompt tokens");
+  if (needs) seen_ = src.seen_;
+  return Status::Ok();
+}
+
 std::vector<float> Sampler::Adjusted(std::span<const float> logits) const {
   std::vector<float> l(logits.begin(), logits.end());
   const int64_t n = static_cast<int64_t>(l.size());

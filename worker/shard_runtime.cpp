@@ -269,19 +269,48 @@ Status ShardRuntime::CheckSlices(std::span<const StepSlice> slices) {
     std::lock_guard<std::mutex> lock(mu_);
     max_rows = placement_.max_step_rows;
   }
+  std::unordered_set<uint64_t> forked;
+  for (const auto& s : slices)
+    if (s.fork_from != 0) forked.insert(s.seq_id);
   for (const auto& s : slices) {
     FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
-    if (!seen.insert(s.seq_id).second)
-      return InvalidArgument("sequence " + std::to_string(s.seq_id) + " appears twice in the step");
-    if (s.tokens.empty()) return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": no tokens");
-    if (seq->position + static_cast<int64_t>(s.tokens.size()) > seq->max_context)
-      return OutOfRange("sequence " + std::to_string(s.seq_id) + ": context beyond " +
-                        std::to_string(seq->max_context));
+    const std::string name = "sequence " + std::to_string(s.seq_id);
+    if (!seen.insert(s.seq_id).second) return InvalidArgument(name + " appears twice in the step");
+    if (s.tokens.empty()) return InvalidArgument(name + ": no tokens");
+    int64_t position = seq->position;
+    if (s.fork_from != 0) {
+      const std::string from = "sequence " + std::to_string(s.fork_from);
+      if (s.fork_from == s.seq_id) return InvalidArgument(name + " is forked from itself");
+      if (seq->position != 0)
+        return InvalidArgument(name + " is forked at position " + std::to_string(seq->position) +
+                               " (only a sequence that has run nothing can be)");
+      Result<Sequence*> src = Find(s.fork_from);
+      if (!src.ok()) return InvalidArgument(from + ", which " + name + " is forked from, is not held here");
+      if (forked.count(s.fork_from))
+        return InvalidArgument(from + ", which " + name + " is forked from, is forked in the same step");
+      position = (*src)->position;
+    }
+    if (position + static_cast<int64_t>(s.tokens.size()) > seq->max_context)
+      return OutOfRange(name + ": context beyond " + std::to_string(seq->max_context));
     rows += static_cast<int64_t>(s.tokens.size());
   }
   if (rows > max_rows)
     return InvalidArgument("the step's " + std::to_string(rows) + " tokens exceed the " +
                            std::to_string(max_rows) + " a step may carry (max_step_rows)");
+  return Status::Ok();
+}
+
+Status ShardRuntime::Fork(std::span<const StepSlice> slices) {
+  for (const auto& s : slices) {
+    if (s.fork_from == 0) continue;
+    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    FM_ASSIGN_OR_RETURN(Sequence * src, Find(s.fork_from));
+    const std::string what = "forking sequence " + std::to_string(s.seq_id) + " from " + std::to_string(s.fork_from);
+    Status st = model_->CopySequence(*src->cache, seq->cache.get());
+    if (st.ok() && seq->sampler && src->sampler) st = seq->sampler->AdoptPrompt(*src->sampler);
+    if (!st.ok()) return st.Wrap(what);
+    seq->position = src->position;
+  }
   return Status::Ok();
 }
 

@@ -63,6 +63,7 @@ struct StepSlice {
   uint64_t seq_id = 0;
   std::vector<int32_t> tokens;
   bool sample = true;   // false: a prompt chunk with more to come; no token is drawn for it
+  uint64_t fork_from = 0;   // nonzero: first take this sequence's state (StepItem.fork_from)
 };
 
 struct SampledId {
@@ -120,9 +121,14 @@ class ShardRuntime {
   // through the layers to the head or the send. Needs loaded().
   Activations& activations() { return *x_; }
 
-  // Every slice names a started sequence and brings 1.. tokens that fit its context: checked
-  // before X is sized for a step (a step's row count comes from the network).
+  // Every slice names a started sequence and brings 1.. tokens that fit its context, and a fork
+  // names a held sequence that is not itself forked in the step into one with no position yet:
+  // checked before X is sized for a step (a step's row count comes from the network).
   Status CheckSlices(std::span<const StepSlice> slices);
+  // Every slice with fork_from takes its source's decode state (and, on the last stage, the
+  // prompt its sampler saw), all before any row runs. After CheckSlices; a failure leaves the
+  // forked sequences half copied (the step fails, and the coordinator resets the workers).
+  Status Fork(std::span<const StepSlice> slices);
   // Stage 0: tokens of every slice -> X [T, hc, H] (x resized to T rows). Needs the embedding.
   Status Embed(std::span<const StepSlice> slices, Activations* x) const;
   // X [T, hc, H] (a pointer into activations()) through this shard's layers; each slice's

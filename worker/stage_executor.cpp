@@ -282,6 +282,7 @@ Status StageExecutor::Execute(Step* step, const net::Frame* received) {
   // the head; only a received frame's payload is copied in, once.
   Activations& x = runtime_->activations();
   FM_RETURN_IF_ERROR(runtime_->CheckSlices(step->slices));   // before X is sized by them
+  FM_RETURN_IF_ERROR(runtime_->Fork(step->slices));
   int64_t rows = 0;
   for (const auto& s : step->slices) rows += static_cast<int64_t>(s.tokens.size());
   if (p.stage == 0) {

@@ -409,6 +409,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
     slices[i].seq_id = req->items(i).seq_id();
     slices[i].tokens.assign(req->items(i).tokens().begin(), req->items(i).tokens().end());
     slices[i].sample = !req->items(i).prefill_continues();
+    slices[i].fork_from = req->items(i).fork_from();
   }
   // A tenth before the caller's deadline: a step waiting for a peer that froze answers so
   // itself, and the coordinator blames the peer (which does not answer) rather than this node.

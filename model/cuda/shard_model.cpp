@@ -155,6 +155,9 @@ Result<std::unique_ptr<AttentionCache>> CudaShardModel::NewCache(int64_t ratio,
   auto c = std::make_unique<DeviceAttentionCache>();
   const int64_t W = cfg_.sliding_window, D = cfg_.head_dim, dI = cfg_.index_head_dim;
   c->ratio = ratio;
+  c->window = W;
+  c->dim = D;
+  c->index_dim = dI;
   c->max_entries = ratio > 1 ? max_context / ratio : 0;
   FM_ASSIGN_OR_RETURN(c->keys, AllocFloats((W + c->max_entries) * D));
   c->bytes_held = static_cast<size_t>((W + c->max_entries) * D) * sizeof(float);
@@ -168,6 +171,43 @@ Result<std::unique_ptr<AttentionCache>> CudaShardModel::NewCache(int64_t ratio,
     c->bytes_held += static_cast<size_t>(c->max_entries * (dI + 1)) * sizeof(float);
   }
   return std::unique_ptr<AttentionCache>(std::move(c));
+}
+
+Status DeviceAttentionCache::CopyFrom(const AttentionCache& other) {
+  const auto* src = dynamic_cast<const DeviceAttentionCache*>(&other);
+  if (!src || src->ratio != ratio || src->window != window || src->dim != dim ||
+      src->index_dim != index_dim)
+    return InvalidArgument("copying the device attention cache of another kind of layer");
+  // An entry is written when its window of `ratio` positions completes.
+  const int64_t entries = ratio > 1 ? src->pos / ratio : 0;
+  if (entries > max_entries)
+    return OutOfRange("copying a device attention cache of " + std::to_string(src->pos) +
+                      " positions into one of " + std::to_string(max_entries) + " entries");
+  auto copy = [](const cuda::DeviceBuffer& from, cuda::DeviceBuffer* to, int64_t floats) {
+    return cuda::CopyOnDevice(to->data(), from.data(), static_cast<size_t>(floats) * sizeof(float));
+  };
+  FM_RETURN_IF_ERROR(copy(src->keys, &keys, (window + entries) * dim));
+  if (ratio > 1) {
+    FM_RETURN_IF_ERROR(copy(src->comp.pend_a, &comp.pend_a, static_cast<int64_t>(comp.pend_a.size() / sizeof(float))));
+    FM_RETURN_IF_ERROR(copy(src->comp.pend_z, &comp.pend_z, static_cast<int64_t>(comp.pend_z.size() / sizeof(float))));
+  }
+  if (ratio == 4) {
+    FM_RETURN_IF_ERROR(copy(src->ikeys, &ikeys, entries * index_dim));
+    FM_RETURN_IF_ERROR(copy(src->index_comp.pend_a, &index_comp.pend_a,
+                            static_cast<int64_t>(index_comp.pend_a.size() / sizeof(float))));
+    FM_RETURN_IF_ERROR(copy(src->index_comp.pend_z, &index_comp.pend_z,
+                            static_cast<int64_t>(index_comp.pend_z.size() / sizeof(float))));
+  }
+  pos = src->pos;
+  return Status::Ok();
+}
+
+Status CudaShardModel::CopySequence(const SequenceCache& src, SequenceCache* dst) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  cuda::StreamScope on_stream(stream_);
+  FM_RETURN_IF_ERROR(dst->CopyFrom(src));
+  return stream_.Synchronize();
 }
 
 // Without mu_: it only allocates (no stream work) and reads the constant config, so a new

@@ -34,8 +34,12 @@ class DeviceAttentionCache final : public AttentionCache {
  public:
   int64_t next_pos() const override { return pos; }
   size_t bytes() const override { return bytes_held; }
+  // Queued on the current stream (CudaShardModel::CopySequence's): the ring, the entries written
+  // so far and the compressors' pending rows.
+  Status CopyFrom(const AttentionCache& src) override;
 
   int64_t ratio = 0, pos = 0, max_entries = 0;
+  int64_t window = 0, dim = 0, index_dim = 0;   // W, D, dI of the model
   cuda::DeviceBuffer keys;    // [W + max_entries, D]: ring row s % W, then compressed entry e at W + e
   cuda::DeviceBuffer ikeys;   // [max_entries, dI]: the indexer's entries (ratio 4)
   cuda::DeviceBuffer score;   // [max_entries]: indexer scores of the current query
@@ -75,6 +79,7 @@ class CudaShardModel final : public ShardModel {
   bool has_head() const override { return has_head_; }
 
   Result<std::unique_ptr<SequenceCache>> NewSequence(int64_t max_context) const override;
+  Status CopySequence(const SequenceCache& src, SequenceCache* dst) const override;
   Result<std::unique_ptr<Activations>> NewActivations() const override {
     return NewDeviceActivations(device_, cfg_.hc_mult * cfg_.hidden_size);
   }

@@ -458,6 +458,49 @@ TEST_F(HttpApiTest, NChoicesAreTheGenerationsOfConsecutiveSeeds) {
   EXPECT_EQ(usage["prompt_tokens"], j["usage"]["prompt_tokens"]);
 }
 
+// The n choices share one prefill of their prompt (a prefix sequence runs all of it but the
+// last token once, each choice forks from it, on both stages): each choice is still exactly the
+// seeded generation it is alone, and the first stage sends about one request's rows, not n.
+TEST_F(HttpApiTest, NChoicesShareOnePrefillOfTheirPrompt) {
+  auto stub = Connect(cluster_->api());
+  std::vector<int32_t> prompt;
+  for (int k = 0; k < 40; ++k) prompt.push_back(10 + (k * 37) % 250);
+  constexpr int kN = 3, kTokens = 2;
+  const std::string sent = "flashmesh_node_data_plane_bytes_total{direction=\"sent\",node=\"w0\"}";
+  std::vector<Generation> want;
+  double alone = 0;
+  for (int i = 0; i < kN; ++i) {
+    auto req = TokensRequest(prompt, kTokens);
+    auto* s = req.mutable_sampling();
+    s->set_greedy(false);
+    s->set_temperature(1.5f);
+    s->set_seed(60 + i);
+    s->set_has_seed(true);
+    auto before = Scrape(port());
+    want.push_back(Generate(stub.get(), req));
+    ASSERT_TRUE(want.back().status.ok()) << want.back().status.error_message();
+    if (i == 0) alone = Scrape(port())[sent] - before[sent];
+  }
+  Json c = {{"prompt", prompt}, {"max_tokens", kTokens}, {"temperature", 1.5}, {"seed", 60},
+            {"ignore_eos", true}, {"n", kN}, {"logprobs", 0}};
+  auto before = Scrape(port());
+  HttpResult r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  const double shared = Scrape(port())[sent] - before[sent];
+  ASSERT_EQ(r.status, 200) << r.raw;
+  Json j = ParseBody(r);
+  ASSERT_EQ(j["choices"].size(), static_cast<size_t>(kN)) << j;
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(j["choices"][i]["text"], want[i].text) << i;
+    ASSERT_EQ(j["choices"][i]["logprobs"]["token_logprobs"].size(), static_cast<size_t>(kTokens));
+    for (int t = 0; t < kTokens; ++t)
+      EXPECT_EQ(static_cast<float>(j["choices"][i]["logprobs"]["token_logprobs"][t].get<double>()), want[i].logprobs[t]);
+  }
+  // One request sends 40 + 1 rows; the three choices 39 + 3 + 3 (three prefills: 123).
+  EXPECT_GT(alone, 0);
+  EXPECT_LT(shared, 1.5 * alone) << "alone " << alone << " bytes";
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 40);
+}
+
 // The n choices enter the queue together: n up to limits.max_queue always gets in on an idle
 // server (queued one by one, the queue filled before the scheduler took the first: a 429 at
 // random), and more can never get in, a 400 naming n rather than a 429 retried for ever.

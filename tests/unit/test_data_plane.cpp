@@ -192,6 +192,75 @@ TEST(StageExecutorChecks, ARepeatedSequenceOrTooManyRowsInAllAreRefusedBeforeXIs
   EXPECT_EQ(Decode({&e}, {1, 2, 3}, 2, &step).size(), 2u) << "the sequence still runs";
 }
 
+// A fork (StepSlice.fork_from) on a pipeline: every stage copies the source's state before the
+// step runs, so the fork then decodes exactly as a sequence that ran the whole prompt, sampled
+// (a repetition penalty reads the prompt the fork adopted) or greedy; the source is untouched.
+TEST(StageExecutorForks, AForkOnEveryStageDecodesAsTheWholePrompt) {
+  for (bool greedy : {true, false}) {
+    TwoStages two(net::FrameDType::kF32);
+    SamplerConfig cfg;
+    cfg.greedy = greedy;
+    cfg.temperature = 1.5f;
+    cfg.seed = 11;
+    cfg.repetition_penalty = 1.3f;
+    for (uint64_t seq : {1, 2, 3}) {
+      ASSERT_TRUE(two.r0.StartSequence(seq, 64, cfg).ok());
+      ASSERT_TRUE(two.r1.StartSequence(seq, 64, cfg).ok());
+    }
+    const std::vector<int32_t> prompt = {5, 9, 13, 5, 22, 31, 9, 40};
+    const std::vector<int32_t> prefix(prompt.begin(), prompt.end() - 1);
+    uint64_t step = 1;
+    EXPECT_TRUE(Step({&two.e0, &two.e1}, step++, {StepSlice{1, prefix, false}}).empty());
+    auto whole = Step({&two.e0, &two.e1}, step++, {StepSlice{3, prompt}});
+    auto fork = Step({&two.e0, &two.e1}, step++, {StepSlice{2, {prompt.back()}, true, 1}});
+    for (int t = 0; t < 6 && whole.size() == 1 && fork.size() == 1; ++t) {
+      EXPECT_EQ(fork[0].id, whole[0].id) << "token " << t << (greedy ? " greedy" : " sampled");
+      EXPECT_EQ(fork[0].logprob, whole[0].logprob) << "token " << t;
+      whole = Step({&two.e0, &two.e1}, step++, {StepSlice{3, {whole[0].id}}});
+      fork = Step({&two.e0, &two.e1}, step++, {StepSlice{2, {fork[0].id}}});
+    }
+    ASSERT_EQ(whole.size(), 1u);
+    ASSERT_EQ(fork.size(), 1u);
+    EXPECT_EQ(fork[0].id, whole[0].id);
+  }
+}
+
+// A fork the worker cannot make is refused by name before anything runs: from itself, from a
+// sequence it does not hold, from one forked in the same step, into one that has run, or past
+// the fork's context.
+TEST(StageExecutorForks, BadForksAreRefusedByName) {
+  OneStage one;
+  SamplerConfig greedy;
+  greedy.greedy = true;
+  for (uint64_t id : {2, 3}) ASSERT_TRUE(one.whole.StartSequence(id, 64, greedy).ok());
+  ASSERT_TRUE(one.whole.StartSequence(4, 5, greedy).ok());
+  std::vector<SampledId> out;
+  uint64_t step = 1;
+  auto run = [&](std::vector<StepSlice> slices) {
+    return one.single.RunStep(step, step - 1, std::move(slices), StageExecutor::Clock::now() + 20s, &out);
+  };
+  ASSERT_TRUE(run({StepSlice{1, {1, 2, 3, 4}, false}}).ok());
+  ++step;
+  const std::pair<std::vector<StepSlice>, std::string> bad[] = {
+      {{StepSlice{2, {5}, true, 2}}, "sequence 2 is forked from itself"},
+      {{StepSlice{2, {5}, true, 9}}, "sequence 9, which sequence 2 is forked from, is not held here"},
+      {{StepSlice{2, {5}, true, 1}, StepSlice{3, {5}, true, 2}},
+       "sequence 2, which sequence 3 is forked from, is forked in the same step"},
+      {{StepSlice{1, {5}, true, 2}}, "sequence 1 is forked at position 4"},
+      {{StepSlice{4, {5, 6}, true, 1}}, "sequence 4: context beyond 5"},
+  };
+  for (const auto& [slices, why] : bad) {
+    const Status s = run(slices);
+    EXPECT_FALSE(s.ok()) << why;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.ToString();
+    ++step;
+  }
+  EXPECT_EQ(one.whole.activations().rows(), 4) << "a refused step ran nothing";
+  const Status ok = run({StepSlice{4, {5}, true, 1}});
+  EXPECT_TRUE(ok.ok()) << ok.ToString();
+  EXPECT_EQ(out.size(), 1u);
+}
+
 // A step id at or below the last one run is a repeat: refused, the KV not advanced again.
 TEST(StageExecutorChecks, ARepeatedStepIdIsRefused) {
   OneStage one;

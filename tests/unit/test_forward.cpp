@@ -125,6 +125,46 @@ TEST_F(ForwardTest, ChunkedPrefillMatchesOneShot) {
   EXPECT_EQ(chunked, whole);
 }
 
+// A sequence forked from another at its position (ShardModel::CopySequence: the n choices of a
+// request share one prefill) continues exactly as one that ran the whole prompt, bit for bit,
+// from the middle of every compressor's window; its source is untouched; a fork that cannot
+// hold the state, or of another shard's layers, is refused.
+TEST_F(ForwardTest, AForkContinuesBitForBitAsTheWholeSequence) {
+  ThreadPool pool(2);
+  Model m = Open(&pool);
+  ASSERT_TRUE(m.shard);
+  const int64_t V = m.shard->config().vocab_size;
+  const int64_t N = 270, P = 261;   // P: inside a ratio-4 and the third ratio-128 window
+  const auto toks = Tokens(N, 13);
+  const std::span<const int32_t> all(toks);
+  std::vector<float> whole, ignore;
+  auto alone = m.shard->NewSequence(1024).value();
+  ASSERT_TRUE(Step(*m.shard, alone.get(), all, &whole).ok());
+  auto prefix = m.shard->NewSequence(P).value();
+  ASSERT_TRUE(Step(*m.shard, prefix.get(), all.subspan(0, P), &ignore).ok());
+  const std::vector<float> tail(whole.begin() + P * V, whole.end());
+  for (int f = 0; f < 2; ++f) {   // the second fork shows the first left its source as it was
+    auto fork = m.shard->NewSequence(1024).value();
+    Status st = m.shard->CopySequence(*prefix, fork.get());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(fork->next_pos(), P);
+    std::vector<float> forked;
+    ASSERT_TRUE(Step(*m.shard, fork.get(), all.subspan(P, 3), &forked).ok());
+    for (int64_t t = P + 3; t < N; ++t) ASSERT_TRUE(Step(*m.shard, fork.get(), all.subspan(t, 1), &forked).ok());
+    EXPECT_EQ(forked, tail) << "fork " << f;
+  }
+  EXPECT_EQ(prefix->next_pos(), P);
+  auto small = m.shard->NewSequence(P - 1).value();
+  EXPECT_EQ(m.shard->CopySequence(*prefix, small.get()).code(), Code::kOutOfRange);
+  ShardSelection first3;
+  first3.layer_begin = 0, first3.layer_end = 3, first3.head = false, first3.mtp = false;
+  Model part = Open(&pool, first3);
+  ASSERT_TRUE(part.shard);
+  auto other = part.shard->NewSequence(1024).value();
+  const Status st = m.shard->CopySequence(*other, small.get());
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+}
+
 TEST_F(ForwardTest, BatchIsBitIdenticalToEachSequenceAlone) {
   ThreadPool pool(2);
   Model m = Open(&pool);

@@ -238,6 +238,29 @@ TEST(Sampler, TopLogprobsAreTheMostLikelyUnderTheDrawnDistribution) {
   EXPECT_EQ(one->top[1].logprob, -1000.0f);
 }
 
+// A fork's sampler (Sampler::AdoptPrompt) sees the prompt its source saw: the repetition
+// penalty applies to it as if it had observed the prompt itself; a source that kept nothing, or
+// a sampler that has generated, is refused.
+TEST(Sampler, AForkAdoptsThePromptItsSourceSaw) {
+  const std::vector<float> logits = {1.0f, 2.0f, -1.0f, 3.0f};
+  const SamplerConfig rep{.greedy = true, .repetition_penalty = 2.0f};
+  Sampler source = Make(rep), fork = Make(rep), plain = Make(rep);
+  source.Observe(std::vector<int32_t>{3, 2, 3}, false);
+  ASSERT_TRUE(fork.AdoptPrompt(source).ok());
+  EXPECT_EQ(fork.Sample(logits)->id, 1) << "3 / 2 = 1.5 < 2: the prompt's 3 is penalized";
+  EXPECT_EQ(plain.Sample(logits)->id, 3) << "without the prompt, 3 wins";
+  Sampler none = Make({.greedy = true});
+  none.Observe(std::vector<int32_t>{3}, false);
+  Sampler wants = Make(rep);
+  const Status kept_nothing = wants.AdoptPrompt(none);
+  EXPECT_EQ(kept_nothing.code(), Code::kInvalidArgument);
+  EXPECT_NE(kept_nothing.message().find("repetition_penalty"), std::string::npos) << kept_nothing.ToString();
+  EXPECT_TRUE(Make({.greedy = true}).AdoptPrompt(source).ok()) << "a fork without penalties needs nothing";
+  fork.Observe(std::vector<int32_t>{1}, true);   // its token fed back
+  EXPECT_EQ(Make(rep).AdoptPrompt(fork).code(), Code::kInvalidArgument) << "fork has generated";
+  EXPECT_EQ(fork.AdoptPrompt(source).code(), Code::kInvalidArgument) << "fork has generated";
+}
+
 // The penalties by hand (vLLM's rules), greedy so each pick is the argmax of the changed
 // logits, and its logprob is log_softmax of them.
 TEST(Sampler, PenaltiesChangeTheLogitsOfTheSequencesTokens) {

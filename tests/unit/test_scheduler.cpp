@@ -365,5 +365,117 @@ TEST(Scheduler, AHeldStartSequenceDoesNotStallTheStepsOfOthers) {
   EXPECT_EQ(Collect(b->get()).ids, (std::vector<int32_t>{501, 502}));
 }
 
+// Worker 0's items of a shared prompt's steps, in step order.
+struct SharedPromptSteps {
+  uint64_t prefix = 0;                       // the prefix sequence (its first chunk's id)
+  std::vector<std::vector<int32_t>> chunks;  // the prefix sequence's
+  std::vector<bool> continues;               // its chunks' prefill_continues
+  size_t chunks_before_first_fork = 0;
+  std::vector<uint64_t> forks;               // the forked sequences, in order
+  std::vector<uint64_t> fork_from;
+  std::vector<std::vector<int32_t>> fork_tokens;
+  size_t whole_prompts = 0;                  // items that ran the prompt from its first token alone
+  size_t rows = 0;
+};
+SharedPromptSteps Worker0Items(FakeWorkers& w, int32_t first_token) {
+  SharedPromptSteps s;
+  for (const auto& step : w.steps())
+    for (const auto& item : step.req.items())
+      if (item.fork_from() != 0) s.prefix = item.fork_from();
+  for (const auto& step : w.steps()) {
+    if (step.worker != 0) continue;
+    for (const auto& item : step.req.items()) {
+      s.rows += static_cast<size_t>(item.tokens_size());
+      const std::vector<int32_t> tokens(item.tokens().begin(), item.tokens().end());
+      if (item.fork_from() != 0) {
+        if (s.forks.empty()) s.chunks_before_first_fork = s.chunks.size();
+        s.forks.push_back(item.seq_id());
+        s.fork_from.push_back(item.fork_from());
+        s.fork_tokens.push_back(tokens);
+        continue;
+      }
+      if (item.seq_id() == s.prefix) {
+        s.chunks.push_back(tokens);
+        s.continues.push_back(item.prefill_continues());
+      } else if (tokens[0] == first_token) {
+        ++s.whole_prompts;
+      }
+    }
+  }
+  return s;
+}
+
+// The requests of one SubmitAll (the n choices of an HTTP request) share their prompt's
+// prefill: a prefix sequence runs all of it but the last token, in the prompt's chunks and
+// sampling nothing; each request forks from it in a later step (StepItem.fork_from) and runs
+// the last token itself; then the prefix sequence is freed. Each gets the tokens it would alone.
+TEST(Scheduler, RequestsOfOnePromptShareItsPrefill) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, ChunksOf4());
+  const std::vector<int32_t> prompt = TenTokensFrom100();
+  auto streams = s.SubmitAll(std::vector<GenerateParams>(3, Params(prompt, 2)));
+  ASSERT_TRUE(streams.ok()) << streams.status().ToString();
+  for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
+  const SharedPromptSteps got = Worker0Items(w, 100);
+  EXPECT_EQ(got.chunks, (std::vector<std::vector<int32_t>>{{100, 101, 102, 103}, {104, 105, 106, 107}, {108}}));
+  EXPECT_EQ(got.continues, (std::vector<bool>{true, true, true})) << "the prefix sequence samples nothing";
+  EXPECT_EQ(got.chunks_before_first_fork, 3u) << "a fork comes after the prefix's last chunk";
+  ASSERT_EQ(got.forks.size(), 3u);
+  EXPECT_EQ(std::set<uint64_t>(got.forks.begin(), got.forks.end()).size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got.fork_from[i], got.prefix);
+    EXPECT_EQ(got.fork_tokens[i], std::vector<int32_t>{109});
+  }
+  EXPECT_EQ(got.whole_prompts, 0u);
+  EXPECT_EQ(got.rows, 9u + 3u + 3u) << "one prefill of 9 tokens, 3 forks, 3 decode rows (alone: 33)";
+  // The prefix sequence, started first, reaches its 9 tokens; each request 10 + 2.
+  EXPECT_EQ(w.started_contexts(), (std::vector<int32_t>{9, 12, 12, 12}));
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) == 0; })) << "the prefix sequence is freed too";
+  EXPECT_EQ(s.active(), 0);
+}
+
+// Without a batch slot for the prefix sequence and a request together, nothing is shared; with
+// a slot for those two only, that request forks and the others, admitted after the prefix
+// sequence is gone, prefill alone. A one-token prompt has nothing to share.
+TEST(Scheduler, APromptIsSharedOnlyByTheRequestsAdmittedWhileItsPrefixLives) {
+  const std::vector<int32_t> prompt = TenTokensFrom100();
+  for (int64_t max_batch : {1, 2}) {
+    FakeWorkers w(1);
+    SchedulerLimits limits = ChunksOf4();
+    limits.max_batch = max_batch;
+    Scheduler s(&w, nullptr, limits);
+    auto streams = s.SubmitAll(std::vector<GenerateParams>(3, Params(prompt, 2)));
+    ASSERT_TRUE(streams.ok());
+    for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
+    const SharedPromptSteps got = Worker0Items(w, 100);
+    EXPECT_EQ(got.forks.size(), max_batch == 1 ? 0u : 1u) << "max_batch " << max_batch;
+    EXPECT_EQ(got.whole_prompts, max_batch == 1 ? 3u : 2u) << "max_batch " << max_batch;
+    EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0; }));
+  }
+  FakeWorkers w(1);
+  Scheduler s(&w, nullptr, {});
+  auto streams = s.SubmitAll(std::vector<GenerateParams>(2, Params({42}, 1)));
+  ASSERT_TRUE(streams.ok());
+  for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).ids, std::vector<int32_t>{43});
+  for (const auto& step : w.steps())
+    for (const auto& item : step.req.items()) EXPECT_EQ(item.fork_from(), 0u);
+}
+
+// Requests cancelled while their prefix sequence prefills: it stops after the chunks in flight
+// and is freed; nothing is left on the workers.
+TEST(Scheduler, APrefixNobodyWaitsForAnyMoreIsFreed) {
+  FakeWorkers w(1);
+  Scheduler s(&w, nullptr, ChunksOf4());
+  w.Hold("step");
+  auto streams = s.SubmitAll(std::vector<GenerateParams>(2, Params(TenTokensFrom100(), 2)));
+  ASSERT_TRUE(streams.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
+  for (const auto& st : *streams) st->Cancel();
+  w.Release("step");
+  for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).reason, flashmesh::v1::FINISH_REASON_CANCELLED);
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0 && s.active() == 0; }));
+  EXPECT_EQ(w.steps().size(), 1u) << "no chunk after the first";
+}
+
 }  // namespace
 }  // namespace fm
