@@ -284,8 +284,13 @@ Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
       shared.seq_id = StartRequest(std::move(h), member)->id;
     }
   }
-  auto it = live_.find(shared.seq_id);
-  return shared.seq_id != 0 && it != live_.end() ? it->second.get() : nullptr;
+  return PrefixOf(r);
+}
+
+Scheduler::Request* Scheduler::PrefixOf(const Request& r) {
+  if (!r.shared || r.shared->seq_id == 0) return nullptr;
+  auto it = live_.find(r.shared->seq_id);
+  return it == live_.end() ? nullptr : it->second.get();
 }
 
 Scheduler::Request* Scheduler::StartRequest(std::unique_ptr<Request> owned, int member) {
@@ -330,8 +335,7 @@ void Scheduler::FreeIdlePrefixes() {
 }
 
 void Scheduler::Leave(Request* r) {
-  if (r->fork_pending)
-    if (auto h = live_.find(r->shared->seq_id); h != live_.end()) h->second->waiting.erase(r->id);
+  if (Request* h = r->fork_pending ? PrefixOf(*r) : nullptr) h->waiting.erase(r->id);
   if (!r->prefix) return;
   for (uint64_t id : r->waiting)
     if (auto q = live_.find(id); q != live_.end()) q->second->fork_pending = false;
@@ -402,10 +406,12 @@ void Scheduler::Launch() {
     // one takes the next free slot instead of waiting for the long one's last chunk.
     std::vector<Request*> decode, prefill;
     for (auto& [id, r] : live_) {
-      if (r->fork_pending) {
-        // Its fork runs the prompt's last token, one row: in a step after the prefix sequence's
-        // last chunk, which every stage has then run first.
-        const Request* h = live_.at(r->shared->seq_id).get();   // live while a fork waits (Leave)
+      // A fork runs the prompt's last token, one row: in a step after the prefix sequence's last
+      // chunk, which every stage has then run first. (The prefix lives while a fork waits: Leave
+      // clears fork_pending when it goes; were it gone, the request would prefill alone.)
+      const Request* h = r->fork_pending ? PrefixOf(*r) : nullptr;
+      r->fork_pending = h != nullptr;
+      if (h) {
         if (h->starting == 0 && h->next.empty() && r->starting == 0 && !r->stream->cancelled())
           decode.push_back(r.get());
         continue;
@@ -429,7 +435,7 @@ void Scheduler::Launch() {
       flashmesh::v1::StepItem item;
       item.set_seq_id(r->id);
       if (r->fork_pending) {
-        Request* h = live_.at(r->shared->seq_id).get();
+        Request* h = PrefixOf(*r);
         item.set_fork_from(h->id);
         r->next.erase(r->next.begin(), r->next.end() - 1);   // the prefix sequence ran these
         r->fork_pending = false;

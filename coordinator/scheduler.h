@@ -183,6 +183,7 @@ class Scheduler {
   // The live prefix sequence a shared prompt's request at admission forks from, or null. The
   // first of them starts it, when the batch has a slot for both (on `member`).
   Request* PrefixFor(const Request& r, int member);
+  Request* PrefixOf(const Request& r);   // the live prefix sequence of r's shared prompt, or null
   // Frees every prefix sequence that nobody waits for and no step in flight uses any more.
   void FreeIdlePrefixes();
   // Bookkeeping of a request leaving live_: a fork it waited for, or, for a prefix sequence,

@@ -1,4 +1,5 @@
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/http_client.h"
 
 #include "rpc/grpc_status.h"
 
@@ -377,8 +378,42 @@ void ExpectClusterEqualsSingle(const ClusterSpec& spec,
     EXPECT_EQ(got[i].top, want[i].top) << "request " << i;
     EXPECT_EQ(got[i].ids.size(), tokens);
   }
+  if (spec.http) ExpectChoicesEqualSeededRequests(cluster.http_port(), ref.get(), requests);
   auto stub = Connect(cluster.api());
   *status = StatusAfterFrees(stub.get());
+}
+
+void ExpectChoicesEqualSeededRequests(int http_port, flashmesh::v1::Inference::Stub* reference,
+                                      const std::vector<flashmesh::v1::GenerateRequest>& requests) {
+  const flashmesh::v1::GenerateRequest* base = nullptr;
+  for (const auto& r : requests)
+    if (!r.sampling().greedy() && r.sampling().has_seed() &&
+        (!base || r.tokens().ids_size() > base->tokens().ids_size()))
+      base = &r;
+  ASSERT_NE(base, nullptr) << "no seeded request to take choices of";
+  constexpr int kChoices = 3;
+  const auto& s = base->sampling();
+  nlohmann::json body = {{"prompt", std::vector<int32_t>(base->tokens().ids().begin(),
+                                                         base->tokens().ids().end())},
+                         {"max_tokens", base->max_tokens()}, {"temperature", s.temperature()},
+                         {"top_p", s.top_p()}, {"seed", s.seed()}, {"n", kChoices},
+                         {"logprobs", 0}, {"ignore_eos", true}};
+  HttpResult r = HttpCall(http_port, "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const nlohmann::json j = nlohmann::json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), static_cast<size_t>(kChoices)) << j;
+  for (int i = 0; i < kChoices; ++i) {
+    auto alone = *base;
+    alone.mutable_sampling()->set_seed(s.seed() + i);
+    alone.set_ignore_eos(true);
+    const Generation want = Generate(reference, alone);
+    ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+    const nlohmann::json& got = j["choices"][i]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(got.size(), want.logprobs.size()) << "choice " << i;
+    for (size_t t = 0; t < want.logprobs.size(); ++t)
+      EXPECT_EQ(static_cast<float>(got[t].get<double>()), want.logprobs[t]) << "choice " << i << " token " << t;
+    EXPECT_EQ(j["choices"][i]["text"], want.text) << "choice " << i;
+  }
 }
 
 flashmesh::v1::ClusterStatusResponse StatusAfterFrees(flashmesh::v1::Inference::Stub* stub) {

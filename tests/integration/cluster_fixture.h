@@ -187,12 +187,18 @@ class LiveStream {
 void RunBenchCluster(const Cluster& cluster, nlohmann::json* report);
 
 // Runs every request on a single process, then all of them at once on a cluster of `spec`:
-// each must give `tokens` tokens, with the single process's ids and logprobs. *status is the
+// each must give `tokens` tokens, with the single process's ids and logprobs. With spec.http,
+// also the longest seeded request as the n = 3 choices of one HTTP completion, whose choices
+// fork from one shared prefill: choice i must be the single process's request with seed + i. *status is the
 // cluster's status once every worker has freed the finished sequences (frees are asynchronous
 // and status shows the last heartbeat: up to 5 s), or the last one seen.
 void ExpectClusterEqualsSingle(const ClusterSpec& spec,
                                const std::vector<flashmesh::v1::GenerateRequest>& requests,
                                size_t tokens, flashmesh::v1::ClusterStatusResponse* status);
+// An HTTP completion of the longest seeded request with n = 3 (its choices share one prefill):
+// choice i equals `reference`'s answer to that request with seed + i, logprobs and text.
+void ExpectChoicesEqualSeededRequests(int http_port, flashmesh::v1::Inference::Stub* reference,
+                                      const std::vector<flashmesh::v1::GenerateRequest>& requests);
 
 // `cluster` (started, on GPUs) gives one cuda:0 worker's tokens and logprobs exactly (every
 // output element is computed by the same kernels on one member), for prompts of 4, 24 and 44

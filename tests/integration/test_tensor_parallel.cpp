@@ -42,6 +42,7 @@ void ExpectTpClusterEqualsSingle(int stages, int tp, int step_tokens) {
   spec.tensor_parallel = tp;
   spec.max_batch = kStreams;
   spec.max_step_tokens = step_tokens;
+  spec.http = true;   // n choices over HTTP fork from one prefill on every member
   std::vector<flashmesh::v1::GenerateRequest> requests;
   for (int i = 0; i < kStreams; ++i) requests.push_back(Request(i));
   flashmesh::v1::ClusterStatusResponse status;
