@@ -207,11 +207,11 @@ void Scheduler::Tick() {
   for (auto& [id, r] : live_)
     if (r->stream->cancelled() && r->in_flight == 0 && r->starting == 0) cancelled.push_back(r.get());
   for (Request* r : cancelled) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
-  FreeIdlePrefixes();
   {
     std::lock_guard<std::mutex> lock(signal_->mu);
     DropDeadQueuedLocked(now);
   }
+  FreeIdlePrefixes();   // after the queue's dead: they may have been a prefix's last sharers
   SendResets();
   if (std::any_of(needs_reset_.begin(), needs_reset_.end(), [](char c) { return c; }) ||
       std::any_of(resetting_.begin(), resetting_.end(), [](char c) { return c; }))
@@ -267,14 +267,17 @@ void Scheduler::Admit() {
       prefix->waiting.insert(r->id);
     }
   }
-  active_count_ = static_cast<int>(live_.size());
+  CountActive();
 }
 
 Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
   SharedPrompt& shared = *r.shared;
   if (!shared.tried) {
     shared.tried = true;
-    if (static_cast<int64_t>(live_.size()) + 2 <= limits_.max_batch) {
+    // Worth a slot when two requests at least can fork from it together. Not under data-parallel
+    // attention: every fork lives where its prefix does, which would put all n requests' KV and
+    // attention on one member of the EP group.
+    if (static_cast<int64_t>(live_.size()) + 3 <= limits_.max_batch && workers_->expert_parallel() == 1) {
       auto h = std::make_unique<Request>();
       h->params = shared.prefix;
       h->stream = std::make_shared<RequestStream>();   // nobody reads it
@@ -285,6 +288,11 @@ Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
     }
   }
   return PrefixOf(r);
+}
+
+void Scheduler::CountActive() {
+  active_count_ = static_cast<int>(std::count_if(live_.begin(), live_.end(),
+                                                 [](const auto& q) { return !q.second->prefix; }));
 }
 
 Scheduler::Request* Scheduler::PrefixOf(const Request& r) {
@@ -703,7 +711,7 @@ void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std
   std::shared_ptr<RequestStream> stream = r->stream;
   Leave(r);
   live_.erase(r->id);
-  active_count_ = static_cast<int>(live_.size());
+  CountActive();
   stream->Push(std::move(ev));
 }
 
@@ -711,7 +719,7 @@ void Scheduler::End(Request* r, Status why) {
   std::shared_ptr<RequestStream> stream = r->stream;
   Leave(r);
   live_.erase(r->id);
-  active_count_ = static_cast<int>(live_.size());
+  CountActive();
   stream->Push({RequestStream::Event::kError, {}, {}, why});
 }
 

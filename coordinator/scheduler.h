@@ -73,10 +73,11 @@ class Scheduler {
   Result<std::shared_ptr<RequestStream>> Submit(GenerateParams params);
   // Queues every request or none (the n choices of one HTTP request: the queue must hold them
   // all at once, or they would be refused one by one as it fills). Requests of one prompt of 2
-  // or more tokens share its prefill: a prefix sequence (not a request, but a batch slot while
-  // it lives) runs all of the prompt but its last token once, and each request admitted while
-  // it lives forks from it and runs that last token itself (StepItem.fork_from). Every token is
-  // the one the request would get alone: a prefill gives the same bits however it is chunked.
+  // or more tokens share its prefill (docs/architecture.md "Shared prompts"): a prefix sequence
+  // (not a request, but a batch slot while it lives) runs all of the prompt but its last token
+  // once, and each request admitted while it lives forks from it and runs that last token
+  // itself (StepItem.fork_from): on CPU shards the tokens each would get alone, since a CPU
+  // prefill gives the same bits however it is chunked.
   Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAll(std::vector<GenerateParams> params);
   int64_t max_queue() const { return limits_.max_queue; }
   int active() const { return active_count_; }
@@ -184,6 +185,7 @@ class Scheduler {
   // first of them starts it, when the batch has a slot for both (on `member`).
   Request* PrefixFor(const Request& r, int member);
   Request* PrefixOf(const Request& r);   // the live prefix sequence of r's shared prompt, or null
+  void CountActive();   // active(): the live sequences of requests (prefix sequences are not)
   // Frees every prefix sequence that nobody waits for and no step in flight uses any more.
   void FreeIdlePrefixes();
   // Bookkeeping of a request leaving live_: a fork it waited for, or, for a prefix sequence,

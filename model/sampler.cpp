@@ -111,13 +111,17 @@ void Sampler::Observe(std::span<const int32_t> tokens, bool generated) {
   }
 }
 
-Status Sampler::AdoptPrompt(const Sampler& src) {
+Status Sampler::CanAdoptPrompt(const Sampler& src) const {
   if (generated_count_ != 0 || src.generated_count_ != 0)
     return InvalidArgument("a sampler takes the prompt of a sequence only before either generates");
-  const bool needs = cfg_.repetition_penalty != 1.0f;
-  if (needs && src.cfg_.repetition_penalty == 1.0f)
+  if (cfg_.repetition_penalty != 1.0f && src.cfg_.repetition_penalty == 1.0f)
     return InvalidArgument("the sequence forked from has no repetition_penalty, so kept no prompt tokens");
-  if (needs) seen_ = src.seen_;
+  return Status::Ok();
+}
+
+Status Sampler::AdoptPrompt(const Sampler& src) {
+  FM_RETURN_IF_ERROR(CanAdoptPrompt(src));
+  if (cfg_.repetition_penalty != 1.0f) seen_ = src.seen_;
   return Status::Ok();
 }
 

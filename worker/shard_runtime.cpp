@@ -288,6 +288,9 @@ Status ShardRuntime::CheckSlices(std::span<const StepSlice> slices) {
       if (!src.ok()) return InvalidArgument(from + ", which " + name + " is forked from, is not held here");
       if (forked.count(s.fork_from))
         return InvalidArgument(from + ", which " + name + " is forked from, is forked in the same step");
+      if (seq->sampler && (*src)->sampler)   // the last stage: refused here, not half forked
+        if (Status st = seq->sampler->CanAdoptPrompt(*(*src)->sampler); !st.ok())
+          return st.Wrap(name + " cannot be forked from " + from);
       position = (*src)->position;
     }
     if (position + static_cast<int64_t>(s.tokens.size()) > seq->max_context)
@@ -307,9 +310,9 @@ Status ShardRuntime::Fork(std::span<const StepSlice> slices) {
     FM_ASSIGN_OR_RETURN(Sequence * src, Find(s.fork_from));
     const std::string what = "forking sequence " + std::to_string(s.seq_id) + " from " + std::to_string(s.fork_from);
     Status st = model_->CopySequence(*src->cache, seq->cache.get());
-    if (st.ok() && seq->sampler && src->sampler) st = seq->sampler->AdoptPrompt(*src->sampler);
     if (!st.ok()) return st.Wrap(what);
     seq->position = src->position;
+    if (seq->sampler && src->sampler) FM_RETURN_IF_ERROR(seq->sampler->AdoptPrompt(*src->sampler).Wrap(what));
   }
   return Status::Ok();
 }

@@ -180,7 +180,7 @@ Status DeviceAttentionCache::CopyFrom(const AttentionCache& other) {
     return InvalidArgument("copying the device attention cache of another kind of layer");
   // An entry is written when its window of `ratio` positions completes.
   const int64_t entries = ratio > 1 ? src->pos / ratio : 0;
-  if (entries > max_entries)
+  if (entries > max_entries || entries > src->max_entries)
     return OutOfRange("copying a device attention cache of " + std::to_string(src->pos) +
                       " positions into one of " + std::to_string(max_entries) + " entries");
   auto copy = [](const cuda::DeviceBuffer& from, cuda::DeviceBuffer* to, int64_t floats) {

@@ -188,14 +188,15 @@ void RunBenchCluster(const Cluster& cluster, nlohmann::json* report);
 
 // Runs every request on a single process, then all of them at once on a cluster of `spec`:
 // each must give `tokens` tokens, with the single process's ids and logprobs. With spec.http,
-// also the longest seeded request as the n = 3 choices of one HTTP completion, whose choices
-// fork from one shared prefill: choice i must be the single process's request with seed + i. *status is the
+// also the longest seeded request as the n = 3 choices of one HTTP completion (which share one
+// prefill where the cluster allows): choice i must be the single process's request with
+// seed + i. *status is the
 // cluster's status once every worker has freed the finished sequences (frees are asynchronous
 // and status shows the last heartbeat: up to 5 s), or the last one seen.
 void ExpectClusterEqualsSingle(const ClusterSpec& spec,
                                const std::vector<flashmesh::v1::GenerateRequest>& requests,
                                size_t tokens, flashmesh::v1::ClusterStatusResponse* status);
-// An HTTP completion of the longest seeded request with n = 3 (its choices share one prefill):
+// An HTTP completion of the longest seeded request with n = 3:
 // choice i equals `reference`'s answer to that request with seed + i, logprobs and text.
 void ExpectChoicesEqualSeededRequests(int http_port, flashmesh::v1::Inference::Stub* reference,
                                       const std::vector<flashmesh::v1::GenerateRequest>& requests);

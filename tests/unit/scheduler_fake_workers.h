@@ -18,7 +18,8 @@ namespace fm::scheduler_test {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// Workers w0.. (stage-major); the last stage "samples" each item's last token + 1. Every RPC
+// Workers w0.. (stage-major); the last stage "samples" each item's last token + 1, and a fork
+// whose source the worker does not hold fails the step. Every RPC
 // answers at once unless its kind is held: then it waits for Release (or, a step, for its
 // cancel). step_fault, when set, answers a step instead of the worker.
 class FakeWorkers final : public WorkerSet {
@@ -126,6 +127,13 @@ class FakeWorkers final : public WorkerSet {
         {
           std::lock_guard<std::mutex> lock(mu_);
           if (step_fault_) r = step_fault_(w, req);
+          // As a worker does (ShardRuntime::CheckSlices): a fork needs its source held, when the
+          // step runs (here: when it is answered).
+          for (const auto& item : req.items())
+            if (r.ok() && item.fork_from() != 0 && !held_[w].count(item.fork_from()))
+              r = {InvalidArgument("sequence " + std::to_string(item.fork_from()) + ", which sequence " +
+                                   std::to_string(item.seq_id()) + " is forked from, is not held here"),
+                   RpcFault::kWorker};
           // As Cluster does (cluster_rpc.cpp): a worker that follows a newer coordinator.
           if (r.fault == RpcFault::kSuperseded)
             stepped_down_ = "this coordinator stepped down: " + r.status.message();

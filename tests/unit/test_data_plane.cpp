@@ -212,6 +212,7 @@ TEST(StageExecutorForks, AForkOnEveryStageDecodesAsTheWholePrompt) {
     uint64_t step = 1;
     EXPECT_TRUE(Step({&two.e0, &two.e1}, step++, {StepSlice{1, prefix, false}}).empty());
     auto whole = Step({&two.e0, &two.e1}, step++, {StepSlice{3, prompt}});
+    const auto first = whole;
     auto fork = Step({&two.e0, &two.e1}, step++, {StepSlice{2, {prompt.back()}, true, 1}});
     for (int t = 0; t < 6 && whole.size() == 1 && fork.size() == 1; ++t) {
       EXPECT_EQ(fork[0].id, whole[0].id) << "token " << t << (greedy ? " greedy" : " sampled");
@@ -222,6 +223,12 @@ TEST(StageExecutorForks, AForkOnEveryStageDecodesAsTheWholePrompt) {
     ASSERT_EQ(whole.size(), 1u);
     ASSERT_EQ(fork.size(), 1u);
     EXPECT_EQ(fork[0].id, whole[0].id);
+    // The source, untouched by the fork: its own last token gives the whole prompt's first.
+    const auto source = Step({&two.e0, &two.e1}, step++, {StepSlice{1, {prompt.back()}}});
+    ASSERT_EQ(source.size(), 1u);
+    ASSERT_EQ(first.size(), 1u);
+    EXPECT_EQ(source[0].id, first[0].id);
+    EXPECT_EQ(source[0].logprob, first[0].logprob);
   }
 }
 
@@ -256,6 +263,18 @@ TEST(StageExecutorForks, BadForksAreRefusedByName) {
     ++step;
   }
   EXPECT_EQ(one.whole.activations().rows(), 4) << "a refused step ran nothing";
+  // The last stage's sampler cannot take the prompt (its repetition penalty reads it, the
+  // source kept none): refused before any copy, so the sequence later runs from position 0.
+  SamplerConfig penalized = greedy;
+  penalized.repetition_penalty = 1.2f;
+  ASSERT_TRUE(one.whole.StartSequence(5, 64, penalized).ok());
+  Status s = run({StepSlice{5, {5}, true, 1}});
+  EXPECT_NE(s.message().find("sequence 5 cannot be forked from sequence 1: the sequence forked from has "
+                             "no repetition_penalty"), std::string::npos) << s.ToString();
+  ++step;
+  s = run({StepSlice{5, std::vector<int32_t>(61, 7)}});
+  EXPECT_TRUE(s.ok()) << "61 tokens from position 0 fit 64: " << s.ToString();
+  ++step;
   const Status ok = run({StepSlice{4, {5}, true, 1}});
   EXPECT_TRUE(ok.ok()) << ok.ToString();
   EXPECT_EQ(out.size(), 1u);

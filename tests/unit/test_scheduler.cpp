@@ -413,8 +413,13 @@ TEST(Scheduler, RequestsOfOnePromptShareItsPrefill) {
   FakeWorkers w(2);
   Scheduler s(&w, nullptr, ChunksOf4());
   const std::vector<int32_t> prompt = TenTokensFrom100();
+  w.Hold("step");
   auto streams = s.SubmitAll(std::vector<GenerateParams>(3, Params(prompt, 2)));
   ASSERT_TRUE(streams.ok()) << streams.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") >= 2; }));
+  EXPECT_EQ(s.active(), 3) << "the prefix sequence is not a request";
+  EXPECT_EQ(w.held(0), 4u) << "but it is a sequence on the workers";
+  w.Release("step");
   for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
   const SharedPromptSteps got = Worker0Items(w, 100);
   EXPECT_EQ(got.chunks, (std::vector<std::vector<int32_t>>{{100, 101, 102, 103}, {104, 105, 106, 107}, {108}}));
@@ -434,12 +439,13 @@ TEST(Scheduler, RequestsOfOnePromptShareItsPrefill) {
   EXPECT_EQ(s.active(), 0);
 }
 
-// Without a batch slot for the prefix sequence and a request together, nothing is shared; with
-// a slot for those two only, that request forks and the others, admitted after the prefix
-// sequence is gone, prefill alone. A one-token prompt has nothing to share.
+// Without batch slots for the prefix sequence and two requests, nothing is shared (one fork
+// would save nothing for its slot); with slots for three, two requests fork and the third,
+// admitted after the prefix sequence is gone, prefills alone. A one-token prompt has nothing to
+// share.
 TEST(Scheduler, APromptIsSharedOnlyByTheRequestsAdmittedWhileItsPrefixLives) {
   const std::vector<int32_t> prompt = TenTokensFrom100();
-  for (int64_t max_batch : {1, 2}) {
+  for (int64_t max_batch : {2, 3}) {
     FakeWorkers w(1);
     SchedulerLimits limits = ChunksOf4();
     limits.max_batch = max_batch;
@@ -448,8 +454,8 @@ TEST(Scheduler, APromptIsSharedOnlyByTheRequestsAdmittedWhileItsPrefixLives) {
     ASSERT_TRUE(streams.ok());
     for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
     const SharedPromptSteps got = Worker0Items(w, 100);
-    EXPECT_EQ(got.forks.size(), max_batch == 1 ? 0u : 1u) << "max_batch " << max_batch;
-    EXPECT_EQ(got.whole_prompts, max_batch == 1 ? 3u : 2u) << "max_batch " << max_batch;
+    EXPECT_EQ(got.forks.size(), max_batch == 2 ? 0u : 2u) << "max_batch " << max_batch;
+    EXPECT_EQ(got.whole_prompts, max_batch == 2 ? 3u : 1u) << "max_batch " << max_batch;
     EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0; }));
   }
   FakeWorkers w(1);
@@ -475,6 +481,41 @@ TEST(Scheduler, APrefixNobodyWaitsForAnyMoreIsFreed) {
   for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).reason, flashmesh::v1::FINISH_REASON_CANCELLED);
   EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0 && s.active() == 0; }));
   EXPECT_EQ(w.steps().size(), 1u) << "no chunk after the first";
+}
+
+// On a pipeline, requests cancelled while their fork step is in flight: the prefix sequence
+// stays until that step is back (a stage may not have run it yet; the fake fails a fork whose
+// source is gone), then the requests end cancelled and everything is freed.
+TEST(Scheduler, APrefixLivesUntilItsForkStepsAreBack) {
+  FakeWorkers w(2);
+  Scheduler s(&w, nullptr, ChunksOf4());
+  w.Hold("step");
+  auto streams = s.SubmitAll(std::vector<GenerateParams>(2, Params(TenTokensFrom100(), 2)));
+  ASSERT_TRUE(streams.ok());
+  auto has_fork = [&] {
+    for (const auto& step : w.steps())
+      for (const auto& item : step.req.items())
+        if (item.fork_from() != 0) return true;
+    return false;
+  };
+  // The prefix's 3 chunks (2 calls each: the oldest held), answered one step at a time; the
+  // forks go out behind them and stay held.
+  for (int released = 0; released < 6; released += 2) {
+    ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") >= 2; }));
+    w.ReleaseOldest("step", 2);
+  }
+  ASSERT_TRUE(WaitFor(has_fork));
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") >= 2; }));
+  for (const auto& st : *streams) st->Cancel();
+  std::this_thread::sleep_for(50ms);   // turns of the scheduling thread while the forks are held
+  EXPECT_EQ(w.held(0), 3u) << "the prefix sequence was freed under its fork step";
+  w.Release("step");
+  for (const auto& st : *streams) {
+    Outcome o = Collect(st.get());
+    EXPECT_TRUE(o.finished) << o.error.ToString();
+    EXPECT_EQ(o.reason, flashmesh::v1::FINISH_REASON_CANCELLED);
+  }
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) == 0; }));
 }
 
 }  // namespace
