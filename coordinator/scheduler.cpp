@@ -90,21 +90,7 @@ Result<std::vector<std::shared_ptr<RequestStream>>> Scheduler::SubmitAll(std::ve
     streams.push_back(r->stream);
     requests.push_back(std::move(r));
   }
-  const GenerateParams& first = requests[0]->params;
-  // The sampler of a fork takes the prompt the prefix sequence's saw, which it keeps only under
-  // a repetition penalty (Sampler::AdoptPrompt): the same penalty for all.
-  const bool share = requests.size() > 1 && first.prompt.size() >= 2 &&
-                     std::all_of(requests.begin(), requests.end(), [&](const auto& r) {
-                       return r->params.prompt == first.prompt &&
-                              r->params.sampling.repetition_penalty() == first.sampling.repetition_penalty();
-                     });
-  if (share) {
-    auto shared = std::make_shared<SharedPrompt>();
-    shared->prefix.prompt.assign(first.prompt.begin(), first.prompt.end() - 1);
-    shared->prefix.sampling = first.sampling;
-    shared->prefix.deadline = first.deadline;
-    for (auto& r : requests) r->shared = shared;
-  }
+  SharePrompt(requests);
   {
     std::lock_guard<std::mutex> lock(signal_->mu);
     DropDeadQueuedLocked(Clock::now());
@@ -270,37 +256,6 @@ void Scheduler::Admit() {
   CountActive();
 }
 
-Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
-  SharedPrompt& shared = *r.shared;
-  if (!shared.tried) {
-    shared.tried = true;
-    // Worth a slot when two requests at least can fork from it together. Not under data-parallel
-    // attention: every fork lives where its prefix does, which would put all n requests' KV and
-    // attention on one member of the EP group.
-    if (static_cast<int64_t>(live_.size()) + 3 <= limits_.max_batch && workers_->expert_parallel() == 1) {
-      auto h = std::make_unique<Request>();
-      h->params = shared.prefix;
-      h->stream = std::make_shared<RequestStream>();   // nobody reads it
-      h->next = h->params.prompt;
-      h->prefix = true;
-      h->sharers = r.shared;
-      shared.seq_id = StartRequest(std::move(h), member)->id;
-    }
-  }
-  return PrefixOf(r);
-}
-
-void Scheduler::CountActive() {
-  active_count_ = static_cast<int>(std::count_if(live_.begin(), live_.end(),
-                                                 [](const auto& q) { return !q.second->prefix; }));
-}
-
-Scheduler::Request* Scheduler::PrefixOf(const Request& r) {
-  if (!r.shared || r.shared->seq_id == 0) return nullptr;
-  auto it = live_.find(r.shared->seq_id);
-  return it == live_.end() ? nullptr : it->second.get();
-}
-
 Scheduler::Request* Scheduler::StartRequest(std::unique_ptr<Request> owned, int member) {
   const auto& workers = workers_->workers();
   Request* r = owned.get();
@@ -331,23 +286,6 @@ Scheduler::Request* Scheduler::StartRequest(std::unique_ptr<Request> owned, int 
                   }));
   }
   return r;
-}
-
-void Scheduler::FreeIdlePrefixes() {
-  std::vector<Request*> idle;
-  for (auto& [id, r] : live_)
-    if (r->prefix && r->starting == 0 && r->in_flight == 0 && r->forks_in_flight == 0 &&
-        r->waiting.empty() && (r->next.empty() || r->sharers.expired()))
-      idle.push_back(r.get());
-  for (Request* r : idle) Finish(r, flashmesh::v1::FINISH_REASON_STOP);   // freed on every worker
-}
-
-void Scheduler::Leave(Request* r) {
-  if (Request* h = r->fork_pending ? PrefixOf(*r) : nullptr) h->waiting.erase(r->id);
-  if (!r->prefix) return;
-  for (uint64_t id : r->waiting)
-    if (auto q = live_.find(id); q != live_.end()) q->second->fork_pending = false;
-  if (auto shared = r->sharers.lock()) shared->seq_id = 0;
 }
 
 void Scheduler::OnStarted(uint64_t id, int worker, const RpcResult& res) {

@@ -179,6 +179,9 @@ class Scheduler {
   void FailQueued(const Status& why);
   void SendResets();
   void Admit();
+  // The requests of one SubmitAll with one prompt (2 or more tokens) and one repetition penalty
+  // share it: each holds the same SharedPrompt.
+  void SharePrompt(const std::vector<std::unique_ptr<Request>>& requests);
   // Makes `owned` live and starts its sequence on its member's workers (every stage).
   Request* StartRequest(std::unique_ptr<Request> owned, int member);
   // The live prefix sequence a shared prompt's request at admission forks from, or null. The
