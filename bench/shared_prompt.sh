@@ -2,7 +2,7 @@
 # The n choices of one HTTP request share their prompt's prefill (docs/architecture.md "Shared
 # prompts"): times one /v1/completions request with n choices against n separate requests of
 # the same prompt sent at once (choice i and request i seeded alike), twice, on one `serve`
-# process, and checks that they gave the same texts (docs/performance.md "Shared prompts").
+# process, and checks that they gave the same tokens and logprobs (docs/performance.md "Shared prompts").
 #   bench/shared_prompt.sh MODEL_DIR [PROMPT_TOKENS (default 512)] [N (default 8)] [PORT (default 18731)]
 set -euo pipefail
 if [ $# -lt 1 ]; then
@@ -35,7 +35,9 @@ def call(body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req, timeout=600).read())
-base = {"prompt": prompt, "max_tokens": 4, "temperature": 1.0, "seed": 5, "ignore_eos": True}
+base = {"prompt": prompt, "max_tokens": 4, "temperature": 1.0, "seed": 5, "ignore_eos": True, "logprobs": 0}
+def tokens(choice):   # ids as text pieces and their logprobs: a text alone may be empty
+    return choice["logprobs"]["tokens"], choice["logprobs"]["token_logprobs"]
 call(dict(base, max_tokens=1))   # warm
 for _ in range(2):
     t = time.time()
@@ -48,7 +50,7 @@ for _ in range(2):
     t = time.time()
     shared = call(dict(base, n=n))
     together = time.time() - t
-    same = all(shared["choices"][i]["text"] == alone[i]["choices"][0]["text"] for i in range(n))
+    same = all(tokens(shared["choices"][i]) == tokens(alone[i]["choices"][0]) for i in range(n))
     print(f"prompt {P} tokens, n {n}: {n} separate requests {separate:.2f} s, one request of n = {n} "
-          f"{together:.2f} s, ratio {separate / together:.2f}, same texts: {same}")
+          f"{together:.2f} s, ratio {separate / together:.2f}, same tokens and logprobs: {same}")
 PY

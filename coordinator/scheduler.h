@@ -73,7 +73,8 @@ class Scheduler {
   Result<std::shared_ptr<RequestStream>> Submit(GenerateParams params);
   // Queues every request or none (the n choices of one HTTP request: the queue must hold them
   // all at once, or they would be refused one by one as it fills). Requests of one prompt of 2
-  // or more tokens share its prefill (docs/architecture.md "Shared prompts"): a prefix sequence
+  // or more tokens share its prefill when the batch has room and there is no expert
+  // parallelism (docs/architecture.md "Shared prompts"): a prefix sequence
   // (not a request, but a batch slot while it lives) runs all of the prompt but its last token
   // once, and each request admitted while it lives forks from it and runs that last token
   // itself (StepItem.fork_from): on CPU shards the tokens each would get alone, since a CPU
