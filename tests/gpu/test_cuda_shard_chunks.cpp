@@ -87,5 +87,28 @@ TEST(CudaShardChunks, AForkDecodesAsItsSourceWould) {
   EXPECT_EQ(got[0].logprob, first[0].logprob);
 }
 
+// Whether a device prefill's bits depend on where it is cut (what a fork of a shared prompt's
+// choices relies on to equal a separate request, docs/architecture.md "Shared prompts"): a
+// prompt whole against the same prompt as its first P - 1 tokens and then the last, P within one
+// device step (20) and across two (40, kMaxStepRows 32): every row's logits, bit for bit.
+TEST_F(CudaShardTest, APrefillsBitsDoNotDependOnWhereItIsCut) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  for (int P : {20, 40}) {
+    const auto toks = Tokens(P, 31);
+    const std::span<const int32_t> all(toks);
+    auto whole = p.gpu->NewSequence(64).value(), cut = p.gpu->NewSequence(64).value();
+    std::vector<float> w, c;
+    const BatchItem wi{whole.get(), all}, ci{cut.get(), all.subspan(0, P - 1)}, li{cut.get(), all.subspan(P - 1)};
+    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&wi, 1}, &w).ok());
+    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&ci, 1}, &c).ok());
+    ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&li, 1}, &c).ok());
+    ASSERT_EQ(w.size(), c.size());
+    EXPECT_TRUE(w == c) << "P = " << P << ": the cut prefill's logits differ";
+  }
+}
+
 }  // namespace
 }  // namespace fm
