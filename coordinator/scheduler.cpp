@@ -240,6 +240,7 @@ void Scheduler::Admit() {
       incoming_.pop_front();
       queued_count_ = static_cast<int>(incoming_.size());
     }
+    owned->queued_mark.reset();
     // Data-parallel attention: the sequence lives on one member of every stage's EP group,
     // the one with the fewest live sequences (a fork: its prefix sequence's).
     std::vector<int> load(workers_->expert_parallel(), 0);

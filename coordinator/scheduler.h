@@ -101,6 +101,9 @@ class Scheduler {
     GenerateParams prefix;    // the prefix sequence's: the prompt but its last token
     bool tried = false;       // the prefix sequence was started, or could not be (no slot)
     uint64_t seq_id = 0;      // the prefix sequence while it lives; 0: requests prefill alone
+    // Alive while one of its requests is still queued (each queued one holds it: the queue
+    // drops requests on other threads too).
+    std::weak_ptr<const void> queued;
   };
   struct Request {
     uint64_t id = 0;
@@ -120,6 +123,7 @@ class Scheduler {
     Status start_error;            // the first failed StartSequence
     // A request of a shared prompt, and whether it waits to fork from the prefix sequence.
     std::shared_ptr<SharedPrompt> shared;
+    std::shared_ptr<const void> queued_mark;   // SharedPrompt.queued, until it is admitted
     bool fork_pending = false;
     // The prefix sequence of a shared prompt (no client reads its stream): the requests that
     // wait to fork from it, the steps in flight that do, and who still shares it at all.
@@ -190,7 +194,8 @@ class Scheduler {
   Request* PrefixFor(const Request& r, int member);
   Request* PrefixOf(const Request& r);   // the live prefix sequence of r's shared prompt, or null
   void CountActive();   // active(): the live sequences of requests (prefix sequences are not)
-  // Frees every prefix sequence that nobody waits for and no step in flight uses any more.
+  // Frees every prefix sequence that no step in flight uses and no request waits for, once its
+  // prompt is sent and none of its requests is still queued (or every one of them is gone).
   void FreeIdlePrefixes();
   // Bookkeeping of a request leaving live_: a fork it waited for, or, for a prefix sequence,
   // its waiting requests (they prefill alone now).

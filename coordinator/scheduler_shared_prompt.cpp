@@ -22,7 +22,12 @@ void Scheduler::SharePrompt(const std::vector<std::unique_ptr<Request>>& request
   shared->prefix.prompt.assign(first.prompt.begin(), first.prompt.end() - 1);
   shared->prefix.sampling = first.sampling;
   shared->prefix.deadline = first.deadline;
-  for (auto& r : requests) r->shared = shared;
+  auto queued = std::make_shared<const int>(0);
+  shared->queued = queued;
+  for (auto& r : requests) {
+    r->shared = shared;
+    r->queued_mark = queued;
+  }
 }
 
 Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
@@ -58,10 +63,14 @@ Scheduler::Request* Scheduler::PrefixOf(const Request& r) {
 
 void Scheduler::FreeIdlePrefixes() {
   std::vector<Request*> idle;
-  for (auto& [id, r] : live_)
-    if (r->prefix && r->starting == 0 && r->in_flight == 0 && r->forks_in_flight == 0 &&
-        r->waiting.empty() && (r->next.empty() || r->sharers.expired()))
-      idle.push_back(r.get());
+  for (auto& [id, r] : live_) {
+    if (!r->prefix || r->starting != 0 || r->in_flight != 0 || r->forks_in_flight != 0 || !r->waiting.empty())
+      continue;
+    // A request still queued forks from it once a slot frees (n above the batch's room), so it
+    // keeps its slot until then: that slot for a while, against a whole prefill each.
+    const std::shared_ptr<SharedPrompt> shared = r->sharers.lock();
+    if (!shared || (r->next.empty() && shared->queued.expired())) idle.push_back(r.get());
+  }
   for (Request* r : idle) Finish(r, flashmesh::v1::FINISH_REASON_STOP);   // freed on every worker
 }
 

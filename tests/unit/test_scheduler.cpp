@@ -440,22 +440,23 @@ TEST(Scheduler, RequestsOfOnePromptShareItsPrefill) {
 }
 
 // Without batch slots for the prefix sequence and two requests, nothing is shared (one fork
-// would save nothing for its slot); with slots for three, two requests fork and the third,
-// admitted after the prefix sequence is gone, prefills alone. A one-token prompt has nothing to
-// share.
-TEST(Scheduler, APromptIsSharedOnlyByTheRequestsAdmittedWhileItsPrefixLives) {
+// would save nothing for its slot). With slots for three, two requests fork at once, and the
+// prefix sequence keeps its slot while requests of its prompt are still queued: the other three
+// fork as slots free. A one-token prompt has nothing to share.
+TEST(Scheduler, APrefixServesTheRequestsQueuedBehindTheBatchToo) {
   const std::vector<int32_t> prompt = TenTokensFrom100();
   for (int64_t max_batch : {2, 3}) {
     FakeWorkers w(1);
     SchedulerLimits limits = ChunksOf4();
     limits.max_batch = max_batch;
     Scheduler s(&w, nullptr, limits);
-    auto streams = s.SubmitAll(std::vector<GenerateParams>(3, Params(prompt, 2)));
+    auto streams = s.SubmitAll(std::vector<GenerateParams>(5, Params(prompt, 2)));
     ASSERT_TRUE(streams.ok());
     for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
     const SharedPromptSteps got = Worker0Items(w, 100);
-    EXPECT_EQ(got.forks.size(), max_batch == 2 ? 0u : 2u) << "max_batch " << max_batch;
-    EXPECT_EQ(got.whole_prompts, max_batch == 2 ? 3u : 1u) << "max_batch " << max_batch;
+    EXPECT_EQ(got.forks.size(), max_batch == 2 ? 0u : 5u) << "max_batch " << max_batch;
+    EXPECT_EQ(got.whole_prompts, max_batch == 2 ? 5u : 0u) << "max_batch " << max_batch;
+    EXPECT_EQ(got.chunks.size(), max_batch == 2 ? 0u : 3u) << "one prefill of the prompt";
     EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0; }));
   }
   FakeWorkers w(1);
@@ -481,6 +482,25 @@ TEST(Scheduler, APrefixNobodyWaitsForAnyMoreIsFreed) {
   for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).reason, flashmesh::v1::FINISH_REASON_CANCELLED);
   EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0 && s.active() == 0; }));
   EXPECT_EQ(w.steps().size(), 1u) << "no chunk after the first";
+}
+
+// A prefix sequence kept for requests of its prompt still queued is freed when those leave the
+// queue instead (cancelled): nothing stays on the workers.
+TEST(Scheduler, APrefixKeptForQueuedRequestsIsFreedWhenTheyLeaveTheQueue) {
+  FakeWorkers w(1);
+  SchedulerLimits limits = ChunksOf4();
+  limits.max_batch = 3;
+  Scheduler s(&w, nullptr, limits);
+  w.Hold("step");
+  auto streams = s.SubmitAll(std::vector<GenerateParams>(4, Params(TenTokensFrom100(), 2)));
+  ASSERT_TRUE(streams.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1 && s.queued() == 2; }));
+  (*streams)[2]->Cancel();
+  (*streams)[3]->Cancel();
+  w.Release("step");
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Collect((*streams)[i].get()).ids, (std::vector<int32_t>{110, 111}));
+  for (int i = 2; i < 4; ++i) EXPECT_FALSE(Collect((*streams)[i].get()).error.ok()) << "cancelled while queued";
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0 && s.active() == 0; }));
 }
 
 // On a pipeline, requests cancelled while their fork step is in flight: the prefix sequence
