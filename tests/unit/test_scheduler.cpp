@@ -456,7 +456,7 @@ TEST(Scheduler, APrefixServesTheRequestsQueuedBehindTheBatchToo) {
     const SharedPromptSteps got = Worker0Items(w, 100);
     EXPECT_EQ(got.forks.size(), max_batch == 2 ? 0u : 5u) << "max_batch " << max_batch;
     EXPECT_EQ(got.whole_prompts, max_batch == 2 ? 5u : 0u) << "max_batch " << max_batch;
-    EXPECT_EQ(got.chunks.size(), max_batch == 2 ? 0u : 3u) << "one prefill of the prompt";
+    EXPECT_EQ(got.chunks.size(), max_batch == 2 ? 0u : 3u) << "max_batch " << max_batch;
     EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0; }));
   }
   FakeWorkers w(1);
@@ -484,21 +484,39 @@ TEST(Scheduler, APrefixNobodyWaitsForAnyMoreIsFreed) {
   EXPECT_EQ(w.steps().size(), 1u) << "no chunk after the first";
 }
 
-// A prefix sequence kept for requests of its prompt still queued is freed when those leave the
-// queue instead (cancelled): nothing stays on the workers.
+// A prefix sequence kept for requests of its prompt still queued is freed as soon as those
+// leave the queue instead (cancelled), while the forked requests decode on: nothing stays.
 TEST(Scheduler, APrefixKeptForQueuedRequestsIsFreedWhenTheyLeaveTheQueue) {
   FakeWorkers w(1);
   SchedulerLimits limits = ChunksOf4();
   limits.max_batch = 3;
   Scheduler s(&w, nullptr, limits);
   w.Hold("step");
-  auto streams = s.SubmitAll(std::vector<GenerateParams>(4, Params(TenTokensFrom100(), 2)));
+  auto streams = s.SubmitAll(std::vector<GenerateParams>(4, Params(TenTokensFrom100(), 40)));
   ASSERT_TRUE(streams.ok());
-  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1 && s.queued() == 2; }));
+  // Steps one at a time until the two admitted requests have forked and decoded once.
+  auto decoded_after_fork = [&] {
+    bool forked = false;
+    for (const auto& step : w.steps())
+      for (const auto& item : step.req.items()) {
+        if (item.fork_from() != 0) forked = true;
+        else if (forked && item.tokens_size() == 1 && item.tokens(0) >= 110) return true;
+      }
+    return false;
+  };
+  for (int i = 0; i < 20 && !decoded_after_fork(); ++i) {
+    ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
+    w.ReleaseOldest("step", 1);
+  }
+  ASSERT_TRUE(decoded_after_fork());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
+  EXPECT_EQ(w.held(0), 3u) << "the prefix sequence and two requests";
+  EXPECT_EQ(s.queued(), 2);
   (*streams)[2]->Cancel();
   (*streams)[3]->Cancel();
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) == 2; })) << "the prefix stays with nobody queued";
   w.Release("step");
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(Collect((*streams)[i].get()).ids, (std::vector<int32_t>{110, 111}));
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Collect((*streams)[i].get()).ids.size(), 40u);
   for (int i = 2; i < 4; ++i) EXPECT_FALSE(Collect((*streams)[i].get()).error.ok()) << "cancelled while queued";
   EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0 && s.active() == 0; }));
 }
