@@ -242,12 +242,11 @@ void Scheduler::Admit() {
     }
     owned->queued_mark.reset();
     // Data-parallel attention: the sequence lives on one member of every stage's EP group,
-    // the one with the fewest live sequences (a fork: its prefix sequence's).
+    // the one with the fewest live sequences (prefix sequences included).
     std::vector<int> load(workers_->expert_parallel(), 0);
     for (const auto& [id, q] : live_) ++load[q->member];
-    int member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    const int member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     Request* prefix = owned->shared ? PrefixFor(*owned, member) : nullptr;
-    if (prefix) member = prefix->member;
     Request* r = StartRequest(std::move(owned), member);
     if (prefix) {
       r->fork_pending = true;

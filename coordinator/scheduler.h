@@ -73,12 +73,11 @@ class Scheduler {
   Result<std::shared_ptr<RequestStream>> Submit(GenerateParams params);
   // Queues every request or none (the n choices of one HTTP request: the queue must hold them
   // all at once, or they would be refused one by one as it fills). Requests of one prompt of 2
-  // or more tokens share its prefill when the batch has room and there is no expert
-  // parallelism (docs/architecture.md "Shared prompts"): a prefix sequence
-  // (not a request, but a batch slot while it lives) runs all of the prompt but its last token
-  // once, and each request admitted while it lives forks from it and runs that last token
-  // itself (StepItem.fork_from): on CPU shards the tokens each would get alone, since a CPU
-  // prefill gives the same bits however it is chunked.
+  // or more tokens share its prefill when the batch has room (docs/architecture.md "Shared
+  // prompts"): a prefix sequence (one per EP member; not a request, but a batch slot while it
+  // lives) runs all of the prompt but its last token once, and each request admitted while it
+  // lives forks from it and runs that last token itself (StepItem.fork_from): on CPU shards the
+  // tokens each would get alone, since a CPU prefill gives the same bits however it is chunked.
   Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAll(std::vector<GenerateParams> params);
   int64_t max_queue() const { return limits_.max_queue; }
   int active() const { return active_count_; }
@@ -99,8 +98,10 @@ class Scheduler {
   // the last of them.
   struct SharedPrompt {
     GenerateParams prefix;    // the prefix sequence's: the prompt but its last token
-    bool tried = false;       // the prefix sequence was started, or could not be (no slot)
-    uint64_t seq_id = 0;      // the prefix sequence while it lives; 0: requests prefill alone
+    // Per EP member (0 without EP; a fork lives where its prefix does): the prefix sequence
+    // while it lives, and the members where one was started or could not be (no slot).
+    std::map<int, uint64_t> seq_by_member;
+    std::set<int> tried;
     // Alive while one of its requests is still queued (each queued one holds it: the queue
     // drops requests on other threads too).
     std::weak_ptr<const void> queued;
@@ -189,10 +190,12 @@ class Scheduler {
   void SharePrompt(const std::vector<std::unique_ptr<Request>>& requests);
   // Makes `owned` live and starts its sequence on its member's workers (every stage).
   Request* StartRequest(std::unique_ptr<Request> owned, int member);
-  // The live prefix sequence a shared prompt's request at admission forks from, or null. The
-  // first of them starts it, when the batch has a slot for both (on `member`).
+  // The live prefix sequence on `member` that a shared prompt's request at admission forks
+  // from, or null. The first of them placed on a member starts one there when another is still
+  // queued and the batch has slots for the prefix and two requests.
   Request* PrefixFor(const Request& r, int member);
-  Request* PrefixOf(const Request& r);   // the live prefix sequence of r's shared prompt, or null
+  // The live prefix sequence of r's shared prompt on r's member, or null.
+  Request* PrefixOf(const Request& r);
   void CountActive();   // active(): the live sequences of requests (prefix sequences are not)
   // Frees every prefix sequence that no step in flight uses and no request waits for, once its
   // prompt is sent and none of its requests is still queued (or every one of them is gone).

@@ -32,22 +32,23 @@ void Scheduler::SharePrompt(const std::vector<std::unique_ptr<Request>>& request
 
 Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
   SharedPrompt& shared = *r.shared;
-  if (!shared.tried) {
-    shared.tried = true;
-    // Worth a slot when two requests at least can fork from it together. Not under data-parallel
-    // attention: every fork lives where its prefix does, which would put all n requests' KV and
-    // attention on one member of the EP group.
-    if (static_cast<int64_t>(live_.size()) + 3 <= limits_.max_batch && workers_->expert_parallel() == 1) {
-      auto h = std::make_unique<Request>();
-      h->params = shared.prefix;
-      h->stream = std::make_shared<RequestStream>();   // nobody reads it
-      h->next = h->params.prompt;
-      h->prefix = true;
-      h->sharers = r.shared;
-      shared.seq_id = StartRequest(std::move(h), member)->id;
-    }
+  // Worth a slot when two requests at least fork from it: another must still be queued (r's own
+  // mark is gone). Under data-parallel attention each member that takes requests of the prompt
+  // gets its own prefix, so the requests spread over the members as any others do.
+  if (shared.tried.insert(member).second && !shared.queued.expired() &&
+      static_cast<int64_t>(live_.size()) + 3 <= limits_.max_batch) {
+    auto h = std::make_unique<Request>();
+    h->params = shared.prefix;
+    h->stream = std::make_shared<RequestStream>();   // nobody reads it
+    h->next = h->params.prompt;
+    h->prefix = true;
+    h->sharers = r.shared;
+    shared.seq_by_member[member] = StartRequest(std::move(h), member)->id;
   }
-  return PrefixOf(r);
+  auto it = shared.seq_by_member.find(member);
+  if (it == shared.seq_by_member.end()) return nullptr;
+  auto live = live_.find(it->second);
+  return live == live_.end() ? nullptr : live->second.get();
 }
 
 void Scheduler::CountActive() {
@@ -56,9 +57,11 @@ void Scheduler::CountActive() {
 }
 
 Scheduler::Request* Scheduler::PrefixOf(const Request& r) {
-  if (!r.shared || r.shared->seq_id == 0) return nullptr;
-  auto it = live_.find(r.shared->seq_id);
-  return it == live_.end() ? nullptr : it->second.get();
+  if (!r.shared) return nullptr;
+  auto it = r.shared->seq_by_member.find(r.member);
+  if (it == r.shared->seq_by_member.end()) return nullptr;
+  auto live = live_.find(it->second);
+  return live == live_.end() ? nullptr : live->second.get();
 }
 
 void Scheduler::FreeIdlePrefixes() {
@@ -79,7 +82,7 @@ void Scheduler::Leave(Request* r) {
   if (!r->prefix) return;
   for (uint64_t id : r->waiting)
     if (auto q = live_.find(id); q != live_.end()) q->second->fork_pending = false;
-  if (auto shared = r->sharers.lock()) shared->seq_id = 0;
+  if (auto shared = r->sharers.lock()) shared->seq_by_member.erase(r->member);
 }
 
 }  // namespace fm

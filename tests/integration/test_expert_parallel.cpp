@@ -43,7 +43,7 @@ void ExpectEpClusterEqualsSingle(int stages, int ep, const std::string& transpor
   spec.transport = transport;
   spec.gpus = Gpus();
   spec.max_step_tokens = kStepTokens;
-  spec.http = true;   // n choices over HTTP too (each prefills alone under EP)
+  spec.http = true;   // n choices over HTTP too, forked from a prefix on each member
   std::vector<flashmesh::v1::GenerateRequest> requests;
   for (int i = 0; i < 6; ++i) requests.push_back(Request(i));
   flashmesh::v1::ClusterStatusResponse status;

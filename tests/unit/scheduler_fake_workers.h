@@ -30,19 +30,20 @@ class FakeWorkers final : public WorkerSet {
     Clock::duration budget;   // deadline - the time it was sent
   };
 
-  explicit FakeWorkers(int stages) : stages_(stages), down_(stages, false) {
-    for (int i = 0; i < stages; ++i) {
+  // ep > 1: each stage is an EP group of ep workers (w(stage * ep + rank)).
+  explicit FakeWorkers(int stages, int ep = 1) : stages_(stages), ep_(ep), down_(stages * ep, false) {
+    for (int i = 0; i < stages * ep; ++i) {
       std::string name = "w", control = "fake:";
       name += std::to_string(i);
       control += std::to_string(i);
-      infos_.push_back({name, control, 0, i == stages - 1});
+      infos_.push_back({name, control, i % ep, i / ep == stages - 1});
     }
   }
 
   int num_stages() const override { return stages_; }
   uint64_t term() const override { return term_; }
   uint64_t term_ = 1765000000000;   // a coordinator's start time in ms (2025-12-06)
-  int expert_parallel() const override { return 1; }
+  int expert_parallel() const override { return ep_; }
   const std::vector<WorkerInfo>& workers() const override { return infos_; }
   Status Ready() const override {
     FM_RETURN_IF_ERROR(Running());
@@ -53,7 +54,7 @@ class FakeWorkers final : public WorkerSet {
   Status Running() const override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stepped_down_.empty()) return Unavailable(stepped_down_);
-    for (int i = 0; i < stages_; ++i) {
+    for (int i = 0; i < static_cast<int>(down_.size()); ++i) {
       if (down_[i]) return Unavailable("node w" + std::to_string(i) + " is down");
       if (loading_.count(i)) return Unavailable("node w" + std::to_string(i) + " is loading");
     }
@@ -327,7 +328,7 @@ class FakeWorkers final : public WorkerSet {
     if (listener_) listener_();
   }
 
-  int stages_;
+  int stages_, ep_;
   std::vector<WorkerInfo> infos_;
   mutable std::mutex mu_;
   std::vector<bool> down_;

@@ -484,6 +484,36 @@ TEST(Scheduler, APrefixNobodyWaitsForAnyMoreIsFreed) {
   EXPECT_EQ(w.steps().size(), 1u) << "no chunk after the first";
 }
 
+// Under expert parallelism (data-parallel attention) each member that takes requests of the
+// prompt gets its own prefix sequence, and its requests fork from that one: 4 requests on 2
+// members spread 2 and 2, as 4 separate requests would, with one prefill of the prompt each.
+TEST(Scheduler, EachEpMemberForksItsRequestsFromItsOwnPrefix) {
+  FakeWorkers w(1, 2);
+  Scheduler s(&w, nullptr, ChunksOf4());
+  auto streams = s.SubmitAll(std::vector<GenerateParams>(4, Params(TenTokensFrom100(), 2)));
+  ASSERT_TRUE(streams.ok());
+  for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
+  for (int m = 0; m < 2; ++m) {
+    std::set<uint64_t> prefixes, forks;
+    size_t rows = 0;
+    for (const auto& step : w.steps()) {
+      if (step.worker != m) continue;
+      for (const auto& item : step.req.items()) {
+        rows += static_cast<size_t>(item.tokens_size());
+        if (item.fork_from() != 0) {
+          prefixes.insert(item.fork_from());
+          forks.insert(item.seq_id());
+          EXPECT_EQ(item.tokens_size(), 1);
+        }
+      }
+    }
+    EXPECT_EQ(prefixes.size(), 1u) << "member " << m << ": its own prefix";
+    EXPECT_EQ(forks.size(), 2u) << "member " << m;
+    EXPECT_EQ(rows, 9u + 2u + 2u) << "member " << m << ": one prefill, two forks, two decode rows";
+  }
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) == 0; }));
+}
+
 // A prefix sequence kept for requests of its prompt still queued is freed as soon as those
 // leave the queue instead (cancelled), while the forked requests decode on: nothing stays.
 TEST(Scheduler, APrefixKeptForQueuedRequestsIsFreedWhenTheyLeaveTheQueue) {
