@@ -34,8 +34,10 @@ Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
   SharedPrompt& shared = *r.shared;
   // Worth a slot when two requests at least fork from it: another must still be queued (r's own
   // mark is gone). Under data-parallel attention each member that takes requests of the prompt
-  // gets its own prefix, so the requests spread over the members as any others do.
-  if (shared.tried.insert(member).second && !shared.queued.expired() &&
+  // gets its own prefix, so the requests spread over the members as any others do; one more for
+  // each of the k members must be queued then, or a member's prefix would serve r alone.
+  const long members = workers_->expert_parallel();
+  if (shared.tried.insert(member).second && shared.queued.use_count() >= members &&
       static_cast<int64_t>(live_.size()) + 3 <= limits_.max_batch) {
     auto h = std::make_unique<Request>();
     h->params = shared.prefix;
@@ -70,9 +72,12 @@ void Scheduler::FreeIdlePrefixes() {
     if (!r->prefix || r->starting != 0 || r->in_flight != 0 || r->forks_in_flight != 0 || !r->waiting.empty())
       continue;
     // A request still queued forks from it once a slot frees (n above the batch's room), so it
-    // keeps its slot until then: that slot for a while, against a whole prefill each.
+    // keeps its slot until then: that slot for a while, against a whole prefill each. Not under
+    // data-parallel attention: k members' prefixes would hold k slots, and a queued request may
+    // land on another member anyway.
     const std::shared_ptr<SharedPrompt> shared = r->sharers.lock();
-    if (!shared || (r->next.empty() && shared->queued.expired())) idle.push_back(r.get());
+    const bool keep = shared && workers_->expert_parallel() == 1 && !shared->queued.expired();
+    if (!shared || (r->next.empty() && !keep)) idle.push_back(r.get());
   }
   for (Request* r : idle) Finish(r, flashmesh::v1::FINISH_REASON_STOP);   // freed on every worker
 }

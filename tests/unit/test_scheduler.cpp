@@ -486,7 +486,8 @@ TEST(Scheduler, APrefixNobodyWaitsForAnyMoreIsFreed) {
 
 // Under expert parallelism (data-parallel attention) each member that takes requests of the
 // prompt gets its own prefix sequence, and its requests fork from that one: 4 requests on 2
-// members spread 2 and 2, as 4 separate requests would, with one prefill of the prompt each.
+// members spread 2 and 2, as 4 separate requests would, with one prefill of the prompt each;
+// 2 requests on 2 members start no prefix.
 TEST(Scheduler, EachEpMemberForksItsRequestsFromItsOwnPrefix) {
   FakeWorkers w(1, 2);
   Scheduler s(&w, nullptr, ChunksOf4());
@@ -512,6 +513,16 @@ TEST(Scheduler, EachEpMemberForksItsRequestsFromItsOwnPrefix) {
     EXPECT_EQ(rows, 9u + 2u + 2u) << "member " << m << ": one prefill, two forks, two decode rows";
   }
   EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) == 0; }));
+  // 2 requests on 2 members: each member would get one, which a prefix cannot save anything
+  // for, so none starts.
+  FakeWorkers two(1, 2);
+  Scheduler s2(&two, nullptr, ChunksOf4());
+  auto pair = s2.SubmitAll(std::vector<GenerateParams>(2, Params(TenTokensFrom100(), 2)));
+  ASSERT_TRUE(pair.ok());
+  for (const auto& st : *pair) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
+  for (const auto& step : two.steps())
+    for (const auto& item : step.req.items()) EXPECT_EQ(item.fork_from(), 0u);
+  EXPECT_EQ(two.started_contexts().size(), 2u) << "no prefix sequence";
 }
 
 // A prefix sequence kept for requests of its prompt still queued is freed as soon as those
