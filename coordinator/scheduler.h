@@ -194,7 +194,8 @@ class Scheduler {
   // from, or null. The first of them placed on a member starts one there when another is still
   // queued and the batch has slots for the prefix and two requests.
   Request* PrefixFor(const Request& r, int member);
-  // The live prefix sequence of r's shared prompt on r's member, or null.
+  // The live prefix sequence of `shared` on `member`, or null; PrefixOf: of r's, on r's member.
+  Request* LivePrefix(const SharedPrompt& shared, int member);
   Request* PrefixOf(const Request& r);
   void CountActive();   // active(): the live sequences of requests (prefix sequences are not)
   // Frees every prefix sequence that no step in flight uses and no request waits for, once its

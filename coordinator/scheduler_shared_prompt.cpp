@@ -47,10 +47,7 @@ Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
     h->sharers = r.shared;
     shared.seq_by_member[member] = StartRequest(std::move(h), member)->id;
   }
-  auto it = shared.seq_by_member.find(member);
-  if (it == shared.seq_by_member.end()) return nullptr;
-  auto live = live_.find(it->second);
-  return live == live_.end() ? nullptr : live->second.get();
+  return LivePrefix(shared, member);
 }
 
 void Scheduler::CountActive() {
@@ -58,12 +55,15 @@ void Scheduler::CountActive() {
                                                  [](const auto& q) { return !q.second->prefix; }));
 }
 
-Scheduler::Request* Scheduler::PrefixOf(const Request& r) {
-  if (!r.shared) return nullptr;
-  auto it = r.shared->seq_by_member.find(r.member);
-  if (it == r.shared->seq_by_member.end()) return nullptr;
+Scheduler::Request* Scheduler::LivePrefix(const SharedPrompt& shared, int member) {
+  auto it = shared.seq_by_member.find(member);
+  if (it == shared.seq_by_member.end()) return nullptr;
   auto live = live_.find(it->second);
   return live == live_.end() ? nullptr : live->second.get();
+}
+
+Scheduler::Request* Scheduler::PrefixOf(const Request& r) {
+  return r.shared ? LivePrefix(*r.shared, r.member) : nullptr;
 }
 
 void Scheduler::FreeIdlePrefixes() {
