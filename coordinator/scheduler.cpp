@@ -248,10 +248,7 @@ void Scheduler::Admit() {
     const int member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     Request* prefix = owned->shared ? PrefixFor(*owned, member) : nullptr;
     Request* r = StartRequest(std::move(owned), member);
-    if (prefix) {
-      r->fork_pending = true;
-      prefix->waiting.insert(r->id);
-    }
+    if (prefix) prefix->waiting.insert(r->id);
   }
   CountActive();
 }
@@ -353,11 +350,9 @@ void Scheduler::Launch() {
     std::vector<Request*> decode, prefill;
     for (auto& [id, r] : live_) {
       // A fork runs the prompt's last token, one row: in a step after the prefix sequence's last
-      // chunk, which every stage has then run first. (The prefix lives while a fork waits: Leave
-      // clears fork_pending when it goes; were it gone, the request would prefill alone.)
-      const Request* h = r->fork_pending ? PrefixOf(*r) : nullptr;
-      r->fork_pending = h != nullptr;
-      if (h) {
+      // chunk, which every stage has then run first. (The prefix lives while a fork waits; were
+      // it gone, ForkSource says null and the request prefills alone.)
+      if (const Request* h = ForkSource(*r)) {
         if (h->starting == 0 && h->next.empty() && r->starting == 0 && !r->stream->cancelled())
           decode.push_back(r.get());
         continue;
@@ -380,11 +375,9 @@ void Scheduler::Launch() {
     auto add = [&](Request* r, size_t n) {
       flashmesh::v1::StepItem item;
       item.set_seq_id(r->id);
-      if (r->fork_pending) {
-        Request* h = PrefixOf(*r);
+      if (Request* h = ForkSource(*r)) {
         item.set_fork_from(h->id);
         r->next.erase(r->next.begin(), r->next.end() - 1);   // the prefix sequence ran these
-        r->fork_pending = false;
         h->waiting.erase(r->id);
         ++h->forks_in_flight;
         call->fork_sources.push_back(h->id);

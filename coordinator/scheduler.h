@@ -122,10 +122,9 @@ class Scheduler {
     std::vector<int> started;      // workers that hold it
     Clock::time_point started_at;  // when the last StartSequence answered
     Status start_error;            // the first failed StartSequence
-    // A request of a shared prompt, and whether it waits to fork from the prefix sequence.
+    // A request of a shared prompt (whether it waits to fork: ForkSource).
     std::shared_ptr<SharedPrompt> shared;
     std::shared_ptr<const void> queued_mark;   // SharedPrompt.queued, until it is admitted
-    bool fork_pending = false;
     // The prefix sequence of a shared prompt (no client reads its stream): the requests that
     // wait to fork from it, the steps in flight that do, and who still shares it at all.
     bool prefix = false;
@@ -194,15 +193,16 @@ class Scheduler {
   // from, or null. The first of them placed on a member starts one there when another is still
   // queued and the batch has slots for the prefix and two requests.
   Request* PrefixFor(const Request& r, int member);
-  // The live prefix sequence of `shared` on `member`, or null; PrefixOf: of r's, on r's member.
+  // The live prefix sequence of `shared` on `member`, or null.
   Request* LivePrefix(const SharedPrompt& shared, int member);
-  Request* PrefixOf(const Request& r);
+  // The prefix sequence r waits to fork from (its `waiting` lists r), or null: r prefills alone.
+  Request* ForkSource(const Request& r);
   void CountActive();   // active(): the live sequences of requests (prefix sequences are not)
   // Frees every prefix sequence that no step in flight uses and no request waits for, once its
   // prompt is sent and none of its requests is still queued (or every one of them is gone).
   void FreeIdlePrefixes();
   // Bookkeeping of a request leaving live_: a fork it waited for, or, for a prefix sequence,
-  // its waiting requests (they prefill alone now).
+  // its member's entry (its waiting requests prefill alone now).
   void Leave(Request* r);
   void OnStarted(uint64_t id, int worker, const RpcResult& r);
   void Launch();

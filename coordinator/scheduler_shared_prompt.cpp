@@ -62,8 +62,9 @@ Scheduler::Request* Scheduler::LivePrefix(const SharedPrompt& shared, int member
   return live == live_.end() ? nullptr : live->second.get();
 }
 
-Scheduler::Request* Scheduler::PrefixOf(const Request& r) {
-  return r.shared ? LivePrefix(*r.shared, r.member) : nullptr;
+Scheduler::Request* Scheduler::ForkSource(const Request& r) {
+  Request* h = r.shared ? LivePrefix(*r.shared, r.member) : nullptr;
+  return h && h->waiting.count(r.id) ? h : nullptr;
 }
 
 void Scheduler::FreeIdlePrefixes() {
@@ -83,10 +84,8 @@ void Scheduler::FreeIdlePrefixes() {
 }
 
 void Scheduler::Leave(Request* r) {
-  if (Request* h = r->fork_pending ? PrefixOf(*r) : nullptr) h->waiting.erase(r->id);
+  if (Request* h = ForkSource(*r)) h->waiting.erase(r->id);
   if (!r->prefix) return;
-  for (uint64_t id : r->waiting)
-    if (auto q = live_.find(id); q != live_.end()) q->second->fork_pending = false;
   if (auto shared = r->sharers.lock()) shared->seq_by_member.erase(r->member);
 }
 
