@@ -71,16 +71,22 @@ ApiService::StreamSlot::~StreamSlot() {
   if (--api_->streams_[client_] == 0) api_->streams_.erase(client_);
 }
 
-Result<std::unique_ptr<ApiService::StreamSlot>> ApiService::AcquireStream(const std::string& client) const {
+Result<std::vector<std::unique_ptr<ApiService::StreamSlot>>> ApiService::AcquireStreams(
+    const std::string& client, int64_t count) const {
   std::lock_guard<std::mutex> lock(streams_mu_);
   int64_t& n = streams_[client];
-  if (n >= options_.max_streams_per_client) {
+  if (n + count > options_.max_streams_per_client) {
+    const int64_t running = n;
     if (n == 0) streams_.erase(client);
-    return ResourceExhausted("this client already has " + std::to_string(n) +
-                             " generations running (limits.max_streams_per_client)");
+    return ResourceExhausted("this client already has " + std::to_string(running) +
+                             " generations running; " + std::to_string(count) +
+                             " more would pass limits.max_streams_per_client (" +
+                             std::to_string(options_.max_streams_per_client) + ")");
   }
-  ++n;
-  return std::make_unique<StreamSlot>(this, client);
+  n += count;
+  std::vector<std::unique_ptr<StreamSlot>> slots;
+  for (int64_t i = 0; i < count; ++i) slots.push_back(std::make_unique<StreamSlot>(this, client));
+  return slots;
 }
 
 Status CheckBearerToken(const std::string* value, const std::vector<std::string>& tokens,
@@ -279,7 +285,7 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
   auto auth = ctx->client_metadata().find("authorization");
   const std::string token =
       auth == ctx->client_metadata().end() ? "" : std::string(auth->second.data(), auth->second.size());
-  auto slot = AcquireStream(StreamClient(token, ctx->peer().substr(0, ctx->peer().rfind(':'))));
+  auto slot = AcquireStreams(StreamClient(token, ctx->peer().substr(0, ctx->peer().rfind(':'))), 1);
   if (!slot.ok()) return fail(slot.status());
   const int64_t prompt_tokens = static_cast<int64_t>(params->prompt.size());
   auto stream = scheduler_->Submit(std::move(params).value());

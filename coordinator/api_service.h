@@ -75,9 +75,12 @@ class ApiService final : public flashmesh::v1::Inference::Service {
     const ApiService* api_;
     std::string client_;
   };
-  // A slot for `client` (its bearer token, else its address); RESOURCE_EXHAUSTED when it
-  // already has max_streams_per_client generations running.
-  Result<std::unique_ptr<StreamSlot>> AcquireStream(const std::string& client) const;
+  // `count` slots for `client` (its bearer token, else its address), all or none:
+  // RESOURCE_EXHAUSTED when its running generations and `count` are more than
+  // max_streams_per_client. All at once, so that a request of n choices refused for its last
+  // never holds the others meanwhile (a spurious 429 for the client's other requests).
+  Result<std::vector<std::unique_ptr<StreamSlot>>> AcquireStreams(const std::string& client,
+                                                                  int64_t count) const;
   // The client of a stream limit, one key for HTTP and gRPC: its checked `Authorization` value
   // when the API checks tokens (so one token has one limit on both APIs), else `anonymous` (the
   // gRPC peer's address, "http" for every HTTP client).
@@ -96,7 +99,7 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   Metrics* metrics_;
   ApiOptions options_;
   WriteWatchdog write_watchdog_{options_.write_stall_timeout};
-  // Bookkeeping of AcquireStream (also used by the HTTP API through a const ApiService).
+  // Bookkeeping of AcquireStreams (also used by the HTTP API through a const ApiService).
   mutable std::mutex streams_mu_;
   mutable std::map<std::string, int64_t> streams_;   // client -> generations running
 };

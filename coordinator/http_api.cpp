@@ -287,13 +287,11 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   // HTTP requests carry no address here: a client is its (checked) token; without tokens,
   // every HTTP client is one.
   const std::string client = grpc_api_->StreamClient(http.Header("authorization"), "http");
+  auto slots = grpc_api_->AcquireStreams(client, job.req.n);
+  if (!slots.ok()) return fail(slots.status(), "rate_limit_exceeded");
   std::random_device rd;
-  std::vector<std::unique_ptr<ApiService::StreamSlot>> slots;
   std::vector<GenerateParams> choices;
   for (int64_t i = 0; i < job.req.n; ++i) {
-    auto slot = grpc_api_->AcquireStream(client);
-    if (!slot.ok()) return fail(slot.status(), "rate_limit_exceeded");
-    slots.push_back(std::move(slot).value());
     // Choice i draws from seed + i (a given seed still gives the same n choices), or from a
     // seed of its own.
     choices.push_back(*params);
@@ -305,7 +303,7 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   if (!streams.ok()) return fail(streams.status());
   for (size_t i = 0; i < streams->size(); ++i) {
     auto c = std::make_unique<Choice>(metrics_);
-    c->slot = std::move(slots[i]);
+    c->slot = std::move((*slots)[i]);
     c->stream = (*streams)[i];
     c->stream->SetWaker(job.waker);
     c->meter.Submitted(prompt_tokens);

@@ -900,7 +900,7 @@ TEST(HttpAuth, BearerTokensOfTheTokenFile) {
   std::ofstream(dir.path() + "/tokens") << "# API tokens\ns3cret\n";
   const int http = FreePort();
   Server server({"--token-file", dir.path() + "/tokens", "--http", "127.0.0.1:" + std::to_string(http),
-                 "--max-streams-per-client", "1"});
+                 "--max-streams-per-client", "2"});
   // Probes need no token.
   ASSERT_TRUE(Eventually([&] { return HttpCall(http, "GET", "/health").status == 200; }, 60s))
       << server.process()->Log();
@@ -913,20 +913,31 @@ TEST(HttpAuth, BearerTokensOfTheTokenFile) {
   r = HttpCall(http, "POST", "/v1/chat/completions", body, {"Authorization: Bearer s3cret"});
   EXPECT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(HttpCall(http, "GET", "/metrics").status, 200);
-  // A token is one client: with one generation of it running, its second is 429, with OpenAI's
-  // rate-limit code (not queue_full: the queue is empty).
+  // A token is one client: with one generation of it running, a request of two choices is 429
+  // (both or none: the message counts the one running), with OpenAI's rate-limit code (not
+  // queue_full: the queue is empty); with two running, its next is.
   Json long_body = ChatBody("long", 2000);
   long_body["stream"] = true;
-  HttpStream running(http, "POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n"
-                           "Content-Type: application/json\r\nContent-Length: " +
-                               std::to_string(long_body.dump().size()) + "\r\n\r\n" + long_body.dump());
+  const std::string long_request = "POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n"
+                                   "Content-Type: application/json\r\nContent-Length: " +
+                                   std::to_string(long_body.dump().size()) + "\r\n\r\n" + long_body.dump();
+  HttpStream running(http, long_request);
   ASSERT_NE(running.ReadUntil("data: ", 2, 60s).find("data: "), std::string::npos);
-  r = HttpCall(http, "POST", "/v1/chat/completions", body, {"Authorization: Bearer s3cret"});
+  Json two = ChatBody("hi", 2);
+  two["n"] = 2;
+  r = HttpCall(http, "POST", "/v1/chat/completions", two.dump(), {"Authorization: Bearer s3cret"});
   EXPECT_EQ(r.status, 429) << r.raw;
   Json e = ParseBody(r)["error"];
   EXPECT_EQ(e["code"], "rate_limit_exceeded") << r.raw;
-  EXPECT_NE(e["message"].get<std::string>().find("already has 1 generations running"), std::string::npos)
-      << r.raw;
+  EXPECT_NE(e["message"].get<std::string>().find(
+                "already has 1 generations running; 2 more would pass limits.max_streams_per_client (2)"),
+            std::string::npos) << r.raw;
+  HttpStream running2(http, long_request);
+  ASSERT_NE(running2.ReadUntil("data: ", 2, 60s).find("data: "), std::string::npos);
+  r = HttpCall(http, "POST", "/v1/chat/completions", body, {"Authorization: Bearer s3cret"});
+  EXPECT_EQ(r.status, 429) << r.raw;
+  EXPECT_NE(ParseBody(r)["error"]["message"].get<std::string>().find("already has 2 generations running"),
+            std::string::npos) << r.raw;
   // The same token over gRPC is the same client: no second generation there either.
   auto stub = Connect(server.api());
   Generation g = Generate(stub.get(), TokensRequest({5, 6}, 2), "s3cret");
