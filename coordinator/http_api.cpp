@@ -203,7 +203,7 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
     if (!tokenizer_) return InvalidArgument(input + ": this model has no tokenizer.json; send prompt as token ids");
     std::string text;
     if (r.chat) {
-      FM_ASSIGN_OR_RETURN(text, tokenizer_->ApplyChatTemplate(r.messages));
+      FM_ASSIGN_OR_RETURN(text, tokenizer_->ApplyChatTemplate(r.messages, r.thinking));
     } else {   // a completion continues BOS + the prompt, as vLLM does
       FM_ASSIGN_OR_RETURN(std::string bos, tokenizer_->TokenBytes(tokenizer_->bos_id()));
       text = bos + r.prompt;

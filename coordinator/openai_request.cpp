@@ -238,17 +238,19 @@ Status DecodeSampling(const Json& j, OpenAiRequest* r) {
 // The values of RefuseUnsupported's fields that change nothing.
 bool IsNumber1(const Json& v) { return v.is_number() && v.get<double>() == 1; }
 bool IsFalse(const Json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool IsTrue(const Json& v) { return v.is_boolean() && v.get<bool>(); }
 bool IsEmptyArray(const Json& v) { return v.is_array() && v.empty(); }
 bool NoValue(const Json&) { return false; }   // only null (absent) changes nothing
 
 // Fields of OpenAI's (or vLLM's) API that change what is generated and that this server does
 // not do: a 400 naming the field, unless the value is the one that changes nothing. Ignoring
 // them, as unknown fields are, would answer other text than was asked for.
-Status RefuseUnsupported(const Json& j) {
+Status RefuseUnsupported(const Json& j, bool chat) {
   struct Unsupported {
     const char* field;
     bool (*neutral)(const Json&);
     const char* neutral_text;
+    bool chat_only = false;   // a field of the chat template or its messages
   };
   static const Unsupported kFields[] = {
       {"best_of", IsNumber1, "1"},
@@ -268,8 +270,27 @@ Status RefuseUnsupported(const Json& j) {
       {"structured_outputs", NoValue, "null"},
       {"use_beam_search", IsFalse, "false"},
       {"length_penalty", IsNumber1, "1"},
+      // vLLM's sampling and output extensions.
+      {"allowed_token_ids", NoValue, "null"},
+      {"bad_words", IsEmptyArray, "[]"},
+      {"include_stop_str_in_output", IsFalse, "false"},
+      {"skip_special_tokens", IsTrue, "true"},
+      {"truncate_prompt_tokens", NoValue, "null"},
+      {"prompt_logprobs", NoValue, "null"},
+      {"logits_processors", NoValue, "null"},
+      {"return_tokens_as_token_ids", IsFalse, "false"},
+      // Chat: the template (thinking: chat_template_kwargs), other modalities, tools of OpenAI's.
+      {"add_generation_prompt", IsTrue, "true", true},
+      {"continue_final_message", IsFalse, "false", true},
+      {"chat_template", NoValue, "null", true},
+      {"documents", NoValue, "null", true},
+      {"reasoning_effort", NoValue, "null (thinking is chat_template_kwargs.thinking)", true},
+      {"modalities", [](const Json& v) { return v == Json::array({"text"}); }, "[\"text\"]", true},
+      {"audio", NoValue, "null", true},
+      {"web_search_options", NoValue, "null", true},
   };
   for (const Unsupported& u : kFields) {
+    if (u.chat_only && !chat) continue;
     const Json* v = Field(j, u.field);
     if (v && !u.neutral(*v))
       return InvalidArgument(std::string(u.field) + ": " + v->dump(-1, ' ', false, Json::error_handler_t::replace)
@@ -306,7 +327,15 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
     }
   }
   FM_RETURN_IF_ERROR(DecodeSampling(j, r));
-  FM_RETURN_IF_ERROR(RefuseUnsupported(j));
+  FM_RETURN_IF_ERROR(RefuseUnsupported(j, chat));
+  // vLLM's way to turn on a DeepSeek model's thinking; the template takes no other argument, and
+  // ignores the others a client sends (as a Jinja template does).
+  if (const Json* v = Field(j, "chat_template_kwargs"); v && chat) {
+    if (!v->is_object()) return WrongType("chat_template_kwargs", "an object", *v);
+    if (const Json* t = Field(*v, "thinking")) {
+      FM_ASSIGN_OR_RETURN(r->thinking, Boolean(*t, "chat_template_kwargs.thinking"));
+    }
+  }
   if (const Json* v = Field(j, "stop")) FM_RETURN_IF_ERROR(DecodeStop(*v, r));
   if (const Json* v = Field(j, "stream")) {
     FM_ASSIGN_OR_RETURN(r->stream, Boolean(*v, "stream"));

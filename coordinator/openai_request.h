@@ -41,6 +41,7 @@ struct OpenAiRequest {
   bool logprobs = false;                 // chat: logprobs: true; completions: logprobs: N >= 0
   int64_t top_logprobs = 0;
   bool ignore_eos = false;               // extension (vLLM's)
+  bool thinking = false;                 // chat: chat_template_kwargs.thinking (vLLM's)
   int64_t n = 1;                         // choices: n generations of the prompt
 };
 

@@ -204,6 +204,27 @@ TEST_F(HttpApiTest, CompletionsWithTextAndTokenPrompts) {
   EXPECT_EQ(ParseBody(r)["choices"][0]["text"], text_want.text);
 }
 
+// chat_template_kwargs.thinking (vLLM's switch for DeepSeek models) renders the last user turn's
+// assistant prefix as "<think>": the chat answers as a raw completion of that text does, and
+// without it as one of the chat-mode text ("</think>").
+TEST_F(HttpApiTest, ChatTemplateKwargsThinkingOpensTheReasoning) {
+  Json chat = ChatBody("Why is the sky blue?", 6);
+  chat["chat_template_kwargs"] = {{"thinking", true}, {"enable_thinking", true}};
+  Json completion = {{"prompt", "<｜User｜>Why is the sky blue?<｜Assistant｜><think>"},
+                     {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}};
+  for (bool thinking : {true, false}) {
+    chat["chat_template_kwargs"]["thinking"] = thinking;
+    if (!thinking) completion["prompt"] = "<｜User｜>Why is the sky blue?<｜Assistant｜></think>";
+    HttpResult c = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+    HttpResult raw = HttpCall(port(), "POST", "/v1/completions", completion.dump());
+    ASSERT_EQ(c.status, 200) << c.raw;
+    ASSERT_EQ(raw.status, 200) << raw.raw;
+    EXPECT_EQ(ParseBody(c)["choices"][0]["message"]["content"], ParseBody(raw)["choices"][0]["text"])
+        << "thinking " << thinking;
+    EXPECT_EQ(ParseBody(c)["usage"]["prompt_tokens"], ParseBody(raw)["usage"]["prompt_tokens"]);
+  }
+}
+
 // Every SSE event's JSON object, in order ([DONE] excluded).
 std::vector<Json> Events(const std::string& body) {
   std::vector<Json> out;

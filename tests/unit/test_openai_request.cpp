@@ -132,6 +132,19 @@ TEST(DecodeOpenAiRequest, UnsupportedFieldsAtTheirNeutralValuesAreAccepted) {
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   auto c = DecodeOpenAiRequest(R"({"prompt": "x", "echo": false, "suffix": "", "best_of": 1})", false);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
+  auto v = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "skip_special_tokens": true,
+      "include_stop_str_in_output": false, "bad_words": [], "allowed_token_ids": null, "add_generation_prompt": true,
+      "continue_final_message": false, "modalities": ["text"], "reasoning_effort": null,
+      "chat_template_kwargs": {"enable_thinking": true}})", true);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_FALSE(v->thinking) << "the template takes chat_template_kwargs.thinking only";
+  // The chat template's fields mean nothing to a completion.
+  auto t = DecodeOpenAiRequest(R"({"prompt": "x", "add_generation_prompt": false, "reasoning_effort": "high"})", false);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  auto think = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}],
+      "chat_template_kwargs": {"thinking": true}})", true);
+  ASSERT_TRUE(think.ok()) << think.status().ToString();
+  EXPECT_TRUE(think->thinking);
 }
 
 // The penalties, min-p, logit_bias, stop_token_ids and min_tokens (OpenAI's, and vLLM's /
@@ -216,6 +229,19 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"prompt": "x", "guided_regex": "[a-z]+"})", false, "guided_regex"},
       {R"({"messages": [{"role": "user", "content": "x"}], "guided_json": {}})", true, "guided_json"},
       {R"({"prompt": "x", "use_beam_search": true})", false, "use_beam_search"},
+      {R"({"prompt": "x", "include_stop_str_in_output": true, "stop": ["a"]})", false, "include_stop_str_in_output"},
+      {R"({"prompt": "x", "allowed_token_ids": [5]})", false, "allowed_token_ids"},
+      {R"({"prompt": "x", "bad_words": ["a"]})", false, "bad_words"},
+      {R"({"prompt": "x", "skip_special_tokens": false})", false, "skip_special_tokens"},
+      {R"({"prompt": "x", "truncate_prompt_tokens": 1})", false, "truncate_prompt_tokens"},
+      {R"({"prompt": "x", "prompt_logprobs": 1})", false, "prompt_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high"})", true, "reasoning_effort"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})", true, "add_generation_prompt"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})", true, "continue_final_message"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{x}}"})", true, "chat_template"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]})", true, "modalities"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"thinking": 1}})", true, "chat_template_kwargs.thinking"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": true})", true, "chat_template_kwargs"},
   };
   for (const auto& c : cases) {
     auto r = DecodeOpenAiRequest(c.body, c.chat);
