@@ -1,6 +1,7 @@
 #include "coordinator/openai_request.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -368,34 +369,56 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
   return Status::Ok();
 }
 
-// The deepest nesting of arrays and objects in `body` (brackets inside strings skipped): the
-// parser keeps any depth, but dumping a value (an error message quoting it) recurses once a
-// level, and 100,000 levels fit a 200 kB body.
-size_t JsonNesting(std::string_view body) {
-  size_t depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
+// What parsing `body` would build (brackets and quotes inside strings skipped), counted before
+// it is: the parser keeps any depth, but dumping a value (an error message quoting it) recurses
+// once a level, and 100,000 levels fit a 200 kB body; and a parsed object, array or string costs
+// ~100 bytes for its 2-3 bytes of JSON ("{}," 4 MiB of them: ~160 MB), a number or literal 16.
+struct JsonShape {
+  size_t deepest = 0;
+  size_t nodes = 0;     // objects, arrays and strings (keys too)
+  size_t scalars = 0;   // numbers, true, false, null
+};
+
+JsonShape ScanJson(std::string_view body) {
+  JsonShape shape;
+  size_t depth = 0;
+  bool in_string = false, escaped = false, in_scalar = false;
   for (char c : body) {
     if (in_string) {
       if (escaped) escaped = false;
       else if (c == '\\') escaped = true;
       else if (c == '"') in_string = false;
-    } else if (c == '"') {
+      continue;
+    }
+    const bool scalar_char = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '+' || c == '.';
+    if (scalar_char && !in_scalar) ++shape.scalars;
+    in_scalar = scalar_char;
+    if (c == '"') {
       in_string = true;
+      ++shape.nodes;
     } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
+      shape.deepest = std::max(shape.deepest, ++depth);
+      ++shape.nodes;
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
     }
   }
-  return deepest;
+  return shape;
 }
 
 }  // namespace
 
 Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
-  if (JsonNesting(body) > kMaxJsonNesting)
+  const JsonShape shape = ScanJson(body);
+  if (shape.deepest > kMaxJsonNesting)
     return InvalidArgument("body: JSON nested deeper than " + std::to_string(kMaxJsonNesting) +
                            " levels");
+  if (shape.nodes > kMaxJsonNodes)
+    return InvalidArgument("body: more than " + std::to_string(kMaxJsonNodes) +
+                           " JSON objects, arrays and strings");
+  if (shape.scalars > kMaxJsonScalars)
+    return InvalidArgument("body: more than " + std::to_string(kMaxJsonScalars) +
+                           " JSON numbers, true, false and null");
   Json j;
   try {
     j = Json::parse(body.begin(), body.end());

@@ -82,6 +82,36 @@ TEST(DecodeOpenAiRequest, NestingPastTheLimitIsRefusedBeforeAnyValueIsRead) {
   EXPECT_TRUE(in_string.ok()) << in_string.status().ToString();
 }
 
+// A 4 MiB body of "{}," would cost ~160 MB parsed: objects, arrays and strings past 65536, and
+// numbers and literals past 2^20 (more positions than a context has), are refused before any is
+// built, wherever they are (an ignored field too). Brackets and quotes inside strings, and the
+// digits of one number, count once or not at all.
+TEST(DecodeOpenAiRequest, BodiesOfMoreValuesThanARequestNeedsAreRefusedBeforeParsing) {
+  const auto list = [](const std::string& item, size_t n) {
+    std::string s = R"({"prompt": "hi", "x": [)";
+    for (size_t i = 0; i < n; ++i) s += (i ? "," : "") + item;
+    return s + "]}";
+  };
+  // The body's object, "prompt", "hi", "x" and the array: 5 nodes besides the items.
+  EXPECT_TRUE(DecodeOpenAiRequest(list("{}", kMaxJsonNodes - 5), false).ok());
+  auto objects = DecodeOpenAiRequest(list("{}", kMaxJsonNodes - 4), false);
+  ASSERT_FALSE(objects.ok());
+  EXPECT_EQ(objects.status().message(), "body: more than 65536 JSON objects, arrays and strings");
+  auto strings = DecodeOpenAiRequest(list(R"("a")", kMaxJsonNodes), false);
+  EXPECT_EQ(strings.status().message(), "body: more than 65536 JSON objects, arrays and strings");
+  EXPECT_TRUE(DecodeOpenAiRequest(list(R"("[{\"")", 1000), false).ok()) << "one string each";
+  EXPECT_TRUE(DecodeOpenAiRequest(list("-12.5e+3", kMaxJsonScalars), false).ok());
+  auto scalars = DecodeOpenAiRequest(list("7,true,false,null", kMaxJsonScalars / 4 + 1), false);
+  ASSERT_FALSE(scalars.ok());
+  EXPECT_EQ(scalars.status().message(), "body: more than 1048576 JSON numbers, true, false and null");
+  // A prompt of token ids as long as a context is numbers, not nodes.
+  std::string ids = R"({"prompt": [)";
+  for (int i = 0; i < 200000; ++i) ids += (i ? ", " : "") + std::to_string(100 + i % 3000);
+  auto prompt = DecodeOpenAiRequest(ids + "]}", false);
+  ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
+  EXPECT_EQ(prompt->prompt_ids.size(), 200000u);
+}
+
 TEST(DecodeOpenAiRequest, ChatFieldsAndDefaults) {
   auto r = DecodeOpenAiRequest(R"({"model": "m", "messages": [{"role": "system", "content": "Be brief."},
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
