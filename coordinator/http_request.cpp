@@ -42,7 +42,11 @@ HttpRequestParser::State HttpRequestParser::Feed(std::string* buffer) {
   while (!p.is_done()) {
     if (buffer->empty()) return State::kNeedMore;
     boost::beast::error_code ec;
-    size_t used = p.put(boost::asio::buffer(buffer->data(), buffer->size()), ec);
+    // The parser sees at most one header's worth (+1) at a time: a chunk-size line or trailer it
+    // could not finish within that is over the limit even when all of it came in one read
+    // (Beast bounds neither).
+    const size_t window = std::min(buffer->size(), max_header_bytes_ + 1);
+    size_t used = p.put(boost::asio::buffer(buffer->data(), window), ec);
     buffer->erase(0, used);
     if (ec && ec != http::error::need_more) {
       error_ = ec.message();
@@ -59,9 +63,9 @@ HttpRequestParser::State HttpRequestParser::Feed(std::string* buffer) {
       }
     }
     if (ec == http::error::need_more || (used == 0 && !p.is_done())) {
+      if (used > 0) continue;   // it took what it could of the window: the next one
       // The parser takes body bytes as they come (eager), so what it leaves is an incomplete
-      // header, chunk-size line or trailer: each bounded like the header (Beast bounds neither
-      // of the last two).
+      // header, chunk-size line or trailer: each bounded like the header.
       if (buffer->size() > max_header_bytes_) {
         error_ = "a header, chunk line or trailer over " + std::to_string(max_header_bytes_) + " bytes";
         error_status_ = 431;

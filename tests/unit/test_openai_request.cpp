@@ -40,6 +40,14 @@ TEST(HttpRequestParser, ChunkedBodyAndConnectionClose) {
   ASSERT_EQ(p.Feed(&b), State::kDone);
   EXPECT_EQ(p.request().body, "abcde");
   EXPECT_FALSE(p.request().keep_alive);
+  // Chunks longer than the header limit, lines and trailers within it, all in one read.
+  HttpRequestParser big(64, 8192);
+  const std::string data(3000, 'x');
+  b = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nbb8\r\n" + data + "\r\n10;e=1\r\n" +
+      data.substr(0, 16) + "\r\n0\r\nX-T: " + std::string(50, 't') + "\r\n\r\nGET";
+  ASSERT_EQ(big.Feed(&b), State::kDone) << big.error();
+  EXPECT_EQ(big.request().body, data + data.substr(0, 16));
+  EXPECT_EQ(b, "GET");
 }
 
 TEST(HttpRequestParser, LimitsAndGarbageAreErrorsWithTheirStatus) {
@@ -53,6 +61,11 @@ TEST(HttpRequestParser, LimitsAndGarbageAreErrorsWithTheirStatus) {
       {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1;x=" + std::string(2000, 'a'), 431},
       {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nb\r\n0\r\nX-T: " +
            std::string(2000, 'a'), 431},
+      // The same complete, arriving at once with the rest of the body (1500 bytes < two limits).
+      {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1;x=" + std::string(1500, 'a') +
+           "\r\nb\r\n0\r\n\r\n", 431},
+      {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nb\r\n0\r\nX-T: " +
+           std::string(1500, 'a') + "\r\n\r\n", 431},
       // A coding this server does not decode.
       {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n1\r\nb\r\n0\r\n\r\n", 501},
   };
