@@ -29,7 +29,7 @@ std::string Lower(boost::beast::string_view s) {
 }  // namespace
 
 HttpRequestParser::HttpRequestParser(size_t max_header_bytes, size_t max_body_bytes)
-    : impl_(std::make_unique<Impl>()), max_header_bytes_(max_header_bytes) {
+    : impl_(std::make_unique<Impl>()), max_header_bytes_(max_header_bytes), max_body_bytes_(max_body_bytes) {
   impl_->parser.header_limit(static_cast<std::uint32_t>(max_header_bytes));
   impl_->parser.body_limit(max_body_bytes);
   impl_->parser.eager(true);
@@ -49,8 +49,10 @@ HttpRequestParser::State HttpRequestParser::Feed(std::string* buffer) {
     size_t used = p.put(boost::asio::buffer(buffer->data(), window), ec);
     buffer->erase(0, used);
     if (ec && ec != http::error::need_more) {
-      error_ = ec.message();
       error_status_ = ec == http::error::header_limit ? 431 : ec == http::error::body_limit ? 413 : 400;
+      error_ = error_status_ == 431 ? "a header over " + std::to_string(max_header_bytes_) + " bytes"
+               : error_status_ == 413 ? "a body over " + std::to_string(max_body_bytes_) + " bytes"
+                                      : ec.message();
       return State::kError;
     }
     if (p.is_header_done()) {

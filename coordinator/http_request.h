@@ -37,7 +37,7 @@ class HttpRequestParser {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  size_t max_header_bytes_;
+  size_t max_header_bytes_, max_body_bytes_;
   bool continue_sent_ = false;
   HttpRequest request_;
   int error_status_ = 0;

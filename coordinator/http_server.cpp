@@ -389,7 +389,8 @@ bool HttpServer::ReadRequest(HttpConn* conn, Connection* self, std::string* buff
         *req = parser.request();
         return true;
       case HttpRequestParser::State::kError:
-        reply_error(parser.error_status(), "malformed HTTP request: " + parser.error());
+        reply_error(parser.error_status(), parser.error_status() == 400 ? "malformed HTTP request: " + parser.error()
+                                                                        : parser.error());
         return false;
       case HttpRequestParser::State::kNeedMore:
         break;

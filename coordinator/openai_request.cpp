@@ -120,7 +120,11 @@ Status DecodeMessages(const Json& v, OpenAiRequest* r) {
 // A prompt: a string, or an array of token ids (or an array holding one of either).
 Status DecodePrompt(const Json& v, OpenAiRequest* r) {
   const Json* p = &v;
-  if (v.is_array() && v.size() == 1 && (v[0].is_string() || v[0].is_array())) p = &v[0];
+  // OpenAI's batch: an array of prompts (strings or arrays of ids); one of them is the prompt.
+  if (v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array())) {
+    if (v.size() > 1) return InvalidArgument("prompt: batches of prompts are not supported (one prompt per request)");
+    p = &v[0];
+  }
   if (p->is_string()) {
     r->prompt = p->get<std::string>();
     if (r->prompt.empty()) return InvalidArgument("prompt: empty");
@@ -130,7 +134,6 @@ Status DecodePrompt(const Json& v, OpenAiRequest* r) {
   if (p->empty()) return InvalidArgument("prompt: empty");
   for (size_t i = 0; i < p->size(); ++i) {
     const std::string field = "prompt[" + std::to_string(i) + "]";
-    if ((*p)[i].is_string()) return InvalidArgument("prompt: batches of prompts are not supported (one prompt per request)");
     FM_ASSIGN_OR_RETURN(int64_t id, Integer((*p)[i], field));
     if (id < 0 || id > std::numeric_limits<int32_t>::max()) return InvalidArgument(field + ": " + std::to_string(id) + " is not a token id");
     r->prompt_ids.push_back(static_cast<int32_t>(id));

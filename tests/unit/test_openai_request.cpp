@@ -75,6 +75,9 @@ TEST(HttpRequestParser, LimitsAndGarbageAreErrorsWithTheirStatus) {
     EXPECT_EQ(p.Feed(&b), State::kError) << c.bytes.substr(0, 60);
     EXPECT_EQ(p.error_status(), c.status) << c.bytes.substr(0, 60);
     EXPECT_FALSE(p.error().empty());
+    // A limit says which and how much (the server adds "malformed HTTP request" to 400s only).
+    if (c.status == 413) EXPECT_EQ(p.error(), "a body over 1024 bytes");
+    if (c.status == 431 && c.bytes.rfind("GET", 0) == 0) EXPECT_EQ(p.error(), "a header over 1024 bytes");
   }
 }
 
@@ -243,7 +246,9 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})", true, "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "seed": 18446744073709551615})", true, "seed"},
       {R"({"prompt": ""})", false, "prompt"},
-      {R"({"prompt": [1, "a"]})", false, "prompt"},
+      {R"({"prompt": ["a", "b"]})", false, "prompt"},
+      {R"({"prompt": [[1], [2]]})", false, "prompt"},
+      {R"({"prompt": [1, "a"]})", false, "prompt[1]"},
       {R"({"prompt": [1, -1]})", false, "prompt[1]"},
       {R"({"prompt": "x", "logprobs": 21})", false, "logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5})", true, "presence_penalty"},
