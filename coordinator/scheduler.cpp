@@ -241,15 +241,13 @@ void Scheduler::Admit() {
       queued_count_ = static_cast<int>(incoming_.size());
     }
     owned->queued_mark.reset();
-    // Data-parallel attention: the sequence lives on one member of every stage's EP group, the
-    // one with the fewest live requests. Prefix sequences are not counted: short-lived, and
-    // counted they would push the choices of a shared prompt off the members holding its
-    // prefixes (n = 3 on 2 members: one fork).
+    // Data-parallel attention: the sequence lives on one member of every stage's EP group,
+    // the one with the fewest live sequences (prefix sequences included: each member's KV is
+    // planned for its share of max_batch).
     std::vector<int> load(workers_->expert_parallel(), 0);
-    for (const auto& [id, q] : live_)
-      if (!q->prefix) ++load[q->member];
+    for (const auto& [id, q] : live_) ++load[q->member];
     const int member = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    Request* prefix = owned->shared ? PrefixFor(*owned, member) : nullptr;
+    Request* prefix = owned->shared ? PrefixFor(*owned, member, load) : nullptr;
     Request* r = StartRequest(std::move(owned), member);
     if (prefix) prefix->waiting.insert(r->id);
   }

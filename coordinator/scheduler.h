@@ -190,9 +190,10 @@ class Scheduler {
   // Makes `owned` live and starts its sequence on its member's workers (every stage).
   Request* StartRequest(std::unique_ptr<Request> owned, int member);
   // The live prefix sequence on `member` that a shared prompt's request at admission forks
-  // from, or null. The first of them placed on a member starts one there when another is still
-  // queued and the batch has slots for the prefix and two requests.
-  Request* PrefixFor(const Request& r, int member);
+  // from, or null. The first of them placed on a member starts one there when the batch has
+  // slots for the prefix and two requests and another still queued would be placed there too
+  // (`load`: the live sequences per member, before r).
+  Request* PrefixFor(const Request& r, int member, std::vector<int> load);
   // The live prefix sequence of `shared` on `member`, or null.
   Request* LivePrefix(const SharedPrompt& shared, int member);
   // The prefix sequence r waits to fork from (its `waiting` lists r), or null: r prefills alone.

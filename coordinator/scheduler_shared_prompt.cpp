@@ -30,15 +30,24 @@ void Scheduler::SharePrompt(const std::vector<std::unique_ptr<Request>>& request
   }
 }
 
-Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member) {
+Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member, std::vector<int> load) {
   SharedPrompt& shared = *r.shared;
-  // Worth a slot when two requests at least fork from it: another must still be queued (r's own
-  // mark is gone). Under data-parallel attention each member that takes requests of the prompt
-  // gets its own prefix, so the requests spread over the members as any others do; one more for
-  // each of the k members must be queued then, or a member's prefix would serve r alone.
-  const long members = workers_->expert_parallel();
-  if (shared.tried.insert(member).second && shared.queued.use_count() >= members &&
-      static_cast<int64_t>(live_.size()) + 3 <= limits_.max_batch) {
+  // Worth a slot when two requests at least fork from it: one of those still queued (r's own
+  // mark is gone) must land here too. Under data-parallel attention each member that takes
+  // requests of the prompt gets its own prefix, and the queued ones spread over the members as
+  // any sequences do (Admit): placed in turn on the loads with r and this prefix here, does one
+  // come to `member`? (3 on 2 idle members: no, the next two go to the other; 4: yes.)
+  auto forks_here = [&] {
+    load[member] += 2;
+    for (long q = shared.queued.use_count(); q > 0; --q) {
+      const auto least = std::min_element(load.begin(), load.end());
+      if (least - load.begin() == member) return true;
+      ++*least;
+    }
+    return false;
+  };
+  if (shared.tried.insert(member).second && static_cast<int64_t>(live_.size()) + 3 <= limits_.max_batch &&
+      forks_here()) {
     auto h = std::make_unique<Request>();
     h->params = shared.prefix;
     h->stream = std::make_shared<RequestStream>();   // nobody reads it
