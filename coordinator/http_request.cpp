@@ -41,13 +41,17 @@ HttpRequestParser::State HttpRequestParser::Feed(std::string* buffer) {
   auto& p = impl_->parser;
   while (!p.is_done()) {
     if (buffer->empty()) return State::kNeedMore;
+    // The parser sees at most what the header may still take, and past the header a header's
+    // worth plus the CRLF that ends the chunk before a chunk-size line: Beast bounds neither
+    // chunk lines nor trailers, and it checks its header limit within one call only, while it
+    // takes a header's complete lines over several.
+    const bool in_header = !p.is_header_done();
+    const size_t limit = in_header ? max_header_bytes_ - header_bytes_ : max_header_bytes_ + 2;
+    const size_t window = std::min(buffer->size(), limit);
     boost::beast::error_code ec;
-    // The parser sees at most one header's worth (+1) at a time: a chunk-size line or trailer it
-    // could not finish within that is over the limit even when all of it came in one read
-    // (Beast bounds neither).
-    const size_t window = std::min(buffer->size(), max_header_bytes_ + 1);
-    size_t used = p.put(boost::asio::buffer(buffer->data(), window), ec);
+    size_t used = window == 0 ? 0 : p.put(boost::asio::buffer(buffer->data(), window), ec);
     buffer->erase(0, used);
+    if (in_header && !p.is_header_done()) header_bytes_ += used;
     if (ec && ec != http::error::need_more) {
       error_status_ = ec == http::error::header_limit ? 431 : ec == http::error::body_limit ? 413 : 400;
       error_ = error_status_ == 431 ? "a header over " + std::to_string(max_header_bytes_) + " bytes"
@@ -66,14 +70,13 @@ HttpRequestParser::State HttpRequestParser::Feed(std::string* buffer) {
     }
     if (ec == http::error::need_more || (used == 0 && !p.is_done())) {
       if (used > 0) continue;   // it took what it could of the window: the next one
-      // The parser takes body bytes as they come (eager), so what it leaves is an incomplete
-      // header, chunk-size line or trailer: each bounded like the header.
-      if (buffer->size() > max_header_bytes_) {
-        error_ = "a header, chunk line or trailer over " + std::to_string(max_header_bytes_) + " bytes";
-        error_status_ = 431;
-        return State::kError;
-      }
-      return State::kNeedMore;
+      if (window < limit) return State::kNeedMore;   // the rest has not come yet
+      // The parser takes body bytes as they come (eager), so what it could not finish within
+      // the whole window is a header, chunk-size line or trailer over the limit.
+      error_ = (in_header ? "a header over " : "a chunk line or trailer over ") +
+               std::to_string(max_header_bytes_) + " bytes";
+      error_status_ = 431;
+      return State::kError;
     }
   }
   const auto& msg = p.get();

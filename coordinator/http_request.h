@@ -24,7 +24,7 @@ class HttpRequestParser {
   HttpRequestParser(size_t max_header_bytes, size_t max_body_bytes);
   ~HttpRequestParser();
   // Parses from the front of *buffer and erases what it consumed; the bytes after a complete
-  // request stay (pipelined requests). kDone: request() holds the request; kError: the request
+  // request stay (pipelined requests), and on kNeedMore at most max_header_bytes + 1 stay. kDone: request() holds the request; kError: the request
   // is unparseable or over a limit (error_status() 400, 413, 431 or 501, error() says why).
   State Feed(std::string* buffer);
   // True once, when the header asked `Expect: 100-continue` and the body has not all come:
@@ -38,6 +38,7 @@ class HttpRequestParser {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   size_t max_header_bytes_, max_body_bytes_;
+  size_t header_bytes_ = 0;   // of the header, taken by the parser so far
   bool continue_sent_ = false;
   HttpRequest request_;
   int error_status_ = 0;

@@ -33,6 +33,44 @@ TEST(HttpRequestParser, ParsesAcrossArbitrarySplitsAndKeepsPipelinedBytes) {
   }
 }
 
+// The header limit holds for the header as a whole however it arrives (Beast checks it within
+// one call, and takes complete lines over several), and a chunk-size line may be as long as the
+// limit after a chunk as before the first.
+TEST(HttpRequestParser, LimitsHoldWhateverPiecesTheBytesComeIn) {
+  const std::string start = "POST / HTTP/1.1\r\nHost: a\r\n";   // 27 bytes
+  auto field = [](size_t bytes) { return "X: " + std::string(bytes - 5, 'a') + "\r\n"; };
+  std::string exact = start + "Content-Length: 1\r\n";   // 47 bytes
+  while (exact.size() + 100 <= 1022) exact += field(100);
+  exact += field(1022 - exact.size()) + "\r\n";           // 1024 with the blank line
+  ASSERT_EQ(exact.size(), 1024u);
+  for (size_t piece : {size_t{1}, size_t{7}, size_t{100}, size_t{4096}}) {
+    for (bool over : {false, true}) {
+      const std::string bytes = (over ? start + "Y: b\r\n" + exact.substr(start.size()) : exact) + "z";
+      HttpRequestParser p(1024, 1024);
+      std::string buffer;
+      State state = State::kNeedMore;
+      for (size_t off = 0; off < bytes.size() && state == State::kNeedMore; off += piece) {
+        buffer += bytes.substr(off, piece);
+        state = p.Feed(&buffer);
+      }
+      EXPECT_EQ(state, over ? State::kError : State::kDone) << "pieces of " << piece;
+      if (over) EXPECT_EQ(p.error(), "a header over 1024 bytes") << "pieces of " << piece;
+      else EXPECT_EQ(p.request().body, "z");
+    }
+  }
+  auto chunked = [](size_t line) {   // a chunk, then one whose size line (CRLF included) is `line`
+    return "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1;e=" +
+           std::string(line - 6, 'x') + "\r\nc\r\n0\r\n\r\n";
+  };
+  for (size_t line : {size_t{1024}, size_t{1025}}) {
+    HttpRequestParser p(1024, 4096);
+    std::string b = chunked(line);
+    EXPECT_EQ(p.Feed(&b), line <= 1024 ? State::kDone : State::kError) << line;
+    if (line <= 1024) EXPECT_EQ(p.request().body, "abc");
+    else EXPECT_EQ(p.error(), "a chunk line or trailer over 1024 bytes");
+  }
+}
+
 TEST(HttpRequestParser, ChunkedBodyAndConnectionClose) {
   HttpRequestParser p(1024, 1024);
   std::string b = "POST /v1/completions HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
