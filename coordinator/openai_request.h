@@ -48,8 +48,8 @@ struct OpenAiRequest {
 // Decodes a request body. InvalidArgument names the field (see above), or the body when it is
 // not JSON, nests arrays/objects deeper than kMaxJsonNesting or holds more values than below:
 // far above what a request needs (a prompt of token ids is numbers: as many as the longest
-// context, 2^20 positions), they bound what one body costs parsed to ~40 MB (a 4 MiB body of
-// "{}," would cost ~160 MB).
+// context, 2^20 positions), they bound what one body costs decoded to ~55 MB (measured; a
+// 4 MiB body of "{}," would cost ~160 MB).
 inline constexpr size_t kMaxJsonNesting = 64;
 inline constexpr size_t kMaxJsonNodes = 65536;       // objects, arrays and strings
 inline constexpr size_t kMaxJsonScalars = 1 << 20;   // numbers, true, false and null
