@@ -33,21 +33,27 @@ void Scheduler::SharePrompt(const std::vector<std::unique_ptr<Request>>& request
 Scheduler::Request* Scheduler::PrefixFor(const Request& r, int member, std::vector<int> load) {
   SharedPrompt& shared = *r.shared;
   // Worth a slot when two requests at least fork from it: one of those still queued (r's own
-  // mark is gone) must land here too. Under data-parallel attention each member that takes
-  // requests of the prompt gets its own prefix, and the queued ones spread over the members as
-  // any sequences do (Admit): placed in turn on the loads with r and this prefix here, does one
-  // come to `member`? (3 on 2 idle members: no, the next two go to the other; 4: yes.)
+  // mark is gone) must land here too, in this pass (under data-parallel attention a prefix does
+  // not wait for a later one: FreeIdlePrefixes). Each member that takes requests of the prompt
+  // gets its own prefix, and the queued ones spread over the members as any sequences do
+  // (Admit): placed in turn on the loads with r and this prefix here, as many as the batch
+  // has room for, does one come to `member`? (3 on 2 idle members: no, the next two go to
+  // the other; 4: yes.)
+  const int64_t room = limits_.max_batch - static_cast<int64_t>(live_.size()) - 2;
   auto forks_here = [&] {
     load[member] += 2;
-    for (long q = shared.queued.use_count(); q > 0; --q) {
+    for (int64_t q = std::min<int64_t>(shared.queued.use_count(), room); q > 0; --q) {
       const auto least = std::min_element(load.begin(), load.end());
       if (least - load.begin() == member) return true;
       ++*least;
     }
     return false;
   };
-  if (shared.tried.insert(member).second && static_cast<int64_t>(live_.size()) + 3 <= limits_.max_batch &&
-      forks_here()) {
+  // The member's KV is planned for its share of the batch (ceil(max_batch / k) sequences), which
+  // placement keeps to as long as the prefix and r fit it.
+  const int64_t k = static_cast<int64_t>(load.size());
+  const int64_t share = (limits_.max_batch + k - 1) / k;
+  if (shared.tried.insert(member).second && room >= 1 && load[member] + 2 <= share && forks_here()) {
     auto h = std::make_unique<Request>();
     h->params = shared.prefix;
     h->stream = std::make_shared<RequestStream>();   // nobody reads it

@@ -539,6 +539,19 @@ TEST(Scheduler, EachEpMemberForksItsRequestsFromItsOwnPrefix) {
     }
   EXPECT_EQ(rows, (std::vector<size_t>{2 * (10 + 1), 10 + 1})) << "three whole prompts";
   EXPECT_EQ(three.started_contexts().size(), 3u) << "no prefix sequence";
+  // 4 requests on 2 members with max_batch 4: a prefix would leave room for only two more of
+  // them in this pass (both placed on the other member), and a member's prefix does not wait
+  // for a later pass: none starts, each member prefills two.
+  FakeWorkers four(1, 2);
+  SchedulerLimits tight = ChunksOf4();
+  tight.max_batch = 4;
+  Scheduler s4(&four, nullptr, tight);
+  auto quad = s4.SubmitAll(std::vector<GenerateParams>(4, Params(TenTokensFrom100(), 2)));
+  ASSERT_TRUE(quad.ok());
+  for (const auto& st : *quad) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
+  for (const auto& step : four.steps())
+    for (const auto& item : step.req.items()) EXPECT_EQ(item.fork_from(), 0u);
+  EXPECT_EQ(four.started_contexts().size(), 4u) << "no prefix sequence";
 }
 
 // A prefix sequence kept for requests of its prompt still queued is freed as soon as those
