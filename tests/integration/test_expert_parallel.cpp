@@ -2,7 +2,7 @@
 // single process's tokens and logprobs bit for bit, greedy and seeded, with sequences spread
 // over the members (data-parallel attention) and every member's experts used by the others;
 // a killed member ends its group's requests with UNAVAILABLE naming it, and after a restart
-// the cluster serves again. Prompts longer than kStepTokens go in chunks, pipelined over the
+// the cluster serves again. Prompts longer than kEpStepTokens go in chunks, pipelined over the
 // stages (the single process prefills them whole: on the CPU the bits are the same).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -16,15 +16,15 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr int kNewTokens = 6;
-constexpr int kStepTokens = 8;   // limits.max_step_tokens of the EP clusters
+constexpr int kEpNewTokens = 6;
+constexpr int kEpStepTokens = 8;   // limits.max_step_tokens of the EP clusters
 
 
 flashmesh::v1::GenerateRequest Request(int i) {
   std::vector<int32_t> prompt;
-  const int length = i >= 4 ? 3 * kStepTokens + i : 3 + i % 4;   // 4 and 5: in 4 chunks
+  const int length = i >= 4 ? 3 * kEpStepTokens + i : 3 + i % 4;   // 4 and 5: in 4 chunks
   for (int k = 0; k < length; ++k) prompt.push_back(20 + (i * 41 + k * 7) % 230);
-  auto req = TokensRequest(prompt, kNewTokens);
+  auto req = TokensRequest(prompt, kEpNewTokens);
   if (i % 2) {   // seeded sampling on odd requests
     auto* s = req.mutable_sampling();
     s->set_greedy(false);
@@ -42,12 +42,12 @@ void ExpectEpClusterEqualsSingle(int stages, int ep, const std::string& transpor
   spec.expert_parallel = ep;
   spec.transport = transport;
   spec.gpus = Gpus();
-  spec.max_step_tokens = kStepTokens;
+  spec.max_step_tokens = kEpStepTokens;
   spec.http = true;   // n choices over HTTP too, forked from a prefix on each member
   std::vector<flashmesh::v1::GenerateRequest> requests;
   for (int i = 0; i < 6; ++i) requests.push_back(Request(i));
   flashmesh::v1::ClusterStatusResponse status;
-  ExpectClusterEqualsSingle(spec, requests, kNewTokens, &status);
+  ExpectClusterEqualsSingle(spec, requests, kEpNewTokens, &status);
   if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(status.expert_parallel(), ep);
   ASSERT_EQ(status.nodes_size(), stages * ep);
@@ -105,7 +105,7 @@ TEST(ExpertParallel, KilledMemberEndsTheGroupsRequestsUnavailableAndRestartRecov
   spec.stages = 2;
   spec.expert_parallel = 2;
   // The only sequence lives on member 0; w1 (stage 0, member 1) only serves its experts.
-  ExpectKilledMemberFailsFastAndRestartRecovers(spec, 1, Request(2), kNewTokens);
+  ExpectKilledMemberFailsFastAndRestartRecovers(spec, 1, Request(2), kEpNewTokens);
 }
 
 }  // namespace
