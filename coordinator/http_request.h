@@ -24,8 +24,9 @@ class HttpRequestParser {
   HttpRequestParser(size_t max_header_bytes, size_t max_body_bytes);
   ~HttpRequestParser();
   // Parses from the front of *buffer and erases what it consumed; the bytes after a complete
-  // request stay (pipelined requests), and on kNeedMore at most max_header_bytes + 1 stay. kDone: request() holds the request; kError: the request
-  // is unparseable or over a limit (error_status() 400, 413, 431 or 501, error() says why).
+  // request stay (pipelined requests), and on kNeedMore at most max_header_bytes + 1 stay.
+  // kDone: request() holds the request; kError: the request is unparseable or over a limit
+  // (error_status() 400, 413, 431 or 501, error() says why).
   State Feed(std::string* buffer);
   // True once, when the header asked `Expect: 100-continue` and the body has not all come:
   // the server answers 100 Continue.

@@ -191,8 +191,9 @@ class Scheduler {
   Request* StartRequest(std::unique_ptr<Request> owned, int member);
   // The live prefix sequence on `member` that a shared prompt's request at admission forks
   // from, or null. The first of them placed on a member starts one there when the batch has
-  // slots for the prefix and two requests and another still queued would be placed there too
-  // (`load`: the live sequences per member, before r).
+  // slots for the prefix and two requests, the prefix and r fit the member's share of the batch
+  // and another still queued would be placed there too in this pass (`load`: the live sequences
+  // per member, before r).
   Request* PrefixFor(const Request& r, int member, std::vector<int> load);
   // The live prefix sequence of `shared` on `member`, or null.
   Request* LivePrefix(const SharedPrompt& shared, int member);
