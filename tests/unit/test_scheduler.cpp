@@ -484,6 +484,25 @@ TEST(Scheduler, APrefixNobodyWaitsForAnyMoreIsFreed) {
   EXPECT_EQ(w.steps().size(), 1u) << "no chunk after the first";
 }
 
+// n requests of one 10-token prompt on one stage of 2 EP members under `limits`, where no
+// prefix sequence is expected: each prefills alone. The rows each member ran.
+std::vector<size_t> EpRowsWithoutAPrefix(size_t n, const SchedulerLimits& limits) {
+  FakeWorkers w(1, 2);
+  Scheduler s(&w, nullptr, limits);
+  auto streams = s.SubmitAll(std::vector<GenerateParams>(n, Params(TenTokensFrom100(), 2)));
+  EXPECT_TRUE(streams.ok());
+  if (!streams.ok()) return {};
+  for (const auto& st : *streams) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
+  std::vector<size_t> rows(2, 0);
+  for (const auto& step : w.steps())
+    for (const auto& item : step.req.items()) {
+      rows[step.worker] += static_cast<size_t>(item.tokens_size());
+      EXPECT_EQ(item.fork_from(), 0u) << n << " requests";
+    }
+  EXPECT_EQ(w.started_contexts().size(), n) << n << " requests: no prefix sequence";
+  return rows;
+}
+
 // Under expert parallelism (data-parallel attention) each member that takes requests of the
 // prompt gets its own prefix sequence, and its requests fork from that one: 4 requests on 2
 // members spread 2 and 2, as 4 separate requests would, with one prefill of the prompt each;
@@ -515,43 +534,18 @@ TEST(Scheduler, EachEpMemberForksItsRequestsFromItsOwnPrefix) {
   EXPECT_TRUE(WaitFor([&] { return w.held(0) + w.held(1) == 0; }));
   // 2 requests on 2 members: each member would get one, which a prefix cannot save anything
   // for, so none starts.
-  FakeWorkers two(1, 2);
-  Scheduler s2(&two, nullptr, ChunksOf4());
-  auto pair = s2.SubmitAll(std::vector<GenerateParams>(2, Params(TenTokensFrom100(), 2)));
-  ASSERT_TRUE(pair.ok());
-  for (const auto& st : *pair) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
-  for (const auto& step : two.steps())
-    for (const auto& item : step.req.items()) EXPECT_EQ(item.fork_from(), 0u);
-  EXPECT_EQ(two.started_contexts().size(), 2u) << "no prefix sequence";
+  EXPECT_EQ(EpRowsWithoutAPrefix(2, ChunksOf4()), (std::vector<size_t>{10 + 1, 10 + 1}));
   // 3 requests on 2 members: member 0's prefix would count as a sequence there, so the next two
   // go to member 1 and the prefix would serve one request: none starts (nor on member 1, where
   // the last one goes back to member 0). Sequences stay balanced: 2 and 1.
-  FakeWorkers three(1, 2);
-  Scheduler s3(&three, nullptr, ChunksOf4());
-  auto trio = s3.SubmitAll(std::vector<GenerateParams>(3, Params(TenTokensFrom100(), 2)));
-  ASSERT_TRUE(trio.ok());
-  for (const auto& st : *trio) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
-  std::vector<size_t> rows(2, 0);
-  for (const auto& step : three.steps())
-    for (const auto& item : step.req.items()) {
-      rows[step.worker] += static_cast<size_t>(item.tokens_size());
-      EXPECT_EQ(item.fork_from(), 0u);
-    }
-  EXPECT_EQ(rows, (std::vector<size_t>{2 * (10 + 1), 10 + 1})) << "three whole prompts";
-  EXPECT_EQ(three.started_contexts().size(), 3u) << "no prefix sequence";
+  EXPECT_EQ(EpRowsWithoutAPrefix(3, ChunksOf4()), (std::vector<size_t>{2 * (10 + 1), 10 + 1}))
+      << "three whole prompts";
   // 4 requests on 2 members with max_batch 4: a prefix would leave room for only two more of
   // them in this pass (both placed on the other member), and a member's prefix does not wait
   // for a later pass: none starts, each member prefills two.
-  FakeWorkers four(1, 2);
   SchedulerLimits tight = ChunksOf4();
   tight.max_batch = 4;
-  Scheduler s4(&four, nullptr, tight);
-  auto quad = s4.SubmitAll(std::vector<GenerateParams>(4, Params(TenTokensFrom100(), 2)));
-  ASSERT_TRUE(quad.ok());
-  for (const auto& st : *quad) EXPECT_EQ(Collect(st.get()).ids, (std::vector<int32_t>{110, 111}));
-  for (const auto& step : four.steps())
-    for (const auto& item : step.req.items()) EXPECT_EQ(item.fork_from(), 0u);
-  EXPECT_EQ(four.started_contexts().size(), 4u) << "no prefix sequence";
+  EXPECT_EQ(EpRowsWithoutAPrefix(4, tight), (std::vector<size_t>{2 * (10 + 1), 2 * (10 + 1)}));
 }
 
 // A prefix sequence kept for requests of its prompt still queued is freed as soon as those
