@@ -89,6 +89,7 @@ Status ShardRuntime::Load(const ShardPlacement& p, net::Communicator* ep_group) 
   }
   std::lock_guard<std::mutex> lock(mu_);
   seqs_.clear();
+  RetireGroupStats();
   {
     std::lock_guard<std::mutex> groups(groups_mu_);
     tp_ = std::move(tp);
@@ -117,6 +118,7 @@ void ShardRuntime::Unload() {
   std::lock_guard<std::mutex> lock(mu_);
   device_lost_.clear();
   seqs_.clear();
+  RetireGroupStats();
   {
     std::lock_guard<std::mutex> groups(groups_mu_);
     ep_.reset();
@@ -208,7 +210,8 @@ Status ShardRuntime::StartSequence(uint64_t seq_id, int64_t max_context,
   Sequence s;
   FM_ASSIGN_OR_RETURN(s.cache, model_->NewSequence(max_context));
   s.max_context = max_context;
-  s.kv_charge = std::max<uint64_t>(charge, s.cache->bytes());
+  s.cache_bytes = s.cache->bytes();
+  s.kv_charge = std::max<uint64_t>(charge, s.cache_bytes);
   FM_RETURN_IF_ERROR(over(s.kv_charge));   // a device cache larger than the estimate
   if (placement_.head) {
     FM_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
@@ -233,10 +236,16 @@ void ShardRuntime::FreeAll() {
   seqs_.clear();
 }
 
+void ShardRuntime::PublishCacheBytes(Sequence* seq) {
+  const uint64_t bytes = seq->cache->bytes();   // the executor's own cache: no lock to read it
+  std::lock_guard<std::mutex> lock(mu_);
+  seq->cache_bytes = bytes;
+}
+
 uint64_t ShardRuntime::kv_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t total = 0;
-  for (const auto& [id, s] : seqs_) total += s.cache->bytes();
+  for (const auto& [id, s] : seqs_) total += s.cache_bytes;
   return total;
 }
 
@@ -312,6 +321,7 @@ Status ShardRuntime::Fork(std::span<const StepSlice> slices) {
     Status st = model_->CopySequence(*src->cache, seq->cache.get());
     if (!st.ok()) return st.Wrap(what);
     seq->position = src->position;
+    PublishCacheBytes(seq);
     if (seq->sampler && src->sampler) FM_RETURN_IF_ERROR(seq->sampler->AdoptPrompt(*src->sampler).Wrap(what));
   }
   return Status::Ok();
@@ -335,13 +345,23 @@ DeviceStepTraffic ShardRuntime::device_traffic() const {
 
 EpStats ShardRuntime::ep_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (tp_) {
-    EpStats s;
-    s.dispatch_bytes = tp_->bytes_sent();
-    return s;
-  }
-  return ep_ ? ep_->stats() : EpStats{};
+  EpStats s = retired_group_stats_;
+  AddGroupStats(&s);
+  return s;
 }
+
+void ShardRuntime::AddGroupStats(EpStats* to) const {
+  EpStats now;
+  if (tp_) now.dispatch_bytes = tp_->bytes_sent();
+  else if (ep_) now = ep_->stats();
+  to->dispatch_bytes += now.dispatch_bytes;
+  to->combine_bytes += now.combine_bytes;
+  if (to->tokens_per_expert.size() < now.tokens_per_expert.size())
+    to->tokens_per_expert.resize(now.tokens_per_expert.size(), 0);
+  for (size_t e = 0; e < now.tokens_per_expert.size(); ++e) to->tokens_per_expert[e] += now.tokens_per_expert[e];
+}
+
+void ShardRuntime::RetireGroupStats() { AddGroupStats(&retired_group_stats_); }
 
 void ShardRuntime::AbortStep(uint64_t step) {
   // Under groups_mu_: a reset or shutdown calls this beside a LoadShard, which replaces ep_
@@ -377,6 +397,7 @@ Status ShardRuntime::Forward(uint64_t step, std::chrono::steady_clock::time_poin
   for (const auto& s : slices) {
     FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
     seq->position += static_cast<int64_t>(s.tokens.size());
+    PublishCacheBytes(seq);
   }
   return Status::Ok();
 }

@@ -147,7 +147,8 @@ class ShardRuntime {
 
   int64_t row_floats() const;   // hc * H
   // EP: rows routed to each expert by this member's rows, and dispatch + combine bytes sent;
-  // TP: the all-gather payload bytes sent (as dispatch_bytes).
+  // TP: the all-gather payload bytes sent (as dispatch_bytes). Since the process started,
+  // over every shard it loaded.
   EpStats ep_stats() const;
   DeviceStepTraffic device_traffic() const;
 
@@ -161,9 +162,19 @@ class ShardRuntime {
     // What it charges the KV budget: its bytes at max_context (a CPU cache grows with its
     // positions, a device cache is allocated whole at the start).
     uint64_t kv_charge = 0;
+    // cache->bytes() after its last change, written under mu_: the executor thread grows the
+    // cache without mu_, so kv_bytes() (a Stats call's thread) must not read the cache itself.
+    uint64_t cache_bytes = 0;
   };
   std::string device_lost_;   // MarkIfDeviceLost's error; empty while the device works
   Result<Sequence*> Find(uint64_t seq_id);
+  void PublishCacheBytes(Sequence* seq);   // on the executor thread, after seq's cache changed
+  // Under mu_: adds ep_'s or tp_'s counters to *to; RetireGroupStats keeps them before a load
+  // or unload replaces the group, so ep_stats() counts from the process's start, as the
+  // data-plane counters do (a coordinator's failover reloads every worker).
+  void AddGroupStats(EpStats* to) const;
+  void RetireGroupStats();
+  EpStats retired_group_stats_;
 
   ThreadPool pool_;
   ShardPlacement placement_;

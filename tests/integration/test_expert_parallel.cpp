@@ -100,6 +100,39 @@ TEST(ExpertParallel, NcclTransportEqualsOneCudaWorkerOrSaysWhyItCannotLoad) {
   EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAVAILABLE) << g.status.error_message();
 }
 
+// A worker's exchange counters run from its process's start, as its data-plane counters do:
+// a new coordinator (a failover) reloads every shard, and that takes none of them back
+// (Prometheus reads a counter that drops as a restart, and the increments since its last
+// scrape are lost).
+TEST(ExpertParallel, ExchangeCountersHoldAcrossACoordinatorFailover) {
+  ClusterSpec spec;
+  spec.stages = 1;
+  spec.expert_parallel = 2;
+  spec.max_step_tokens = kEpStepTokens;
+  Cluster cluster(spec);
+  cluster.StartAll();
+  ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
+  auto stub = Connect(cluster.api());
+  ASSERT_TRUE(Generate(stub.get(), Request(2)).status.ok()) << cluster.Logs();
+  const flashmesh::v1::ClusterStatusResponse before = Status(stub.get());
+  ASSERT_EQ(before.nodes_size(), 2);
+  cluster.coordinator()->Signal(SIGKILL);
+  cluster.coordinator()->Wait(10s);
+  const int port_b = FreePort();
+  TempDir logs;
+  Process b({"coordinator", "--config", cluster.YamlWithApiPort(port_b)}, logs.path() + "/b.log");
+  const std::string api_b = "127.0.0.1:" + std::to_string(port_b);
+  ASSERT_TRUE(WaitHealthy(api_b, 60s)) << b.Log() << cluster.Logs();
+  auto stub_b = Connect(api_b);
+  const flashmesh::v1::ClusterStatusResponse after = Status(stub_b.get());
+  ASSERT_EQ(after.nodes_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GT(before.nodes(i).ep_bytes_sent(), 0u) << before.nodes(i).name();
+    EXPECT_EQ(after.nodes(i).ep_bytes_sent(), before.nodes(i).ep_bytes_sent()) << after.nodes(i).name();
+    EXPECT_EQ(after.nodes(i).top_experts_size(), before.nodes(i).top_experts_size()) << after.nodes(i).name();
+  }
+}
+
 TEST(ExpertParallel, KilledMemberEndsTheGroupsRequestsUnavailableAndRestartRecovers) {
   ClusterSpec spec;
   spec.stages = 2;

@@ -390,7 +390,23 @@ TEST(ShardRuntimeKv, TheBudgetChargesEachSequenceItsBytesAtMaxContext) {
             std::string::npos) << full.ToString();
   EXPECT_FALSE(r.HasSequence(3));
   uint64_t step = 1;
+  // A Stats call reads kv_bytes() while the executor grows the caches: what it reads only
+  // grows (and ThreadSanitizer, which runs this test in CI, sees no race).
+  std::atomic<bool> decoding{true};
+  uint64_t last_read = 0;
+  bool only_grew = true;
+  std::thread stats([&] {
+    while (decoding) {
+      const uint64_t b = r.kv_bytes();
+      only_grew = only_grew && b >= last_read;
+      last_read = b;
+    }
+  });
   EXPECT_EQ(Decode({&e}, std::vector<int32_t>(32, 7), 32, &step).size(), 32u);
+  decoding = false;
+  stats.join();
+  EXPECT_TRUE(only_grew);
+  EXPECT_LE(last_read, r.kv_bytes());
   EXPECT_GT(r.kv_bytes(), 0u);
   EXPECT_LE(r.kv_bytes(), 2 * charge) << "sequence 1 at its max_context holds more than charged";
   // A queued free gives the budget back at once (the coordinator starts the next sequence as
