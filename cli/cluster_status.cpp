@@ -28,7 +28,10 @@ std::optional<flashmesh::v1::ClusterStatusResponse> FetchClusterStatus(const cha
     *exit_code = kExitCannotAsk;
     return std::nullopt;
   }
-  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {   // a typo, not an outage
+  // A typo, not an outage: a worker's control port (UNIMPLEMENTED), or an HTTP/1 port such as
+  // the coordinator's own --http (gRPC's transport says so in its message, whatever the code).
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+      s.error_message().find("http1.x server") != std::string::npos) {
     std::fprintf(stderr, "%s: %s is not a coordinator's API: %s\n", cmd, flags.Get("server").c_str(),
                  GrpcErrorText(s).c_str());
     *exit_code = kExitCannotAsk;

@@ -230,6 +230,7 @@ void Cluster::SetState(NodeHandle* node, NodeState state, const std::string& err
   NodeState before;
   {
     std::lock_guard<std::mutex> lock(node->mu_);
+    if (stepped_down_) return;   // StepDown left it unknown; a late heartbeat or load changes nothing
     before = node->state_;
     node->state_ = state;
     node->error_ = error;
@@ -256,6 +257,15 @@ void Cluster::StepDown(const std::string& why) {
   }
   FM_LOG(kError, "coordinator") << "stepping down (term " << term_ << "): " << why
                                 << "; this coordinator no longer loads or steps any worker";
+  // Its heartbeats end here, so what it saw of each node only ages: its status, `health
+  // --node` and node_up say "unknown" rather than vouch for a node it no longer watches.
+  // stepped_down_ is set first: SetState (under the node's lock) changes nothing after it.
+  for (const auto& n : nodes_) {
+    std::lock_guard<std::mutex> lock(n->mu_);
+    n->state_ = flashmesh::v1::NODE_STATE_UNSPECIFIED;
+    n->error_ = "not watched: this coordinator (term " + std::to_string(term_) + ") stepped down";
+  }
+  if (listener_) listener_();
 }
 
 void Cluster::LoadNode(NodeHandle* node, const flashmesh::v1::ShardSpec& spec) {

@@ -225,6 +225,15 @@ TEST(Security, StaleCoordinatorStepsDownAndTheNewOneServesWithoutAReloadStorm) {
   const auto a = Status(stub_a.get());
   EXPECT_FALSE(a.healthy());
   EXPECT_NE(a.reason().find("stepped down: node w"), std::string::npos) << a.reason();
+  // It no longer watches the nodes, so it vouches for none of them (they serve B).
+  ASSERT_EQ(a.nodes_size(), 2);
+  for (const auto& n : a.nodes()) {
+    EXPECT_EQ(n.state(), v1::NODE_STATE_UNSPECIFIED) << n.name();
+    EXPECT_NE(n.error().find("not watched: this coordinator (term"), std::string::npos) << n.error();
+  }
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", cluster.api(), "--node", cluster.node(0)}, &out, 5s), 1) << out;
+  EXPECT_NE(out.find("degraded: node " + cluster.node(0) + " is unknown: not watched"), std::string::npos) << out;
   // Three seconds of watching: B stays healthy throughout and loads nobody again.
   for (int i = 0; i < 30; ++i) {
     ASSERT_TRUE(Status(stub_b.get()).healthy()) << b.Log();
