@@ -68,8 +68,8 @@ std::string CompletionToken(int32_t id, const std::string& token) {
 }
 
 // Completions' logprobs of the tokens `entries` ({token, logprob, top}: AddToken's), each
-// starting at its offset in the generated text (a token may add no text: a special token, or
-// part of a character).
+// starting at its offset in the generated text, in characters (a token may add none: a special
+// token, or part of a character).
 Json CompletionLogprobs(const Json& entries, const Json& offsets) {
   Json tokens = Json::array(), lps = Json::array(), tops = Json::array();
   for (const auto& e : entries) {
@@ -93,7 +93,8 @@ struct HttpApi::Choice {
   std::string text;     // decoded so far
   size_t sent = 0;      // bytes of text already streamed
   Json logprobs = Json::array();   // entries of the tokens not yet streamed (all when not streaming)
-  Json offsets = Json::array();    // where each of those tokens starts in text
+  Json offsets = Json::array();    // where each of those tokens starts in text, in characters
+  size_t chars = 0;     // code points in text: text_offset counts them, as OpenAI's and vLLM's do
   int64_t tokens = 0;
   size_t stops_from = 0; // the text before min_tokens' token: a stop string must end past it
   bool finished = false;
@@ -343,10 +344,11 @@ void HttpApi::AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& tok
     top[chosen] = token.logprob();
     c->logprobs.push_back({{"token", chosen}, {"logprob", token.logprob()}, {"top", std::move(top)}});
   }
-  if (job->req.logprobs) c->offsets.push_back(c->text.size());
+  if (job->req.logprobs) c->offsets.push_back(c->chars);
   // Stop strings count from min_tokens' token on (the scheduler's rule).
   if (++c->tokens == job->req.min_tokens) c->stops_from = c->text.size();
-  c->text += token.text();
+  c->text += token.text();   // whole characters (the stream holds a character's first bytes back)
+  for (unsigned char b : token.text()) c->chars += (b & 0xC0) != 0x80;
 }
 
 bool HttpApi::NextEvent(Job* job, HttpResponder* out, size_t* which, RequestStream::Event* ev) {

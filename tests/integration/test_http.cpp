@@ -319,6 +319,37 @@ TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
   EXPECT_EQ(offsets, want_offsets) << r.body;
 }
 
+// text_offset counts characters, as OpenAI's and vLLM's (Python's len), not bytes: each token's
+// text is found at its offset in the text, counted in code points, also after a character of
+// several bytes (this prompt's greedy text has two U+FFFD before its last tokens).
+TEST_F(HttpApiTest, TextOffsetsCountCharactersNotBytes) {
+  auto stub = Connect(cluster_->api());
+  const std::vector<int32_t> prompt = {9, 8, 7};
+  Generation want = Generate(stub.get(), TokensRequest(prompt, 24));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  Json c = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 0}};
+  HttpResult r = HttpCall(port(), "POST", "/v1/completions", c.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const Json choice = ParseBody(r)["choices"][0];
+  const std::string text = choice["text"];
+  EXPECT_EQ(text, want.text);
+  const Json& offsets = choice["logprobs"]["text_offset"];
+  ASSERT_EQ(offsets.size(), want.pieces.size()) << r.body;
+  std::vector<size_t> byte_of_char;   // where each code point of text starts, and the end
+  for (size_t b = 0; b < text.size(); ++b)
+    if ((static_cast<unsigned char>(text[b]) & 0xC0) != 0x80) byte_of_char.push_back(b);
+  byte_of_char.push_back(text.size());
+  bool after_a_wide_char = false;
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    const size_t at = offsets[i].get<size_t>();
+    ASSERT_LT(at, byte_of_char.size()) << "token " << i << ": " << r.body;
+    EXPECT_EQ(text.compare(byte_of_char[at], want.pieces[i].size(), want.pieces[i]), 0)
+        << "token " << i << " '" << want.pieces[i] << "' is not at character " << at << " of '" << text << "'";
+    after_a_wide_char = after_a_wide_char || (!want.pieces[i].empty() && byte_of_char[at] != at);
+  }
+  EXPECT_TRUE(after_a_wide_char) << "no token after a character of several bytes: not exercised: " << text;
+}
+
 // logit_bias, stop_token_ids, min_tokens and the penalties over HTTP: the same tokens as gRPC.
 TEST_F(HttpApiTest, LogitBiasStopTokenIdsAndPenaltiesEqualGrpc) {
   auto stub = Connect(cluster_->api());
@@ -587,6 +618,11 @@ TEST_F(HttpApiTest, ModelsAndHealth) {
   r = HttpCall(port(), "GET", "/health");
   EXPECT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(ParseBody(r)["status"], "ok");
+  // The HTTP port given as the CLI's --server is a typo, not an outage: exit 3, not 2 (down).
+  const std::string http = "127.0.0.1:" + std::to_string(port());
+  std::string out;
+  EXPECT_EQ(RunFlashmesh({"health", "--server", http}, &out, 10s), 3) << out;
+  EXPECT_NE(out.find("health: " + http + " is not a coordinator's API: "), std::string::npos) << out;
 }
 
 TEST_F(HttpApiTest, BadRequestsAre400NamingTheField) {
