@@ -76,26 +76,24 @@ shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/
             model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp kernels/cpu/*.cpp
             "${ep_srcs[@]}" "${common[@]}")
 
-# "FLAVOUR FLAGS SRC" lines -> objects under $OUT/FLAVOUR/, JOBS compiles at a time.
+# Each source -> one object under $OUT/obj/, JOBS compiles at a time; the three test binaries
+# share the objects of the sources they have in common (the kernels, the emulated runtime,
+# common/), all built for this CPU as the Release build's CPU kernels are.
 compile() {
-  local flavour=$1 flags=$2 src=$3
-  local obj="$OUT/$flavour/${src//\//_}.o"
-  mkdir -p "$OUT/$flavour"
-  $CXX $flags -c "$src" -o "$obj"
+  local src=$1
+  mkdir -p "$OUT/obj"
+  $CXX -march=native -c "$src" -o "$OUT/obj/${src//\//_}.o"
 }
 export -f compile
 export OUT CXX
-objs_of() {  # flavour srcs... -> the object paths, in order
-  local flavour=$1; shift
-  for s in "$@"; do [ -n "$s" ] && echo "$OUT/$flavour/${s//\//_}.o"; done
+objs_of() {  # srcs... -> the object paths, in order
+  for s in "$@"; do [ -n "$s" ] && echo "$OUT/obj/${s//\//_}.o"; done
 }
-{
-  for s in "${kernel_srcs[@]}" "${nccl_srcs[@]}"; do [ -n "$s" ] && echo "plain|-O1|$s"; done
-  for s in "${shard_srcs[@]}"; do echo "native|-march=native|$s"; done
-} | sort -u | xargs -P "$JOBS" -I{} bash -c 'IFS="|" read -r f fl s <<<"{}"; compile "$f" "$fl" "$s"'
-mapfile -t kobjs < <(objs_of plain "${kernel_srcs[@]}")
-mapfile -t sobjs < <(objs_of native "${shard_srcs[@]}")
-mapfile -t nobjs < <(objs_of plain "${nccl_srcs[@]}")
+for s in "${kernel_srcs[@]}" "${nccl_srcs[@]}" "${shard_srcs[@]}"; do [ -n "$s" ] && echo "$s"; done |
+  sort -u | xargs -P "$JOBS" -I{} bash -c 'compile "{}"'
+mapfile -t kobjs < <(objs_of "${kernel_srcs[@]}")
+mapfile -t sobjs < <(objs_of "${shard_srcs[@]}")
+mapfile -t nobjs < <(objs_of "${nccl_srcs[@]}")
 g++ -o "$OUT/test_cuda_kernels_emu" "${kobjs[@]}" -lgtest -lgtest_main -lboost_context -pthread
 g++ -o "$OUT/test_cuda_shard_emu" "${sobjs[@]}" -lgtest -lgtest_main -lpcre2-8 -lboost_context \
   -lcrypto -pthread
