@@ -488,7 +488,7 @@ void Cluster::Heartbeat(NodeHandle* node) {
       }
       if (!ever_ok) {
         std::lock_guard<std::mutex> lock(node->mu_);
-        node->error_ = s.error_message();
+        if (!stepped_down_) node->error_ = s.error_message();   // as SetState: StepDown's stays
       } else if (now - last_ok >= options_.down_after) {
         SetState(node, flashmesh::v1::NODE_STATE_DOWN,
                  "no heartbeat for " +

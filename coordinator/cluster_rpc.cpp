@@ -112,7 +112,9 @@ std::vector<std::optional<flashmesh::v1::StatsResponse>> Cluster::StatsOfAll(
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     NodeHandle* n = nodes_[i].get();
-    if (n->state() == flashmesh::v1::NODE_STATE_DOWN) continue;
+    // A coordinator that stepped down asks no node (it reports none, and a host gone since
+    // would cost every scrape the whole timeout).
+    if (stepped_down_ || n->state() == flashmesh::v1::NODE_STATE_DOWN) continue;
     {
       std::lock_guard<std::mutex> l(g->mu);
       ++g->pending;
