@@ -16,8 +16,9 @@ OUT=${EMU_BUILD:-build-emu}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT/src" "$OUT/inc/kernels/cuda"
 # The rewritten headers ($OUT/inc) come before the real ones (.); emu/ (the runtime, check.cuh)
-# before both.
-CXX="g++ -std=c++20 -O1 -Wno-unknown-pragmas -Wno-psabi -Itests/gpu/emu -I$OUT/inc -I."
+# before both. No FMA contraction, as in the CMake build: tests that compare two code paths
+# bit for bit must not depend on where the compiler fused a multiply-add.
+CXX="g++ -std=c++20 -O1 -ffp-contract=off -Wno-unknown-pragmas -Wno-psabi -Itests/gpu/emu -I$OUT/inc -I."
 command -v ccache >/dev/null && CXX="ccache $CXX"
 
 # emu_source IN OUT: the CUDA source as the emulation compiles it. Two rewrites:
