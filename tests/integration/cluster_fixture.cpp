@@ -145,18 +145,22 @@ Cluster::Cluster(const ClusterSpec& spec) : spec_(spec) {
   workers_.resize(workers);
 }
 
-std::string Cluster::YamlWithApiPort(int api_port) const {
+std::unique_ptr<Process> Cluster::StartNextCoordinator(std::string* api) const {
+  const int port = FreePort();
+  *api = "127.0.0.1:" + std::to_string(port);
+  // A copy of the YAML whose coordinator listens on that port.
   std::ifstream in(yaml_);
   std::stringstream ss;
   ss << in.rdbuf();
   std::string text = ss.str();
   const std::string from = "listen: 127.0.0.1:" + std::to_string(api_port_);
-  text.replace(text.find(from), from.size(), "listen: 127.0.0.1:" + std::to_string(api_port));
+  text.replace(text.find(from), from.size(), "listen: " + *api);
   const size_t http = text.find(", http: ");   // a second coordinator serves gRPC only
   if (http != std::string::npos) text.erase(http, text.find(" }", http) - http);
-  const std::string path = dir_.path() + "/cluster-" + std::to_string(api_port) + ".yaml";
-  std::ofstream(path) << text;
-  return path;
+  const std::string yaml = dir_.path() + "/cluster-" + std::to_string(port) + ".yaml";
+  std::ofstream(yaml) << text;
+  return std::make_unique<Process>(std::vector<std::string>{"coordinator", "--config", yaml},
+                                   dir_.path() + "/coordinator-" + std::to_string(port) + ".log");
 }
 
 void Cluster::StartWorker(int i, const std::vector<std::string>& extra) {

@@ -89,8 +89,10 @@ class Cluster {
   std::string node(int i) const { return std::string("w").append(std::to_string(i)); }
   const std::string& control(int i) const { return control_[i]; }   // host:port of node i
   const std::string& data(int i) const { return data_[i]; }
-  // A copy of the YAML whose coordinator listens on 127.0.0.1:api_port (a second coordinator).
-  std::string YamlWithApiPort(int api_port) const;
+  // A second coordinator of this cluster's YAML on a fresh API port, gRPC only (a failover, or
+  // the newer term a stale coordinator meets), logging into the cluster's directory; *api: its
+  // address.
+  std::unique_ptr<Process> StartNextCoordinator(std::string* api) const;
   // `extra` arguments after the usual ones (e.g. --model DIR).
   void StartWorker(int i, const std::vector<std::string>& extra = {});
   void StartCoordinator(const std::vector<std::string>& extra = {});

@@ -479,22 +479,20 @@ TEST(ClusterCli, ADrainHoldsAcrossANewCoordinatorUntilResumed) {
   ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1"}, &out, 10s), 0) << out;
   cluster.coordinator()->Signal(SIGKILL);
   cluster.coordinator()->Wait(10s);
-  const int port_b = FreePort();
-  TempDir logs;
-  Process b({"coordinator", "--config", cluster.YamlWithApiPort(port_b)}, logs.path() + "/b.log");
-  const std::string api_b = "127.0.0.1:" + std::to_string(port_b);
+  std::string api_b;
+  const std::unique_ptr<Process> b = cluster.StartNextCoordinator(&api_b);
   // B has its own epoch: it loads both workers before either serves.
   ASSERT_TRUE(Eventually([&] {
-    return b.Log().find("node w0 up") != std::string::npos &&
-           b.Log().find("node w1 draining") != std::string::npos;
-  }, 60s)) << b.Log() << cluster.Logs();
+    return b->Log().find("node w0 up") != std::string::npos &&
+           b->Log().find("node w1 draining") != std::string::npos;
+  }, 60s)) << b->Log() << cluster.Logs();
   auto stub = Connect(api_b);
   std::this_thread::sleep_for(1s);   // heartbeats of the reloaded w1 (every 250 ms)
   const auto st = Status(stub.get());
   EXPECT_FALSE(st.healthy());
   EXPECT_NE(st.reason().find("node w1"), std::string::npos) << st.reason();
   EXPECT_NE(st.reason().find("draining"), std::string::npos) << st.reason();
-  EXPECT_EQ(b.Log().find("node w1 up"), std::string::npos) << b.Log();
+  EXPECT_EQ(b->Log().find("node w1 up"), std::string::npos) << b->Log();
   Generation refused = Generate(stub.get(), TokensRequest(Prompt(2), 4));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(refused.status.error_message().find("w1 (127.0.0.1"), std::string::npos)
@@ -503,7 +501,7 @@ TEST(ClusterCli, ADrainHoldsAcrossANewCoordinatorUntilResumed) {
       << refused.status.error_message();
   ASSERT_EQ(RunFlashmesh({"drain", "--config", cluster.yaml(), "--node", "w1", "--resume"}, &out,
                          10s), 0) << out;
-  ASSERT_TRUE(WaitHealthy(api_b, 10s)) << b.Log();
+  ASSERT_TRUE(WaitHealthy(api_b, 10s)) << b->Log();
   Generation g = Generate(stub.get(), TokensRequest(Prompt(2), kNewTokens));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(g.ids.size(), static_cast<size_t>(kNewTokens));

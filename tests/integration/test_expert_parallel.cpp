@@ -118,11 +118,9 @@ TEST(ExpertParallel, ExchangeCountersHoldAcrossACoordinatorFailover) {
   ASSERT_EQ(before.nodes_size(), 2);
   cluster.coordinator()->Signal(SIGKILL);
   cluster.coordinator()->Wait(10s);
-  const int port_b = FreePort();
-  TempDir logs;
-  Process b({"coordinator", "--config", cluster.YamlWithApiPort(port_b)}, logs.path() + "/b.log");
-  const std::string api_b = "127.0.0.1:" + std::to_string(port_b);
-  ASSERT_TRUE(WaitHealthy(api_b, 60s)) << b.Log() << cluster.Logs();
+  std::string api_b;
+  const std::unique_ptr<Process> b = cluster.StartNextCoordinator(&api_b);
+  ASSERT_TRUE(WaitHealthy(api_b, 60s)) << b->Log() << cluster.Logs();
   auto stub_b = Connect(api_b);
   const flashmesh::v1::ClusterStatusResponse after = Status(stub_b.get());
   ASSERT_EQ(after.nodes_size(), 2);

@@ -210,11 +210,9 @@ TEST(Security, StaleCoordinatorStepsDownAndTheNewOneServesWithoutAReloadStorm) {
   cluster.StartAll();
   ASSERT_TRUE(WaitHealthy(cluster.api(), 60s)) << cluster.Logs();
   cluster.coordinator()->Signal(SIGSTOP);   // the old coordinator freezes...
-  const int port_b = FreePort();
-  TempDir logs;
-  Process b({"coordinator", "--config", cluster.YamlWithApiPort(port_b)}, logs.path() + "/b.log");
-  const std::string api_b = "127.0.0.1:" + std::to_string(port_b);
-  ASSERT_TRUE(WaitHealthy(api_b, 60s)) << b.Log() << cluster.Logs();
+  std::string api_b;
+  const std::unique_ptr<Process> b = cluster.StartNextCoordinator(&api_b);
+  ASSERT_TRUE(WaitHealthy(api_b, 60s)) << b->Log() << cluster.Logs();
   cluster.coordinator()->Signal(SIGCONT);   // ...and wakes up with an older term
   auto stub_a = Connect(cluster.api());
   auto stub_b = Connect(api_b);
@@ -236,13 +234,13 @@ TEST(Security, StaleCoordinatorStepsDownAndTheNewOneServesWithoutAReloadStorm) {
   EXPECT_NE(out.find("degraded: node " + cluster.node(0) + " is unknown: not watched"), std::string::npos) << out;
   // Three seconds of watching: B stays healthy throughout and loads nobody again.
   for (int i = 0; i < 30; ++i) {
-    ASSERT_TRUE(Status(stub_b.get()).healthy()) << b.Log();
+    ASSERT_TRUE(Status(stub_b.get()).healthy()) << b->Log();
     std::this_thread::sleep_for(100ms);
   }
   for (const char* node : {"node w0 up", "node w1 up"}) {
     size_t n = 0;
-    for (size_t at = b.Log().find(node); at != std::string::npos; at = b.Log().find(node, at + 1)) ++n;
-    EXPECT_EQ(n, 1u) << node << " came up " << n << " times:\n" << b.Log();
+    for (size_t at = b->Log().find(node); at != std::string::npos; at = b->Log().find(node, at + 1)) ++n;
+    EXPECT_EQ(n, 1u) << node << " came up " << n << " times:\n" << b->Log();
   }
   Generation g = Generate(stub_b.get(), TokensRequest({5, 6, 7}, 4));
   EXPECT_TRUE(g.status.ok()) << g.status.error_message();
