@@ -16,9 +16,10 @@ OUT=${EMU_BUILD:-build-emu}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT/src" "$OUT/inc/kernels/cuda"
 # The rewritten headers ($OUT/inc) come before the real ones (.); emu/ (the runtime, check.cuh)
-# before both. No FMA contraction, as in the CMake build: tests that compare two code paths
-# bit for bit must not depend on where the compiler fused a multiply-add.
-CXX="g++ -std=c++20 -O1 -ffp-contract=off -Wno-unknown-pragmas -Wno-psabi -Itests/gpu/emu -I$OUT/inc -I."
+# before both. For this CPU, as the Release build's CPU kernels are; no FMA contraction, as in
+# the CMake build: tests that compare two code paths bit for bit must not depend on where the
+# compiler fused a multiply-add.
+CXX="g++ -std=c++20 -O1 -march=native -ffp-contract=off -Wno-unknown-pragmas -Wno-psabi -Itests/gpu/emu -I$OUT/inc -I."
 command -v ccache >/dev/null && CXX="ccache $CXX"
 
 # emu_source IN OUT: the CUDA source as the emulation compiles it. Two rewrites:
@@ -79,11 +80,10 @@ shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/
 
 # Each source -> one object under $OUT/obj/, JOBS compiles at a time; the three test binaries
 # share the objects of the sources they have in common (the kernels, the emulated runtime,
-# common/), all built for this CPU as the Release build's CPU kernels are.
+# common/).
 compile() {
-  local src=$1
   mkdir -p "$OUT/obj"
-  $CXX -march=native -c "$src" -o "$OUT/obj/${src//\//_}.o"
+  $CXX -c "$1" -o "$OUT/obj/${1//\//_}.o"
 }
 export -f compile
 export OUT CXX
