@@ -12,7 +12,9 @@
 namespace fm {
 namespace {
 
-using Json = nlohmann::json;
+// Keys stay in the order written, as OpenAI sends them: a completions top_logprobs object lists
+// the most likely token first, and every body starts with id, object, created, model.
+using Json = nlohmann::ordered_json;
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
@@ -401,14 +403,17 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
     const Choice& c = *job->choices[k];
     std::string text = c.text;
     if (!c.finish.stop_string().empty()) text = text.substr(0, c.StopOffset());
-    Json choice = {{"index", k}, {"logprobs", nullptr}, {"finish_reason", FinishName(c.finish.reason())}};
+    Json choice = {{"index", k}};
+    Json logprobs = nullptr;
     if (job->req.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
-      if (job->req.logprobs) choice["logprobs"] = {{"content", c.logprobs}};
+      if (job->req.logprobs) logprobs = {{"content", c.logprobs}};
     } else {
       choice["text"] = text;
-      if (job->req.logprobs) choice["logprobs"] = CompletionLogprobs(c.logprobs, c.offsets);
+      if (job->req.logprobs) logprobs = CompletionLogprobs(c.logprobs, c.offsets);
     }
+    choice["logprobs"] = std::move(logprobs);
+    choice["finish_reason"] = FinishName(c.finish.reason());
     choices.push_back(std::move(choice));
   }
   Json body = job->Envelope(job->req.chat ? "chat.completion" : "text_completion", options_.model_name);
@@ -431,14 +436,17 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
   auto piece = [&](size_t i, size_t upto, const char* finish) {
     Choice& c = *job->choices[i];
     std::string delta = c.text.substr(c.sent, upto - c.sent);
-    Json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}};
+    Json choice = {{"index", i}};
+    Json logprobs = nullptr;
     if (chat) {
       choice["delta"] = finish && delta.empty() ? Json::object() : Json{{"content", delta}};
-      if (!c.logprobs.empty()) choice["logprobs"] = {{"content", c.logprobs}};
+      if (!c.logprobs.empty()) logprobs = {{"content", c.logprobs}};
     } else {
       choice["text"] = delta;
-      if (!c.logprobs.empty()) choice["logprobs"] = CompletionLogprobs(c.logprobs, c.offsets);
+      if (!c.logprobs.empty()) logprobs = CompletionLogprobs(c.logprobs, c.offsets);
     }
+    choice["logprobs"] = std::move(logprobs);
+    choice["finish_reason"] = finish ? Json(finish) : Json(nullptr);
     c.sent = upto;
     c.logprobs = Json::array();
     c.offsets = Json::array();

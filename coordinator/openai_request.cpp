@@ -445,10 +445,11 @@ Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
 }
 
 std::string OpenAiError::ToJson() const {
-  Json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  // OpenAI's key order: ordered_json keeps the order written (Json sorts).
+  nlohmann::ordered_json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
   if (!param.empty()) e["param"] = param;
   if (!code.empty()) e["code"] = code;
-  return Json{{"error", e}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return nlohmann::ordered_json{{"error", e}}.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 OpenAiError ErrorFromStatus(const Status& s) {

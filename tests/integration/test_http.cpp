@@ -163,22 +163,24 @@ TEST_F(HttpApiTest, StreamedChatIsByteExactSse) {
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.headers["content-type"], "text/event-stream");
   EXPECT_EQ(r.headers.count("content-length"), 0u) << "an SSE body ends with the connection";
-  // id, created and model come from the first event; everything else is rebuilt from gRPC.
+  // id, created and model come from the first event; everything else is rebuilt from gRPC, with
+  // OpenAI's key order (ordered_json keeps the order written).
+  using OJson = nlohmann::ordered_json;
   ASSERT_EQ(r.body.rfind("data: {", 0), 0u) << r.body;
-  Json first = Json::parse(r.body.substr(6, r.body.find("\n\n") - 6));
-  auto chunk = [&](Json choices, Json usage) {
-    Json c = {{"id", first["id"]}, {"object", "chat.completion.chunk"}, {"created", first["created"]},
-              {"model", first["model"]}, {"choices", choices}, {"usage", usage}};
+  OJson first = OJson::parse(r.body.substr(6, r.body.find("\n\n") - 6));
+  auto chunk = [&](OJson choices, OJson usage) {
+    OJson c = {{"id", first["id"]}, {"object", "chat.completion.chunk"}, {"created", first["created"]},
+               {"model", first["model"]}, {"choices", choices}, {"usage", usage}};
     return "data: " + c.dump() + "\n\n";
   };
-  auto choice = [](Json delta, Json finish) {
-    return Json::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+  auto choice = [](OJson delta, OJson finish) {
+    return OJson::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}});
   };
   std::string expected = chunk(choice({{"role", "assistant"}, {"content", ""}}, nullptr), nullptr);
   for (const auto& piece : want.pieces) expected += chunk(choice({{"content", piece}}, nullptr), nullptr);
-  expected += chunk(choice(Json::object(), "length"), nullptr);
+  expected += chunk(choice(OJson::object(), "length"), nullptr);
   const int prompt = want.finish.usage().prompt_tokens();
-  expected += chunk(Json::array(), {{"prompt_tokens", prompt}, {"completion_tokens", 6}, {"total_tokens", prompt + 6}});
+  expected += chunk(OJson::array(), {{"prompt_tokens", prompt}, {"completion_tokens", 6}, {"total_tokens", prompt + 6}});
   expected += "data: [DONE]\n\n";
   EXPECT_EQ(r.body, expected);
 }
@@ -307,6 +309,16 @@ TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
     for (const auto& [token, lp] : top.items()) byte_keys += token.rfind("bytes:\\x", 0) == 0;
   }
   EXPECT_EQ(many_lps["top_logprobs"].size(), 4u);
+  // The object lists them most likely first, as OpenAI does (clients that show "the top
+  // alternatives" take the first keys).
+  const auto ordered = nlohmann::ordered_json::parse(r.body)["choices"][0]["logprobs"]["top_logprobs"];
+  for (const auto& top : ordered) {
+    double last = 0;
+    for (const auto& [token, lp] : top.items()) {
+      EXPECT_LE(lp.get<double>(), last) << token << " in " << top;
+      last = lp.get<double>();
+    }
+  }
   EXPECT_GT(byte_keys, 0) << many_lps << ": no byte token among 80 alternatives, not exercised";
   c["logprobs"] = 0;
   c["stream"] = true;
