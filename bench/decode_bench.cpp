@@ -150,6 +150,7 @@ class GreedyDecode {
       FM_ASSIGN_OR_RETURN(std::vector<SampledToken> best,
                           shard_->SampleNext(x_->row(x_->rows() - 1), 1, s));
       secs.push_back(Seconds(t0, std::chrono::steady_clock::now()));
+      FM_RETURN_IF_ERROR(best[0].error);
       if (best[0].id != next_.back())  // the same row gave the last step's token
         return Internal("bench decode: the head of the last row gave token " +
                         std::to_string(best[0].id) + ", the step gave " +
@@ -186,7 +187,10 @@ class GreedyDecode {
     for (size_t i = 0; i < items.size(); ++i) s.push_back(&greedy_[first + i]);
     FM_ASSIGN_OR_RETURN(std::vector<SampledToken> t,
                         shard_->SampleNext(rows, static_cast<int64_t>(items.size()), s));
-    for (size_t i = 0; i < t.size(); ++i) next_[first + i] = t[i].id;
+    for (size_t i = 0; i < t.size(); ++i) {
+      FM_RETURN_IF_ERROR(t[i].error);
+      next_[first + i] = t[i].id;
+    }
     return Status::Ok();
   }
   ShardModel* shard_;

@@ -540,6 +540,7 @@ void Scheduler::Complete(StepCall* call) {
         return;
       }
       sampled.push_back(t);
+      if (!t.error().empty()) sampled.back().set_error("node " + workers[i].name + ": " + t.error());
     }
   }
   if (!unanswered.empty()) {
@@ -565,6 +566,16 @@ void Scheduler::Complete(StepCall* call) {
     if (r->stream->cancelled()) {
       // Else a chunk's step before it is still on its way: Tick finishes it after that one.
       if (r->in_flight == 0) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
+      continue;
+    }
+    if (!t.error().empty()) {
+      // The model's logits for this sequence alone (a NaN or +inf): its request ends, and the
+      // step's other sequences, whose rows never mix with its, keep their tokens.
+      const Status why = Internal("the next token of sequence " + std::to_string(r->id) +
+                                  " could not be sampled: " + t.error());
+      FM_LOG(kWarn, "scheduler") << why.ToString();
+      FreeOnWorkers(r->started, {r->id});
+      End(r, why);
       continue;
     }
     ApplyToken(r, t);

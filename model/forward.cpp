@@ -55,8 +55,8 @@ Result<std::vector<SampledToken>> ShardModel::SampleNext(const float* x, int64_t
   std::vector<SampledToken> out;
   out.reserve(rows);
   for (int64_t r = 0; r < rows; ++r) {
-    FM_ASSIGN_OR_RETURN(SampledToken t, samplers[r]->Sample(std::span(&logits[r * V], V)));
-    out.push_back(t);
+    Result<SampledToken> t = samplers[r]->Sample(std::span(&logits[r * V], V));
+    out.push_back(t.ok() ? std::move(*t) : SampledToken::Failed(t.status()));
   }
   return out;
 }

@@ -157,7 +157,9 @@ class ShardModel {
   // The head and each row's sampler: X [rows, hc, H] -> the token samplers[r] draws for row r
   // (rows == samplers.size()), each sampler's RNG advanced as by Sampler::Sample. The CPU shard
   // computes the logits and calls Sample; a device shard samples where the logits are, so only
-  // (id, logprob) per row reach the host. Needs has_head(); errors as Logits and Sample.
+  // (id, logprob) per row reach the host. Needs has_head(); errors as Logits. A row whose
+  // logits Sample refuses (NaN, +inf, nothing finite) has that error in its SampledToken's
+  // `error`, and the other rows are drawn as they would be without it.
   virtual Result<std::vector<SampledToken>> SampleNext(const float* x, int64_t rows,
                                                        std::span<Sampler* const> samplers) const;
 

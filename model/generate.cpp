@@ -34,6 +34,7 @@ Result<SampledToken> Step(const ShardModel& model, SequenceCache* cache,
   if (!sampler) return SampledToken{};
   Sampler* const samplers[] = {sampler};
   FM_ASSIGN_OR_RETURN(std::vector<SampledToken> next, model.SampleNext(x->row(T - 1), 1, samplers));
+  if (!next[0].error.ok()) return next[0].error;
   return next[0];
 }
 

@@ -189,7 +189,7 @@ Result<SampledToken> Sampler::SampleWith(std::span<const float> raw, double u) c
     double sum = 0.0;  // log_softmax in id order, max subtracted
     for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - logits[best]);
     const double log_sum = std::log(sum);
-    SampledToken out{static_cast<int32_t>(best), static_cast<float>(-log_sum), {}};
+    SampledToken out{static_cast<int32_t>(best), static_cast<float>(-log_sum), {}, {}};
     if (cfg_.top_logprobs > 0) {
       // log_softmax(l)[i] = (l_i - l_max) - log(sum); the chosen token's is the one above (its
       // bits: -log(1) is -0, where 0 - log(1) would be +0). Only -inf logits are left out.
@@ -249,7 +249,7 @@ Result<SampledToken> Sampler::SampleWith(std::span<const float> raw, double u) c
     }
   }
   auto logprob = [&](int32_t id) { return static_cast<float>(std::log(weight(id) / total)); };
-  SampledToken out{order[pick], logprob(order[pick]), {}};
+  SampledToken out{order[pick], logprob(order[pick]), {}, {}};
   if (cfg_.top_logprobs > 0) {
     // The kept set is sorted when top-k or top-p truncated it; else it is every id in id order.
     const int64_t m = std::min<int64_t>(keep, cfg_.top_logprobs);

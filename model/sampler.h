@@ -70,6 +70,15 @@ struct SampledToken {
   // the chosen token's entry, when it is among them, has its bits). Tokens of probability 0
   // (outside the top-k/top-p set) are left out, so there can be fewer.
   std::vector<TokenLogprob> top;
+  // From ShardModel::SampleNext: why this row has no token (its logits hold a NaN or +inf, or
+  // no finite value); id is then -1. One row's failure leaves the other rows' picks standing.
+  Status error;
+
+  static SampledToken Failed(Status why) {
+    SampledToken t;
+    t.error = std::move(why);
+    return t;
+  }
 };
 
 class Sampler {

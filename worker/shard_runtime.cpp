@@ -438,7 +438,7 @@ Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> s
   std::vector<SampledId> out;
   out.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i)
-    out.push_back({ids[i], picked[i].id, picked[i].logprob, std::move(picked[i].top)});
+    out.push_back({ids[i], picked[i].id, picked[i].logprob, std::move(picked[i].top), std::move(picked[i].error)});
   return out;
 }
 

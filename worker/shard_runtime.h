@@ -71,6 +71,7 @@ struct SampledId {
   int32_t id = 0;
   float logprob = 0.f;
   std::vector<TokenLogprob> top;   // the sequence's top_logprobs alternatives (SampledToken)
+  Status error;                    // this sequence's row could not be sampled (SampledToken)
 };
 
 // A device shard's host<->device copies of its steps (common/device_transfers.h; the one-time

@@ -432,6 +432,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
     out->set_seq_id(t.seq_id);
     out->set_id(t.id);
     out->set_logprob(t.logprob);
+    if (!t.error.ok()) out->set_error(t.error.message());
     for (const TokenLogprob& alt : t.top) {
       auto* a = out->add_top();
       a->set_id(alt.id);

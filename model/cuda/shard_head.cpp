@@ -83,17 +83,17 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
     for (int64_t t = 0; t < T; ++t) {
       const bool host_only = samplers[r0 + t]->NeedsHostLogits();
       if (res[t].status == cuda::kSampleOk && !host_only) {
-        out.push_back(SampledToken{res[t].id, res[t].logprob, {}});
+        out.push_back(SampledToken{res[t].id, res[t].logprob, {}, {}});
       } else if (res[t].status == cuda::kSampleOk || res[t].status == cuda::kSampleNeedsHost) {
         // A top-k / top-p set beyond the device's candidates, or a row whose pick needs every
         // logit (top alternatives, penalties, min-p): this row's logits, on the host, so that
         // the token and its alternatives come from one computation (docs/api.md "Sampling").
         std::vector<float> lg(V);
         FM_RETURN_IF_ERROR(s_.logits.CopyToHost(lg.data(), V * sizeof(float), t * V * sizeof(float)));
-        FM_ASSIGN_OR_RETURN(SampledToken tok, samplers[r0 + t]->SampleWith(lg, params[t].u));
-        out.push_back(tok);
+        Result<SampledToken> tok = samplers[r0 + t]->SampleWith(lg, params[t].u);
+        out.push_back(tok.ok() ? std::move(*tok) : SampledToken::Failed(tok.status()));
       } else {
-        return SampleError(res[t], V);
+        out.push_back(SampledToken::Failed(SampleError(res[t], V)));
       }
     }
   }

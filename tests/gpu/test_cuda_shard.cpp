@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <random>
 #include <set>
@@ -314,6 +315,53 @@ TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
     const int32_t fed = (*got)[5].id;
     for (Sampler* s : {&dev[5], &host[5]}) s->Observe(std::span<const int32_t>(&fed, 1), true);
   }
+}
+
+// A row whose logits cannot be sampled (a NaN state, so NaN logits) carries its error, on the
+// device's pick and on the host's (a row that asks for top logprobs); the other rows' picks
+// are the host Sampler's over the same logits, as if the row were not there.
+TEST_F(CudaShardTest, DeviceSamplingGivesARowsErrorToThatRowAlone) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  const auto a = Tokens(3, 43);
+  auto ga = p.gpu->NewSequence(16).value();
+  const BatchItem item{ga.get(), a};
+  std::vector<float> lg, state;
+  ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&item, 1}, &lg, &state).ok());
+  const ModelConfig& cfg = p.gpu->config();
+  const int64_t V = cfg.vocab_size, row = cfg.hc_mult * cfg.hidden_size;
+  // Rows: NaN (device pick), the last state (greedy), NaN (host pick), the last state (top-k).
+  std::vector<float> rows(4 * row, std::numeric_limits<float>::quiet_NaN());
+  std::copy(state.end() - row, state.end(), rows.begin() + row);
+  std::copy(state.end() - row, state.end(), rows.begin() + 3 * row);
+  SamplerConfig greedy, host_pick, top_k;
+  greedy.greedy = true;
+  host_pick.greedy = true, host_pick.top_logprobs = 2;
+  top_k.temperature = 0.9f, top_k.top_k = 8, top_k.seed = 3;
+  std::vector<Sampler> dev = {*Sampler::Create(greedy), *Sampler::Create(greedy), *Sampler::Create(host_pick),
+                              *Sampler::Create(top_k)};
+  Sampler want = *Sampler::Create(top_k);
+  auto x = modeltest::ToShard(*p.gpu, rows);
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  std::vector<float> logits(V);
+  ASSERT_TRUE(p.gpu->Logits((*x)->data() + row, 1, logits.data()).ok());
+  Sampler* const ds[] = {&dev[0], &dev[1], &dev[2], &dev[3]};
+  auto got = p.gpu->SampleNext((*x)->data(), 4, ds);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (int r : {0, 2}) {
+    EXPECT_EQ((*got)[r].id, -1) << "row " << r;
+    EXPECT_NE((*got)[r].error.message().find("is NaN"), std::string::npos) << (*got)[r].error.ToString();
+  }
+  int64_t argmax = 0;
+  for (int64_t i = 1; i < V; ++i) argmax = logits[i] > logits[argmax] ? i : argmax;
+  EXPECT_TRUE((*got)[1].error.ok()) << (*got)[1].error.ToString();
+  EXPECT_EQ((*got)[1].id, argmax);
+  auto w = want.Sample(logits);
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE((*got)[3].error.ok()) << (*got)[3].error.ToString();
+  EXPECT_EQ((*got)[3].id, w->id);
 }
 
 // With an expert executor (what EP sets) the routed experts run outside the device: each layer

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -524,6 +525,39 @@ TEST_F(GenerateTest, SampleNextEqualsLogitsThenSample) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("2 rows but 1 samplers"), std::string::npos)
       << bad.status().ToString();
+}
+
+// A row whose logits cannot be sampled (here its state is NaN, so are its logits) carries its
+// error; the other row's pick is the one it would get alone, and the call succeeds.
+TEST_F(GenerateTest, SampleNextGivesARowsErrorToThatRowAlone) {
+  const ModelConfig& c = model_->config();
+  const int64_t row = c.hc_mult * c.hidden_size, V = c.vocab_size;
+  const std::vector<int32_t> tokens = {3, 1, 4};
+  auto cache = model_->NewSequence(8).value();
+  std::vector<float> x(tokens.size() * row), logits(V);
+  ASSERT_TRUE(model_->Embed(tokens, x.data()).ok());
+  BatchItem item{cache.get(), tokens};
+  ASSERT_TRUE(model_->ForwardLayers(std::span<const BatchItem>(&item, 1), x.data()).ok());
+  std::fill(x.begin(), x.begin() + row, std::numeric_limits<float>::quiet_NaN());   // row 0
+  const float* last = x.data() + 2 * row;
+  ASSERT_TRUE(model_->Logits(last, 1, logits.data()).ok());
+  SamplerConfig k;
+  k.temperature = 0.9f, k.top_k = 5, k.seed = 8;
+  Sampler bad = Make(k), good = Make(k), want = Make(k);
+  Sampler* const rows[] = {&bad, &good};
+  std::vector<float> two(2 * row);
+  std::copy(x.begin(), x.begin() + row, two.begin());
+  std::copy(last, last + row, two.begin() + row);
+  auto got = model_->SampleNext(two.data(), 2, rows);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ((*got)[0].id, -1);
+  EXPECT_EQ((*got)[0].error.code(), Code::kInvalidArgument);
+  EXPECT_NE((*got)[0].error.message().find("is NaN"), std::string::npos) << (*got)[0].error.ToString();
+  auto w = want.Sample(std::span(logits.data(), V));
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE((*got)[1].error.ok()) << (*got)[1].error.ToString();
+  EXPECT_EQ((*got)[1].id, w->id);
+  EXPECT_EQ((*got)[1].logprob, w->logprob);
 }
 
 TEST_F(GenerateTest, GreedyDecodeMatchesPrefillArgmax) {

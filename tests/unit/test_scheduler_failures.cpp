@@ -184,6 +184,42 @@ TEST(Scheduler, ATokenForASequenceNotInTheStepFailsTheStepNamingTheNode) {
   EXPECT_EQ(Collect(c->get()).ids, (std::vector<int32_t>{21, 22}));
 }
 
+// A sequence whose row the head could not sample (its logits held a NaN: SampledToken.error)
+// ends alone, naming the node and the reason, and is freed; the other sequence of the same
+// steps keeps its tokens and finishes, and no worker is reset or marked down.
+TEST(Scheduler, ARowThatCouldNotBeSampledEndsOnlyItsRequest) {
+  FakeWorkers w(1);
+  Scheduler s(&w, nullptr, {});
+  // b's third token (100 -> 101, 102, 103) is the row that fails.
+  w.SetTokenRewrite([](flashmesh::v1::StepBatchResponse* resp) {
+    for (auto& t : *resp->mutable_tokens())
+      if (t.id() == 103) {
+        t.set_id(-1);
+        t.set_error("logits[7] is NaN");
+      }
+  });
+  w.Hold("step");   // both requests in every step
+  auto a = s.Submit(Params({5}, 6));
+  auto b = s.Submit(Params({100}, 6));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(WaitFor([&] { return w.HeldCalls("step") == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return w.held(0) == 2; }));
+  w.Release("step");
+  Outcome ob = Collect(b->get()), oa = Collect(a->get());
+  EXPECT_EQ(ob.ids, (std::vector<int32_t>{101, 102}));
+  EXPECT_EQ(ob.error.code(), Code::kInternal) << ob.error.ToString();
+  EXPECT_NE(ob.error.message().find("could not be sampled: node w0: logits[7] is NaN"), std::string::npos)
+      << ob.error.ToString();
+  EXPECT_TRUE(oa.finished) << oa.error.ToString();
+  EXPECT_EQ(oa.ids, (std::vector<int32_t>{6, 7, 8, 9, 10, 11}));
+  size_t both = 0;
+  for (const auto& step : w.steps()) both += step.req.items_size() == 2;
+  EXPECT_GE(both, 2u) << "the failing row shared its steps with the other request";
+  EXPECT_TRUE(WaitFor([&] { return w.held(0) == 0; })) << "b's sequence is freed";
+  EXPECT_TRUE(w.marked_down().empty());
+  for (const auto& line : w.log()) EXPECT_EQ(line.find("reset"), std::string::npos) << line;
+}
+
 // A worker that follows a newer coordinator answered: it is not a dead node (the coordinator
 // steps down, cluster_rpc.cpp), so nothing is marked DOWN and the request ends UNAVAILABLE,
 // saying so.
