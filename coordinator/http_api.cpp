@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/utf8.h"
+#include "coordinator/reasoning.h"
 
 namespace fm {
 namespace {
@@ -99,6 +100,8 @@ struct HttpApi::Choice {
   size_t chars = 0;     // code points in text: text_offset counts them, as OpenAI's and vLLM's do
   int64_t tokens = 0;
   size_t stops_from = 0; // the text before min_tokens' token: a stop string must end past it
+  // Thinking mode: where "</think>" starts in text (npos: not yet), how far text was searched.
+  size_t think_end = std::string::npos, think_searched = 0;
   bool finished = false;
   flashmesh::v1::Finish finish;
   // Where the matched stop string starts in the text (the scheduler found it there).
@@ -351,6 +354,7 @@ void HttpApi::AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& tok
   if (++c->tokens == job->req.min_tokens) c->stops_from = c->text.size();
   c->text += token.text();   // whole characters (the stream holds a character's first bytes back)
   for (unsigned char b : token.text()) c->chars += (b & 0xC0) != 0x80;
+  if (job->req.chat && job->req.thinking) FindThinkEnd(c->text, &c->think_end, &c->think_searched);
 }
 
 bool HttpApi::NextEvent(Job* job, HttpResponder* out, size_t* which, RequestStream::Event* ev) {
@@ -405,7 +409,14 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
     if (!c.finish.stop_string().empty()) text = text.substr(0, c.StopOffset());
     Json choice = {{"index", k}};
     Json logprobs = nullptr;
-    if (job->req.chat) {
+    if (job->req.chat && job->req.thinking) {
+      // The reasoning, then the answer after "</think>" (null when the reasoning never ended).
+      const size_t end = c.think_end < text.size() ? c.think_end : std::string::npos;
+      const ReasoningParts parts = SplitReasoning(text, end, 0, text.size());
+      choice["message"] = {{"role", "assistant"}, {"reasoning_content", parts.reasoning},
+                           {"content", end == std::string::npos ? Json(nullptr) : Json(parts.content)}};
+      if (job->req.logprobs) logprobs = {{"content", c.logprobs}};
+    } else if (job->req.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
       if (job->req.logprobs) logprobs = {{"content", c.logprobs}};
     } else {
@@ -438,7 +449,18 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     std::string delta = c.text.substr(c.sent, upto - c.sent);
     Json choice = {{"index", i}};
     Json logprobs = nullptr;
-    if (chat) {
+    if (chat && job->req.thinking) {
+      // Before "</think>" the text is reasoning_content, after it content; a delta crossing
+      // the tag carries both. An empty one names the part the text is in.
+      const size_t end = c.think_end < upto ? c.think_end : std::string::npos;
+      const ReasoningParts parts = SplitReasoning(c.text, end, c.sent, upto);
+      Json d = Json::object();
+      if (!parts.reasoning.empty()) d["reasoning_content"] = parts.reasoning;
+      if (!parts.content.empty()) d["content"] = parts.content;
+      if (d.empty() && !finish) d[end == std::string::npos ? "reasoning_content" : "content"] = "";
+      choice["delta"] = std::move(d);
+      if (!c.logprobs.empty()) logprobs = {{"content", c.logprobs}};
+    } else if (chat) {
       choice["delta"] = finish && delta.empty() ? Json::object() : Json{{"content", delta}};
       if (!c.logprobs.empty()) logprobs = {{"content", c.logprobs}};
     } else {
@@ -492,6 +514,9 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
       // Never past the start of a stop string this token completed (the finish event follows);
       // one that ends before min_tokens' token does not stop the request, so it is not held.
       size_t upto = Releasable(c.text, job->hold, c.sent);
+      // Reasoning: not the first bytes of a "</think>" that the next token may complete.
+      if (job->req.chat && job->req.thinking && c.think_end == std::string::npos)
+        upto = std::min(upto, std::max(c.sent, ReleasableReasoning(c.text)));
       for (const auto& stop : job->req.stop) {
         const size_t allowed = c.stops_from >= stop.size() ? c.stops_from - stop.size() + 1 : 0;
         const size_t from = std::max(allowed, c.sent > job->hold ? c.sent - job->hold : 0);

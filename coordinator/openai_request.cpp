@@ -109,7 +109,9 @@ Status DecodeMessages(const Json& v, OpenAiRequest* r) {
     FM_ASSIGN_OR_RETURN(m.role, String(*role, field + ".role"));
     if (m.role != "system" && m.role != "user" && m.role != "assistant")
       return InvalidArgument(field + ".role: \"" + m.role + "\" is not supported (system, user, assistant)");
-    if (const Json* c = Field(v[i], "content")) {
+    // null: no content, as OpenAI allows (an assistant message this API returned in thinking
+    // mode has null content when the reasoning took every token; clients send it back).
+    if (const Json* c = Field(v[i], "content"); c && !c->is_null()) {
       FM_ASSIGN_OR_RETURN(m.content, Content(*c, field + ".content"));
     }
     r->messages.push_back(std::move(m));

@@ -208,7 +208,8 @@ TEST_F(HttpApiTest, CompletionsWithTextAndTokenPrompts) {
 
 // chat_template_kwargs.thinking (vLLM's switch for DeepSeek models) renders the last user turn's
 // assistant prefix as "<think>": the chat answers as a raw completion of that text does, and
-// without it as one of the chat-mode text ("</think>").
+// without it as one of the chat-mode text ("</think>"). In thinking mode that answer is the
+// reasoning (reasoning_content) until a "</think>", which this model does not write here.
 TEST_F(HttpApiTest, ChatTemplateKwargsThinkingOpensTheReasoning) {
   Json chat = ChatBody("Why is the sky blue?", 6);
   chat["chat_template_kwargs"] = {{"thinking", true}, {"enable_thinking", true}};
@@ -221,8 +222,16 @@ TEST_F(HttpApiTest, ChatTemplateKwargsThinkingOpensTheReasoning) {
     HttpResult raw = HttpCall(port(), "POST", "/v1/completions", completion.dump());
     ASSERT_EQ(c.status, 200) << c.raw;
     ASSERT_EQ(raw.status, 200) << raw.raw;
-    EXPECT_EQ(ParseBody(c)["choices"][0]["message"]["content"], ParseBody(raw)["choices"][0]["text"])
-        << "thinking " << thinking;
+    const Json message = ParseBody(c)["choices"][0]["message"];
+    const std::string text = ParseBody(raw)["choices"][0]["text"];
+    if (thinking) {
+      ASSERT_EQ(text.find("</think>"), std::string::npos) << text;
+      EXPECT_EQ(message["reasoning_content"], text);
+      EXPECT_TRUE(message["content"].is_null()) << message;
+    } else {
+      EXPECT_EQ(message["content"], text);
+      EXPECT_FALSE(message.contains("reasoning_content")) << message;
+    }
     EXPECT_EQ(ParseBody(c)["usage"]["prompt_tokens"], ParseBody(raw)["usage"]["prompt_tokens"]);
   }
 }
@@ -233,6 +242,60 @@ std::vector<Json> Events(const std::string& body) {
   for (size_t p = 0; (p = body.find("data: {", p)) != std::string::npos; ++p)
     out.push_back(Json::parse(body.substr(p + 6, body.find("\n\n", p) - p - 6)));
   return out;
+}
+
+// Thinking mode splits the answer at the first "</think>": reasoning_content before it, content
+// after it, the tag in neither, streamed (the reasoning's deltas first) or not. A logit bias on
+// the tag's token has this model write it mid-answer (the first of a few prompts and biases
+// that puts text on both sides); the raw completion of the same prompt is the whole text.
+TEST_F(HttpApiTest, ThinkingSplitsReasoningFromContentAtTheEndTag) {
+  auto stub = Connect(cluster_->api());
+  flashmesh::v1::TokenizeRequest tq;
+  tq.set_text("</think>");
+  flashmesh::v1::TokenizeResponse tr;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->Tokenize(&ctx, tq, &tr).ok());
+  ASSERT_EQ(tr.ids_size(), 1);
+  Json completion = {{"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  std::string raw, prompt;
+  size_t at = std::string::npos;
+  auto both_sides = [&] { return at != std::string::npos && at > 0 && at + 8 < raw.size(); };
+  for (const char* p : {"The cat", "hello world", "Tell me a story", "Why is the sky blue?"}) {
+    for (int tenths = 10; tenths <= 30 && !both_sides(); tenths += 2) {
+      completion["prompt"] = std::string("<｜User｜>") + p + "<｜Assistant｜><think>";
+      completion["logit_bias"] = {{std::to_string(tr.ids(0)), tenths / 10.0}};
+      HttpResult r = HttpCall(port(), "POST", "/v1/completions", completion.dump());
+      ASSERT_EQ(r.status, 200) << r.raw;
+      raw = ParseBody(r)["choices"][0]["text"];
+      at = raw.find("</think>");
+      prompt = p;
+    }
+    if (both_sides()) break;
+  }
+  ASSERT_TRUE(both_sides()) << "no prompt and bias put text on both sides of the tag: " << raw;
+  Json chat = ChatBody(prompt, 16);
+  chat["chat_template_kwargs"] = {{"thinking", true}};
+  chat["logit_bias"] = completion["logit_bias"];
+  HttpResult r = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const Json message = ParseBody(r)["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], raw.substr(0, at)) << raw;
+  EXPECT_EQ(message["content"], raw.substr(at + 8)) << raw;
+
+  chat["stream"] = true;
+  r = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::string reasoning, content;
+  for (const Json& e : Events(r.body)) {
+    const Json& delta = e["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) {
+      EXPECT_TRUE(content.empty()) << "reasoning after the content: " << r.body;
+      reasoning += delta["reasoning_content"].get<std::string>();
+    }
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, raw.substr(0, at)) << r.body;
+  EXPECT_EQ(content, raw.substr(at + 8)) << r.body;
 }
 
 TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "coordinator/http_request.h"
 #include "coordinator/openai_request.h"
+#include "coordinator/reasoning.h"
 
 namespace fm {
 namespace {
@@ -164,6 +166,19 @@ TEST(DecodeOpenAiRequest, BodiesOfMoreValuesThanARequestNeedsAreRefusedBeforePar
   auto prompt = DecodeOpenAiRequest(ids + "]}", false);
   ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
   EXPECT_EQ(prompt->prompt_ids.size(), 200000u);
+}
+
+// An assistant turn as this API returns it in thinking mode, sent back by a multi-turn client:
+// its reasoning_content is ignored (the template drops earlier reasoning) and a null content
+// (the reasoning took every token) is an empty one, as OpenAI allows.
+TEST(DecodeOpenAiRequest, AnAssistantTurnWithReasoningAndNullContentIsAccepted) {
+  auto r = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "hi"},
+      {"role": "assistant", "reasoning_content": "hmm", "content": null},
+      {"role": "user", "content": "well?"}]})", /*chat=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[1].role, "assistant");
+  EXPECT_EQ(r->messages[1].content, "");
 }
 
 TEST(DecodeOpenAiRequest, ChatFieldsAndDefaults) {
@@ -377,6 +392,52 @@ TEST(ErrorFromStatus, StatusCodesAndTypes) {
   EXPECT_EQ(ErrorFromStatus(Internal("x")).http_status, 500);
   EXPECT_EQ(ErrorFromStatus(InvalidArgument("input: 70 prompt tokens leave no room")).param, "input");
   EXPECT_EQ(ErrorFromStatus(InvalidArgument("the whole thing: bad")).param, "") << "not a field name";
+}
+
+// The thinking split, fed one token's text at a time as a stream is: the tag is found where it
+// straddles two tokens, a possible tag start is not released as reasoning until it is ruled out,
+// and each released range splits into reasoning and content without the tag.
+TEST(Reasoning, StreamedTextSplitsAtTheFirstEndTag) {
+  const std::vector<std::string> tokens = {"Let", " me</", "th", "ink", "> The", " </think> end"};
+  std::string text, reasoning, content;
+  size_t end = std::string::npos, searched = 0, sent = 0;
+  std::vector<size_t> releasable;
+  for (const auto& t : tokens) {
+    text += t;
+    FindThinkEnd(text, &end, &searched);
+    const size_t upto = end == std::string::npos ? ReleasableReasoning(text) : text.size();
+    releasable.push_back(upto);
+    const ReasoningParts p = SplitReasoning(text, end, sent, upto);
+    reasoning += p.reasoning;
+    content += p.content;
+    sent = upto;
+  }
+  EXPECT_EQ(end, 6u);
+  // "Let" all; " me</" holds "</", "th" "</th", "ink" "</think"; "> The" completes the tag.
+  EXPECT_EQ(releasable, (std::vector<size_t>{3, 6, 6, 6, 18, 31}));
+  EXPECT_EQ(reasoning, "Let me");
+  EXPECT_EQ(content, " The </think> end") << "only the first tag ends the reasoning";
+}
+
+TEST(Reasoning, HeldBackBytesThatNeverBecomeTheTagAreReasoning) {
+  EXPECT_EQ(ReleasableReasoning("a <"), 2u);
+  EXPECT_EQ(ReleasableReasoning("a </think"), 2u);
+  EXPECT_EQ(ReleasableReasoning("a </thin k"), 10u);
+  EXPECT_EQ(ReleasableReasoning("</x"), 3u);
+  EXPECT_EQ(ReleasableReasoning(""), 0u);
+  // At the end of the generation everything left is released: still reasoning without a tag.
+  const ReasoningParts p = SplitReasoning("a </thi", std::string::npos, 2, 7);
+  EXPECT_EQ(p.reasoning, "</thi");
+  EXPECT_EQ(p.content, "");
+  // A range that ends inside the tag releases the reasoning before it and no content; the next
+  // range starts past the tag.
+  const std::string text = "ab</think>cd";
+  EXPECT_EQ(SplitReasoning(text, 2, 0, 5).reasoning, "ab");
+  EXPECT_EQ(SplitReasoning(text, 2, 0, 5).content, "");
+  EXPECT_EQ(SplitReasoning(text, 2, 5, 12).reasoning, "");
+  EXPECT_EQ(SplitReasoning(text, 2, 5, 12).content, "cd");
+  EXPECT_EQ(SplitReasoning(text, 2, 0, 12).reasoning, "ab");
+  EXPECT_EQ(SplitReasoning(text, 2, 0, 12).content, "cd");
 }
 
 }  // namespace
