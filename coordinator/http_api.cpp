@@ -119,6 +119,7 @@ struct HttpApi::Job {
   std::string id;
   std::time_t created = 0;
   size_t hold = 0;      // longest stop string - 1
+  bool reasoning = false; // the answer starts inside thinking mode's reasoning (ToParams)
   // The fields every response object and stream chunk starts with.
   Json Envelope(const std::string& object, const std::string& model) const {
     return {{"id", id}, {"object", object}, {"created", created}, {"model", model}};
@@ -202,7 +203,8 @@ void HttpApi::Models(HttpResponder* out) const {
   out->Reply(200, "application/json", Dump({{"object", "list"}, {"data", Json::array({model})}}));
 }
 
-Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
+Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, bool* opens_reasoning) const {
+  *opens_reasoning = false;
   flashmesh::v1::GenerateRequest g;
   const std::string input = r.chat ? "messages" : "prompt";
   if (r.chat || r.prompt_ids.empty()) {
@@ -210,6 +212,9 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r) const {
     std::string text;
     if (r.chat) {
       FM_ASSIGN_OR_RETURN(text, tokenizer_->ApplyChatTemplate(r.messages, r.thinking));
+      // Not when the conversation ends with a system or assistant turn: the template then
+      // opens no assistant reply, so the answer is not reasoning.
+      *opens_reasoning = r.thinking && text.ends_with(kThinkStart);
     } else {   // a completion continues BOS + the prompt, as vLLM does
       FM_ASSIGN_OR_RETURN(std::string bos, tokenizer_->TokenBytes(tokenizer_->bos_id()));
       text = bos + r.prompt;
@@ -286,7 +291,7 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
     return fail(InvalidArgument("n: " + std::to_string(job.req.n) + " choices, more than the " +
                                 std::to_string(scheduler_->max_queue()) +
                                 " requests the queue holds (limits.max_queue)"));
-  auto params = ToParams(job.req);
+  auto params = ToParams(job.req, &job.reasoning);
   if (!params.ok()) return fail(params.status());
   for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
   const int64_t prompt_tokens = static_cast<int64_t>(params->prompt.size());
@@ -354,7 +359,7 @@ void HttpApi::AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& tok
   if (++c->tokens == job->req.min_tokens) c->stops_from = c->text.size();
   c->text += token.text();   // whole characters (the stream holds a character's first bytes back)
   for (unsigned char b : token.text()) c->chars += (b & 0xC0) != 0x80;
-  if (job->req.chat && job->req.thinking) FindThinkEnd(c->text, &c->think_end, &c->think_searched);
+  if (job->reasoning) FindThinkEnd(c->text, &c->think_end, &c->think_searched);
 }
 
 bool HttpApi::NextEvent(Job* job, HttpResponder* out, size_t* which, RequestStream::Event* ev) {
@@ -409,9 +414,10 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
     if (!c.finish.stop_string().empty()) text = text.substr(0, c.StopOffset());
     Json choice = {{"index", k}};
     Json logprobs = nullptr;
-    if (job->req.chat && job->req.thinking) {
-      // The reasoning, then the answer after "</think>" (null when the reasoning never ended).
-      const size_t end = c.think_end < text.size() ? c.think_end : std::string::npos;
+    if (job->reasoning) {
+      // The reasoning, then the answer after "</think>" (null when the reasoning never ended:
+      // also when a stop string cut the tag, whose bytes then stay reasoning).
+      const size_t end = ReasoningEnd(c.think_end, text.size());
       const ReasoningParts parts = SplitReasoning(text, end, 0, text.size());
       choice["message"] = {{"role", "assistant"}, {"reasoning_content", parts.reasoning},
                            {"content", end == std::string::npos ? Json(nullptr) : Json(parts.content)}};
@@ -446,13 +452,17 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
   // A choice carrying choice i's text released so far (and the logprobs of its tokens since).
   auto piece = [&](size_t i, size_t upto, const char* finish) {
     Choice& c = *job->choices[i];
+    // Thinking: the tag's bytes wait until the text released holds all of it or the answer
+    // ends (a stop string that cuts it leaves them reasoning, as Collect does).
+    if (job->reasoning && !finish && ReasoningEnd(c.think_end, upto) == std::string::npos)
+      upto = std::max(c.sent, std::min(upto, c.think_end));
     std::string delta = c.text.substr(c.sent, upto - c.sent);
     Json choice = {{"index", i}};
     Json logprobs = nullptr;
-    if (chat && job->req.thinking) {
+    if (job->reasoning) {
       // Before "</think>" the text is reasoning_content, after it content; a delta crossing
       // the tag carries both. An empty one names the part the text is in.
-      const size_t end = c.think_end < upto ? c.think_end : std::string::npos;
+      const size_t end = ReasoningEnd(c.think_end, upto);
       const ReasoningParts parts = SplitReasoning(c.text, end, c.sent, upto);
       Json d = Json::object();
       if (!parts.reasoning.empty()) d["reasoning_content"] = parts.reasoning;
@@ -515,7 +525,7 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
       // one that ends before min_tokens' token does not stop the request, so it is not held.
       size_t upto = Releasable(c.text, job->hold, c.sent);
       // Reasoning: not the first bytes of a "</think>" that the next token may complete.
-      if (job->req.chat && job->req.thinking && c.think_end == std::string::npos)
+      if (job->reasoning && c.think_end == std::string::npos)
         upto = std::min(upto, std::max(c.sent, ReleasableReasoning(c.text)));
       for (const auto& stop : job->req.stop) {
         const size_t allowed = c.stops_from >= stop.size() ? c.stops_from - stop.size() + 1 : 0;

@@ -42,7 +42,9 @@ class HttpApi {
   void Health(HttpResponder* out) const;
   Status Authenticate(const HttpRequest& req) const;
   // The prompt ids and scheduler parameters of a decoded request (errors name its fields).
-  Result<GenerateParams> ToParams(const OpenAiRequest& r) const;
+  // *opens_reasoning: the rendered chat prompt ends inside a reasoning block (thinking mode's
+  // "<think>"), so the answer splits into reasoning_content and content (docs/api.md "Thinking").
+  Result<GenerateParams> ToParams(const OpenAiRequest& r, bool* opens_reasoning) const;
   std::string TokenString(int32_t id, const std::string& piece) const;
 
   const Tokenizer* tokenizer_;

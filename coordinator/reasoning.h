@@ -10,11 +10,17 @@
 
 namespace fm {
 
-inline constexpr std::string_view kThinkEnd = "</think>";
+inline constexpr std::string_view kThinkStart = "<think>", kThinkEnd = "</think>";
 
 // Where the reasoning of `text` ends (the first kThinkEnd), searching only what `text` gained
 // since the last call: `*end` is npos until found, `*searched` how far the search got.
 void FindThinkEnd(std::string_view text, size_t* end, size_t* searched);
+
+// The tag found at `found` (npos: none) if the first `size` bytes of the text hold all of it,
+// else npos: a reasoning that a stop string cut inside or before its tag did not end.
+inline size_t ReasoningEnd(size_t found, size_t size) {
+  return found != std::string_view::npos && found + kThinkEnd.size() <= size ? found : std::string_view::npos;
+}
 
 // While no tag was found: how much of `text` may be streamed as reasoning, i.e. all but a
 // suffix that could be the first bytes of kThinkEnd.

@@ -296,6 +296,42 @@ TEST_F(HttpApiTest, ThinkingSplitsReasoningFromContentAtTheEndTag) {
   }
   EXPECT_EQ(reasoning, raw.substr(0, at)) << r.body;
   EXPECT_EQ(content, raw.substr(at + 8)) << r.body;
+
+  // A stop string that ends the text at or inside the tag: the reasoning never ended, so the
+  // whole text (the tag's first bytes included) is reasoning and content is null.
+  for (const char* stop : {"</think>", "ink>", "</"}) {
+    completion["stop"] = stop;
+    HttpResult cut = HttpCall(port(), "POST", "/v1/completions", completion.dump());
+    ASSERT_EQ(cut.status, 200) << cut.raw;
+    const std::string text = ParseBody(cut)["choices"][0]["text"];
+    ASSERT_LE(text.size(), at + 8) << stop << ": " << text;
+    chat["stop"] = stop;
+    chat["stream"] = false;
+    r = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(ParseBody(r)["choices"][0]["message"]["reasoning_content"], text) << stop;
+    EXPECT_TRUE(ParseBody(r)["choices"][0]["message"]["content"].is_null()) << stop << ": " << r.body;
+    chat["stream"] = true;
+    r = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    reasoning.clear(), content.clear();
+    for (const Json& e : Events(r.body)) {
+      const Json& delta = e["choices"][0]["delta"];
+      if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+      if (delta.contains("content")) content += delta["content"].get<std::string>();
+    }
+    EXPECT_EQ(reasoning, text) << stop << ": " << r.body;
+    EXPECT_EQ(content, "") << stop << ": " << r.body;
+  }
+  chat.erase("stop");
+  chat["stream"] = false;
+  // A conversation ending with a system turn opens no reply, so no reasoning either: the answer
+  // is content, whatever it holds.
+  chat["messages"].push_back({{"role", "system"}, {"content", "be brief"}});
+  r = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_FALSE(ParseBody(r)["choices"][0]["message"].contains("reasoning_content")) << r.body;
+  EXPECT_TRUE(ParseBody(r)["choices"][0]["message"]["content"].is_string()) << r.body;
 }
 
 TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {

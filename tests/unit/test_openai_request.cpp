@@ -419,6 +419,16 @@ TEST(Reasoning, StreamedTextSplitsAtTheFirstEndTag) {
   EXPECT_EQ(content, " The </think> end") << "only the first tag ends the reasoning";
 }
 
+// The reasoning ended only where the text holds the whole tag: a stop string cutting the text
+// inside or at the start of the tag leaves it unended.
+TEST(Reasoning, TheReasoningEndsOnlyWithTheWholeTag) {
+  EXPECT_EQ(ReasoningEnd(2, 10), 2u);
+  EXPECT_EQ(ReasoningEnd(2, 12), 2u);
+  EXPECT_EQ(ReasoningEnd(2, 9), std::string::npos);
+  EXPECT_EQ(ReasoningEnd(2, 2), std::string::npos);
+  EXPECT_EQ(ReasoningEnd(std::string::npos, 100), std::string::npos);
+}
+
 TEST(Reasoning, HeldBackBytesThatNeverBecomeTheTagAreReasoning) {
   EXPECT_EQ(ReleasableReasoning("a <"), 2u);
   EXPECT_EQ(ReleasableReasoning("a </think"), 2u);
