@@ -309,7 +309,9 @@ TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
       EXPECT_NEAR((*got)[r].logprob, want->logprob, 1e-5) << "draw " << draw << " row " << r;
       EXPECT_EQ((*got)[r].top, want->top) << "draw " << draw << " row " << r;
       EXPECT_EQ((*got)[r].top.size(), static_cast<size_t>(configs[r].top_logprobs)) << "row " << r;
-      if (host[r].NeedsHostLogits()) EXPECT_EQ((*got)[r].logprob, want->logprob) << "row " << r;
+      if (host[r].NeedsHostLogits()) {
+        EXPECT_EQ((*got)[r].logprob, want->logprob) << "row " << r;
+      }
     }
     // The penalized row's pick joins its history on both sides, as a pipeline feeds it back.
     const int32_t fed = (*got)[5].id;

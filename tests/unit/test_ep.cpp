@@ -220,7 +220,7 @@ TEST(Communicator, DeadRankTurnsIntoAnErrorWithinTheDeadline) {
 }
 
 TEST(Communicator, BadGroupsAreRefused) {
-  auto t = net::MakeTcpTransport({.self_name = "a"});
+  auto t = net::MakeTcpTransport({.self_name = "a", .secret = ""});
   ASSERT_TRUE(t.ok());
   EXPECT_FALSE(net::MakeTcpCommunicator(t->get(), {}, 0).ok());
   EXPECT_FALSE(net::MakeTcpCommunicator(t->get(), {{"a", "127.0.0.1:1"}}, 1).ok());
@@ -443,9 +443,10 @@ TEST(EpExpertExecutor, MalformedDispatchFromAPeerIsAnErrorNamingIt) {
       send[0] = {net::FrameDType::kF32, {static_cast<uint32_t>(c.rows), static_cast<uint32_t>(H)},
                  rows.data(), rows.size() * 4};
       // Malformed or too many pairs end the step before the rows.
-      if (c.pair_width == 2 && static_cast<int64_t>(p) <= 4 * k)
+      if (c.pair_width == 2 && static_cast<int64_t>(p) <= 4 * k) {
         EXPECT_TRUE(g.comms[1]->AllToAllV(net::FrameKind::kEpDispatch, step, layer * 4 + 1, send,
                                           3000ms).ok());
+      }
       member.join();
       EXPECT_EQ(got.code(), Code::kInvalidArgument) << got.ToString();
       EXPECT_NE(got.message().find(c.want), std::string::npos)

@@ -116,8 +116,12 @@ TEST(HttpRequestParser, LimitsAndGarbageAreErrorsWithTheirStatus) {
     EXPECT_EQ(p.error_status(), c.status) << c.bytes.substr(0, 60);
     EXPECT_FALSE(p.error().empty());
     // A limit says which and how much (the server adds "malformed HTTP request" to 400s only).
-    if (c.status == 413) EXPECT_EQ(p.error(), "a body over 1024 bytes");
-    if (c.status == 431 && c.bytes.rfind("GET", 0) == 0) EXPECT_EQ(p.error(), "a header over 1024 bytes");
+    if (c.status == 413) {
+      EXPECT_EQ(p.error(), "a body over 1024 bytes");
+    }
+    if (c.status == 431 && c.bytes.rfind("GET", 0) == 0) {
+      EXPECT_EQ(p.error(), "a header over 1024 bytes");
+    }
   }
 }
 
