@@ -158,7 +158,8 @@ HttpApi::HttpApi(const Tokenizer* tokenizer, Cluster* cluster, Scheduler* schedu
 void HttpApi::Handle(const HttpRequest& req, HttpResponder* out) {
   struct Route { const char* path; const char* method; };
   static const Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
-                                  {"/v1/models", "GET"}, {"/health", "GET"}, {"/metrics", "GET"}};
+                                  {"/v1/models", "GET"}, {"/tokenize", "POST"}, {"/detokenize", "POST"},
+                                  {"/health", "GET"}, {"/metrics", "GET"}};
   const Route* route = nullptr;
   for (const auto& r : kRoutes)
     if (req.path == r.path) route = &r;
@@ -179,7 +180,38 @@ void HttpApi::Handle(const HttpRequest& req, HttpResponder* out) {
     return ReplyError(out, a);
   }
   if (req.path == std::string("/v1/models")) return Models(out);
+  if (req.path == std::string("/tokenize")) return Tokenize(req, out);
+  if (req.path == std::string("/detokenize")) return Detokenize(req, out);
   Generate(req, out, req.path == std::string("/v1/chat/completions"));
+}
+
+void HttpApi::Tokenize(const HttpRequest& req, HttpResponder* out) const {
+  auto r = DecodeTokenizeRequest(req.body);
+  if (!r.ok()) return ReplyError(out, r.status());
+  bool opens_reasoning = false;
+  auto ids = PromptIds(r->input, &opens_reasoning);
+  if (!ids.ok()) return ReplyError(out, ids.status());
+  Json strs = nullptr;
+  if (r->return_token_strs) {
+    strs = Json::array();   // as completions' logprobs spell a token (CompletionToken)
+    for (int32_t id : *ids) strs.push_back(CompletionToken(id, TokenString(id, "")));
+  }
+  out->Reply(200, "application/json", Dump({{"count", ids->size()}, {"max_model_len", options_.max_context},
+                                             {"tokens", *ids}, {"token_strs", std::move(strs)}}));
+}
+
+void HttpApi::Detokenize(const HttpRequest& req, HttpResponder* out) const {
+  auto ids = DecodeDetokenizeRequest(req.body);
+  if (!ids.ok()) return ReplyError(out, ids.status());
+  if (!tokenizer_) return ReplyError(out, InvalidArgument("tokens: this model has no tokenizer.json"));
+  for (size_t i = 0; i < ids->size(); ++i)
+    if ((*ids)[i] >= tokenizer_->vocab_size())
+      return ReplyError(out, InvalidArgument("tokens[" + std::to_string(i) + "]: " + std::to_string((*ids)[i]) +
+                                             " outside the vocabulary [0, " +
+                                             std::to_string(tokenizer_->vocab_size()) + ")"));
+  auto text = tokenizer_->Decode(*ids);
+  if (!text.ok()) return ReplyError(out, text.status().Wrap("tokens"));
+  out->Reply(200, "application/json", Dump({{"prompt", *text}}));
 }
 
 Status HttpApi::Authenticate(const HttpRequest& req) const {
@@ -203,30 +235,32 @@ void HttpApi::Models(HttpResponder* out) const {
   out->Reply(200, "application/json", Dump({{"object", "list"}, {"data", Json::array({model})}}));
 }
 
-Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, bool* opens_reasoning) const {
+Result<std::vector<int32_t>> HttpApi::PromptIds(const OpenAiRequest& r, bool* opens_reasoning) const {
   *opens_reasoning = false;
-  flashmesh::v1::GenerateRequest g;
+  if (!r.chat && !r.prompt_ids.empty()) return r.prompt_ids;
   const std::string input = r.chat ? "messages" : "prompt";
-  if (r.chat || r.prompt_ids.empty()) {
-    if (!tokenizer_) return InvalidArgument(input + ": this model has no tokenizer.json; send prompt as token ids");
-    std::string text;
-    if (r.chat) {
-      FM_ASSIGN_OR_RETURN(text, tokenizer_->ApplyChatTemplate(r.messages, r.thinking));
-      // Not when the conversation ends with a system or assistant turn: the template then
-      // opens no assistant reply, so the answer is not reasoning.
-      *opens_reasoning = r.thinking && text.ends_with(kThinkStart);
-    } else {   // a completion continues BOS + the prompt, as vLLM does
-      FM_ASSIGN_OR_RETURN(std::string bos, tokenizer_->TokenBytes(tokenizer_->bos_id()));
-      text = bos + r.prompt;
-    }
-    // As gRPC's input.text: no tokenizing of megabytes that cannot fit the context anyway.
-    FM_RETURN_IF_ERROR(CheckPromptBytes(input, text.size(), options_.max_context));
-    auto ids = tokenizer_->Encode(text);
-    if (!ids.ok()) return ids.status().Wrap(input);
-    g.mutable_tokens()->mutable_ids()->Add(ids->begin(), ids->end());
-  } else {
-    g.mutable_tokens()->mutable_ids()->Add(r.prompt_ids.begin(), r.prompt_ids.end());
+  if (!tokenizer_) return InvalidArgument(input + ": this model has no tokenizer.json; send prompt as token ids");
+  std::string text;
+  if (r.chat) {
+    FM_ASSIGN_OR_RETURN(text, tokenizer_->ApplyChatTemplate(r.messages, r.thinking));
+    // Not when the conversation ends with a system or assistant turn: the template then opens
+    // no assistant reply, so the answer is not reasoning.
+    *opens_reasoning = r.thinking && text.ends_with(kThinkStart);
+  } else if (r.add_special_tokens) {   // a completion continues BOS + the prompt, as vLLM's
+    FM_ASSIGN_OR_RETURN(text, tokenizer_->TokenBytes(tokenizer_->bos_id()));
   }
+  if (!r.chat) text += r.prompt;
+  // As gRPC's input.text: no tokenizing of megabytes that cannot fit the context anyway.
+  FM_RETURN_IF_ERROR(CheckPromptBytes(input, text.size(), options_.max_context));
+  auto ids = tokenizer_->Encode(text);
+  if (!ids.ok()) return ids.status().Wrap(input);
+  return std::move(ids).value();
+}
+
+Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, bool* opens_reasoning) const {
+  flashmesh::v1::GenerateRequest g;
+  FM_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(r, opens_reasoning));
+  g.mutable_tokens()->mutable_ids()->Add(ids.begin(), ids.end());
   const int64_t prompt = g.tokens().ids_size();
   int64_t max_tokens = r.max_tokens;
   if (max_tokens == 0) max_tokens = std::max<int64_t>(1, std::min(options_.max_tokens, options_.max_context - prompt));
@@ -260,7 +294,7 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, bool* opens_rea
   // The gRPC validator names gRPC's fields: say the request's instead.
   std::string msg = params.status().message();
   if (msg.rfind("input.tokens.ids", 0) == 0) msg = "prompt" + msg.substr(16);
-  else if (msg.rfind("input", 0) == 0) msg = input + msg.substr(5);
+  else if (msg.rfind("input", 0) == 0) msg = (r.chat ? "messages" : "prompt") + msg.substr(5);
   else if (msg.rfind("sampling.", 0) == 0) msg = msg.substr(9);   // HTTP's fields are top-level
   return Status(params.status().code(), msg);
 }

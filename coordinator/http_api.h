@@ -42,9 +42,15 @@ class HttpApi {
   void Health(HttpResponder* out) const;
   Status Authenticate(const HttpRequest& req) const;
   // The prompt ids and scheduler parameters of a decoded request (errors name its fields).
-  // *opens_reasoning: the rendered chat prompt ends inside a reasoning block (thinking mode's
-  // "<think>"), so the answer splits into reasoning_content and content (docs/api.md "Thinking").
+  // The prompt's token ids: the chat template's rendering or the completion's text (BOS first
+  // with add_special_tokens), encoded; or its ids. *opens_reasoning: the rendered chat prompt
+  // ends inside a reasoning block (thinking mode's "<think>"), so the answer splits into
+  // reasoning_content and content (docs/api.md "Thinking").
+  Result<std::vector<int32_t>> PromptIds(const OpenAiRequest& r, bool* opens_reasoning) const;
   Result<GenerateParams> ToParams(const OpenAiRequest& r, bool* opens_reasoning) const;
+  // vLLM's /tokenize and /detokenize (docs/api.md).
+  void Tokenize(const HttpRequest& req, HttpResponder* out) const;
+  void Detokenize(const HttpRequest& req, HttpResponder* out) const;
   std::string TokenString(int32_t id, const std::string& piece) const;
 
   const Tokenizer* tokenizer_;

@@ -308,9 +308,10 @@ void HttpServer::AcceptLoop() {
       // Out of descriptors (EMFILE, ENFILE, ENOBUFS): the listener stays readable and the next
       // accept fails the same way, so wait a slice instead of spinning on it.
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        if (!accept_failing)   // once a streak, not ten lines a second
+        if (!accept_failing) {   // once a streak, not ten lines a second
           FM_LOG(kWarn, "http") << "accept: " << std::strerror(errno) << "; trying again every "
                                 << kPollSliceMs << " ms";
+        }
         accept_failing = true;
         std::this_thread::sleep_for(std::chrono::milliseconds(kPollSliceMs));
       }

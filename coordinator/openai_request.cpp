@@ -287,6 +287,8 @@ Status RefuseUnsupported(const Json& j, bool chat) {
       {"return_tokens_as_token_ids", IsFalse, "false"},
       // Chat: the template (thinking: chat_template_kwargs), other modalities, tools of OpenAI's.
       {"add_generation_prompt", IsTrue, "true", true},
+      // The template writes the BOS; vLLM's chat default adds none before it.
+      {"add_special_tokens", IsFalse, "false", true},
       {"continue_final_message", IsFalse, "false", true},
       {"chat_template", NoValue, "null", true},
       {"documents", NoValue, "null", true},
@@ -318,6 +320,9 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
     const Json* p = Field(j, "prompt");
     if (!p) return InvalidArgument("prompt: missing");
     FM_RETURN_IF_ERROR(DecodePrompt(*p, r));
+    if (const Json* v = Field(j, "add_special_tokens")) {
+      FM_ASSIGN_OR_RETURN(r->add_special_tokens, Boolean(*v, "add_special_tokens"));
+    }
   }
   if (const Json* v = Field(j, "n")) {
     FM_ASSIGN_OR_RETURN(r->n, Integer(*v, "n"));
@@ -411,9 +416,8 @@ JsonShape ScanJson(std::string_view body) {
   return shape;
 }
 
-}  // namespace
-
-Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
+// The body as a JSON object, within the bounds in openai_request.h.
+Result<Json> ParseBody(std::string_view body) {
   const JsonShape shape = ScanJson(body);
   if (shape.deepest > kMaxJsonNesting)
     return InvalidArgument("body: JSON nested deeper than " + std::to_string(kMaxJsonNesting) +
@@ -441,9 +445,42 @@ Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
     return InvalidArgument("body: not valid JSON (" + why + ")");
   }
   if (!j.is_object()) return WrongType("body", "a JSON object", j);
+  return j;
+}
+
+}  // namespace
+
+Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
+  FM_ASSIGN_OR_RETURN(Json j, ParseBody(body));
   OpenAiRequest r;
   FM_RETURN_IF_ERROR(DecodeObject(j, chat, &r));
   return r;
+}
+
+Result<TokenizeRequest> DecodeTokenizeRequest(std::string_view body) {
+  FM_ASSIGN_OR_RETURN(Json j, ParseBody(body));
+  TokenizeRequest r;
+  FM_RETURN_IF_ERROR(DecodeObject(j, Field(j, "messages") != nullptr, &r.input));
+  if (const Json* v = Field(j, "return_token_strs")) {
+    FM_ASSIGN_OR_RETURN(r.return_token_strs, Boolean(*v, "return_token_strs"));
+  }
+  return r;
+}
+
+Result<std::vector<int32_t>> DecodeDetokenizeRequest(std::string_view body) {
+  FM_ASSIGN_OR_RETURN(Json j, ParseBody(body));
+  const Json* v = Field(j, "tokens");
+  if (!v) return InvalidArgument("tokens: missing");
+  if (!v->is_array()) return WrongType("tokens", "an array of token ids", *v);
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const std::string field = "tokens[" + std::to_string(i) + "]";
+    FM_ASSIGN_OR_RETURN(int64_t id, Integer((*v)[i], field));
+    if (id < 0 || id > std::numeric_limits<int32_t>::max())
+      return InvalidArgument(field + ": " + std::to_string(id) + " is not a token id");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
 }
 
 std::string OpenAiError::ToJson() const {

@@ -1,6 +1,6 @@
 // The JSON bodies of the OpenAI-compatible HTTP API (docs/api.md, "HTTP API"): decoding of
-// /v1/chat/completions and /v1/completions requests into OpenAiRequest, and OpenAI's error
-// object. Plain JSON in, plain structs out (no gRPC, no tokenizer): the fuzz target decodes
+// /v1/chat/completions and /v1/completions requests into OpenAiRequest (and of vLLM's /tokenize
+// and /detokenize), and OpenAI's error object. Plain JSON in, plain structs out (no gRPC, no tokenizer): the fuzz target decodes
 // untrusted bodies with exactly this code. As OpenAI does, unknown fields are ignored; a known
 // field with the wrong type or an out-of-range value is InvalidArgument whose message starts
 // with the field's name ("temperature: ...", "messages[1].role: ...").
@@ -22,6 +22,7 @@ struct OpenAiRequest {
   std::vector<ChatMessage> messages;     // chat
   std::string prompt;                    // completions, text prompt
   std::vector<int32_t> prompt_ids;       // completions, token-id prompt (non-empty when used)
+  bool add_special_tokens = true;        // completions: BOS before a text prompt (vLLM's)
   int64_t max_tokens = 0;                // 0 = unset: as many as the limits allow
   std::string max_tokens_field = "max_tokens";   // the field that set it (errors name it)
   double temperature = 1.0;              // OpenAI's default; 0 = greedy
@@ -54,6 +55,19 @@ inline constexpr size_t kMaxJsonNesting = 64;
 inline constexpr size_t kMaxJsonNodes = 65536;       // objects, arrays and strings
 inline constexpr size_t kMaxJsonScalars = 1 << 20;   // numbers, true, false and null
 Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat);
+
+// /tokenize (vLLM's): a completions body ({"prompt", "add_special_tokens"}) or, when it has
+// "messages", a chat body (the template and its chat_template_kwargs), decoded as above;
+// return_token_strs also asks for each token's text.
+struct TokenizeRequest {
+  OpenAiRequest input;
+  bool return_token_strs = false;
+};
+Result<TokenizeRequest> DecodeTokenizeRequest(std::string_view body);
+
+// /detokenize (vLLM's): {"tokens": [id, ...]}, ids in [0, 2^31) (the tokenizer bounds them by
+// its vocabulary); errors name "tokens" or "tokens[i]".
+Result<std::vector<int32_t>> DecodeDetokenizeRequest(std::string_view body);
 
 // OpenAI's error object: {"error": {"message", "type", "param", "code"}}.
 struct OpenAiError {

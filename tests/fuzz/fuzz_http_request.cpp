@@ -1,5 +1,6 @@
 // libFuzzer target: the coordinator's HTTP request parsing (Beast, with the server's limits)
-// and the OpenAI request decoding of whatever body it yields. Neither may crash, the bytes the
+// and the OpenAI request decoding of whatever body it yields (as a generation, a /tokenize and
+// a /detokenize body). Neither may crash, the bytes the
 // parser holds stay within the header limit; a decoded
 // request must satisfy what the decoder promises, and every error must render as valid JSON
 // naming a field that is in its message.
@@ -15,15 +16,17 @@
 
 namespace {
 
+// A refused body: a 400 whose param (if any) starts its message, rendered as valid JSON.
+void CheckRefusal(const fm::Status& s) {
+  fm::OpenAiError e = fm::ErrorFromStatus(s);
+  if (e.http_status != 400) std::abort();
+  if (!e.param.empty() && s.message().rfind(e.param + ": ", 0) != 0) std::abort();
+  if (nlohmann::json::parse(e.ToJson(), nullptr, false).is_discarded()) std::abort();
+}
+
 void CheckDecoded(const std::string& body, bool chat) {
   auto r = fm::DecodeOpenAiRequest(body, chat);
-  if (!r.ok()) {
-    fm::OpenAiError e = fm::ErrorFromStatus(r.status());
-    if (e.http_status != 400) std::abort();
-    if (!e.param.empty() && r.status().message().rfind(e.param + ": ", 0) != 0) std::abort();
-    if (nlohmann::json::parse(e.ToJson(), nullptr, false).is_discarded()) std::abort();
-    return;
-  }
+  if (!r.ok()) return CheckRefusal(r.status());
   if (chat && r->messages.empty()) std::abort();
   if (!chat && r->prompt.empty() && r->prompt_ids.empty()) std::abort();
   if (r->max_tokens < 0 || r->top_k < 0 || !(r->top_p > 0 && r->top_p <= 1)) std::abort();
@@ -36,6 +39,17 @@ void CheckDecoded(const std::string& body, bool chat) {
     if (id < 0 || !(std::fabs(bias) <= 100)) std::abort();
   for (const auto& s : r->stop)
     if (s.empty()) std::abort();
+}
+
+void CheckTokenizeBodies(const std::string& body) {
+  auto t = fm::DecodeTokenizeRequest(body);
+  if (!t.ok()) CheckRefusal(t.status());
+  else if (t->input.chat ? t->input.messages.empty() : t->input.prompt.empty() && t->input.prompt_ids.empty())
+    std::abort();
+  auto d = fm::DecodeDetokenizeRequest(body);
+  if (!d.ok()) return CheckRefusal(d.status());
+  for (int32_t id : *d)
+    if (id < 0) std::abort();
 }
 
 }  // namespace
@@ -70,7 +84,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const fm::HttpRequest& req = parser.request();
   if (req.body.size() > 8192) std::abort();
   CheckDecoded(req.body, chat);
+  CheckTokenizeBodies(req.body);
   // The raw bytes as a body too: the JSON decoder sees arbitrary text, not only what HTTP framed.
   CheckDecoded(std::string(reinterpret_cast<const char*>(data), size), chat);
+  CheckTokenizeBodies(std::string(reinterpret_cast<const char*>(data), size));
   return 0;
 }

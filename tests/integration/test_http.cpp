@@ -206,6 +206,57 @@ TEST_F(HttpApiTest, CompletionsWithTextAndTokenPrompts) {
   EXPECT_EQ(ParseBody(r)["choices"][0]["text"], text_want.text);
 }
 
+// vLLM's /tokenize gives the ids a completion or a chat of the same body is prefilled with
+// (BOS first for a completion unless add_special_tokens is false), and /detokenize turns them
+// back into the text.
+TEST_F(HttpApiTest, TokenizeAndDetokenizeAgreeWithWhatIsGenerated) {
+  Json tok = {{"prompt", "Once upon a time"}, {"return_token_strs", true}};
+  HttpResult r = HttpCall(port(), "POST", "/tokenize", tok.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const Json with_bos = ParseBody(r);
+  const std::vector<int32_t> ids = with_bos["tokens"];
+  ASSERT_GE(ids.size(), 3u) << r.body;
+  EXPECT_EQ(with_bos["count"], ids.size());
+  EXPECT_EQ(with_bos["max_model_len"], 4096);
+  EXPECT_EQ(with_bos["token_strs"].size(), ids.size());
+  // The text prompt and its ids generate the same, from prompts of the same length.
+  Json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}};
+  HttpResult text = HttpCall(port(), "POST", "/v1/completions", body.dump());
+  body["prompt"] = ids;
+  HttpResult by_ids = HttpCall(port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(text.status, 200) << text.raw;
+  ASSERT_EQ(by_ids.status, 200) << by_ids.raw;
+  EXPECT_EQ(ParseBody(text)["choices"][0]["text"], ParseBody(by_ids)["choices"][0]["text"]);
+  EXPECT_EQ(ParseBody(text)["usage"]["prompt_tokens"], ids.size());
+  // Without the BOS: the same ids less the first, for tokenize and for the completion.
+  tok["add_special_tokens"] = false;
+  r = HttpCall(port(), "POST", "/tokenize", tok.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const std::vector<int32_t> bare = ParseBody(r)["tokens"];
+  EXPECT_EQ(bare, std::vector<int32_t>(ids.begin() + 1, ids.end()));
+  body["prompt"] = "Once upon a time";
+  body["add_special_tokens"] = false;
+  text = HttpCall(port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(text.status, 200) << text.raw;
+  EXPECT_EQ(ParseBody(text)["usage"]["prompt_tokens"], bare.size());
+  r = HttpCall(port(), "POST", "/detokenize", Json{{"tokens", bare}}.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ParseBody(r)["prompt"], "Once upon a time");
+  // A chat body: the template's ids, as many as the chat completion's prompt.
+  Json chat = ChatBody("Why is the sky blue?", 2);
+  r = HttpCall(port(), "POST", "/tokenize", Json{{"messages", chat["messages"]}}.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  HttpResult c = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(c.status, 200) << c.raw;
+  EXPECT_EQ(ParseBody(r)["count"], ParseBody(c)["usage"]["prompt_tokens"]);
+  // Errors name the field; both paths take POST only.
+  r = HttpCall(port(), "POST", "/detokenize", R"({"tokens": [1, 99999999]})");
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_EQ(ParseBody(r)["error"]["param"], "tokens[1]") << r.body;
+  r = HttpCall(port(), "GET", "/tokenize", "");
+  EXPECT_EQ(r.status, 405) << r.raw;
+}
+
 // chat_template_kwargs.thinking (vLLM's switch for DeepSeek models) renders the last user turn's
 // assistant prefix as "<think>": the chat answers as a raw completion of that text does, and
 // without it as one of the chat-mode text ("</think>"). In thinking mode that answer is the

@@ -185,6 +185,43 @@ TEST(DecodeOpenAiRequest, AnAssistantTurnWithReasoningAndNullContentIsAccepted) 
   EXPECT_EQ(r->messages[1].content, "");
 }
 
+// vLLM's /tokenize: a completions body, or a chat body when it has messages; add_special_tokens
+// (completions' BOS) and return_token_strs decoded, a chat's add_special_tokens refused unless
+// false (its template writes the BOS). /detokenize: token ids, errors naming the element.
+TEST(DecodeOpenAiRequest, TokenizeAndDetokenizeBodies) {
+  auto t = DecodeTokenizeRequest(R"({"prompt": "hi", "add_special_tokens": false, "return_token_strs": true})");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_FALSE(t->input.chat);
+  EXPECT_EQ(t->input.prompt, "hi");
+  EXPECT_FALSE(t->input.add_special_tokens);
+  EXPECT_TRUE(t->return_token_strs);
+  auto c = DecodeTokenizeRequest(R"({"messages": [{"role": "user", "content": "x"}],
+      "chat_template_kwargs": {"thinking": true}, "add_special_tokens": false})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->input.chat && c->input.thinking);
+  EXPECT_FALSE(c->return_token_strs);
+  EXPECT_TRUE(DecodeOpenAiRequest(R"({"prompt": "x"})", false)->add_special_tokens) << "vLLM's default";
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"messages": [{"role": "user", "content": "x"}], "add_special_tokens": true})", "add_special_tokens"},
+           {R"({"prompt": "x", "add_special_tokens": "no"})", "add_special_tokens"},
+           {R"({"prompt": "x", "return_token_strs": 1})", "return_token_strs"},
+           {R"({"return_token_strs": true})", "prompt"}}) {
+    auto bad = DecodeTokenizeRequest(body);
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.status().message().rfind(field + ":", 0), 0u) << bad.status().ToString();
+  }
+  auto d = DecodeDetokenizeRequest(R"({"model": "m", "tokens": [0, 7, 2147483647]})");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(*d, (std::vector<int32_t>{0, 7, 2147483647}));
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({})", "tokens"}, {R"({"tokens": "1 2"})", "tokens"}, {R"({"tokens": [1, -1]})", "tokens[1]"},
+           {R"({"tokens": [1, 2.5]})", "tokens[1]"}, {R"({"tokens": [2147483648]})", "tokens[0]"}, {R"([1])", "body"}}) {
+    auto bad = DecodeDetokenizeRequest(body);
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.status().message().rfind(field + ":", 0), 0u) << bad.status().ToString();
+  }
+}
+
 TEST(DecodeOpenAiRequest, ChatFieldsAndDefaults) {
   auto r = DecodeOpenAiRequest(R"({"model": "m", "messages": [{"role": "system", "content": "Be brief."},
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
