@@ -88,6 +88,8 @@ class ApiService final : public flashmesh::v1::Inference::Service {
   // Whether bearer tokens are checked: only then does a token name a client (else any client
   // could send a new one with each request and never reach its limit).
   bool checks_tokens() const { return !options_.api_tokens.empty(); }
+  // The model's vocab_size (config.json): a prompt's token ids are below it.
+  int64_t vocab_size() const { return model_.vocab_size; }
 
  private:
   Status Authenticate(grpc::ServerContext* ctx) const;

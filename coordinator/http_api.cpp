@@ -193,8 +193,11 @@ void HttpApi::Tokenize(const HttpRequest& req, HttpResponder* out) const {
   if (!ids.ok()) return ReplyError(out, ids.status());
   Json strs = nullptr;
   if (r->return_token_strs) {
-    strs = Json::array();   // as completions' logprobs spell a token (CompletionToken)
-    for (int32_t id : *ids) strs.push_back(CompletionToken(id, TokenString(id, "")));
+    strs = Json::array();   // as tokenizer.json spells them (vLLM's convert_ids_to_tokens)
+    for (int32_t id : *ids) {
+      auto token = tokenizer_ ? tokenizer_->IdToToken(id) : Result<std::string>(std::string());
+      strs.push_back(token.ok() ? *token : "token_id:" + std::to_string(id));
+    }
   }
   out->Reply(200, "application/json", Dump({{"count", ids->size()}, {"max_model_len", options_.max_context},
                                              {"tokens", *ids}, {"token_strs", std::move(strs)}}));
@@ -237,7 +240,13 @@ void HttpApi::Models(HttpResponder* out) const {
 
 Result<std::vector<int32_t>> HttpApi::PromptIds(const OpenAiRequest& r, bool* opens_reasoning) const {
   *opens_reasoning = false;
-  if (!r.chat && !r.prompt_ids.empty()) return r.prompt_ids;
+  if (!r.chat && !r.prompt_ids.empty()) {
+    for (size_t i = 0; i < r.prompt_ids.size(); ++i)
+      if (r.prompt_ids[i] >= grpc_api_->vocab_size())
+        return InvalidArgument("prompt[" + std::to_string(i) + "]: " + std::to_string(r.prompt_ids[i]) +
+                               " outside [0, " + std::to_string(grpc_api_->vocab_size()) + ") (vocab_size)");
+    return r.prompt_ids;
+  }
   const std::string input = r.chat ? "messages" : "prompt";
   if (!tokenizer_) return InvalidArgument(input + ": this model has no tokenizer.json; send prompt as token ids");
   std::string text;

@@ -120,7 +120,8 @@ Status DecodeMessages(const Json& v, OpenAiRequest* r) {
 }
 
 // A prompt: a string, or an array of token ids (or an array holding one of either).
-Status DecodePrompt(const Json& v, OpenAiRequest* r) {
+// allow_empty: "" is a prompt (/tokenize counts it, as vLLM's does); a generation refuses it.
+Status DecodePrompt(const Json& v, OpenAiRequest* r, bool allow_empty) {
   const Json* p = &v;
   // OpenAI's batch: an array of prompts (strings or arrays of ids); one of them is the prompt.
   if (v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array())) {
@@ -129,7 +130,7 @@ Status DecodePrompt(const Json& v, OpenAiRequest* r) {
   }
   if (p->is_string()) {
     r->prompt = p->get<std::string>();
-    if (r->prompt.empty()) return InvalidArgument("prompt: empty");
+    if (r->prompt.empty() && !allow_empty) return InvalidArgument("prompt: empty");
     return Status::Ok();
   }
   if (!p->is_array()) return WrongType("prompt", "a string or an array of token ids", *p);
@@ -307,7 +308,8 @@ Status RefuseUnsupported(const Json& j, bool chat) {
   return Status::Ok();
 }
 
-Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
+// tokenize: a /tokenize body, whose text prompt may be empty.
+Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r, bool tokenize = false) {
   r->chat = chat;
   if (const Json* v = Field(j, "model")) {
     FM_ASSIGN_OR_RETURN(r->model, String(*v, "model"));
@@ -319,7 +321,7 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r) {
   } else {
     const Json* p = Field(j, "prompt");
     if (!p) return InvalidArgument("prompt: missing");
-    FM_RETURN_IF_ERROR(DecodePrompt(*p, r));
+    FM_RETURN_IF_ERROR(DecodePrompt(*p, r, tokenize));
     if (const Json* v = Field(j, "add_special_tokens")) {
       FM_ASSIGN_OR_RETURN(r->add_special_tokens, Boolean(*v, "add_special_tokens"));
     }
@@ -460,7 +462,7 @@ Result<OpenAiRequest> DecodeOpenAiRequest(std::string_view body, bool chat) {
 Result<TokenizeRequest> DecodeTokenizeRequest(std::string_view body) {
   FM_ASSIGN_OR_RETURN(Json j, ParseBody(body));
   TokenizeRequest r;
-  FM_RETURN_IF_ERROR(DecodeObject(j, Field(j, "messages") != nullptr, &r.input));
+  FM_RETURN_IF_ERROR(DecodeObject(j, Field(j, "messages") != nullptr, &r.input, /*tokenize=*/true));
   if (const Json* v = Field(j, "return_token_strs")) {
     FM_ASSIGN_OR_RETURN(r.return_token_strs, Boolean(*v, "return_token_strs"));
   }

@@ -503,6 +503,15 @@ Result<std::string> Tokenizer::TokenBytes(int32_t id) const {
   return impl_->id_bytes[id];
 }
 
+Result<std::string> Tokenizer::IdToToken(int32_t id) const {
+  FM_ASSIGN_OR_RETURN(std::string bytes, TokenBytes(id));
+  std::string mapped = tok::ByteMap(bytes);
+  // A vocab token is stored byte-mapped; an added token (its id not the vocab's for those
+  // bytes) as its content.
+  auto it = impl_->vocab.find(mapped);
+  return it != impl_->vocab.end() && it->second == id ? mapped : bytes;
+}
+
 Result<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string raw, out;
   for (int32_t id : ids) {

@@ -36,6 +36,9 @@ class Tokenizer {
   Result<std::string> TokenBytes(int32_t id) const;
   // Id of a vocab or added token string (as stored in tokenizer.json), -1 when absent.
   int32_t TokenToId(const std::string& token) const;
+  // The inverse: the token as tokenizer.json stores it (a vocab token byte-mapped, " world" as
+  // "Ġworld"; an added token its content), HF's convert_ids_to_tokens. Errors as TokenBytes.
+  Result<std::string> IdToToken(int32_t id) const;
   bool IsSpecial(int32_t id) const;
 
   int32_t bos_id() const;

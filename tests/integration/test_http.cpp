@@ -234,6 +234,12 @@ TEST_F(HttpApiTest, TokenizeAndDetokenizeAgreeWithWhatIsGenerated) {
   ASSERT_EQ(r.status, 200) << r.raw;
   const std::vector<int32_t> bare = ParseBody(r)["tokens"];
   EXPECT_EQ(bare, std::vector<int32_t>(ids.begin() + 1, ids.end()));
+  // token_strs as tokenizer.json spells the tokens (vLLM's convert_ids_to_tokens): a space is Ġ.
+  std::string spelled;
+  const Json strs = ParseBody(r)["token_strs"];
+  for (const auto& s : strs) spelled += s.get<std::string>();
+  for (size_t at; (at = spelled.find("Ġ")) != std::string::npos;) spelled.replace(at, 2, " ");
+  EXPECT_EQ(spelled, "Once upon a time") << r.body;
   body["prompt"] = "Once upon a time";
   body["add_special_tokens"] = false;
   text = HttpCall(port(), "POST", "/v1/completions", body.dump());
@@ -249,10 +255,22 @@ TEST_F(HttpApiTest, TokenizeAndDetokenizeAgreeWithWhatIsGenerated) {
   HttpResult c = HttpCall(port(), "POST", "/v1/chat/completions", chat.dump());
   ASSERT_EQ(c.status, 200) << c.raw;
   EXPECT_EQ(ParseBody(r)["count"], ParseBody(c)["usage"]["prompt_tokens"]);
-  // Errors name the field; both paths take POST only.
+  // An empty text is counted: the BOS, or nothing.
+  r = HttpCall(port(), "POST", "/tokenize", R"({"prompt": ""})");
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ParseBody(r)["tokens"], Json::array({ids[0]}));
+  r = HttpCall(port(), "POST", "/tokenize", R"({"prompt": "", "add_special_tokens": false})");
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ParseBody(r)["count"], 0);
+  // Errors name the field, as a generation of the same body would; both paths take POST only.
   r = HttpCall(port(), "POST", "/detokenize", R"({"tokens": [1, 99999999]})");
   EXPECT_EQ(r.status, 400) << r.raw;
   EXPECT_EQ(ParseBody(r)["error"]["param"], "tokens[1]") << r.body;
+  for (const char* path : {"/tokenize", "/v1/completions"}) {
+    r = HttpCall(port(), "POST", path, R"({"prompt": [1, 99999999]})");
+    EXPECT_EQ(r.status, 400) << r.raw;
+    EXPECT_EQ(ParseBody(r)["error"]["param"], "prompt[1]") << path << ": " << r.body;
+  }
   r = HttpCall(port(), "GET", "/tokenize", "");
   EXPECT_EQ(r.status, 405) << r.raw;
 }

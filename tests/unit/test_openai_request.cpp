@@ -201,6 +201,10 @@ TEST(DecodeOpenAiRequest, TokenizeAndDetokenizeBodies) {
   EXPECT_TRUE(c->input.chat && c->input.thinking);
   EXPECT_FALSE(c->return_token_strs);
   EXPECT_TRUE(DecodeOpenAiRequest(R"({"prompt": "x"})", false)->add_special_tokens) << "vLLM's default";
+  // An empty text is counted (vLLM's /tokenize), not generated from.
+  ASSERT_TRUE(DecodeTokenizeRequest(R"({"prompt": ""})").ok());
+  EXPECT_FALSE(DecodeOpenAiRequest(R"({"prompt": ""})", false).ok());
+  EXPECT_FALSE(DecodeTokenizeRequest(R"({"prompt": []})").ok()) << "no ids is no prompt";
   for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
            {R"({"messages": [{"role": "user", "content": "x"}], "add_special_tokens": true})", "add_special_tokens"},
            {R"({"prompt": "x", "add_special_tokens": "no"})", "add_special_tokens"},

@@ -87,6 +87,13 @@ TEST(Tokenizer, MiniAddedTokensMatchedFirstLongest) {
   EXPECT_EQ(*t.Decode({0, 9, 10, 1}), "a<|x|><|xy|>b");
   EXPECT_EQ(*t.Decode({0, 9, 10, 1}, /*skip_special=*/true), "a<|xy|>b");
   EXPECT_EQ(t.vocab_size(), 11);
+  // IdToToken: tokenizer.json's spelling (Ġ for the space byte), an added token's content.
+  EXPECT_EQ(*t.IdToToken(7), "Ġa");
+  EXPECT_EQ(*t.IdToToken(3), "Ġ");
+  EXPECT_EQ(*t.IdToToken(4), "ab");
+  EXPECT_EQ(*t.IdToToken(10), "<|xy|>");
+  EXPECT_EQ(t.IdToToken(11).status().code(), Code::kOutOfRange);
+  for (int32_t id = 0; id <= 10; ++id) EXPECT_EQ(t.TokenToId(*t.IdToToken(id)), id) << id;
 }
 
 // Added tokens that share a prefix: at each position the longest one the text holds, even where a
