@@ -55,6 +55,12 @@ Json LogprobEntry(const std::string& token, float logprob) {
   return {{"token", token}, {"logprob", logprob}, {"bytes", bytes}};
 }
 
+// How errors name a completion's prompt k: "prompt", or "prompt[k]" in a batch of several
+// (the decoder's names).
+std::string PromptField(const OpenAiRequest& r, size_t k) {
+  return r.prompts.size() > 1 ? "prompt[" + std::to_string(k) + "]" : "prompt";
+}
+
 // A token as completions' logprobs name it (in `tokens` and as a `top_logprobs` key): its text
 // when that is whole UTF-8, else OpenAI's "bytes:\xNN..." spelling, and vLLM's "token_id:N"
 // without a tokenizer. So two tokens never share a key.
@@ -139,12 +145,14 @@ struct HttpApi::Job {
       else choices[i]->meter.Cancelled();
     }
   }
-  // The usage of every choice together: the prompt once (as OpenAI counts it), the tokens of all.
+  // The usage of every choice together: each prompt once (as OpenAI counts it: choices k * n ..
+  // k * n + n - 1 are prompt k's), the tokens of all.
   Json TotalUsage() const {
     flashmesh::v1::Usage u;
-    for (const auto& c : choices) {
-      u.set_prompt_tokens(c->finish.usage().prompt_tokens());
-      u.set_completion_tokens(u.completion_tokens() + c->finish.usage().completion_tokens());
+    for (size_t k = 0; k < choices.size(); ++k) {
+      const auto& usage = choices[k]->finish.usage();
+      if (k % static_cast<size_t>(req.n) == 0) u.set_prompt_tokens(u.prompt_tokens() + usage.prompt_tokens());
+      u.set_completion_tokens(u.completion_tokens() + usage.completion_tokens());
     }
     return Usage(u);
   }
@@ -189,7 +197,7 @@ void HttpApi::Tokenize(const HttpRequest& req, HttpResponder* out) const {
   auto r = DecodeTokenizeRequest(req.body);
   if (!r.ok()) return ReplyError(out, r.status());
   bool opens_reasoning = false;
-  auto ids = PromptIds(r->input, &opens_reasoning);
+  auto ids = PromptIds(r->input, 0, &opens_reasoning);
   if (!ids.ok()) return ReplyError(out, ids.status());
   Json strs = nullptr;
   if (r->return_token_strs) {
@@ -238,16 +246,18 @@ void HttpApi::Models(HttpResponder* out) const {
   out->Reply(200, "application/json", Dump({{"object", "list"}, {"data", Json::array({model})}}));
 }
 
-Result<std::vector<int32_t>> HttpApi::PromptIds(const OpenAiRequest& r, bool* opens_reasoning) const {
+Result<std::vector<int32_t>> HttpApi::PromptIds(const OpenAiRequest& r, size_t prompt,
+                                                bool* opens_reasoning) const {
   *opens_reasoning = false;
-  if (!r.chat && !r.prompt_ids.empty()) {
-    for (size_t i = 0; i < r.prompt_ids.size(); ++i)
-      if (r.prompt_ids[i] >= grpc_api_->vocab_size())
-        return InvalidArgument("prompt[" + std::to_string(i) + "]: " + std::to_string(r.prompt_ids[i]) +
+  const std::string input = r.chat ? "messages" : PromptField(r, prompt);
+  const OpenAiRequest::Prompt* p = r.chat ? nullptr : &r.prompts.at(prompt);
+  if (p && !p->ids.empty()) {
+    for (size_t i = 0; i < p->ids.size(); ++i)
+      if (p->ids[i] >= grpc_api_->vocab_size())
+        return InvalidArgument(input + "[" + std::to_string(i) + "]: " + std::to_string(p->ids[i]) +
                                " outside [0, " + std::to_string(grpc_api_->vocab_size()) + ") (vocab_size)");
-    return r.prompt_ids;
+    return p->ids;
   }
-  const std::string input = r.chat ? "messages" : "prompt";
   if (!tokenizer_) return InvalidArgument(input + ": this model has no tokenizer.json; send prompt as token ids");
   std::string text;
   if (r.chat) {
@@ -258,7 +268,7 @@ Result<std::vector<int32_t>> HttpApi::PromptIds(const OpenAiRequest& r, bool* op
   } else if (r.add_special_tokens) {   // a completion continues BOS + the prompt, as vLLM's
     FM_ASSIGN_OR_RETURN(text, tokenizer_->TokenBytes(tokenizer_->bos_id()));
   }
-  if (!r.chat) text += r.prompt;
+  if (p) text += p->text;
   // As gRPC's input.text: no tokenizing of megabytes that cannot fit the context anyway.
   FM_RETURN_IF_ERROR(CheckPromptBytes(input, text.size(), options_.max_context));
   auto ids = tokenizer_->Encode(text);
@@ -266,13 +276,14 @@ Result<std::vector<int32_t>> HttpApi::PromptIds(const OpenAiRequest& r, bool* op
   return std::move(ids).value();
 }
 
-Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, bool* opens_reasoning) const {
+Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, size_t prompt, bool* opens_reasoning) const {
   flashmesh::v1::GenerateRequest g;
-  FM_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(r, opens_reasoning));
+  FM_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(r, prompt, opens_reasoning));
   g.mutable_tokens()->mutable_ids()->Add(ids.begin(), ids.end());
-  const int64_t prompt = g.tokens().ids_size();
+  const int64_t prompt_tokens = g.tokens().ids_size();
   int64_t max_tokens = r.max_tokens;
-  if (max_tokens == 0) max_tokens = std::max<int64_t>(1, std::min(options_.max_tokens, options_.max_context - prompt));
+  if (max_tokens == 0)
+    max_tokens = std::max<int64_t>(1, std::min(options_.max_tokens, options_.max_context - prompt_tokens));
   if (max_tokens > options_.max_tokens)
     return InvalidArgument(r.max_tokens_field + ": " + std::to_string(max_tokens) + " outside [1, " +
                            std::to_string(options_.max_tokens) + "] (limits.max_tokens)");
@@ -302,8 +313,9 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, bool* opens_rea
   if (params.ok()) return params;
   // The gRPC validator names gRPC's fields: say the request's instead.
   std::string msg = params.status().message();
-  if (msg.rfind("input.tokens.ids", 0) == 0) msg = "prompt" + msg.substr(16);
-  else if (msg.rfind("input", 0) == 0) msg = (r.chat ? "messages" : "prompt") + msg.substr(5);
+  const std::string input = r.chat ? "messages" : PromptField(r, prompt);
+  if (msg.rfind("input.tokens.ids", 0) == 0) msg = input + msg.substr(16);
+  else if (msg.rfind("input", 0) == 0) msg = input + msg.substr(5);
   else if (msg.rfind("sampling.", 0) == 0) msg = msg.substr(9);   // HTTP's fields are top-level
   return Status(params.status().code(), msg);
 }
@@ -326,33 +338,39 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   job.req = std::move(decoded).value();
   // Each choice is a generation of the client's, queued with the others: more than it may run
   // at once, or than the queue holds, can never start (a 429 would be retried for ever).
-  if (job.req.n > options_.max_streams_per_client)
-    return fail(InvalidArgument("n: " + std::to_string(job.req.n) + " choices, more than the " +
-                                std::to_string(options_.max_streams_per_client) +
+  const size_t prompts = chat ? 1 : job.req.prompts.size();
+  const int64_t total = job.req.n * static_cast<int64_t>(prompts);
+  const std::string what = std::to_string(job.req.n) + " choices" +
+                           (prompts > 1 ? " of " + std::to_string(prompts) + " prompts" : "");
+  if (total > options_.max_streams_per_client)
+    return fail(InvalidArgument("n: " + what + ", more than the " + std::to_string(options_.max_streams_per_client) +
                                 " generations a client may run at once (limits.max_streams_per_client)"));
-  if (job.req.n > scheduler_->max_queue())
-    return fail(InvalidArgument("n: " + std::to_string(job.req.n) + " choices, more than the " +
-                                std::to_string(scheduler_->max_queue()) +
+  if (total > scheduler_->max_queue())
+    return fail(InvalidArgument("n: " + what + ", more than the " + std::to_string(scheduler_->max_queue()) +
                                 " requests the queue holds (limits.max_queue)"));
-  auto params = ToParams(job.req, &job.reasoning);
-  if (!params.ok()) return fail(params.status());
+  std::vector<GenerateParams> per_prompt;
+  for (size_t p = 0; p < prompts; ++p) {
+    auto params = ToParams(job.req, p, &job.reasoning);
+    if (!params.ok()) return fail(params.status());
+    per_prompt.push_back(std::move(params).value());
+  }
   for (const auto& s : job.req.stop) job.hold = std::max(job.hold, s.size() - 1);
-  const int64_t prompt_tokens = static_cast<int64_t>(params->prompt.size());
   // HTTP requests carry no address here: a client is its (checked) token; without tokens,
   // every HTTP client is one.
   const std::string client = grpc_api_->StreamClient(http.Header("authorization"), "http");
-  auto slots = grpc_api_->AcquireStreams(client, job.req.n);
+  auto slots = grpc_api_->AcquireStreams(client, total);
   if (!slots.ok()) return fail(slots.status(), "rate_limit_exceeded");
   std::random_device rd;
   std::vector<GenerateParams> choices;
-  for (int64_t i = 0; i < job.req.n; ++i) {
-    // Choice i draws from seed + i (a given seed still gives the same n choices), or from a
-    // seed of its own.
-    choices.push_back(*params);
-    if (i > 0)
-      choices.back().sampling.set_seed(job.req.seed ? *job.req.seed + static_cast<uint64_t>(i)
-                                                    : (static_cast<uint64_t>(rd()) << 32) | rd());
-  }
+  for (const GenerateParams& params : per_prompt)
+    for (int64_t i = 0; i < job.req.n; ++i) {
+      // Choice i of a prompt draws from seed + i (a given seed still gives the same n choices,
+      // and a prompt of a batch the choices it gets alone), or from a seed of its own.
+      choices.push_back(params);
+      if (i > 0)
+        choices.back().sampling.set_seed(job.req.seed ? *job.req.seed + static_cast<uint64_t>(i)
+                                                      : (static_cast<uint64_t>(rd()) << 32) | rd());
+    }
   auto streams = scheduler_->SubmitAll(std::move(choices));
   if (!streams.ok()) return fail(streams.status());
   for (size_t i = 0; i < streams->size(); ++i) {
@@ -360,7 +378,7 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
     c->slot = std::move((*slots)[i]);
     c->stream = (*streams)[i];
     c->stream->SetWaker(job.waker);
-    c->meter.Submitted(prompt_tokens);
+    c->meter.Submitted(static_cast<int64_t>(per_prompt[i / job.req.n].prompt.size()));
     job.choices.push_back(std::move(c));
   }
   char id[48];

@@ -46,8 +46,9 @@ class HttpApi {
   // with add_special_tokens), encoded; or its ids. *opens_reasoning: the rendered chat prompt
   // ends inside a reasoning block (thinking mode's "<think>"), so the answer splits into
   // reasoning_content and content (docs/api.md "Thinking").
-  Result<std::vector<int32_t>> PromptIds(const OpenAiRequest& r, bool* opens_reasoning) const;
-  Result<GenerateParams> ToParams(const OpenAiRequest& r, bool* opens_reasoning) const;
+  // prompt: which of a completion's prompts (errors name it as PromptField does).
+  Result<std::vector<int32_t>> PromptIds(const OpenAiRequest& r, size_t prompt, bool* opens_reasoning) const;
+  Result<GenerateParams> ToParams(const OpenAiRequest& r, size_t prompt, bool* opens_reasoning) const;
   // vLLM's /tokenize and /detokenize (docs/api.md).
   void Tokenize(const HttpRequest& req, HttpResponder* out) const;
   void Detokenize(const HttpRequest& req, HttpResponder* out) const;

@@ -119,27 +119,39 @@ Status DecodeMessages(const Json& v, OpenAiRequest* r) {
   return Status::Ok();
 }
 
-// A prompt: a string, or an array of token ids (or an array holding one of either).
-// allow_empty: "" is a prompt (/tokenize counts it, as vLLM's does); a generation refuses it.
-Status DecodePrompt(const Json& v, OpenAiRequest* r, bool allow_empty) {
-  const Json* p = &v;
-  // OpenAI's batch: an array of prompts (strings or arrays of ids); one of them is the prompt.
-  if (v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array())) {
-    if (v.size() > 1) return InvalidArgument("prompt: batches of prompts are not supported (one prompt per request)");
-    p = &v[0];
-  }
-  if (p->is_string()) {
-    r->prompt = p->get<std::string>();
-    if (r->prompt.empty() && !allow_empty) return InvalidArgument("prompt: empty");
+// One prompt named `field`: a string, or an array of token ids. allow_empty: "" is a prompt
+// (/tokenize counts it, as vLLM's does); a generation refuses it.
+Status DecodeOnePrompt(const Json& p, const std::string& field, bool allow_empty, OpenAiRequest::Prompt* out) {
+  if (p.is_string()) {
+    out->text = p.get<std::string>();
+    if (out->text.empty() && !allow_empty) return InvalidArgument(field + ": empty");
     return Status::Ok();
   }
-  if (!p->is_array()) return WrongType("prompt", "a string or an array of token ids", *p);
-  if (p->empty()) return InvalidArgument("prompt: empty");
-  for (size_t i = 0; i < p->size(); ++i) {
-    const std::string field = "prompt[" + std::to_string(i) + "]";
-    FM_ASSIGN_OR_RETURN(int64_t id, Integer((*p)[i], field));
-    if (id < 0 || id > std::numeric_limits<int32_t>::max()) return InvalidArgument(field + ": " + std::to_string(id) + " is not a token id");
-    r->prompt_ids.push_back(static_cast<int32_t>(id));
+  if (!p.is_array()) return WrongType(field, "a string or an array of token ids", p);
+  if (p.empty()) return InvalidArgument(field + ": empty");
+  for (size_t i = 0; i < p.size(); ++i) {
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    FM_ASSIGN_OR_RETURN(int64_t id, Integer(p[i], at));
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) return InvalidArgument(at + ": " + std::to_string(id) + " is not a token id");
+    out->ids.push_back(static_cast<int32_t>(id));
+  }
+  return Status::Ok();
+}
+
+// A prompt, or OpenAI's batch: an array of prompts (strings or arrays of ids), each named
+// prompt[i] (a batch of one keeps the name "prompt").
+Status DecodePrompt(const Json& v, OpenAiRequest* r, bool allow_empty) {
+  if (!(v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array()))) {
+    r->prompts.resize(1);
+    return DecodeOnePrompt(v, "prompt", allow_empty, &r->prompts[0]);
+  }
+  if (static_cast<int64_t>(v.size()) > kMaxChoices)
+    return InvalidArgument("prompt: a batch of " + std::to_string(v.size()) + " prompts, more than " +
+                           std::to_string(kMaxChoices));
+  r->prompts.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string field = v.size() == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]";
+    FM_RETURN_IF_ERROR(DecodeOnePrompt(v[i], field, allow_empty, &r->prompts[i]));
   }
   return Status::Ok();
 }
@@ -330,6 +342,9 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r, bool tokenize = 
     FM_ASSIGN_OR_RETURN(r->n, Integer(*v, "n"));
     if (r->n < 1 || r->n > kMaxChoices)
       return InvalidArgument("n: " + std::to_string(r->n) + " outside [1, " + std::to_string(kMaxChoices) + "]");
+    if (r->n * static_cast<int64_t>(r->prompts.size()) > kMaxChoices)
+      return InvalidArgument("n: " + std::to_string(r->n) + " choices of " + std::to_string(r->prompts.size()) +
+                             " prompts, more than " + std::to_string(kMaxChoices) + " in all");
   }
   // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI's API.
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
@@ -463,6 +478,7 @@ Result<TokenizeRequest> DecodeTokenizeRequest(std::string_view body) {
   FM_ASSIGN_OR_RETURN(Json j, ParseBody(body));
   TokenizeRequest r;
   FM_RETURN_IF_ERROR(DecodeObject(j, Field(j, "messages") != nullptr, &r.input, /*tokenize=*/true));
+  if (r.input.prompts.size() > 1) return InvalidArgument("prompt: /tokenize takes one prompt, not a batch");
   if (const Json* v = Field(j, "return_token_strs")) {
     FM_ASSIGN_OR_RETURN(r.return_token_strs, Boolean(*v, "return_token_strs"));
   }

@@ -20,8 +20,13 @@ struct OpenAiRequest {
   bool chat = true;                      // /v1/chat/completions; false: /v1/completions
   std::string model;                     // informative: one model is served
   std::vector<ChatMessage> messages;     // chat
-  std::string prompt;                    // completions, text prompt
-  std::vector<int32_t> prompt_ids;       // completions, token-id prompt (non-empty when used)
+  // Completions: the prompts, one or OpenAI's batch of several; each is a text or token ids
+  // (ids non-empty when used) and gets n choices (choice index = prompt * n + choice).
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;
+  };
+  std::vector<Prompt> prompts;
   bool add_special_tokens = true;        // completions: BOS before a text prompt (vLLM's)
   int64_t max_tokens = 0;                // 0 = unset: as many as the limits allow
   std::string max_tokens_field = "max_tokens";   // the field that set it (errors name it)

@@ -28,7 +28,9 @@ void CheckDecoded(const std::string& body, bool chat) {
   auto r = fm::DecodeOpenAiRequest(body, chat);
   if (!r.ok()) return CheckRefusal(r.status());
   if (chat && r->messages.empty()) std::abort();
-  if (!chat && r->prompt.empty() && r->prompt_ids.empty()) std::abort();
+  if (!chat && (r->prompts.empty() || r->n * static_cast<int64_t>(r->prompts.size()) > 128)) std::abort();
+  for (const auto& p : r->prompts)
+    if (!chat && p.text.empty() && p.ids.empty()) std::abort();
   if (r->max_tokens < 0 || r->top_k < 0 || !(r->top_p > 0 && r->top_p <= 1)) std::abort();
   if (!(r->temperature >= 0 && r->temperature <= 2) || r->top_logprobs < 0 || r->top_logprobs > 20) std::abort();
   if (!(r->min_p >= 0 && r->min_p <= 1) || !(r->repetition_penalty > 0 && r->repetition_penalty <= 1e6)) std::abort();
@@ -44,7 +46,7 @@ void CheckDecoded(const std::string& body, bool chat) {
 void CheckTokenizeBodies(const std::string& body) {
   auto t = fm::DecodeTokenizeRequest(body);
   if (!t.ok()) CheckRefusal(t.status());
-  else if (t->input.chat ? t->input.messages.empty() : t->input.prompt.empty() && t->input.prompt_ids.empty())
+  else if (t->input.chat ? t->input.messages.empty() : t->input.prompts.size() != 1)
     std::abort();
   auto d = fm::DecodeDetokenizeRequest(body);
   if (!d.ok()) return CheckRefusal(d.status());

@@ -403,6 +403,49 @@ TEST_F(HttpApiTest, ThinkingSplitsReasoningFromContentAtTheEndTag) {
   EXPECT_TRUE(ParseBody(r)["choices"][0]["message"]["content"].is_string()) << r.body;
 }
 
+// OpenAI's batch of prompts: each prompt gets n choices (index prompt * n + j), each the
+// generation a request of that prompt alone gets (seed + j), streamed or not; usage counts
+// each prompt once.
+TEST_F(HttpApiTest, ABatchOfPromptsAnswersEachAsItsOwnRequestWould) {
+  const std::vector<std::string> prompts = {"Once upon", "The cat sat"};
+  Json one = {{"max_tokens", 5}, {"temperature", 0.9}, {"seed", 7}, {"n", 2}, {"ignore_eos", true}};
+  std::vector<std::string> want;
+  int prompt_tokens = 0;
+  for (const auto& p : prompts) {
+    one["prompt"] = p;
+    HttpResult r = HttpCall(port(), "POST", "/v1/completions", one.dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const Json body = ParseBody(r);
+    for (const auto& c : body["choices"]) want.push_back(c["text"]);
+    prompt_tokens += body["usage"]["prompt_tokens"].get<int>();
+  }
+  Json batch = one;
+  batch["prompt"] = prompts;
+  HttpResult r = HttpCall(port(), "POST", "/v1/completions", batch.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const Json body = ParseBody(r);
+  ASSERT_EQ(body["choices"].size(), 4u) << r.body;
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(body["choices"][k]["index"], k);
+    EXPECT_EQ(body["choices"][k]["text"], want[k]) << "choice " << k;
+  }
+  EXPECT_EQ(body["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 20);
+  batch["stream"] = true;
+  r = HttpCall(port(), "POST", "/v1/completions", batch.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::vector<std::string> streamed(4);
+  for (const Json& e : Events(r.body))
+    for (const Json& c : e["choices"]) streamed.at(c["index"].get<size_t>()) += c["text"].get<std::string>();
+  EXPECT_EQ(streamed, want) << r.body;
+  // Errors name the prompt of the batch.
+  batch["prompt"] = Json::array({"ok", Json::array({1, 99999999})});
+  batch["stream"] = false;
+  r = HttpCall(port(), "POST", "/v1/completions", batch.dump());
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_EQ(ParseBody(r)["error"]["param"], "prompt[1][1]") << r.body;
+}
+
 TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
   auto stub = Connect(cluster_->api());
   Generation want = Generate(stub.get(), GreedyText("hello world", 5));

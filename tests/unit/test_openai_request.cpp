@@ -169,7 +169,7 @@ TEST(DecodeOpenAiRequest, BodiesOfMoreValuesThanARequestNeedsAreRefusedBeforePar
   for (int i = 0; i < 200000; ++i) ids += (i ? ", " : "") + std::to_string(100 + i % 3000);
   auto prompt = DecodeOpenAiRequest(ids + "]}", false);
   ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
-  EXPECT_EQ(prompt->prompt_ids.size(), 200000u);
+  EXPECT_EQ(prompt->prompts.at(0).ids.size(), 200000u);
 }
 
 // An assistant turn as this API returns it in thinking mode, sent back by a multi-turn client:
@@ -192,7 +192,7 @@ TEST(DecodeOpenAiRequest, TokenizeAndDetokenizeBodies) {
   auto t = DecodeTokenizeRequest(R"({"prompt": "hi", "add_special_tokens": false, "return_token_strs": true})");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_FALSE(t->input.chat);
-  EXPECT_EQ(t->input.prompt, "hi");
+  EXPECT_EQ(t->input.prompts.at(0).text, "hi");
   EXPECT_FALSE(t->input.add_special_tokens);
   EXPECT_TRUE(t->return_token_strs);
   auto c = DecodeTokenizeRequest(R"({"messages": [{"role": "user", "content": "x"}],
@@ -257,14 +257,34 @@ TEST(DecodeOpenAiRequest, ChatFieldsAndDefaults) {
 TEST(DecodeOpenAiRequest, CompletionPrompts) {
   auto ids = DecodeOpenAiRequest(R"({"prompt": [1, 2.0, 3], "logprobs": 0})", false);
   ASSERT_TRUE(ids.ok()) << ids.status().ToString();
-  EXPECT_EQ(ids->prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(ids->prompts.size(), 1u);
+  EXPECT_EQ(ids->prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_TRUE(ids->logprobs);
   auto one = DecodeOpenAiRequest(R"({"prompt": ["hello"]})", false);
   ASSERT_TRUE(one.ok());
-  EXPECT_EQ(one->prompt, "hello");
+  ASSERT_EQ(one->prompts.size(), 1u);
+  EXPECT_EQ(one->prompts[0].text, "hello");
   auto nested = DecodeOpenAiRequest(R"({"prompt": [[7, 8]]})", false);
   ASSERT_TRUE(nested.ok());
-  EXPECT_EQ(nested->prompt_ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(nested->prompts.at(0).ids, (std::vector<int32_t>{7, 8}));
+  // OpenAI's batch: several prompts, texts and ids mixed, each named prompt[i] in errors; n
+  // choices of each, 128 in all at most.
+  auto batch = DecodeOpenAiRequest(R"({"prompt": ["a", [7, 8], "b"], "n": 2})", false);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  ASSERT_EQ(batch->prompts.size(), 3u);
+  EXPECT_EQ(batch->prompts[0].text, "a");
+  EXPECT_EQ(batch->prompts[1].ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(batch->prompts[2].text, "b");
+  for (const auto& [body, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt": ["a", ""]})", "prompt[1]: empty"},
+           {R"({"prompt": [[1], [2, -3]]})", "prompt[1][1]: -3 is not a token id"},
+           {R"({"prompt": ["a", 5]})", "prompt[1]: expected a string or an array of token ids"},
+           {R"({"prompt": ["a", "b"], "n": 65})", "n: 65 choices of 2 prompts, more than 128 in all"}}) {
+    auto bad = DecodeOpenAiRequest(body, false);
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.status().message().rfind(message, 0), 0u) << bad.status().ToString();
+  }
+  EXPECT_FALSE(DecodeTokenizeRequest(R"({"prompt": ["a", "b"]})").ok()) << "/tokenize takes one prompt";
 }
 
 // The same fields at the values that change nothing are accepted, as OpenAI clients often send
@@ -344,8 +364,6 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})", true, "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "seed": 18446744073709551615})", true, "seed"},
       {R"({"prompt": ""})", false, "prompt"},
-      {R"({"prompt": ["a", "b"]})", false, "prompt"},
-      {R"({"prompt": [[1], [2]]})", false, "prompt"},
       {R"({"prompt": [1, "a"]})", false, "prompt[1]"},
       {R"({"prompt": [1, -1]})", false, "prompt[1]"},
       {R"({"prompt": "x", "logprobs": 21})", false, "logprobs"},
