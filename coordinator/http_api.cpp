@@ -340,13 +340,16 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
   // at once, or than the queue holds, can never start (a 429 would be retried for ever).
   const size_t prompts = chat ? 1 : job.req.prompts.size();
   const int64_t total = job.req.n * static_cast<int64_t>(prompts);
-  const std::string what = std::to_string(job.req.n) + " choices" +
-                           (prompts > 1 ? " of " + std::to_string(prompts) + " prompts" : "");
+  // The field to change: n, or the batch when it alone is too large.
+  const std::string what = job.req.n == 1 && prompts > 1
+                               ? "prompt: a batch of " + std::to_string(prompts) + " prompts"
+                               : "n: " + std::to_string(job.req.n) + " choices" +
+                                     (prompts > 1 ? " of " + std::to_string(prompts) + " prompts" : "");
   if (total > options_.max_streams_per_client)
-    return fail(InvalidArgument("n: " + what + ", more than the " + std::to_string(options_.max_streams_per_client) +
+    return fail(InvalidArgument(what + ", more than the " + std::to_string(options_.max_streams_per_client) +
                                 " generations a client may run at once (limits.max_streams_per_client)"));
   if (total > scheduler_->max_queue())
-    return fail(InvalidArgument("n: " + what + ", more than the " + std::to_string(scheduler_->max_queue()) +
+    return fail(InvalidArgument(what + ", more than the " + std::to_string(scheduler_->max_queue()) +
                                 " requests the queue holds (limits.max_queue)"));
   std::vector<GenerateParams> per_prompt;
   for (size_t p = 0; p < prompts; ++p) {

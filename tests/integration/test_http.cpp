@@ -444,6 +444,14 @@ TEST_F(HttpApiTest, ABatchOfPromptsAnswersEachAsItsOwnRequestWould) {
   r = HttpCall(port(), "POST", "/v1/completions", batch.dump());
   EXPECT_EQ(r.status, 400) << r.raw;
   EXPECT_EQ(ParseBody(r)["error"]["param"], "prompt[1][1]") << r.body;
+  // More generations than a client may run at once: with n = 1 the batch is what to shrink.
+  batch["prompt"] = std::vector<std::string>(65, "a");
+  batch["n"] = 1;
+  r = HttpCall(port(), "POST", "/v1/completions", batch.dump());
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_EQ(ParseBody(r)["error"]["message"],
+            "prompt: a batch of 65 prompts, more than the 64 generations a client may run at once "
+            "(limits.max_streams_per_client)") << r.body;
 }
 
 TEST_F(HttpApiTest, StreamedLogprobsAndStreamedCompletions) {
