@@ -54,9 +54,14 @@ void ExpectTopLogprobs(const Generation& g, int n, bool greedy, const std::strin
     if (greedy || n == 0) ASSERT_EQ(top.size(), static_cast<size_t>(n)) << what << " token " << t;
     else ASSERT_TRUE(!top.empty() && top.size() <= static_cast<size_t>(n)) << what << " token " << t;
     for (size_t j = 1; j < top.size(); ++j) EXPECT_GE(top[j - 1].second, top[j].second) << what;
-    for (const auto& [id, lp] : top)
-      if (id == g.ids[t]) EXPECT_EQ(lp, g.logprobs[t]) << what << " token " << t;
-    if (greedy && n > 0) EXPECT_EQ(top[0].first, g.ids[t]) << what << " token " << t;
+    for (const auto& [id, lp] : top) {
+      if (id == g.ids[t]) {
+        EXPECT_EQ(lp, g.logprobs[t]) << what << " token " << t;
+      }
+    }
+    if (greedy && n > 0) {
+      EXPECT_EQ(top[0].first, g.ids[t]) << what << " token " << t;
+    }
   }
 }
 
@@ -191,8 +196,11 @@ TEST_F(PipelineTest, StopTokensMinTokensAndLogitBias) {
   EXPECT_EQ(std::vector<int32_t>(held.ids.begin(), held.ids.begin() + 2),
             std::vector<int32_t>(plain.ids.begin(), plain.ids.begin() + 2));
   for (size_t i = 0; i < 4; ++i) EXPECT_NE(held.ids[i], third) << "token " << i;
-  for (size_t i = 4; i < held.ids.size(); ++i)
-    if (held.ids[i] == third) EXPECT_EQ(i + 1, held.ids.size()) << "it stops once allowed";
+  for (size_t i = 4; i < held.ids.size(); ++i) {
+    if (held.ids[i] == third) {
+      EXPECT_EQ(i + 1, held.ids.size()) << "it stops once allowed";
+    }
+  }
 
   // A bias of +100 makes one token every pick; -100 keeps the first pick from being one.
   auto up = plain_req;
@@ -249,8 +257,9 @@ TEST_F(PipelineTest, GenerateCliServerModeEqualsLocalMode) {
       cluster_->api(), {"--greedy", "--stop-token-ids", greedy_ids[2] + ",4095", "--min-tokens", "2",
                         "--logit-bias", "4000:-2,4001:-3"});
   EXPECT_EQ(local, remote);
-  if (greedy_ids[0] != greedy_ids[2] && greedy_ids[1] != greedy_ids[2])
+  if (greedy_ids[0] != greedy_ids[2] && greedy_ids[1] != greedy_ids[2]) {
     EXPECT_EQ(local, greedy_ids[0] + " " + greedy_ids[1] + " " + greedy_ids[2]);
+  }
 }
 
 // A prompt of 2-4 chunks: the cluster's tokens and logprobs are the single process's, bit for
