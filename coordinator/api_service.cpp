@@ -216,6 +216,9 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
   if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs)
     return InvalidArgument("sampling.top_logprobs: " + std::to_string(s.top_logprobs()) + " outside [0, " +
                            std::to_string(kMaxTopLogprobs) + "]");
+  if (req.has_prompt_logprobs() && (req.prompt_logprobs() < 0 || req.prompt_logprobs() > kMaxTopLogprobs))
+    return InvalidArgument("prompt_logprobs: " + std::to_string(req.prompt_logprobs()) + " outside [0, " +
+                           std::to_string(kMaxTopLogprobs) + "]");
   if (req.stop_size() > kMaxStopStrings)
     return InvalidArgument("stop: " + std::to_string(req.stop_size()) + " strings (at most " +
                            std::to_string(kMaxStopStrings) + ")");
@@ -232,6 +235,7 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
   p.sampling.set_top_p(!greedy && s.has_top_p() ? s.top_p() : 1.f);
   p.sampling.set_top_k(greedy ? 0 : s.top_k());
   p.sampling.set_top_logprobs(s.top_logprobs());
+  if (req.has_prompt_logprobs()) p.sampling.set_prompt_logprobs(req.prompt_logprobs());
   p.sampling.set_repetition_penalty(s.has_repetition_penalty() ? s.repetition_penalty() : 1.f);
   p.sampling.set_frequency_penalty(s.frequency_penalty());
   p.sampling.set_presence_penalty(s.presence_penalty());
@@ -308,15 +312,27 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
     if (!(*stream)->Pop(&ev, kPollInterval)) continue;
     flashmesh::v1::GenerateResponse out;
     if (ev.kind == RequestStream::Event::kError) return fail(ev.error);
+    auto write = [&](const flashmesh::v1::GenerateResponse& r) {
+      WriteWatchdog::Write watched(&write_watchdog_, ctx);
+      return writer->Write(r);
+    };
+    if (ev.kind == RequestStream::Event::kPrompt) {
+      // In pieces of kPromptLogprobsPerEvent tokens: a long prompt's scores with 20 alternatives
+      // each are megabytes, past a gRPC client's default 4 MiB message limit.
+      const auto& all = ev.prompt.tokens();
+      for (int i = 0; i < all.size(); i += kPromptLogprobsPerEvent) {
+        auto* piece = out.mutable_prompt_logprobs();
+        piece->Clear();
+        for (int k = i; k < std::min(all.size(), i + kPromptLogprobsPerEvent); ++k) *piece->add_tokens() = all[k];
+        if (!write(out)) return gone("the client went away");
+      }
+      if (all.empty() && !write(out)) return gone("the client went away");  // an empty event: nothing to score
+      continue;
+    }
     if (ev.kind == RequestStream::Event::kToken) {
       meter.Token();
       *out.mutable_token() = ev.token;
-      bool written;
-      {
-        WriteWatchdog::Write watched(&write_watchdog_, ctx);
-        written = writer->Write(out);
-      }
-      if (!written) return gone("the client went away");
+      if (!write(out)) return gone("the client went away");
       continue;
     }
     meter.Finished(ev.finish);

@@ -27,6 +27,7 @@ inline constexpr int kMaxStopStrings = 4;              // OpenAI's limit
 inline constexpr size_t kMaxStopBytes = 256;
 inline constexpr int kMaxLogitBias = 1024;            // logit_bias entries
 inline constexpr int kMaxStopTokenIds = 1024;
+inline constexpr int kPromptLogprobsPerEvent = 1024;  // PromptLogprobs tokens per GenerateResponse
 
 struct ApiOptions {
   int64_t max_tokens = 4096;             // per request

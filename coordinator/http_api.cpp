@@ -7,15 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/utf8.h"
+#include "coordinator/completion_logprobs.h"
 #include "coordinator/reasoning.h"
 
 namespace fm {
 namespace {
 
-// Keys stay in the order written, as OpenAI sends them: a completions top_logprobs object lists
-// the most likely token first, and every body starts with id, object, created, model.
-using Json = nlohmann::ordered_json;
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
@@ -61,34 +58,6 @@ std::string PromptField(const OpenAiRequest& r, size_t k) {
   return r.prompts.size() > 1 ? "prompt[" + std::to_string(k) + "]" : "prompt";
 }
 
-// A token as completions' logprobs name it (in `tokens` and as a `top_logprobs` key): its text
-// when that is whole UTF-8, else OpenAI's "bytes:\xNN..." spelling, and vLLM's "token_id:N"
-// without a tokenizer. So two tokens never share a key.
-std::string CompletionToken(int32_t id, const std::string& token) {
-  if (token.empty()) return "token_id:" + std::to_string(id);
-  if (FirstInvalidUtf8(token) == std::string_view::npos) return token;
-  std::string out = "bytes:";
-  char hex[8];
-  for (unsigned char c : token) {
-    std::snprintf(hex, sizeof hex, "\\x%02x", c);
-    out += hex;
-  }
-  return out;
-}
-
-// Completions' logprobs of the tokens `entries` ({token, logprob, top}: AddToken's), each
-// starting at its offset in the generated text, in characters (a token may add none: a special
-// token, or part of a character).
-Json CompletionLogprobs(const Json& entries, const Json& offsets) {
-  Json tokens = Json::array(), lps = Json::array(), tops = Json::array();
-  for (const auto& e : entries) {
-    tokens.push_back(e["token"]);
-    lps.push_back(e["logprob"]);
-    tops.push_back(e["top"]);
-  }
-  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
-}
-
 }  // namespace
 
 // One choice of a request (n > 1 makes several): its generation's stream, what it produced so
@@ -108,6 +77,7 @@ struct HttpApi::Choice {
   size_t stops_from = 0; // the text before min_tokens' token: a stop string must end past it
   // Thinking mode: where "</think>" starts in text (npos: not yet), how far text was searched.
   size_t think_end = std::string::npos, think_searched = 0;
+  CompletionEcho echo;  // completions' echo: the prompt's text (and logprobs) before the answer
   bool finished = false;
   flashmesh::v1::Finish finish;
   // Where the matched stop string starts in the text (the scheduler found it there).
@@ -296,6 +266,8 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, size_t prompt, 
   s->set_top_p(std::max(static_cast<float>(r.top_p), std::numeric_limits<float>::min()));
   s->set_top_k(static_cast<int32_t>(r.top_k));
   if (r.logprobs) s->set_top_logprobs(static_cast<int32_t>(r.top_logprobs));
+  // Echo with logprobs scores the prompt too (with as many alternatives).
+  if (r.echo && r.logprobs) g.set_prompt_logprobs(static_cast<int32_t>(r.top_logprobs));
   s->set_min_p(static_cast<float>(r.min_p));
   s->set_frequency_penalty(static_cast<float>(r.frequency_penalty));
   s->set_presence_penalty(static_cast<float>(r.presence_penalty));
@@ -382,6 +354,10 @@ void HttpApi::Generate(const HttpRequest& http, HttpResponder* out, bool chat) {
     c->stream = (*streams)[i];
     c->stream->SetWaker(job.waker);
     c->meter.Submitted(static_cast<int64_t>(per_prompt[i / job.req.n].prompt.size()));
+    if (job.req.echo) {
+      const OpenAiRequest::Prompt& p = job.req.prompts[i / static_cast<size_t>(job.req.n)];
+      c->echo = MakeCompletionEcho(tokenizer_, per_prompt[i / job.req.n].prompt, p.ids.empty() ? &p.text : nullptr);
+    }
     job.choices.push_back(std::move(c));
   }
   char id[48];
@@ -409,16 +385,11 @@ void HttpApi::AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& tok
     e["top_logprobs"] = std::move(alts);
     c->logprobs.push_back(std::move(e));
   } else if (job->req.logprobs) {
-    // OpenAI's {token: logprob} of the alternatives and the chosen token ("up to logprobs + 1";
-    // the chosen one's own value last, so it wins).
-    const std::string chosen = CompletionToken(token.id(), TokenString(token.id(), token.text()));
-    Json top = Json::object();
-    for (const auto& alt : token.top_logprobs())
-      top[CompletionToken(alt.id(), TokenString(alt.id(), alt.token()))] = alt.logprob();
-    top[chosen] = token.logprob();
-    c->logprobs.push_back({{"token", chosen}, {"logprob", token.logprob()}, {"top", std::move(top)}});
+    c->logprobs.push_back(
+        CompletionEntry(token.id(), TokenString(token.id(), token.text()), token.logprob(), token.top_logprobs()));
   }
-  if (job->req.logprobs) c->offsets.push_back(c->chars);
+  // Completions' echo: the generated text's offsets come after the prompt's.
+  if (job->req.logprobs) c->offsets.push_back(c->echo.chars + c->chars);
   // Stop strings count from min_tokens' token on (the scheduler's rule).
   if (++c->tokens == job->req.min_tokens) c->stops_from = c->text.size();
   c->text += token.text();   // whole characters (the stream holds a character's first bytes back)
@@ -466,6 +437,10 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
       AddToken(job, c, ev.token);
       continue;
     }
+    if (ev.kind == RequestStream::Event::kPrompt) {
+      AddPromptScores(&c->echo, TokenString(c->echo.first_id, ""), ev.prompt);
+      continue;
+    }
     c->finished = true;
     c->finish = ev.finish;
     c->meter.Finished(ev.finish);
@@ -489,6 +464,14 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
     } else if (job->req.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
       if (job->req.logprobs) logprobs = {{"content", c.logprobs}};
+    } else if (job->req.echo) {
+      choice["text"] = c.echo.text + text;
+      if (job->req.logprobs) {
+        Json entries = c.echo.entries, offsets = c.echo.offsets;
+        entries.insert(entries.end(), c.logprobs.begin(), c.logprobs.end());
+        offsets.insert(offsets.end(), c.offsets.begin(), c.offsets.end());
+        logprobs = CompletionLogprobs(entries, offsets);
+      }
     } else {
       choice["text"] = text;
       if (job->req.logprobs) logprobs = CompletionLogprobs(c.logprobs, c.offsets);
@@ -548,6 +531,15 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
     c.offsets = Json::array();
     return choice;
   };
+  // Completions' echo: the prompt (and its tokens' logprobs) in a chunk of its own before the
+  // choice's first generated text, as vLLM streams it.
+  auto echo = [&](size_t i) {
+    Choice& c = *job->choices[i];
+    c.echo.sent = true;
+    Json logprobs = job->req.logprobs ? CompletionLogprobs(c.echo.entries, c.echo.offsets) : Json(nullptr);
+    return send({{"index", i}, {"text", c.echo.text}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}},
+                nullptr);
+  };
   auto client_gone = [&] {
     job->CancelAll();
     for (auto& c : job->choices)
@@ -583,6 +575,12 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
       out->Send("data: " + ErrorFromStatus(ev.error).ToJson() + "\n\ndata: [DONE]\n\n");
       return false;
     }
+    if (ev.kind == RequestStream::Event::kPrompt) {
+      AddPromptScores(&c.echo, TokenString(c.echo.first_id, ""), ev.prompt);
+      echo(i);
+      return true;
+    }
+    if (job->req.echo && !c.echo.sent) echo(i);
     if (ev.kind == RequestStream::Event::kToken) {
       AddToken(job, &c, ev.token);
       // Never past the start of a stop string this token completed (the finish event follows);

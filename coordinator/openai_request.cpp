@@ -273,7 +273,7 @@ Status RefuseUnsupported(const Json& j, bool chat) {
   };
   static const Unsupported kFields[] = {
       {"best_of", IsNumber1, "1"},
-      {"echo", IsFalse, "false"},
+      {"echo", IsFalse, "false", true},
       {"suffix", [](const Json& v) { return v.is_string() && v.get<std::string>().empty(); }, "\"\""},
       {"tools", IsEmptyArray, "[]"},
       {"functions", IsEmptyArray, "[]"},
@@ -392,6 +392,9 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r, bool tokenize = 
   }
   if (const Json* v = Field(j, "ignore_eos")) {
     FM_ASSIGN_OR_RETURN(r->ignore_eos, Boolean(*v, "ignore_eos"));
+  }
+  if (const Json* v = Field(j, "echo"); v && !chat) {
+    FM_ASSIGN_OR_RETURN(r->echo, Boolean(*v, "echo"));
   }
   return Status::Ok();
 }

@@ -46,6 +46,9 @@ struct OpenAiRequest {
   bool include_usage = false;            // stream_options.include_usage
   bool logprobs = false;                 // chat: logprobs: true; completions: logprobs: N >= 0
   int64_t top_logprobs = 0;
+  // Completions: the prompt comes back before the generated text; with logprobs, its tokens
+  // with theirs too (the first one's null), as OpenAI's legacy API and vLLM do.
+  bool echo = false;
   bool ignore_eos = false;               // extension (vLLM's)
   bool thinking = false;                 // chat: chat_template_kwargs.thinking (vLLM's)
   int64_t n = 1;                         // choices: n generations of the prompt

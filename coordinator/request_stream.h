@@ -34,10 +34,11 @@ class StreamWaker {
 class RequestStream {
  public:
   struct Event {
-    enum Kind { kToken, kFinish, kError } kind = kToken;
+    enum Kind { kToken, kFinish, kError, kPrompt } kind = kToken;
     flashmesh::v1::TokenEvent token;
     flashmesh::v1::Finish finish;
     Status error;
+    flashmesh::v1::PromptLogprobs prompt = {};   // kPrompt: once, before the first token
   };
   // Waits up to `timeout` for the next event.
   bool Pop(Event* ev, std::chrono::milliseconds timeout);

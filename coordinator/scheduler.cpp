@@ -87,6 +87,10 @@ Result<std::vector<std::shared_ptr<RequestStream>>> Scheduler::SubmitAll(std::ve
     };
     if (tokenizer_) r->decoder.emplace(*tokenizer_);
     r->next = r->params.prompt;
+    if (r->ScoresPrompt() && !r->params.prompt.empty()) {
+      r->prompt_scores.resize(r->params.prompt.size() - 1);
+      r->have_score.resize(r->params.prompt.size() - 1);
+    }
     streams.push_back(r->stream);
     requests.push_back(std::move(r));
   }
@@ -383,12 +387,20 @@ void Scheduler::Launch() {
         ++h->forks_in_flight;
         call->fork_sources.push_back(h->id);
       }
+      const int64_t position = static_cast<int64_t>(r->params.prompt.size() - r->next.size());
       item.mutable_tokens()->Add(r->next.begin(), r->next.begin() + static_cast<std::ptrdiff_t>(n));
       r->next.erase(r->next.begin(), r->next.begin() + static_cast<std::ptrdiff_t>(n));
       // A prefix sequence samples nothing, not even after its last chunk.
       if (!r->next.empty() || r->prefix) {
         item.set_prefill_continues(true);
         call->chunk_ids.push_back(r->id);
+      }
+      // A prompt chunk scores the token after each of its rows: the chunk's own, then the next
+      // chunk's first.
+      if (r->ScoresPrompt() && r->generated == 0) {
+        if (!r->next.empty()) item.set_next_token(r->next.front());
+        const int64_t count = static_cast<int64_t>(n) - (r->next.empty() ? 1 : 0);
+        if (count > 0) call->scores_due[r->id] = {position + 1, count};
       }
       items.emplace_back(r->member, std::move(item));
       call->rows += n;
@@ -548,6 +560,7 @@ void Scheduler::Complete(StepCall* call) {
                      " tokens for " + std::to_string(want) + " sequences"));
     return;
   }
+  if (!TakePromptScores(call)) return;
   for (uint64_t id : call->fork_sources)
     if (auto it = live_.find(id); it != live_.end()) --it->second->forks_in_flight;
   const double seconds = std::chrono::duration<double>(Clock::now() - call->launched).count();
@@ -563,6 +576,7 @@ void Scheduler::Complete(StepCall* call) {
     if (it == live_.end()) continue;
     Request* r = it->second.get();
     --r->in_flight;
+    if (EndIfScoringFailed(r)) continue;
     if (r->stream->cancelled()) {
       // Else a chunk's step before it is still on its way: Tick finishes it after that one.
       if (r->in_flight == 0) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
@@ -578,6 +592,11 @@ void Scheduler::Complete(StepCall* call) {
       End(r, why);
       continue;
     }
+    if (r->ScoresPrompt() && !r->prompt_sent) {
+      r->held = t;
+      ReleaseFirstToken(r);
+      continue;
+    }
     ApplyToken(r, t);
   }
   // A prompt chunk's sequence is ready for its next chunk.
@@ -585,9 +604,108 @@ void Scheduler::Complete(StepCall* call) {
     auto it = live_.find(id);
     if (it == live_.end()) continue;
     Request* r = it->second.get();
-    if (--r->in_flight == 0 && r->stream->cancelled())
-      Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
+    --r->in_flight;
+    if (EndIfScoringFailed(r)) continue;
+    if (r->in_flight == 0 && r->stream->cancelled()) Finish(r, flashmesh::v1::FINISH_REASON_CANCELLED);
   }
+}
+
+bool Scheduler::TakePromptScores(StepCall* call) {
+  if (call->scores_due.empty()) return true;
+  const auto& workers = workers_->workers();
+  auto due = call->scores_due;   // what is still to come
+  const std::string step = " of step " + std::to_string(call->step_id);
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (!workers[i].head) continue;
+    const std::string node = "node " + workers[i].name + " (" + workers[i].control + ")";
+    for (const auto& p : call->responses[i].prompt_scores()) {
+      const std::string seq = "sequence " + std::to_string(p.seq_id());
+      auto d = due.find(p.seq_id());
+      if (d == due.end()) {
+        FailAll(Internal(node + " returned prompt logprobs for " + seq + step + ", which were not due"));
+        return false;
+      }
+      const auto [first, count] = d->second;
+      due.erase(d);
+      auto it = live_.find(p.seq_id());
+      Request* r = it == live_.end() ? nullptr : it->second.get();
+      if (!p.error().empty()) {
+        // The model's logits for this prompt (a NaN or +inf): its request ends, the others stand.
+        if (r && r->score_error.ok()) {
+          r->score_error = Internal("the prompt of sequence " + std::to_string(r->id) +
+                                    " could not be scored: node " + workers[i].name + ": " + p.error());
+          FM_LOG(kWarn, "scheduler") << r->score_error.ToString();
+          r->next.clear();   // no more of its chunks
+          r->held.reset();
+        }
+        continue;
+      }
+      if (p.first() != first || p.tokens_size() != count) {
+        FailAll(Internal(node + " returned the scores of prompt positions [" + std::to_string(p.first()) +
+                         ", " + std::to_string(p.first() + p.tokens_size()) + ") of " + seq + step +
+                         ", due [" + std::to_string(first) + ", " + std::to_string(first + count) + ")"));
+        return false;
+      }
+      if (!r || !r->score_error.ok()) continue;   // ended meanwhile
+      const int alts = std::max(r->params.sampling.prompt_logprobs(), 0);
+      for (int k = 0; k < count; ++k) {
+        const auto& t = p.tokens(k);
+        const size_t pos = static_cast<size_t>(first + k);
+        if (t.id() != r->params.prompt[pos]) {
+          FailAll(Internal(node + " scored token " + std::to_string(t.id()) + " at prompt position " +
+                           std::to_string(pos) + " of " + seq + step + ", which holds " +
+                           std::to_string(r->params.prompt[pos])));
+          return false;
+        }
+        flashmesh::v1::PromptToken& out = r->prompt_scores[pos - 1];
+        out.Clear();
+        out.set_id(t.id());
+        out.set_logprob(t.logprob());
+        if (tokenizer_)
+          if (auto bytes = tokenizer_->TokenBytes(t.id()); bytes.ok()) out.set_token(*bytes);
+        for (int a = 0; a < std::min(t.top_size(), alts); ++a) {   // no more than asked for
+          auto* alt = out.add_top_logprobs();
+          alt->set_id(t.top(a).id());
+          alt->set_logprob(t.top(a).logprob());
+          if (tokenizer_)
+            if (auto bytes = tokenizer_->TokenBytes(t.top(a).id()); bytes.ok()) alt->set_token(*bytes);
+        }
+        if (!r->have_score[pos - 1]) {
+          r->have_score[pos - 1] = 1;
+          ++r->scored;
+        }
+      }
+      ReleaseFirstToken(r);   // its last chunk may have come back before this one
+    }
+  }
+  if (!due.empty()) {
+    FailAll(Internal("the last stage returned no prompt logprobs for sequence " +
+                     std::to_string(due.begin()->first) + step));
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::ReleaseFirstToken(Request* r) {
+  if (!r->held || r->scored < r->prompt_scores.size()) return;
+  RequestStream::Event ev;
+  ev.kind = RequestStream::Event::kPrompt;
+  for (auto& t : r->prompt_scores) *ev.prompt.add_tokens() = std::move(t);
+  r->prompt_scores.clear();
+  r->prompt_sent = true;
+  r->stream->Push(std::move(ev));
+  const flashmesh::v1::SampledToken first = std::move(*r->held);
+  r->held.reset();
+  ApplyToken(r, first);
+}
+
+bool Scheduler::EndIfScoringFailed(Request* r) {
+  if (r->score_error.ok()) return false;
+  if (r->in_flight == 0) {
+    FreeOnWorkers(r->started, {r->id});
+    End(r, r->score_error);
+  }
+  return true;
 }
 
 void Scheduler::ApplyToken(Request* r, const flashmesh::v1::SampledToken& t) {

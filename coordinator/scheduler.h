@@ -131,6 +131,17 @@ class Scheduler {
     std::set<uint64_t> waiting;
     int forks_in_flight = 0;
     std::weak_ptr<SharedPrompt> sharers;
+    // prompt_logprobs: the scores of prompt positions 1.. as the chunks' steps bring them (in
+    // any order), and the first token when its step completes before all of them.
+    std::vector<flashmesh::v1::PromptToken> prompt_scores;
+    std::vector<char> have_score;
+    size_t scored = 0;
+    bool prompt_sent = false;
+    std::optional<flashmesh::v1::SampledToken> held;
+    // A chunk's rows could not be scored: no more chunks are sent, and the request ends with
+    // this once its steps in flight are back (its KV is freed only then).
+    Status score_error;
+    bool ScoresPrompt() const { return params.sampling.has_prompt_logprobs(); }
   };
   // One micro-batch's RPCs to every worker.
   struct StepCall {
@@ -138,6 +149,8 @@ class Scheduler {
     std::vector<uint64_t> seq_ids;    // every sequence of the step
     std::vector<uint64_t> chunk_ids;  // those sent a prompt chunk with more to come: no token
     std::vector<uint64_t> fork_sources;   // the prefix sequence of each fork in the step
+    // prompt_logprobs: per sequence, the prompt positions [first, first + count) it must score.
+    std::map<uint64_t, std::pair<int64_t, int64_t>> scores_due;
     size_t rows = 0;
     // Its rows and those of the steps in flight before it at its launch: what its time from
     // launch to completion covers, so what it is measured against (StepDeadline).
@@ -214,6 +227,15 @@ class Scheduler {
   void Complete(StepCall* call);
   Status Attribute(const StepCall& call);
   void ApplyToken(Request* r, const flashmesh::v1::SampledToken& t);
+  // The last stage's prompt scores of `call`, checked against what it was due; false when the
+  // step failed for them (FailAll done).
+  bool TakePromptScores(StepCall* call);
+  // Applies r's held first token once every score of its prompt is here, after them (the
+  // PromptLogprobs event).
+  void ReleaseFirstToken(Request* r);
+  // r's prompt could not be scored: ends it (freed) once no step of it is in flight; true
+  // when r is failed that way (ended or waiting to be).
+  bool EndIfScoringFailed(Request* r);
   // stop_offset: where stop_string starts in the request's text.
   void Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string = "",
               int64_t stop_offset = 0);

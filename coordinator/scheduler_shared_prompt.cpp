@@ -11,10 +11,11 @@ void Scheduler::SharePrompt(const std::vector<std::unique_ptr<Request>>& request
   if (requests.size() < 2) return;
   const GenerateParams& first = requests[0]->params;
   // The sampler of a fork takes the prompt the prefix sequence's saw, which it keeps only under
-  // a repetition penalty (Sampler::AdoptPrompt): the same penalty for all.
+  // a repetition penalty (Sampler::AdoptPrompt): the same penalty for all. A request that scores
+  // its prompt (prompt_logprobs) runs all of it itself.
   const bool share = first.prompt.size() >= 2 &&
                      std::all_of(requests.begin(), requests.end(), [&](const auto& r) {
-                       return r->params.prompt == first.prompt &&
+                       return r->params.prompt == first.prompt && !r->ScoresPrompt() &&
                               r->params.sampling.repetition_penalty() == first.sampling.repetition_penalty();
                      });
   if (!share) return;

@@ -75,7 +75,39 @@ Status ValidateSamplerConfig(const SamplerConfig& cfg) {
   if (cfg.top_logprobs < 0 || cfg.top_logprobs > kMaxTopLogprobs)
     return InvalidArgument("top_logprobs: " + std::to_string(cfg.top_logprobs) + " (must be in [0, " +
                            std::to_string(kMaxTopLogprobs) + "])");
+  if (cfg.prompt_logprobs < -1 || cfg.prompt_logprobs > kMaxTopLogprobs)
+    return InvalidArgument("prompt_logprobs: " + std::to_string(cfg.prompt_logprobs) +
+                           " (must be in [0, " + std::to_string(kMaxTopLogprobs) + "], or -1: off)");
   return Status::Ok();
+}
+
+Result<SampledToken> ScoreToken(std::span<const float> logits, int32_t id, int32_t top) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (id < 0 || id >= n)
+    return InvalidArgument("token " + std::to_string(id) + " is outside the " + std::to_string(n) + " logits");
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(logits[i])) return InvalidArgument("logits[" + std::to_string(i) + "] is NaN");
+    if (logits[i] != -INFINITY && (best < 0 || logits[i] > logits[best])) best = i;  // ties: lower id
+  }
+  if (best < 0) return InvalidArgument("logits: no finite value among " + std::to_string(n));
+  if (logits[best] == INFINITY) return InvalidArgument("logits[" + std::to_string(best) + "] is +inf");
+  // log_softmax(l)[i] = (l_i - l_max) - log(sum), the sum in id order with the max subtracted:
+  // the greedy sampler's arithmetic, so a token scored here has the bits it has when sampled.
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - logits[best]);
+  const double log_sum = std::log(sum);
+  auto logprob = [&](int32_t i) {
+    return i == best ? static_cast<float>(-log_sum)
+                     : static_cast<float>((static_cast<double>(logits[i]) - logits[best]) - log_sum);
+  };
+  SampledToken out{id, logprob(id), {}, {}};
+  if (top > 0) {
+    auto before = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+    for (int32_t i : TopIds(n, top, before))
+      if (logits[i] != -INFINITY) out.top.push_back({i, logprob(i)});
+  }
+  return out;
 }
 
 Result<Sampler> Sampler::Create(const SamplerConfig& cfg) {

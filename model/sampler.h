@@ -33,6 +33,10 @@ struct SamplerConfig {
   // be drawn (their logits are -inf).
   int32_t min_tokens = 0;
   std::vector<int32_t> min_tokens_ids = {};
+  // -1: off; else [0, kMaxTopLogprobs]: each prompt token after the first is scored
+  // (ScoreToken) with this many alternatives: completions' echo with logprobs, vLLM's
+  // prompt_logprobs.
+  int32_t prompt_logprobs = -1;
 };
 
 // OpenAI's bound on top_logprobs (and on completions' logprobs).
@@ -41,7 +45,8 @@ constexpr int32_t kMaxTopLogprobs = 20;
 // InvalidArgument naming the field: temperature < 0 (or NaN), top_p outside (0, 1], top_k < 0,
 // top_logprobs outside [0, kMaxTopLogprobs], repetition_penalty not > 0, frequency_penalty or
 // presence_penalty outside [-2, 2], min_p outside [0, 1] (NaN is outside every range), a
-// logit_bias token < 0 or bias outside [-100, 100], min_tokens < 0.
+// logit_bias token < 0 or bias outside [-100, 100], min_tokens < 0, prompt_logprobs outside
+// [-1, kMaxTopLogprobs].
 Status ValidateSamplerConfig(const SamplerConfig& cfg);
 
 // splitmix64-seeded xoshiro256** (Blackman & Vigna): fixed, portable sequence per seed.
@@ -80,6 +85,13 @@ struct SampledToken {
     return t;
   }
 };
+
+// A known token's score under the model: logprob = log_softmax(logits)[id] of the raw logits
+// (no temperature, bias or penalty: vLLM's prompt logprobs), and the `top` most likely tokens
+// with theirs, most likely first (equal logits: lower id first), -inf logits left out. The
+// values have the bits a greedy Sampler gives the same ids. NaN, +inf or no finite logit, or an
+// id outside the row, are InvalidArgument.
+Result<SampledToken> ScoreToken(std::span<const float> logits, int32_t id, int32_t top);
 
 class Sampler {
  public:

@@ -402,6 +402,52 @@ Status ShardRuntime::Forward(uint64_t step, std::chrono::steady_clock::time_poin
   return Status::Ok();
 }
 
+Result<std::vector<PromptScores>> ShardRuntime::ScorePrompts(std::span<const StepSlice> slices,
+                                                             const Activations& x) {
+  if (!model_->has_head()) return Internal("this shard has no head");
+  const int64_t V = model_->config().vocab_size, row = row_floats();
+  // Logits of this many rows at a time: 32 MiB of them (the real vocabulary's 64 rows).
+  const int64_t block = std::max<int64_t>(1, (int64_t{8} << 20) / V);
+  std::vector<float> logits;
+  std::vector<PromptScores> out;
+  int64_t at = 0;   // x's row of the slice's first token
+  for (const auto& s : slices) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    at += n;
+    FM_ASSIGN_OR_RETURN(Sequence * seq, Find(s.seq_id));
+    if (!seq->sampler || seq->generated || seq->sampler->config().prompt_logprobs < 0) continue;
+    const int32_t top = seq->sampler->config().prompt_logprobs;
+    const std::string name = "sequence " + std::to_string(s.seq_id);
+    if (!s.sample && s.next_token < 0)
+      return InvalidArgument(name + ": a prompt chunk with more to come is scored, but has no next_token");
+    if (s.next_token >= V)
+      return InvalidArgument(name + ": next_token " + std::to_string(s.next_token) +
+                             " is outside the vocabulary of " + std::to_string(V));
+    // Row i scores the token after it: tokens[i + 1], and past the slice's end next_token.
+    const int64_t scored = s.sample ? n - 1 : n, first_row = at - n;
+    PromptScores ps{s.seq_id, seq->position - n + 1, {}, Status::Ok()};
+    ps.tokens.reserve(static_cast<size_t>(scored));
+    for (int64_t r0 = 0; r0 < scored && ps.error.ok(); r0 += block) {
+      const int64_t rows = std::min(block, scored - r0);
+      logits.resize(static_cast<size_t>(rows * V));
+      FM_RETURN_IF_ERROR(model_->Logits(x.data() + (first_row + r0) * row, rows, logits.data()));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = r0 + r;
+        const int32_t target = i + 1 < n ? s.tokens[static_cast<size_t>(i + 1)] : s.next_token;
+        Result<SampledToken> t = ScoreToken({logits.data() + r * V, static_cast<size_t>(V)}, target, top);
+        if (!t.ok()) {
+          ps.error = t.status().Wrap("prompt position " + std::to_string(ps.first + i));
+          ps.tokens.clear();
+          break;
+        }
+        ps.tokens.push_back(std::move(*t));
+      }
+    }
+    if (!ps.tokens.empty() || !ps.error.ok()) out.push_back(std::move(ps));
+  }
+  return out;
+}
+
 Result<std::vector<SampledId>> ShardRuntime::Sample(std::span<const StepSlice> slices,
                                                     const Activations& x) {
   if (!model_->has_head()) return Internal("this shard has no head");

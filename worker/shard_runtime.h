@@ -64,6 +64,18 @@ struct StepSlice {
   std::vector<int32_t> tokens;
   bool sample = true;   // false: a prompt chunk with more to come; no token is drawn for it
   uint64_t fork_from = 0;   // nonzero: first take this sequence's state (StepItem.fork_from)
+  int32_t next_token = -1;  // the prompt's token after this chunk, when scored (StepItem.next_token)
+};
+
+// A prompt slice's scores (SamplerConfig.prompt_logprobs): tokens[i] is the token at position
+// first + i, scored by the row before it (ScoreToken).
+struct PromptScores {
+  uint64_t seq_id = 0;
+  int64_t first = 0;
+  std::vector<SampledToken> tokens;
+  // Why a row's logits could not be scored (NaN, +inf): tokens are then empty, and the
+  // coordinator ends that request alone, as for a row that could not be sampled.
+  Status error;
 };
 
 struct SampledId {
@@ -145,6 +157,11 @@ class ShardRuntime {
   // Last stage: for every slice with `sample`, the logits of its last row of x -> one sampled
   // id + logprob (a prompt chunk with more to come gets none).
   Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const Activations& x);
+  // Last stage, before Sample: the prompt slices of sequences started with prompt_logprobs
+  // (nothing sampled yet) -> each row's score of the token after it: the slice's next token,
+  // and for a chunk with more to come its next_token (required then). The head runs over those
+  // rows in blocks. A row whose logits ScoreToken refuses gives that slice an error instead.
+  Result<std::vector<PromptScores>> ScorePrompts(std::span<const StepSlice> slices, const Activations& x);
 
   int64_t row_floats() const;   // hc * H
   // EP: rows routed to each expert by this member's rows, and dispatch + combine bytes sent;

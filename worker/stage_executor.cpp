@@ -54,7 +54,7 @@ void StageExecutor::SetPrev(std::unique_ptr<ActivationSource> prev) {
 
 Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
                               std::vector<StepSlice> slices, Clock::time_point deadline,
-                              std::vector<SampledId>* sampled) {
+                              std::vector<SampledId>* sampled, std::vector<PromptScores>* prompt) {
   Step step;
   step.id = step_id;
   step.prev = prev_step_id;
@@ -83,6 +83,7 @@ Status StageExecutor::RunStep(uint64_t step_id, uint64_t prev_step_id,
     cv_.wait(lock, [&] { return step.done; });   // a running step cannot be abandoned
   }
   if (sampled) *sampled = std::move(step.sampled);
+  if (prompt) *prompt = std::move(step.prompt);
   return step.status;
 }
 
@@ -299,6 +300,7 @@ Status StageExecutor::Execute(Step* step, const net::Frame* received) {
   }
   FM_RETURN_IF_ERROR(runtime_->Forward(step->id, step->deadline, step->slices, x.data()));
   if (p.samples()) {
+    FM_ASSIGN_OR_RETURN(step->prompt, runtime_->ScorePrompts(step->slices, x));
     FM_ASSIGN_OR_RETURN(step->sampled, runtime_->Sample(step->slices, x));
   } else if (!p.head) {
     if (!next_) return Internal("stage " + std::to_string(p.stage) + " has no next stage");

@@ -66,9 +66,12 @@ class StageExecutor {
 
   // Runs one micro-batch through this stage once step `prev_step_id` (0: none since the last
   // reset) has run and the input is here; blocks until done or `deadline`. On the last stage
-  // `sampled` gets one id per slice, in slice order. `slices` may be empty (EP member).
+  // `sampled` gets one id per slice, in slice order, and `prompt` (when given) the scores of
+  // the prompt slices that asked for them (ShardRuntime::ScorePrompts). `slices` may be empty
+  // (EP member).
   Status RunStep(uint64_t step_id, uint64_t prev_step_id, std::vector<StepSlice> slices,
-                 Clock::time_point deadline, std::vector<SampledId>* sampled);
+                 Clock::time_point deadline, std::vector<SampledId>* sampled,
+                 std::vector<PromptScores>* prompt = nullptr);
   // The previous stage's ACTIVATION frame (header.step_id; [rows, hc*H] f32 or bf16), kept
   // as received until its step runs, then copied into the shard's activations once.
   Status Receive(net::Frame activation);
@@ -101,6 +104,7 @@ class StageExecutor {
     bool running = false, done = false;
     Status status;
     std::vector<SampledId> sampled;
+    std::vector<PromptScores> prompt;
   };
   void Loop();
   void ApplyFreesLocked(std::unique_lock<std::mutex>& lock);

@@ -371,6 +371,7 @@ grpc::Status WorkerService::StartSequence(grpc::ServerContext* ctx,
   sp.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
   sp.min_tokens = s.min_tokens();
   sp.min_tokens_ids.assign(s.min_tokens_ids().begin(), s.min_tokens_ids().end());
+  sp.prompt_logprobs = s.has_prompt_logprobs() ? s.prompt_logprobs() : -1;
   Status st = runtime_.StartSequence(req->seq_id(), req->max_context(), sp);
   if (!st.ok()) return WorkerError(ctx, st.Wrap("node " + node_));
   resp->set_kv_bytes(runtime_.kv_bytes());
@@ -410,6 +411,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
     slices[i].tokens.assign(req->items(i).tokens().begin(), req->items(i).tokens().end());
     slices[i].sample = !req->items(i).prefill_continues();
     slices[i].fork_from = req->items(i).fork_from();
+    if (req->items(i).has_next_token()) slices[i].next_token = req->items(i).next_token();
   }
   // A tenth before the caller's deadline: a step waiting for a peer that froze answers so
   // itself, and the coordinator blames the peer (which does not answer) rather than this node.
@@ -420,8 +422,9 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
                               ctx->deadline() - std::chrono::system_clock::now()));
   const auto deadline = StageExecutor::Clock::now() + left * 9 / 10;
   std::vector<SampledId> sampled;
+  std::vector<PromptScores> prompt;
   Status st = executor_.RunStep(req->step_id(), req->prev_step_id(), std::move(slices), deadline,
-                                &sampled);
+                                &sampled, &prompt);
   // A sequence gone by the time its step ran (a Reset between the check above and the run) is
   // lost like one missing before it: the coordinator ends its request UNAVAILABLE.
   if (!st.ok())
@@ -437,6 +440,22 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
       auto* a = out->add_top();
       a->set_id(alt.id);
       a->set_logprob(alt.logprob);
+    }
+  }
+  for (const auto& p : prompt) {
+    auto* out = resp->add_prompt_scores();
+    out->set_seq_id(p.seq_id);
+    out->set_first(p.first);
+    if (!p.error.ok()) out->set_error(p.error.message());
+    for (const SampledToken& t : p.tokens) {
+      auto* o = out->add_tokens();
+      o->set_id(t.id);
+      o->set_logprob(t.logprob);
+      for (const TokenLogprob& alt : t.top) {
+        auto* a = o->add_top();
+        a->set_id(alt.id);
+        a->set_logprob(alt.logprob);
+      }
     }
   }
   return grpc::Status::OK;

@@ -41,6 +41,7 @@ void CheckDecoded(const std::string& body, bool chat) {
     if (id < 0 || !(std::fabs(bias) <= 100)) std::abort();
   for (const auto& s : r->stop)
     if (s.empty()) std::abort();
+  if (chat && r->echo) std::abort();   // chat has no echo: refused, never decoded
 }
 
 void CheckTokenizeBodies(const std::string& body) {

@@ -87,6 +87,52 @@ TEST(CudaShardChunks, AForkDecodesAsItsSourceWould) {
   EXPECT_EQ(got[0].logprob, first[0].logprob);
 }
 
+// Prompt logprobs on a device shard (ShardRuntime::ScorePrompts through the device head, its
+// logits copied to the host in blocks): a 40-token prompt in chunks of 16, 16 and 8 (the head's
+// device steps hold 32 rows) scores each token after the first as the CPU shard does, within
+// 1e-3, with the same ids.
+TEST(CudaShardChunks, APromptsScoresOnTheDeviceAreTheCpuShards) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ShardPlacement cpu_placement = TinyOnDevice();
+  cpu_placement.cuda_device = -1;
+  ShardRuntime gpu{1}, cpu{1};
+  StageExecutor ge{&gpu}, ce{&cpu};
+  ASSERT_TRUE(gpu.Load(TinyOnDevice()).ok());
+  ASSERT_TRUE(cpu.Load(cpu_placement).ok());
+  SamplerConfig scored{.greedy = true};
+  scored.prompt_logprobs = 3;
+  ASSERT_TRUE(gpu.StartSequence(1, 64, scored).ok());
+  ASSERT_TRUE(cpu.StartSequence(1, 64, scored).ok());
+  const auto prompt = modeltest::RandomTokens(40, 23, 512);
+  std::vector<SampledToken> g, c;
+  const size_t cuts[] = {0, 16, 32, 40};
+  for (uint64_t k = 0; k < 3; ++k) {
+    StepSlice chunk{1, {prompt.begin() + cuts[k], prompt.begin() + cuts[k + 1]}};
+    chunk.sample = k == 2;
+    if (!chunk.sample) chunk.next_token = prompt[cuts[k + 1]];
+    for (auto [e, out] : {std::pair{&ge, &g}, std::pair{&ce, &c}}) {
+      std::vector<SampledId> sampled;
+      std::vector<PromptScores> scores;
+      const Status s = e->RunStep(k + 1, k, {chunk}, StageExecutor::Clock::now() + 60s, &sampled, &scores);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_EQ(scores.size(), 1u);
+      EXPECT_EQ(scores[0].first, static_cast<int64_t>(cuts[k]) + 1);
+      out->insert(out->end(), scores[0].tokens.begin(), scores[0].tokens.end());
+    }
+  }
+  ASSERT_EQ(g.size(), 39u);
+  ASSERT_EQ(c.size(), 39u);
+  for (size_t i = 0; i < 39; ++i) {
+    EXPECT_EQ(g[i].id, prompt[i + 1]);
+    EXPECT_NEAR(g[i].logprob, c[i].logprob, 1e-3) << "position " << i + 1;
+    ASSERT_EQ(g[i].top.size(), 3u);
+    ASSERT_EQ(c[i].top.size(), 3u);
+    EXPECT_NEAR(g[i].top[0].logprob, c[i].top[0].logprob, 1e-3) << "position " << i + 1;
+    // The most likely token, unless the CPU's first two are too close to call.
+    if (c[i].top[0].logprob - c[i].top[1].logprob > 1e-2) EXPECT_EQ(g[i].top[0].id, c[i].top[0].id) << i + 1;
+  }
+}
+
 // Whether a device prefill's bits depend on where it is cut (what a fork of a shared prompt's
 // choices relies on to equal a separate request, docs/architecture.md "Shared prompts"): a
 // prompt whole against the same prompt as its first P - 1 tokens and then the last, P within one

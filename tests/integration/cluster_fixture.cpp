@@ -285,6 +285,9 @@ Generation Generate(flashmesh::v1::Inference::Stub* stub, const flashmesh::v1::G
     } else if (resp.has_finish()) {
       g.finish = resp.finish();
       g.finished = true;
+    } else if (resp.has_prompt_logprobs()) {
+      ++g.prompt_events;
+      g.prompt.insert(g.prompt.end(), resp.prompt_logprobs().tokens().begin(), resp.prompt_logprobs().tokens().end());
     }
   }
   g.status = reader->Finish();

@@ -136,6 +136,9 @@ struct Generation {
   std::vector<std::string> pieces;   // text of each token (whole UTF-8 characters)
   flashmesh::v1::Finish finish;
   bool finished = false;
+  // GenerateRequest.prompt_logprobs: the scores of every PromptLogprobs event, in order.
+  std::vector<flashmesh::v1::PromptToken> prompt;
+  int prompt_events = 0;
 };
 
 std::unique_ptr<flashmesh::v1::Inference::Stub> Connect(const std::string& api);

@@ -112,7 +112,12 @@ TEST(DataPlane, WorkerWithAnotherClusterSecretIsRefusedAndNamedDown) {
   const std::string err = NodeErrorContaining(cluster.api(), "wrong cluster secret", 30s);
   EXPECT_NE(err.find("wrong cluster secret"), std::string::npos) << err << cluster.Logs();
   auto stub = Connect(cluster.api());
-  const auto status = Status(stub.get());
+  // w0 may still be loading its shard (the reason names the first node not up): until it is up.
+  auto status = Status(stub.get());
+  for (auto until = std::chrono::steady_clock::now() + 30s;
+       status.reason().find("is loading") != std::string::npos && std::chrono::steady_clock::now() < until;
+       status = Status(stub.get()))
+    std::this_thread::sleep_for(50ms);
   EXPECT_FALSE(status.healthy());
   EXPECT_NE(status.reason().find("node w1"), std::string::npos) << status.reason();
   Generation g = Generate(stub.get(), TokensRequest({1, 2, 3}, 4));

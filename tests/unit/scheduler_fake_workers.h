@@ -19,7 +19,9 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 // Workers w0.. (stage-major); the last stage "samples" each item's last token + 1, and a fork
-// whose source the worker does not hold fails the step. Every RPC
+// whose source the worker does not hold fails the step. A sequence started with
+// prompt_logprobs gets, until its first token, each prompt token after the first scored
+// -position with one alternative (token + 100 at -0.5). Every RPC
 // answers at once unless its kind is held: then it waits for Release (or, a step, for its
 // cancel). step_fault, when set, answers a step instead of the worker.
 class FakeWorkers final : public WorkerSet {
@@ -89,10 +91,12 @@ class FakeWorkers final : public WorkerSet {
       }
     }
     return Cancellable<flashmesh::v1::StartSequenceResponse>(
-        "start", w, [this, w, id = req.seq_id(), context = req.max_context()] {
+        "start", w, [this, w, id = req.seq_id(), context = req.max_context(),
+                     scores = req.sampling().has_prompt_logprobs()] {
           std::lock_guard<std::mutex> lock(mu_);
           held_[w].insert(id);
           started_context_[id] = context;
+          if (scores) scored_.insert(id);
           max_live_ = std::max(max_live_, held_[w].size());
         }, done);
   }
@@ -122,7 +126,8 @@ class FakeWorkers final : public WorkerSet {
   std::function<void()> StepBatch(int w, const flashmesh::v1::StepBatchRequest& req, Deadline deadline,
                                   Done<flashmesh::v1::StepBatchResponse> done) override {
     auto once = std::make_shared<std::once_flag>();
-    auto answer = [this, w, req, done, once] {
+    const flashmesh::v1::StepBatchResponse scores = infos_[w].head ? Scores(req) : flashmesh::v1::StepBatchResponse();
+    auto answer = [this, w, req, done, once, scores] {
       std::call_once(*once, [&] {
         RpcResult r;
         {
@@ -140,6 +145,7 @@ class FakeWorkers final : public WorkerSet {
             stepped_down_ = "this coordinator stepped down: " + r.status.message();
         }
         flashmesh::v1::StepBatchResponse resp;
+        if (r.ok()) resp = scores;
         if (r.ok() && infos_[w].head)
           for (const auto& item : req.items()) {
             if (item.prefill_continues()) continue;   // a prompt chunk: nothing sampled
@@ -208,6 +214,19 @@ class FakeWorkers final : public WorkerSet {
       const size_t k = std::min(n, held.size());
       calls.assign(std::make_move_iterator(held.begin()), std::make_move_iterator(held.begin() + k));
       held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    for (auto& c : calls) c();
+  }
+  // Answers the n newest held calls of `kind` (a later step's before an earlier one's).
+  void ReleaseNewest(const std::string& kind, size_t n) {
+    std::vector<std::function<void()>> calls;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& held = held_calls_[kind];
+      const size_t k = std::min(n, held.size());
+      calls.assign(std::make_move_iterator(held.end() - static_cast<std::ptrdiff_t>(k)),
+                   std::make_move_iterator(held.end()));
+      held.erase(held.end() - static_cast<std::ptrdiff_t>(k), held.end());
     }
     for (auto& c : calls) c();
   }
@@ -295,6 +314,35 @@ class FakeWorkers final : public WorkerSet {
   }
 
  private:
+  // The prompt scores of a step's items, in the order the steps are sent (a pipeline's last
+  // stage runs them so, whichever answer comes back first).
+  flashmesh::v1::StepBatchResponse Scores(const flashmesh::v1::StepBatchRequest& req) {
+    std::lock_guard<std::mutex> lock(mu_);
+    flashmesh::v1::StepBatchResponse resp;
+    for (const auto& item : req.items()) {
+      int64_t& position = positions_[item.seq_id()];
+      if (scored_.count(item.seq_id())) {
+        std::vector<int32_t> next(item.tokens().begin() + 1, item.tokens().end());
+        if (item.has_next_token()) next.push_back(item.next_token());
+        if (!next.empty()) {
+          auto* p = resp.add_prompt_scores();
+          p->set_seq_id(item.seq_id());
+          p->set_first(position + 1);
+          for (size_t k = 0; k < next.size(); ++k) {
+            auto* t = p->add_tokens();
+            t->set_id(next[k]);
+            t->set_logprob(-static_cast<float>(position + 1 + static_cast<int64_t>(k)));
+            auto* alt = t->add_top();
+            alt->set_id(next[k] + 100);
+            alt->set_logprob(-0.5f);
+          }
+        }
+      }
+      position += item.tokens_size();
+      if (!item.prefill_continues()) scored_.erase(item.seq_id());
+    }
+    return resp;
+  }
   // Held when its kind is ("step"), or the kind of this worker ("step w1").
   void Run(const std::string& kind, int w, std::function<void()> answer) {
     {
@@ -341,6 +389,8 @@ class FakeWorkers final : public WorkerSet {
   std::map<int, std::set<uint64_t>> held_;   // sequences each worker holds
   std::map<uint64_t, int32_t> started_context_;   // each sequence's StartSequence max_context
   size_t max_live_ = 0;
+  std::set<uint64_t> scored_;                  // sequences whose prompt the head scores
+  std::map<uint64_t, int64_t> positions_;      // tokens the head ran per sequence
   std::set<std::string> holding_;
   std::map<std::string, std::vector<std::function<void()>>> held_calls_;
   std::function<RpcResult(int, const flashmesh::v1::StepBatchRequest&)> step_fault_;

@@ -296,6 +296,10 @@ TEST(DecodeOpenAiRequest, UnsupportedFieldsAtTheirNeutralValuesAreAccepted) {
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   auto c = DecodeOpenAiRequest(R"({"prompt": "x", "echo": false, "suffix": "", "best_of": 1})", false);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->echo);
+  auto echo = DecodeOpenAiRequest(R"({"prompt": "x", "echo": true, "logprobs": 1})", false);
+  ASSERT_TRUE(echo.ok()) << echo.status().ToString();
+  EXPECT_TRUE(echo->echo);
   auto v = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "skip_special_tokens": true,
       "include_stop_str_in_output": false, "bad_words": [], "allowed_token_ids": null, "add_generation_prompt": true,
       "continue_final_message": false, "modalities": ["text"], "reasoning_effort": null,
@@ -387,7 +391,8 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", true, "response_format"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
-      {R"({"prompt": "x", "echo": true})", false, "echo"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", true, "echo"},
+      {R"({"prompt": "x", "echo": 1})", false, "echo"},
       {R"({"prompt": "x", "suffix": "end"})", false, "suffix"},
       {R"({"prompt": "x", "best_of": 2})", false, "best_of"},
       {R"({"prompt": "x", "guided_regex": "[a-z]+"})", false, "guided_regex"},

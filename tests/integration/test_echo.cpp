@@ -1,0 +1,153 @@
+// Prompt logprobs end to end on a 2-stage cluster whose prompts go in chunks of 4 tokens:
+// completions' echo (with and without logprobs, streamed or not) and gRPC's prompt_logprobs
+// score a prompt's tokens with the bits its generation reported for them, across chunk edges.
+// This is what lm-evaluation-harness's loglikelihood tasks read (echo, logprobs, max_tokens 1).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/http_client.h"
+
+namespace fm::it {
+namespace {
+
+using namespace std::chrono_literals;
+using EchoJson = nlohmann::json;
+
+class EchoTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ClusterSpec spec;
+    spec.stages = 2;
+    spec.max_step_tokens = 4;
+    spec.http = true;
+    cluster_ = new Cluster(spec);
+    cluster_->StartAll();
+    ASSERT_TRUE(WaitHealthy(cluster_->api(), 90s)) << cluster_->Logs();
+  }
+  static void TearDownTestSuite() { delete cluster_; }
+  static EchoJson Post(const EchoJson& body) {
+    HttpResult r = HttpCall(cluster_->http_port(), "POST", "/v1/completions", body.dump());
+    EXPECT_EQ(r.status, 200) << r.raw;
+    EchoJson j = EchoJson::parse(r.body, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.raw;
+    return j;
+  }
+  static Cluster* cluster_;
+};
+Cluster* EchoTest::cluster_ = nullptr;
+
+// Every SSE event's "choices"[0], in order.
+std::vector<EchoJson> EchoChunks(const std::string& body) {
+  std::vector<EchoJson> out;
+  for (size_t p = 0; (p = body.find("data: {", p)) != std::string::npos; ++p)
+    out.push_back(EchoJson::parse(body.substr(p + 6, body.find("\n\n", p) - p - 6))["choices"][0]);
+  return out;
+}
+
+// A greedy generation of 8 tokens after a 6-token prompt; then that prompt and the first 7
+// generated tokens (13 tokens: chunks 4, 4, 4, 1) echoed with logprobs and max_tokens 1 (as
+// lm-eval asks): the 7 generated tokens come back with the logprobs and alternatives their
+// generation gave them, bit for bit, and the one new token is the generation's 8th.
+TEST_F(EchoTest, EchoedLogprobsOfAPromptAreThoseItsGenerationReported) {
+  const std::vector<int32_t> prompt = {1, 45, 300, 17, 88, 5};
+  EchoJson gen = Post({{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", 2},
+                       {"ignore_eos", true}});
+  const EchoJson& g = gen["choices"][0]["logprobs"];
+  ASSERT_EQ(g["tokens"].size(), 8u) << gen.dump();
+  // The ids of the generated tokens, from gRPC (the HTTP body names tokens by their text).
+  auto stub = Connect(cluster_->api());
+  Generation ids = Generate(stub.get(), TokensRequest(prompt, 8));
+  ASSERT_TRUE(ids.status.ok()) << ids.status.error_message();
+  std::vector<int32_t> echoed = prompt;
+  echoed.insert(echoed.end(), ids.ids.begin(), ids.ids.begin() + 7);
+  EchoJson body = {{"prompt", echoed}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 2},
+                   {"echo", true}, {"ignore_eos", true}};
+  EchoJson e = Post(body);
+  const EchoJson& c = e["choices"][0];
+  const EchoJson& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 14u) << e.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t k = 1; k < 6; ++k) {   // the prompt's own: the 2 most likely, and the token itself
+    EXPECT_LE(lp["token_logprobs"][k].get<double>(), 0.0) << k;
+    const EchoJson& top = lp["top_logprobs"][k];
+    EXPECT_TRUE(top.size() == 2 || top.size() == 3) << top.dump();
+    EXPECT_EQ(top[lp["tokens"][k].get<std::string>()], lp["token_logprobs"][k]) << k;
+  }
+  for (size_t k = 0; k < 8; ++k) {
+    EXPECT_EQ(lp["tokens"][6 + k], g["tokens"][k]) << k;
+    EXPECT_EQ(lp["token_logprobs"][6 + k], g["token_logprobs"][k]) << "generated token " << k;
+    EXPECT_EQ(lp["top_logprobs"][6 + k], g["top_logprobs"][k]) << "generated token " << k;
+  }
+  // The text: the prompt's, then the new token's; offsets count characters from the start.
+  const std::string text = c["text"];
+  const std::string prompt_text = EchoJson(Post({{"prompt", echoed}, {"max_tokens", 1}, {"temperature", 0},
+                                                 {"echo", true}, {"ignore_eos", true}}))["choices"][0]["text"];
+  EXPECT_EQ(text, prompt_text) << "the same text with or without logprobs";
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  for (size_t k = 1; k < 14; ++k) EXPECT_GE(lp["text_offset"][k], lp["text_offset"][k - 1]) << k;
+  EXPECT_EQ(e["usage"]["prompt_tokens"], 13);
+  // Streamed: the echo first (the prompt's text and its 13 entries), then the token.
+  body["stream"] = true;
+  HttpResult r = HttpCall(cluster_->http_port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::vector<EchoJson> chunks = EchoChunks(r.body);
+  ASSERT_GE(chunks.size(), 2u) << r.body;
+  EXPECT_EQ(chunks[0]["logprobs"]["tokens"].size(), 13u);
+  std::string streamed;
+  EchoJson tokens = EchoJson::array(), lps = EchoJson::array(), tops = EchoJson::array(), offsets = EchoJson::array();
+  for (const EchoJson& ch : chunks) {
+    streamed += ch["text"].get<std::string>();
+    if (ch["logprobs"].is_null()) continue;
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      for (const EchoJson& v : ch["logprobs"][key])
+        (std::string(key) == "tokens" ? tokens : std::string(key) == "token_logprobs" ? lps
+         : std::string(key) == "top_logprobs" ? tops : offsets).push_back(v);
+  }
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(lps, lp["token_logprobs"]);
+  EXPECT_EQ(tops, lp["top_logprobs"]);
+  EXPECT_EQ(offsets, lp["text_offset"]);
+}
+
+// gRPC's prompt_logprobs: the scores of positions 1.. in one event before the first token, the
+// same values as the HTTP echo's; a text prompt echoes its own text.
+TEST_F(EchoTest, GrpcPromptLogprobsAndATextPromptsEcho) {
+  const std::vector<int32_t> prompt = {1, 9, 250, 31, 7, 402};
+  auto stub = Connect(cluster_->api());
+  auto req = TokensRequest(prompt, 2);
+  req.set_prompt_logprobs(3);
+  Generation g = Generate(stub.get(), req);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.prompt_events, 1);
+  ASSERT_EQ(g.prompt.size(), 5u);
+  EchoJson e = Post({{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}, {"logprobs", 3}, {"echo", true},
+                     {"ignore_eos", true}});
+  const EchoJson& lp = e["choices"][0]["logprobs"];
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_EQ(g.prompt[k].id(), prompt[k + 1]);
+    EXPECT_EQ(lp["token_logprobs"][k + 1].get<float>(), g.prompt[k].logprob()) << k;
+    EXPECT_EQ(g.prompt[k].top_logprobs_size(), 3);
+  }
+  EchoJson text = Post({{"prompt", "hello world"}, {"max_tokens", 12}, {"temperature", 0}, {"echo", true},
+                        {"ignore_eos", true}});
+  EchoJson plain = Post({{"prompt", "hello world"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_FALSE(plain["choices"][0]["text"].get<std::string>().empty()) << plain.dump();
+  EXPECT_EQ(text["choices"][0]["text"], "hello world" + plain["choices"][0]["text"].get<std::string>());
+  EXPECT_TRUE(text["choices"][0]["logprobs"].is_null());
+  // Chat has no echo; gRPC bounds prompt_logprobs as top_logprobs.
+  HttpResult chat = HttpCall(cluster_->http_port(), "POST", "/v1/chat/completions",
+                             EchoJson({{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"echo", true}}).dump());
+  EXPECT_EQ(chat.status, 400);
+  EXPECT_NE(chat.body.find("\"param\":\"echo\""), std::string::npos) << chat.body;
+  req.set_prompt_logprobs(21);
+  Generation bad = Generate(stub.get(), req);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(bad.status.error_message(), "prompt_logprobs: 21 outside [0, 20]");
+}
+
+}  // namespace
+}  // namespace fm::it
