@@ -117,6 +117,14 @@ Status CheckPromptBytes(const std::string& field, size_t bytes, int64_t max_cont
                          " x max_context)");
 }
 
+Status CheckPromptIds(const std::string& field, std::span<const int32_t> ids, int64_t vocab_size) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      return InvalidArgument(field + "[" + std::to_string(i) + "]: " + std::to_string(ids[i]) + " outside [0, " +
+                             std::to_string(vocab_size) + ") (vocab_size)");
+  return Status::Ok();
+}
+
 std::string ApiService::StreamClient(const std::string& authorization, std::string anonymous) const {
   return checks_tokens() ? "token " + authorization : "anonymous " + anonymous;
 }
@@ -150,13 +158,8 @@ Result<GenerateParams> ApiService::Validate(const flashmesh::v1::GenerateRequest
     }
     case flashmesh::v1::GenerateRequest::kTokens: {
       if (req.tokens().ids().empty()) return InvalidArgument("input.tokens.ids: empty");
-      for (int i = 0; i < req.tokens().ids_size(); ++i) {
-        int32_t id = req.tokens().ids(i);
-        if (id < 0 || id >= model_.vocab_size)
-          return InvalidArgument("input.tokens.ids[" + std::to_string(i) + "]: " + std::to_string(id) +
-                                 " outside [0, " + std::to_string(model_.vocab_size) + ") (vocab_size)");
-      }
       p.prompt.assign(req.tokens().ids().begin(), req.tokens().ids().end());
+      FM_RETURN_IF_ERROR(CheckPromptIds("input.tokens.ids", p.prompt, model_.vocab_size));
       break;
     }
     default:

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct ApiOptions {
 // A prompt of `bytes` in `field` against kMaxPromptBytesPerToken x max_context, checked before
 // tokenizing (both APIs): InvalidArgument naming the field and the bound past it.
 Status CheckPromptBytes(const std::string& field, size_t bytes, int64_t max_context);
+// Prompt token ids in [0, vocab_size) (both APIs, and /tokenize): InvalidArgument naming
+// field[i] and the id otherwise.
+Status CheckPromptIds(const std::string& field, std::span<const int32_t> ids, int64_t vocab_size);
 
 // The value of an Authorization header (HTTP) or metadata entry (gRPC; null when absent) against
 // the accepted tokens (empty: no auth): Ok for "Bearer <one of tokens>", Unauthenticated

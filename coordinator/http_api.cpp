@@ -222,10 +222,7 @@ Result<std::vector<int32_t>> HttpApi::PromptIds(const OpenAiRequest& r, size_t p
   const std::string input = r.chat ? "messages" : PromptField(r, prompt);
   const OpenAiRequest::Prompt* p = r.chat ? nullptr : &r.prompts.at(prompt);
   if (p && !p->ids.empty()) {
-    for (size_t i = 0; i < p->ids.size(); ++i)
-      if (p->ids[i] >= grpc_api_->vocab_size())
-        return InvalidArgument(input + "[" + std::to_string(i) + "]: " + std::to_string(p->ids[i]) +
-                               " outside [0, " + std::to_string(grpc_api_->vocab_size()) + ") (vocab_size)");
+    FM_RETURN_IF_ERROR(CheckPromptIds(input, p->ids, grpc_api_->vocab_size()));
     return p->ids;
   }
   if (!tokenizer_) return InvalidArgument(input + ": this model has no tokenizer.json; send prompt as token ids");

@@ -129,7 +129,9 @@ TEST(CudaShardChunks, APromptsScoresOnTheDeviceAreTheCpuShards) {
     ASSERT_EQ(c[i].top.size(), 3u);
     EXPECT_NEAR(g[i].top[0].logprob, c[i].top[0].logprob, 1e-3) << "position " << i + 1;
     // The most likely token, unless the CPU's first two are too close to call.
-    if (c[i].top[0].logprob - c[i].top[1].logprob > 1e-2) EXPECT_EQ(g[i].top[0].id, c[i].top[0].id) << i + 1;
+    if (c[i].top[0].logprob - c[i].top[1].logprob > 1e-2) {
+      EXPECT_EQ(g[i].top[0].id, c[i].top[0].id) << i + 1;
+    }
   }
 }
 
