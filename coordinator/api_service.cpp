@@ -323,6 +323,7 @@ grpc::Status ApiService::Generate(grpc::ServerContext* ctx, const flashmesh::v1:
       // In pieces of kPromptLogprobsPerEvent tokens: a long prompt's scores with 20 alternatives
       // each are megabytes, past a gRPC client's default 4 MiB message limit.
       const auto& all = ev.prompt.tokens();
+      out.mutable_prompt_logprobs();   // set even when empty (a prompt of one token)
       for (int i = 0; i < all.size(); i += kPromptLogprobsPerEvent) {
         auto* piece = out.mutable_prompt_logprobs();
         piece->Clear();

@@ -1,6 +1,8 @@
 #include "coordinator/completion_logprobs.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "common/utf8.h"
 
@@ -68,12 +70,31 @@ CompletionEcho MakeCompletionEcho(const Tokenizer* tokenizer, std::span<const in
 }
 
 void AddPromptScores(CompletionEcho* echo, const std::string& first_bytes,
-                     const flashmesh::v1::PromptLogprobs& scores) {
+                     const flashmesh::v1::PromptLogprobs& scores, int64_t top) {
   if (echo->entries.empty() && echo->first_id >= 0)
     echo->entries.push_back({{"token", CompletionToken(echo->first_id, first_bytes)},
                              {"logprob", nullptr}, {"top", nullptr}});
-  for (const auto& t : scores.tokens())
-    echo->entries.push_back(CompletionEntry(t.id(), t.token(), t.logprob(), t.top_logprobs()));
+  for (const auto& t : scores.tokens()) {
+    google::protobuf::RepeatedPtrField<flashmesh::v1::TopLogprob> alts;
+    for (int k = 0; k < std::min<int64_t>(top, t.top_logprobs_size()); ++k) *alts.Add() = t.top_logprobs(k);
+    echo->entries.push_back(CompletionEntry(t.id(), t.token(), t.logprob(), alts));
+  }
+}
+
+Json VllmPromptLogprobs(const flashmesh::v1::PromptLogprobs& scores, int64_t top) {
+  Json out = Json::array({nullptr});
+  for (const auto& t : scores.tokens()) {
+    Json position = Json::object();
+    position[std::to_string(t.id())] = {{"logprob", t.logprob()}, {"rank", t.rank()}, {"decoded_token", t.token()}};
+    for (int k = 0; k < std::min<int64_t>(top, t.top_logprobs_size()); ++k) {
+      const auto& alt = t.top_logprobs(k);
+      const std::string key = std::to_string(alt.id());
+      if (!position.contains(key))
+        position[key] = {{"logprob", alt.logprob()}, {"rank", k + 1}, {"decoded_token", alt.token()}};
+    }
+    out.push_back(std::move(position));
+  }
+  return out;
 }
 
 }  // namespace fm

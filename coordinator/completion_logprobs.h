@@ -52,8 +52,14 @@ struct CompletionEcho {
 CompletionEcho MakeCompletionEcho(const Tokenizer* tokenizer, std::span<const int32_t> ids,
                                   const std::string* sent);
 // The prompt's scores (the PromptLogprobs events, in order) -> entries: null for the first
-// token, then one per scored token. `first_bytes`: the first token's own bytes ("" unknown).
+// token, then one per scored token with at most `top` alternatives. `first_bytes`: the first
+// token's own bytes ("" unknown).
 void AddPromptScores(CompletionEcho* echo, const std::string& first_bytes,
-                     const flashmesh::v1::PromptLogprobs& scores);
+                     const flashmesh::v1::PromptLogprobs& scores, int64_t top);
+
+// vLLM's prompt_logprobs list of a prompt's scores: null for the first token, then per token
+// {"id": {"logprob", "rank", "decoded_token"}}, the token itself first, then its `top` most
+// likely alternatives (ranks 1..top) not already listed.
+Json VllmPromptLogprobs(const flashmesh::v1::PromptLogprobs& scores, int64_t top);
 
 }  // namespace fm

@@ -78,6 +78,7 @@ struct HttpApi::Choice {
   // Thinking mode: where "</think>" starts in text (npos: not yet), how far text was searched.
   size_t think_end = std::string::npos, think_searched = 0;
   CompletionEcho echo;  // completions' echo: the prompt's text (and logprobs) before the answer
+  Json prompt_logprobs;  // vLLM's prompt_logprobs, when asked for
   bool finished = false;
   flashmesh::v1::Finish finish;
   // Where the matched stop string starts in the text (the scheduler found it there).
@@ -263,8 +264,10 @@ Result<GenerateParams> HttpApi::ToParams(const OpenAiRequest& r, size_t prompt, 
   s->set_top_p(std::max(static_cast<float>(r.top_p), std::numeric_limits<float>::min()));
   s->set_top_k(static_cast<int32_t>(r.top_k));
   if (r.logprobs) s->set_top_logprobs(static_cast<int32_t>(r.top_logprobs));
-  // Echo with logprobs scores the prompt too (with as many alternatives).
-  if (r.echo && r.logprobs) g.set_prompt_logprobs(static_cast<int32_t>(r.top_logprobs));
+  // Echo with logprobs scores the prompt too (with as many alternatives), as vLLM's
+  // prompt_logprobs does (the larger count serves both).
+  const int64_t scores = std::max<int64_t>(r.echo && r.logprobs ? r.top_logprobs : -1, r.prompt_logprobs.value_or(-1));
+  if (scores >= 0) g.set_prompt_logprobs(static_cast<int32_t>(scores));
   s->set_min_p(static_cast<float>(r.min_p));
   s->set_frequency_penalty(static_cast<float>(r.frequency_penalty));
   s->set_presence_penalty(static_cast<float>(r.presence_penalty));
@@ -435,7 +438,8 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
       continue;
     }
     if (ev.kind == RequestStream::Event::kPrompt) {
-      AddPromptScores(&c->echo, TokenString(c->echo.first_id, ""), ev.prompt);
+      if (job->req.echo) AddPromptScores(&c->echo, TokenString(c->echo.first_id, ""), ev.prompt, job->req.top_logprobs);
+      if (job->req.prompt_logprobs) c->prompt_logprobs = VllmPromptLogprobs(ev.prompt, *job->req.prompt_logprobs);
       continue;
     }
     c->finished = true;
@@ -475,11 +479,14 @@ void HttpApi::Collect(Job* job, HttpResponder* out) {
     }
     choice["logprobs"] = std::move(logprobs);
     choice["finish_reason"] = FinishName(c.finish.reason());
+    if (job->req.prompt_logprobs && !job->req.chat) choice["prompt_logprobs"] = c.prompt_logprobs;
     choices.push_back(std::move(choice));
   }
   Json body = job->Envelope(job->req.chat ? "chat.completion" : "text_completion", options_.model_name);
   body["choices"] = std::move(choices);
   body["usage"] = job->TotalUsage();
+  // vLLM's place for a chat's: the response's (every choice has the one prompt).
+  if (job->req.prompt_logprobs && job->req.chat) body["prompt_logprobs"] = job->choices[0]->prompt_logprobs;
   out->Reply(200, "application/json", Dump(body));
 }
 
@@ -572,8 +579,8 @@ void HttpApi::Stream(Job* job, HttpResponder* out) {
       out->Send("data: " + ErrorFromStatus(ev.error).ToJson() + "\n\ndata: [DONE]\n\n");
       return false;
     }
-    if (ev.kind == RequestStream::Event::kPrompt) {
-      AddPromptScores(&c.echo, TokenString(c.echo.first_id, ""), ev.prompt);
+    if (ev.kind == RequestStream::Event::kPrompt) {   // echo with logprobs (prompt_logprobs is not streamed)
+      AddPromptScores(&c.echo, TokenString(c.echo.first_id, ""), ev.prompt, job->req.top_logprobs);
       echo(i);
       return true;
     }

@@ -295,7 +295,6 @@ Status RefuseUnsupported(const Json& j, bool chat) {
       {"include_stop_str_in_output", IsFalse, "false"},
       {"skip_special_tokens", IsTrue, "true"},
       {"truncate_prompt_tokens", NoValue, "null"},
-      {"prompt_logprobs", NoValue, "null"},
       {"logits_processors", NoValue, "null"},
       {"return_tokens_as_token_ids", IsFalse, "false"},
       // Chat: the template (thinking: chat_template_kwargs), other modalities, tools of OpenAI's.
@@ -395,6 +394,13 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r, bool tokenize = 
   }
   if (const Json* v = Field(j, "echo"); v && !chat) {
     FM_ASSIGN_OR_RETURN(r->echo, Boolean(*v, "echo"));
+  }
+  if (const Json* v = Field(j, "prompt_logprobs")) {   // vLLM's
+    FM_ASSIGN_OR_RETURN(int64_t n, Integer(*v, "prompt_logprobs"));
+    if (n < 0 || n > kMaxTopLogprobs)
+      return InvalidArgument("prompt_logprobs: " + std::to_string(n) + " outside [0, 20]");
+    if (r->stream) return InvalidArgument("prompt_logprobs: not available with stream: true (as vLLM)");
+    r->prompt_logprobs = n;
   }
   return Status::Ok();
 }

@@ -49,6 +49,9 @@ struct OpenAiRequest {
   // Completions: the prompt comes back before the generated text; with logprobs, its tokens
   // with theirs too (the first one's null), as OpenAI's legacy API and vLLM do.
   bool echo = false;
+  // vLLM's: each prompt token's logprob, rank and this many alternatives, in vLLM's
+  // prompt_logprobs list (a completions choice's, a chat response's); not with stream.
+  std::optional<int64_t> prompt_logprobs;
   bool ignore_eos = false;               // extension (vLLM's)
   bool thinking = false;                 // chat: chat_template_kwargs.thinking (vLLM's)
   int64_t n = 1;                         // choices: n generations of the prompt

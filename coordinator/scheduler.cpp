@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "rpc/grpc_status.h"
 
 namespace fm {
 namespace {
@@ -18,6 +19,11 @@ namespace {
 constexpr auto kFailureGrace = std::chrono::milliseconds(300);
 constexpr auto kDeadlineSlack = std::chrono::milliseconds(200);
 constexpr size_t kRecentSteps = 32;   // steps whose times size the next deadlines
+// Prompt rows one step may score (prompt_logprobs): a scored row with 20 alternatives is ~240
+// bytes of the last stage's reply, so 16384 of them stay far below the reply cap the
+// coordinator takes from a worker (kWorkerMaxReplyBytes, 16 MiB), whatever max_step_tokens is.
+constexpr size_t kMaxScoredRowsPerStep = 16384;
+static_assert(kMaxScoredRowsPerStep * 240 < kWorkerMaxReplyBytes / 2);
 // The longest the scheduling thread sleeps with nothing due (every event also wakes it).
 constexpr auto kMaxSleep = std::chrono::seconds(1);
 
@@ -415,11 +421,17 @@ void Scheduler::Launch() {
     // depend on its neighbours.
     const size_t budget = static_cast<size_t>(std::max<int64_t>(limits_.max_step_tokens, 1));
     const size_t take_prefill = (prefill.size() + slots - 1) / slots;
+    size_t scored_rows = 0;
     for (size_t i = 0; i < take_prefill; ++i) {
       Request* r = prefill[i];
+      // A prompt that is scored goes in chunks of at most kMaxScoredRowsPerStep (still a
+      // function of the prompt alone), and a step takes no more such rows than that.
+      const size_t own = r->ScoresPrompt() ? std::min(budget, kMaxScoredRowsPerStep) : budget;
       const size_t sent = r->params.prompt.size() - r->next.size();
-      const size_t n = std::min(r->next.size(), budget - sent % budget);
-      if (i > 0 && call->rows + n > budget) break;
+      const size_t n = std::min(r->next.size(), own - sent % own);
+      const size_t scored = r->ScoresPrompt() ? n : 0;
+      if (i > 0 && (call->rows + n > budget || scored_rows + scored > kMaxScoredRowsPerStep)) break;
+      scored_rows += scored;
       add(r, n);
     }
     // With nothing in flight every worker has run every step sent: no order to keep (and a
@@ -661,6 +673,7 @@ bool Scheduler::TakePromptScores(StepCall* call) {
         out.Clear();
         out.set_id(t.id());
         out.set_logprob(t.logprob());
+        out.set_rank(t.rank());
         if (tokenizer_)
           if (auto bytes = tokenizer_->TokenBytes(t.id()); bytes.ok()) out.set_token(*bytes);
         for (int a = 0; a < std::min(t.top_size(), alts); ++a) {   // no more than asked for

@@ -431,16 +431,25 @@ Result<std::vector<PromptScores>> ShardRuntime::ScorePrompts(std::span<const Ste
       const int64_t rows = std::min(block, scored - r0);
       logits.resize(static_cast<size_t>(rows * V));
       FM_RETURN_IF_ERROR(model_->Logits(x.data() + (first_row + r0) * row, rows, logits.data()));
+      // Rows apart on the pool (each a pass over the vocabulary), kept in row order.
+      std::vector<SampledToken> got(static_cast<size_t>(rows));
+      std::vector<Status> why(static_cast<size_t>(rows));
+      pool_.ParallelFor(static_cast<size_t>(rows), 1, [&](size_t b, size_t e) {
+        for (size_t r = b; r < e; ++r) {
+          const int64_t i = r0 + static_cast<int64_t>(r);
+          const int32_t target = i + 1 < n ? s.tokens[static_cast<size_t>(i + 1)] : s.next_token;
+          Result<SampledToken> t = ScoreToken({logits.data() + r * V, static_cast<size_t>(V)}, target, top);
+          if (t.ok()) got[r] = std::move(*t);
+          else why[r] = t.status();
+        }
+      });
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = r0 + r;
-        const int32_t target = i + 1 < n ? s.tokens[static_cast<size_t>(i + 1)] : s.next_token;
-        Result<SampledToken> t = ScoreToken({logits.data() + r * V, static_cast<size_t>(V)}, target, top);
-        if (!t.ok()) {
-          ps.error = t.status().Wrap("prompt position " + std::to_string(ps.first + i));
+        if (!why[r].ok()) {
+          ps.error = why[r].Wrap("prompt position " + std::to_string(ps.first + r0 + r));
           ps.tokens.clear();
           break;
         }
-        ps.tokens.push_back(std::move(*t));
+        ps.tokens.push_back(std::move(got[r]));
       }
     }
     if (!ps.tokens.empty() || !ps.error.ok()) out.push_back(std::move(ps));

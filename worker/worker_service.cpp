@@ -451,6 +451,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
       auto* o = out->add_tokens();
       o->set_id(t.id);
       o->set_logprob(t.logprob);
+      o->set_rank(t.rank);
       for (const TokenLogprob& alt : t.top) {
         auto* a = o->add_top();
         a->set_id(alt.id);

@@ -13,7 +13,7 @@ namespace fm::it {
 namespace {
 
 using namespace std::chrono_literals;
-using EchoJson = nlohmann::json;
+using EchoJson = nlohmann::ordered_json;   // the server's key order kept
 
 class EchoTest : public ::testing::Test {
  protected:
@@ -143,10 +143,72 @@ TEST_F(EchoTest, GrpcPromptLogprobsAndATextPromptsEcho) {
                              EchoJson({{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"echo", true}}).dump());
   EXPECT_EQ(chat.status, 400);
   EXPECT_NE(chat.body.find("\"param\":\"echo\""), std::string::npos) << chat.body;
+  // A prompt of one token has nothing to score: one empty event all the same.
+  auto one = TokensRequest({7}, 2);
+  one.set_prompt_logprobs(0);
+  Generation g1 = Generate(stub.get(), one);
+  ASSERT_TRUE(g1.status.ok()) << g1.status.error_message();
+  EXPECT_EQ(g1.prompt_events, 1);
+  EXPECT_TRUE(g1.prompt.empty());
+  EXPECT_EQ(g1.ids.size(), 2u);
   req.set_prompt_logprobs(21);
   Generation bad = Generate(stub.get(), req);
   EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(bad.status.error_message(), "prompt_logprobs: 21 outside [0, 20]");
+}
+
+// vLLM's prompt_logprobs: per prompt token after the first {"id": {logprob, rank, decoded_token}},
+// the token itself first, then its N most likely (ranks 1..N); the values are the echo's; a
+// chat's list is the response's (its prompt: the rendered template); not with stream.
+TEST_F(EchoTest, VllmPromptLogprobsListEachTokensLogprobAndRank) {
+  const std::vector<int32_t> prompt = {1, 9, 250, 31, 7, 402, 13, 13, 90};
+  EchoJson body = {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 2}, {"echo", true},
+                   {"prompt_logprobs", 2}};
+  EchoJson e = Post(body);
+  const EchoJson& c = e["choices"][0];
+  const EchoJson& pl = c["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), prompt.size()) << e.dump();
+  EXPECT_TRUE(pl[0].is_null());
+  for (size_t k = 1; k < prompt.size(); ++k) {
+    const std::string id = std::to_string(prompt[k]);
+    ASSERT_TRUE(pl[k].contains(id)) << pl[k].dump();
+    EXPECT_EQ(pl[k].begin().key(), id) << "the token itself first";
+    EXPECT_EQ(pl[k][id]["logprob"], c["logprobs"]["token_logprobs"][k]) << k;
+    // Its text (U+FFFD for bytes that are not whole UTF-8, where tokens spells them bytes:\xNN).
+    const std::string token = c["logprobs"]["tokens"][k];
+    if (token.rfind("bytes:", 0) != 0) {
+      EXPECT_EQ(pl[k][id]["decoded_token"], token) << k;
+    }
+    const int64_t rank = pl[k][id]["rank"];
+    EXPECT_GE(rank, 1);
+    // The alternatives: ranks 1 and 2, most likely first; the token's own rank places it.
+    std::vector<std::pair<int64_t, double>> alts;
+    for (const auto& [key, v] : pl[k].items())
+      if (key != id) alts.emplace_back(v["rank"].get<int64_t>(), v["logprob"].get<double>());
+    EXPECT_EQ(alts.size(), rank <= 2 ? 1u : 2u) << pl[k].dump();
+    for (size_t a = 0; a < alts.size(); ++a) {
+      EXPECT_LE(alts[a].first, 2);
+      if (a > 0) {
+        EXPECT_GE(alts[a - 1].second, alts[a].second);
+      }
+      if (alts[a].first < rank) {
+        EXPECT_GE(alts[a].second, pl[k][id]["logprob"].get<double>());
+      }
+    }
+  }
+  EchoJson chat = EchoJson::parse(HttpCall(cluster_->http_port(), "POST", "/v1/chat/completions",
+                                           EchoJson({{"messages", {{{"role", "user"}, {"content", "hi there"}}}},
+                                                     {"max_tokens", 2}, {"temperature", 0}, {"prompt_logprobs", 0}})
+                                               .dump())
+                                      .body);
+  ASSERT_TRUE(chat.contains("prompt_logprobs")) << chat.dump();
+  EXPECT_EQ(chat["prompt_logprobs"].size(), chat["usage"]["prompt_tokens"].get<size_t>());
+  EXPECT_TRUE(chat["prompt_logprobs"][0].is_null());
+  EXPECT_EQ(chat["prompt_logprobs"][1].size(), 1u) << "prompt_logprobs 0: the token alone";
+  body["stream"] = true;
+  HttpResult r = HttpCall(cluster_->http_port(), "POST", "/v1/completions", body.dump());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("\"param\":\"prompt_logprobs\""), std::string::npos) << r.body;
 }
 
 }  // namespace

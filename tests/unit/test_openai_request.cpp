@@ -300,6 +300,10 @@ TEST(DecodeOpenAiRequest, UnsupportedFieldsAtTheirNeutralValuesAreAccepted) {
   auto echo = DecodeOpenAiRequest(R"({"prompt": "x", "echo": true, "logprobs": 1})", false);
   ASSERT_TRUE(echo.ok()) << echo.status().ToString();
   EXPECT_TRUE(echo->echo);
+  EXPECT_FALSE(echo->prompt_logprobs);
+  auto scored = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 0})", true);
+  ASSERT_TRUE(scored.ok()) << scored.status().ToString();
+  EXPECT_EQ(scored->prompt_logprobs, 0);
   auto v = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "skip_special_tokens": true,
       "include_stop_str_in_output": false, "bad_words": [], "allowed_token_ids": null, "add_generation_prompt": true,
       "continue_final_message": false, "modalities": ["text"], "reasoning_effort": null,
@@ -403,7 +407,10 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"prompt": "x", "bad_words": ["a"]})", false, "bad_words"},
       {R"({"prompt": "x", "skip_special_tokens": false})", false, "skip_special_tokens"},
       {R"({"prompt": "x", "truncate_prompt_tokens": 1})", false, "truncate_prompt_tokens"},
-      {R"({"prompt": "x", "prompt_logprobs": 1})", false, "prompt_logprobs"},
+      {R"({"prompt": "x", "prompt_logprobs": 21})", false, "prompt_logprobs"},
+      {R"({"prompt": "x", "prompt_logprobs": -1})", false, "prompt_logprobs"},
+      {R"({"prompt": "x", "prompt_logprobs": true})", false, "prompt_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1, "stream": true})", true, "prompt_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high"})", true, "reasoning_effort"},
       {R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})", true, "add_generation_prompt"},
       {R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})", true, "continue_final_message"},

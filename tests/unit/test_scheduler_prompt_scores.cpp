@@ -173,5 +173,29 @@ TEST(SchedulerPromptScores, ARowThatCouldNotBeScoredEndsOnlyItsRequest) {
       EXPECT_FALSE(item.seq_id() == 1 && item.tokens(0) == 18) << "no chunk is sent after the failed one";
 }
 
+// However large max_step_tokens is, a scored prompt goes in chunks of at most 16384 rows (the
+// last stage's reply stays far below the 16 MiB a coordinator takes from a worker); the same
+// prompt unscored goes whole.
+TEST(SchedulerPromptScores, AScoredPromptsChunksStayWithinTheReplyCap) {
+  FakeWorkers w(1);
+  SchedulerLimits limits;
+  limits.max_step_tokens = 40000;
+  limits.max_context = 65536;
+  Scheduler s(&w, nullptr, limits);
+  std::vector<int32_t> prompt(20000, 7);
+  auto scored = s.Submit(Scored(prompt, 1));
+  ASSERT_TRUE(scored.ok());
+  Events e = Drain(scored->get());
+  EXPECT_EQ(e.kinds, "PTF");
+  EXPECT_EQ(e.prompt.tokens_size(), 19999);
+  auto plain = s.Submit(Params(prompt, 1));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(Collect(plain->get()).finished);
+  std::vector<int> sizes;
+  for (const auto& step : w.steps())
+    for (const auto& item : step.req.items()) sizes.push_back(item.tokens_size());
+  EXPECT_EQ(sizes, (std::vector<int>{16384, 3616, 20000}));
+}
+
 }  // namespace
 }  // namespace fm
