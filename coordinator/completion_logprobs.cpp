@@ -86,11 +86,11 @@ Json VllmPromptLogprobs(const flashmesh::v1::PromptLogprobs& scores, int64_t top
   for (const auto& t : scores.tokens()) {
     Json position = Json::object();
     position[std::to_string(t.id())] = {{"logprob", t.logprob()}, {"rank", t.rank()}, {"decoded_token", t.token()}};
+    // An alternative's rank is its place in the list; the token itself among them takes its
+    // place's rank too (vLLM's dict overwrites it so; they differ only among equal logits).
     for (int k = 0; k < std::min<int64_t>(top, t.top_logprobs_size()); ++k) {
       const auto& alt = t.top_logprobs(k);
-      const std::string key = std::to_string(alt.id());
-      if (!position.contains(key))
-        position[key] = {{"logprob", alt.logprob()}, {"rank", k + 1}, {"decoded_token", alt.token()}};
+      position[std::to_string(alt.id())] = {{"logprob", alt.logprob()}, {"rank", k + 1}, {"decoded_token", alt.token()}};
     }
     out.push_back(std::move(position));
   }

@@ -59,7 +59,7 @@ void AddPromptScores(CompletionEcho* echo, const std::string& first_bytes,
 
 // vLLM's prompt_logprobs list of a prompt's scores: null for the first token, then per token
 // {"id": {"logprob", "rank", "decoded_token"}}, the token itself first, then its `top` most
-// likely alternatives (ranks 1..top) not already listed.
+// likely alternatives (ranks 1..top; the token's own entry stays first when it is among them).
 Json VllmPromptLogprobs(const flashmesh::v1::PromptLogprobs& scores, int64_t top);
 
 }  // namespace fm

@@ -123,7 +123,7 @@ struct HttpApi::Job {
     for (size_t k = 0; k < choices.size(); ++k) {
       const auto& usage = choices[k]->finish.usage();
       if (k % static_cast<size_t>(req.n) == 0) u.set_prompt_tokens(u.prompt_tokens() + usage.prompt_tokens());
-      u.set_completion_tokens(u.completion_tokens() + usage.completion_tokens());
+      if (!req.prompt_only) u.set_completion_tokens(u.completion_tokens() + usage.completion_tokens());
     }
     return Usage(u);
   }
@@ -377,6 +377,7 @@ uint64_t HttpApi::RandomIdPrefix() {
 
 void HttpApi::AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& token) const {
   c->meter.Token();
+  if (job->req.prompt_only) return;   // max_tokens 0 with echo: the token is not part of the answer
   if (job->req.logprobs && job->req.chat) {
     Json e = LogprobEntry(TokenString(token.id(), token.text()), token.logprob());
     Json alts = Json::array();

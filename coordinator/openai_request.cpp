@@ -350,6 +350,9 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r, bool tokenize = 
     if (const Json* v = Field(j, key)) {
       FM_ASSIGN_OR_RETURN(r->max_tokens, Integer(*v, key));
       r->max_tokens_field = key;
+      // 0: the prompt alone (with echo, checked below), OpenAI's legacy way to score a text.
+      r->prompt_only = r->max_tokens == 0 && !chat;
+      if (r->prompt_only) r->max_tokens = 1;
       if (r->max_tokens < 1) return InvalidArgument(std::string(key) + ": " + std::to_string(r->max_tokens) + " (must be >= 1)");
     }
   }
@@ -395,12 +398,15 @@ Status DecodeObject(const Json& j, bool chat, OpenAiRequest* r, bool tokenize = 
   if (const Json* v = Field(j, "echo"); v && !chat) {
     FM_ASSIGN_OR_RETURN(r->echo, Boolean(*v, "echo"));
   }
+  if (r->prompt_only && !r->echo)
+    return InvalidArgument(r->max_tokens_field + ": 0 (must be >= 1; 0 only with echo: true, the prompt alone)");
   if (const Json* v = Field(j, "prompt_logprobs")) {   // vLLM's
     FM_ASSIGN_OR_RETURN(int64_t n, Integer(*v, "prompt_logprobs"));
     if (n < 0 || n > kMaxTopLogprobs)
       return InvalidArgument("prompt_logprobs: " + std::to_string(n) + " outside [0, 20]");
-    if (r->stream) return InvalidArgument("prompt_logprobs: not available with stream: true (as vLLM)");
-    r->prompt_logprobs = n;
+    // vLLM streams no prompt logprobs: it refuses N > 0 with stream and ignores 0.
+    if (r->stream && n > 0) return InvalidArgument("prompt_logprobs: not available with stream: true (as vLLM)");
+    if (!r->stream) r->prompt_logprobs = n;
   }
   return Status::Ok();
 }

@@ -49,6 +49,9 @@ struct OpenAiRequest {
   // Completions: the prompt comes back before the generated text; with logprobs, its tokens
   // with theirs too (the first one's null), as OpenAI's legacy API and vLLM do.
   bool echo = false;
+  // Completions' max_tokens 0 with echo: the prompt (and its logprobs) alone. The generation
+  // still runs one token (max_tokens is 1), which the answer leaves out.
+  bool prompt_only = false;
   // vLLM's: each prompt token's logprob, rank and this many alternatives, in vLLM's
   // prompt_logprobs list (a completions choice's, a chat response's); not with stream.
   std::optional<int64_t> prompt_logprobs;

@@ -102,8 +102,7 @@ Result<SampledToken> ScoreToken(std::span<const float> logits, int32_t id, int32
                      : static_cast<float>((static_cast<double>(logits[i]) - logits[best]) - log_sum);
   };
   SampledToken out{id, logprob(id), {}, {}};
-  out.rank = 1;
-  for (int64_t i = 0; i < n; ++i) out.rank += logits[i] > logits[id];
+  for (int64_t i = 0; i < n; ++i) out.rank += logits[i] >= logits[id];
   if (top > 0) {
     auto before = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
     for (int32_t i : TopIds(n, top, before))

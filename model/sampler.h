@@ -78,8 +78,8 @@ struct SampledToken {
   // From ShardModel::SampleNext: why this row has no token (its logits hold a NaN or +inf, or
   // no finite value); id is then -1. One row's failure leaves the other rows' picks standing.
   Status error;
-  // ScoreToken only: 1 + the ids whose logit is larger than id's (vLLM's rank; 1 = the most
-  // likely, equal logits share a rank). 0 from the sampler.
+  // ScoreToken only: the ids whose logit is at least id's, id included (vLLM's rank: 1 = the
+  // most likely; among equal logits each gets the group's last rank). 0 from the sampler.
   int64_t rank = 0;
 
   static SampledToken Failed(Status why) {

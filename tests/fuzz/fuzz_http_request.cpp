@@ -42,6 +42,7 @@ void CheckDecoded(const std::string& body, bool chat) {
   for (const auto& s : r->stop)
     if (s.empty()) std::abort();
   if (chat && r->echo) std::abort();   // chat has no echo: refused, never decoded
+  if (r->prompt_only && (!r->echo || r->max_tokens != 1)) std::abort();
   if (r->prompt_logprobs && (*r->prompt_logprobs < 0 || *r->prompt_logprobs > 20 || r->stream)) std::abort();
 }
 

@@ -211,5 +211,37 @@ TEST_F(EchoTest, VllmPromptLogprobsListEachTokensLogprobAndRank) {
   EXPECT_NE(r.body.find("\"param\":\"prompt_logprobs\""), std::string::npos) << r.body;
 }
 
+// max_tokens 0 with echo (OpenAI's legacy way to score a text): the prompt and its logprobs
+// alone, the same entries as with a generated token after them; no completion tokens.
+TEST_F(EchoTest, MaxTokensZeroWithEchoAnswersThePromptAlone) {
+  const std::vector<int32_t> prompt = {1, 45, 300, 17, 88, 5, 61};
+  EchoJson body = {{"prompt", prompt}, {"max_tokens", 0}, {"temperature", 0}, {"logprobs", 1}, {"echo", true}};
+  EchoJson alone = Post(body);
+  body["max_tokens"] = 1;
+  EchoJson one = Post(body);
+  const EchoJson& a = alone["choices"][0];
+  const EchoJson& o = one["choices"][0];
+  ASSERT_EQ(a["logprobs"]["tokens"].size(), prompt.size()) << alone.dump();
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (size_t k = 0; k < prompt.size(); ++k) EXPECT_EQ(a["logprobs"][key][k], o["logprobs"][key][k]) << key << k;
+  EXPECT_EQ(a["finish_reason"], "length");
+  EXPECT_EQ(alone["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(alone["usage"]["prompt_tokens"], 7);
+  const std::string text = a["text"];
+  EXPECT_EQ(o["text"].get<std::string>().rfind(text, 0), 0u) << "the prompt's text, then the token's";
+  body["max_tokens"] = 0;
+  body["stream"] = true;
+  HttpResult r = HttpCall(cluster_->http_port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::string streamed;
+  size_t entries = 0;
+  for (const EchoJson& ch : EchoChunks(r.body)) {
+    streamed += ch["text"].get<std::string>();
+    if (!ch["logprobs"].is_null()) entries += ch["logprobs"]["tokens"].size();
+  }
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(entries, prompt.size());
+}
+
 }  // namespace
 }  // namespace fm::it

@@ -301,9 +301,17 @@ TEST(DecodeOpenAiRequest, UnsupportedFieldsAtTheirNeutralValuesAreAccepted) {
   ASSERT_TRUE(echo.ok()) << echo.status().ToString();
   EXPECT_TRUE(echo->echo);
   EXPECT_FALSE(echo->prompt_logprobs);
+  EXPECT_FALSE(echo->prompt_only);
+  auto alone = DecodeOpenAiRequest(R"({"prompt": [1, 2], "echo": true, "max_tokens": 0})", false);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  EXPECT_TRUE(alone->prompt_only);
+  EXPECT_EQ(alone->max_tokens, 1) << "one token runs; the answer leaves it out";
   auto scored = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 0})", true);
   ASSERT_TRUE(scored.ok()) << scored.status().ToString();
   EXPECT_EQ(scored->prompt_logprobs, 0);
+  auto streamed = DecodeOpenAiRequest(R"({"prompt": "x", "prompt_logprobs": 0, "stream": true})", false);
+  ASSERT_TRUE(streamed.ok()) << streamed.status().ToString();
+  EXPECT_FALSE(streamed->prompt_logprobs) << "vLLM ignores 0 with stream";
   auto v = DecodeOpenAiRequest(R"({"messages": [{"role": "user", "content": "x"}], "skip_special_tokens": true,
       "include_stop_str_in_output": false, "bad_words": [], "allowed_token_ids": null, "add_generation_prompt": true,
       "continue_final_message": false, "modalities": ["text"], "reasoning_effort": null,
@@ -408,6 +416,9 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"prompt": "x", "skip_special_tokens": false})", false, "skip_special_tokens"},
       {R"({"prompt": "x", "truncate_prompt_tokens": 1})", false, "truncate_prompt_tokens"},
       {R"({"prompt": "x", "prompt_logprobs": 21})", false, "prompt_logprobs"},
+      {R"({"prompt": "x", "max_tokens": 0})", false, "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": 0, "echo": false})", false, "max_tokens"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", true, "max_tokens"},
       {R"({"prompt": "x", "prompt_logprobs": -1})", false, "prompt_logprobs"},
       {R"({"prompt": "x", "prompt_logprobs": true})", false, "prompt_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1, "stream": true})", true, "prompt_logprobs"},

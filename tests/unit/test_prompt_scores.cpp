@@ -37,8 +37,8 @@ TEST(ScoreToken, IsTheLogSoftmaxOfTheRawLogitsWithTheGreedySamplersBits) {
     EXPECT_TRUE(s->top.empty());
   }
   EXPECT_EQ(ScoreToken(logits, 4, 0)->logprob, -INFINITY);
-  // vLLM's rank: 1 + the ids with a larger logit (equal logits share one).
-  const std::pair<int32_t, int64_t> ranks[] = {{1, 1}, {3, 1}, {5, 3}, {0, 4}, {2, 5}, {4, 6}};
+  // vLLM's rank: the ids with a logit at least as large, itself included (ties: the last rank).
+  const std::pair<int32_t, int64_t> ranks[] = {{1, 2}, {3, 2}, {5, 3}, {0, 4}, {2, 5}, {4, 6}};
   for (auto [id, rank] : ranks) EXPECT_EQ(ScoreToken(logits, id, 0)->rank, rank) << id;
   // Top: larger logit first, the lower id among equal ones; -inf never listed.
   auto s = ScoreToken(logits, 2, 20);
