@@ -37,6 +37,15 @@ std::string HostOf(const std::string& address) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return host;
 }
+// A token's top alternatives (SampledToken.top) into its reply message.
+void AddAlternatives(const std::vector<TokenLogprob>& top, flashmesh::v1::SampledToken* out) {
+  for (const TokenLogprob& alt : top) {
+    auto* a = out->add_top();
+    a->set_id(alt.id);
+    a->set_logprob(alt.logprob);
+  }
+}
+
 }  // namespace
 
 Status WorkerService::CheckPeers(const flashmesh::v1::ShardSpec& s) const {
@@ -436,11 +445,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
     out->set_id(t.id);
     out->set_logprob(t.logprob);
     if (!t.error.ok()) out->set_error(t.error.message());
-    for (const TokenLogprob& alt : t.top) {
-      auto* a = out->add_top();
-      a->set_id(alt.id);
-      a->set_logprob(alt.logprob);
-    }
+    AddAlternatives(t.top, out);
   }
   for (const auto& p : prompt) {
     auto* out = resp->add_prompt_scores();
@@ -452,11 +457,7 @@ grpc::Status WorkerService::StepBatch(grpc::ServerContext* ctx,
       o->set_id(t.id);
       o->set_logprob(t.logprob);
       o->set_rank(t.rank);
-      for (const TokenLogprob& alt : t.top) {
-        auto* a = o->add_top();
-        a->set_id(alt.id);
-        a->set_logprob(alt.logprob);
-      }
+      AddAlternatives(t.top, o);
     }
   }
   return grpc::Status::OK;

@@ -403,6 +403,13 @@ class FakeWorkers final : public WorkerSet {
   std::function<void(int, std::vector<uint64_t>, Deadline)> held_listener_;
 };
 
+// Limits that prefill a prompt in chunks of 4 tokens.
+inline SchedulerLimits ChunksOf4() {
+  SchedulerLimits limits;
+  limits.max_step_tokens = 4;
+  return limits;
+}
+
 inline GenerateParams Params(std::vector<int32_t> prompt, int64_t max_tokens) {
   GenerateParams p;
   p.prompt = std::move(prompt);

@@ -15,6 +15,7 @@
 #include "model/mkmodel.h"
 #include "model/sampler.h"
 #include "net/tcp_transport.h"
+#include "tests/unit/stage_test_util.h"
 #include "tests/unit/test_checkpoint_util.h"
 #include "worker/data_plane.h"
 #include "worker/shard_runtime.h"
@@ -83,23 +84,10 @@ const std::string& Tiny() {
 }
 
 ShardPlacement Stage(int stage, int num_stages, int64_t begin, int64_t end) {
-  ShardPlacement p;
-  p.model_dir = Tiny();
-  p.stage = stage;
-  p.num_stages = num_stages;
-  p.layer_begin = begin;
-  p.layer_end = end;
-  p.embed = stage == 0;
-  p.head = stage == num_stages - 1;
-  return p;
+  return testing_stage::StagePlacement(Tiny(), stage, num_stages, begin, end);
 }
 
-std::unique_ptr<net::Transport> Transport(const std::string& name) {
-  auto t = net::MakeTcpTransport({.self_name = name, .secret = "unit-secret"});
-  EXPECT_TRUE(t.ok());
-  EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
-  return std::move(t).value();
-}
+std::unique_ptr<net::Transport> Transport(const std::string& name) { return testing_stage::LoopbackTransport(name); }
 
 // Two stages joined on loopback, as a worker pair runs them.
 struct TwoStages {

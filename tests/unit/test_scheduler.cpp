@@ -15,12 +15,7 @@ namespace {
 using namespace std::chrono_literals;
 using namespace scheduler_test;
 
-// Limits that prefill a prompt in chunks of 4 tokens, and a prompt of 3 such chunks (4, 4, 2).
-SchedulerLimits ChunksOf4() {
-  SchedulerLimits limits;
-  limits.max_step_tokens = 4;
-  return limits;
-}
+// A prompt of 3 chunks of ChunksOf4 (4, 4, 2).
 std::vector<int32_t> TenTokensFrom100() {
   std::vector<int32_t> prompt;
   for (int32_t t = 100; t < 110; ++t) prompt.push_back(t);

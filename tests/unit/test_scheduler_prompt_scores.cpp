@@ -12,12 +12,6 @@ namespace {
 using namespace std::chrono_literals;
 using namespace scheduler_test;
 
-SchedulerLimits ChunksOf4() {
-  SchedulerLimits limits;
-  limits.max_step_tokens = 4;
-  return limits;
-}
-
 GenerateParams Scored(std::vector<int32_t> prompt, int64_t max_tokens) {
   GenerateParams p = Params(std::move(prompt), max_tokens);
   p.sampling.set_prompt_logprobs(1);
