@@ -12,6 +12,7 @@
 
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
+#include "coordinator/openai_request.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/write_watchdog.h"
 #include "flashmesh/v1/api.grpc.pb.h"
@@ -24,7 +25,6 @@ namespace fm {
 // hold or work on.
 inline constexpr int kApiMaxRequestBytes = 4 << 20;   // a gRPC request message (HTTP: its body)
 inline constexpr size_t kMaxPromptBytesPerToken = 32;  // input.text up to this x max_context
-inline constexpr int kMaxStopStrings = 4;              // OpenAI's limit
 inline constexpr size_t kMaxStopBytes = 256;
 inline constexpr int kMaxLogitBias = 1024;            // logit_bias entries
 inline constexpr int kMaxStopTokenIds = 1024;

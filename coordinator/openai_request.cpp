@@ -12,7 +12,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr int64_t kMaxStopStrings = 4;   // OpenAI's limit
 constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's limit
 constexpr size_t kMaxTokenLists = 1024;   // logit_bias entries, stop_token_ids (api_service.h)
 constexpr int64_t kMaxChoices = 128;      // OpenAI's limit on n

@@ -16,6 +16,11 @@
 
 namespace fm {
 
+// Stop strings a request may give (both APIs). OpenAI allows 4; vLLM any number, and
+// lm-evaluation-harness sends a task's `until` strings plus the end-of-sentence text, often 5
+// or more. Each costs a search of each token's text and holds back up to its length - 1 bytes.
+inline constexpr int kMaxStopStrings = 16;
+
 struct OpenAiRequest {
   bool chat = true;                      // /v1/chat/completions; false: /v1/completions
   std::string model;                     // informative: one model is served

@@ -316,9 +316,9 @@ TEST(Security, PublicApiLimitsRequestSizePromptStopStringsAndStreamsPerClient) {
   EXPECT_NE(long_prompt.status.error_message().find("input.text: 262145 bytes, more than 262144"),
             std::string::npos) << long_prompt.status.error_message();
   v1::GenerateRequest stops = TokensRequest({1, 2}, 1);
-  for (int i = 0; i < 5; ++i) stops.add_stop("s" + std::to_string(i));
-  Generation five = Generate(stub.get(), stops, "client-c");
-  EXPECT_NE(five.status.error_message().find("stop: 5 strings (at most 4)"), std::string::npos);
+  for (int i = 0; i < 17; ++i) stops.add_stop("s" + std::to_string(i));
+  Generation many = Generate(stub.get(), stops, "client-c");
+  EXPECT_NE(many.status.error_message().find("stop: 17 strings (at most 16)"), std::string::npos);
   stops.clear_stop();
   stops.add_stop(std::string(257, 'x'));
   Generation long_stop = Generate(stub.get(), stops, "client-c");

@@ -243,6 +243,11 @@ TEST(DecodeOpenAiRequest, ChatFieldsAndDefaults) {
   EXPECT_EQ(r->top_k, 0) << "-1 is vLLM's off";
   EXPECT_EQ(r->seed.value(), 42u);
   EXPECT_EQ(r->stop, std::vector<std::string>{"\n"});
+  // As many stop strings as lm-evaluation-harness sends (a task's and the end-of-sentence text).
+  auto sixteen = DecodeOpenAiRequest(R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j",
+      "k", "l", "m", "n", "o", "p"]})", false);
+  ASSERT_TRUE(sixteen.ok()) << sixteen.status().ToString();
+  EXPECT_EQ(sixteen->stop.size(), 16u);
   EXPECT_TRUE(r->stream && r->include_usage && r->logprobs);
   EXPECT_EQ(r->top_logprobs, 2);
 
@@ -375,7 +380,8 @@ TEST(DecodeOpenAiRequest, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", true, "n"},
       {R"({"messages": [{"role": "user", "content": "x"}], "n": 129})", true, "n"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": ["a", ""]})", true, "stop[1]"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]})", true, "stop"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j",
+          "k", "l", "m", "n", "o", "p", "q"]})", true, "stop"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}})", true, "stream_options.include_usage"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})", true, "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "seed": 18446744073709551615})", true, "seed"},
