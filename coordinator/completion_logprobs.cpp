@@ -21,12 +21,13 @@ std::string CompletionToken(int32_t id, const std::string& token) {
 }
 
 Json CompletionEntry(int32_t id, const std::string& token, float logprob,
-                     const google::protobuf::RepeatedPtrField<flashmesh::v1::TopLogprob>& top) {
+                     const google::protobuf::RepeatedPtrField<flashmesh::v1::TopLogprob>& top, int64_t alts) {
   const std::string chosen = CompletionToken(id, token);
-  Json alts = Json::object();
-  for (const auto& alt : top) alts[CompletionToken(alt.id(), alt.token())] = alt.logprob();
-  alts[chosen] = logprob;
-  return {{"token", chosen}, {"logprob", logprob}, {"top", std::move(alts)}};
+  Json entries = Json::object();
+  for (int k = 0; k < std::min<int64_t>(alts, top.size()); ++k)
+    entries[CompletionToken(top[k].id(), top[k].token())] = top[k].logprob();
+  entries[chosen] = logprob;
+  return {{"token", chosen}, {"logprob", logprob}, {"top", std::move(entries)}};
 }
 
 Json CompletionLogprobs(const Json& entries, const Json& offsets) {
@@ -74,11 +75,8 @@ void AddPromptScores(CompletionEcho* echo, const std::string& first_bytes,
   if (echo->entries.empty() && echo->first_id >= 0)
     echo->entries.push_back({{"token", CompletionToken(echo->first_id, first_bytes)},
                              {"logprob", nullptr}, {"top", nullptr}});
-  for (const auto& t : scores.tokens()) {
-    google::protobuf::RepeatedPtrField<flashmesh::v1::TopLogprob> alts;
-    for (int k = 0; k < std::min<int64_t>(top, t.top_logprobs_size()); ++k) *alts.Add() = t.top_logprobs(k);
-    echo->entries.push_back(CompletionEntry(t.id(), t.token(), t.logprob(), alts));
-  }
+  for (const auto& t : scores.tokens())
+    echo->entries.push_back(CompletionEntry(t.id(), t.token(), t.logprob(), t.top_logprobs(), top));
 }
 
 Json VllmPromptLogprobs(const flashmesh::v1::PromptLogprobs& scores, int64_t top) {

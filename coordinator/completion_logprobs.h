@@ -25,11 +25,11 @@ using Json = nlohmann::ordered_json;
 // without a tokenizer (empty `token`). So two tokens never share a key.
 std::string CompletionToken(int32_t id, const std::string& token);
 
-// One token's entry {token, logprob, top}: `top` is OpenAI's {token: logprob} of the
-// alternatives and the token itself ("up to logprobs + 1"; the token's own value last, so it
-// wins). `token` is the token's own bytes.
+// One token's entry {token, logprob, top}: `top` is OpenAI's {token: logprob} of the first
+// `alts` alternatives and the token itself ("up to logprobs + 1"; the token's own value last,
+// so it wins). `token` is the token's own bytes.
 Json CompletionEntry(int32_t id, const std::string& token, float logprob,
-                     const google::protobuf::RepeatedPtrField<flashmesh::v1::TopLogprob>& top);
+                     const google::protobuf::RepeatedPtrField<flashmesh::v1::TopLogprob>& top, int64_t alts);
 
 // Completions' logprobs of the tokens `entries` (CompletionEntry's), each starting at its
 // offset in the choice's text, in characters (a token may add none: a special token, or part

@@ -386,8 +386,8 @@ void HttpApi::AddToken(Job* job, Choice* c, const flashmesh::v1::TokenEvent& tok
     e["top_logprobs"] = std::move(alts);
     c->logprobs.push_back(std::move(e));
   } else if (job->req.logprobs) {
-    c->logprobs.push_back(
-        CompletionEntry(token.id(), TokenString(token.id(), token.text()), token.logprob(), token.top_logprobs()));
+    c->logprobs.push_back(CompletionEntry(token.id(), TokenString(token.id(), token.text()), token.logprob(),
+                                          token.top_logprobs(), token.top_logprobs_size()));
   }
   // Completions' echo: the generated text's offsets come after the prompt's.
   if (job->req.logprobs) c->offsets.push_back(c->echo.chars + c->chars);

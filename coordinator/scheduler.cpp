@@ -95,7 +95,6 @@ Result<std::vector<std::shared_ptr<RequestStream>>> Scheduler::SubmitAll(std::ve
     r->next = r->params.prompt;
     if (r->ScoresPrompt() && !r->params.prompt.empty()) {
       r->prompt_scores.resize(r->params.prompt.size() - 1);
-      r->have_score.resize(r->params.prompt.size() - 1);
     }
     streams.push_back(r->stream);
     requests.push_back(std::move(r));
@@ -638,18 +637,7 @@ void Scheduler::ApplyToken(Request* r, const flashmesh::v1::SampledToken& t) {
   ev.kind = RequestStream::Event::kToken;
   ev.token.set_id(id);
   ev.token.set_logprob(t.logprob());
-  // No more than the request asked for, whatever a worker sent.
-  const int alts = std::min(t.top_size(), std::max(r->params.sampling.top_logprobs(), 0));
-  for (int i = 0; i < alts; ++i) {
-    const auto& alt = t.top(i);
-    auto* a = ev.token.add_top_logprobs();
-    a->set_id(alt.id());
-    a->set_logprob(alt.logprob());
-    if (tokenizer_) {
-      auto bytes = tokenizer_->TokenBytes(alt.id());
-      if (bytes.ok()) a->set_token(*bytes);
-    }
-  }
+  AddAlternatives(t, r->params.sampling.top_logprobs(), ev.token.mutable_top_logprobs());
   size_t scan_from = r->text.size();
   if (r->decoder) {
     // A stop token's own text is not part of the output (vLLM's), as end-of-sentence has none.
@@ -670,6 +658,22 @@ void Scheduler::ApplyToken(Request* r, const flashmesh::v1::SampledToken& t) {
   }
   if (length) return Finish(r, flashmesh::v1::FINISH_REASON_LENGTH);
   r->next = {id};
+}
+
+void Scheduler::AddAlternatives(const flashmesh::v1::SampledToken& t, int asked,
+                                google::protobuf::RepeatedPtrField<flashmesh::v1::TopLogprob>* out) const {
+  // No more than the request asked for, whatever a worker sent.
+  const int alts = std::min(t.top_size(), std::max(asked, 0));
+  for (int i = 0; i < alts; ++i) {
+    const auto& alt = t.top(i);
+    auto* a = out->Add();
+    a->set_id(alt.id());
+    a->set_logprob(alt.logprob());
+    if (tokenizer_) {
+      auto bytes = tokenizer_->TokenBytes(alt.id());
+      if (bytes.ok()) a->set_token(*bytes);
+    }
+  }
 }
 
 void Scheduler::Finish(Request* r, flashmesh::v1::FinishReason reason, const std::string& stop_string,

@@ -132,9 +132,9 @@ class Scheduler {
     int forks_in_flight = 0;
     std::weak_ptr<SharedPrompt> sharers;
     // prompt_logprobs: the scores of prompt positions 1.. as the chunks' steps bring them (in
-    // any order), and the first token when its step completes before all of them.
+    // any order; each position is due in one step only), how many are in, and the first token
+    // when its step completes before all of them.
     std::vector<flashmesh::v1::PromptToken> prompt_scores;
-    std::vector<char> have_score;
     size_t scored = 0;
     bool prompt_sent = false;
     std::optional<flashmesh::v1::SampledToken> held;
@@ -227,6 +227,9 @@ class Scheduler {
   void Complete(StepCall* call);
   Status Attribute(const StepCall& call);
   void ApplyToken(Request* r, const flashmesh::v1::SampledToken& t);
+  // A worker's alternatives of `t` (at most `asked`), each with its bytes, into `out`.
+  void AddAlternatives(const flashmesh::v1::SampledToken& t, int asked,
+                       google::protobuf::RepeatedPtrField<flashmesh::v1::TopLogprob>* out) const;
   // The last stage's prompt scores of `call`, checked against what it was due; false when the
   // step failed for them (FailAll done).
   bool TakePromptScores(StepCall* call);

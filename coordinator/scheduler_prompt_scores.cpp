@@ -45,7 +45,6 @@ bool Scheduler::TakePromptScores(StepCall* call) {
         return false;
       }
       if (!r || !r->score_error.ok()) continue;   // ended meanwhile
-      const int alts = std::max(r->params.sampling.prompt_logprobs(), 0);
       for (int k = 0; k < count; ++k) {
         const auto& t = p.tokens(k);
         const size_t pos = static_cast<size_t>(first + k);
@@ -56,24 +55,14 @@ bool Scheduler::TakePromptScores(StepCall* call) {
           return false;
         }
         flashmesh::v1::PromptToken& out = r->prompt_scores[pos - 1];
-        out.Clear();
         out.set_id(t.id());
         out.set_logprob(t.logprob());
         out.set_rank(t.rank());
         if (tokenizer_)
           if (auto bytes = tokenizer_->TokenBytes(t.id()); bytes.ok()) out.set_token(*bytes);
-        for (int a = 0; a < std::min(t.top_size(), alts); ++a) {   // no more than asked for
-          auto* alt = out.add_top_logprobs();
-          alt->set_id(t.top(a).id());
-          alt->set_logprob(t.top(a).logprob());
-          if (tokenizer_)
-            if (auto bytes = tokenizer_->TokenBytes(t.top(a).id()); bytes.ok()) alt->set_token(*bytes);
-        }
-        if (!r->have_score[pos - 1]) {
-          r->have_score[pos - 1] = 1;
-          ++r->scored;
-        }
+        AddAlternatives(t, r->params.sampling.prompt_logprobs(), out.mutable_top_logprobs());
       }
+      r->scored += static_cast<size_t>(count);
       ReleaseFirstToken(r);   // its last chunk may have come back before this one
     }
   }

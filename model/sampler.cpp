@@ -29,6 +29,52 @@ std::vector<int32_t> TopIds(int64_t n, int64_t m, const Before& before) {
   return ids;
 }
 
+// The argmax of a row of logits (equal logits: the lower id), -inf left out; InvalidArgument
+// for a NaN, +inf or no finite value (what neither a pick nor a score can be made from).
+Result<int64_t> CheckedArgmax(std::span<const float> logits) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(logits[i])) return InvalidArgument("logits[" + std::to_string(i) + "] is NaN");
+    if (logits[i] != -INFINITY && (best < 0 || logits[i] > logits[best])) best = i;
+  }
+  if (best < 0) return InvalidArgument("logits: no finite value among " + std::to_string(n));
+  if (logits[best] == INFINITY) return InvalidArgument("logits[" + std::to_string(best) + "] is +inf");
+  return best;
+}
+
+// log_softmax of a row whose argmax is `best`: (l_i - l_max) - log(sum), the sum in id order
+// with the max subtracted. The greedy sampler and ScoreToken both take their values here, so a
+// token scored has the bits it has when sampled.
+class LogSoftmax {
+ public:
+  LogSoftmax(std::span<const float> logits, int64_t best) : l_(logits), best_(best) {
+    double sum = 0.0;
+    for (float v : l_) sum += std::exp(static_cast<double>(v) - l_[best_]);
+    log_sum_ = std::log(sum);
+  }
+  // The argmax's is -log(sum) (-log(1) is -0, where 0 - log(1) would be +0).
+  float At(int64_t i) const {
+    return i == best_ ? static_cast<float>(-log_sum_)
+                      : static_cast<float>((static_cast<double>(l_[i]) - l_[best_]) - log_sum_);
+  }
+  // The `top` most likely ids with theirs, most likely first (equal logits: lower id first);
+  // -inf logits left out.
+  std::vector<TokenLogprob> Top(int32_t top) const {
+    std::vector<TokenLogprob> out;
+    if (top <= 0) return out;
+    auto before = [&](int32_t a, int32_t b) { return l_[a] != l_[b] ? l_[a] > l_[b] : a < b; };
+    for (int32_t id : TopIds(static_cast<int64_t>(l_.size()), top, before))
+      if (l_[id] != -INFINITY) out.push_back({id, At(id)});
+    return out;
+  }
+
+ private:
+  std::span<const float> l_;
+  int64_t best_;
+  double log_sum_ = 0.0;
+};
+
 }  // namespace
 
 Rng::Rng(uint64_t seed) {
@@ -85,29 +131,10 @@ Result<SampledToken> ScoreToken(std::span<const float> logits, int32_t id, int32
   const int64_t n = static_cast<int64_t>(logits.size());
   if (id < 0 || id >= n)
     return InvalidArgument("token " + std::to_string(id) + " is outside the " + std::to_string(n) + " logits");
-  int64_t best = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isnan(logits[i])) return InvalidArgument("logits[" + std::to_string(i) + "] is NaN");
-    if (logits[i] != -INFINITY && (best < 0 || logits[i] > logits[best])) best = i;  // ties: lower id
-  }
-  if (best < 0) return InvalidArgument("logits: no finite value among " + std::to_string(n));
-  if (logits[best] == INFINITY) return InvalidArgument("logits[" + std::to_string(best) + "] is +inf");
-  // log_softmax(l)[i] = (l_i - l_max) - log(sum), the sum in id order with the max subtracted:
-  // the greedy sampler's arithmetic, so a token scored here has the bits it has when sampled.
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - logits[best]);
-  const double log_sum = std::log(sum);
-  auto logprob = [&](int32_t i) {
-    return i == best ? static_cast<float>(-log_sum)
-                     : static_cast<float>((static_cast<double>(logits[i]) - logits[best]) - log_sum);
-  };
-  SampledToken out{id, logprob(id), {}, {}};
+  FM_ASSIGN_OR_RETURN(const int64_t best, CheckedArgmax(logits));
+  const LogSoftmax log_softmax(logits, best);
+  SampledToken out{id, log_softmax.At(id), log_softmax.Top(top), {}};
   for (int64_t i = 0; i < n; ++i) out.rank += logits[i] >= logits[id];
-  if (top > 0) {
-    auto before = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
-    for (int32_t i : TopIds(n, top, before))
-      if (logits[i] != -INFINITY) out.top.push_back({i, logprob(i)});
-  }
   return out;
 }
 
@@ -206,34 +233,15 @@ Result<SampledToken> Sampler::SampleWith(std::span<const float> raw, double u) c
   if (adjusts(!is_greedy())) adjusted = Adjusted(raw);
   const std::span<const float> logits = adjusted.empty() ? raw : std::span<const float>(adjusted);
   const int64_t n = static_cast<int64_t>(logits.size());
-  int64_t best = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isnan(logits[i]))
-      return InvalidArgument("logits[" + std::to_string(i) + "] is NaN");
-    if (logits[i] != -INFINITY && (best < 0 || logits[i] > logits[best])) best = i;  // ties: lower id
+  FM_ASSIGN_OR_RETURN(const int64_t best, CheckedArgmax(logits));   // ties: lower id
+  if (is_greedy()) {   // log_softmax of the (adjusted) logits
+    const LogSoftmax log_softmax(logits, best);
+    return SampledToken{static_cast<int32_t>(best), log_softmax.At(best), log_softmax.Top(cfg_.top_logprobs), {}};
   }
-  if (best < 0) return InvalidArgument("logits: no finite value among " + std::to_string(n));
-  if (logits[best] == INFINITY) return InvalidArgument("logits[" + std::to_string(best) + "] is +inf");
 
   auto before = [&](int32_t a, int32_t b) {
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   };
-  if (is_greedy()) {
-    double sum = 0.0;  // log_softmax in id order, max subtracted
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - logits[best]);
-    const double log_sum = std::log(sum);
-    SampledToken out{static_cast<int32_t>(best), static_cast<float>(-log_sum), {}, {}};
-    if (cfg_.top_logprobs > 0) {
-      // log_softmax(l)[i] = (l_i - l_max) - log(sum); the chosen token's is the one above (its
-      // bits: -log(1) is -0, where 0 - log(1) would be +0). Only -inf logits are left out.
-      for (int32_t id : TopIds(n, cfg_.top_logprobs, before)) {
-        const double lp = (static_cast<double>(logits[id]) - logits[best]) - log_sum;
-        if (id == best) out.top.push_back({id, out.logprob});
-        else if (std::isfinite(lp)) out.top.push_back({id, static_cast<float>(lp)});
-      }
-    }
-    return out;
-  }
 
   const double inv_t = 1.0 / static_cast<double>(cfg_.temperature);
   const double top = static_cast<double>(logits[best]) * inv_t;
