@@ -2,6 +2,7 @@
 // manifold, hc_head + norm + head, and the MTP draft block (HF DeepseekV4Model.forward).
 #include "model/forward.h"
 
+#include <algorithm>
 #include <string>
 #include <unordered_set>
 
@@ -117,6 +118,8 @@ class ShardModelImpl : public ShardModel {
   Status Embed(std::span<const int32_t> tokens, float* x) const override;
   Status ForwardLayers(std::span<const BatchItem> items, float* x) const override;
   Status Logits(const float* x, int64_t rows, float* logits) const override;
+  Result<std::vector<SampledToken>> ScoreNext(const float* x, std::span<const int32_t> targets,
+                                              int32_t top) const override;
   Status MtpLogits(std::span<const BatchItem> items, const float* x,
                    float* logits) const override;
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec ? exec : local_.get(); }
@@ -234,6 +237,32 @@ Status ShardModelImpl::Logits(const float* x, int64_t rows, float* logits) const
   if (rows <= 0) return InvalidArgument("Logits: rows " + std::to_string(rows) + " must be > 0");
   HeadLogits(cfg_, hc_head_, norm_, head_, x, rows, logits, pool_);
   return Status::Ok();
+}
+
+Result<std::vector<SampledToken>> ShardModelImpl::ScoreNext(const float* x,
+                                                           std::span<const int32_t> targets,
+                                                           int32_t top) const {
+  if (!has_head_) return InvalidArgument("ScoreNext: this shard does not hold the head");
+  const int64_t rows = static_cast<int64_t>(targets.size()), V = cfg_.vocab_size;
+  const int64_t row = cfg_.hc_mult * cfg_.hidden_size;
+  // Logits of this many rows at a time: 32 MiB of them (the real vocabulary's 64 rows).
+  const int64_t block = std::max<int64_t>(1, (int64_t{8} << 20) / V);
+  std::vector<float> logits;
+  std::vector<SampledToken> out(static_cast<size_t>(rows));
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t n = std::min(block, rows - r0);
+    logits.resize(static_cast<size_t>(n * V));
+    FM_RETURN_IF_ERROR(Logits(x + r0 * row, n, logits.data()));
+    // Rows apart on the pool (each a pass over the vocabulary).
+    pool_->ParallelFor(static_cast<size_t>(n), 1, [&](size_t b, size_t e) {
+      for (size_t r = b; r < e; ++r) {
+        const size_t i = static_cast<size_t>(r0) + r;
+        Result<SampledToken> t = ScoreToken({logits.data() + r * V, static_cast<size_t>(V)}, targets[i], top);
+        out[i] = t.ok() ? std::move(*t) : SampledToken::Failed(t.status());
+      }
+    });
+  }
+  return out;
 }
 
 Status ShardModelImpl::MtpLogits(std::span<const BatchItem> items, const float* x,

@@ -162,6 +162,15 @@ class ShardModel {
   // `error`, and the other rows are drawn as they would be without it.
   virtual Result<std::vector<SampledToken>> SampleNext(const float* x, int64_t rows,
                                                        std::span<Sampler* const> samplers) const;
+  // The head and each row's known next token scored: X [rows, hc, H] -> row r's ScoreToken of
+  // targets[r] with `top` alternatives (log_softmax of the raw logits, rank), rows ==
+  // targets.size(). The CPU shard scores the logits on its pool, a block of rows at a time; a
+  // device shard where the logits are, so only the scores reach the host. Needs has_head();
+  // errors as Logits. A row ScoreToken refuses (NaN, +inf or no finite logit, a target outside
+  // the vocabulary) has that error in its SampledToken's `error`.
+  virtual Result<std::vector<SampledToken>> ScoreNext(const float* x,
+                                                      std::span<const int32_t> targets,
+                                                      int32_t top) const = 0;
 
   // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
   virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;

@@ -127,10 +127,15 @@ Status ValidateSamplerConfig(const SamplerConfig& cfg) {
   return Status::Ok();
 }
 
-Result<SampledToken> ScoreToken(std::span<const float> logits, int32_t id, int32_t top) {
-  const int64_t n = static_cast<int64_t>(logits.size());
+Status CheckScoredId(int32_t id, int64_t n) {
   if (id < 0 || id >= n)
     return InvalidArgument("token " + std::to_string(id) + " is outside the " + std::to_string(n) + " logits");
+  return Status::Ok();
+}
+
+Result<SampledToken> ScoreToken(std::span<const float> logits, int32_t id, int32_t top) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  FM_RETURN_IF_ERROR(CheckScoredId(id, n));
   FM_ASSIGN_OR_RETURN(const int64_t best, CheckedArgmax(logits));
   const LogSoftmax log_softmax(logits, best);
   SampledToken out{id, log_softmax.At(id), log_softmax.Top(top), {}};
@@ -159,7 +164,7 @@ bool Sampler::adjusts(bool sampling) const {
   return has_penalties() || !cfg_.logit_bias.empty() || masks_min_tokens() || (sampling && cfg_.min_p > 0.0f);
 }
 
-bool Sampler::NeedsHostLogits() const { return cfg_.top_logprobs > 0 || adjusts(!is_greedy()); }
+bool Sampler::NeedsHostLogits() const { return adjusts(!is_greedy()); }
 
 void Sampler::Observe(std::span<const int32_t> tokens, bool generated) {
   if (generated) generated_count_ += static_cast<int64_t>(tokens.size());

@@ -95,6 +95,8 @@ struct SampledToken {
 // values have the bits a greedy Sampler gives the same ids. NaN, +inf or no finite logit, or an
 // id outside the row, are InvalidArgument.
 Result<SampledToken> ScoreToken(std::span<const float> logits, int32_t id, int32_t top);
+// ScoreToken's check of the id against a row of n logits.
+Status CheckScoredId(int32_t id, int64_t n);
 
 class Sampler {
  public:
@@ -118,8 +120,9 @@ class Sampler {
   // penalties need them and src did not keep them, or when either has generated.
   Status CanAdoptPrompt(const Sampler& src) const;
   Status AdoptPrompt(const Sampler& src);
-  // True when a pick needs the whole row of logits on the host (top logprobs, logit_bias, the
-  // min_tokens mask, a penalty, min-p): a device sampler hands such rows to SampleWith.
+  // True when a pick needs the whole row of logits on the host (logit_bias, the min_tokens mask,
+  // a penalty, min-p: what adjusts the logits first): a device sampler hands such rows to
+  // SampleWith. Top logprobs alone do not (the device reports them).
   bool NeedsHostLogits() const;
 
  private:

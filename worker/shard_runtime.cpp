@@ -406,9 +406,6 @@ Result<std::vector<PromptScores>> ShardRuntime::ScorePrompts(std::span<const Ste
                                                              const Activations& x) {
   if (!model_->has_head()) return Internal("this shard has no head");
   const int64_t V = model_->config().vocab_size, row = row_floats();
-  // Logits of this many rows at a time: 32 MiB of them (the real vocabulary's 64 rows).
-  const int64_t block = std::max<int64_t>(1, (int64_t{8} << 20) / V);
-  std::vector<float> logits;
   std::vector<PromptScores> out;
   int64_t at = 0;   // x's row of the slice's first token
   for (const auto& s : slices) {
@@ -426,30 +423,15 @@ Result<std::vector<PromptScores>> ShardRuntime::ScorePrompts(std::span<const Ste
     // Row i scores the token after it: tokens[i + 1], and past the slice's end next_token.
     const int64_t scored = s.sample ? n - 1 : n, first_row = at - n;
     PromptScores ps{s.seq_id, seq->position - n + 1, {}, Status::Ok()};
-    ps.tokens.reserve(static_cast<size_t>(scored));
-    for (int64_t r0 = 0; r0 < scored && ps.error.ok(); r0 += block) {
-      const int64_t rows = std::min(block, scored - r0);
-      logits.resize(static_cast<size_t>(rows * V));
-      FM_RETURN_IF_ERROR(model_->Logits(x.data() + (first_row + r0) * row, rows, logits.data()));
-      // Rows apart on the pool (each a pass over the vocabulary), kept in row order.
-      std::vector<SampledToken> got(static_cast<size_t>(rows));
-      std::vector<Status> why(static_cast<size_t>(rows));
-      pool_.ParallelFor(static_cast<size_t>(rows), 1, [&](size_t b, size_t e) {
-        for (size_t r = b; r < e; ++r) {
-          const int64_t i = r0 + static_cast<int64_t>(r);
-          const int32_t target = i + 1 < n ? s.tokens[static_cast<size_t>(i + 1)] : s.next_token;
-          Result<SampledToken> t = ScoreToken({logits.data() + r * V, static_cast<size_t>(V)}, target, top);
-          if (t.ok()) got[r] = std::move(*t);
-          else why[r] = t.status();
-        }
-      });
-      for (int64_t r = 0; r < rows; ++r) {
-        if (!why[r].ok()) {
-          ps.error = why[r].Wrap("prompt position " + std::to_string(ps.first + r0 + r));
-          ps.tokens.clear();
-          break;
-        }
-        ps.tokens.push_back(std::move(got[r]));
+    if (scored > 0) {
+      std::vector<int32_t> targets(s.tokens.begin() + 1, s.tokens.end());
+      if (!s.sample) targets.push_back(s.next_token);
+      FM_ASSIGN_OR_RETURN(ps.tokens, model_->ScoreNext(x.data() + first_row * row, targets, top));
+      for (size_t r = 0; r < ps.tokens.size(); ++r) {
+        if (ps.tokens[r].error.ok()) continue;
+        ps.error = ps.tokens[r].error.Wrap("prompt position " + std::to_string(ps.first + static_cast<int64_t>(r)));
+        ps.tokens.clear();
+        break;
       }
     }
     if (!ps.tokens.empty() || !ps.error.ok()) out.push_back(std::move(ps));

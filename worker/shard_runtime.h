@@ -159,8 +159,9 @@ class ShardRuntime {
   Result<std::vector<SampledId>> Sample(std::span<const StepSlice> slices, const Activations& x);
   // Last stage, before Sample: the prompt slices of sequences started with prompt_logprobs
   // (nothing sampled yet) -> each row's score of the token after it: the slice's next token,
-  // and for a chunk with more to come its next_token (required then). The head runs over those
-  // rows in blocks. A row whose logits ScoreToken refuses gives that slice an error instead.
+  // and for a chunk with more to come its next_token (required then), by ShardModel::ScoreNext
+  // (on a device shard, where the logits are). A row whose logits ScoreToken refuses gives that
+  // slice an error instead.
   Result<std::vector<PromptScores>> ScorePrompts(std::span<const StepSlice> slices, const Activations& x);
 
   int64_t row_floats() const;   // hc * H

@@ -1,6 +1,8 @@
 // The device ShardModel's head and sampling (model/cuda/shard_model_impl.h): hc_head, the final
-// norm and the head over up to kMaxStepRows rows a step, then the logits out (Logits) or each
-// row's sampler on the device (SampleNext: 12 bytes a row to the host).
+// norm and the head over up to kMaxStepRows rows a step, then the logits out (Logits), or each
+// row's sampler on the device (SampleNext) or a known token's score there (ScoreNext): a row's
+// id, logprob, rank and top alternatives reach the host, not its [vocab] logits.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -18,9 +20,21 @@ Status SampleError(const cuda::SampleResult& r, int64_t vocab) {
     case cuda::kSampleNoFinite:
       return InvalidArgument("logits: no finite value among " + std::to_string(vocab));
     case cuda::kSamplePosInf: return InvalidArgument("logits[" + std::to_string(r.id) + "] is +inf");
+    case cuda::kSampleBadId: return CheckScoredId(r.id, vocab);
   }
   return Internal("device sampler: status " + std::to_string(r.status));
 }
+
+// A device result as the CPU sampler's (ScoreToken's) SampledToken.
+SampledToken FromDevice(const cuda::SampleResult& r) {
+  SampledToken t{r.id, r.logprob, {}, {}};
+  t.rank = r.rank;
+  const int n = std::clamp(r.top_count, 0, cuda::kSampleMaxTop);
+  for (int j = 0; j < n; ++j) t.top.push_back({r.top_id[j], r.top_logprob[j]});
+  return t;
+}
+
+static_assert(cuda::kSampleMaxTop >= kMaxTopLogprobs, "the device reports every top logprob");
 
 }  // namespace
 
@@ -70,7 +84,7 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
       Sampler* s = samplers[r0 + t];
       const SamplerConfig& c = s->config();
       params[t] = cuda::SampleParams{c.temperature, c.top_p, c.top_k, s->is_greedy() ? 1 : 0,
-                                     s->is_greedy() ? 0.0 : s->DrawUniform()};
+                                     s->is_greedy() ? 0.0 : s->DrawUniform(), c.top_logprobs, -1};
     }
     FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
     FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
@@ -83,11 +97,11 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
     for (int64_t t = 0; t < T; ++t) {
       const bool host_only = samplers[r0 + t]->NeedsHostLogits();
       if (res[t].status == cuda::kSampleOk && !host_only) {
-        out.push_back(SampledToken{res[t].id, res[t].logprob, {}, {}});
+        out.push_back(FromDevice(res[t]));
       } else if (res[t].status == cuda::kSampleOk || res[t].status == cuda::kSampleNeedsHost) {
-        // A top-k / top-p set beyond the device's candidates, or a row whose pick needs every
-        // logit (top alternatives, penalties, min-p): this row's logits, on the host, so that
-        // the token and its alternatives come from one computation (docs/api.md "Sampling").
+        // A top-k / top-p set beyond the device's candidates, or a row whose logits are
+        // adjusted first (bias, penalties, min-p): this row's logits, on the host, so that the
+        // token and its alternatives come from one computation (docs/api.md "Sampling").
         std::vector<float> lg(V);
         FM_RETURN_IF_ERROR(s_.logits.CopyToHost(lg.data(), V * sizeof(float), t * V * sizeof(float)));
         Result<SampledToken> tok = samplers[r0 + t]->SampleWith(lg, params[t].u);
@@ -95,6 +109,45 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
       } else {
         out.push_back(SampledToken::Failed(SampleError(res[t], V)));
       }
+    }
+  }
+  return out;
+}
+
+Result<std::vector<SampledToken>> CudaShardModel::ScoreNext(const float* x,
+                                                            std::span<const int32_t> targets,
+                                                            int32_t top) const {
+  if (!has_head_) return InvalidArgument("ScoreNext: this shard does not hold the head");
+  if (top < 0 || top > cuda::kSampleMaxTop)
+    return InvalidArgument("ScoreNext: top " + std::to_string(top) + " outside [0, " +
+                           std::to_string(cuda::kSampleMaxTop) + "]");
+  const int64_t rows = static_cast<int64_t>(targets.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  cuda::StreamScope on_stream(stream_);
+  const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
+  std::vector<SampledToken> out;
+  out.reserve(rows);
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
+    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
+    cuda::SampleParams params[kMaxStepRows];
+    for (int64_t t = 0; t < T; ++t) {  // a target outside the row is scored as 0, then refused
+      const int32_t id = targets[r0 + t];
+      params[t] = cuda::SampleParams{1.0f, 1.0f, 0, 1, 0.0, top, CheckScoredId(id, V).ok() ? id : 0};
+    }
+    FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
+    FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
+    FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, V,
+                                        s_.sample_params.as<cuda::SampleParams>(),
+                                        s_.sample_scratch.as<void>(),
+                                        s_.sample_out.as<cuda::SampleResult>()));
+    cuda::SampleResult res[kMaxStepRows];
+    FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
+    for (int64_t t = 0; t < T; ++t) {
+      const Status in_range = CheckScoredId(targets[r0 + t], V);
+      if (!in_range.ok()) out.push_back(SampledToken::Failed(in_range));
+      else if (res[t].status == cuda::kSampleOk) out.push_back(FromDevice(res[t]));
+      else out.push_back(SampledToken::Failed(SampleError(res[t], V)));
     }
   }
   return out;

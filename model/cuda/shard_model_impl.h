@@ -88,6 +88,8 @@ class CudaShardModel final : public ShardModel {
   Status Logits(const float* x, int64_t rows, float* logits) const override;
   Result<std::vector<SampledToken>> SampleNext(const float* x, int64_t rows,
                                                std::span<Sampler* const> samplers) const override;
+  Result<std::vector<SampledToken>> ScoreNext(const float* x, std::span<const int32_t> targets,
+                                              int32_t top) const override;
   void SetExpertExecutor(ExpertExecutor* exec) override { exec_ = exec; }
   Status SetTensorParallel(TpGroup* tp) override;
   ExpertRunner* LocalExperts() override { return experts_.get(); }

@@ -1,8 +1,8 @@
 // Device sampling (kernels/cuda/sample_ops.h SampleRows) against the CPU Sampler
 // (model/sampler.h SampleWith) given the same uniform draw: greedy, temperature alone, top-k,
-// top-p, both, ties (-0 and +0 among them), -inf logits, several rows in one call, the errors,
-// and the hand-off to the host when the candidate set is larger than the device keeps. Device
-// tests skip without a GPU.
+// top-p, both, ties (-0 and +0 among them), -inf logits, several rows in one call, the top
+// logprobs of each, the errors, and the hand-off to the host when the candidate set is larger
+// than the device keeps; score rows against ScoreToken. Device tests skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,7 +43,21 @@ std::vector<SampleResult> DeviceSample(const std::vector<float>& logits, int64_t
 
 SampleParams ParamsOf(const SamplerConfig& c, double u) {
   const bool greedy = c.greedy || c.temperature == 0.0f;
-  return SampleParams{c.temperature, c.top_p, c.top_k, greedy ? 1 : 0, greedy ? 0.0 : u};
+  return SampleParams{c.temperature, c.top_p, c.top_k, greedy ? 1 : 0, greedy ? 0.0 : u,
+                      c.top_logprobs, -1};
+}
+
+float Tolerance(float want) { return 1e-5f * std::max(1.0f, std::fabs(want)); }
+
+// The device's alternatives are the CPU's: the same ids in the same order, logprobs within 1e-5.
+void ExpectSameTop(const SampleResult& got, const std::vector<TokenLogprob>& want,
+                   const std::string& what) {
+  ASSERT_EQ(got.top_count, static_cast<int32_t>(want.size())) << what;
+  for (size_t j = 0; j < want.size(); ++j) {
+    EXPECT_EQ(got.top_id[j], want[j].id) << what << " alternative " << j;
+    EXPECT_NEAR(got.top_logprob[j], want[j].logprob, Tolerance(want[j].logprob))
+        << what << " alternative " << j;
+  }
 }
 
 // Each config x several draws: the device picks the CPU's token with the CPU's logprob.
@@ -71,11 +85,12 @@ void ExpectMatchesCpu(const std::vector<float>& logits, int64_t vocab,
     const SamplerConfig& c = configs[i / 3];
     const std::string what = "row " + std::to_string(i) + " (T " + std::to_string(c.temperature) +
                              " k " + std::to_string(c.top_k) + " p " + std::to_string(c.top_p) +
-                             " greedy " + std::to_string(c.greedy) + ")";
+                             " greedy " + std::to_string(c.greedy) + " top " +
+                             std::to_string(c.top_logprobs) + ")";
     ASSERT_EQ(got[i].status, cuda::kSampleOk) << what;
     EXPECT_EQ(got[i].id, want[i].id) << what;
-    EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-5 * std::max(1.0f, std::fabs(want[i].logprob)))
-        << what;
+    EXPECT_NEAR(got[i].logprob, want[i].logprob, Tolerance(want[i].logprob)) << what;
+    ExpectSameTop(got[i], want[i].top, what);
   }
 }
 
@@ -88,6 +103,13 @@ std::vector<SamplerConfig> AllKinds() {
   c[4].temperature = 1.0f, c[4].top_k = 40, c[4].top_p = 0.5f;
   c[5].temperature = 0.0f;  // greedy by temperature
   c[6].temperature = 2.0f, c[6].top_k = 1;
+  return c;
+}
+
+// AllKinds, each asking for n alternatives.
+std::vector<SamplerConfig> AllKindsWithTop(int32_t n) {
+  std::vector<SamplerConfig> c = AllKinds();
+  for (SamplerConfig& k : c) k.top_logprobs = n;
   return c;
 }
 
@@ -135,6 +157,76 @@ TEST(CudaSample, SignedZerosTieAndTheLowerIdComesFirst) {
   c[1].temperature = 1.0f, c[1].top_k = 2;
   c[2].temperature = 0.5f, c[2].top_p = 0.3f;
   ExpectMatchesCpu(logits, vocab, c, &rng);
+}
+
+// Top logprobs (Sampler's `top`): the best n ids of the row, or of the kept top-k / top-p set
+// (fewer when it holds fewer), under the pick's distribution; over one chunk and several (each
+// chunk's best n, merged), with ties across chunks, -inf logits (left out), n above the vocab.
+TEST(CudaSample, TopLogprobsAreTheCpuSamplersAlternatives) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(17);
+  for (int64_t vocab : {int64_t{300}, int64_t{5000}}) {
+    const std::vector<float> logits = RandomNormal(vocab, rng, 2.0f);
+    for (int32_t n : {1, 5, 20}) ExpectMatchesCpu(logits, vocab, AllKindsWithTop(n), &rng);
+  }
+  // Equal logits in every chunk: the alternatives take the lower ids first, across chunks.
+  const int64_t vocab = 6200;
+  std::vector<float> ties = RandomNormal(vocab, rng);
+  for (int64_t i = 5; i < vocab; i += 700) ties[i] = 6.0f;
+  for (int64_t i = 0; i < vocab; i += 2) ties[i] = -INFINITY;
+  ExpectMatchesCpu(ties, vocab, AllKindsWithTop(20), &rng);
+  // Three finite logits among seven, 20 asked for: three (-inf has probability 0).
+  const std::vector<float> few = {-INFINITY, 1.0f, -INFINITY, 3.0f, -INFINITY, -INFINITY, 1.0f};
+  ExpectMatchesCpu(few, 7, AllKindsWithTop(20), &rng);
+}
+
+// Score rows (score_id >= 0): ScoreToken's logprob (log_softmax of the raw logits), rank (ids
+// whose logit is >= the scored one's) and top ids, whatever the row's temperature; the argmax,
+// an id tied with others, a -inf id; an id past the vocab is refused, NaN named.
+TEST(CudaSample, ScoreRowsAreScoreToken) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(23);
+  const int64_t vocab = 4500;
+  std::vector<float> logits = RandomNormal(vocab, rng, 2.0f);
+  for (int64_t i = 3; i < vocab; i += 500) logits[i] = 1.25f;  // ties, across chunks
+  logits[77] = -INFINITY;
+  int64_t argmax = 0;
+  for (int64_t i = 1; i < vocab; ++i) argmax = logits[i] > logits[argmax] ? i : argmax;
+  const int32_t ids[] = {static_cast<int32_t>(argmax), 2503, 77, 0, static_cast<int32_t>(vocab - 1)};
+  std::vector<float> rows;
+  std::vector<SampleParams> params;
+  for (int32_t id : ids) {
+    rows.insert(rows.end(), logits.begin(), logits.end());
+    SampleParams p;
+    p.temperature = 0.7f;  // not read: a score is log_softmax's
+    p.top_n = 4;
+    p.score_id = id;
+    params.push_back(p);
+  }
+  const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string what = "id " + std::to_string(ids[i]);
+    auto want = ScoreToken(logits, ids[i], 4);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    ASSERT_EQ(got[i].status, cuda::kSampleOk) << what;
+    EXPECT_EQ(got[i].id, ids[i]) << what;
+    if (std::isinf(want->logprob)) EXPECT_EQ(got[i].logprob, want->logprob) << what;
+    else EXPECT_NEAR(got[i].logprob, want->logprob, Tolerance(want->logprob)) << what;
+    EXPECT_EQ(got[i].rank, want->rank) << what;
+    ExpectSameTop(got[i], want->top, what);
+  }
+  EXPECT_EQ(got[2].rank, vocab) << "every logit is >= -inf";
+  EXPECT_EQ(got[1].rank, ScoreToken(logits, 3, 0)->rank) << "tied ids share the group's last rank";
+  // Refusals: an id past the vocab; a NaN row scored.
+  std::vector<float> bad = logits;
+  bad.insert(bad.end(), logits.begin(), logits.end());
+  bad[vocab + 10] = NAN;
+  std::vector<SampleParams> bp(2);
+  bp[0].score_id = static_cast<int32_t>(vocab), bp[1].score_id = 3;
+  const std::vector<SampleResult> refused = DeviceSample(bad, vocab, bp);
+  EXPECT_EQ(refused[0].status, cuda::kSampleBadId);
+  EXPECT_EQ(refused[1].status, cuda::kSampleNaN);
+  EXPECT_EQ(refused[1].id, 10);
 }
 
 TEST(CudaSample, ErrorsNameTheLogit) {

@@ -261,9 +261,9 @@ TEST_F(CudaShardTest, DecodeBatchOfSequencesIsOneLaunchSequence) {
 
 // Sampling where the logits are (SampleNext): the device's picks equal the host Sampler's over
 // the device's own logits, for greedy, top-k and top-p rows in one call, over three draws (the
-// RNG advances the same way on both sides). Rows that ask for top logprobs, penalties or min-p
-// are sampled on the host from the device's logits: their tokens and alternatives are the host's
-// exactly.
+// RNG advances the same way on both sides), and so are the alternatives of rows that ask for top
+// logprobs (within 1e-5). Rows with penalties or min-p are sampled on the host from the device's
+// logits: their tokens and alternatives are the host's exactly.
 TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ThreadPool pool(2);
@@ -307,10 +307,15 @@ TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
       ASSERT_TRUE(want.ok()) << want.status().ToString();
       EXPECT_EQ((*got)[r].id, want->id) << "draw " << draw << " row " << r;
       EXPECT_NEAR((*got)[r].logprob, want->logprob, 1e-5) << "draw " << draw << " row " << r;
-      EXPECT_EQ((*got)[r].top, want->top) << "draw " << draw << " row " << r;
+      ASSERT_EQ((*got)[r].top.size(), want->top.size()) << "draw " << draw << " row " << r;
+      for (size_t j = 0; j < want->top.size(); ++j) {
+        EXPECT_EQ((*got)[r].top[j].id, want->top[j].id) << "draw " << draw << " row " << r;
+        EXPECT_NEAR((*got)[r].top[j].logprob, want->top[j].logprob, 1e-5) << "row " << r;
+      }
       EXPECT_EQ((*got)[r].top.size(), static_cast<size_t>(configs[r].top_logprobs)) << "row " << r;
-      if (host[r].NeedsHostLogits()) {
+      if (host[r].NeedsHostLogits()) {  // sampled on the host: the same bits
         EXPECT_EQ((*got)[r].logprob, want->logprob) << "row " << r;
+        EXPECT_EQ((*got)[r].top, want->top) << "row " << r;
       }
     }
     // The penalized row's pick joins its history on both sides, as a pipeline feeds it back.
@@ -320,7 +325,7 @@ TEST_F(CudaShardTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
 }
 
 // A row whose logits cannot be sampled (a NaN state, so NaN logits) carries its error, on the
-// device's pick and on the host's (a row that asks for top logprobs); the other rows' picks
+// device's pick and on the host's (a row with a logit_bias); the other rows' picks
 // are the host Sampler's over the same logits, as if the row were not there.
 TEST_F(CudaShardTest, DeviceSamplingGivesARowsErrorToThatRowAlone) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
@@ -340,7 +345,7 @@ TEST_F(CudaShardTest, DeviceSamplingGivesARowsErrorToThatRowAlone) {
   std::copy(state.end() - row, state.end(), rows.begin() + 3 * row);
   SamplerConfig greedy, host_pick, top_k;
   greedy.greedy = true;
-  host_pick.greedy = true, host_pick.top_logprobs = 2;
+  host_pick.greedy = true, host_pick.top_logprobs = 2, host_pick.logit_bias = {{1, 0.5f}};
   top_k.temperature = 0.9f, top_k.top_k = 8, top_k.seed = 3;
   std::vector<Sampler> dev = {*Sampler::Create(greedy), *Sampler::Create(greedy), *Sampler::Create(host_pick),
                               *Sampler::Create(top_k)};

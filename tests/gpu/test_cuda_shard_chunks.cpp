@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/device.h"
@@ -87,8 +89,8 @@ TEST(CudaShardChunks, AForkDecodesAsItsSourceWould) {
   EXPECT_EQ(got[0].logprob, first[0].logprob);
 }
 
-// Prompt logprobs on a device shard (ShardRuntime::ScorePrompts through the device head, its
-// logits copied to the host in blocks): a 40-token prompt in chunks of 16, 16 and 8 (the head's
+// Prompt logprobs on a device shard (ShardRuntime::ScorePrompts through the device's ScoreNext,
+// scored where the logits are): a 40-token prompt in chunks of 16, 16 and 8 (the head's
 // device steps hold 32 rows) scores each token after the first as the CPU shard does, within
 // 1e-3, with the same ids.
 TEST(CudaShardChunks, APromptsScoresOnTheDeviceAreTheCpuShards) {
@@ -133,6 +135,48 @@ TEST(CudaShardChunks, APromptsScoresOnTheDeviceAreTheCpuShards) {
       EXPECT_EQ(g[i].top[0].id, c[i].top[0].id) << i + 1;
     }
   }
+}
+
+// ScoreNext where the logits are: each row's score of a known token is ScoreToken's over the
+// device's own logits (ids, ranks and alternatives' ids exactly, logprobs within 1e-5), over two
+// device steps (40 rows, kMaxStepRows 32); a target outside the vocabulary is that row's error.
+TEST_F(CudaShardTest, DeviceScoresAreScoreTokenOnTheSameLogits) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ThreadPool pool(2);
+  Pair p = Open(&pool);
+  ASSERT_TRUE(p.gpu);
+  const auto a = Tokens(40, 47);
+  auto seq = p.gpu->NewSequence(64).value();
+  const BatchItem item{seq.get(), a};
+  std::vector<float> lg, state;
+  ASSERT_TRUE(modeltest::RunItems(*p.gpu, {&item, 1}, &lg, &state).ok());
+  const int64_t V = p.gpu->config().vocab_size;
+  auto x = modeltest::ToShard(*p.gpu, state);
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  std::vector<float> logits(40 * V);
+  ASSERT_TRUE(p.gpu->Logits((*x)->data(), 40, logits.data()).ok());
+  std::vector<int32_t> targets(a.begin() + 1, a.end());
+  targets.push_back(static_cast<int32_t>(V));
+  auto got = p.gpu->ScoreNext((*x)->data(), targets, 5);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), 40u);
+  for (size_t r = 0; r < 39; ++r) {
+    auto want = ScoreToken(std::span(&logits[r * V], V), targets[r], 5);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    const SampledToken& g = (*got)[r];
+    ASSERT_TRUE(g.error.ok()) << "row " << r << ": " << g.error.ToString();
+    EXPECT_EQ(g.id, targets[r]);
+    EXPECT_NEAR(g.logprob, want->logprob, 1e-5) << "row " << r;
+    EXPECT_EQ(g.rank, want->rank) << "row " << r;
+    ASSERT_EQ(g.top.size(), want->top.size()) << "row " << r;
+    for (size_t j = 0; j < g.top.size(); ++j) {
+      EXPECT_EQ(g.top[j].id, want->top[j].id) << "row " << r << " alternative " << j;
+      EXPECT_NEAR(g.top[j].logprob, want->top[j].logprob, 1e-5) << "row " << r;
+    }
+  }
+  EXPECT_EQ((*got)[39].id, -1);
+  EXPECT_NE((*got)[39].error.message().find("is outside the"), std::string::npos)
+      << (*got)[39].error.ToString();
 }
 
 // Whether a device prefill's bits depend on where it is cut (what a fork of a shared prompt's
