@@ -243,6 +243,9 @@ Result<std::vector<SampledToken>> ShardModelImpl::ScoreNext(const float* x,
                                                            std::span<const int32_t> targets,
                                                            int32_t top) const {
   if (!has_head_) return InvalidArgument("ScoreNext: this shard does not hold the head");
+  if (top < 0 || top > kMaxTopLogprobs)
+    return InvalidArgument("ScoreNext: top " + std::to_string(top) + " outside [0, " +
+                           std::to_string(kMaxTopLogprobs) + "]");
   const int64_t rows = static_cast<int64_t>(targets.size()), V = cfg_.vocab_size;
   const int64_t row = cfg_.hc_mult * cfg_.hidden_size;
   // Logits of this many rows at a time: 32 MiB of them (the real vocabulary's 64 rows).
@@ -254,13 +257,15 @@ Result<std::vector<SampledToken>> ShardModelImpl::ScoreNext(const float* x,
     logits.resize(static_cast<size_t>(n * V));
     FM_RETURN_IF_ERROR(Logits(x + r0 * row, n, logits.data()));
     // Rows apart on the pool (each a pass over the vocabulary).
-    pool_->ParallelFor(static_cast<size_t>(n), 1, [&](size_t b, size_t e) {
+    auto score = [&](size_t b, size_t e) {
       for (size_t r = b; r < e; ++r) {
         const size_t i = static_cast<size_t>(r0) + r;
         Result<SampledToken> t = ScoreToken({logits.data() + r * V, static_cast<size_t>(V)}, targets[i], top);
         out[i] = t.ok() ? std::move(*t) : SampledToken::Failed(t.status());
       }
-    });
+    };
+    if (pool_) pool_->ParallelFor(static_cast<size_t>(n), 1, score);
+    else score(0, static_cast<size_t>(n));
   }
   return out;
 }

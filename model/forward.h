@@ -165,8 +165,8 @@ class ShardModel {
   // The head and each row's known next token scored: X [rows, hc, H] -> row r's ScoreToken of
   // targets[r] with `top` alternatives (log_softmax of the raw logits, rank), rows ==
   // targets.size(). The CPU shard scores the logits on its pool, a block of rows at a time; a
-  // device shard where the logits are, so only the scores reach the host. Needs has_head();
-  // errors as Logits. A row ScoreToken refuses (NaN, +inf or no finite logit, a target outside
+  // device shard where the logits are, so only the scores reach the host. Needs has_head() and
+  // top in [0, kMaxTopLogprobs]; errors as Logits. A row ScoreToken refuses (NaN, +inf or no finite logit, a target outside
   // the vocabulary) has that error in its SampledToken's `error`.
   virtual Result<std::vector<SampledToken>> ScoreNext(const float* x,
                                                       std::span<const int32_t> targets,

@@ -118,9 +118,9 @@ Result<std::vector<SampledToken>> CudaShardModel::ScoreNext(const float* x,
                                                             std::span<const int32_t> targets,
                                                             int32_t top) const {
   if (!has_head_) return InvalidArgument("ScoreNext: this shard does not hold the head");
-  if (top < 0 || top > cuda::kSampleMaxTop)
+  if (top < 0 || top > kMaxTopLogprobs)
     return InvalidArgument("ScoreNext: top " + std::to_string(top) + " outside [0, " +
-                           std::to_string(cuda::kSampleMaxTop) + "]");
+                           std::to_string(kMaxTopLogprobs) + "]");
   const int64_t rows = static_cast<int64_t>(targets.size());
   std::lock_guard<std::mutex> lock(mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));

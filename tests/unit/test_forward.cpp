@@ -228,6 +228,42 @@ TEST_F(ForwardTest, ThreadCountDoesNotChangeBits) {
   EXPECT_EQ(la, lc);
 }
 
+// The CPU shard's ScoreNext: row r's ScoreToken of targets[r] over Logits' row r, bit for bit,
+// on a pool and without one; a target outside the vocabulary is that row's error, a `top` past
+// kMaxTopLogprobs the call's.
+TEST_F(ForwardTest, ScoreNextIsScoreTokenOverTheLogitsWithOrWithoutAPool) {
+  ThreadPool pool(2);
+  Model a = Open(&pool), b = Open(nullptr);
+  ASSERT_TRUE(a.shard && b.shard);
+  const int64_t V = a.shard->config().vocab_size;
+  const auto toks = Tokens(12, 5);
+  std::vector<float> lg, x;
+  auto c = a.shard->NewSequence(64).value();
+  ASSERT_TRUE(Step(*a.shard, c.get(), toks, &lg, &x).ok());
+  ASSERT_EQ(lg.size(), static_cast<size_t>(12 * V));
+  std::vector<int32_t> targets(toks.begin() + 1, toks.end());
+  targets.push_back(static_cast<int32_t>(V));
+  for (Model* m : {&a, &b}) {
+    auto got = m->shard->ScoreNext(x.data(), targets, 3);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->size(), 12u);
+    for (size_t r = 0; r < 11; ++r) {
+      auto want = ScoreToken(std::span(&lg[r * V], V), targets[r], 3);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      EXPECT_TRUE((*got)[r].error.ok()) << (*got)[r].error.ToString();
+      EXPECT_EQ((*got)[r].id, targets[r]);
+      EXPECT_EQ((*got)[r].logprob, want->logprob) << "row " << r;
+      EXPECT_EQ((*got)[r].rank, want->rank) << "row " << r;
+      EXPECT_EQ((*got)[r].top, want->top) << "row " << r;
+      EXPECT_EQ((*got)[r].top.size(), 3u);
+    }
+    EXPECT_NE((*got)[11].error.message().find("is outside the"), std::string::npos)
+        << (*got)[11].error.ToString();
+  }
+  auto wide = a.shard->ScoreNext(x.data(), targets, kMaxTopLogprobs + 1);
+  EXPECT_NE(wide.status().message().find("top 21"), std::string::npos) << wide.status().ToString();
+}
+
 TEST_F(ForwardTest, PipelineSplitChainsBitExactly) {
   ThreadPool pool(2);
   Model full = Open(&pool);
