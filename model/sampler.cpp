@@ -164,7 +164,7 @@ bool Sampler::adjusts(bool sampling) const {
   return has_penalties() || !cfg_.logit_bias.empty() || masks_min_tokens() || (sampling && cfg_.min_p > 0.0f);
 }
 
-bool Sampler::NeedsHostLogits() const { return adjusts(!is_greedy()); }
+bool Sampler::AdjustsLogits() const { return adjusts(!is_greedy()); }
 
 void Sampler::Observe(std::span<const int32_t> tokens, bool generated) {
   if (generated) generated_count_ += static_cast<int64_t>(tokens.size());
@@ -234,9 +234,12 @@ std::vector<float> Sampler::Adjusted(std::span<const float> logits) const {
 }
 
 Result<SampledToken> Sampler::SampleWith(std::span<const float> raw, double u) const {
-  std::vector<float> adjusted;
-  if (adjusts(!is_greedy())) adjusted = Adjusted(raw);
-  const std::span<const float> logits = adjusted.empty() ? raw : std::span<const float>(adjusted);
+  if (!adjusts(!is_greedy())) return SampleAdjustedWith(raw, u);
+  const std::vector<float> adjusted = Adjusted(raw);
+  return SampleAdjustedWith(adjusted, u);
+}
+
+Result<SampledToken> Sampler::SampleAdjustedWith(std::span<const float> logits, double u) const {
   const int64_t n = static_cast<int64_t>(logits.size());
   FM_ASSIGN_OR_RETURN(const int64_t best, CheckedArgmax(logits));   // ties: lower id
   if (is_greedy()) {   // log_softmax of the (adjusted) logits

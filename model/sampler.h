@@ -111,6 +111,8 @@ class Sampler {
   double DrawUniform() { return rng_.Uniform(); }
   // Sample with the draw given: Sample(l) == SampleWith(l, is_greedy() ? 0 : DrawUniform()).
   Result<SampledToken> SampleWith(std::span<const float> logits, double u) const;
+  // SampleWith of logits already adjusted (a device applied Adjusted's rules to them).
+  Result<SampledToken> SampleAdjustedWith(std::span<const float> adjusted, double u) const;
   // The tokens that enter the sequence, in order: the prompt's (generated false), then each
   // sampled token as it is fed back (generated true). The penalties read them; without
   // penalties nothing is kept.
@@ -120,19 +122,22 @@ class Sampler {
   // penalties need them and src did not keep them, or when either has generated.
   Status CanAdoptPrompt(const Sampler& src) const;
   Status AdoptPrompt(const Sampler& src);
-  // True when a pick needs the whole row of logits on the host (logit_bias, the min_tokens mask,
-  // a penalty, min-p: what adjusts the logits first): a device sampler hands such rows to
-  // SampleWith. Top logprobs alone do not (the device reports them).
-  bool NeedsHostLogits() const;
+  // True when the next pick adjusts the logits first (logit_bias, the min_tokens mask, a penalty,
+  // min-p when sampling): a device sampler applies Adjusted's rules where the logits are
+  // (kernels/cuda/sample_ops.h AdjustLogits), from the state below.
+  bool AdjustsLogits() const;
+  // logits with the bias, the min_tokens mask, the penalties and min-p applied (min-p only when
+  // sampling), as the next pick sees them.
+  std::vector<float> Adjusted(std::span<const float> logits) const;
+  bool masks_min_tokens() const;   // the min_tokens ids are still held back
+  const std::unordered_set<int32_t>& seen() const { return seen_; }  // repetition's ids
+  // Each generated id's count (frequency, presence); kept only with those penalties.
+  const std::unordered_map<int32_t, int32_t>& generated() const { return generated_; }
 
  private:
   explicit Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) {}
   bool has_penalties() const;
-  bool masks_min_tokens() const;   // the min_tokens ids are still held back
   bool adjusts(bool sampling) const;
-  // logits with the bias, the min_tokens mask, the penalties and min-p applied (min-p only when
-  // sampling).
-  std::vector<float> Adjusted(std::span<const float> logits) const;
   SamplerConfig cfg_;
   Rng rng_;
   std::unordered_set<int32_t> seen_;                 // prompt and generated ids (repetition)

@@ -68,4 +68,34 @@ size_t SampleScratchBytes(int64_t rows, int64_t vocab);
 Status SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
                   void* scratch, SampleResult* out);
 
+// Logit adjustments on the device (model/sampler.cpp Sampler::Adjusted), applied in place before
+// SampleRows, so that a row with a logit_bias, a min_tokens mask, penalties or min-p is drawn
+// where its logits are. The host lists the ids a row's rules touch, each id once
+// (model/cuda/logit_edits.h); every change is the CPU's double arithmetic rounded to float as the
+// CPU rounds it, so the adjusted logits have Adjusted's bits.
+struct LogitEdit {
+  int32_t id = 0;
+  int32_t bias_begin = 0, bias_end = 0;  // the id's logit_bias values, in the request's order
+  uint8_t held = 0;       // a min_tokens id
+  uint8_t seen = 0;       // the repetition penalty applies
+  uint8_t generated = 0;  // `subtract` applies
+  double subtract = 0.0;  // frequency * count + presence
+};
+
+struct AdjustRow {
+  int32_t row = 0;                         // the row of logits
+  int32_t edit_begin = 0, edit_end = 0;    // its edits
+  int32_t mask = 0;                        // held ids -> -inf unless no other logit is finite
+  double repetition = 1.0;                 // seen ids: l > 0 ? l / r : l * r
+  int32_t min_p = 0;                       // last: (l - max) * inv_t < floor -> -inf
+  double inv_t = 1.0, floor = 0.0;         // 1 / T, log(min_p)
+};
+
+// For i < n: logits[rows[i].row, :vocab] adjusted as Adjusted does: each edit's biases in order
+// (l += b, clamped to +-FLT_MAX), then the mask, then the repetition penalty and the subtraction,
+// then min-p; a change never touches a logit that is not finite (the model's NaN or +inf stay
+// errors, -inf stays out). rows, edits, biases: device arrays. One launch, a block a row.
+Status AdjustLogits(float* logits, int64_t vocab, const AdjustRow* rows, int64_t n,
+                    const LogitEdit* edits, const float* biases);
+
 }  // namespace fm::cuda

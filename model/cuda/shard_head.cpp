@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sample_ops.h"
+#include "model/cuda/logit_edits.h"
 #include "model/cuda/shard_model_impl.h"
 
 namespace fm {
@@ -86,7 +87,26 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
       params[t] = cuda::SampleParams{c.temperature, c.top_p, c.top_k, s->is_greedy() ? 1 : 0,
                                      s->is_greedy() ? 0.0 : s->DrawUniform(), c.top_logprobs, -1};
     }
+    // Rows whose sampler adjusts its logits (bias, min_tokens, penalties, min-p) are adjusted
+    // where they are, unless their edits overflow the step's buffers: those are drawn on the
+    // host from the raw logits.
+    LogitEditBatch edits;
+    bool raw_on_host[kMaxStepRows] = {};
+    for (int64_t t = 0; t < T; ++t)
+      if (samplers[r0 + t]->AdjustsLogits())
+        raw_on_host[t] = !AppendLogitEdits(*samplers[r0 + t], static_cast<int32_t>(t), V,
+                                           kMaxStepEdits, kMaxStepBiases, &edits);
     FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
+    if (!edits.rows.empty()) {
+      FM_RETURN_IF_ERROR(s_.adjust_rows.CopyFromHostAsync(edits.rows.data(), edits.rows.size() * sizeof(cuda::AdjustRow)));
+      if (!edits.edits.empty())
+        FM_RETURN_IF_ERROR(s_.adjust_edits.CopyFromHostAsync(edits.edits.data(), edits.edits.size() * sizeof(cuda::LogitEdit)));
+      if (!edits.biases.empty())
+        FM_RETURN_IF_ERROR(s_.adjust_biases.CopyFromHostAsync(edits.biases.data(), edits.biases.size() * sizeof(float)));
+      FM_RETURN_IF_ERROR(cuda::AdjustLogits(s_.logits.as<float>(), V, s_.adjust_rows.as<cuda::AdjustRow>(),
+                                            static_cast<int64_t>(edits.rows.size()),
+                                            s_.adjust_edits.as<cuda::LogitEdit>(), s_.adjust_biases.as<float>()));
+    }
     FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
     FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, V,
                                         s_.sample_params.as<cuda::SampleParams>(),
@@ -95,17 +115,19 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
     cuda::SampleResult res[kMaxStepRows];
     FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
     for (int64_t t = 0; t < T; ++t) {
-      const bool host_only = samplers[r0 + t]->NeedsHostLogits();
-      if (res[t].status == cuda::kSampleOk && !host_only) {
-        out.push_back(FromDevice(res[t]));
-      } else if (res[t].status == cuda::kSampleOk || res[t].status == cuda::kSampleNeedsHost) {
-        // A top-k / top-p set beyond the device's candidates, or a row whose logits are
-        // adjusted first (bias, penalties, min-p): this row's logits, on the host, so that the
-        // token and its alternatives come from one computation (docs/api.md "Sampling").
+      Sampler* s = samplers[r0 + t];
+      if (raw_on_host[t] || res[t].status == cuda::kSampleNeedsHost) {
+        // Edits past the step's buffers (raw logits), or a top-k / top-p set beyond the
+        // device's candidates (logits adjusted, if at all, on the device): this row's logits on
+        // the host, with the same draw, so that the token and its alternatives come from one
+        // computation (docs/api.md "Sampling").
         std::vector<float> lg(V);
         FM_RETURN_IF_ERROR(s_.logits.CopyToHost(lg.data(), V * sizeof(float), t * V * sizeof(float)));
-        Result<SampledToken> tok = samplers[r0 + t]->SampleWith(lg, params[t].u);
+        Result<SampledToken> tok =
+            raw_on_host[t] ? s->SampleWith(lg, params[t].u) : s->SampleAdjustedWith(lg, params[t].u);
         out.push_back(tok.ok() ? std::move(*tok) : SampledToken::Failed(tok.status()));
+      } else if (res[t].status == cuda::kSampleOk) {
+        out.push_back(FromDevice(res[t]));
       } else {
         out.push_back(SampledToken::Failed(SampleError(res[t], V)));
       }

@@ -50,6 +50,11 @@ class DeviceAttentionCache final : public AttentionCache {
 // The decode state of one compressor: both pending halves, their bytes added to *bytes.
 Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size_t* bytes);
 
+// The logit edits (model/cuda/logit_edits.h) a step's rows take on the device, at most: a row
+// whose edits do not fit is drawn on the host (the real vocabulary's rows fit unless a sequence
+// has seen more than 65,536 distinct ids with a repetition penalty).
+constexpr size_t kMaxStepEdits = 65536, kMaxStepBiases = 32768;
+
 // Scratch of one step of up to kMaxStepRows rows, sized once for the model.
 struct DeviceStepScratch {
   cuda::DeviceBuffer inputs;  // StepInputs of a step (the graphs read it: rewritten before each replay)
@@ -63,6 +68,7 @@ struct DeviceStepScratch {
   cuda::DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
   cuda::DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
   cuda::DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
+  cuda::DeviceBuffer adjust_rows, adjust_edits, adjust_biases;   // AdjustLogits' (kMaxStepEdits...)
   cuda::DeviceBuffer tp_all, tp_rows;  // a tp member's gathered pieces (f32), row indices (int32)
 };
 

@@ -60,7 +60,8 @@ kernel_test=("${kernel_test[@]/tests\/gpu\/test_cuda_ep.cpp}")
 # needing two devices skip).
 nccl_srcs=(tests/gpu/test_nccl_emu.cpp tests/gpu/test_nccl_communicator.cpp net/nccl_communicator.cpp
            net/frame.cpp common/crc32c.cpp tests/gpu/emu/device_emu.cpp "${common[@]}")
-kernel_srcs=("${kernel_test[@]}" tests/gpu/test_emu_schedule.cpp model/sampler.cpp model/embed.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
+kernel_srcs=("${kernel_test[@]}" tests/gpu/test_emu_schedule.cpp model/sampler.cpp model/embed.cpp
+             model/cuda/logit_edits.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp
              kernels/cpu/matvec_ref.cpp kernels/cpu/router.cpp kernels/cpu/hc.cpp
              kernels/cpu/swiglu.cpp kernels/cpu/attention_core.cpp kernels/cpu/indexer.cpp
              kernels/cpu/compressor_pool.cpp kernels/cpu/rmsnorm.cpp kernels/cpu/rope.cpp
@@ -73,7 +74,7 @@ ep_srcs=(worker/ep_expert_executor.cpp net/communicator.cpp net/tcp_transport.cp
 shard_srcs=(tests/gpu/test_cuda_shard*.cpp tests/gpu/test_cuda_tp.cpp tests/gpu/test_cuda_ep.cpp
             tests/gpu/test_emu_device_faults.cpp worker/shard_runtime.cpp worker/stage_executor.cpp
             model/cuda/shard_model.cpp model/cuda/shard_head.cpp model/cuda/device_weights.cpp
-            model/cuda/step_inputs.cpp
+            model/cuda/step_inputs.cpp model/cuda/logit_edits.cpp
             model/cuda/device_activations.cpp model/cuda/tp_step.cpp model/cuda/ep_experts.cpp
             model/*.cpp "${kernels[@]}" tests/gpu/emu/device_emu.cpp kernels/cpu/*.cpp
             "${ep_srcs[@]}" "${common[@]}")

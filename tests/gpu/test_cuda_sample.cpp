@@ -2,16 +2,20 @@
 // (model/sampler.h SampleWith) given the same uniform draw: greedy, temperature alone, top-k,
 // top-p, both, ties (-0 and +0 among them), -inf logits, several rows in one call, the top
 // logprobs of each, the errors, and the hand-off to the host when the candidate set is larger
-// than the device keeps; score rows against ScoreToken. Device tests skip without a GPU.
+// than the device keeps; score rows against ScoreToken; logit adjustments (AdjustLogits) against
+// Sampler::Adjusted, bit for bit. Device tests skip without a GPU.
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/sample_ops.h"
+#include "model/cuda/logit_edits.h"
 #include "model/sampler.h"
 #include "tests/gpu/cuda_test_util.h"
 
@@ -259,6 +263,89 @@ TEST(CudaSample, LargeCandidateSetsGoToTheHost) {
   const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
   EXPECT_EQ(got[0].status, cuda::kSampleNeedsHost);
   EXPECT_EQ(got[1].status, cuda::kSampleNeedsHost);
+}
+
+// The four rows' samplers of AdjustedLogitsHaveTheHostsBits, their histories observed.
+std::vector<Sampler> AdjustingSamplers(int64_t vocab) {
+  std::vector<SamplerConfig> c(4);
+  // Two biases on id 5 (added in turn), one past the vocabulary (skipped), penalties, min-p.
+  c[0].temperature = 0.8f, c[0].seed = 1, c[0].min_p = 0.05f;
+  c[0].logit_bias = {{5, 2.5f}, {7, -100.0f}, {static_cast<int32_t>(vocab) + 3, 9.0f}, {5, 1.25f}};
+  c[0].repetition_penalty = 1.3f, c[0].frequency_penalty = 0.5f, c[0].presence_penalty = 0.25f;
+  // Greedy: a bias on a held id (then -inf), a tiny repetition penalty (clamped at FLT_MAX).
+  c[1].greedy = true, c[1].min_tokens = 3, c[1].min_tokens_ids = {0, 4, 9, 4};
+  c[1].logit_bias = {{4, 50.0f}}, c[1].repetition_penalty = 1e-3f;
+  // Holding back every id would leave nothing: none is held.
+  c[2].temperature = 1.0f, c[2].min_tokens = 5, c[2].frequency_penalty = -2.0f;
+  for (int32_t i = 0; i < vocab; ++i) c[2].min_tokens_ids.push_back(i);
+  // NaN, +inf and -inf logits among penalized ids stay as they are; +inf is the max (no min-p).
+  c[3].temperature = 1.5f, c[3].min_p = 0.5f, c[3].repetition_penalty = 0.7f;
+  c[3].logit_bias = {{20, 3.0f}, {22, 3.0f}};
+  std::vector<Sampler> s;
+  for (const SamplerConfig& k : c) s.push_back(*Sampler::Create(k));
+  s[0].Observe(std::vector<int32_t>{1, 2, 3, 5, 10}, false);
+  s[0].Observe(std::vector<int32_t>{7, 7, 11}, true);
+  s[1].Observe(std::vector<int32_t>{10, 12}, false);
+  s[2].Observe(std::vector<int32_t>{8, 8, 8}, true);  // 3 of 5 generated: still held
+  s[3].Observe(std::vector<int32_t>{20, 21, 22, 30}, false);
+  return s;
+}
+
+// AdjustLogits over AppendLogitEdits' lists gives Sampler::Adjusted's logits bit for bit: biases
+// in turn, the mask (and the case where it would leave nothing), repetition on positive and
+// negative logits, frequency and presence, min-p, the clamp at FLT_MAX, non-finite logits left
+// alone; four rows in one launch. A batch past its limits takes nothing of a row.
+TEST(CudaSample, AdjustedLogitsHaveTheHostsBits) {
+  const int64_t vocab = 3000;
+  std::vector<Sampler> samplers = AdjustingSamplers(vocab);
+  {
+    LogitEditBatch none;
+    EXPECT_FALSE(AppendLogitEdits(samplers[0], 0, vocab, 4, 100, &none)) << "7 edits past 4";
+    EXPECT_FALSE(AppendLogitEdits(samplers[0], 0, vocab, 100, 2, &none)) << "3 biases past 2";
+    EXPECT_TRUE(none.rows.empty() && none.edits.empty() && none.biases.empty());
+  }
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(29);
+  std::vector<float> rows;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<float> l = RandomNormal(vocab, rng, 3.0f);
+    l[10] = 3.0e38f;  // row 1: / 1e-3 is past FLT_MAX
+    l[2] = -1.5f, l[3] = 2.0f;  // repetition on a negative and a positive logit
+    if (r == 3) l[20] = NAN, l[21] = INFINITY, l[22] = -INFINITY;
+    rows.insert(rows.end(), l.begin(), l.end());
+  }
+  LogitEditBatch batch;
+  for (int r = 0; r < 4; ++r)
+    ASSERT_TRUE(AppendLogitEdits(samplers[r], r, vocab, 65536, 1024, &batch)) << "row " << r;
+  DeviceBuffer l = ToDevice(rows), ar = ToDevice(batch.rows), ae = ToDevice(batch.edits),
+               ab = ToDevice(batch.biases);
+  const Status st = cuda::AdjustLogits(l.as<float>(), vocab, ar.as<cuda::AdjustRow>(), 4,
+                                       ae.as<cuda::LogitEdit>(), ab.as<float>());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::vector<float> got(rows.size());
+  ASSERT_TRUE(l.CopyToHost(got.data(), got.size() * sizeof(float)).ok());
+  for (int r = 0; r < 4; ++r) {
+    const std::vector<float> want = samplers[r].Adjusted(std::span(&rows[r * vocab], vocab));
+    int differ = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &got[r * vocab + i], 4);
+      std::memcpy(&b, &want[i], 4);
+      if (a != b && differ++ < 5)
+        ADD_FAILURE() << "row " << r << " id " << i << ": " << got[r * vocab + i] << " vs " << want[i];
+    }
+    EXPECT_EQ(differ, 0) << "row " << r;
+  }
+  // What the rows show (so that each rule above did something).
+  EXPECT_EQ(got[1 * vocab + 4], -INFINITY) << "held";
+  EXPECT_EQ(got[1 * vocab + 10], FLT_MAX) << "clamped";
+  EXPECT_NE(got[2 * vocab + 0], -INFINITY) << "nothing held when everything would be";
+  EXPECT_EQ(got[2 * vocab + 8], rows[2 * vocab + 8] + 6.0f) << "frequency -2 x 3";
+  EXPECT_TRUE(std::isnan(got[3 * vocab + 20]));
+  EXPECT_EQ(got[3 * vocab + 21], INFINITY);
+  int dropped = 0;
+  for (int64_t i = 0; i < vocab; ++i) dropped += got[i] == -INFINITY ? 1 : 0;
+  EXPECT_GT(dropped, 100) << "min-p 0.05 drops the tail of row 0";
 }
 
 }  // namespace

@@ -315,11 +315,11 @@ TEST(Sampler, PenaltiesChangeTheLogitsOfTheSequencesTokens) {
   Sampler plain = Make({.greedy = true});
   plain.Observe(std::vector<int32_t>{3, 3}, true);
   EXPECT_EQ(plain.Sample(logits)->id, 3);
-  EXPECT_FALSE(plain.NeedsHostLogits());
-  EXPECT_TRUE(freq.NeedsHostLogits());
-  EXPECT_FALSE(Make({.top_logprobs = 1}).NeedsHostLogits()) << "the device reports the alternatives";
-  EXPECT_TRUE(Make({.min_p = 0.1f}).NeedsHostLogits());
-  EXPECT_FALSE(Make({.greedy = true, .min_p = 0.1f}).NeedsHostLogits()) << "min-p cannot move an argmax";
+  EXPECT_FALSE(plain.AdjustsLogits());
+  EXPECT_TRUE(freq.AdjustsLogits());
+  EXPECT_FALSE(Make({.top_logprobs = 1}).AdjustsLogits());
+  EXPECT_TRUE(Make({.min_p = 0.1f}).AdjustsLogits());
+  EXPECT_FALSE(Make({.greedy = true, .min_p = 0.1f}).AdjustsLogits()) << "min-p cannot move an argmax";
 }
 
 // logit_bias is added first; min_tokens holds its ids back until that many tokens were
@@ -336,7 +336,7 @@ TEST(Sampler, LogitBiasAndMinTokens) {
   Sampler m = Make({.greedy = true, .top_logprobs = 2, .min_tokens = 2, .min_tokens_ids = {3, 1}});
   m.Observe(std::vector<int32_t>{0, 2, 1}, false);   // the prompt
   for (int i = 0; i < 2; ++i) {
-    EXPECT_TRUE(m.NeedsHostLogits());
+    EXPECT_TRUE(m.AdjustsLogits());
     auto r = m.Sample(logits);
     EXPECT_EQ(r->id, 0) << "3 and 1 held back, token " << i;
     EXPECT_EQ(r->top.size(), 2u) << "-inf is never an alternative";
@@ -349,9 +349,28 @@ TEST(Sampler, LogitBiasAndMinTokens) {
   EXPECT_EQ(all->id, 3);
   // Without other adjustments the device may pick again once min_tokens is reached.
   Sampler d = Make({.greedy = true, .min_tokens = 1, .min_tokens_ids = {3}});
-  EXPECT_TRUE(d.NeedsHostLogits());
+  EXPECT_TRUE(d.AdjustsLogits());
   d.Observe(std::vector<int32_t>{1}, true);
-  EXPECT_FALSE(d.NeedsHostLogits());
+  EXPECT_FALSE(d.AdjustsLogits());
+}
+
+// What a device hands back after adjusting the logits itself: SampleAdjustedWith(Adjusted(l))
+// is SampleWith(l), token, logprob and alternatives, for every draw.
+TEST(Sampler, SamplingAdjustedLogitsIsSamplingTheRawOnes) {
+  const std::vector<float> logits = {1.0f, 2.0f, -1.0f, 3.0f, 0.5f};
+  Sampler s = Make({.temperature = 0.9f, .seed = 4, .top_logprobs = 3, .repetition_penalty = 1.5f,
+                    .presence_penalty = 0.5f, .min_p = 0.1f, .logit_bias = {{2, 1.0f}}});
+  s.Observe(std::vector<int32_t>{3, 1}, false);
+  s.Observe(std::vector<int32_t>{3}, true);
+  const std::vector<float> adjusted = s.Adjusted(logits);
+  EXPECT_NE(adjusted, logits);
+  for (double u : {0.05, 0.4, 0.97}) {
+    auto a = s.SampleWith(logits, u), b = s.SampleAdjustedWith(adjusted, u);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->id, b->id) << u;
+    EXPECT_EQ(a->logprob, b->logprob) << u;
+    EXPECT_EQ(a->top, b->top) << u;
+  }
 }
 
 // min-p of Probs() (0.1, 0.2, 0.3, 0.4): 0.6 keeps p >= 0.24, i.e. {3, 2}: 4/7 and 3/7, as top_k 2.

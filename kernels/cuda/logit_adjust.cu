@@ -1,0 +1,130 @@
+// Logit adjustments on the device (sample_ops.h AdjustLogits): the twin of model/sampler.cpp's
+// Sampler::Adjusted. A block per row, in Adjusted's order: the biases, the min_tokens mask, the
+// penalties, min-p, a barrier between each. A rule's change to an id depends on that id alone,
+// so the ids of a phase run on the block's threads in any order; the mask's "anything else
+// left" is a count and min-p's threshold a max, neither of which depends on the order.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/sample_ops.h"
+
+namespace fm::cuda {
+namespace {
+
+constexpr int kAdjustThreads = 256;
+
+// Comparisons only (the emulation compiles this file as plain C++, without CUDA's globals).
+__device__ bool IsNan(float v) { return v != v; }
+__device__ bool IsFinite(float v) { return v == v && v != INFINITY && v != -INFINITY; }
+
+// Adjusted's `set`: a finite logit takes v clamped to +-FLT_MAX (a tiny repetition penalty must
+// not make it +inf); NaN and +-inf stay as they are.
+__device__ void SetFinite(float* l, double v) {
+  if (!IsFinite(*l)) return;
+  const double lo = -static_cast<double>(FLT_MAX), hi = static_cast<double>(FLT_MAX);
+  *l = static_cast<float>(v < lo ? lo : (hi < v ? hi : v));
+}
+
+__device__ int BlockSumInt(int v, int* sh) {
+  const int tid = threadIdx.x;
+  sh[tid] = v;
+  __syncthreads();
+  for (int s = kAdjustThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) sh[tid] += sh[tid + s];
+    __syncthreads();
+  }
+  const int r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+// The largest value other than NaN (+-inf included; -inf when none): a max in any order.
+__device__ float BlockMaxNotNan(float v, float* sh) {
+  const int tid = threadIdx.x;
+  sh[tid] = v;
+  __syncthreads();
+  for (int s = kAdjustThreads / 2; s > 0; s >>= 1) {
+    if (tid < s && sh[tid + s] > sh[tid]) sh[tid] = sh[tid + s];
+    __syncthreads();
+  }
+  const float r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+__global__ void AdjustLogitsKernel(float* logits, int64_t vocab, const AdjustRow* rows,
+                                   const LogitEdit* edits, const float* biases) {
+  KernelPrologue();
+  __shared__ int counts[kAdjustThreads];
+  __shared__ float maxes[kAdjustThreads];
+  const int tid = threadIdx.x;
+  const AdjustRow r = rows[blockIdx.x];
+  float* l = logits + static_cast<int64_t>(r.row) * vocab;
+  auto valid = [&](const LogitEdit& e) { return e.id >= 0 && e.id < vocab; };
+  // 1. logit_bias, each id's values in the request's order.
+  for (int i = r.edit_begin + tid; i < r.edit_end; i += kAdjustThreads) {
+    const LogitEdit e = edits[i];
+    if (!valid(e)) continue;
+    for (int b = e.bias_begin; b < e.bias_end; ++b)
+      SetFinite(&l[e.id], static_cast<double>(l[e.id]) + biases[b]);
+  }
+  __syncthreads();
+  // 2. The min_tokens ids -> -inf, unless no other logit is finite: the finite logits minus the
+  // finite held ones (each id is listed once).
+  if (r.mask) {
+    int left = 0;
+    for (int64_t i = tid; i < vocab; i += kAdjustThreads) left += IsFinite(l[i]) ? 1 : 0;
+    for (int i = r.edit_begin + tid; i < r.edit_end; i += kAdjustThreads) {
+      const LogitEdit e = edits[i];
+      if (valid(e) && e.held && IsFinite(l[e.id])) --left;
+    }
+    const bool any_left = BlockSumInt(left, counts) > 0;
+    if (any_left)
+      for (int i = r.edit_begin + tid; i < r.edit_end; i += kAdjustThreads) {
+        const LogitEdit e = edits[i];
+        if (valid(e) && e.held && !IsNan(l[e.id])) l[e.id] = -INFINITY;
+      }
+    __syncthreads();
+  }
+  // 3. The penalties: repetition (prompt or generated), then frequency + presence (generated).
+  for (int i = r.edit_begin + tid; i < r.edit_end; i += kAdjustThreads) {
+    const LogitEdit e = edits[i];
+    if (!valid(e)) continue;
+    if (e.seen)
+      SetFinite(&l[e.id], l[e.id] > 0.0f ? static_cast<double>(l[e.id]) / r.repetition
+                                         : static_cast<double>(l[e.id]) * r.repetition);
+    if (e.generated) SetFinite(&l[e.id], static_cast<double>(l[e.id]) - e.subtract);
+  }
+  __syncthreads();
+  // 4. min-p: p_i / p_max = exp((l_i - l_max) / T) below min_p is out.
+  if (r.min_p) {
+    float top = -INFINITY;
+    for (int64_t i = tid; i < vocab; i += kAdjustThreads)
+      if (!IsNan(l[i]) && l[i] > top) top = l[i];
+    top = BlockMaxNotNan(top, maxes);
+    if (IsFinite(top))
+      for (int64_t i = tid; i < vocab; i += kAdjustThreads)
+        if ((static_cast<double>(l[i]) - top) * r.inv_t < r.floor) l[i] = -INFINITY;
+  }
+}
+
+}  // namespace
+
+Status AdjustLogits(float* logits, int64_t vocab, const AdjustRow* rows, int64_t n,
+                    const LogitEdit* edits, const float* biases) {
+  if (!logits || !rows || !edits || !biases)
+    return InvalidArgument("AdjustLogits: null logits, rows, edits or biases");
+  if (n <= 0 || n > 65535)
+    return InvalidArgument("AdjustLogits: rows " + std::to_string(n) + " outside [1, 65535]");
+  if (vocab <= 0 || vocab > (int64_t{1} << 31) - 1)
+    return InvalidArgument("AdjustLogits: vocab " + std::to_string(vocab) + " outside [1, 2^31)");
+  return Launch("AdjustLogitsKernel", AdjustLogitsKernel, static_cast<unsigned>(n), kAdjustThreads,
+                0, logits, vocab, rows, edits, biases);
+}
+
+}  // namespace fm::cuda
