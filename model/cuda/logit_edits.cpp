@@ -24,7 +24,7 @@ bool AppendLogitEdits(const Sampler& s, int32_t row, int64_t vocab, size_t max_e
   for (const auto& [id, b] : c.logit_bias)
     if (in_range(id)) bias.emplace_back(id, b);
   std::stable_sort(bias.begin(), bias.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  if (batch->biases.size() + bias.size() > max_biases) return false;
+  if (bias.size() > max_biases) return false;
   const size_t bias0 = batch->biases.size();
   for (size_t i = 0; i < bias.size(); ++i) {
     cuda::LogitEdit& e = edit(bias[i].first);
@@ -43,7 +43,7 @@ bool AppendLogitEdits(const Sampler& s, int32_t row, int64_t vocab, size_t max_e
       e.generated = 1;
       e.subtract = c.frequency_penalty * static_cast<double>(count) + c.presence_penalty;
     }
-  if (batch->edits.size() + edits.size() > max_edits) return false;
+  if (edits.size() > max_edits) return false;
   cuda::AdjustRow r;
   r.row = row;
   r.edit_begin = static_cast<int32_t>(batch->edits.size());

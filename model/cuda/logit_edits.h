@@ -18,8 +18,8 @@ struct LogitEditBatch {
 };
 
 // Appends the adjustments `s` makes to logits row `row` of a [*, vocab] step (ids outside the
-// vocabulary left out, as Adjusted skips them). False, with nothing appended, when they would take
-// the batch past max_edits edits or max_biases biases (the row is then drawn on the host).
+// vocabulary left out, as Adjusted skips them). False, with nothing appended, when the row takes
+// more than max_edits edits or max_biases biases (the row is then drawn on the host).
 bool AppendLogitEdits(const Sampler& s, int32_t row, int64_t vocab, size_t max_edits,
                       size_t max_biases, LogitEditBatch* batch);
 

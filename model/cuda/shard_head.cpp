@@ -95,7 +95,7 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
     for (int64_t t = 0; t < T; ++t)
       if (samplers[r0 + t]->AdjustsLogits())
         raw_on_host[t] = !AppendLogitEdits(*samplers[r0 + t], static_cast<int32_t>(t), V,
-                                           kMaxStepEdits, kMaxStepBiases, &edits);
+                                           kMaxRowEdits, kMaxRowBiases, &edits);
     FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
     if (!edits.rows.empty()) {
       FM_RETURN_IF_ERROR(s_.adjust_rows.CopyFromHostAsync(edits.rows.data(), edits.rows.size() * sizeof(cuda::AdjustRow)));

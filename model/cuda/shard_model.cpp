@@ -147,8 +147,8 @@ Status CudaShardModel::AllocScratch() {
     FM_ASSIGN_OR_RETURN(s.sample_scratch,
                         DeviceBuffer::Alloc(cuda::SampleScratchBytes(C, cfg_.vocab_size)));
     FM_ASSIGN_OR_RETURN(s.adjust_rows, DeviceBuffer::Alloc(C * sizeof(cuda::AdjustRow)));
-    FM_ASSIGN_OR_RETURN(s.adjust_edits, DeviceBuffer::Alloc(kMaxStepEdits * sizeof(cuda::LogitEdit)));
-    FM_ASSIGN_OR_RETURN(s.adjust_biases, DeviceBuffer::Alloc(kMaxStepBiases * sizeof(float)));
+    FM_ASSIGN_OR_RETURN(s.adjust_edits, DeviceBuffer::Alloc(C * kMaxRowEdits * sizeof(cuda::LogitEdit)));
+    FM_ASSIGN_OR_RETURN(s.adjust_biases, DeviceBuffer::Alloc(C * kMaxRowBiases * sizeof(float)));
   }
   return Status::Ok();
 }

@@ -50,10 +50,11 @@ class DeviceAttentionCache final : public AttentionCache {
 // The decode state of one compressor: both pending halves, their bytes added to *bytes.
 Result<DevCompressorState> NewCompressorState(int64_t ratio, int64_t width, size_t* bytes);
 
-// The logit edits (model/cuda/logit_edits.h) a step's rows take on the device, at most: a row
-// whose edits do not fit is drawn on the host (the real vocabulary's rows fit unless a sequence
-// has seen more than 65,536 distinct ids with a repetition penalty).
-constexpr size_t kMaxStepEdits = 65536, kMaxStepBiases = 32768;
+// The logit edits (model/cuda/logit_edits.h) one row takes on the device, at most: a row whose
+// edits do not fit is drawn on the host from its raw logits (a sequence with a repetition
+// penalty past 16,384 distinct ids seen; the APIs allow 1,024 logit_bias entries). The step's
+// buffers hold kMaxStepRows rows of each: 12.6 MB.
+constexpr size_t kMaxRowEdits = 16384, kMaxRowBiases = 1024;
 
 // Scratch of one step of up to kMaxStepRows rows, sized once for the model.
 struct DeviceStepScratch {
@@ -68,7 +69,7 @@ struct DeviceStepScratch {
   cuda::DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
   cuda::DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
   cuda::DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
-  cuda::DeviceBuffer adjust_rows, adjust_edits, adjust_biases;   // AdjustLogits' (kMaxStepEdits...)
+  cuda::DeviceBuffer adjust_rows, adjust_edits, adjust_biases;   // AdjustLogits' (kMaxRowEdits...)
   cuda::DeviceBuffer tp_all, tp_rows;  // a tp member's gathered pieces (f32), row indices (int32)
 };
 

@@ -294,7 +294,7 @@ std::vector<Sampler> AdjustingSamplers(int64_t vocab) {
 // AdjustLogits over AppendLogitEdits' lists gives Sampler::Adjusted's logits bit for bit: biases
 // in turn, the mask (and the case where it would leave nothing), repetition on positive and
 // negative logits, frequency and presence, min-p, the clamp at FLT_MAX, non-finite logits left
-// alone; four rows in one launch. A batch past its limits takes nothing of a row.
+// alone; four rows in one launch. A row past its limits is not taken, and adds nothing.
 TEST(CudaSample, AdjustedLogitsHaveTheHostsBits) {
   const int64_t vocab = 3000;
   std::vector<Sampler> samplers = AdjustingSamplers(vocab);
@@ -303,6 +303,13 @@ TEST(CudaSample, AdjustedLogitsHaveTheHostsBits) {
     EXPECT_FALSE(AppendLogitEdits(samplers[0], 0, vocab, 4, 100, &none)) << "7 edits past 4";
     EXPECT_FALSE(AppendLogitEdits(samplers[0], 0, vocab, 100, 2, &none)) << "3 biases past 2";
     EXPECT_TRUE(none.rows.empty() && none.edits.empty() && none.biases.empty());
+    LogitEditBatch two;  // the limits are a row's, not the batch's
+    EXPECT_TRUE(AppendLogitEdits(samplers[0], 0, vocab, 7, 3, &two));
+    EXPECT_TRUE(AppendLogitEdits(samplers[0], 1, vocab, 7, 3, &two));
+    ASSERT_EQ(two.rows.size(), 2u);
+    EXPECT_EQ(two.rows[1].edit_begin, 7);
+    EXPECT_EQ(two.rows[1].edit_end, 14);
+    EXPECT_EQ(two.biases.size(), 6u);
   }
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(29);
