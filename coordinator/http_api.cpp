@@ -13,7 +13,7 @@
 namespace fm {
 namespace {
 
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
+constexpr auto kJobPollInterval = std::chrono::milliseconds(50);
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
@@ -409,7 +409,7 @@ bool HttpApi::NextEvent(Job* job, HttpResponder* out, size_t* which, RequestStre
       *which = i;
       return true;
     }
-    job->waker->Wait(seen, kPollInterval);
+    job->waker->Wait(seen, kJobPollInterval);
   }
   job->CancelAll();  // the scheduler frees the sequences on every worker
   const Status why = out->AbandonedBecause();

@@ -20,7 +20,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::unique_ptr<net::Transport> Transport(const std::string& name) {
+std::unique_ptr<net::Transport> SecretTcpTransport(const std::string& name) {
   auto t = net::MakeTcpTransport({.self_name = name, .secret = "unit-secret"});
   EXPECT_TRUE(t.ok());
   EXPECT_TRUE((*t)->Listen("127.0.0.1:0").ok());
@@ -120,7 +120,7 @@ class DeviceBufferComm final : public net::Communicator {
 };
 
 struct CommPair {
-  std::unique_ptr<net::Transport> t0 = Transport("s0"), t1 = Transport("s1");
+  std::unique_ptr<net::Transport> t0 = SecretTcpTransport("s0"), t1 = SecretTcpTransport("s1");
   std::unique_ptr<net::Communicator> c0, c1;
   CommPair() {
     const std::vector<net::CommMember> m = {{"s0", t0->listen_address()}, {"s1", t1->listen_address()}};
@@ -208,7 +208,7 @@ TEST(DataPlane, AResetEndsASendBlockedOnAFrozenPeer) {
   } reap{child};
   ASSERT_GT(n, 0);
   const std::string addr(buf, static_cast<size_t>(n));
-  auto t0 = Transport("s0");
+  auto t0 = SecretTcpTransport("s0");
   auto sink = NewTransportActivationSink(t0.get(), "s1", addr, net::FrameDType::kF32);
   auto comm = net::MakeTcpCommunicator(t0.get(), {{"s0", t0->listen_address()}, {"s1", addr}}, 0);
   ASSERT_TRUE(comm.ok());
@@ -291,7 +291,7 @@ TEST(DataPlane, Bf16FramesOfADeviceXGoThroughTheHost) {
 
 // A TCP hop from a device stage: one copy to the host, which the frame's payload is written from.
 TEST(DataPlane, TransportSinkCopiesADeviceXOnceIntoTheFrame) {
-  auto t0 = Transport("s0"), t1 = Transport("s1");
+  auto t0 = SecretTcpTransport("s0"), t1 = SecretTcpTransport("s1");
   auto sink = NewTransportActivationSink(t0.get(), "s1", t1->listen_address(), net::FrameDType::kF32);
   FlaggedDeviceActivations x(8);
   FillThreeRows(&x);
