@@ -62,6 +62,14 @@ Result<std::vector<SampledToken>> ShardModel::SampleNext(const float* x, int64_t
   return out;
 }
 
+Status ShardModel::CheckScoreNext(int32_t top) const {
+  if (!has_head()) return InvalidArgument("ScoreNext: this shard does not hold the head");
+  if (top < 0 || top > kMaxTopLogprobs)
+    return InvalidArgument("ScoreNext: top " + std::to_string(top) + " outside [0, " +
+                           std::to_string(kMaxTopLogprobs) + "]");
+  return Status::Ok();
+}
+
 Status RunEmptyRounds(ExpertExecutor* exec, int64_t from, int64_t to, int64_t layer_begin,
                       int64_t layer_end) {
   for (int64_t r = from; r < to; ++r)
@@ -242,10 +250,7 @@ Status ShardModelImpl::Logits(const float* x, int64_t rows, float* logits) const
 Result<std::vector<SampledToken>> ShardModelImpl::ScoreNext(const float* x,
                                                            std::span<const int32_t> targets,
                                                            int32_t top) const {
-  if (!has_head_) return InvalidArgument("ScoreNext: this shard does not hold the head");
-  if (top < 0 || top > kMaxTopLogprobs)
-    return InvalidArgument("ScoreNext: top " + std::to_string(top) + " outside [0, " +
-                           std::to_string(kMaxTopLogprobs) + "]");
+  FM_RETURN_IF_ERROR(CheckScoreNext(top));
   const int64_t rows = static_cast<int64_t>(targets.size()), V = cfg_.vocab_size;
   const int64_t row = cfg_.hc_mult * cfg_.hidden_size;
   // Logits of this many rows at a time: 32 MiB of them (the real vocabulary's 64 rows).

@@ -172,6 +172,12 @@ class ShardModel {
                                                       std::span<const int32_t> targets,
                                                       int32_t top) const = 0;
 
+ protected:
+  // ScoreNext's refusals, the same for every shard kind: no head, a top past kMaxTopLogprobs.
+  Status CheckScoreNext(int32_t top) const;
+
+ public:
+
   // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
   virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;
   // The routed experts of this shard's selection as an ExpertRunner, for an expert-parallel

@@ -51,6 +51,16 @@ Status CudaShardModel::Head(const float* x, int64_t T) const {
   return cuda::Gemm(head_.view(), s_.head_y.as<float>(), H, s_.logits.as<float>(), V, T);
 }
 
+Status CudaShardModel::SampleHeadRows(const cuda::SampleParams* params, int64_t T,
+                                      cuda::SampleResult* res) const {
+  FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
+  FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, cfg_.vocab_size,
+                                      s_.sample_params.as<cuda::SampleParams>(),
+                                      s_.sample_scratch.as<void>(),
+                                      s_.sample_out.as<cuda::SampleResult>()));
+  return s_.sample_out.CopyToHost(res, T * sizeof res[0]);
+}
+
 Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const {
   if (!has_head_) return InvalidArgument("Logits: this shard does not hold the head");
   if (rows <= 0) return InvalidArgument("Logits: rows " + std::to_string(rows) + " must be > 0");
@@ -107,13 +117,8 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
                                             static_cast<int64_t>(edits.rows.size()),
                                             s_.adjust_edits.as<cuda::LogitEdit>(), s_.adjust_biases.as<float>()));
     }
-    FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
-    FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, V,
-                                        s_.sample_params.as<cuda::SampleParams>(),
-                                        s_.sample_scratch.as<void>(),
-                                        s_.sample_out.as<cuda::SampleResult>()));
     cuda::SampleResult res[kMaxStepRows];
-    FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
+    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res));
     for (int64_t t = 0; t < T; ++t) {
       Sampler* s = samplers[r0 + t];
       if (raw_on_host[t] || res[t].status == cuda::kSampleNeedsHost) {
@@ -139,10 +144,7 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
 Result<std::vector<SampledToken>> CudaShardModel::ScoreNext(const float* x,
                                                             std::span<const int32_t> targets,
                                                             int32_t top) const {
-  if (!has_head_) return InvalidArgument("ScoreNext: this shard does not hold the head");
-  if (top < 0 || top > kMaxTopLogprobs)
-    return InvalidArgument("ScoreNext: top " + std::to_string(top) + " outside [0, " +
-                           std::to_string(kMaxTopLogprobs) + "]");
+  FM_RETURN_IF_ERROR(CheckScoreNext(top));
   const int64_t rows = static_cast<int64_t>(targets.size());
   std::lock_guard<std::mutex> lock(mu_);
   FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
@@ -158,13 +160,8 @@ Result<std::vector<SampledToken>> CudaShardModel::ScoreNext(const float* x,
       params[t] = cuda::SampleParams{1.0f, 1.0f, 0, 1, 0.0, top, CheckScoredId(id, V).ok() ? id : 0};
     }
     FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
-    FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
-    FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, V,
-                                        s_.sample_params.as<cuda::SampleParams>(),
-                                        s_.sample_scratch.as<void>(),
-                                        s_.sample_out.as<cuda::SampleResult>()));
     cuda::SampleResult res[kMaxStepRows];
-    FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
+    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res));
     for (int64_t t = 0; t < T; ++t) {
       const Status in_range = CheckScoredId(targets[r0 + t], V);
       if (!in_range.ok()) out.push_back(SampledToken::Failed(in_range));

@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/fused_ops.h"
+#include "kernels/cuda/sample_ops.h"
 #include "model/cuda/device_activations.h"
 #include "model/cuda/device_weights.h"
 #include "model/cuda/ep_experts.h"
@@ -129,6 +130,8 @@ class CudaShardModel final : public ShardModel {
   Result<cuda::HcPostInput> Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;
   // X [T, hc, H] (device) -> s.logits [T, vocab]: hc_head, the final norm and the head.
   Status Head(const float* x, int64_t T) const;
+  // SampleRows over the head's T rows of logits (s_.logits) -> res[0, T) on the host.
+  Status SampleHeadRows(const cuda::SampleParams* params, int64_t T, cuda::SampleResult* res) const;
 
   ModelConfig cfg_;
   int device_;
