@@ -21,6 +21,8 @@
 //   and extrapolates to the full model (FullModelConfig: all 43 layers of DeepSeek-V4-Flash for
 //   a `mkmodel --preset flash --layers N` checkpoint, else the checkpoint itself):
 //     head_ms                 embed + Logits of one token, timed alone (median of 8)
+//     head_rich_ms            the same with a sampling pick with 20 top logprobs, penalties and
+//                             min-p (not in the prediction; what such a request adds)
 //     layer_ms                (time per token - head_ms) / the checkpoint's layers
 //     full_model_ms_per_token layer_ms * the full model's layers + head_ms
 //     full_model_floor_ms     the full model's weight bytes per token / the measured bandwidth

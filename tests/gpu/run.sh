@@ -209,8 +209,8 @@ bench_step() {
     row "$label" "ok" $((SECONDS - t0)) "$(python3 -c '
 import json, sys
 j = json.loads(sys.argv[1])
-print("%.0f tok/s, bw_eff %.3f, layer %.3f ms, head %.3f ms, %d-layer model %.2f ms/tok (floor %.2f); %d streams %.2fx; h2d %.0f B/tok, d2h %.0f B/tok" % (
-    j["tok_per_s"], j["bw_efficiency"], j["layer_ms"], j["head_ms"], j["full_model_layers"],
+print("%.0f tok/s, bw_eff %.3f, layer %.3f ms, head %.3f ms (rich pick %.3f), %d-layer model %.2f ms/tok (floor %.2f); %d streams %.2fx; h2d %.0f B/tok, d2h %.0f B/tok" % (
+    j["tok_per_s"], j["bw_efficiency"], j["layer_ms"], j["head_ms"], j["head_rich_ms"], j["full_model_layers"],
     j["full_model_ms_per_token"], j["full_model_floor_ms"], j["streams"], j["streams_speedup"],
     j["h2d_bytes_per_token"], j["d2h_bytes_per_token"]))' "$out")"
   else

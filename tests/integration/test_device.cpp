@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,6 +187,23 @@ TEST(BenchDecode, StreamsDecodeTogetherOnTheCpu) {
   EXPECT_EQ(out.find("full_model_ms_per_token"), std::string::npos) << out;
   EXPECT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--streams", "0"}, &out), 2);
   EXPECT_NE(out.find("--streams: '0' is not an integer >= 1"), std::string::npos) << out;
+}
+
+// One stream on the CPU: the JSON predicts the full model from the greedy head and reports the
+// head with a serving request's richer pick (top logprobs, penalties, min-p) beside it.
+TEST(BenchDecode, OneStreamTimesTheGreedyAndTheRichHead) {
+  std::string out;
+  ASSERT_EQ(RunFlashmesh({"bench", "decode", "--model", SmallModel(), "--context", "4", "--tokens",
+                          "3", "--threads", "1", "--json"},
+                         &out, 120s),
+            0)
+      << out;
+  EXPECT_NE(out.find("\"full_model_ms_per_token\": "), std::string::npos) << out;
+  for (const std::string key : {"\"head_ms\": ", "\"head_rich_ms\": "}) {
+    const size_t at = out.find(key);
+    ASSERT_NE(at, std::string::npos) << key << " in " << out;
+    EXPECT_GT(std::strtod(out.c_str() + at + key.size(), nullptr), 0.0) << key << " in " << out;
+  }
 }
 
 }  // namespace
