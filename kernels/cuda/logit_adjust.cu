@@ -17,6 +17,10 @@ namespace fm::cuda {
 namespace {
 
 constexpr int kAdjustThreads = 256;
+// Logits a thread has in flight in a pass over the row: one block reads the whole row (the
+// real vocabulary's 517 KB, from L2 after the head wrote it), so a load at a time would wait
+// ~500 round trips a pass; 16 issued before the first use wait ~32.
+constexpr int kAdjustLoads = 16;
 
 // Comparisons only (the emulation compiles this file as plain C++, without CUDA's globals).
 __device__ bool IsNan(float v) { return v != v; }
@@ -57,6 +61,25 @@ __device__ float BlockMaxNotNan(float v, float* sh) {
   return r;
 }
 
+// f(i, l[i]) for each of the thread's ids of the row, kAdjustLoads loads issued before the
+// first f (ids tid, tid + kAdjustThreads, ...: each load a warp makes is 32 neighbours).
+template <class F>
+__device__ void ForEachLogit(const float* l, int64_t vocab, F&& f) {
+  for (int64_t base = threadIdx.x; base < vocab; base += int64_t{kAdjustThreads} * kAdjustLoads) {
+    float v[kAdjustLoads];
+#pragma unroll
+    for (int j = 0; j < kAdjustLoads; ++j) {
+      const int64_t i = base + int64_t{j} * kAdjustThreads;
+      v[j] = i < vocab ? l[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kAdjustLoads; ++j) {
+      const int64_t i = base + int64_t{j} * kAdjustThreads;
+      if (i < vocab) f(i, v[j]);
+    }
+  }
+}
+
 __global__ void AdjustLogitsKernel(float* logits, int64_t vocab, const AdjustRow* rows,
                                    const LogitEdit* edits, const float* biases) {
   KernelPrologue();
@@ -78,7 +101,7 @@ __global__ void AdjustLogitsKernel(float* logits, int64_t vocab, const AdjustRow
   // finite held ones (each id is listed once).
   if (r.mask) {
     int left = 0;
-    for (int64_t i = tid; i < vocab; i += kAdjustThreads) left += IsFinite(l[i]) ? 1 : 0;
+    ForEachLogit(l, vocab, [&](int64_t, float v) { left += IsFinite(v) ? 1 : 0; });
     for (int i = r.edit_begin + tid; i < r.edit_end; i += kAdjustThreads) {
       const LogitEdit e = edits[i];
       if (valid(e) && e.held && IsFinite(l[e.id])) --left;
@@ -104,12 +127,14 @@ __global__ void AdjustLogitsKernel(float* logits, int64_t vocab, const AdjustRow
   // 4. min-p: p_i / p_max = exp((l_i - l_max) / T) below min_p is out.
   if (r.min_p) {
     float top = -INFINITY;
-    for (int64_t i = tid; i < vocab; i += kAdjustThreads)
-      if (!IsNan(l[i]) && l[i] > top) top = l[i];
+    ForEachLogit(l, vocab, [&](int64_t, float v) {
+      if (!IsNan(v) && v > top) top = v;
+    });
     top = BlockMaxNotNan(top, maxes);
     if (IsFinite(top))
-      for (int64_t i = tid; i < vocab; i += kAdjustThreads)
-        if ((static_cast<double>(l[i]) - top) * r.inv_t < r.floor) l[i] = -INFINITY;
+      ForEachLogit(l, vocab, [&](int64_t i, float v) {
+        if ((static_cast<double>(v) - top) * r.inv_t < r.floor) l[i] = -INFINITY;
+      });
   }
 }
 

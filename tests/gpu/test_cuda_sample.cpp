@@ -296,7 +296,7 @@ std::vector<Sampler> AdjustingSamplers(int64_t vocab) {
 // negative logits, frequency and presence, min-p, the clamp at FLT_MAX, non-finite logits left
 // alone; four rows in one launch. A row past its limits is not taken, and adds nothing.
 TEST(CudaSample, AdjustedLogitsHaveTheHostsBits) {
-  const int64_t vocab = 3000;
+  const int64_t vocab = 5000;  // past one pass of 256 threads x 16 loads, with a tail
   std::vector<Sampler> samplers = AdjustingSamplers(vocab);
   {
     LogitEditBatch none;
