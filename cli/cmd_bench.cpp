@@ -31,7 +31,8 @@ const CommandSpec kDecodeSpec{
     "head_ms) / layers, and the full model's predicted ms per token = layer_ms * its layers +\n"
     "head_ms next to its floor (its bytes per token / bandwidth); the full model is\n"
     "DeepSeek-V4-Flash (43 layers) for `mkmodel --preset flash --layers N`, else the\n"
-    "checkpoint itself.",
+    "checkpoint itself. head_rich_ms: head_ms with a sampling pick with 20 top logprobs,\n"
+    "penalties and min-p (not in the prediction).",
     {{"model", "DIR", "checkpoint directory", true},
      {"context", "N", "prompt tokens prefilled first (default 64)"},
      {"tokens", "N", "tokens decoded (default 32)"},

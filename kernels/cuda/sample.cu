@@ -272,7 +272,8 @@ struct AltLogprob {
 // id asc), each with f's logprob. The candidates hold every chunk's best top_n >= m, so they
 // hold the row's best m; ties keep id order, as the candidates lie in id order. All threads.
 __device__ void TopFromChunks(const float* cl, const int32_t* cid, int n, int m,
-                              const AltLogprob& f, unsigned long long* cand, SampleResult* res) {
+                              const AltLogprob& f, unsigned long long* cand, SampleResult* res,
+                              SampleTop* top) {
   int mpad = 1;
   while (mpad < m) mpad <<= 1;
   TopCandidates(cl, n, m, mpad, cand);
@@ -281,7 +282,7 @@ __device__ void TopFromChunks(const float* cl, const int32_t* cid, int n, int m,
     for (int j = 0; j < m; ++j) {
       const int32_t id = cid[0xFFFFFFFFu - static_cast<unsigned>(cand[j])];
       float lp;
-      if (id >= 0 && f.At(id, &lp)) res->top_id[k] = id, res->top_logprob[k++] = lp;
+      if (id >= 0 && f.At(id, &lp)) top->id[k] = id, top->logprob[k++] = lp;
     }
     res->top_count = k;
   }
@@ -295,7 +296,7 @@ __device__ void SetResult(SampleResult* res, int32_t id, float logprob, int32_t 
 // score_id), then its top_n alternatives.
 __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t chunk,
                                    int nchunks, const SampleParams* params, Scratch scratch,
-                                   SampleResult* out) {
+                                   SampleResult* out, SampleTop* tops) {
   KernelPrologue();
   __shared__ unsigned long long cand[kSampleMaxCandidates];
   __shared__ double sh[kSampleThreads];
@@ -312,6 +313,7 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
   const int top_n = TopN(p);
   const int m_top = vocab < top_n ? static_cast<int>(vocab) : top_n;
   SampleResult* res = out + row;
+  SampleTop* alts = tops + row;
   if (tid == 0) {
     float bv = 0.0f;
     int bi = -1, ni = -1, ii = -1;
@@ -348,7 +350,7 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
   if (state == 1) return;
   if (state == 2) {
     const AltLogprob f{l, true, best, M, log_sum, 0.0, 0.0, 0.0};
-    TopFromChunks(cl, cid, nchunks * top_n, m_top, f, cand, res);
+    TopFromChunks(cl, cid, nchunks * top_n, m_top, f, cand, res, alts);
     return;
   }
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
@@ -376,7 +378,7 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
                 static_cast<float>(log(w.At(x.index) / all)), kSampleOk);
     if (top_n > 0) {
       const AltLogprob f{l, false, best, M, 0.0, inv_t, top, all};
-      TopFromChunks(cl, cid, nchunks * top_n, m_top, f, cand, res);
+      TopFromChunks(cl, cid, nchunks * top_n, m_top, f, cand, res, alts);
     }
     return;
   }
@@ -413,8 +415,8 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
     for (int64_t j = 0; j < keep && j < top_n; ++j) {
       const double wj = w.At(j);
       if (wj > 0.0)
-        res->top_id[k] = static_cast<int32_t>(w.Id(j)),
-        res->top_logprob[k++] = static_cast<float>(log(wj / total));
+        alts->id[k] = static_cast<int32_t>(w.Id(j)),
+        alts->logprob[k++] = static_cast<float>(log(wj / total));
     }
     res->top_count = k;
   }
@@ -428,9 +430,9 @@ size_t SampleScratchBytes(int64_t rows, int64_t vocab) {
 }
 
 Status SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
-                  void* scratch, SampleResult* out) {
-  if (!logits || !params || !scratch || !out)
-    return InvalidArgument("SampleRows: null logits, params, scratch or out");
+                  void* scratch, SampleResult* out, SampleTop* top) {
+  if (!logits || !params || !scratch || !out || !top)
+    return InvalidArgument("SampleRows: null logits, params, scratch, out or top");
   if (rows <= 0 || rows > 65535)
     return InvalidArgument("SampleRows: rows " + std::to_string(rows) + " outside [1, 65535]");
   if (vocab <= 0 || vocab > (int64_t{1} << 31) - 1)
@@ -442,7 +444,7 @@ Status SampleRows(const float* logits, int64_t rows, int64_t vocab, const Sample
                             dim3(nchunks, static_cast<unsigned>(rows)), kSampleThreads, 0, logits,
                             vocab, chunk, nchunks, params, parts));
   return Launch("SampleFinishKernel", SampleFinishKernel, static_cast<unsigned>(rows),
-                kSampleThreads, 0, logits, vocab, chunk, nchunks, params, parts, out);
+                kSampleThreads, 0, logits, vocab, chunk, nchunks, params, parts, out, top);
 }
 
 }  // namespace fm::cuda

@@ -38,14 +38,19 @@ enum SampleStatus : int32_t {
   kSampleBadId = 5,      // score_id is not below vocab
 };
 
+// What every row sends to the host (24 bytes); its alternatives are a SampleTop of their own,
+// copied only for a step with a row that asks for them.
 struct SampleResult {
   int32_t id = -1;
   float logprob = 0.0f;
   int32_t status = kSampleOk;
-  int32_t top_count = 0;  // entries of top_id / top_logprob
+  int32_t top_count = 0;  // entries of the row's SampleTop
   int64_t rank = 0;       // score rows: the ids whose logit is >= id's (vLLM's rank); else 0
-  int32_t top_id[kSampleMaxTop] = {};
-  float top_logprob[kSampleMaxTop] = {};
+};
+
+struct SampleTop {
+  int32_t id[kSampleMaxTop] = {};
+  float logprob[kSampleMaxTop] = {};
 };
 
 // Top-k / top-p work on at most this many sorted candidates on the device (a top_k above it,
@@ -64,9 +69,10 @@ size_t SampleScratchBytes(int64_t rows, int64_t vocab);
 // rank. top_n > 0: the top_n best ids of the order above (at most kSampleMaxTop), with their
 // logprobs under the pick's distribution; ids of probability 0 (-inf, outside the top-k/top-p
 // set) left out, so there can be fewer: Sampler::SampleWith's and ScoreToken's `top`.
+// top[r] holds them (written only when params[r].top_n > 0), out[r].top_count how many.
 // scratch: SampleScratchBytes(rows, vocab) device bytes. Two launches.
 Status SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
-                  void* scratch, SampleResult* out);
+                  void* scratch, SampleResult* out, SampleTop* top);
 
 // Logit adjustments on the device (model/sampler.cpp Sampler::Adjusted), applied in place before
 // SampleRows, so that a row with a logit_bias, a min_tokens mask, penalties or min-p is drawn

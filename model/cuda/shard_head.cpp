@@ -26,12 +26,12 @@ Status SampleError(const cuda::SampleResult& r, int64_t vocab) {
   return Internal("device sampler: status " + std::to_string(r.status));
 }
 
-// A device result as the CPU sampler's (ScoreToken's) SampledToken.
-SampledToken FromDevice(const cuda::SampleResult& r) {
+// A device result and its alternatives as the CPU sampler's (ScoreToken's) SampledToken.
+SampledToken FromDevice(const cuda::SampleResult& r, const cuda::SampleTop& top) {
   SampledToken t{r.id, r.logprob, {}, {}};
   t.rank = r.rank;
   const int n = std::clamp(r.top_count, 0, cuda::kSampleMaxTop);
-  for (int j = 0; j < n; ++j) t.top.push_back({r.top_id[j], r.top_logprob[j]});
+  for (int j = 0; j < n; ++j) t.top.push_back({top.id[j], top.logprob[j]});
   return t;
 }
 
@@ -52,13 +52,18 @@ Status CudaShardModel::Head(const float* x, int64_t T) const {
 }
 
 Status CudaShardModel::SampleHeadRows(const cuda::SampleParams* params, int64_t T,
-                                      cuda::SampleResult* res) const {
+                                      cuda::SampleResult* res, cuda::SampleTop* top) const {
   FM_RETURN_IF_ERROR(s_.sample_params.CopyFromHostAsync(params, T * sizeof params[0]));
   FM_RETURN_IF_ERROR(cuda::SampleRows(s_.logits.as<float>(), T, cfg_.vocab_size,
                                       s_.sample_params.as<cuda::SampleParams>(),
                                       s_.sample_scratch.as<void>(),
-                                      s_.sample_out.as<cuda::SampleResult>()));
-  return s_.sample_out.CopyToHost(res, T * sizeof res[0]);
+                                      s_.sample_out.as<cuda::SampleResult>(),
+                                      s_.sample_top.as<cuda::SampleTop>()));
+  FM_RETURN_IF_ERROR(s_.sample_out.CopyToHost(res, T * sizeof res[0]));
+  // The alternatives only when a row asked for them (160 bytes a row; a greedy decode's rows
+  // send their 24 alone).
+  const bool any = std::any_of(params, params + T, [](const cuda::SampleParams& p) { return p.top_n > 0; });
+  return any ? s_.sample_top.CopyToHost(top, T * sizeof top[0]) : Status::Ok();
 }
 
 Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const {
@@ -118,7 +123,8 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
                                             s_.adjust_edits.as<cuda::LogitEdit>(), s_.adjust_biases.as<float>()));
     }
     cuda::SampleResult res[kMaxStepRows];
-    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res));
+    cuda::SampleTop top[kMaxStepRows];
+    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res, top));
     for (int64_t t = 0; t < T; ++t) {
       Sampler* s = samplers[r0 + t];
       if (raw_on_host[t] || res[t].status == cuda::kSampleNeedsHost) {
@@ -132,7 +138,7 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
             raw_on_host[t] ? s->SampleWith(lg, params[t].u) : s->SampleAdjustedWith(lg, params[t].u);
         out.push_back(tok.ok() ? std::move(*tok) : SampledToken::Failed(tok.status()));
       } else if (res[t].status == cuda::kSampleOk) {
-        out.push_back(FromDevice(res[t]));
+        out.push_back(FromDevice(res[t], top[t]));
       } else {
         out.push_back(SampledToken::Failed(SampleError(res[t], V)));
       }
@@ -161,11 +167,12 @@ Result<std::vector<SampledToken>> CudaShardModel::ScoreNext(const float* x,
     }
     FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
     cuda::SampleResult res[kMaxStepRows];
-    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res));
+    cuda::SampleTop top[kMaxStepRows];
+    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res, top));
     for (int64_t t = 0; t < T; ++t) {
       const Status in_range = CheckScoredId(targets[r0 + t], V);
       if (!in_range.ok()) out.push_back(SampledToken::Failed(in_range));
-      else if (res[t].status == cuda::kSampleOk) out.push_back(FromDevice(res[t]));
+      else if (res[t].status == cuda::kSampleOk) out.push_back(FromDevice(res[t], top[t]));
       else out.push_back(SampledToken::Failed(SampleError(res[t], V)));
     }
   }

@@ -144,6 +144,7 @@ Status CudaShardModel::AllocScratch() {
   if (has_head_) {
     FM_ASSIGN_OR_RETURN(s.sample_params, DeviceBuffer::Alloc(C * sizeof(cuda::SampleParams)));
     FM_ASSIGN_OR_RETURN(s.sample_out, DeviceBuffer::Alloc(C * sizeof(cuda::SampleResult)));
+    FM_ASSIGN_OR_RETURN(s.sample_top, DeviceBuffer::Alloc(C * sizeof(cuda::SampleTop)));
     FM_ASSIGN_OR_RETURN(s.sample_scratch,
                         DeviceBuffer::Alloc(cuda::SampleScratchBytes(C, cfg_.vocab_size)));
     FM_ASSIGN_OR_RETURN(s.adjust_rows, DeviceBuffer::Alloc(C * sizeof(cuda::AdjustRow)));

@@ -69,7 +69,7 @@ struct DeviceStepScratch {
   cuda::DeviceBuffer cq, q, kv, ca, cz, ia, iz, iq, iw, picks, o, u;
   cuda::DeviceBuffer gl, ids, rw, h, contrib, routed;  // h, contrib: [T, k + 1 (shared), .]
   cuda::DeviceBuffer head_y, logits;  // [kMaxStepRows, H], [kMaxStepRows, vocab]
-  cuda::DeviceBuffer sample_params, sample_out, sample_scratch;  // SampleRows of kMaxStepRows rows
+  cuda::DeviceBuffer sample_params, sample_out, sample_top, sample_scratch;  // SampleRows' (kMaxStepRows rows)
   cuda::DeviceBuffer adjust_rows, adjust_edits, adjust_biases;   // AdjustLogits' (kMaxRowEdits...)
   cuda::DeviceBuffer tp_all, tp_rows;  // a tp member's gathered pieces (f32), row indices (int32)
 };
@@ -130,8 +130,10 @@ class CudaShardModel final : public ShardModel {
   Result<cuda::HcPostInput> Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;
   // X [T, hc, H] (device) -> s.logits [T, vocab]: hc_head, the final norm and the head.
   Status Head(const float* x, int64_t T) const;
-  // SampleRows over the head's T rows of logits (s_.logits) -> res[0, T) on the host.
-  Status SampleHeadRows(const cuda::SampleParams* params, int64_t T, cuda::SampleResult* res) const;
+  // SampleRows over the head's T rows of logits (s_.logits):
+  // res[0, T) and, when a row asks for alternatives, top[0, T) on the host.
+  Status SampleHeadRows(const cuda::SampleParams* params, int64_t T, cuda::SampleResult* res,
+                        cuda::SampleTop* top) const;
 
   ModelConfig cfg_;
   int device_;

@@ -27,21 +27,35 @@ using cuda::DeviceBuffer;
 using cuda::SampleParams;
 using cuda::SampleResult;
 
+// A row's result with its alternatives.
+struct Picked : SampleResult {
+  cuda::SampleTop top;
+};
+
 // Runs SampleRows over logits [rows, vocab] and returns each row's result.
-std::vector<SampleResult> DeviceSample(const std::vector<float>& logits, int64_t vocab,
-                                       const std::vector<SampleParams>& params) {
+std::vector<Picked> DeviceSample(const std::vector<float>& logits, int64_t vocab,
+                                 const std::vector<SampleParams>& params) {
   const int64_t rows = static_cast<int64_t>(params.size());
   DeviceBuffer l = ToDevice(logits);
   DeviceBuffer p = ToDevice(params);
   auto scratch = DeviceBuffer::Alloc(cuda::SampleScratchBytes(rows, vocab));
   auto out = DeviceBuffer::Alloc(rows * sizeof(SampleResult));
-  EXPECT_TRUE(scratch.ok() && out.ok());
-  std::vector<SampleResult> res(rows);
-  if (!scratch.ok() || !out.ok()) return res;
+  auto top = DeviceBuffer::Alloc(rows * sizeof(cuda::SampleTop));
+  EXPECT_TRUE(scratch.ok() && out.ok() && top.ok());
+  std::vector<Picked> res(rows);
+  if (!scratch.ok() || !out.ok() || !top.ok()) return res;
   const Status st = cuda::SampleRows(l.as<float>(), rows, vocab, p.as<SampleParams>(),
-                                     scratch->data(), out->as<SampleResult>());
+                                     scratch->data(), out->as<SampleResult>(),
+                                     top->as<cuda::SampleTop>());
   EXPECT_TRUE(st.ok()) << st.ToString();
-  EXPECT_TRUE(out->CopyToHost(res.data(), rows * sizeof(SampleResult)).ok());
+  std::vector<SampleResult> r(rows);
+  std::vector<cuda::SampleTop> t(rows);
+  EXPECT_TRUE(out->CopyToHost(r.data(), rows * sizeof(SampleResult)).ok());
+  EXPECT_TRUE(top->CopyToHost(t.data(), rows * sizeof(cuda::SampleTop)).ok());
+  for (int64_t i = 0; i < rows; ++i) {
+    static_cast<SampleResult&>(res[i]) = r[i];
+    res[i].top = t[i];
+  }
   return res;
 }
 
@@ -54,12 +68,12 @@ SampleParams ParamsOf(const SamplerConfig& c, double u) {
 float Tolerance(float want) { return 1e-5f * std::max(1.0f, std::fabs(want)); }
 
 // The device's alternatives are the CPU's: the same ids in the same order, logprobs within 1e-5.
-void ExpectSameTop(const SampleResult& got, const std::vector<TokenLogprob>& want,
+void ExpectSameTop(const Picked& got, const std::vector<TokenLogprob>& want,
                    const std::string& what) {
   ASSERT_EQ(got.top_count, static_cast<int32_t>(want.size())) << what;
   for (size_t j = 0; j < want.size(); ++j) {
-    EXPECT_EQ(got.top_id[j], want[j].id) << what << " alternative " << j;
-    EXPECT_NEAR(got.top_logprob[j], want[j].logprob, Tolerance(want[j].logprob))
+    EXPECT_EQ(got.top.id[j], want[j].id) << what << " alternative " << j;
+    EXPECT_NEAR(got.top.logprob[j], want[j].logprob, Tolerance(want[j].logprob))
         << what << " alternative " << j;
   }
 }
@@ -84,7 +98,7 @@ void ExpectMatchesCpu(const std::vector<float>& logits, int64_t vocab,
   // Every (config, draw) is one row over the same logits.
   std::vector<float> rows;
   for (size_t i = 0; i < params.size(); ++i) rows.insert(rows.end(), logits.begin(), logits.end());
-  const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
+  const std::vector<Picked> got = DeviceSample(rows, vocab, params);
   for (size_t i = 0; i < params.size(); ++i) {
     const SamplerConfig& c = configs[i / 3];
     const std::string what = "row " + std::to_string(i) + " (T " + std::to_string(c.temperature) +
@@ -119,13 +133,16 @@ std::vector<SamplerConfig> AllKindsWithTop(int32_t n) {
 
 TEST(CudaSample, RejectsBadArguments) {
   SampleResult r;
+  cuda::SampleTop t;
   SampleParams p;
   float f = 0.0f;
-  Status s = cuda::SampleRows(&f, 0, 4, &p, &r, &r);
+  Status s = cuda::SampleRows(&f, 0, 4, &p, &r, &r, &t);
   EXPECT_NE(s.message().find("rows 0"), std::string::npos) << s.ToString();
-  s = cuda::SampleRows(&f, 1, 0, &p, &r, &r);
+  s = cuda::SampleRows(&f, 1, 0, &p, &r, &r, &t);
   EXPECT_NE(s.message().find("vocab 0"), std::string::npos) << s.ToString();
-  s = cuda::SampleRows(nullptr, 1, 4, &p, &r, &r);
+  s = cuda::SampleRows(nullptr, 1, 4, &p, &r, &r, &t);
+  EXPECT_NE(s.message().find("null"), std::string::npos) << s.ToString();
+  s = cuda::SampleRows(&f, 1, 4, &p, &r, &r, nullptr);
   EXPECT_NE(s.message().find("null"), std::string::npos) << s.ToString();
 }
 
@@ -207,7 +224,7 @@ TEST(CudaSample, ScoreRowsAreScoreToken) {
     p.score_id = id;
     params.push_back(p);
   }
-  const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
+  const std::vector<Picked> got = DeviceSample(rows, vocab, params);
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string what = "id " + std::to_string(ids[i]);
     auto want = ScoreToken(logits, ids[i], 4);
@@ -227,7 +244,7 @@ TEST(CudaSample, ScoreRowsAreScoreToken) {
   bad[vocab + 10] = NAN;
   std::vector<SampleParams> bp(2);
   bp[0].score_id = static_cast<int32_t>(vocab), bp[1].score_id = 3;
-  const std::vector<SampleResult> refused = DeviceSample(bad, vocab, bp);
+  const std::vector<Picked> refused = DeviceSample(bad, vocab, bp);
   EXPECT_EQ(refused[0].status, cuda::kSampleBadId);
   EXPECT_EQ(refused[1].status, cuda::kSampleNaN);
   EXPECT_EQ(refused[1].id, 10);
@@ -242,7 +259,7 @@ TEST(CudaSample, ErrorsNameTheLogit) {
   rows[2 * vocab + 2049] = INFINITY;                      // row 2: +inf at 2049
   std::vector<SampleParams> params(3);
   for (auto& p : params) p.greedy = 1;
-  const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
+  const std::vector<Picked> got = DeviceSample(rows, vocab, params);
   EXPECT_EQ(got[0].status, cuda::kSampleNaN);
   EXPECT_EQ(got[0].id, 3000);
   EXPECT_EQ(got[1].status, cuda::kSampleNoFinite);
@@ -260,7 +277,7 @@ TEST(CudaSample, LargeCandidateSetsGoToTheHost) {
   std::vector<SampleParams> params(2);
   params[0].top_k = cuda::kSampleMaxCandidates + 1, params[0].u = 0.3;
   params[1].top_p = 0.99f, params[1].u = 0.3;
-  const std::vector<SampleResult> got = DeviceSample(rows, vocab, params);
+  const std::vector<Picked> got = DeviceSample(rows, vocab, params);
   EXPECT_EQ(got[0].status, cuda::kSampleNeedsHost);
   EXPECT_EQ(got[1].status, cuda::kSampleNeedsHost);
 }

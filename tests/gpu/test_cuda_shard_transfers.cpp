@@ -39,7 +39,8 @@ TransferBytes Since(const TransferBytes& before, const TransferBytes& after) {
 // with padding rows in graph mode) copies in model/cuda/shard_model.cpp today, X staying in the
 // shard's device activations (docs/gpu.md "Where X lives"). Embed: the B token ids in.
 // ForwardLayers: the StepInputs and the row table cuda::RowCache [layers, S] in (X moves device
-// to device). SampleNext: the B SampleParams in, the B SampleResults out.
+// to device). SampleNext: the B SampleParams in, the B SampleResults out (greedy picks ask for
+// no alternatives, so no SampleTop comes back).
 TransferBytes ExpectedDecodeStep(int64_t layers, int64_t B, int64_t S) {
   TransferBytes t;
   t.host_to_device = B * sizeof(int32_t) + sizeof(StepInputs) +
