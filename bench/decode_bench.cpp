@@ -136,9 +136,10 @@ class GreedyDecode {
     return Run(items, std::vector<int32_t>(next_), 0);
   }
   // Seconds of what a step does besides the layers for one token (embed it, the head and the
-  // greedy pick of the last row), timed alone after some steps: the median of `reps`. Leaves the
-  // decode state as it was; the pick must be the last stream's token of the last step.
-  Result<double> HeadSeconds(int reps) {
+  // pick of the last row by `s`), timed alone after some steps: the median of `reps`. Leaves
+  // the decode state as it was. A greedy pick must be the last stream's token of the last step;
+  // another sampler observes its picks, as a sequence's penalties would see them.
+  Result<double> HeadSeconds(int reps, Sampler* s) {
     if (!x_ || x_->rows() == 0) return Internal("bench decode: HeadSeconds before a step");
     FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> embedded, shard_->NewActivations());
     FM_RETURN_IF_ERROR(embedded->Resize(1));
@@ -146,43 +147,30 @@ class GreedyDecode {
     for (int i = 0; i < reps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       FM_RETURN_IF_ERROR(shard_->Embed({&next_.back(), 1}, embedded->data()));
-      Sampler* const s[] = {&greedy_.back()};
-      FM_ASSIGN_OR_RETURN(std::vector<SampledToken> best,
-                          shard_->SampleNext(x_->row(x_->rows() - 1), 1, s));
+      Sampler* const one[] = {s};
+      FM_ASSIGN_OR_RETURN(std::vector<SampledToken> pick,
+                          shard_->SampleNext(x_->row(x_->rows() - 1), 1, one));
       secs.push_back(Seconds(t0, std::chrono::steady_clock::now()));
-      FM_RETURN_IF_ERROR(best[0].error);
-      if (best[0].id != next_.back())  // the same row gave the last step's token
+      FM_RETURN_IF_ERROR(pick[0].error);
+      if (!s->is_greedy()) s->Observe({&pick[0].id, 1}, true);
+      else if (pick[0].id != next_.back())  // the same row gave the last step's token
         return Internal("bench decode: the head of the last row gave token " +
-                        std::to_string(best[0].id) + ", the step gave " +
+                        std::to_string(pick[0].id) + ", the step gave " +
                         std::to_string(next_.back()));
     }
     return Median(secs);
   }
-  // HeadSeconds with a serving request's richer pick in place of greedy: sampling with the top
-  // 20 logprobs, repetition / frequency / presence penalties over the last stream's prompt and
-  // picks, and min-p (on a device: the alternatives and the logit adjustments on the device).
-  // Leaves the decode state as it was.
+  Result<double> GreedyHeadSeconds(int reps) { return HeadSeconds(reps, &greedy_.back()); }
+  // With a serving request's richer pick: sampling with the top 20 logprobs, repetition /
+  // frequency / presence penalties over the last stream's prompt and picks, and min-p (on a
+  // device: the alternatives and the logit adjustments on the device).
   Result<double> RichHeadSeconds(int reps) {
-    if (!x_ || x_->rows() == 0) return Internal("bench decode: RichHeadSeconds before a step");
     FM_ASSIGN_OR_RETURN(Sampler rich, Sampler::Create(SamplerConfig{
                                           .temperature = 0.8f, .seed = 7, .top_logprobs = 20,
                                           .repetition_penalty = 1.1f, .frequency_penalty = 0.2f,
                                           .presence_penalty = 0.1f, .min_p = 0.05f}));
     rich.Observe(prompts_.back(), false);
-    FM_ASSIGN_OR_RETURN(std::unique_ptr<Activations> embedded, shard_->NewActivations());
-    FM_RETURN_IF_ERROR(embedded->Resize(1));
-    std::vector<double> secs;
-    for (int i = 0; i < reps; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      FM_RETURN_IF_ERROR(shard_->Embed({&next_.back(), 1}, embedded->data()));
-      Sampler* const s[] = {&rich};
-      FM_ASSIGN_OR_RETURN(std::vector<SampledToken> pick,
-                          shard_->SampleNext(x_->row(x_->rows() - 1), 1, s));
-      secs.push_back(Seconds(t0, std::chrono::steady_clock::now()));
-      FM_RETURN_IF_ERROR(pick[0].error);
-      rich.Observe({&pick[0].id, 1}, true);
-    }
-    return Median(secs);
+    return HeadSeconds(reps, &rich);
   }
 
  private:
@@ -334,7 +322,7 @@ Status RunDecode(const DecodeOptions& o) {
   const bool predicts = o.streams == 1;
   FullModelPrediction pred;
   if (predicts) {
-    FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
+    FM_ASSIGN_OR_RETURN(const double head_s, decode.GreedyHeadSeconds(kHeadReps));
     FM_ASSIGN_OR_RETURN(const double rich_s, decode.RichHeadSeconds(kHeadReps));
     pred = Predict(cfg, decode_s / o.tokens, head_s, rich_s, mem_bw);
   }
@@ -411,7 +399,7 @@ Status RunDecodeCuda(const DecodeOptions& o) {
   FM_ASSIGN_OR_RETURN(const double bw, CudaReadBandwidthGbps(o.cuda_device));
   const double bytes = static_cast<double>(report.bytes_per_token());
   const double eff = bw > 0 ? tok_per_s * bytes / (bw * 1e9) : 0.0;
-  FM_ASSIGN_OR_RETURN(const double head_s, decode.HeadSeconds(kHeadReps));
+  FM_ASSIGN_OR_RETURN(const double head_s, decode.GreedyHeadSeconds(kHeadReps));
   FM_ASSIGN_OR_RETURN(const double rich_s, decode.RichHeadSeconds(kHeadReps));
   const FullModelPrediction pred = Predict(ckpt->config(), 1.0 / tok_per_s, head_s, rich_s, bw);
   double streams_tok_per_s = tok_per_s;
