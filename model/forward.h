@@ -166,17 +166,12 @@ class ShardModel {
   // targets[r] with `top` alternatives (log_softmax of the raw logits, rank), rows ==
   // targets.size(). The CPU shard scores the logits on its pool, a block of rows at a time; a
   // device shard where the logits are, so only the scores reach the host. Needs has_head() and
-  // top in [0, kMaxTopLogprobs]; errors as Logits. A row ScoreToken refuses (NaN, +inf or no finite logit, a target outside
-  // the vocabulary) has that error in its SampledToken's `error`.
+  // top in [0, kMaxTopLogprobs] (CheckScoreNext); errors as Logits. A row ScoreToken refuses
+  // (NaN, +inf or no finite logit, a target outside the vocabulary) has that error in its
+  // SampledToken's `error`.
   virtual Result<std::vector<SampledToken>> ScoreNext(const float* x,
                                                       std::span<const int32_t> targets,
                                                       int32_t top) const = 0;
-
- protected:
-  // ScoreNext's refusals, the same for every shard kind: no head, a top past kMaxTopLogprobs.
-  Status CheckScoreNext(int32_t top) const;
-
- public:
 
   // Routed experts run through `exec` instead of locally (expert parallelism); null = local.
   virtual void SetExpertExecutor(ExpertExecutor* exec) = 0;
@@ -203,6 +198,10 @@ class ShardModel {
                            float* logits) const {
     return InvalidArgument("MtpLogits: this shard holds no MTP block");
   }
+
+ protected:
+  // ScoreNext's refusals, the same for every shard kind: no head, a top past kMaxTopLogprobs.
+  Status CheckScoreNext(int32_t top) const;
 };
 
 }  // namespace fm

@@ -217,20 +217,27 @@ std::vector<float> Sampler::Adjusted(std::span<const float> logits) const {
   for (int32_t id : seen_)
     if (in_range(id)) set(id, l[id] > 0.0f ? static_cast<double>(l[id]) / r : static_cast<double>(l[id]) * r);
   for (const auto& [id, count] : generated_)
-    if (in_range(id))
-      set(id, static_cast<double>(l[id]) - (cfg_.frequency_penalty * static_cast<double>(count) + cfg_.presence_penalty));
+    if (in_range(id)) set(id, static_cast<double>(l[id]) - penalty_subtraction(count));
   if (cfg_.min_p > 0.0f && !is_greedy()) {
     // p_i / p_max = exp((l_i - l_max) / T): below min_p the token is out (-inf).
     float top = -INFINITY;
     for (float v : l)
       if (!std::isnan(v)) top = std::max(top, v);
     if (std::isfinite(top)) {
-      const double inv_t = 1.0 / static_cast<double>(cfg_.temperature), floor = std::log(static_cast<double>(cfg_.min_p));
+      const MinPCut cut = min_p_cut();
       for (float& v : l)
-        if ((static_cast<double>(v) - top) * inv_t < floor) v = -INFINITY;
+        if ((static_cast<double>(v) - top) * cut.inv_t < cut.floor) v = -INFINITY;
     }
   }
   return l;
+}
+
+double Sampler::penalty_subtraction(int32_t count) const {
+  return cfg_.frequency_penalty * static_cast<double>(count) + cfg_.presence_penalty;
+}
+
+Sampler::MinPCut Sampler::min_p_cut() const {
+  return {1.0 / static_cast<double>(cfg_.temperature), std::log(static_cast<double>(cfg_.min_p))};
 }
 
 Result<SampledToken> Sampler::SampleWith(std::span<const float> raw, double u) const {

@@ -130,6 +130,14 @@ class Sampler {
   // sampling), as the next pick sees them.
   std::vector<float> Adjusted(std::span<const float> logits) const;
   bool masks_min_tokens() const;   // the min_tokens ids are still held back
+  // What the frequency and presence penalties subtract from the logit of an id generated
+  // `count` times, and min-p's cut (an id with (l - l_max) * inv_t < floor is out): Adjusted's
+  // arithmetic, which a device applying it takes from here to have its bits.
+  double penalty_subtraction(int32_t count) const;
+  struct MinPCut {
+    double inv_t, floor;
+  };
+  MinPCut min_p_cut() const;
   const std::unordered_set<int32_t>& seen() const { return seen_; }  // repetition's ids
   // Each generated id's count (frequency, presence); kept only with those penalties.
   const std::unordered_map<int32_t, int32_t>& generated() const { return generated_; }

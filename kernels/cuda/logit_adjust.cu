@@ -34,19 +34,6 @@ __device__ void SetFinite(float* l, double v) {
   *l = static_cast<float>(v < lo ? lo : (hi < v ? hi : v));
 }
 
-__device__ int BlockSumInt(int v, int* sh) {
-  const int tid = threadIdx.x;
-  sh[tid] = v;
-  __syncthreads();
-  for (int s = kAdjustThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) sh[tid] += sh[tid + s];
-    __syncthreads();
-  }
-  const int r = sh[0];
-  __syncthreads();
-  return r;
-}
-
 // The largest value other than NaN (+-inf included; -inf when none): a max in any order.
 __device__ float BlockMaxNotNan(float v, float* sh) {
   const int tid = threadIdx.x;
@@ -83,7 +70,7 @@ __device__ void ForEachLogit(const float* l, int64_t vocab, F&& f) {
 __global__ void AdjustLogitsKernel(float* logits, int64_t vocab, const AdjustRow* rows,
                                    const LogitEdit* edits, const float* biases) {
   KernelPrologue();
-  __shared__ int counts[kAdjustThreads];
+  __shared__ int left_sum;
   __shared__ float maxes[kAdjustThreads];
   const int tid = threadIdx.x;
   const AdjustRow r = rows[blockIdx.x];
@@ -106,8 +93,11 @@ __global__ void AdjustLogitsKernel(float* logits, int64_t vocab, const AdjustRow
       const LogitEdit e = edits[i];
       if (valid(e) && e.held && IsFinite(l[e.id])) --left;
     }
-    const bool any_left = BlockSumInt(left, counts) > 0;
-    if (any_left)
+    if (tid == 0) left_sum = 0;
+    __syncthreads();
+    atomicAdd(&left_sum, left);  // integers: exact in any order
+    __syncthreads();
+    if (left_sum > 0)
       for (int i = r.edit_begin + tid; i < r.edit_end; i += kAdjustThreads) {
         const LogitEdit e = edits[i];
         if (valid(e) && e.held && !IsNan(l[e.id])) l[e.id] = -INFINITY;

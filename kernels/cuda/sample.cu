@@ -411,12 +411,11 @@ __global__ void SampleFinishKernel(const float* logits, int64_t vocab, int64_t c
     SetResult(res, static_cast<int32_t>(w.Id(x.index)),
               static_cast<float>(log(w.At(x.index) / total)), kSampleOk);
     // The alternatives: the kept set's first top_n (it is sorted), probability 0 left out.
+    const AltLogprob f{l, false, best, M, 0.0, inv_t, top, total};
     int k = 0;
     for (int64_t j = 0; j < keep && j < top_n; ++j) {
-      const double wj = w.At(j);
-      if (wj > 0.0)
-        alts->id[k] = static_cast<int32_t>(w.Id(j)),
-        alts->logprob[k++] = static_cast<float>(log(wj / total));
+      float lp;
+      if (f.At(w.Id(j), &lp)) alts->id[k] = static_cast<int32_t>(w.Id(j)), alts->logprob[k++] = lp;
     }
     res->top_count = k;
   }

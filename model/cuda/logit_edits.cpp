@@ -2,7 +2,6 @@
 #include "model/cuda/logit_edits.h"
 
 #include <algorithm>
-#include <cmath>
 #include <unordered_map>
 #include <utility>
 
@@ -41,7 +40,7 @@ bool AppendLogitEdits(const Sampler& s, int32_t row, int64_t vocab, size_t max_e
     if (in_range(id)) {
       cuda::LogitEdit& e = edit(id);
       e.generated = 1;
-      e.subtract = c.frequency_penalty * static_cast<double>(count) + c.presence_penalty;
+      e.subtract = s.penalty_subtraction(count);
     }
   if (edits.size() > max_edits) return false;
   cuda::AdjustRow r;
@@ -51,8 +50,9 @@ bool AppendLogitEdits(const Sampler& s, int32_t row, int64_t vocab, size_t max_e
   r.mask = mask ? 1 : 0;
   r.repetition = c.repetition_penalty;
   r.min_p = !s.is_greedy() && c.min_p > 0.0f ? 1 : 0;
-  r.inv_t = 1.0 / static_cast<double>(c.temperature);
-  r.floor = std::log(static_cast<double>(c.min_p));
+  const Sampler::MinPCut cut = s.min_p_cut();
+  r.inv_t = cut.inv_t;
+  r.floor = cut.floor;
   for (const auto& [id, b] : bias) batch->biases.push_back(b);
   batch->edits.insert(batch->edits.end(), edits.begin(), edits.end());
   batch->rows.push_back(r);

@@ -81,20 +81,26 @@ Status CudaShardModel::Logits(const float* x, int64_t rows, float* logits) const
   return stream_.Synchronize();
 }
 
+Status CudaShardModel::ForHeadSteps(int64_t rows,
+                                    const std::function<Status(int64_t, int64_t)>& step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  cuda::StreamScope on_stream(stream_);
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows)
+    FM_RETURN_IF_ERROR(step(r0, std::min<int64_t>(kMaxStepRows, rows - r0)));
+  return Status::Ok();
+}
+
 Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
     const float* x, int64_t rows, std::span<Sampler* const> samplers) const {
   if (!has_head_) return InvalidArgument("SampleNext: this shard does not hold the head");
   if (rows <= 0 || rows != static_cast<int64_t>(samplers.size()))
     return InvalidArgument("SampleNext: rows " + std::to_string(rows) + " with " +
                            std::to_string(samplers.size()) + " samplers");
-  std::lock_guard<std::mutex> lock(mu_);
-  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  cuda::StreamScope on_stream(stream_);
   const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
   std::vector<SampledToken> out;
   out.reserve(rows);
-  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
-    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
+  FM_RETURN_IF_ERROR(ForHeadSteps(rows, [&](int64_t r0, int64_t T) -> Status {
     cuda::SampleParams params[kMaxStepRows];
     for (int64_t t = 0; t < T; ++t) {  // the draws, in row order, as the CPU path makes them
       Sampler* s = samplers[r0 + t];
@@ -123,8 +129,8 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
                                             s_.adjust_edits.as<cuda::LogitEdit>(), s_.adjust_biases.as<float>()));
     }
     cuda::SampleResult res[kMaxStepRows];
-    cuda::SampleTop top[kMaxStepRows];
-    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res, top));
+    cuda::SampleTop alts[kMaxStepRows];
+    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res, alts));
     for (int64_t t = 0; t < T; ++t) {
       Sampler* s = samplers[r0 + t];
       if (raw_on_host[t] || res[t].status == cuda::kSampleNeedsHost) {
@@ -138,12 +144,13 @@ Result<std::vector<SampledToken>> CudaShardModel::SampleNext(
             raw_on_host[t] ? s->SampleWith(lg, params[t].u) : s->SampleAdjustedWith(lg, params[t].u);
         out.push_back(tok.ok() ? std::move(*tok) : SampledToken::Failed(tok.status()));
       } else if (res[t].status == cuda::kSampleOk) {
-        out.push_back(FromDevice(res[t], top[t]));
+        out.push_back(FromDevice(res[t], alts[t]));
       } else {
         out.push_back(SampledToken::Failed(SampleError(res[t], V)));
       }
     }
-  }
+    return Status::Ok();
+  }));
   return out;
 }
 
@@ -152,30 +159,27 @@ Result<std::vector<SampledToken>> CudaShardModel::ScoreNext(const float* x,
                                                             int32_t top) const {
   FM_RETURN_IF_ERROR(CheckScoreNext(top));
   const int64_t rows = static_cast<int64_t>(targets.size());
-  std::lock_guard<std::mutex> lock(mu_);
-  FM_RETURN_IF_ERROR(cuda::SetDevice(device_));
-  cuda::StreamScope on_stream(stream_);
   const int64_t row = cfg_.hc_mult * cfg_.hidden_size, V = cfg_.vocab_size;
   std::vector<SampledToken> out;
   out.reserve(rows);
-  for (int64_t r0 = 0; r0 < rows; r0 += kMaxStepRows) {
-    const int64_t T = std::min<int64_t>(kMaxStepRows, rows - r0);
+  FM_RETURN_IF_ERROR(ForHeadSteps(rows, [&](int64_t r0, int64_t T) -> Status {
     cuda::SampleParams params[kMaxStepRows];
+    Status in_range[kMaxStepRows];
     for (int64_t t = 0; t < T; ++t) {  // a target outside the row is scored as 0, then refused
-      const int32_t id = targets[r0 + t];
-      params[t] = cuda::SampleParams{1.0f, 1.0f, 0, 1, 0.0, top, CheckScoredId(id, V).ok() ? id : 0};
+      in_range[t] = CheckScoredId(targets[r0 + t], V);
+      params[t] = cuda::SampleParams{1.0f, 1.0f, 0, 1, 0.0, top, in_range[t].ok() ? targets[r0 + t] : 0};
     }
     FM_RETURN_IF_ERROR(Head(x + r0 * row, T));
     cuda::SampleResult res[kMaxStepRows];
-    cuda::SampleTop top[kMaxStepRows];
-    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res, top));
+    cuda::SampleTop alts[kMaxStepRows];
+    FM_RETURN_IF_ERROR(SampleHeadRows(params, T, res, alts));
     for (int64_t t = 0; t < T; ++t) {
-      const Status in_range = CheckScoredId(targets[r0 + t], V);
-      if (!in_range.ok()) out.push_back(SampledToken::Failed(in_range));
-      else if (res[t].status == cuda::kSampleOk) out.push_back(FromDevice(res[t], top[t]));
+      if (!in_range[t].ok()) out.push_back(SampledToken::Failed(in_range[t]));
+      else if (res[t].status == cuda::kSampleOk) out.push_back(FromDevice(res[t], alts[t]));
       else out.push_back(SampledToken::Failed(SampleError(res[t], V)));
     }
-  }
+    return Status::Ok();
+  }));
   return out;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -130,6 +131,9 @@ class CudaShardModel final : public ShardModel {
   Result<cuda::HcPostInput> Moe(const DevLayer& l, int64_t T, const DevStepInputs& in) const;
   // X [T, hc, H] (device) -> s.logits [T, vocab]: hc_head, the final norm and the head.
   Status Head(const float* x, int64_t T) const;
+  // step(r0, T) for the rows [0, rows) in steps of up to kMaxStepRows, on this shard's device
+  // and stream, under mu_: SampleNext's and ScoreNext's walk over their rows.
+  Status ForHeadSteps(int64_t rows, const std::function<Status(int64_t r0, int64_t T)>& step) const;
   // SampleRows over the head's T rows of logits (s_.logits):
   // res[0, T) and, when a row asks for alternatives, top[0, T) on the host.
   Status SampleHeadRows(const cuda::SampleParams* params, int64_t T, cuda::SampleResult* res,
